@@ -1,0 +1,1 @@
+"""rpeg.flows: see docs/architecture.md."""

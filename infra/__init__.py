@@ -1,0 +1,1 @@
+"""rpeg.infra: see docs/architecture.md."""

@@ -1,0 +1,246 @@
+"""The one typed run configuration.
+
+Every default of a run lives here, once. Units are in the names (``num_prompts``,
+``samples_per_prompt``, ``max_response_tokens``). Configs load from YAML (a path or any
+fsspec URL) and dump back to YAML; every error in a config is reported at once, as a
+:class:`rpeg.errors.ConfigError` whose problems name the dotted field and the allowed values.
+
+Later layers extend these sections rather than adding their own defaults elsewhere.
+This module is pure: no torch, dask or prefect.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rpeg.errors import ConfigError, Problem
+
+AlgorithmName = Literal["grpo", "ppo", "rloo", "reinforce_pp"]
+KLEstimator = Literal["k1", "k2", "k3"]
+LossAggregation = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+
+
+class Section(BaseModel):
+    """Base of every config section: typed, no unknown keys, validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class ModelConfig(Section):
+    """The policy model (and, by default, the reference and critic trunks)."""
+
+    name: str = Field("rpeg-tiny", description="catalog name (rpeg/specs models) used by the performance model")
+    path: str | None = Field(
+        None,
+        description="local path or fsspec URL of a Hugging Face model folder (safetensors); "
+        "None = the built-in tiny model, created and warmed up by the project",
+    )
+    critic_path: str | None = Field(None, description="separate critic weights; None = start from the policy trunk")
+    reward_model_path: str | None = Field(None, description="a reward model instead of rule rewards")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class AlgorithmConfig(Section):
+    """The RL algorithm and its loss options (DAPO-style options are plain fields)."""
+
+    name: AlgorithmName = "grpo"
+    use_reference: bool = Field(True, description="keep a frozen reference model for a KL term")
+    kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL penalty in the loss")
+    kl_estimator: KLEstimator = "k3"
+    clip_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip: 1 - clip_low")
+    clip_high: float = Field(0.2, gt=0.0, description="PPO ratio clip: 1 + clip_high (DAPO clip-higher: 0.28)")
+    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip bound c for negative advantages")
+    loss_aggregation: LossAggregation = "token_mean"
+    normalize_advantage_std: bool = Field(True, description="GRPO: divide by group std (False = Dr.GRPO)")
+    entropy_coef: float = Field(0.0, ge=0.0)
+    gamma: float = Field(1.0, gt=0.0, le=1.0, description="PPO/GAE discount")
+    gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
+    value_clip: float | None = Field(0.2, gt=0.0)
+    off_policy_correction: Literal["none", "tis"] = Field(
+        "tis", description="truncated importance sampling for samples from an older policy"
+    )
+    tis_cap: float = Field(2.0, ge=1.0)
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal")
+    overlong_penalty_tokens: int = Field(0, ge=0, description="DAPO soft overlong punishment window")
+
+
+class WorkloadConfig(Section):
+    """What one RL step processes."""
+
+    num_prompts: int = Field(16, ge=1, description="prompts per RL step")
+    samples_per_prompt: int = Field(8, ge=1, description="responses sampled per prompt (the group)")
+    max_prompt_tokens: int = Field(32, ge=1)
+    mean_prompt_tokens: float | None = Field(None, gt=0, description="for the performance model; None = max_prompt_tokens")
+    max_response_tokens: int = Field(16, ge=1)
+    mean_response_tokens: float | None = Field(
+        None, gt=0, description="for the performance model; None = assume a distribution from the cap"
+    )
+    train_minibatches: int = Field(1, ge=1, description="optimizer steps per RL step")
+    micro_batch_size: int = Field(64, ge=1, description="samples per forward/backward micro-batch")
+    precision: Precision = "fp32"
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.num_prompts * self.samples_per_prompt
+
+    @model_validator(mode="after")
+    def _minibatches_divide(self) -> WorkloadConfig:
+        if self.samples_per_step % self.train_minibatches:
+            raise ValueError(
+                f"train_minibatches={self.train_minibatches} must divide "
+                f"num_prompts*samples_per_prompt={self.samples_per_step}"
+            )
+        return self
+
+
+class TaskConfig(Section):
+    """Where prompts and reference answers come from, and how responses are rewarded."""
+
+    kind: Literal["arithmetic", "countdown", "jsonl", "parquet"] = "arithmetic"
+    url: str | None = Field(None, description="fsspec URL of a JSONL/Parquet file (question, answer)")
+    prompt_template: str = "{question}"
+    difficulty: int = Field(1, ge=1, le=5, description="synthetic tasks: 1 = easiest")
+    rewards: list[str] = Field(default_factory=lambda: ["exact_numeric"], description="built-in reward names")
+    heldout_size: int = Field(64, ge=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _url_for_files(self) -> TaskConfig:
+        if self.kind in ("jsonl", "parquet") and not self.url:
+            raise ValueError(f"kind={self.kind!r} needs url (an fsspec URL)")
+        return self
+
+
+class OptimConfig(Section):
+    lr: float = Field(1e-4, gt=0.0)
+    critic_lr: float = Field(1e-4, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    warmup_sft_steps: int = Field(0, ge=0, description="supervised warm-up steps before RL (cached)")
+
+
+class ClusterConfig(Section):
+    """Hardware the run plans for and runs on."""
+
+    name: str = Field("local-cpu", description="catalog cluster name (rpeg/specs clusters)")
+    num_devices: int | None = Field(None, ge=1, description="devices to use; None = all of the cluster")
+    address: str | None = Field(None, description="existing Dask scheduler, e.g. tcp://host:8786; None = LocalCluster")
+    n_workers: int = Field(2, ge=1, description="LocalCluster worker processes")
+    threads_per_worker: int = Field(1, ge=1)
+
+
+class RuntimeConfig(Section):
+    steps: int = Field(20, ge=1, description="RL steps to run")
+    seed: int = 0
+    max_staleness: int = Field(0, ge=0, description="bound k on policy-version lag (0 = on-policy)")
+    checkpoint_url: str | None = Field(None, description="fsspec URL; None = no checkpoints")
+    checkpoint_every: int = Field(10, ge=1)
+    keep_last: int = Field(3, ge=1)
+    resume: bool = False
+    output_dir: str = Field("runs/latest", description="metrics, plots, summaries")
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
+
+
+class RunConfig(Section):
+    """One run: model, algorithm, workload, task, optimizer, cluster, plan, runtime."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    plan: str | dict[str, Any] | None = Field(
+        None, description="an execution plan (path/URL of plan YAML, or inline); None = let the runtime choose"
+    )
+
+    # --- construction -------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None, *, source: str = "") -> RunConfig:
+        """Validate ``data``; raise :class:`ConfigError` listing every problem."""
+        try:
+            return cls.model_validate(data or {})
+        except ValidationError as exc:
+            raise ConfigError(problems_from_pydantic(exc), title=_title(source)) from None
+
+    @classmethod
+    def from_yaml(cls, text_or_path: str | Path) -> RunConfig:
+        """Load from a YAML path, fsspec URL, or a YAML string."""
+        text, source = read_text_or_path(text_or_path)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError([Problem(source or "yaml", f"not valid YAML: {exc}")]) from None
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError([Problem(source or "yaml", "top level must be a mapping of sections")])
+        return cls.from_dict(data, source=source)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> RunConfig:
+        """Apply dotted overrides such as ``{"runtime.steps": 5}``, validating all at once."""
+        data = self.model_dump(mode="json")
+        problems: list[Problem] = []
+        for dotted, value in overrides.items():
+            node = data
+            parts = dotted.split(".")
+            for part in parts[:-1]:
+                if not isinstance(node, dict) or part not in node:
+                    problems.append(Problem(dotted, f"unknown section {part!r}"))
+                    break
+                node = node[part]
+            else:
+                node[parts[-1]] = value
+        if problems:
+            raise ConfigError(problems)
+        return RunConfig.from_dict(data, source="overrides")
+
+
+def _title(source: str) -> str:
+    return f"invalid configuration {source}".strip()
+
+
+def problems_from_pydantic(exc: ValidationError) -> list[Problem]:
+    """Turn pydantic's error list into :class:`Problem` s with dotted paths."""
+    out = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        ctx = err.get("ctx") or {}
+        if err["type"] == "literal_error" and "expected" in ctx:
+            msg = f"got {err.get('input')!r}; allowed: {ctx['expected']}"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif err["type"].startswith(("greater", "less")):
+            msg = f"{msg} (got {err.get('input')!r})"
+        out.append(Problem(loc, msg))
+    return out
+
+
+def read_text_or_path(text_or_path: str | Path) -> tuple[str, str]:
+    """Return (text, source). Accepts a local path, an fsspec URL, or literal YAML text."""
+    s = str(text_or_path)
+    if "\n" in s or (not isinstance(text_or_path, Path) and ":" in s and "://" not in s and not Path(s).exists()):
+        return s, ""
+    if "://" in s:
+        import fsspec  # fsspec is pure Python and allowed in pure layers
+
+        try:
+            with fsspec.open(s, "r") as fh:
+                return fh.read(), s
+        except FileNotFoundError:
+            raise ConfigError([Problem(s, "file not found")]) from None
+    p = Path(s)
+    if not p.exists():
+        raise ConfigError([Problem(s, "file not found")])
+    return p.read_text(), s

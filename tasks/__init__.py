@@ -1,0 +1,1 @@
+"""rpeg.tasks: see docs/architecture.md."""
