@@ -1,0 +1,188 @@
+"""``rpeg validate``, ``rpeg predict`` and ``rpeg specs``: the performance model's commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)
+    app.command("predict")(predict)
+    specs_app = typer.Typer(
+        help="Hardware and model catalogs.", no_args_is_help=False, invoke_without_command=True
+    )
+    specs_app.callback(invoke_without_command=True)(specs_list)
+    specs_app.command("calibrate")(specs_calibrate)
+    app.add_typer(specs_app, name="specs")
+
+
+def validate(
+    csv_path: Path = typer.Argument(
+        ..., help="CSV in the schema of shared/validation/steps_dev.csv"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Predict every row with a measured step time and report the error."""
+    from rpeg.errors import ConfigError, Problem
+    from rpeg.perf.validate import validate_csv
+
+    if not csv_path.is_file():
+        raise ConfigError([Problem(str(csv_path), "file not found")])
+    rep = validate_csv(csv_path)
+    if as_json:
+        out = {
+            "rows": [
+                {
+                    "case_id": r.case_id,
+                    "predicted_step_s": r.predicted_step_s,
+                    "measured_step_s": r.measured_step_s,
+                }
+                for r in rep.compared
+            ],
+            "mape": rep.mape,
+            "max_ape": rep.max_ape,
+            "by_source": {k: {"mape": v[0], "n": v[1]} for k, v in rep.by_source().items()},
+            "skipped": [{"case_id": r.case_id, "reason": r.reason} for r in rep.skipped],
+        }
+        typer.echo(json.dumps(out, indent=1))
+        return
+    typer.echo(f"{'case':46s} {'predicted_s':>11s} {'measured_s':>10s} {'error':>8s}")
+    for r in rep.compared:
+        typer.echo(
+            f"{r.case_id:46s} {r.predicted_step_s:11.1f} {r.measured_step_s:10.1f} {100 * r.error:+7.1f}%"
+        )
+    for case, p, m in rep.throughput_rows():
+        typer.echo(
+            f"{case:46s} throughput tok/s predicted {p:,.0f} measured {m:,.0f} ({100 * (p - m) / m:+.0f}%)"
+        )
+    for r in rep.skipped:
+        if r.measured_throughput and r.prediction:
+            continue
+        typer.echo(f"{r.case_id:46s} not predicted: {r.reason}")
+    for src, (mape, n) in rep.by_source().items():
+        typer.echo(f"  {src}: MAPE={mape:.1f}% n={n}")
+    typer.echo(f"MAPE={rep.mape:.1f}% max={rep.max_ape:.1f}% n={len(rep.compared)}")
+
+
+def predict(
+    plan_path: Path = typer.Argument(..., help="plan YAML"),
+    config: Path | None = typer.Option(
+        None, "--config", help="run YAML (workload); default workload otherwise"
+    ),
+    gantt: Path | None = typer.Option(None, "--gantt", help="write a Gantt chart (.png or .svg)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Predict one RL step of a plan: per-stage time, memory, comm; step time, throughput, MFU."""
+    from rpeg.config import RunConfig
+    from rpeg.perf import Workload, predict_plan
+    from rpeg.perf.timeline import gantt as draw
+    from rpeg.plan import Plan
+
+    plan = Plan.from_yaml(plan_path)
+    cfg = RunConfig.from_yaml(config) if config else RunConfig()
+    pred = predict_plan(plan, Workload.from_config(cfg.workload), algorithm=cfg.algorithm)
+    if gantt:
+        draw(
+            pred.timeline,
+            str(gantt),
+            title=f"{plan.model} on {plan.cluster}: {pred.step_s:.1f} s/step",
+        )
+    if as_json:
+        typer.echo(json.dumps(pred.to_dict(), indent=1))
+        return
+    typer.echo(
+        f"{'unit':16s} {'devices':>10s} {'time_s':>10s} {'TFLOP':>10s} {'comm_s':>8s} {'mem_GB':>8s}"
+    )
+    for s in pred.stages.values():
+        typer.echo(
+            f"{s.name:16s} {s.devices:>10s} {s.time_s:10.3f} {s.flops / 1e12:10.2f} "
+            f"{sum(s.comm_s.values()):8.3f} {s.peak_memory_gb:8.2f}"
+        )
+    typer.echo(
+        f"step={pred.step_s:.3f}s tokens/s/GPU={pred.tokens_per_s_per_gpu:,.1f} MFU={100 * pred.mfu:.1f}% "
+        f"devices={pred.num_devices}"
+    )
+    for a in pred.assumptions:
+        typer.echo(f"assumption: {a}")
+    if gantt:
+        typer.echo(f"gantt: {gantt}")
+
+
+def specs_list(ctx: typer.Context) -> None:
+    """List the GPU, cluster and model catalogs."""
+    if ctx.invoked_subcommand:
+        return
+    from rpeg import specs
+
+    typer.echo("GPUs:")
+    for g in specs.gpus().values():
+        typer.echo(
+            f"  {g.name:12s} bf16 {g.bf16_dense_tflops:7.1f} TF  HBM {g.hbm_gb:6.0f} GB {g.hbm_tbps:5.2f} TB/s"
+        )
+    typer.echo("Clusters:")
+    for c in specs.clusters().values():
+        typer.echo(
+            f"  {c.name:14s} {c.gpu.name:10s} {c.gpus_per_node}/node x {c.num_nodes} nodes ({c.fabric})"
+        )
+    typer.echo("Models:")
+    for m in specs.models().values():
+        if m.unsupported:
+            typer.echo(f"  {m.name:32s} (not costed: {m.unsupported[:50]})")
+        else:
+            typer.echo(
+                f"  {m.name:32s} {m.params / 1e9:8.2f} B params, {m.active_params / 1e9:7.2f} B active"
+            )
+
+
+def specs_calibrate(
+    seconds: float = typer.Option(2.0, help="time budget of each micro-benchmark"),
+    out: Path | None = typer.Option(None, help="file to write (default: user specs dir gpus.yaml)"),
+) -> None:
+    """Measure this machine's CPU matmul rate and memory bandwidth; write the `cpu` profile."""
+    import time
+
+    import numpy as np
+    import yaml
+
+    from rpeg import specs
+
+    def rate(fn, work: float) -> float:
+        fn()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 2:
+            fn()
+            n += 1
+        return work * n / (time.perf_counter() - t0)
+
+    points = []
+    for size in (64, 256, 1024):
+        a = np.random.rand(size, size).astype(np.float32)
+        b = np.random.rand(size, size).astype(np.float32)
+        points.append((2.0 * size**3, rate(lambda a=a, b=b: a @ b, 2.0 * size**3)))
+    peak = max(r for _, r in points)
+    src = np.ones(64 * 1024 * 1024 // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    bw = rate(lambda: np.copyto(dst, src), 2.0 * src.nbytes)
+    import math
+
+    curve = [[round(math.log10(f), 3), round(min(1.0, max(0.01, r / peak)), 3)] for f, r in points]
+    entry = {
+        "bf16_dense_tflops": round(peak / 1e12, 6),
+        "fp8_dense_tflops": None,
+        "hbm_gb": 8,
+        "hbm_tbps": round(bw / 1e12, 6),
+        "efficiency": {"matmul": curve, "hbm": [[3.0, 0.2], [5.0, 0.6], [7.0, 1.0]]},
+        "calibrated": True,
+        "source": f"measured by `rpeg specs calibrate` on {time.strftime('%Y-%m-%d')} (fp32 numpy matmul, memcpy)",
+    }
+    path = out or specs.user_specs_dir() / "gpus.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = yaml.safe_load(path.read_text()) if path.exists() else {}
+    data = data or {}
+    data.setdefault("gpus", {})["cpu"] = entry
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    specs.reload()
+    typer.echo(f"cpu: {peak / 1e9:.1f} GFLOP/s matmul, {bw / 1e9:.1f} GB/s copy -> {path}")

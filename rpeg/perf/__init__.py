@@ -1,0 +1,51 @@
+"""The analytical performance model (pure): compute, memory, communication, timeline.
+
+``predict(graph, plan, workload)`` returns a :class:`StepPrediction` (per-stage time,
+FLOPs, bytes, comm by link level, memory per device; step latency, tokens/s/GPU, MFU and a
+timeline of :class:`TimelineRecord`). ``predict_plan(plan, workload)`` builds the graph the
+plan names first. Infeasible plans raise :class:`rpeg.plan.InfeasiblePlan`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rpeg.perf.calib import DEFAULT, Calibration
+from rpeg.perf.model import StageCost, StepPrediction, Workload, predict
+from rpeg.perf.timeline import TimelineRecord
+
+__all__ = [
+    "DEFAULT",
+    "Calibration",
+    "StageCost",
+    "StepPrediction",
+    "TimelineRecord",
+    "Workload",
+    "build_graph",
+    "predict",
+    "predict_plan",
+]
+
+_PERF_ONLY_OPTIONS = ("reuse_rollout_logprobs",)
+
+
+def build_graph(plan: Any, algorithm: Any = None) -> Any:
+    """The IR graph a plan names (inline IR or builder + options)."""
+    from rpeg import ir
+
+    if plan.graph.inline is not None:
+        from rpeg.ir import serialize
+
+        return serialize.from_dict(plan.graph.inline)
+    opts = {k: v for k, v in plan.graph.options.items() if k not in _PERF_ONLY_OPTIONS}
+    name = plan.graph.builder or (algorithm.name if algorithm is not None else "grpo")
+    if algorithm is not None and "use_reference" not in opts:
+        opts["use_reference"] = algorithm.use_reference
+    opts.setdefault("staleness", plan.staleness)
+    return ir.builders.build(name, **opts)
+
+
+def predict_plan(
+    plan: Any, workload: Any, *, algorithm: Any = None, calib: Calibration = DEFAULT
+) -> StepPrediction:
+    return predict(build_graph(plan, algorithm), plan, workload, calib=calib)

@@ -1,0 +1,48 @@
+"""The few named calibration constants of the performance model (all documented in
+docs/perf-model.md). They are physical efficiencies and overheads, shared by every plan; none
+is fitted per validation row."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Calibration:
+    # Decode is memory-bound: achieved share of peak HBM bandwidth when streaming weights and
+    # KV (vLLM paged attention + CUDA graphs reach ~70-80% on H100).
+    decode_hbm_eff: float = 0.75
+    # MoE decode: achieved share of HBM bandwidth when streaming routed-expert weights
+    # (vLLM fused-MoE grouped GEMMs at a few tokens per expert reach ~30-40%).
+    moe_expert_hbm_eff: float = 0.35
+    # Fixed engine time per decode step (scheduler, sampling, detokenisation, launch) in s.
+    decode_step_overhead_s: float = 0.004
+    # Non-GEMM share of a training/forward micro-batch: achieved MFU = GEMM efficiency (size
+    # curve of the GPU) x this factor (attention kernels, norms, optimizer, packing, launch).
+    train_eff_factor: float = 0.70
+    # Extra factor for forward-only passes (logprobs): short kernels, no overlap of comm.
+    forward_eff_factor: float = 0.60
+    # Fixed time per layer per micro-batch per pass in training/forward (kernel launches,
+    # host syncs). MoE layers pay more: dropless token-count sync, permute/unpermute, a2a
+    # latency (Megatron-Core MoE).
+    layer_overhead_s: float = 0.0002
+    moe_layer_overhead_s: float = 0.003
+    # NCCL achieved bus bandwidth / link peak for large messages.
+    nccl_bus_eff: float = 0.70
+    # Effective host<->device copy bandwidth (PCIe gen5 x16 in practice), GB/s, for offload.
+    host_link_gbps: float = 25.0
+    # Fixed per-RL-step orchestration overhead (Ray/actor calls, data marshalling), s.
+    step_overhead_s: float = 3.0
+    # Length distribution of responses: lognormal with this sigma, truncated at the cap.
+    length_sigma: float = 0.8
+    # vLLM V1 default max_num_seqs on >= 70 GB GPUs (engine concurrency cap per replica).
+    max_num_seqs: int = 1024
+    # Share of activation memory kept per token and layer, in bytes per hidden unit, for
+    # training with full recompute (checkpoint at layer inputs) vs without.
+    act_bytes_per_hidden_recompute: float = 2.0
+    act_bytes_per_hidden_full: float = 34.0
+    # Share of device memory reserved by the framework/allocator (CUDA context, NCCL buffers).
+    reserve_gb: float = 3.0
+
+
+DEFAULT = Calibration()

@@ -1,0 +1,151 @@
+"""Cost formulas of the performance model: pure functions of specs and sizes (SI units:
+seconds, bytes, FLOPs). Each one is hand-checked in tests/perf/test_costs.py and written
+out in docs/perf-model.md."""
+
+from __future__ import annotations
+
+import math
+
+from rpeg.perf.calib import Calibration
+from rpeg.specs import ClusterSpec, GPUSpec, ModelSpec
+
+BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+
+
+# --- communication (alpha-beta) ---------------------------------------------------------
+def allreduce_time(nbytes: float, ranks: int, bw: float, alpha: float, eff: float) -> float:
+    """Ring all-reduce bandwidth term 2(p-1)/p * n / (bw*eff) plus a tree latency term
+    2*log2(p)*alpha (NCCL picks tree/LL for small messages)."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return 2.0 * (ranks - 1) / ranks * nbytes / (bw * eff) + 2.0 * math.log2(ranks) * alpha
+
+
+def gather_time(nbytes: float, ranks: int, bw: float, alpha: float, eff: float) -> float:
+    """Ring all-gather or reduce-scatter of a ``nbytes`` result: (p-1)/p * n / bw + (p-1) alpha."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return (ranks - 1) / ranks * nbytes / (bw * eff) + (ranks - 1) * alpha
+
+
+def group_link(
+    cluster: ClusterSpec, first: int, size: int, stride: int = 1
+) -> tuple[str, float, float]:
+    """(level, bytes/s per GPU, latency) of the slowest link a group of ranks crosses."""
+    level = cluster.span_level_contiguous(first, size, stride)
+    link = cluster.link(level)
+    return level, link.bytes_per_s, link.latency_s
+
+
+def alltoall_time(
+    nbytes: float, ranks: int, cluster: ClusterSpec, first: int, stride: int, eff: float
+) -> tuple[float, str]:
+    """All-to-all where each rank sends ``nbytes`` in total, split evenly among ``ranks``.
+    The share to peers outside the scale-up domain goes over the NICs, the rest over the
+    domain fabric, concurrently: max(n*f_out/bw_nic, n*f_in/bw_domain) + (p-1)*alpha."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0, "device"
+    span = ranks * stride
+    dom = cluster.domain_size
+    local = max(1, min(ranks, dom // stride if stride < dom else 1))
+    level = cluster.span_level_contiguous(first, ranks, stride)
+    f_in = (local - 1) / ranks
+    f_out = (ranks - local) / ranks
+    intra = cluster.link("domain")
+    outer = cluster.link(level if level != "domain" else "domain")
+    t = max(
+        nbytes * f_in / (intra.bytes_per_s * eff),
+        nbytes * f_out / (outer.bytes_per_s * eff) if f_out else 0.0,
+    )
+    t += (ranks - 1) * (outer.latency_s if span > dom else intra.latency_s) / max(1, ranks // 8)
+    return t, level
+
+
+# --- model arithmetic -------------------------------------------------------------------
+def train_flops(model: ModelSpec, tokens: float, seq_sq_sum: float, recompute: bool) -> float:
+    """FLOPs of a training pass: (6 + 2*recompute) * N_active * tokens + attention, where the
+    causal attention forward is L*(d_qk+d_v)*sum(s^2) (2 FLOPs/MAC, half of the square)."""
+    passes = 4.0 if recompute else 3.0
+    return passes * (2.0 * model.matmul_params * tokens + attn_fwd_flops(model, seq_sq_sum))
+
+
+def forward_flops(model: ModelSpec, tokens: float, seq_sq_sum: float) -> float:
+    """Forward-only FLOPs: 2 * N_active * tokens + causal attention."""
+    return 2.0 * model.matmul_params * tokens + attn_fwd_flops(model, seq_sq_sum)
+
+
+def attn_fwd_flops(model: ModelSpec, seq_sq_sum: float) -> float:
+    return model.layers * (model.attn_width + model.v_width) * seq_sq_sum
+
+
+def kv_cache_bytes(model: ModelSpec, tokens: float, tp: int, bytes_per_value: float = 2.0) -> float:
+    """KV-cache bytes per device for ``tokens`` cached tokens under tensor parallel ``tp``:
+    GQA heads are split over min(tp, kv_heads) ranks; MLA's latent is replicated."""
+    per_tok = model.kv_bytes_per_token(bytes_per_value)
+    split = 1 if model.mla else min(tp, model.kv_heads)
+    return tokens * per_tok / split
+
+
+def weight_bytes_read(model: ModelSpec, batch: float, wbytes: float) -> float:
+    """Weight bytes one decode step reads for ``batch`` sequences: all dense weights plus
+    the routed experts the batch touches, E*(1-(1-k/E)^b) per MoE layer."""
+    if not model.moe:
+        return model.params * wbytes
+    m = model.moe
+    touched = m.experts * (1.0 - (1.0 - m.top_k / m.experts) ** max(batch, 1.0))
+    experts_all = model.moe_layers * m.experts * model.expert_params
+    experts_read = model.moe_layers * touched * model.expert_params
+    return (model.params - experts_all + experts_read) * wbytes
+
+
+def weight_bytes_read_dense(model: ModelSpec, wbytes: float) -> float:
+    """Weight bytes outside the routed experts."""
+    if not model.moe:
+        return model.params * wbytes
+    return (model.params - model.moe_layers * model.moe.experts * model.expert_params) * wbytes
+
+
+def decode_step_time(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    cluster: ClusterSpec,
+    *,
+    batch: float,
+    context: float,
+    tp: int,
+    pp: int,
+    first_device: int,
+    wbytes: float,
+    kvbytes: float,
+    calib: Calibration,
+    precision: str,
+) -> tuple[float, float, float, float]:
+    """One decode step of ``batch`` sequences with mean ``context`` tokens on one replica.
+    Returns (seconds, flops, hbm bytes, comm seconds).
+
+    t = max(bytes / (HBM * eff), flops / (peak * eff_gemm)) + TP all-reduces + overhead,
+    bytes = weights read / (tp*pp) + batch*context*kv_bytes_per_token / kv_split.
+    """
+    shards = tp * pp
+    w = weight_bytes_read(model, batch, wbytes) / shards
+    kv = kv_cache_bytes(model, batch * context, tp, kvbytes) / pp
+    nbytes = w + kv
+    w_exp = 0.0
+    if model.moe:
+        w_exp = w - weight_bytes_read_dense(model, wbytes) / shards
+    t_mem = (nbytes - w_exp) / (gpu.hbm_bytes_per_s * calib.decode_hbm_eff) + w_exp / (
+        gpu.hbm_bytes_per_s * calib.moe_expert_hbm_eff
+    )
+    flops = batch * (2.0 * model.matmul_params + model.attn_flops_fwd(context)) / shards
+    gemm = 2.0 * batch * model.hidden * max(model.ffn_hidden, model.attn_width) / tp
+    t_cmp = flops / (gpu.peak_flops(precision) * gpu.matmul_eff(gemm))
+    t_comm = 0.0
+    if tp > 1:
+        _, bw, alpha = group_link(cluster, first_device, tp)
+        t_comm = (
+            2
+            * model.layers
+            / pp
+            * allreduce_time(batch * model.hidden * 2.0, tp, bw, alpha, calib.nccl_bus_eff)
+        )
+    return max(t_mem, t_cmp) + t_comm + calib.decode_step_overhead_s, flops, nbytes, t_comm

@@ -1,0 +1,80 @@
+"""Response-length distribution: a lognormal clamped at the generation cap.
+
+A synchronous rollout lasts as long as its longest response; its cost depends on how many
+sequences are still alive at each decode step. Both follow from this distribution, whose
+median is solved so that the clamped mean equals the workload's mean length.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from statistics import NormalDist
+
+_N = NormalDist()
+SQ2 = math.sqrt(2.0)
+
+
+def _phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / SQ2)
+
+
+@lru_cache(maxsize=4096)
+def fit_mu(mean: float, cap: float, sigma: float) -> float:
+    """mu of a lognormal(mu, sigma) whose min(X, cap) has mean ``mean`` (< cap)."""
+    mean = min(mean, cap * 0.999)
+    lo, hi = math.log(mean) - 3 * sigma - 5, math.log(cap) + 6 * sigma
+    lc = math.log(cap)
+    for _ in range(60):
+        mu = 0.5 * (lo + hi)
+        m = math.exp(mu + sigma * sigma / 2) * _phi((lc - mu - sigma * sigma) / sigma) + cap * (
+            1 - _phi((lc - mu) / sigma)
+        )
+        if m < mean:
+            lo = mu
+        else:
+            hi = mu
+    return 0.5 * (lo + hi)
+
+
+class LengthDist:
+    """min(lognormal(mu, sigma), cap), parameterised by its mean and cap."""
+
+    __slots__ = ("cap", "lc", "mean", "mu", "sigma")
+
+    def __init__(self, mean: float, cap: float, sigma: float):
+        self.cap = float(cap)
+        self.mean = min(float(mean), self.cap)
+        self.sigma = sigma
+        self.lc = math.log(self.cap)
+        self.mu = (
+            fit_mu(self.mean, self.cap, sigma) if self.mean < self.cap else self.lc + 10 * sigma
+        )
+
+    def survival(self, t: float) -> float:
+        """P(L > t)."""
+        if t >= self.cap:
+            return 0.0
+        if t <= 0:
+            return 1.0
+        return 1.0 - _phi((math.log(t) - self.mu) / self.sigma)
+
+    @property
+    def p_cap(self) -> float:
+        """Probability that a response hits the cap (is truncated)."""
+        return 1.0 - _phi((self.lc - self.mu) / self.sigma)
+
+    def expected_max(self, n: int) -> float:
+        """Length of the longest of ``n`` responses (the 1-1/(n+1) quantile, clamped)."""
+        if n * self.p_cap >= 0.5:
+            return self.cap
+        q = 1.0 - 1.0 / (n + 1)
+        return min(self.cap, math.exp(self.mu + self.sigma * _N.inv_cdf(q)))
+
+    def second_moment(self) -> float:
+        """E[min(X, cap)^2] (for attention terms)."""
+        s, mu = self.sigma, self.mu
+        return (
+            math.exp(2 * mu + 2 * s * s) * _phi((self.lc - mu - 2 * s * s) / s)
+            + self.cap**2 * self.p_cap
+        )

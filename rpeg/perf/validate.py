@@ -1,0 +1,295 @@
+"""Check the model against published step times (CSV in the schema of
+shared/validation/steps_dev.csv): each row becomes a graph, a plan and a workload, is
+predicted with the same ``predict`` a user calls, and is compared with ``measured_step_s``.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rpeg.errors import Problem
+from rpeg.perf.calib import DEFAULT, Calibration
+from rpeg.perf.model import StepPrediction, Workload, predict
+from rpeg.plan.plan import GraphRef, InfeasiblePlan, Plan, UnitPlan
+from rpeg.specs import SpecError
+
+# Prompt length assumed where a row does not publish it (DAPO-Math-17k prompts with the
+# verl template are ~100-200 tokens).
+DEFAULT_PROMPT_TOKENS = 150.0
+
+
+class Unpredictable(Exception):
+    """A row the model cannot price honestly; the message says why."""
+
+
+@dataclass
+class RowResult:
+    case_id: str
+    source: str
+    measured_step_s: float | None
+    predicted_step_s: float | None = None
+    reason: str = ""
+    prediction: StepPrediction | None = None
+    measured_throughput: float | None = None  # whole-cluster tokens/s where published
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted_step_s is None or not self.measured_step_s:
+            return None
+        return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+
+@dataclass
+class Report:
+    rows: list[RowResult] = field(default_factory=list)
+
+    @property
+    def compared(self) -> list[RowResult]:
+        return [r for r in self.rows if r.error is not None]
+
+    @property
+    def skipped(self) -> list[RowResult]:
+        return [r for r in self.rows if r.error is None]
+
+    @property
+    def mape(self) -> float:
+        c = self.compared
+        return 100.0 * sum(abs(r.error) for r in c) / len(c) if c else float("nan")
+
+    @property
+    def max_ape(self) -> float:
+        c = self.compared
+        return 100.0 * max(abs(r.error) for r in c) if c else float("nan")
+
+    def by_source(self) -> dict[str, tuple[float, int]]:
+        out: dict[str, list[float]] = {}
+        for r in self.compared:
+            out.setdefault(source_family(r.source), []).append(abs(r.error))
+        return {k: (100.0 * sum(v) / len(v), len(v)) for k, v in out.items()}
+
+    def throughput_rows(self) -> list[tuple[str, float, float]]:
+        """(case, predicted, measured) whole-cluster tokens/s for throughput-only rows."""
+        out = []
+        for r in self.rows:
+            if r.measured_throughput and r.prediction:
+                p = r.prediction
+                out.append((r.case_id, p.tokens_per_step / p.step_s, r.measured_throughput))
+        return out
+
+
+def source_family(source: str) -> str:
+    s = source.lower()
+    if "nemo" in s:
+        return "NeMo-RL"
+    if "verl" in s:
+        return "verl"
+    if "areal" in s:
+        return "AReaL"
+    return source.split()[0] if source else "?"
+
+
+def read_rows(path: str | Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+_CLUSTER_FOR_GPU = {
+    "h100-sxm": "dgx-h100",
+    "h200": "dgx-h200",
+    "h800": "h800-cluster",
+    "h20": "h20-cluster",
+    "gb200": "gb200-nvl72",
+    "gh200": "gh200-alps",
+    "a100-80g": "dgx-a100",
+    "mi300x": "mi300x-cluster",
+    "cpu": "local-cpu",
+}
+
+
+def check_names(rows: list[dict[str, str]]) -> None:
+    """Unknown models or GPUs anywhere in the file: one error naming all of them."""
+    from rpeg import specs
+
+    problems = []
+    models, gpus = specs.models(), specs.gpus()
+    for i, r in enumerate(rows, start=2):
+        cid = r.get("case_id") or f"line {i}"
+        if r.get("model") and r["model"] not in models:
+            problems.append(Problem(f"{cid}.model", f"unknown model {r['model']!r}"))
+        if r.get("gpu") and r["gpu"] not in gpus:
+            problems.append(Problem(f"{cid}.gpu", f"unknown GPU {r['gpu']!r}"))
+    if problems:
+        raise SpecError(problems, title="unknown names in validation CSV")
+
+
+def _int(r: dict[str, str], k: str, default: int | None = None) -> int:
+    v = (r.get(k) or "").strip()
+    if not v:
+        if default is None:
+            raise Unpredictable(f"{k} not published")
+        return default
+    return int(float(v))
+
+
+def _float(r: dict[str, str], k: str) -> float | None:
+    v = (r.get(k) or "").strip()
+    return float(v) if v else None
+
+
+def _note(notes: str, key: str) -> str | None:
+    m = re.search(rf"{re.escape(key)}\s*=\s*([\w.]+)", notes)
+    return m.group(1) if m else None
+
+
+def row_case(r: dict[str, str]) -> tuple[Any, Plan, Workload]:
+    """The (graph, plan, workload) a CSV row describes."""
+    from rpeg import specs
+    from rpeg.ir import builders
+
+    model = specs.model(r["model"])
+    if model.unsupported:
+        raise Unpredictable(f"model {model.name}: {model.unsupported}")
+    notes = r.get("notes", "")
+    n = _int(r, "num_gpus")
+    gen_n = _int(r, "gen_gpus")
+    train_n = _int(r, "train_gpus")
+    colocated = r.get("placement", "").strip() == "colocated"
+    st = (r.get("staleness") or "0").strip()
+    staleness = 10**6 if st == "inf" else int(float(st))
+    partial = r.get("partial_rollout", "").strip() == "yes"
+    has_ref = r.get("has_ref", "").strip() == "yes"
+    if r.get("has_critic", "").strip() == "yes":
+        raise Unpredictable("critic rows not in the dev set yet")
+    graph = builders.build("grpo", use_reference=has_ref, staleness=min(staleness, 1000))
+    gen_devs = f"0-{n - 1}" if colocated else f"0-{gen_n - 1}"
+    train_devs = f"0-{n - 1}" if colocated else f"{gen_n}-{gen_n + train_n - 1}"
+    if not colocated and gen_n + train_n != n:
+        raise Unpredictable(f"gen_gpus + train_gpus = {gen_n + train_n} != num_gpus = {n}")
+    util = _note(notes, "vllm_gpu_mem_util") or _note(notes, "gpu_memory_utilization") or "0.8"
+    backend = r.get("train_backend", "")
+    engine = "fsdp" if "fsdp" in backend else "megatron"
+    recompute = _note(notes, "act_ckpt") != "False"
+    packing = _note(notes, "seq_packing") != "False"
+    gen = UnitPlan(
+        devices=gen_devs,
+        tp=_int(r, "gen_tp", 1),
+        pp=_int(r, "gen_pp", 1),
+        gpu_memory_utilization=float(util),
+        offload=colocated,
+        engine="vllm",
+    )
+    tp, pp, cp, ep = (
+        _int(r, "train_tp", 1),
+        _int(r, "train_pp", 1),
+        _int(r, "train_cp", 1),
+        _int(r, "train_ep", 1),
+    )
+    try:
+        train = UnitPlan(
+            devices=train_devs,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            ep=ep,
+            engine=engine,
+            recompute=recompute,
+            seq_packing=packing,
+            offload=colocated,
+        )
+    except ValueError as exc:
+        raise Unpredictable(f"train layout: {exc}") from None
+    units = {}
+    for name, members in _units(graph):
+        units[name] = gen if members & {"generate", "reward"} else train
+    reuse = "old_log_prob not recomputed" in notes or "use_rollout_log_probs=True" in notes
+    streaming = (not colocated) and staleness == 0 and "stream" in notes
+    cluster_name = _CLUSTER_FOR_GPU.get(r["gpu"])
+    if cluster_name is None:
+        raise Unpredictable(f"no catalog cluster for GPU {r['gpu']}")
+    cl = specs.cluster(cluster_name)
+    plan = Plan(
+        cluster=cluster_name,
+        num_nodes=max(1, -(-n // cl.gpus_per_node)),
+        model=model.name,
+        graph=GraphRef(
+            builder="grpo",
+            options={
+                "use_reference": has_ref,
+                "staleness": staleness,
+                "reuse_rollout_logprobs": reuse,
+            },
+        ),
+        staleness=min(staleness, 10**6),
+        partial_rollout=partial and staleness >= 1,
+        streaming=streaming,
+        units=units,
+    )
+    prompt = _float(r, "avg_prompt_len") or DEFAULT_PROMPT_TOKENS
+    cap = _int(r, "max_gen_len")
+    max_seq = _float(r, "max_seq_len")
+    if max_seq and "effective gen cap" in notes:
+        cap = int(min(cap, max_seq - prompt))
+    prec = (r.get("precision") or "bf16").split()[0]
+    wl = Workload(
+        num_prompts=_int(r, "num_prompts"),
+        samples_per_prompt=_int(r, "samples_per_prompt"),
+        mean_prompt_tokens=prompt,
+        max_response_tokens=cap,
+        mean_response_tokens=_float(r, "avg_gen_len"),
+        train_minibatches=_int(r, "train_minibatches", 1),
+        precision=prec if prec in ("bf16", "fp16", "fp8", "fp32") else "bf16",
+        max_seq_tokens=int(max_seq) if max_seq else None,
+    )
+    return graph, plan, wl
+
+
+def _units(graph: Any) -> list[tuple[str, set[str]]]:
+    from rpeg.perf.model import graph_units
+
+    return [(n, {k for _, k, _ in members}) for n, members in graph_units(graph)]
+
+
+def _throughput(r: dict[str, str]) -> float | None:
+    m = re.search(r"effective_train_throughput_tok_s=([\d.]+)", r.get("measured_other", ""))
+    return float(m.group(1)) if m else None
+
+
+def validate_rows(rows: list[dict[str, str]], calib: Calibration = DEFAULT) -> Report:
+    check_names(rows)
+    rep = Report()
+    for r in rows:
+        res = RowResult(
+            case_id=r.get("case_id", "?"),
+            source=r.get("source", ""),
+            measured_step_s=_float(r, "measured_step_s"),
+            measured_throughput=_throughput(r),
+        )
+        rep.rows.append(res)
+        if res.measured_step_s is None and res.measured_throughput is None:
+            res.reason = "no measured_step_s"
+            continue
+        try:
+            graph, plan, wl = row_case(r)
+            pred = predict(graph, plan, wl, calib=calib)
+        except Unpredictable as exc:
+            res.reason = str(exc)
+            continue
+        except InfeasiblePlan as exc:
+            res.reason = f"model says infeasible: {exc}"
+            continue
+        except SpecError as exc:
+            res.reason = str(exc).replace("\n", " ")
+            continue
+        res.prediction = pred
+        res.predicted_step_s = pred.step_s
+        if res.measured_step_s is None:
+            res.reason = "throughput-only row (no step time): compared as tokens/s"
+    return rep
+
+
+def validate_csv(path: str | Path, calib: Calibration = DEFAULT) -> Report:
+    return validate_rows(read_rows(path), calib)

@@ -1,0 +1,390 @@
+"""The execution plan: where and how every execution unit of a graph runs (pure).
+
+A :class:`Plan` names, per execution unit (a stage or a fused group of the IR graph), the
+devices it runs on (global indices on the cluster: rack/node/gpu follow from the cluster
+topology), its parallel degrees, micro-batch size, activation recompute and offload. Units
+whose device sets intersect time-share those devices (colocation). The plan also names the
+graph (a builder and its options, or inline IR YAML), the cluster and its size, the staleness
+bound k and whether in-flight rollouts survive a weight update (partial rollout).
+
+One Plan drives both the performance model (``rpeg.perf.predict``) and the runtime.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rpeg.errors import ConfigError, Problem, RpegError
+
+Engine = Literal["auto", "vllm", "sglang", "torch", "megatron", "fsdp"]
+Reason = Literal["memory", "divisibility", "devices"]
+
+
+class InfeasiblePlan(RpegError):
+    """A plan that cannot run: ``reason`` is memory, divisibility or devices.
+
+    ``needed_gb``/``capacity_gb`` are per device (memory); ``unit`` names the execution unit;
+    ``device`` the first device that overflows. The optimizer counts candidates by ``reason``.
+    """
+
+    def __init__(
+        self,
+        reason: Reason,
+        message: str,
+        *,
+        unit: str = "",
+        needed_gb: float | None = None,
+        capacity_gb: float | None = None,
+        device: int | None = None,
+        breakdown: dict[str, float] | None = None,
+    ):
+        self.reason = reason
+        self.unit = unit
+        self.needed_gb = needed_gb
+        self.capacity_gb = capacity_gb
+        self.device = device
+        self.breakdown = dict(breakdown or {})
+        head = f"infeasible plan ({reason})"
+        if unit:
+            head += f" in {unit}"
+        super().__init__(f"{head}: {message}")
+
+
+def parse_devices(spec: str | int | list[int] | tuple[int, ...]) -> tuple[int, ...]:
+    """``"0-15"``, ``"0-7,16-23"``, ``8`` (a single device) or a list -> sorted indices."""
+    if isinstance(spec, bool):
+        raise ValueError("devices must be a range string like '0-7' or a list of indices")
+    if isinstance(spec, int):
+        return (spec,)
+    if isinstance(spec, (list, tuple)):
+        out = tuple(int(x) for x in spec)
+    else:
+        out_l: list[int] = []
+        for part in str(spec).replace(" ", "").split(","):
+            if not part:
+                continue
+            if "-" in part:
+                a, b = part.split("-", 1)
+                lo, hi = int(a), int(b)
+                if hi < lo:
+                    raise ValueError(f"range {part!r} is empty")
+                out_l.extend(range(lo, hi + 1))
+            else:
+                out_l.append(int(part))
+        out = tuple(out_l)
+    if not out:
+        raise ValueError("no devices")
+    if any(d < 0 for d in out):
+        raise ValueError("device indices must be >= 0")
+    if len(set(out)) != len(out):
+        raise ValueError("duplicate device indices")
+    return tuple(sorted(out))
+
+
+@lru_cache(maxsize=4096)
+def _num_devices_used(device_sets: tuple[tuple[int, ...], ...]) -> int:
+    return len({d for ds in device_sets for d in ds})
+
+
+@lru_cache(maxsize=4096)
+def _colocated(units: tuple[tuple[str, tuple[int, ...]], ...]) -> tuple[frozenset[str], ...]:
+    groups: list[tuple[set[int], set[str]]] = []
+    for name, devs in units:
+        ds = set(devs)
+        merged_d, merged_n = ds, {name}
+        rest = []
+        for gd, gn in groups:
+            if gd & ds:
+                merged_d |= gd
+                merged_n |= gn
+            else:
+                rest.append((gd, gn))
+        groups = [*rest, (merged_d, merged_n)]
+    return tuple(frozenset(n) for _, n in groups)
+
+
+@lru_cache(maxsize=4096)
+def format_devices(devs: tuple[int, ...]) -> str:
+    """Inverse of :func:`parse_devices`: compact ``"0-7,16-23"``."""
+    parts = []
+    start = prev = devs[0]
+    for d in devs[1:]:
+        if d == prev + 1:
+            prev = d
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+        start = prev = d
+    parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+    return ",".join(parts)
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class UnitPlan(_Base):
+    """How one execution unit runs. ``dp`` 0 = derive (devices / (tp*pp*cp))."""
+
+    devices: tuple[int, ...] = Field(description="global device indices ('0-15' in YAML)")
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(0, ge=0, description="0 = devices // (tp*pp*cp)")
+    ep: int = Field(1, ge=1, description="expert parallel (carved out of dp*cp*tp)")
+    cp: int = Field(1, ge=1, description="context / Ulysses sequence parallel")
+    micro_batch_size: int = Field(
+        1, ge=1, description="samples (or packed sequences) per micro-batch"
+    )
+    recompute: bool = Field(True, description="full activation recompute in training")
+    offload: bool = Field(False, description="offload this unit's state to host memory when idle")
+    engine: Engine = "auto"
+    gpu_memory_utilization: float = Field(
+        0.8, gt=0.0, le=1.0, description="generation: KV-cache budget share"
+    )
+    seq_packing: bool = True
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices(cls, v: Any) -> tuple[int, ...]:
+        return parse_devices(v)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp or max(1, len(self.devices) // (self.tp * self.pp * self.cp))
+
+    @model_validator(mode="after")
+    def _divides(self) -> UnitPlan:
+        n = len(self.devices)
+        model_par = self.tp * self.pp * self.cp
+        if n % model_par:
+            raise ValueError(f"tp*pp*cp={model_par} must divide the {n} devices")
+        if self.dp and self.dp * model_par != n:
+            raise ValueError(f"dp*tp*pp*cp={self.dp * model_par} must equal the {n} devices")
+        if (n // self.pp) % self.ep:
+            raise ValueError(f"ep={self.ep} must divide devices/pp={n // self.pp}")
+        return self
+
+
+class GraphRef(_Base):
+    """Which graph the plan executes: a builder and its options, or inline IR YAML."""
+
+    builder: str | None = "grpo"
+    options: dict[str, Any] = Field(default_factory=dict, description="builder kwargs / transforms")
+    inline: dict[str, Any] | None = Field(None, description="inline IR (rpeg.ir YAML form)")
+
+
+class Plan(_Base):
+    """An execution plan for one RL step (see module docstring)."""
+
+    cluster: str = "local-cpu"
+    num_nodes: int | None = Field(None, ge=1, description="None = the catalog's size")
+    model: str = Field("rpeg-tiny", description="catalog model for the actor (and trunks)")
+    graph: GraphRef = Field(default_factory=GraphRef)
+    staleness: int = Field(0, ge=0, description="bound k on policy lag (0 = on-policy)")
+    partial_rollout: bool = False
+    units: dict[str, UnitPlan]
+    streaming: bool = Field(
+        False,
+        description="k=0 across pools: trainer consumes mini-batches as soon as they are generated",
+    )
+
+    @model_validator(mode="after")
+    def _units(self) -> Plan:
+        if not self.units:
+            raise ValueError("a plan needs at least one unit")
+        return self
+
+    # --- derived -------------------------------------------------------------------------
+    @property
+    def num_devices(self) -> int:
+        return _num_devices_used(tuple(u.devices for u in self.units.values()))
+
+    def colocated(self) -> list[frozenset[str]]:
+        """Groups of units that share at least one device (connected components)."""
+        return list(_colocated(tuple((n, u.devices) for n, u in self.units.items())))
+
+    # --- YAML ----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = self.model_dump(mode="json", exclude_defaults=False)
+        for name, u in d["units"].items():
+            u["devices"] = format_devices(self.units[name].devices)
+        return d
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "") -> Plan:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            from rpeg.config import problems_from_pydantic
+
+            raise ConfigError(
+                problems_from_pydantic(exc), title=f"invalid plan {source}".strip()
+            ) from None
+
+    @classmethod
+    def from_yaml(cls, text_or_path: str | Path) -> Plan:
+        from rpeg.config import read_text_or_path
+
+        text, source = read_text_or_path(text_or_path)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError([Problem(source or "plan", f"not valid YAML: {exc}")]) from None
+        if not isinstance(data, dict):
+            raise ConfigError([Problem(source or "plan", "top level must be a mapping")])
+        return cls.from_dict(data, source=source)
+
+
+# --- layouts ---------------------------------------------------------------------------
+_GEN_KINDS = {"generate", "reward"}
+
+
+def _unit_names_and_kinds(graph: Any) -> list[tuple[str, set[str]]]:
+    """(unit name, stage kinds) per execution unit of an IR graph (duck-typed)."""
+    out = []
+    for unit in graph.execution_units():
+        stages = getattr(unit, "stages", None)
+        if stages is None:  # a single Stage
+            out.append((unit.name, {_kind(unit)}))
+        else:
+            kinds = set()
+            for s in stages:
+                kinds.add(_kind(graph_stage(graph, s) if isinstance(s, str) else s))
+            out.append((unit.name, kinds))
+    return out
+
+
+def graph_stage(graph: Any, name: str) -> Any:
+    for s in graph.stages:
+        if s.name == name:
+            return s
+    raise KeyError(name)
+
+
+def _kind(stage: Any) -> str:
+    k = stage.kind
+    return getattr(k, "value", str(k))
+
+
+def colocated_plan(
+    graph: Any,
+    cluster: str = "local-cpu",
+    *,
+    num_devices: int | None = None,
+    num_nodes: int | None = None,
+    model: str = "rpeg-tiny",
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    gen_tp: int | None = None,
+    gen_pp: int = 1,
+    micro_batch_size: int = 1,
+    recompute: bool = True,
+    gpu_memory_utilization: float = 0.6,
+    builder: str | None = None,
+    builder_options: dict[str, Any] | None = None,
+) -> Plan:
+    """verl-style layout: every unit on all devices (time-shared), one train layout."""
+    n = _num_devices(cluster, num_devices, num_nodes)
+    devs = f"0-{n - 1}"
+    units = {}
+    for name, kinds in _unit_names_and_kinds(graph):
+        if kinds & _GEN_KINDS:
+            units[name] = UnitPlan(
+                devices=devs,
+                tp=gen_tp or tp,
+                pp=gen_pp,
+                gpu_memory_utilization=gpu_memory_utilization,
+                engine="auto",
+                offload=True,
+            )
+        else:
+            units[name] = UnitPlan(
+                devices=devs,
+                tp=tp,
+                pp=pp,
+                ep=ep,
+                cp=cp,
+                micro_batch_size=micro_batch_size,
+                recompute=recompute,
+                offload=True,
+            )
+    return Plan(
+        cluster=cluster,
+        num_nodes=num_nodes,
+        model=model,
+        staleness=getattr(graph, "staleness", 0),
+        graph=GraphRef(builder=builder, options=builder_options or {}),
+        units=units,
+    )
+
+
+def disaggregated_plan(
+    graph: Any,
+    cluster: str = "local-cpu",
+    *,
+    gen_devices: int,
+    train_devices: int,
+    num_nodes: int | None = None,
+    model: str = "rpeg-tiny",
+    gen_tp: int = 1,
+    gen_pp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    micro_batch_size: int = 1,
+    recompute: bool = True,
+    partial_rollout: bool = True,
+    gpu_memory_utilization: float = 0.8,
+    builder: str | None = None,
+    builder_options: dict[str, Any] | None = None,
+) -> Plan:
+    """AReaL/NeMo-async layout: generation on devices [0, gen), everything else after."""
+    gen = f"0-{gen_devices - 1}"
+    train = f"{gen_devices}-{gen_devices + train_devices - 1}"
+    units = {}
+    for name, kinds in _unit_names_and_kinds(graph):
+        if kinds & _GEN_KINDS:
+            units[name] = UnitPlan(
+                devices=gen, tp=gen_tp, pp=gen_pp, gpu_memory_utilization=gpu_memory_utilization
+            )
+        else:
+            units[name] = UnitPlan(
+                devices=train,
+                tp=tp,
+                pp=pp,
+                ep=ep,
+                cp=cp,
+                micro_batch_size=micro_batch_size,
+                recompute=recompute,
+            )
+    return Plan(
+        cluster=cluster,
+        num_nodes=num_nodes,
+        model=model,
+        staleness=getattr(graph, "staleness", 0),
+        partial_rollout=partial_rollout and getattr(graph, "staleness", 0) > 0,
+        graph=GraphRef(builder=builder, options=builder_options or {}),
+        units=units,
+    )
+
+
+def _num_devices(cluster: str, num_devices: int | None, num_nodes: int | None) -> int:
+    if num_devices:
+        return num_devices
+    from rpeg import specs
+
+    return specs.cluster(cluster, num_nodes=num_nodes).num_devices

@@ -1,0 +1,116 @@
+"""Accelerator catalog: peak rates, memory, and size-dependent efficiency curves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rpeg.errors import Problem
+from rpeg.specs._load import Checker, SpecError, interp_log
+
+Curve = tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    bf16_dense_tflops: float
+    fp8_dense_tflops: float | None
+    hbm_gb: float
+    hbm_tbps: float
+    matmul_curve: Curve
+    hbm_curve: Curve
+    source: str = ""
+    host_memory_gb: float = 0.0
+    host_link_gbps: float = 0.0
+    calibrated: bool = False
+
+    def peak_flops(self, precision: str = "bf16") -> float:
+        """Peak dense FLOP/s for ``precision`` (fp8 falls back to bf16 where absent)."""
+        if precision == "fp8" and self.fp8_dense_tflops:
+            return self.fp8_dense_tflops * 1e12
+        if precision == "fp32":
+            return (
+                self.bf16_dense_tflops * 1e12 / 2
+                if self.name != "cpu"
+                else self.bf16_dense_tflops * 1e12
+            )
+        return self.bf16_dense_tflops * 1e12
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gb * 1e9
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_tbps * 1e12
+
+    def matmul_eff(self, flops: float) -> float:
+        """Achieved fraction of peak for one GEMM of ``flops`` FLOPs."""
+        return interp_log(self.matmul_curve, flops)
+
+    def hbm_eff(self, nbytes: float) -> float:
+        """Achieved fraction of peak HBM bandwidth for a streaming read of ``nbytes``."""
+        return interp_log(self.hbm_curve, nbytes)
+
+
+def parse_gpus(sources: list[tuple[dict[str, Any], str]]) -> dict[str, GPUSpec]:
+    """Parse the shipped file then user files (later entries replace earlier ones)."""
+    problems: list[Problem] = []
+    out: dict[str, GPUSpec] = {}
+    for data, src in sources:
+        top = Checker(src, data, problems)
+        d = top.sub("defaults")
+        dcurves = d.sub("efficiency") if d else None
+        default_mm = dcurves.curve("matmul") if dcurves else None
+        default_hbm = dcurves.curve("hbm") if dcurves else None
+        if dcurves:
+            dcurves.done()
+        if d:
+            d.done()
+        if default_mm is None and out:
+            first = next(iter(out.values()))
+            default_mm, default_hbm = first.matmul_curve, first.hbm_curve
+        gpus = top.sub("gpus", required=src.startswith("rpeg/"))
+        top.done()
+        if gpus is None:
+            continue
+        for name, entry in gpus.data.items():
+            c = Checker(f"{src}: gpus.{name}", entry, problems)
+            bf16 = c.num("bf16_dense_tflops", lo=1e-4, hi=20000, unit="TFLOP/s")
+            fp8 = c.num("fp8_dense_tflops", lo=1e-4, hi=40000, default=None, unit="TFLOP/s")
+            hbm = c.num("hbm_gb", lo=0.1, hi=2000, unit="GB")
+            bw = c.num("hbm_tbps", lo=1e-4, hi=100, unit="TB/s")
+            host_gb = c.num("host_memory_gb", lo=0, hi=100000, default=0.0, unit="GB")
+            host_bw = c.num("host_link_gbps", lo=0, hi=10000, default=0.0, unit="GB/s")
+            eff = c.sub("efficiency")
+            mm = eff.curve("matmul") if eff else None
+            hb = eff.curve("hbm") if eff else None
+            if eff:
+                eff.done()
+            src_text = c.text("source", default="")
+            calibrated = c.flag("calibrated", False)
+            c.done()
+            mm = mm or default_mm
+            hb = hb or default_hbm
+            if mm is None or hb is None:
+                problems.append(
+                    Problem(f"{src}: gpus.{name}", "no efficiency curves and no defaults")
+                )
+                continue
+            out[name] = GPUSpec(
+                name=name,
+                bf16_dense_tflops=float(bf16),
+                fp8_dense_tflops=float(fp8) if fp8 else None,
+                hbm_gb=float(hbm),
+                hbm_tbps=float(bw),
+                matmul_curve=mm,
+                hbm_curve=hb,
+                source=src_text,
+                host_memory_gb=float(host_gb),
+                host_link_gbps=float(host_bw),
+                calibrated=calibrated,
+            )
+    if problems:
+        raise SpecError(problems, title="invalid GPU catalog")
+    return out

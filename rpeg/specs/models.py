@@ -1,0 +1,223 @@
+"""Model architecture catalog; parameter counts are derived from the architecture fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from rpeg.errors import Problem
+from rpeg.specs._load import Checker, SpecError
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    experts: int
+    top_k: int
+    expert_ffn_hidden: int
+    shared_experts: int = 0
+    first_dense_layers: int = 0
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_dim: int
+    qk_rope_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    max_position: int = 0
+    typical_response_tokens: float | None = None
+    published_params_b: float | None = None
+    published_active_params_b: float | None = None
+    unsupported: str = ""
+    source: str = ""
+
+    # --- per-layer parameter counts ---------------------------------------------------
+    @cached_property
+    def attn_params(self) -> int:
+        h = self.hidden
+        if self.mla:
+            m = self.mla
+            qk = m.qk_nope_dim + m.qk_rope_dim
+            return (
+                h * m.q_lora_rank
+                + m.q_lora_rank  # q down-proj + norm
+                + m.q_lora_rank * self.heads * qk  # q up-proj
+                + h * (m.kv_lora_rank + m.qk_rope_dim)
+                + m.kv_lora_rank  # kv down + norm
+                + m.kv_lora_rank * self.heads * (m.qk_nope_dim + m.v_head_dim)  # kv up
+                + self.heads * m.v_head_dim * h  # output
+            )
+        q = self.heads * self.head_dim
+        kv = self.kv_heads * self.head_dim
+        p = h * q + 2 * h * kv + q * h
+        if self.qkv_bias:
+            p += q + 2 * kv
+        if self.qk_norm:
+            p += 2 * self.head_dim
+        return p
+
+    @cached_property
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden * self.ffn_hidden
+
+    @cached_property
+    def expert_params(self) -> int:
+        """One routed expert (SwiGLU)."""
+        return 3 * self.hidden * self.moe.expert_ffn_hidden if self.moe else 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.moe.first_dense_layers if self.moe else 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    def _mlp_params(self, active: bool) -> int:
+        total = self.dense_layers * self.dense_mlp_params
+        if self.moe:
+            m = self.moe
+            per = (m.top_k if active else m.experts) + m.shared_experts
+            total += self.moe_layers * (per * self.expert_params + self.hidden * m.experts)
+        return total
+
+    @cached_property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    @cached_property
+    def params(self) -> int:
+        """Total parameters (embeddings included, MTP excluded)."""
+        norms = self.layers * 2 * self.hidden + self.hidden
+        return (
+            self.embedding_params + self.layers * self.attn_params + self._mlp_params(False) + norms
+        )
+
+    @cached_property
+    def active_params(self) -> int:
+        """Parameters touched per token (top-k routed + shared experts)."""
+        norms = self.layers * 2 * self.hidden + self.hidden
+        return (
+            self.embedding_params + self.layers * self.attn_params + self._mlp_params(True) + norms
+        )
+
+    @cached_property
+    def matmul_params(self) -> int:
+        """Active parameters that take part in matmuls (the input lookup table does not)."""
+        lookup = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.active_params - lookup
+
+    @property
+    def attn_width(self) -> int:
+        """heads x (q/k head dim): the width of QK^T; AV uses v_head_dim for MLA."""
+        return self.heads * self.head_dim
+
+    @property
+    def v_width(self) -> int:
+        return self.heads * (self.mla.v_head_dim if self.mla else self.head_dim)
+
+    def kv_bytes_per_token(self, bytes_per_value: float = 2.0) -> float:
+        """KV-cache bytes one token adds across all layers (MLA caches the latent + rope key)."""
+        if self.mla:
+            per_layer = self.mla.kv_lora_rank + self.mla.qk_rope_dim
+        else:
+            per_layer = 2 * self.kv_heads * self.head_dim
+        return self.layers * per_layer * bytes_per_value
+
+    def attn_flops_fwd(self, context: float) -> float:
+        """Forward attention-score FLOPs for one new token attending to ``context`` tokens
+        (QK^T and AV, 2 FLOPs per multiply-add): 2 * L * context * (d_qk + d_v)."""
+        return 2.0 * self.layers * context * (self.attn_width + self.v_width)
+
+
+def parse_models(sources: list[tuple[dict[str, Any], str]]) -> dict[str, ModelSpec]:
+    problems: list[Problem] = []
+    out: dict[str, ModelSpec] = {}
+    for data, src in sources:
+        top = Checker(src, data, problems)
+        ms = top.sub("models", required=src.startswith("rpeg/"))
+        top.done()
+        if ms is None:
+            continue
+        for name, entry in ms.data.items():
+            c = Checker(f"{src}: models.{name}", entry, problems)
+            unsupported = c.text("unsupported", default="")
+            req = None if unsupported else ...
+            kw: dict[str, Any] = dict(
+                family=c.text("family", default=""),
+                layers=c.num("layers", lo=1, hi=1000, integer=True, default=req or 0),
+                hidden=c.num("hidden", lo=8, hi=65536, integer=True, default=req or 0),
+                ffn_hidden=c.num("ffn_hidden", lo=8, hi=262144, integer=True, default=req or 0),
+                heads=c.num("heads", lo=1, hi=1024, integer=True, default=req or 0),
+                kv_heads=c.num("kv_heads", lo=1, hi=1024, integer=True, default=req or 0),
+                head_dim=c.num("head_dim", lo=8, hi=1024, integer=True, default=req or 0),
+                vocab=c.num("vocab", lo=2, hi=2_000_000, integer=True, default=req or 0),
+                tied_embeddings=c.flag("tied_embeddings"),
+                qkv_bias=c.flag("qkv_bias"),
+                qk_norm=c.flag("qk_norm"),
+                max_position=c.num("max_position", lo=1, hi=10_000_000, integer=True, default=0),
+                typical_response_tokens=c.num(
+                    "typical_response_tokens", lo=1, hi=10_000_000, default=None
+                ),
+                published_params_b=c.num("published_params_b", lo=0, hi=100000, default=None),
+                published_active_params_b=c.num(
+                    "published_active_params_b", lo=0, hi=100000, default=None
+                ),
+                unsupported=unsupported,
+                source=c.text("source", default=""),
+            )
+            moe = c.sub("moe")
+            if moe:
+                kw["moe"] = MoESpec(
+                    experts=moe.num("experts", lo=1, hi=4096, integer=True),
+                    top_k=moe.num("top_k", lo=1, hi=64, integer=True),
+                    expert_ffn_hidden=moe.num("expert_ffn_hidden", lo=1, hi=65536, integer=True),
+                    shared_experts=moe.num("shared_experts", lo=0, hi=64, integer=True, default=0),
+                    first_dense_layers=moe.num(
+                        "first_dense_layers", lo=0, hi=1000, integer=True, default=0
+                    ),
+                )
+                moe.done()
+                if kw["moe"].top_k > kw["moe"].experts:
+                    problems.append(Problem(f"{moe.where}.top_k", "must be <= experts"))
+            mla = c.sub("mla")
+            if mla:
+                kw["mla"] = MLASpec(
+                    q_lora_rank=mla.num("q_lora_rank", lo=1, hi=65536, integer=True),
+                    kv_lora_rank=mla.num("kv_lora_rank", lo=1, hi=65536, integer=True),
+                    qk_nope_dim=mla.num("qk_nope_dim", lo=1, hi=1024, integer=True),
+                    qk_rope_dim=mla.num("qk_rope_dim", lo=1, hi=1024, integer=True),
+                    v_head_dim=mla.num("v_head_dim", lo=1, hi=1024, integer=True),
+                )
+                mla.done()
+            c.done()
+            if not unsupported and kw["heads"] and kw["kv_heads"] and kw["heads"] % kw["kv_heads"]:
+                problems.append(
+                    Problem(
+                        f"{c.where}.kv_heads", f"{kw['kv_heads']} must divide heads={kw['heads']}"
+                    )
+                )
+            out[name] = ModelSpec(name=name, **kw)
+    if problems:
+        raise SpecError(problems, title="invalid model catalog")
+    return out

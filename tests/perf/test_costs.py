@@ -1,0 +1,94 @@
+"""Cost formulas against hand-worked numbers."""
+
+import pytest
+
+from rpeg import specs
+from rpeg.perf import costs
+from rpeg.perf.calib import DEFAULT
+from rpeg.perf.lengths import LengthDist
+
+
+def test_ring_allreduce_hand_numbers():
+    # 1 GB over 8 ranks at 100 GB/s, no latency: 2 * 7/8 * 1e9 / 1e11 = 17.5 ms
+    assert costs.allreduce_time(1e9, 8, 100e9, 0.0, 1.0) == pytest.approx(0.0175)
+    # latency term: 2 * log2(8) * 10 us = 60 us
+    assert costs.allreduce_time(0.0, 8, 100e9, 1e-5, 1.0) == 0.0
+    assert costs.allreduce_time(1.0, 8, 1e30, 1e-5, 1.0) == pytest.approx(6e-5)
+    assert costs.allreduce_time(1e9, 1, 100e9, 1e-5, 1.0) == 0.0
+
+
+def test_kv_cache_bytes_llama_8b():
+    m = specs.model("llama3.1-8b")
+    # 2 (K,V) * 32 layers * 8 kv heads * 128 dims * 2 bytes = 131072 B per token
+    assert costs.kv_cache_bytes(m, 1000, tp=1) == 131072 * 1000
+    assert costs.kv_cache_bytes(m, 1000, tp=2) == 131072 * 1000 / 2
+    assert costs.kv_cache_bytes(m, 1000, tp=16) == 131072 * 1000 / 8  # only 8 kv heads to split
+
+
+def test_decode_step_is_weight_bandwidth_bound_at_batch_1():
+    m = specs.model("llama3.1-8b")
+    cl = specs.cluster("dgx-h100")
+    t, flops, nbytes, comm = costs.decode_step_time(
+        m,
+        cl.gpu,
+        cl,
+        batch=1,
+        context=0,
+        tp=1,
+        pp=1,
+        first_device=0,
+        wbytes=2.0,
+        kvbytes=2.0,
+        calib=DEFAULT,
+        precision="bf16",
+    )
+    expected = m.params * 2 / (3.35e12 * DEFAULT.decode_hbm_eff) + DEFAULT.decode_step_overhead_s
+    assert nbytes == m.params * 2
+    assert comm == 0.0
+    assert t == pytest.approx(expected, rel=1e-9)  # ~6.4 ms + 4 ms
+    assert 0.010 < t < 0.011
+
+
+def test_decode_grows_with_live_kv():
+    m = specs.model("llama3.1-8b")
+    cl = specs.cluster("dgx-h100")
+    kw = dict(tp=1, pp=1, first_device=0, wbytes=2.0, kvbytes=2.0, calib=DEFAULT, precision="bf16")
+    t0 = costs.decode_step_time(m, cl.gpu, cl, batch=256, context=0, **kw)[0]
+    t1 = costs.decode_step_time(m, cl.gpu, cl, batch=256, context=2000, **kw)[0]
+    kv = 256 * 2000 * 131072
+    assert t1 - t0 == pytest.approx(kv / (3.35e12 * DEFAULT.decode_hbm_eff), rel=0.05)
+
+
+def test_training_flops_6n_plus_attention():
+    m = specs.model("rpeg-tiny")
+    tokens, seq = 1000.0, 100.0  # 10 sequences of 100 tokens
+    sq = 10 * seq * seq
+    attn = m.layers * (m.attn_width + m.v_width) * sq  # causal: L * (d_qk + d_v) * s^2
+    assert costs.forward_flops(m, tokens, sq) == pytest.approx(2 * m.matmul_params * tokens + attn)
+    assert costs.train_flops(m, tokens, sq, recompute=False) == pytest.approx(
+        3 * (2 * m.matmul_params * tokens + attn)
+    )
+    assert costs.train_flops(m, tokens, sq, recompute=True) == pytest.approx(
+        4 * (2 * m.matmul_params * tokens + attn)
+    )
+    # tied embeddings: the table is the LM head, counted once
+    assert m.matmul_params == m.params
+
+
+def test_moe_weights_read_saturate_with_batch():
+    m = specs.model("qwen3-30b-a3b")
+    small = costs.weight_bytes_read(m, 1, 2.0)
+    big = costs.weight_bytes_read(m, 4096, 2.0)
+    assert small < 0.2 * big
+    assert big == pytest.approx(m.params * 2.0, rel=1e-3)
+
+
+def test_length_distribution_mean_and_tail():
+    d = LengthDist(1000, 4096, 0.8)
+    # the clamped mean is recovered by integrating the survival function
+    steps = 4096
+    mean = sum(d.survival(t + 0.5) for t in range(steps))
+    assert mean == pytest.approx(1000, rel=0.01)
+    assert d.expected_max(2048) == 4096  # some of 2048 responses hit the cap
+    assert d.expected_max(4) < 4096
+    assert d.second_moment() > 1000**2

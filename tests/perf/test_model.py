@@ -1,0 +1,118 @@
+"""predict(): structure of the result, memory, infeasibility, staleness, speed."""
+
+import time
+
+import pytest
+
+from rpeg import specs
+from rpeg.ir import builders
+from rpeg.perf import Workload, predict
+from rpeg.plan import InfeasiblePlan, colocated_plan, disaggregated_plan
+
+WL = Workload(
+    num_prompts=64,
+    samples_per_prompt=32,
+    mean_prompt_tokens=128,
+    max_response_tokens=4096,
+    mean_response_tokens=1000,
+    train_minibatches=4,
+)
+
+
+def test_colocated_prediction_has_every_stage_timeline_and_throughput():
+    g = builders.build("grpo", use_reference=True)
+    plan = colocated_plan(g, "dgx-h100", num_nodes=2, model="llama3.1-8b", pp=2)
+    p = predict(g, plan, WL)
+    assert set(p.stages) == {s.name for s in g.stages}
+    assert (
+        p.stages["generate"].time_s
+        > p.stages["train_actor"].time_s
+        > p.stages["ref_logprob"].time_s
+        > 0
+    )
+    assert p.num_devices == 16
+    assert p.tokens_per_s_per_gpu == pytest.approx(p.tokens_per_step / p.step_s / 16)
+    assert 0 < p.mfu < 0.6
+    ends = [r.end_s for r in p.timeline]
+    assert max(ends) == pytest.approx(p.step_s)
+    starts = [r.start_s for r in p.timeline if r.kind != "offload"]
+    assert starts == sorted(starts)  # colocated: one after another
+    assert 30 < p.step_s < 300
+
+
+def test_memory_breakdown_of_a_known_configuration():
+    g = builders.build("grpo", use_reference=False)
+    plan = disaggregated_plan(
+        g, "dgx-h100", num_nodes=2, gen_devices=8, train_devices=8, model="llama3.1-8b"
+    )
+    p = predict(g, plan, WL)
+    mem = p.stages["train_actor"].memory_gb
+    n = specs.model("llama3.1-8b").params
+    assert mem["weights"] == pytest.approx(n * 2 / 1e9)
+    assert mem["gradients"] == pytest.approx(n * 2 / 1e9)
+    assert mem["optimizer"] == pytest.approx(n * 12 / 8 / 1e9)  # sharded over dp = 8
+
+
+def test_staleness_overlaps_pools_and_partial_rollout_removes_the_tail():
+    g0 = builders.build("grpo", use_reference=True, staleness=0)
+    g1 = builders.build("grpo", use_reference=True, staleness=1)
+    kw = dict(num_nodes=2, gen_devices=8, train_devices=8, model="llama3.1-8b")
+    sync = predict(g0, disaggregated_plan(g0, "dgx-h100", **kw), WL)
+    async_ = predict(g1, disaggregated_plan(g1, "dgx-h100", partial_rollout=False, **kw), WL)
+    partial = predict(g1, disaggregated_plan(g1, "dgx-h100", partial_rollout=True, **kw), WL)
+    assert async_.step_s < sync.step_s
+    assert partial.step_s <= async_.step_s
+    assert partial.stages["generate"].time_s < async_.stages["generate"].time_s
+
+
+def test_infeasible_memory_carries_numbers():
+    g = builders.build("grpo", use_reference=True)
+    plan = colocated_plan(g, "dgx-h100", num_nodes=1, model="deepseek-v3")
+    with pytest.raises(InfeasiblePlan) as info:
+        predict(g, plan, WL)
+    e = info.value
+    assert e.reason == "memory" and e.needed_gb > e.capacity_gb and e.unit
+
+
+def test_infeasible_devices_and_divisibility():
+    g = builders.build("grpo", use_reference=False)
+    plan = colocated_plan(g, "dgx-h100", num_devices=16, model="llama3.1-8b")
+    with pytest.raises(InfeasiblePlan) as info:
+        predict(g, plan, WL, cluster=specs.cluster("dgx-h100", num_nodes=1))
+    assert info.value.reason == "devices"
+    with pytest.raises(ValueError, match="must divide"):
+        colocated_plan(g, "dgx-h100", num_devices=8, tp=3)
+
+
+def test_tiny_model_on_local_cpu_is_feasible():
+    g = builders.build("grpo", use_reference=True)
+    plan = colocated_plan(g, "local-cpu", model="rpeg-tiny")
+    wl = Workload(
+        num_prompts=16,
+        samples_per_prompt=8,
+        mean_prompt_tokens=32,
+        max_response_tokens=16,
+        precision="fp32",
+    )
+    p = predict(g, plan, wl)
+    assert p.step_s > 0 and p.num_devices == 2
+
+
+def test_one_plan_evaluates_fast():
+    g = builders.build("grpo", use_reference=True, staleness=1)
+    plan = disaggregated_plan(
+        g,
+        "dgx-h100",
+        num_nodes=32,
+        gen_devices=128,
+        train_devices=128,
+        model="qwen3-32b",
+        gen_tp=4,
+        tp=4,
+        pp=4,
+    )
+    predict(g, plan, WL)
+    t0 = time.perf_counter()
+    for _ in range(50):
+        predict(g, plan, WL)
+    assert (time.perf_counter() - t0) / 50 < 0.005
