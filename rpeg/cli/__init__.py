@@ -18,6 +18,8 @@ import sys
 import typer
 
 COMMAND_MODULES: list[str] = [
+    "rpeg.cli.graph",
+    "rpeg.cli.perf",
 ]
 
 app = typer.Typer(
