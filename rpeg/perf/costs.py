@@ -133,9 +133,8 @@ def decode_step_time(
     w_exp = 0.0
     if model.moe:
         w_exp = w - weight_bytes_read_dense(model, wbytes) / shards
-    t_mem = (nbytes - w_exp) / (gpu.hbm_bytes_per_s * calib.decode_hbm_eff) + w_exp / (
-        gpu.hbm_bytes_per_s * calib.moe_expert_hbm_eff
-    )
+    bw = gpu.hbm_bytes_per_s * gpu.software_eff
+    t_mem = (nbytes - w_exp) / (bw * calib.decode_hbm_eff) + w_exp / (bw * calib.moe_expert_hbm_eff)
     flops = batch * (2.0 * model.matmul_params + model.attn_flops_fwd(context)) / shards
     gemm = 2.0 * batch * model.hidden * max(model.ffn_hidden, model.attn_width) / tp
     t_cmp = flops / (gpu.peak_flops(precision) * gpu.matmul_eff(gemm))

@@ -212,7 +212,7 @@ def _generation(c: _Ctx, u: UnitPlan, name: str, throughput_mode: bool) -> Stage
     first = u.devices[0]
     sc = StageCost(name, (_GEN,), format_devices(u.devices), u.num_devices)
     w_dev = m.params * c.wbytes / replica
-    budget = u.gpu_memory_utilization * gpu.hbm_gb * GB
+    budget = u.gpu_memory_utilization * gpu.usable_hbm_gb * GB
     act_reserve = (
         1.0 * GB + 2.0 * cal.max_num_seqs * m.vocab * 4 / tp / 16
     )  # logits/sampling buffers
@@ -226,7 +226,7 @@ def _generation(c: _Ctx, u: UnitPlan, name: str, throughput_mode: bool) -> Stage
         raise InfeasiblePlan(
             "memory",
             f"generation weights {w_dev / GB:.1f} GB + reserve {act_reserve / GB:.1f} GB exceed the "
-            f"{budget / GB:.1f} GB budget (gpu_memory_utilization={u.gpu_memory_utilization} x {gpu.hbm_gb} GB)",
+            f"{budget / GB:.1f} GB budget (gpu_memory_utilization={u.gpu_memory_utilization} x {gpu.usable_hbm_gb} GB)",
             unit=name,
             needed_gb=(w_dev + act_reserve) / GB,
             capacity_gb=budget / GB,
@@ -297,10 +297,9 @@ def _generation(c: _Ctx, u: UnitPlan, name: str, throughput_mode: bool) -> Stage
         tail = 0.0
         for i in range(K):
             tm = (i + 0.5) * seg
-            live = tail_n * L.survival(tm)
-            if live < 1e-3:
-                continue
-            ts, f1, b1, cm = step(max(live, 1.0), c.P + tm)
+            # the longest response is still decoding until lmax: at least one sequence lives
+            live = max(tail_n * L.survival(tm), 1.0)
+            ts, f1, b1, cm = step(live, c.P + tm)
             tail += seg * ts
             fl += seg * f1
             by += seg * b1
@@ -406,7 +405,8 @@ def _pass(c: _Ctx, u: UnitPlan, name: str, kind: str, train: bool) -> StageCost:
         comm[lvl] = comm.get(lvl, 0.0) + n_micro * passes * 2 * m.layers / pp * ar
     # expert parallel: dispatch + combine per MoE layer per pass
     if m.moe and ep > 1:
-        a2a_bytes = tok_dev * m.moe.top_k * m.hidden * 2.0
+        # with tensor parallel, sequence parallel splits the tokens over the tp ranks first
+        a2a_bytes = tok_dev / tp * m.moe.top_k * m.hidden * 2.0
         ta, lvl = costs.alltoall_time(a2a_bytes, ep, c.cluster, first, tp * cp, cal.nccl_bus_eff)
         comm[lvl] = comm.get(lvl, 0.0) + n_micro * passes * 2 * m.moe_layers / pp * ta
     # context parallel: K/V exchange per layer (ring), bandwidth term only
@@ -505,7 +505,9 @@ def _weight_sync(
         lvl = c.cluster.span_level(allv)
         link = c.cluster.link(lvl)
     t = gen_shard / (link.bytes_per_s * cal.nccl_bus_eff) + 2 * m.layers * link.latency_s
-    sc.time_s = t
+    t_tensors = m.hf_tensors * cal.refit_tensor_s
+    sc.time_s = t + t_tensors
+    sc.detail.update(refit_bytes_s=t, refit_tensors_s=t_tensors, hf_tensors=m.hf_tensors)
     sc.comm_s = {lvl: t}
     sc.hbm_bytes = gen_shard * gen.num_devices
     return sc

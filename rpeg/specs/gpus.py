@@ -24,6 +24,16 @@ class GPUSpec:
     host_memory_gb: float = 0.0
     host_link_gbps: float = 0.0
     calibrated: bool = False
+    # Device memory as the CUDA driver reports it (what vLLM's gpu_memory_utilization
+    # multiplies); marketing "80 GB" parts report 80 GiB. 0 = same as hbm_gb.
+    hbm_reported_gb: float = 0.0
+    # Achieved fraction of this part's kernels relative to the (Hopper-measured) efficiency
+    # curves: < 1 for a generation whose software stack is younger than its silicon.
+    software_eff: float = 1.0
+
+    @property
+    def usable_hbm_gb(self) -> float:
+        return self.hbm_reported_gb or self.hbm_gb
 
     def peak_flops(self, precision: str = "bf16") -> float:
         """Peak dense FLOP/s for ``precision`` (fp8 falls back to bf16 where absent)."""
@@ -47,7 +57,7 @@ class GPUSpec:
 
     def matmul_eff(self, flops: float) -> float:
         """Achieved fraction of peak for one GEMM of ``flops`` FLOPs."""
-        return interp_log(self.matmul_curve, flops)
+        return interp_log(self.matmul_curve, flops) * self.software_eff
 
     def hbm_eff(self, nbytes: float) -> float:
         """Achieved fraction of peak HBM bandwidth for a streaming read of ``nbytes``."""
@@ -80,6 +90,8 @@ def parse_gpus(sources: list[tuple[dict[str, Any], str]]) -> dict[str, GPUSpec]:
             bf16 = c.num("bf16_dense_tflops", lo=1e-4, hi=20000, unit="TFLOP/s")
             fp8 = c.num("fp8_dense_tflops", lo=1e-4, hi=40000, default=None, unit="TFLOP/s")
             hbm = c.num("hbm_gb", lo=0.1, hi=2000, unit="GB")
+            sw_eff = c.num("software_eff", lo=0.05, hi=1.0, default=1.0, unit="")
+            hbm_rep = c.num("hbm_reported_gb", lo=0.0, hi=2000, default=0.0, unit="GB")
             bw = c.num("hbm_tbps", lo=1e-4, hi=100, unit="TB/s")
             host_gb = c.num("host_memory_gb", lo=0, hi=100000, default=0.0, unit="GB")
             host_bw = c.num("host_link_gbps", lo=0, hi=10000, default=0.0, unit="GB/s")
@@ -110,6 +122,8 @@ def parse_gpus(sources: list[tuple[dict[str, Any], str]]) -> dict[str, GPUSpec]:
                 host_memory_gb=float(host_gb),
                 host_link_gbps=float(host_bw),
                 calibrated=calibrated,
+                hbm_reported_gb=float(hbm_rep),
+                software_eff=float(sw_eff),
             )
     if problems:
         raise SpecError(problems, title="invalid GPU catalog")

@@ -144,6 +144,24 @@ class ModelSpec:
             per_layer = 2 * self.kv_heads * self.head_dim
         return self.layers * per_layer * bytes_per_value
 
+    @cached_property
+    def hf_tensors(self) -> int:
+        """Weight tensors of the HuggingFace checkpoint layout (what a weight refit converts and
+        hands over one by one): embeddings, final norm, untied LM head; per layer the attention
+        projections (GQA q,k,v,o + biases + q/k norms; MLA q_a, q_a_norm, q_b, kv_a, kv_a_norm,
+        kv_b, o), 2 norms and the MLP (dense gate/up/down; MoE 3 per routed and shared expert
+        plus the router)."""
+        if self.mla:
+            attn = 7
+        else:
+            attn = 4 + (3 if self.qkv_bias else 0) + (2 if self.qk_norm else 0)
+        per_layer = attn + 2
+        n = 2 + (0 if self.tied_embeddings else 1) + self.layers * per_layer
+        n += self.dense_layers * 3
+        if self.moe:
+            n += self.moe_layers * (3 * (self.moe.experts + self.moe.shared_experts) + 1)
+        return n
+
     def attn_flops_fwd(self, context: float) -> float:
         """Forward attention-score FLOPs for one new token attending to ``context`` tokens
         (QK^T and AV, 2 FLOPs per multiply-add): 2 * L * context * (d_qk + d_v)."""

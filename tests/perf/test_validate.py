@@ -14,9 +14,10 @@ DEV = REPO / "../shared/validation/steps_dev.csv"
 
 
 def test_fixture_budget():
-    # 5 NeMo-RL/verl rows (dense + MoE, colocated + async) and one row the model refuses.
+    # 8 NeMo-RL/verl rows (dense + MoE incl. DeepSeek-V3/Qwen3-235B 1-off async, H100 + GB200,
+    # colocated + async) and one row the model refuses.
     rep = validate_csv(FIXTURE)
-    assert len(rep.compared) == 5
+    assert len(rep.compared) == 8
     assert rep.mape <= 15.0
     assert rep.max_ape <= 40.0
     skipped = {r.case_id: r.reason for r in rep.skipped}
@@ -27,12 +28,24 @@ def test_fixture_budget():
 def test_dev_set_regression_guard():
     rep = validate_csv(DEV)
     assert len(rep.compared) >= 50
-    assert rep.mape <= 40.0  # today ~35%: see docs/perf-model.md
+    assert rep.mape <= 15.0  # all rows; ~14% today: see docs/perf-model.md
+    by = rep.by_source()
+    assert by["NeMo-RL"][0] <= 15.0 and by["verl"][0] <= 25.0
+
+
+@pytest.mark.skipif(not DEV.exists(), reason="shared validation set not present")
+def test_dev_set_target_excluding_documented_rows():
+    # The target on every row except the documented INCONSISTENT_ROWS (reasons in
+    # rpeg/perf/validate.py and docs/perf-model.md); they stay in the all-rows figure.
+    rep = validate_csv(DEV)
+    ex = rep.excluding()
+    assert len(rep.compared) - len(ex.compared) == 4
+    assert ex.mape <= 15.0 and ex.max_ape <= 40.0
 
 
 @pytest.mark.skipif(not DEV.exists(), reason="shared validation set not present")
 @pytest.mark.xfail(
-    reason="target MAPE<=15%/max<=40% not reached yet (MoE and GB200 rows); see docs/perf-model.md",
+    reason="all-rows max error > 40% (4 documented inconsistent rows); see docs/perf-model.md",
     strict=False,
 )
 def test_dev_set_target():
@@ -43,7 +56,7 @@ def test_dev_set_target():
 def test_cli_validate_table_and_json(capsys):
     assert main(["validate", str(FIXTURE)]) == 0
     out = capsys.readouterr().out
-    assert "MAPE=" in out and "max=" in out and "n=5" in out and "not predicted" in out
+    assert "MAPE=" in out and "max=" in out and "n=8" in out and "not predicted" in out
     assert main(["validate", str(FIXTURE), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {"case_id", "predicted_step_s", "measured_step_s"} <= set(data["rows"][0])
