@@ -1,0 +1,8 @@
+"""RPEG runtime: models, generation engines, RL algorithms, rewards, data and the
+single-process reference trainer.
+
+Everything here is free of Dask and Prefect so that the distributed runtime can wrap the
+same classes (:class:`rpeg.runtime.worker.PolicyWorker`, :class:`~rpeg.runtime.worker.CriticWorker`)
+inside actors and call the same stage functions (:mod:`rpeg.runtime.stages`).
+Submodules import torch/transformers; import them explicitly.
+"""

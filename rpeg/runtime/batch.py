@@ -1,0 +1,182 @@
+"""The typed batch that flows between stages."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rpeg.runtime.engines.torch_engine import positions_from_mask
+
+#: per-sample tensor fields: ``[B]``
+SAMPLE_FIELDS = ("policy_version", "group_ids", "rewards", "correct")
+#: per-token tensor fields: ``[B, R]``
+TOKEN_FIELDS = (
+    "response_ids",
+    "response_mask",
+    "sample_logprobs",
+    "old_logprobs",
+    "ref_logprobs",
+    "values",
+    "advantages",
+    "returns",
+)
+#: prompt tensor fields: ``[B, P]`` (left-padded)
+PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
+TEXT_FIELDS = ("prompts", "responses", "reference_answers")
+
+
+@dataclass
+class RolloutBatch:
+    """``B`` samples (``B = num_prompts * samples_per_prompt``, groups contiguous).
+
+    Written by generate: prompt_ids/prompt_mask ``[B,P]`` (left-padded), response_ids /
+    response_mask ``[B,R]`` (right-padded), sample_logprobs ``[B,R]`` (behaviour policy),
+    policy_version ``[B]`` (weights version that sampled each row), group_ids ``[B]``,
+    prompts / responses / reference_answers (text).
+    Written later: rewards ``[B]`` and correct ``[B]`` (reward), old_logprobs and
+    ref_logprobs ``[B,R]`` (log-prob stages), values ``[B,R]`` (critic), advantages
+    ``[B,R]`` and returns ``[B,R]`` (advantage stage).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    sample_logprobs: torch.Tensor
+    policy_version: torch.Tensor
+    group_ids: torch.Tensor
+    prompts: list[str] = field(default_factory=list)
+    responses: list[str] = field(default_factory=list)
+    reference_answers: list[str] = field(default_factory=list)
+    rewards: torch.Tensor | None = None
+    correct: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+    temperature: float = 1.0
+
+    # --- derived ----------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return int(self.response_ids.shape[0])
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """``[B, P+R]`` prompt then response."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        return positions_from_mask(self.attention_mask)
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(-1)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def replace(self, **changes: Any) -> RolloutBatch:
+        return dataclasses.replace(self, **changes)
+
+    # --- slicing / joining ------------------------------------------------------------------
+    def select(self, index: torch.Tensor | Sequence[int]) -> RolloutBatch:
+        idx = torch.as_tensor(index, dtype=torch.long)
+        kw: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                kw[f.name] = v[idx]
+            elif isinstance(v, list):
+                kw[f.name] = [v[i] for i in idx.tolist()] if v else []
+            else:
+                kw[f.name] = v
+        # drop all-padding columns at the edges
+        out = RolloutBatch(**kw)
+        return out._trim()
+
+    def _trim(self) -> RolloutBatch:
+        p_keep = int(self.prompt_mask.sum(-1).max()) if self.size else 0
+        r_keep = int(self.response_mask.sum(-1).max()) if self.size else 0
+        kw = {}
+        p = self.prompt_ids.shape[1]
+        if p_keep < p:
+            kw.update(
+                prompt_ids=self.prompt_ids[:, p - p_keep :],
+                prompt_mask=self.prompt_mask[:, p - p_keep :],
+            )
+        if r_keep < self.response_ids.shape[1]:
+            for name in TOKEN_FIELDS:
+                v = getattr(self, name)
+                if v is not None:
+                    kw[name] = v[:, :r_keep]
+        return self.replace(**kw) if kw else self
+
+    def split(self, n: int, generator: torch.Generator | None = None) -> list[RolloutBatch]:
+        """``n`` near-equal mini-batches (shuffled when a generator is given)."""
+        order = (
+            torch.randperm(self.size, generator=generator)
+            if generator is not None
+            else torch.arange(self.size)
+        )
+        return [self.select(chunk) for chunk in torch.tensor_split(order, n) if len(chunk)]
+
+    def micro_batches(self, size: int) -> list[RolloutBatch]:
+        return [
+            self.select(torch.arange(i, min(i + size, self.size)))
+            for i in range(0, self.size, size)
+        ]
+
+    @staticmethod
+    def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
+        """Join batches, re-padding prompts (left) and responses (right)."""
+        if len(batches) == 1:
+            return batches[0]
+        p = max(b.prompt_ids.shape[1] for b in batches)
+        r = max(b.response_ids.shape[1] for b in batches)
+        kw: dict[str, Any] = {}
+        for f in dataclasses.fields(RolloutBatch):
+            vals = [getattr(b, f.name) for b in batches]
+            if f.name in PROMPT_FIELDS:
+                pad = 0
+                kw[f.name] = torch.cat(
+                    [torch.nn.functional.pad(v, (p - v.shape[1], 0), value=pad) for v in vals],
+                    dim=0,
+                )
+            elif f.name in TOKEN_FIELDS:
+                if any(v is None for v in vals):
+                    kw[f.name] = None
+                else:
+                    kw[f.name] = torch.cat(
+                        [torch.nn.functional.pad(v, (0, r - v.shape[1])) for v in vals], dim=0
+                    )
+            elif f.name in SAMPLE_FIELDS:
+                kw[f.name] = None if any(v is None for v in vals) else torch.cat(vals, dim=0)
+            elif f.name in TEXT_FIELDS:
+                kw[f.name] = [x for v in vals for x in v]
+            else:
+                kw[f.name] = vals[0]
+        return RolloutBatch(**kw)
+
+    # --- transport --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (tensors + lists) for pickling between processes / actors."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RolloutBatch:
+        return cls(**data)

@@ -1,0 +1,73 @@
+"""The generation-engine interface every engine implements (torch here, vLLM on GPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` means greedy.
+
+    ``max_new_tokens`` caps every response; ``stop_token_ids`` end a response (the stop token is
+    kept in the response, like EOS). ``top_k == 0`` and ``top_p == 1`` disable those filters.
+    """
+
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class GenerationOutput:
+    """What :meth:`GenerationEngine.generate` returns for ``B`` prompts.
+
+    * ``response_ids``: ``[B, R]`` long, right-padded with ``pad_id`` (R = longest response)
+    * ``logprobs``: ``[B, R]`` float, log-prob of each sampled token under the *sampling
+      policy before top-k/top-p truncation* (softmax of logits / temperature; temperature 0 -> 1),
+      0 on padding
+    * ``lengths``: ``[B]`` long, tokens in each response (stop token included)
+    * ``finished``: ``[B]`` bool, True if a stop/EOS token ended the response (False = cap hit)
+    """
+
+    response_ids: torch.Tensor
+    logprobs: torch.Tensor
+    lengths: torch.Tensor
+    finished: torch.Tensor
+    policy_version: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        r = self.response_ids.shape[1]
+        return (torch.arange(r)[None, :] < self.lengths[:, None]).to(torch.long)
+
+
+@runtime_checkable
+class GenerationEngine(Protocol):
+    """Batched sampling from the current policy weights.
+
+    ``max_new_tokens`` may be one int per prompt (a per-sample response cap) overriding
+    ``params.max_new_tokens``. ``seed`` makes sampling reproducible.
+    """
+
+    policy_version: int
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        seed: int | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> GenerationOutput: ...
+
+    def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor], policy_version: int
+    ) -> None: ...

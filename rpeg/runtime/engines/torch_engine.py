@@ -1,0 +1,190 @@
+"""A batched sampling loop over a Hugging Face causal LM with a KV cache (CPU and GPU).
+
+Prompts are left-padded; the attention mask marks padding, position ids are
+``cumsum(mask) - 1`` so every prompt starts at position 0 whatever its padding. Prefill runs
+once, then one token per step through ``past_key_values``. Finished rows keep decoding pad
+tokens (masked out) until all rows finish or the longest cap is hit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from rpeg.runtime.engines.base import GenerationOutput, SamplingParams
+
+
+def left_pad(
+    prompt_ids: Sequence[Sequence[int]], pad_id: int, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[[...], ...] -> (ids [B, P], mask [B, P])``, left-padded."""
+    p = max(len(x) for x in prompt_ids)
+    ids = torch.full((len(prompt_ids), p), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), p), dtype=torch.long)
+    for i, row in enumerate(prompt_ids):
+        if len(row):
+            ids[i, p - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
+            mask[i, p - len(row) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids ``[B, T]`` for a (left-)padded attention mask: 0 at each row's first token."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Mask logits ``[B, V]`` outside the top-k and the top-p nucleus with ``-inf``."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
+        probs = sorted_logits.softmax(-1)
+        cum = probs.cumsum(-1)
+        remove = (cum - probs) >= top_p  # keep the smallest prefix whose mass reaches top_p
+        remove[..., 0] = False
+        mask = torch.zeros_like(remove).scatter(-1, idx, remove)
+        logits = logits.masked_fill(mask, float("-inf"))
+    return logits
+
+
+def _cache_kwarg(model) -> str:
+    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (older releases)."""
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class TorchEngine:
+    """:class:`~rpeg.runtime.engines.base.GenerationEngine` over a transformers causal LM.
+
+    ``model`` may be shared with the trainer (on-policy: always the latest weights) or be a
+    private copy refreshed with :meth:`update_weights` (bounded staleness).
+    """
+
+    def __init__(
+        self, model, pad_id: int, eos_id: int, *, use_cache: bool = True, policy_version: int = 0
+    ):
+        self.model = model
+        self.pad_id = pad_id
+        self.eos_id = eos_id
+        self.use_cache = use_cache
+        self.policy_version = policy_version
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], policy_version: int) -> None:
+        self.model.load_state_dict(state_dict, strict=True)
+        self.policy_version = policy_version
+
+    def _forward(self, ids, mask, pos, past):
+        kw = {_cache_kwarg(self.model): past} if past is not None else {}
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=past is not None,
+            logits_to_keep=1,
+            **kw,
+        )
+        new_past = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        return out.logits[:, -1, :].float(), new_past
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        seed: int | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> GenerationOutput:
+        t0 = time.perf_counter()
+        dev = self.device
+        b = len(prompt_ids)
+        caps = torch.as_tensor(
+            list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * b,
+            dtype=torch.long,
+        ).to(dev)
+        r_max = int(caps.max())
+        stop = torch.as_tensor(
+            sorted({self.eos_id, *params.stop_token_ids}), dtype=torch.long, device=dev
+        )
+        gen = torch.Generator(device=dev)
+        if seed is not None:
+            gen.manual_seed(seed)
+        else:
+            gen.seed()
+        was_training = self.model.training
+        self.model.eval()
+
+        ids, mask = left_pad(prompt_ids, self.pad_id, dev)
+        pos = positions_from_mask(mask)
+        out_ids = torch.full((b, r_max), self.pad_id, dtype=torch.long, device=dev)
+        out_lp = torch.zeros((b, r_max), dtype=torch.float32, device=dev)
+        lengths = torch.zeros(b, dtype=torch.long, device=dev)
+        done = caps <= 0
+        finished = torch.zeros(b, dtype=torch.bool, device=dev)
+        past = None
+        if self.use_cache:
+            from transformers import DynamicCache
+
+            past = DynamicCache()
+        logits, past = self._forward(ids, mask, pos, past)
+        full_ids, full_mask = ids, mask
+        last_pos = pos[:, -1:]
+        steps = 0
+        for t in range(r_max):
+            if bool(done.all()):
+                break
+            steps += 1
+            greedy = params.temperature == 0
+            scaled = logits if greedy else logits / params.temperature
+            logp_all = scaled.log_softmax(-1)
+            if greedy:
+                tok = scaled.argmax(-1)
+            else:
+                filt = filter_logits(scaled, params.top_k, params.top_p)
+                tok = torch.multinomial(filt.softmax(-1), 1, generator=gen).squeeze(-1)
+            lp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+            active = ~done
+            tok = torch.where(active, tok, torch.full_like(tok, self.pad_id))
+            out_ids[:, t] = tok
+            out_lp[:, t] = torch.where(active, lp, torch.zeros_like(lp))
+            lengths += active.long()
+            hit_stop = active & torch.isin(tok, stop)
+            finished |= hit_stop
+            done = done | hit_stop | (lengths >= caps)
+            if bool(done.all()):
+                break
+            full_mask = torch.cat([full_mask, torch.ones_like(full_mask[:, :1])], dim=1)
+            last_pos = last_pos + 1
+            if self.use_cache:
+                logits, past = self._forward(tok[:, None], full_mask, last_pos, past)
+            else:
+                full_ids = torch.cat([full_ids, tok[:, None]], dim=1)
+                logits, _ = self._forward(full_ids, full_mask, positions_from_mask(full_mask), None)
+        if was_training:
+            self.model.train()
+        r = int(lengths.max()) if b else 0
+        dt = time.perf_counter() - t0
+        ntok = int(lengths.sum())
+        return GenerationOutput(
+            response_ids=out_ids[:, :r].cpu(),
+            logprobs=out_lp[:, :r].cpu(),
+            lengths=lengths.cpu(),
+            finished=finished.cpu(),
+            policy_version=self.policy_version,
+            stats={
+                "gen_s": dt,
+                "gen_tokens": float(ntok),
+                "gen_tokens_per_s": ntok / max(dt, 1e-9),
+                "decode_steps": float(steps),
+            },
+        )

@@ -1,0 +1,304 @@
+"""Causal LMs through Hugging Face transformers, value heads, and the built-in tiny model.
+
+* :func:`load_model` / :func:`load_tokenizer` read a local folder or any fsspec URL (a remote
+  folder is copied to a local temp dir first, then loaded with safetensors).
+* :func:`save_pretrained` writes model + tokenizer to a local folder or an fsspec URL.
+* :func:`create_model` builds a random-init model from a ``transformers`` config;
+  :func:`tiny_config` is the built-in ``rpeg-tiny`` family (Llama arch).
+* :class:`CriticModel` is a separate critic (trunk + scalar value head);
+  :class:`ActorCritic` shares the actor's trunk: one forward gives logits and values.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from rpeg.errors import ConfigError, Problem
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+REQUIRED_SPECIAL_TOKENS = ("pad_token_id", "eos_token_id")
+
+#: Shape of the built-in ``rpeg-tiny`` model (Llama architecture, char-level vocab of 100).
+TINY_SHAPE: dict[str, int] = {
+    "vocab_size": 100,
+    "hidden_size": 256,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 256,
+}
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _DTYPES[name]
+
+
+# --- fsspec helpers ------------------------------------------------------------------------
+def _is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def _local_path(url: str) -> str:
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+def _fetch_folder(url: str, where: str) -> str:
+    """Return a local folder holding the files of ``url`` (copied if it is remote)."""
+    if _is_local(url):
+        path = _local_path(url)
+        if not Path(path).is_dir():
+            raise ConfigError([Problem(where, f"model folder {url!r} not found")])
+        return path
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    if not fs.exists(root) or not fs.isdir(root):
+        raise ConfigError([Problem(where, f"model folder {url!r} not found")])
+    tmp = tempfile.mkdtemp(prefix="rpeg-model-")
+    root = root.rstrip("/")
+    for src in fs.find(root):
+        rel = src[len(root) :].lstrip("/")
+        dst = Path(tmp, rel)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(src, str(dst))
+    return tmp
+
+
+def _push_folder(local: str, url: str) -> None:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(url)
+    root = root.rstrip("/")
+    fs.makedirs(root, exist_ok=True)
+    for dirpath, _, files in os.walk(local):
+        for name in files:
+            src = Path(dirpath, name)
+            rel = src.relative_to(local).as_posix()
+            dst = f"{root}/{rel}"
+            if "/" in rel:
+                fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
+            fs.put_file(str(src), dst)
+
+
+# --- tokenizer -----------------------------------------------------------------------------
+def check_tokenizer(tokenizer: Any, where: str = "model.path") -> None:
+    """Raise :class:`ConfigError` if the tokenizer lacks pad / eos tokens."""
+    missing = [name for name in REQUIRED_SPECIAL_TOKENS if getattr(tokenizer, name, None) is None]
+    if missing:
+        raise ConfigError(
+            [
+                Problem(
+                    where,
+                    f"tokenizer lacks needed special tokens: {', '.join(m.replace('_id', '') for m in missing)} "
+                    "(set them in tokenizer_config.json / special_tokens_map.json)",
+                )
+            ]
+        )
+
+
+def load_tokenizer(url: str, where: str = "model.path"):
+    from transformers import AutoTokenizer
+
+    local = _fetch_folder(url, where)
+    try:
+        tok = AutoTokenizer.from_pretrained(local)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            [Problem(where, f"cannot load a tokenizer from {url!r}: {exc}")]
+        ) from None
+    check_tokenizer(tok, where)
+    tok.padding_side = "left"
+    return tok
+
+
+# --- models --------------------------------------------------------------------------------
+def tiny_config(vocab_size: int | None = None, **overrides: int):
+    """``transformers.LlamaConfig`` of the built-in ``rpeg-tiny`` model."""
+    from transformers import LlamaConfig
+
+    from rpeg.runtime.tokenizer import char_vocab
+
+    shape = dict(TINY_SHAPE, **overrides)
+    if vocab_size is not None:
+        shape["vocab_size"] = vocab_size
+    v = char_vocab()
+    return LlamaConfig(
+        **shape,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        pad_token_id=v["<pad>"],
+        bos_token_id=v["<bos>"],
+        eos_token_id=v["<eos>"],
+        attention_dropout=0.0,
+    )
+
+
+def create_model(config, seed: int | None = 0, dtype: str = "float32"):
+    """Random-init causal LM from a transformers config (deterministic under ``seed``)."""
+    from transformers import AutoModelForCausalLM
+
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            [
+                Problem(
+                    "model",
+                    f"model_type {config.model_type!r} not supported; allowed: {SUPPORTED_MODEL_TYPES}",
+                )
+            ]
+        )
+    if seed is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
+    else:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
+    model.generation_config.pad_token_id = config.pad_token_id
+    return model
+
+
+def create_tiny(seed: int = 0, **overrides: int):
+    """(model, tokenizer) of the built-in tiny family, random init."""
+    from rpeg.runtime.tokenizer import build_char_tokenizer
+
+    return create_model(tiny_config(**overrides), seed=seed), build_char_tokenizer()
+
+
+def _quiet() -> None:
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def load_model(url: str, dtype: str = "float32", where: str = "model.path"):
+    """Load a causal LM (Llama / Qwen2 / Qwen3, safetensors) from a folder or fsspec URL."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _quiet()
+    local = _fetch_folder(url, where)
+    if not Path(local, "config.json").exists():
+        raise ConfigError(
+            [Problem(where, f"{url!r} has no config.json (not a Hugging Face model folder)")]
+        )
+    cfg = AutoConfig.from_pretrained(local)
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            [
+                Problem(
+                    where,
+                    f"model_type {cfg.model_type!r} not supported; allowed: {SUPPORTED_MODEL_TYPES}",
+                )
+            ]
+        )
+    return AutoModelForCausalLM.from_pretrained(
+        local, dtype=torch_dtype(dtype), use_safetensors=True
+    )
+
+
+def load_model_and_tokenizer(url: str, dtype: str = "float32", where: str = "model.path"):
+    local = _fetch_folder(url, where)
+    return load_model(local, dtype, where), load_tokenizer(local, where)
+
+
+def save_pretrained(model, tokenizer, url: str) -> None:
+    """Save model (safetensors) and tokenizer to a local folder or an fsspec URL."""
+    _quiet()
+    if _is_local(url):
+        path = _local_path(url)
+        Path(path).mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(path, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+        return
+    tmp = tempfile.mkdtemp(prefix="rpeg-save-")
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        _push_folder(tmp, url)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# --- value heads ---------------------------------------------------------------------------
+def trunk_of(model):
+    """The decoder trunk (no LM head) of a causal LM."""
+    return getattr(model, model.base_model_prefix)
+
+
+class ValueHead(nn.Module):
+    """Scalar value per position: ``hidden [B, T, H] -> values [B, T]``."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden).squeeze(-1)
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor | None  # [B, T, V]
+    values: torch.Tensor | None  # [B, T]
+
+
+class CriticModel(nn.Module):
+    """A separate critic: a causal-LM trunk plus a value head (the LM head is dropped)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.trunk = trunk_of(lm)
+        self.config = lm.config
+        self.value_head = ValueHead(lm.config.hidden_size)
+
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, keep_last: int = 0
+    ) -> ModelOutput:
+        """``keep_last > 0``: values of the last ``keep_last`` positions only."""
+        h = self.trunk(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
+        if keep_last:
+            h = h[:, -keep_last:]
+        return ModelOutput(logits=None, values=self.value_head(h).float())
+
+
+class ActorCritic(nn.Module):
+    """Actor and critic on one trunk: one forward gives logits ``[B,T,V]`` and values ``[B,T]``."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+        self.config = lm.config
+        self.value_head = ValueHead(lm.config.hidden_size)
+
+    def forward(
+        self, input_ids, attention_mask=None, position_ids=None, keep_last: int = 0
+    ) -> ModelOutput:
+        """``keep_last > 0``: logits and values of the last ``keep_last`` positions only."""
+        h = trunk_of(self.lm)(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
+        if keep_last:
+            h = h[:, -keep_last:]
+        return ModelOutput(logits=self.lm.lm_head(h), values=self.value_head(h).float())

@@ -1,0 +1,217 @@
+"""Stage functions over :class:`RolloutBatch`: one per stage kind of the RPEG graph.
+
+Each takes the worker that holds the model it needs (or nothing, for pure stages) and a batch,
+and returns a new batch with its fields filled in plus a metrics dict. The local trainer calls
+them in order; the distributed runtime calls the same functions inside actors.
+
+    generate_stage -> reward_stage -> logprob_stage(old) / logprob_stage(ref) / value_stage
+                   -> advantage_stage -> train_actor_stage (+ train_critic_stage)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from rpeg.config import AlgorithmConfig
+from rpeg.runtime.algorithms import (
+    gae_advantages,
+    grpo_advantages,
+    kl_penalty,
+    masked_mean,
+    outcome_token_rewards,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from rpeg.runtime.batch import RolloutBatch
+from rpeg.runtime.data import Example
+from rpeg.runtime.engines.base import SamplingParams
+from rpeg.runtime.engines.torch_engine import left_pad
+from rpeg.runtime.rewards import RewardSet
+from rpeg.runtime.worker import CriticWorker, PolicyWorker
+
+Metrics = dict[str, float]
+
+
+def generate_stage(
+    worker: PolicyWorker,
+    examples: Sequence[Example],
+    samples_per_prompt: int,
+    *,
+    prompt_template: str = "{question}",
+    params: SamplingParams | None = None,
+    seed: int | None = None,
+) -> tuple[RolloutBatch, Metrics]:
+    """Sample ``samples_per_prompt`` responses per example -> a batch of ``len(examples)*K`` rows
+    (groups contiguous), with prompt/response ids, masks, sampling log-probs and policy version."""
+    t0 = time.perf_counter()
+    params = params or worker.sampling_params()
+    prompts = [ex.prompt(prompt_template) for ex in examples]
+    ids = worker.encode_prompts(prompts)
+    rep_ids = [x for x in ids for _ in range(samples_per_prompt)]
+    out = worker.generate(rep_ids, params, seed=seed)
+    p_ids, p_mask = left_pad(rep_ids, worker.tokenizer.pad_token_id)
+    mask = out.mask
+    texts = worker.tokenizer.batch_decode(
+        [row[: int(n)].tolist() for row, n in zip(out.response_ids, out.lengths, strict=True)],
+        skip_special_tokens=True,
+    )
+    b = len(rep_ids)
+    batch = RolloutBatch(
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+        response_ids=out.response_ids,
+        response_mask=mask,
+        sample_logprobs=out.logprobs,
+        policy_version=torch.full((b,), out.policy_version, dtype=torch.long),
+        group_ids=torch.arange(len(examples)).repeat_interleave(samples_per_prompt),
+        prompts=[p for p in prompts for _ in range(samples_per_prompt)],
+        responses=texts,
+        reference_answers=[ex.answer for ex in examples for _ in range(samples_per_prompt)],
+        temperature=params.temperature if params.temperature > 0 else 1.0,
+    )
+    lengths = out.lengths.float()
+    return batch, {
+        "generate_s": time.perf_counter() - t0,
+        "gen_tokens_per_s": out.stats.get("gen_tokens_per_s", 0.0),
+        "response_length": float(lengths.mean()) if b else 0.0,
+        "response_length_max": float(lengths.max()) if b else 0.0,
+        "truncated_frac": float((~out.finished).float().mean()) if b else 0.0,
+    }
+
+
+def reward_stage(
+    batch: RolloutBatch,
+    rewards: RewardSet,
+    *,
+    max_response_tokens: int | None = None,
+    overlong_penalty_tokens: int = 0,
+) -> tuple[RolloutBatch, Metrics]:
+    """Score every response; a reward that raises gives 0 and is counted (``reward_errors``).
+    With ``overlong_penalty_tokens = W`` > 0 (DAPO soft overlong punishment) a response longer
+    than ``max_response_tokens - W`` loses ``(len - (max - W)) / W`` (at most 1)."""
+    t0 = time.perf_counter()
+    res = rewards(batch.prompts, batch.responses, batch.reference_answers)
+    r = torch.tensor(res.rewards, dtype=torch.float32)
+    if overlong_penalty_tokens and max_response_tokens:
+        start = max_response_tokens - overlong_penalty_tokens
+        over = (batch.response_lengths.float() - start).clamp(min=0) / overlong_penalty_tokens
+        r = r - over.clamp(max=1.0)
+    correct = torch.tensor(res.correct, dtype=torch.float32)
+    m = {
+        "reward_s": time.perf_counter() - t0,
+        "reward_mean": float(r.mean()),
+        "reward_std": float(r.std()) if r.numel() > 1 else 0.0,
+        "accuracy": float(correct.mean()),
+        "reward_errors": float(res.errors),
+    }
+    for name, vals in res.per_reward.items():
+        if len(res.per_reward) > 1:
+            m[f"reward/{name}"] = sum(vals) / max(len(vals), 1)
+    return batch.replace(rewards=r, correct=correct), m
+
+
+def logprob_stage(
+    worker: PolicyWorker, batch: RolloutBatch, field: str = "old_logprobs"
+) -> tuple[RolloutBatch, Metrics]:
+    """Fill ``old_logprobs`` (the actor before this step's update) or ``ref_logprobs``
+    (the frozen reference) with a forward pass: ``[B,R]``."""
+    if field not in ("old_logprobs", "ref_logprobs"):
+        raise ValueError(f"field must be old_logprobs or ref_logprobs, not {field!r}")
+    t0 = time.perf_counter()
+    lp = worker.compute_logprobs(batch)
+    name = "old_logprob_s" if field == "old_logprobs" else "ref_logprob_s"
+    return batch.replace(**{field: lp}), {name: time.perf_counter() - t0}
+
+
+def value_stage(
+    critic: CriticWorker | PolicyWorker, batch: RolloutBatch
+) -> tuple[RolloutBatch, Metrics]:
+    """Fill ``values`` ``[B,R]`` from a separate critic or the actor's shared value head."""
+    t0 = time.perf_counter()
+    v = critic.compute_values(batch)
+    return batch.replace(values=v), {
+        "value_s": time.perf_counter() - t0,
+        "value_mean": float(masked_mean(v, batch.response_mask)),
+    }
+
+
+def behaviour_as_old(batch: RolloutBatch) -> tuple[RolloutBatch, Metrics]:
+    """On-policy shortcut: the sampling log-probs *are* the old policy's log-probs."""
+    return batch.replace(old_logprobs=batch.sample_logprobs.clone()), {}
+
+
+def filter_groups(batch: RolloutBatch) -> tuple[RolloutBatch, Metrics]:
+    """DAPO dynamic sampling: drop groups whose rewards are all equal (zero advantage)."""
+    keep = []
+    for g in batch.group_ids.unique():
+        idx = (batch.group_ids == g).nonzero().squeeze(-1)
+        if batch.rewards[idx].std() > 0 if len(idx) > 1 else False:
+            keep.append(idx)
+    m = {"groups_kept_frac": len(keep) / max(len(batch.group_ids.unique()), 1)}
+    if not keep:
+        return batch, m
+    return batch.select(torch.cat(keep)), m
+
+
+def advantage_stage(
+    batch: RolloutBatch, algorithm: AlgorithmConfig, group_size: int
+) -> tuple[RolloutBatch, Metrics]:
+    """Fill ``advantages`` ``[B,R]`` (and ``returns`` for PPO) per ``algorithm.name``:
+    grpo (group mean/std; Dr.GRPO without std), rloo, reinforce_pp (batch-normalized token
+    returns; the KL to the reference enters the reward when ``kl_coef`` > 0), ppo (GAE over the
+    critic's values; outcome reward on the last token)."""
+    t0 = time.perf_counter()
+    mask = batch.response_mask
+    name = algorithm.name
+    kw: dict = {}
+    if name == "grpo":
+        adv = grpo_advantages(
+            batch.rewards, group_size, normalize_std=algorithm.normalize_advantage_std
+        )
+        kw["advantages"] = adv[:, None] * mask
+    elif name == "rloo":
+        kw["advantages"] = rloo_advantages(batch.rewards, group_size)[:, None] * mask
+    elif name == "reinforce_pp":
+        kl = None
+        if batch.ref_logprobs is not None and algorithm.kl_coef:
+            kl = kl_penalty(
+                batch.old_logprobs if batch.old_logprobs is not None else batch.sample_logprobs,
+                batch.ref_logprobs,
+                algorithm.kl_estimator,
+            )
+        kw["advantages"] = reinforce_pp_advantages(
+            batch.rewards, mask, kl=kl, kl_coef=algorithm.kl_coef, gamma=algorithm.gamma
+        )
+    elif name == "ppo":
+        if batch.values is None:
+            raise ValueError("PPO advantages need values (run value_stage first)")
+        tok_r = outcome_token_rewards(batch.rewards, mask)
+        adv, ret = gae_advantages(
+            tok_r, batch.values, mask, gamma=algorithm.gamma, lam=algorithm.gae_lambda
+        )
+        from rpeg.runtime.algorithms import masked_whiten
+
+        kw["advantages"] = masked_whiten(adv, mask)
+        kw["returns"] = ret
+    else:
+        raise ValueError(f"unknown algorithm {name!r}")
+    out = batch.replace(**kw)
+    return out, {
+        "advantage_s": time.perf_counter() - t0,
+        "advantage_abs_mean": float(masked_mean(out.advantages.abs(), mask)),
+    }
+
+
+def train_actor_stage(worker: PolicyWorker, batch: RolloutBatch) -> tuple[PolicyWorker, Metrics]:
+    """Minibatched policy updates; returns the worker (new policy version) and metrics."""
+    m = worker.train_step(batch)
+    m["policy_version"] = float(worker.policy_version)
+    return worker, m
+
+
+def train_critic_stage(critic: CriticWorker, batch: RolloutBatch) -> tuple[CriticWorker, Metrics]:
+    """Minibatched value updates toward ``batch.returns``."""
+    return critic, critic.train_step(batch)
