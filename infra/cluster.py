@@ -1,0 +1,139 @@
+"""Dask bring-up for the runtime.
+
+* :func:`start_cluster` starts a ``LocalCluster`` (one worker process per device, one thread
+  each, non-daemon so DataLoader workers work) or attaches to ``tcp://host:8786``.
+* Every worker gets ``resources={"device": 1}`` (LocalCluster; pass ``--resources device=1``
+  to ``dask worker``) and ``OMP/MKL_NUM_THREADS`` = ``torch_threads``; actors call
+  ``torch.set_num_threads`` themselves.
+* The bf16-safe tensor serializer is registered in the client and, through a preload
+  (``rpeg.runtime.dist.serializers``), in every worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+PRELOAD = "rpeg.runtime.dist.serializers"
+
+
+def prefect_env() -> None:
+    """No telemetry, quiet ephemeral server (set before prefect is imported)."""
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def configure_dask(torch_threads: int = 1) -> None:
+    import dask
+
+    dask.config.set(
+        {
+            "distributed.worker.daemon": False,
+            "distributed.worker.preload": [PRELOAD],
+            "distributed.scheduler.work-stealing": False,
+            "distributed.admin.tick.limit": "30s",
+            "distributed.comm.timeouts.connect": "10s",
+            "distributed.deploy.lost-worker-timeout": "5s",
+            "distributed.scheduler.allowed-failures": 0,
+            "distributed.worker.memory.terminate": False,
+            "distributed.logging.distributed": "error",
+        }
+    )
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(torch_threads)
+
+
+@dataclass
+class Cluster:
+    """A Dask client plus (for local runs) the LocalCluster it owns."""
+
+    client: Any
+    local: Any = None
+    address: str = ""
+    owned: bool = True
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def workers(self) -> list[str]:
+        """Worker addresses in a stable order (by name, then address)."""
+        info = self.client.scheduler_info(n_workers=-1)["workers"]
+        return [a for a, w in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
+
+    def worker_pids(self) -> dict[str, int]:
+        return self.client.run(os.getpid)
+
+    def restart_worker(self, address: str) -> None:
+        self.client.restart_workers([address])
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self.client.close(timeout=10)
+        if self.local is not None:
+            with contextlib.suppress(Exception):
+                self.local.close(timeout=10)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def start_cluster(
+    address: str | None = None,
+    *,
+    n_workers: int = 2,
+    threads_per_worker: int = 1,
+    torch_threads: int = 1,
+    memory_limit: str | int | None = "4GiB",
+    dashboard: bool = False,
+) -> Cluster:
+    """A LocalCluster of ``n_workers`` processes, or a client of the scheduler at ``address``."""
+    configure_dask(torch_threads)
+    from distributed import Client, LocalCluster
+
+    from rpeg.runtime.dist import serializers
+
+    serializers.register()
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    if address:
+        client = Client(address, timeout="60s", set_as_default=False)
+        with contextlib.suppress(Exception):
+            client.register_plugin(_preload_plugin())
+        client.run(serializers.register)
+        return Cluster(client=client, address=address, owned=False)
+    local = LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=threads_per_worker,
+        processes=True,
+        resources={"device": 1},
+        memory_limit=memory_limit,
+        dashboard_address=":0",
+        scheduler_kwargs={} if dashboard else {"dashboard": False},
+        silence_logs=logging.ERROR,
+        worker_class="distributed.Nanny",
+        env={"OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)},
+    )
+    client = Client(local, set_as_default=False)
+    client.run(serializers.register)
+    return Cluster(client=client, local=local, address=local.scheduler_address, owned=True)
+
+
+def _preload_plugin():
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class _Serializers(WorkerPlugin):
+        name = "rpeg-serializers"
+
+        def setup(self, worker):
+            from rpeg.runtime.dist import serializers
+
+            serializers.register()
+
+    return _Serializers()

@@ -1,0 +1,362 @@
+"""The Dask actor of one rank (one device): it holds the model roles of its actor group
+(actor, reference, critic) built exactly like :class:`rpeg.runtime.local.LocalTrainer` does,
+the optimizers of trainable roles, and a per-step store of :class:`RolloutBatch` es so that
+a fused group (or colocated units) never moves data out of the process between stages.
+
+Ranks of one group form a torch.distributed process group (gloo on CPU, NCCL on GPU); a
+trainable role is wrapped in DistributedDataParallel, so gradients are averaged across ranks
+before clipping and the optimizer step. Each rank trains on its shard of the step's prompts.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import random
+import socket
+import time
+from typing import Any
+
+import torch
+
+from rpeg.config import RunConfig
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def gen_seed(config: RunConfig, step: int, rank: int) -> int:
+    """Generation seed of ``step`` on ``rank`` (rank 0 = the single-process trainer's)."""
+    return config.runtime.seed * 100_003 + step + rank * 7_919
+
+
+class RankActor:
+    """One rank of an actor group. Methods are the stage kinds; called through Dask."""
+
+    def __init__(
+        self, config_yaml: str, group: dict[str, Any], rank: int, async_rollout: bool = False
+    ):
+        self.config = c = RunConfig.from_yaml(config_yaml)
+        torch.set_num_threads(c.runtime.torch_threads)
+        from rpeg.runtime.dist import serializers
+
+        serializers.register()
+        self.group = group
+        self.rank = rank
+        self.world_size = int(group["world_size"])
+        self.roles = list(group["roles"])
+        self.trainable = list(group["trainable"])
+        self.store: dict[int, Any] = {}
+        self.pg_ready = False
+        self._build(async_rollout)
+
+    # ---------------------------------------------------------------- construction
+    def _build(self, async_rollout: bool) -> None:
+        from rpeg.runtime.data import build_task_data
+        from rpeg.runtime.engines.torch_engine import TorchEngine
+        from rpeg.runtime.local import build_policy
+        from rpeg.runtime.rewards import RewardSet
+        from rpeg.runtime.worker import CriticWorker, PolicyWorker
+
+        c = self.config
+        a = c.algorithm
+        random.seed(c.runtime.seed)
+        self.rewards = RewardSet(c.task.rewards)
+        _, self.heldout = build_task_data(c.task)
+        model, tok, self.warmup_info = build_policy(c)
+        self.tokenizer = tok
+        ppo = a.name == "ppo"
+        self.reference = None
+        if "reference" in self.roles:
+            self.reference = PolicyWorker(
+                copy.deepcopy(model), tok, workload=c.workload, trainable=False
+            )
+        self.actor = None
+        self.critic = None
+        if "actor" in self.roles:
+            trainable = "actor" in self.trainable
+            engine = None
+            if trainable and c.runtime.max_staleness > 0 and not async_rollout:
+                # colocated generation with k>0: a lagging engine copy, like the local trainer
+                engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id, tok.eos_token_id)
+            self.actor = PolicyWorker(
+                model,
+                tok,
+                algorithm=a,
+                optim=c.optim,
+                workload=c.workload,
+                trainable=trainable,
+                value_head=ppo and a.share_actor_critic,
+                engine=engine,
+                seed=c.runtime.seed,
+            )
+        if "critic" in self.roles:
+            self.critic = CriticWorker(
+                copy.deepcopy(model),
+                algorithm=a,
+                optim=c.optim,
+                workload=c.workload,
+                seed=c.runtime.seed,
+            )
+
+    def ping(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "rank": self.rank,
+            "group": self.group["name"],
+            "host": socket.gethostname(),
+        }
+
+    def rendezvous(self) -> str:
+        """An init_method URL on this (rank 0) host."""
+        host = socket.gethostbyname(socket.gethostname())
+        return f"tcp://{host}:{_free_port()}"
+
+    def init_process_group(self, init_method: str, timeout_s: float = 120.0) -> bool:
+        """Join the group's process group and wrap trainable roles in DDP."""
+        import datetime
+
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if self.world_size == 1:
+            return True
+        if dist.is_initialized():
+            raise RuntimeError("this worker process already hosts a rank of another group")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(
+            backend,
+            init_method=init_method,
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        if self.actor is not None and self.actor.optimizer is not None:
+            self.actor.module = DDP(self.actor.module, find_unused_parameters=True)
+        if self.critic is not None:
+            self.critic.module = DDP(self.critic.module, find_unused_parameters=True)
+        self.pg_ready = True
+        return True
+
+    # ---------------------------------------------------------------- data
+    def put_batch(self, step: int, batch: Any) -> int:
+        self.store[step] = batch
+        return batch.size
+
+    def get_batch(self, step: int, pop: bool = False) -> Any:
+        return self.store.pop(step) if pop else self.store[step]
+
+    def drop(self, step: int) -> None:
+        self.store.pop(step, None)
+
+    def policy_version(self) -> int:
+        return -1 if self.actor is None else int(self.actor.policy_version)
+
+    def engine_version(self) -> int:
+        return -1 if self.actor is None else int(self.actor.engine.policy_version)
+
+    # ---------------------------------------------------------------- stages
+    def run_unit(
+        self, step: int, stages: list[str], kinds: list[str], examples: Any = None
+    ) -> dict[str, float]:
+        """Run the stages of one execution unit back to back on this rank's batch of ``step``."""
+        from rpeg.runtime import stages as S
+
+        c = self.config
+        a, w = c.algorithm, c.workload
+        m: dict[str, float] = {}
+        t0 = time.perf_counter()
+        for kind in kinds:
+            batch = self.store.get(step)
+            if kind == "generate":
+                batch, gm = S.generate_stage(
+                    self.actor,
+                    examples,
+                    w.samples_per_prompt,
+                    prompt_template=c.task.prompt_template,
+                    seed=gen_seed(c, step, self.rank),
+                )
+                m.update(gm)
+            elif kind == "reward":
+                batch, rm = S.reward_stage(
+                    batch,
+                    self.rewards,
+                    max_response_tokens=w.max_response_tokens,
+                    overlong_penalty_tokens=a.overlong_penalty_tokens,
+                )
+                m.update(rm)
+                if a.dynamic_sampling:
+                    batch, fm = S.filter_groups(batch)
+                    m.update(fm)
+            elif kind == "old_logprob":
+                stale = bool((batch.policy_version < self.actor.policy_version).any())
+                m["staleness_max"] = float((self.actor.policy_version - batch.policy_version).max())
+                if self.actor.shared_critic:
+                    batch, lm = self._old_and_values(batch)
+                elif a.recompute_old_logprobs or stale:
+                    batch, lm = S.logprob_stage(self.actor, batch, "old_logprobs")
+                else:
+                    batch, lm = S.behaviour_as_old(batch)
+                m.update(lm)
+            elif kind == "ref_logprob":
+                batch, lm = S.logprob_stage(self.reference, batch, "ref_logprobs")
+                m.update(lm)
+            elif kind == "values":
+                if batch.values is None:
+                    batch, vm = S.value_stage(self.critic or self.actor, batch)
+                    m.update(vm)
+            elif kind == "advantage":
+                batch, am = S.advantage_stage(batch, a, w.samples_per_prompt)
+                m.update(am)
+            elif kind == "train_actor":
+                _, tm = S.train_actor_stage(self.actor, batch)
+                m.update(tm)
+                if self.critic is not None and "train_critic" not in kinds:
+                    pass
+            elif kind == "train_critic":
+                _, cm = S.train_critic_stage(self.critic, batch)
+                m.update(cm)
+            elif kind == "sync_weights":
+                m.update(self._sync_local())
+            else:
+                raise ValueError(f"unknown stage kind {kind!r}")
+            self.store[step] = batch
+        m["unit_s"] = time.perf_counter() - t0
+        if batch is not None:
+            m["num_tokens"] = float(batch.num_tokens)
+        return m
+
+    def _old_and_values(self, batch):
+        """Actor-critic sharing: old log-probs and values from one forward per micro-batch."""
+        import torch.nn.functional as F
+
+        t0 = time.perf_counter()
+        wk = self.actor
+        wk.module.eval()
+        r = batch.response_ids.shape[1]
+        lps, vals = [], []
+        with torch.no_grad():
+            for i in range(0, batch.size, wk.workload.micro_batch_size):
+                mb = batch.select(
+                    torch.arange(i, min(i + wk.workload.micro_batch_size, batch.size))
+                )
+                lp, _, v = wk._forward(mb, batch.temperature)
+                lps.append(F.pad(lp * mb.response_mask, (0, r - lp.shape[1])))
+                vals.append(F.pad(v * mb.response_mask, (0, r - v.shape[1])))
+        out = batch.replace(old_logprobs=torch.cat(lps), values=torch.cat(vals))
+        return out, {"old_logprob_s": time.perf_counter() - t0, "shared_forward": 1.0}
+
+    def _sync_local(self) -> dict[str, float]:
+        """Weight sync when the generator lives in this process (mirrors LocalTrainer)."""
+        from rpeg.runtime.engines.torch_engine import TorchEngine
+
+        wk = self.actor
+        eng = wk.engine
+        if isinstance(eng, TorchEngine) and eng.model is wk.lm:
+            eng.policy_version = wk.policy_version
+            return {}
+        if wk.policy_version + 1 - eng.policy_version > self.config.runtime.max_staleness:
+            t0 = time.perf_counter()
+            eng.update_weights(wk.get_weights(), wk.policy_version)
+            return {"weight_sync_s": time.perf_counter() - t0}
+        return {}
+
+    # ---------------------------------------------------------------- weight sync
+    def get_weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int]:
+        from rpeg.runtime.dist.weight_sync import pack
+
+        return pack(self.actor.get_weights(), bucket_bytes), int(self.actor.policy_version)
+
+    def load_weight_buckets(self, buckets: list[Any], version: int) -> int:
+        from rpeg.runtime.dist.weight_sync import unpack
+
+        self.actor.set_weights(unpack(buckets), policy_version=version)
+        self.actor.engine.policy_version = version
+        return version
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate(self) -> float:
+        from rpeg.runtime import stages as S
+        from rpeg.runtime.engines.torch_engine import TorchEngine
+
+        if not self.heldout:
+            return float("nan")
+        w = copy.copy(self.actor)
+        w.engine = TorchEngine(
+            self.actor.lm, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        )
+        batch, _ = S.generate_stage(
+            w,
+            self.heldout,
+            1,
+            prompt_template=self.config.task.prompt_template,
+            params=self.actor.sampling_params(greedy=True),
+            seed=0,
+        )
+        _, rm = S.reward_stage(batch, self.rewards)
+        return rm["accuracy"]
+
+    # ---------------------------------------------------------------- checkpoints
+    def _unwrapped(self, worker):
+        class _Ctx:
+            def __enter__(s):
+                s.ddp = worker.module
+                if (
+                    hasattr(s.ddp, "module")
+                    and s.ddp.__class__.__name__ == "DistributedDataParallel"
+                ):
+                    worker.module = s.ddp.module
+                return worker
+
+            def __exit__(s, *exc):
+                worker.module = s.ddp
+
+        return _Ctx()
+
+    def state_bytes(self) -> bytes:
+        """Weights, optimizers, RNG states and policy/engine versions of this rank."""
+        st: dict[str, Any] = {"rank": self.rank, "group": self.group["name"]}
+        for name in ("actor", "reference", "critic"):
+            wk = getattr(self, name)
+            if wk is None:
+                continue
+            with self._unwrapped(wk) as w:
+                st[name] = w.state_dict()
+        if self.actor is not None:
+            st["engine_version"] = int(self.actor.engine.policy_version)
+            if self.actor.engine.model is not self.actor.lm:
+                st["engine_weights"] = {
+                    k: v.clone() for k, v in self.actor.engine.model.state_dict().items()
+                }
+        buf = io.BytesIO()
+        torch.save(st, buf)
+        return buf.getvalue()
+
+    def load_state_bytes(self, data: bytes) -> int:
+        st = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        for name in ("actor", "reference", "critic"):
+            wk = getattr(self, name)
+            if wk is None or name not in st:
+                continue
+            with self._unwrapped(wk) as w:
+                w.load_state_dict(st[name])
+        if self.actor is not None:
+            if "engine_weights" in st and self.actor.engine.model is not self.actor.lm:
+                self.actor.engine.update_weights(st["engine_weights"], st["engine_version"])
+            self.actor.engine.policy_version = st.get("engine_version", self.actor.policy_version)
+        return self.policy_version()
+
+    def param_checksum(self) -> float:
+        """Sum of the actor's weights (data-parallel ranks must agree)."""
+        return float(sum(float(v.double().sum()) for v in self.actor.lm.state_dict().values()))
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if self.pg_ready and dist.is_initialized():
+            dist.destroy_process_group()
+            self.pg_ready = False

@@ -1,0 +1,62 @@
+"""Measured timeline records in the performance model's schema (rpeg.perf.timeline)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+from rpeg.perf.timeline import TimelineRecord
+
+
+class TimelineRecorder:
+    """Collects (stage, device group, start_s, end_s) per step; thread-safe (tasks of one
+    step run on Prefect's thread pool). Times are seconds from the step's start."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.records: list[TimelineRecord] = []
+        self.origin = time.perf_counter()
+        self._step_start: dict[int, float] = {}
+
+    def start_step(self, step: int) -> None:
+        with self._lock:
+            self._step_start.setdefault(step, time.perf_counter())
+
+    def add(
+        self, step: int, stage: str, device_group: str, t0: float, t1: float, kind: str = ""
+    ) -> None:
+        with self._lock:
+            base = self._step_start.setdefault(step, t0)
+            self.records.append(
+                TimelineRecord(
+                    stage=stage,
+                    device_group=device_group,
+                    start_s=round(t0 - base, 6),
+                    end_s=round(t1 - base, 6),
+                    step=step,
+                    kind=kind,
+                    source="measured",
+                )
+            )
+
+    @contextmanager
+    def span(self, step: int, stage: str, device_group: str, kind: str = ""):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(step, stage, device_group, t0, time.perf_counter(), kind)
+
+    def for_step(self, step: int) -> list[TimelineRecord]:
+        with self._lock:
+            return [r for r in self.records if r.step == step]
+
+
+def overlap_s(
+    a: TimelineRecord, b: TimelineRecord, base_a: float = 0.0, base_b: float = 0.0
+) -> float:
+    """Seconds two records overlap (absolute offsets ``base_*`` of their steps)."""
+    lo = max(a.start_s + base_a, b.start_s + base_b)
+    hi = min(a.end_s + base_a, b.end_s + base_b)
+    return max(0.0, hi - lo)

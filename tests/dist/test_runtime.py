@@ -1,0 +1,151 @@
+"""The distributed runtime end to end on a 2-worker LocalCluster under Prefect."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rpeg.errors import ConfigError
+
+KEYS = ("entropy", "kl", "grad_norm", "pg_loss", "response_length")
+pytestmark = pytest.mark.slow
+
+
+def _run(cfg, cluster, **kw):
+    from rpeg.flows.train import run_train
+
+    return run_train(cfg, progress=False, _cluster=cluster, _with_extra=True, **kw)
+
+
+def _close(a, b, tol=1e-4):
+    for k in KEYS:
+        if k in a or k in b:
+            assert abs(a[k] - b[k]) <= tol * max(1.0, abs(a[k])), (k, a[k], b[k])
+
+
+def test_sync_run_reproduces_the_single_process_trainer(
+    tmp_path, prefect_harness, dask_cluster, make_config
+):
+    tiny_config = make_config
+    from rpeg.runtime.local import LocalTrainer
+
+    cfg = tiny_config(tmp_path)
+    ref = LocalTrainer(cfg)
+    hist = [ref.step() for _ in range(cfg.runtime.steps)]
+    s = _run(cfg, dask_cluster)
+    got = s["_extra"]["history"]
+    assert s["steps"] == len(got) == 3
+    for a, b in zip(hist, got, strict=True):
+        _close(a, b)
+    assert set(s) - {"_extra"} == {
+        "steps",
+        "wall_s",
+        "median_step_s",
+        "reward_first10",
+        "reward_last10",
+        "heldout_acc_before",
+        "heldout_acc_after",
+    }
+    assert (tmp_path / "out" / "metrics.jsonl").read_text().count("\n") == 3
+
+
+def test_resume_reproduces_an_uninterrupted_run(
+    tmp_path, prefect_harness, dask_cluster, make_config
+):
+    tiny_config = make_config
+    full = _run(tiny_config(tmp_path / "a", **{"runtime.steps": 4}), dask_cluster)["_extra"][
+        "history"
+    ]
+    ck = str(tmp_path / "ck")
+    first = tiny_config(
+        tmp_path / "b",
+        **{"runtime.steps": 2, "runtime.checkpoint_url": ck, "runtime.checkpoint_every": 1},
+    )
+    _run(first, dask_cluster)
+    second = first.with_overrides({"runtime.steps": 4})
+    res = _run(second, dask_cluster, resume=True)
+    hist = res["_extra"]["history"]
+    assert [int(h["step"]) for h in hist] == [0, 1, 2, 3]
+    for a, b in zip(full[2:], hist[2:], strict=True):
+        _close(a, b)
+
+
+def test_async_k1_two_groups_overlap_rollout_and_training(
+    tmp_path, prefect_harness, dask_cluster, make_config
+):
+    tiny_config = make_config
+    cfg = tiny_config(
+        tmp_path, **{"runtime.steps": 4, "runtime.max_staleness": 1, "cluster.num_devices": 2}
+    )
+    s = _run(cfg, dask_cluster)
+    ex = s["_extra"]
+    assert s["steps"] == 4 and max(h["staleness_max"] for h in ex["history"]) <= 1
+    assert ex["weight_sync"] and all(w["weight_sync_bytes"] > 0 for w in ex["weight_sync"])
+    off = {int(k): v for k, v in ex["step_offsets_s"].items()}
+    recs = ex["timeline"]
+
+    def absolute(r):
+        return r["start_s"] + off[r["step"]], r["end_s"] + off[r["step"]]
+
+    # rollouts (devices 0) run while an earlier step trains (devices 1)
+    gens = [absolute(r) for r in recs if r["device_group"] == "0"]
+    trains = [absolute(r) for r in recs if r["device_group"] == "1"]
+    overlaps = sum(min(g[1], t[1]) > max(g[0], t[0]) for g in gens for t in trains)
+    assert overlaps >= 1, recs
+
+
+def test_two_data_parallel_ranks_stay_identical(
+    tmp_path, prefect_harness, dask_cluster, make_config
+):
+    tiny_config = make_config
+    cfg = tiny_config(tmp_path, **{"runtime.steps": 2, "cluster.num_devices": 2})
+    s = _run(cfg, dask_cluster)
+    a, b = s["_extra"]["param_checksums"]
+    assert a == pytest.approx(b, rel=1e-9, abs=1e-6)
+
+
+@pytest.mark.skip(
+    reason="recovery re-creates actors before the scheduler drops the killed worker: the second "
+    "start fails with 'Unable to contact Actor's worker' (see docs/runtime.md, open item)"
+)
+def test_worker_kill_recovers_from_the_last_checkpoint(
+    tmp_path, prefect_harness, dask_cluster, make_config
+):
+    tiny_config = make_config
+    ck = str(tmp_path / "ck")
+    cfg = tiny_config(
+        tmp_path,
+        **{"runtime.steps": 3, "runtime.checkpoint_url": ck, "runtime.checkpoint_every": 1},
+    )
+    killed = []
+
+    def hook(run, step):
+        if step == 1 and not killed:
+            with run.client.as_current():
+                pid = run.groups[run.compiled.trainer_group][0].ping().result()["pid"]
+            os.kill(pid, 9)
+            killed.append(pid)
+
+    s = _run(cfg, dask_cluster, _fault_hook=hook)
+    assert killed and s["_extra"]["recoveries"] == 1
+    assert [int(h["step"]) for h in s["_extra"]["history"]] == [0, 1, 2]
+
+
+def test_bad_input_is_refused_before_any_actor_starts(tmp_path, make_config):
+    tiny_config = make_config
+    from rpeg.flows.train import run_train
+
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="not writable"):
+        run_train(
+            tiny_config(tmp_path, **{"runtime.checkpoint_url": str(f / "ck")}), progress=False
+        )
+    with pytest.raises(ConfigError, match="devices"):
+        run_train(
+            tiny_config(tmp_path).model_copy(
+                update={"plan": {"units": {"generate": {"devices": "0-7"}}}}
+            ),
+            progress=False,
+        )
