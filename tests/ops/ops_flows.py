@@ -1,0 +1,80 @@
+"""Flows and a serve entry for the ops integration tests.
+
+``python tests/ops/ops_flows.py serve --config C --checkpoint-url U --data-glob G --output-dir O``
+serves (one runner, this process) two deployments:
+
+* ``retrain/ci-retrain``: the real retrain flow (engine=local, tiny config), no schedule;
+* ``rpeg-train/ci-train``: the typed training flow, i.e. ``run_train`` on a Dask LocalCluster;
+* ``ops-heartbeat/ci-heartbeat``: a 1-second flow that uses the artifact helpers; the
+  schedule test gives it an interval schedule through the API.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rpeg.infra.cluster import prefect_env
+
+prefect_env()
+
+from prefect import flow  # noqa: E402
+from rpeg.flows import artifacts as art  # noqa: E402
+
+
+@flow(name="ops-heartbeat", persist_result=False)
+def heartbeat(steps: int = 3) -> dict:
+    hist = []
+    for s in range(steps):
+        m = {"step": float(s), "reward_mean": 0.1 * s, "step_s": 0.01}
+        hist.append(m)
+        art.publish_step(s + 1, steps, m)
+        time.sleep(0.05)
+    art.publish_metrics_table(hist)
+    return {"steps": steps}
+
+
+def serve_main(argv: list[str]) -> None:
+    import argparse
+
+    from prefect import serve
+    from rpeg.flows.retrain import retrain, rpeg_train
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--checkpoint-url", required=True)
+    ap.add_argument("--data-glob", required=True)
+    ap.add_argument("--output-dir", required=True)
+    a = ap.parse_args(argv)
+    params = {
+        "config": a.config,
+        "checkpoint_url": a.checkpoint_url,
+        "data_glob": a.data_glob,
+        "output_dir": a.output_dir,
+        "engine": "local",
+        "steps": 2,
+    }
+    serve(
+        retrain.to_deployment(
+            name="ci-retrain", parameters={"params": params}, enforce_parameter_schema=True
+        ),
+        rpeg_train.to_deployment(
+            name="ci-train",
+            parameters={
+                "params": {
+                    "config": a.config,
+                    "checkpoint_url": a.checkpoint_url + "-train",
+                    "output_dir": a.output_dir + "-train",
+                    "steps": 2,
+                }
+            },
+        ),
+        # no schedule here: the schedule test adds one through the API and deletes it
+        heartbeat.to_deployment(name="ci-heartbeat", parameters={"steps": 2}),
+        print_starting_message=False,
+    )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve"]:
+        serve_main(sys.argv[2:])

@@ -1,0 +1,136 @@
+"""The infra recipes parse and carry what RPEG needs (no dask-jobqueue, kubernetes or
+Dask operator needed: the manifests are checked as data)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+
+
+def _docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _containers(doc: dict) -> list[dict]:
+    spec = doc["spec"]
+    if doc["kind"] == "DaskCluster":
+        return spec["worker"]["spec"]["containers"] + spec["scheduler"]["spec"]["containers"]
+    return spec["template"]["spec"]["containers"]
+
+
+def test_every_k8s_manifest_has_required_keys():
+    files = sorted((INFRA / "k8s").glob("*.yaml"))
+    assert {f.name for f in files} >= {"dask-cluster.yaml", "prefect-server-postgres.yaml"}
+    for f in files:
+        for d in _docs(f):
+            assert {"apiVersion", "kind", "metadata", "spec"} <= set(d), f
+            assert d["metadata"].get("name"), f
+            if d["kind"] == "Service":
+                assert d["spec"].get("type", "ClusterIP") == "ClusterIP", (
+                    f"{f}: services stay in-cluster"
+                )
+                assert d["spec"]["ports"] and d["spec"]["selector"]
+            if d["kind"] in ("Deployment", "StatefulSet"):
+                sel = d["spec"]["selector"]["matchLabels"]
+                assert sel.items() <= d["spec"]["template"]["metadata"]["labels"].items(), f
+            if d["kind"] in ("Deployment", "StatefulSet", "DaskCluster"):
+                for c in _containers(d):
+                    assert c.get("name") and c.get("image"), f
+                    assert "hostPort" not in str(c.get("ports", "")), f"{f}: no hostPort"
+
+
+def test_dask_operator_cluster_one_device_per_worker():
+    (d,) = _docs(INFRA / "k8s" / "dask-cluster.yaml")
+    assert d["apiVersion"] == "kubernetes.dask.org/v1" and d["kind"] == "DaskCluster"
+    w = d["spec"]["worker"]
+    assert isinstance(w["replicas"], int) and w["replicas"] >= 1
+    (c,) = w["spec"]["containers"]
+    args = [str(a) for a in c["args"]]
+    assert args[:2] == ["dask", "worker"]
+    assert args[args.index("--resources") + 1] == "device=1"
+    assert args[args.index("--nthreads") + 1] == "1"
+    assert "rpeg.runtime.dist.serializers" in args
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["DASK_DISTRIBUTED__WORKER__DAEMON"] == "False"
+    svc = d["spec"]["scheduler"]["service"]
+    assert svc["type"] == "ClusterIP"
+    assert 8786 in [p["port"] for p in svc["ports"]]
+    assert svc["selector"]["dask.org/cluster-name"] == d["metadata"]["name"]
+
+
+def test_prefect_server_uses_postgres_and_auth_from_secrets():
+    docs = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in _docs(INFRA / "k8s" / "prefect-server-postgres.yaml")
+    }
+    server = docs[("Deployment", "prefect-server")]
+    (c,) = server["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in c["env"]}
+    assert (
+        env["PREFECT_API_DATABASE_CONNECTION_URL"]["valueFrom"]["secretKeyRef"]["key"]
+        == "database-url"
+    )
+    assert (
+        "PREFECT_SERVER_API_AUTH_STRING" in env
+        and "valueFrom" in env["PREFECT_SERVER_API_AUTH_STRING"]
+    )
+    assert env["PREFECT_SERVER_ANALYTICS_ENABLED"]["value"] == "false"
+    worker = docs[("Deployment", "prefect-worker")]
+    (wc,) = worker["spec"]["template"]["spec"]["containers"]
+    wenv = {e["name"]: e for e in wc["env"]}
+    assert "valueFrom" in wenv["PREFECT_API_AUTH_STRING"]
+    assert wc["command"][:3] == ["prefect", "worker", "start"] and "process" in wc["command"]
+    assert ("StatefulSet", "prefect-postgres") in docs and ("Service", "prefect-postgres") in docs
+
+
+def test_slurm_jobqueue_recipe_validates():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("jq", INFRA / "slurm" / "jobqueue_cluster.py")
+    jq = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(jq)  # imports no dask_jobqueue at module level
+    r = jq.load_recipe(INFRA / "slurm" / "alps-gh200.yaml")
+    cl = r["cluster"]
+    assert cl["processes"] == 4 and "--gpus-per-node=4" in cl["job_extra_directives"]
+    assert r["dask_config"]["distributed.worker.daemon"] is False
+    assert cl["scheduler_options"]["dashboard_address"].startswith("127.0.0.1:")
+    try:
+        import inspect
+
+        from dask_jobqueue import SLURMCluster
+    except ImportError:
+        return
+    from dask_jobqueue.core import JobQueueCluster  # pragma: no cover - optional
+
+    names = set(inspect.signature(SLURMCluster.__init__).parameters) | set(
+        inspect.signature(JobQueueCluster.__init__).parameters
+    )
+    assert {"queue", "cores", "memory", "walltime"} <= names
+
+
+def test_slurm_recipe_rejects_missing_device_resource(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("jq", INFRA / "slurm" / "jobqueue_cluster.py")
+    jq = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(jq)
+    data = yaml.safe_load((INFRA / "slurm" / "alps-gh200.yaml").read_text())
+    data["cluster"]["worker_extra_args"] = ["--nthreads", "1"]
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match="device=1"):
+        jq.load_recipe(p)
+
+
+def test_sbatch_script_is_valid_bash():
+    p = INFRA / "slurm" / "rpeg-dask.sbatch"
+    text = p.read_text()
+    assert "#SBATCH --gpus-per-node=4" in text and "--resources device=1" in text
+    assert "--dashboard-address 127.0.0.1:8787" in text
+    subprocess.run(["bash", "-n", str(p)], check=True)
