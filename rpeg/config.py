@@ -34,17 +34,24 @@ class Section(BaseModel):
 class ModelConfig(Section):
     """The policy model (and, by default, the reference and critic trunks)."""
 
-    name: str = Field("rpeg-tiny", description="catalog name (rpeg/specs models) used by the performance model")
+    name: str = Field(
+        "rpeg-tiny", description="catalog name (rpeg/specs models) used by the performance model"
+    )
     path: str | None = Field(
         None,
         description="local path or fsspec URL of a Hugging Face model folder (safetensors); "
         "None = the built-in tiny model, created and warmed up by the project",
     )
-    critic_path: str | None = Field(None, description="separate critic weights; None = start from the policy trunk")
-    reward_model_path: str | None = Field(None, description="a reward model instead of rule rewards")
+    critic_path: str | None = Field(
+        None, description="separate critic weights; None = start from the policy trunk"
+    )
+    reward_model_path: str | None = Field(
+        None, description="a reward model instead of rule rewards"
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     tiny_shape: dict[str, int] | None = Field(
-        None, description="override fields of the built-in tiny model's shape (e.g. {num_hidden_layers: 2})"
+        None,
+        description="override fields of the built-in tiny model's shape (e.g. {num_hidden_layers: 2})",
     )
 
 
@@ -56,10 +63,16 @@ class AlgorithmConfig(Section):
     kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL penalty in the loss")
     kl_estimator: KLEstimator = "k3"
     clip_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip: 1 - clip_low")
-    clip_high: float = Field(0.2, gt=0.0, description="PPO ratio clip: 1 + clip_high (DAPO clip-higher: 0.28)")
-    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip bound c for negative advantages")
+    clip_high: float = Field(
+        0.2, gt=0.0, description="PPO ratio clip: 1 + clip_high (DAPO clip-higher: 0.28)"
+    )
+    dual_clip: float | None = Field(
+        None, gt=1.0, description="dual-clip bound c for negative advantages"
+    )
     loss_aggregation: LossAggregation = "token_mean"
-    normalize_advantage_std: bool = Field(True, description="GRPO: divide by group std (False = Dr.GRPO)")
+    normalize_advantage_std: bool = Field(
+        True, description="GRPO: divide by group std (False = Dr.GRPO)"
+    )
     entropy_coef: float = Field(0.0, ge=0.0)
     gamma: float = Field(1.0, gt=0.0, le=1.0, description="PPO/GAE discount")
     gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
@@ -68,10 +81,18 @@ class AlgorithmConfig(Section):
         "tis", description="truncated importance sampling for samples from an older policy"
     )
     tis_cap: float = Field(2.0, ge=1.0)
-    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal")
-    overlong_penalty_tokens: int = Field(0, ge=0, description="DAPO soft overlong punishment window")
-    share_actor_critic: bool = Field(False, description="PPO: value head on the actor's trunk (one forward)")
-    vf_coef: float = Field(0.5, ge=0.0, description="weight of the value loss when actor and critic share a trunk")
+    dynamic_sampling: bool = Field(
+        False, description="DAPO: drop groups whose rewards are all equal"
+    )
+    overlong_penalty_tokens: int = Field(
+        0, ge=0, description="DAPO soft overlong punishment window"
+    )
+    share_actor_critic: bool = Field(
+        False, description="PPO: value head on the actor's trunk (one forward)"
+    )
+    vf_coef: float = Field(
+        0.5, ge=0.0, description="weight of the value loss when actor and critic share a trunk"
+    )
     ppo_epochs: int = Field(1, ge=1, description="passes over the batch per RL step")
     recompute_old_logprobs: bool = Field(
         False,
@@ -86,10 +107,14 @@ class WorkloadConfig(Section):
     num_prompts: int = Field(16, ge=1, description="prompts per RL step")
     samples_per_prompt: int = Field(8, ge=1, description="responses sampled per prompt (the group)")
     max_prompt_tokens: int = Field(32, ge=1)
-    mean_prompt_tokens: float | None = Field(None, gt=0, description="for the performance model; None = max_prompt_tokens")
+    mean_prompt_tokens: float | None = Field(
+        None, gt=0, description="for the performance model; None = max_prompt_tokens"
+    )
     max_response_tokens: int = Field(16, ge=1)
     mean_response_tokens: float | None = Field(
-        None, gt=0, description="for the performance model; None = assume a distribution from the cap"
+        None,
+        gt=0,
+        description="for the performance model; None = assume a distribution from the cap",
     )
     train_minibatches: int = Field(4, ge=1, description="optimizer steps per RL step")
     micro_batch_size: int = Field(64, ge=1, description="samples per forward/backward micro-batch")
@@ -116,10 +141,14 @@ class TaskConfig(Section):
     """Where prompts and reference answers come from, and how responses are rewarded."""
 
     kind: Literal["arithmetic", "countdown", "jsonl", "parquet"] = "arithmetic"
-    url: str | None = Field(None, description="fsspec URL of a JSONL/Parquet file (question, answer)")
+    url: str | None = Field(
+        None, description="fsspec URL of a JSONL/Parquet file (question, answer)"
+    )
     prompt_template: str = "{question}"
     difficulty: int = Field(1, ge=1, le=5, description="synthetic tasks: 1 = easiest")
-    rewards: list[str] = Field(default_factory=lambda: ["exact_numeric"], description="built-in reward names")
+    rewards: list[str] = Field(
+        default_factory=lambda: ["exact_numeric"], description="built-in reward names"
+    )
     heldout_size: int = Field(64, ge=0)
     seed: int = 0
 
@@ -135,8 +164,12 @@ class OptimConfig(Section):
     critic_lr: float = Field(1e-4, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
-    warmup_sft_steps: int = Field(
-        150, ge=0, description="supervised warm-up steps before RL (cached); 150 leaves the tiny model at ~35% accuracy"
+    warmup_sft_steps: int | None = Field(
+        None,
+        ge=0,
+        description="supervised warm-up steps before RL (cached on disk). None = 150 for the "
+        "built-in tiny model (random init; 150 leaves it at ~35% held-out accuracy) and 0 for a "
+        "model loaded from model.path",
     )
     warmup_sft_lr: float = Field(1e-3, gt=0.0)
     warmup_sft_batch_size: int = Field(64, ge=1, description="examples per warm-up step")
@@ -146,8 +179,12 @@ class ClusterConfig(Section):
     """Hardware the run plans for and runs on."""
 
     name: str = Field("local-cpu", description="catalog cluster name (rpeg/specs clusters)")
-    num_devices: int | None = Field(None, ge=1, description="devices to use; None = all of the cluster")
-    address: str | None = Field(None, description="existing Dask scheduler, e.g. tcp://host:8786; None = LocalCluster")
+    num_devices: int | None = Field(
+        None, ge=1, description="devices to use; None = all of the cluster"
+    )
+    address: str | None = Field(
+        None, description="existing Dask scheduler, e.g. tcp://host:8786; None = LocalCluster"
+    )
     n_workers: int = Field(2, ge=1, description="LocalCluster worker processes")
     threads_per_worker: int = Field(1, ge=1)
 
@@ -162,19 +199,26 @@ class RuntimeConfig(Section):
     resume: bool = False
     output_dir: str = Field("runs/latest", description="metrics, plots, summaries")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
-    buffer_timeout_s: float = Field(600.0, gt=0, description="deadline of a staleness-buffer get/acquire")
-    step_retries: int = Field(2, ge=0, description="distributed: recoveries from the last checkpoint after a worker dies")
+    buffer_timeout_s: float = Field(
+        600.0, gt=0, description="deadline of a staleness-buffer get/acquire"
+    )
+    step_retries: int = Field(
+        2, ge=0, description="distributed: recoveries from the last checkpoint after a worker dies"
+    )
 
 
 class SearchConfig(Section):
     """The plan optimizer (``rpeg plan``): budget, determinism, mode."""
 
     mode: Literal["auto", "exhaustive", "decompose"] = Field(
-        "auto", description="auto = exhaustive enumeration when the space is small, else decomposed search"
+        "auto",
+        description="auto = exhaustive enumeration when the space is small, else decomposed search",
     )
     seed: int = Field(0, description="seed of the annealing refinement (same seed, same plan)")
     max_candidates: int = Field(0, ge=0, description="cap on full-plan evaluations; 0 = no cap")
-    time_budget_s: float = Field(0.0, ge=0.0, description="stop exploring new cells after this; 0 = no budget")
+    time_budget_s: float = Field(
+        0.0, ge=0.0, description="stop exploring new cells after this; 0 = no budget"
+    )
     top_alternatives: int = Field(5, ge=0, description="alternatives shown in the report")
 
 
@@ -190,8 +234,16 @@ class RunConfig(Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
     plan: str | dict[str, Any] | None = Field(
-        None, description="an execution plan (path/URL of plan YAML, or inline); None = let the runtime choose"
+        None,
+        description="an execution plan (path/URL of plan YAML, or inline); None = let the runtime choose",
     )
+
+    @property
+    def warmup_sft_steps(self) -> int:
+        """Warm-up steps actually run (resolves ``optim.warmup_sft_steps=None``)."""
+        if self.optim.warmup_sft_steps is not None:
+            return self.optim.warmup_sft_steps
+        return 150 if self.model.path is None else 0
 
     # --- construction -------------------------------------------------------------------
     @classmethod
@@ -211,7 +263,9 @@ class RunConfig(Section):
         except yaml.YAMLError as exc:
             raise ConfigError([Problem(source or "yaml", f"not valid YAML: {exc}")]) from None
         if data is not None and not isinstance(data, dict):
-            raise ConfigError([Problem(source or "yaml", "top level must be a mapping of sections")])
+            raise ConfigError(
+                [Problem(source or "yaml", "top level must be a mapping of sections")]
+            )
         return cls.from_dict(data, source=source)
 
     def to_yaml(self) -> str:
@@ -260,7 +314,9 @@ def problems_from_pydantic(exc: ValidationError) -> list[Problem]:
 def read_text_or_path(text_or_path: str | Path) -> tuple[str, str]:
     """Return (text, source). Accepts a local path, an fsspec URL, or literal YAML text."""
     s = str(text_or_path)
-    if "\n" in s or (not isinstance(text_or_path, Path) and ":" in s and "://" not in s and not Path(s).exists()):
+    if "\n" in s or (
+        not isinstance(text_or_path, Path) and ":" in s and "://" not in s and not Path(s).exists()
+    ):
         return s, ""
     if "://" in s:
         import fsspec  # fsspec is pure Python and allowed in pure layers

@@ -26,7 +26,7 @@ from rpeg.runtime.worker import CriticWorker, PolicyWorker
 
 def build_policy(config: RunConfig, log: Callable[[str], None] | None = None):
     """(model, tokenizer, info): the configured model, or the built-in tiny model; with the
-    supervised warm-up applied (cached) when ``optim.warmup_sft_steps`` > 0."""
+    supervised warm-up applied (cached) when ``config.warmup_sft_steps`` > 0."""
     from rpeg.runtime.models import TINY_SHAPE, create_tiny, load_model_and_tokenizer
 
     mc = config.model
@@ -40,7 +40,8 @@ def build_policy(config: RunConfig, log: Callable[[str], None] | None = None):
         key_model = {"tiny": {**TINY_SHAPE, **shape}, "seed": config.runtime.seed}
     info: dict = {}
     o = config.optim
-    if o.warmup_sft_steps:
+    warmup_steps = config.warmup_sft_steps
+    if warmup_steps:
         cursor, _ = build_task_data(config.task)
         t = config.task
         model, info = stages_warmup(
@@ -51,7 +52,7 @@ def build_policy(config: RunConfig, log: Callable[[str], None] | None = None):
                 "model": key_model,
                 "task": [t.kind, t.url, t.difficulty, t.seed, t.heldout_size, t.prompt_template],
             },
-            steps=o.warmup_sft_steps,
+            steps=warmup_steps,
             lr=o.warmup_sft_lr,
             batch_size=o.warmup_sft_batch_size,
             template=t.prompt_template,

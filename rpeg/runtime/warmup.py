@@ -71,8 +71,13 @@ def supervised_warmup(
     rng = random.Random(seed)
     model.train()
     loss_v = float("nan")
+    # a synthetic source is indexable by any integer; a file data set is a finite list
+    size = source.__len__() if hasattr(source, "__len__") else None  # None = infinite
+    if size == 0:
+        raise ValueError("warm-up: the data set is empty")
+    span = size or 10**9
     for step in range(steps):
-        exs = [source[rng.randrange(10**9)] for _ in range(batch_size)]
+        exs = [source[rng.randrange(span)] for _ in range(batch_size)]
         ids, mask, lmask = sft_batch(tokenizer, exs, template)
         logits = model(
             input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)
