@@ -12,6 +12,13 @@ from rpeg.plan.plan import (
 )
 
 __all__ = [
+    "Candidate",
+    "Layout",
+    "Placement",
+    "SearchResult",
+    "SpaceOptions",
+    "Structure",
+    "optimize",
     "GraphRef",
     "InfeasiblePlan",
     "Plan",
@@ -21,3 +28,23 @@ __all__ = [
     "format_devices",
     "parse_devices",
 ]
+
+# The optimizer imports rpeg.perf, which imports rpeg.plan.plan: load it lazily so that
+# ``import rpeg.perf`` first does not meet a half-initialised rpeg.plan.
+_LAZY = {
+    "Candidate": "rpeg.plan.search",
+    "SearchResult": "rpeg.plan.search",
+    "optimize": "rpeg.plan.search",
+    "Layout": "rpeg.plan.space",
+    "Placement": "rpeg.plan.space",
+    "SpaceOptions": "rpeg.plan.space",
+    "Structure": "rpeg.plan.space",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rpeg.plan' has no attribute {name!r}")

@@ -1,0 +1,140 @@
+"""Turning what a user typed (a run config, flags, keyword arguments) into a RunConfig (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rpeg.errors import ConfigError, Problem
+
+# Where a bare GPU name does not say which catalog cluster to use, prefer these.
+PREFERRED_CLUSTER = {
+    "gh200": "gh200-alps",
+    "h100-sxm": "dgx-h100",
+    "h200": "dgx-h200",
+    "a100-80g": "dgx-a100",
+    "gb200": "gb200-nvl72",
+    "cpu": "local-cpu",
+}
+GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80g"}
+
+_ALGOS = ("grpo", "ppo", "rloo", "reinforce_pp")
+
+
+def load_config(config: Any) -> Any:
+    """A RunConfig from a RunConfig, a dict, or a YAML path/URL/text."""
+    from rpeg.config import RunConfig
+
+    if isinstance(config, RunConfig):
+        return config
+    if isinstance(config, dict):
+        return RunConfig.from_dict(config)
+    return RunConfig.from_yaml(config)
+
+
+def cluster_for_gpu(gpu: str) -> str:
+    """The catalog cluster for a GPU name (``gh200`` -> ``gh200-alps``)."""
+    from rpeg import specs
+
+    name = GPU_ALIASES.get(gpu.lower(), gpu.lower())
+    table = specs.clusters()
+    if name in PREFERRED_CLUSTER and PREFERRED_CLUSTER[name] in table:
+        return PREFERRED_CLUSTER[name]
+    for cname, cl in sorted(table.items()):
+        if cl.gpu.name == name:
+            return cname
+    allowed = sorted({c.gpu.name for c in table.values()} | set(GPU_ALIASES))
+    raise ConfigError([Problem("--gpu", f"unknown GPU {gpu!r}; allowed: {', '.join(allowed)}")])
+
+
+def config_from_kwargs(kw: dict[str, Any], *, base: Any = None) -> Any:
+    """Apply flag-style keywords to ``base`` (or the defaults); None values are ignored."""
+    from rpeg import specs
+    from rpeg.config import RunConfig
+
+    kw = {k: v for k, v in kw.items() if v is not None}
+    cfg = base if base is not None else RunConfig()
+    data = cfg.model_dump(mode="json")
+    problems: list[Problem] = []
+    known = {
+        "model",
+        "gpu",
+        "cluster",
+        "gpus",
+        "algo",
+        "num_prompts",
+        "samples_per_prompt",
+        "max_response_tokens",
+        "max_prompt_tokens",
+        "mean_prompt_tokens",
+        "mean_response_tokens",
+        "max_staleness",
+        "precision",
+        "train_minibatches",
+        "use_reference",
+    }
+    for k in sorted(set(kw) - known):
+        problems.append(Problem(k, f"unknown option; allowed: {', '.join(sorted(known))}"))
+    if "model" in kw:
+        from rpeg.plan.search import resolve_model
+
+        try:
+            data["model"]["name"] = resolve_model(kw["model"]).name
+        except specs.SpecError:
+            problems.append(
+                Problem(
+                    "--model",
+                    f"unknown model {kw['model']!r}; allowed: {', '.join(sorted(specs.models()))}",
+                )
+            )
+    gpu_cluster = None
+    if "gpu" in kw:
+        try:
+            gpu_cluster = cluster_for_gpu(str(kw["gpu"]))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if "cluster" in kw:
+        if kw["cluster"] not in specs.clusters():
+            problems.append(
+                Problem(
+                    "--cluster",
+                    f"unknown cluster {kw['cluster']!r}; allowed: {', '.join(sorted(specs.clusters()))}",
+                )
+            )
+        gpu_cluster = kw["cluster"]
+    if "algo" in kw:
+        a = str(kw["algo"]).lower().replace("-", "_").replace("reinforce++", "reinforce_pp")
+        if a not in _ALGOS:
+            problems.append(
+                Problem("--algo", f"unknown algorithm {kw['algo']!r}; allowed: {', '.join(_ALGOS)}")
+            )
+        data["algorithm"]["name"] = a
+    if problems:
+        raise ConfigError(problems)
+    if gpu_cluster:
+        data["cluster"]["name"] = gpu_cluster
+        is_gpu = specs.clusters()[gpu_cluster].gpu.name != "cpu"
+        if is_gpu and "precision" not in kw and base is None:
+            data["workload"]["precision"] = "bf16"
+        if is_gpu and base is None:
+            data["workload"].setdefault("max_prompt_tokens", 1024)
+            data["workload"]["max_prompt_tokens"] = kw.get("max_prompt_tokens", 1024)
+            data["workload"]["mean_prompt_tokens"] = kw.get("mean_prompt_tokens", 150.0)
+    if "gpus" in kw:
+        data["cluster"]["num_devices"] = int(kw["gpus"])
+    for k in (
+        "num_prompts",
+        "samples_per_prompt",
+        "max_response_tokens",
+        "max_prompt_tokens",
+        "mean_prompt_tokens",
+        "mean_response_tokens",
+        "precision",
+        "train_minibatches",
+    ):
+        if k in kw:
+            data["workload"][k] = kw[k]
+    if "max_staleness" in kw:
+        data["runtime"]["max_staleness"] = int(kw["max_staleness"])
+    if "use_reference" in kw:
+        data["algorithm"]["use_reference"] = bool(kw["use_reference"])
+    return RunConfig.from_dict(data, source="plan options")

@@ -1,0 +1,330 @@
+"""The optimizer's search space (pure): structure x placement x per-unit layouts.
+
+A candidate plan is three nested choices (docs/optimizer.md):
+
+1. **Structure** (:class:`Structure`): the staleness bound k (0..max), actor-critic sharing
+   (PPO), and fusion (none / ``rollout`` = generate+reward streaming / ``forward`` = the
+   forward-only log-prob passes / both). Each structure is one IR graph.
+2. **Placement** (:class:`Placement`): colocated (every unit time-shares all devices) or
+   disaggregated (generation on the first ``gen_devices``, everything else on the rest). The
+   split falls on node boundaries, so no node is shared by the two pools. Plus the plan-level
+   switches that only make sense there: offload when roles time-share devices, partial
+   rollout (k >= 1, disaggregated) and streaming (k = 0, disaggregated).
+3. **Layout** (:class:`Layout`) per execution unit: tp / pp / cp / ep, micro-batch size,
+   recompute and engine. tp (and cp) groups stay inside a node (tp*cp divides the node's
+   GPUs), pp divides the model's layers, tp divides the attention heads, dp is derived.
+
+Raw layout grids are filtered here; every rejected point is counted by reason
+(``divisibility`` or ``devices``) in :class:`Counts`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rpeg.ir import Graph, GraphError, bound_async, fuse, share_actor_critic
+
+GEN_KINDS = frozenset({"generate"})
+POOL_GEN_KINDS = frozenset({"generate", "reward"})
+TRAIN_KINDS = frozenset({"train_actor", "train_critic"})
+FWD_KINDS = frozenset({"ref_logprob", "old_logprob", "values"})
+FUSIONS = ("none", "rollout", "forward", "rollout+forward")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Execution settings of one unit (devices come from the placement)."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    micro_batch_size: int = 1
+    recompute: bool = True
+    engine: str = "auto"
+    gpu_memory_utilization: float = 0.85
+
+    def describe(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        return "x".join(parts)
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Graph-level choices; :meth:`graph` applies them to the base graph."""
+
+    staleness: int = 0
+    share_actor_critic: bool = False
+    fusion: str = "none"
+
+    @property
+    def fused(self) -> bool:
+        return self.fusion != "none"
+
+    def describe(self) -> str:
+        s = f"k={self.staleness}"
+        if self.share_actor_critic:
+            s += ", shared actor-critic"
+        if self.fusion != "none":
+            s += f", fused {self.fusion}"
+        return s
+
+    def graph(self, base: Graph) -> Graph:
+        """The transformed graph; raises GraphError when the combination makes no sense."""
+        g = base
+        if self.share_actor_critic:
+            g = share_actor_critic(g)
+        if "rollout" in self.fusion:
+            g = fuse(g, ["generate", "reward"], streaming=True, name="rollout")
+        if "forward" in self.fusion:
+            order = g.topological_order()
+            fwd = [s for s in order if _kind(g.stage(s)) in FWD_KINDS]
+            if len(fwd) < 2:
+                raise GraphError([])
+            g = fuse(g, fwd, name="forward")
+        if g.staleness != self.staleness:
+            g = bound_async(g, self.staleness)
+        return g
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where units run. ``gen_devices`` = 0 means colocated on ``num_devices``."""
+
+    num_devices: int
+    gen_devices: int = 0
+    offload: bool = False
+    partial_rollout: bool = False
+    streaming: bool = False
+
+    @property
+    def colocated(self) -> bool:
+        return self.gen_devices == 0
+
+    @property
+    def train_devices(self) -> int:
+        return self.num_devices - self.gen_devices
+
+    def pools(self) -> dict[str, tuple[int, ...]]:
+        if self.colocated:
+            return {"all": tuple(range(self.num_devices))}
+        return {
+            "gen": tuple(range(self.gen_devices)),
+            "train": tuple(range(self.gen_devices, self.num_devices)),
+        }
+
+    def describe(self) -> str:
+        if self.colocated:
+            s = f"colocated on {self.num_devices}"
+        else:
+            s = f"disaggregated {self.gen_devices} gen + {self.train_devices} train"
+        flags = [
+            n
+            for n, v in (
+                ("offload", self.offload),
+                ("partial rollout", self.partial_rollout),
+                ("streaming", self.streaming),
+            )
+            if v
+        ]
+        return s + (f" ({', '.join(flags)})" if flags else "")
+
+
+@dataclass
+class Counts:
+    """How many candidates were generated, evaluated, and rejected (by reason)."""
+
+    structures: int = 0
+    placements: int = 0
+    layouts: int = 0
+    evaluated: int = 0
+    pruned: int = 0  # cells whose lower bound could not beat the incumbents
+    infeasible: Counter = field(default_factory=Counter)
+
+    def reject(self, reason: str, n: int = 1) -> None:
+        self.infeasible[reason] += n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "structures": self.structures,
+            "placements": self.placements,
+            "layouts": self.layouts,
+            "evaluated": self.evaluated,
+            "pruned_by_bound": self.pruned,
+            "infeasible": dict(sorted(self.infeasible.items())),
+        }
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """Knobs of the space (all have defaults; ``search`` config section overrides)."""
+
+    max_staleness: int = 0
+    tp: tuple[int, ...] = (1, 2, 4, 8)
+    pp: tuple[int, ...] = (1, 2, 4, 8)
+    cp: tuple[int, ...] = (1, 2)
+    cp_min_seq_tokens: int = 8192
+    micro_batch_sizes: tuple[int, ...] = (1, 2, 4)
+    recompute: tuple[bool, ...] = (True, False)
+    engines: tuple[str, ...] = ("auto", "fsdp")
+    gen_pp: tuple[int, ...] = (1, 2)
+    gen_memory_utilization: tuple[float, ...] = (0.85,)
+    fusions: tuple[str, ...] = FUSIONS
+    share: tuple[bool, ...] = (False, True)
+    colocated: bool = True
+    disaggregated: bool = True
+    offload: tuple[bool, ...] = (True, False)
+    partial_rollout: tuple[bool, ...] = (True, False)
+    streaming: tuple[bool, ...] = (False, True)
+    # device split: exact when the node count is at most this, coarse-to-fine otherwise
+    exhaustive_splits: int = 16
+
+    def restrict(self, **changes: Any) -> SpaceOptions:
+        return replace(self, **changes)
+
+
+def _kind(stage: Any) -> str:
+    k = stage.kind
+    return getattr(k, "value", str(k))
+
+
+def unit_kinds(graph: Graph) -> list[tuple[str, frozenset[str], tuple[tuple[str, str], ...]]]:
+    """[(unit name, kinds, ((kind, role), ...))] in execution order."""
+    out = []
+    for u in graph.execution_units():
+        members = getattr(u, "stages", None)
+        stages = [graph.stage(m) if isinstance(m, str) else m for m in members] if members else [u]
+        sig = tuple((_kind(s), getattr(s.role, "value", str(s.role))) for s in stages)
+        out.append((u.name, frozenset(k for k, _ in sig), sig))
+    return out
+
+
+def layout_class(kinds: frozenset[str], sig: tuple[tuple[str, str], ...]) -> str:
+    """gen / train / fwd / none: which knobs matter for a unit."""
+    if kinds & GEN_KINDS:
+        return "gen"
+    if kinds & TRAIN_KINDS:
+        return "train"
+    if kinds & FWD_KINDS or any(k == "reward" and r == "reward_model" for k, r in sig):
+        return "fwd"
+    return "none"
+
+
+class SearchSpace:
+    """Enumerates structures, placements and per-unit layouts for one problem."""
+
+    def __init__(
+        self,
+        base: Graph,
+        cluster: Any,
+        model: Any,
+        *,
+        num_devices: int,
+        max_seq_tokens: int,
+        options: SpaceOptions | None = None,
+    ):
+        self.base = base
+        self.cluster = cluster
+        self.model = model
+        self.num_devices = num_devices
+        self.max_seq_tokens = max_seq_tokens
+        self.opt = options or SpaceOptions()
+        self.counts = Counts()
+        self._layouts: dict[tuple[str, int], list[Layout]] = {}
+
+    # --- structures ---------------------------------------------------------------------
+    def structures(self) -> list[tuple[Structure, Graph]]:
+        has_critic = any(_kind(s) == "train_critic" for s in self.base.stages)
+        out = []
+        for k in range(self.opt.max_staleness + 1):
+            for share in self.opt.share if has_critic else (False,):
+                for fusion in self.opt.fusions:
+                    st = Structure(k, share, fusion)
+                    try:
+                        g = st.graph(self.base)
+                    except GraphError:
+                        continue  # e.g. forward fusion without a reference: not a structure
+                    out.append((st, g))
+        self.counts.structures = len(out)
+        return out
+
+    # --- placements ---------------------------------------------------------------------
+    def splits(self) -> list[int]:
+        """Node-aligned generation device counts for disaggregated placements."""
+        gpn = self.cluster.gpus_per_node
+        n = self.num_devices
+        if n < 2:
+            return []
+        step = gpn if n >= 2 * gpn else 1  # one node: split its devices
+        return [g for g in range(step, n, step)]
+
+    def placements(self, st: Structure, splits: list[int] | None = None) -> list[Placement]:
+        n = self.num_devices
+        out: list[Placement] = []
+        if self.opt.colocated:
+            for off in self.opt.offload:
+                out.append(Placement(n, 0, offload=off))
+        if self.opt.disaggregated:
+            for g in self.splits() if splits is None else splits:
+                for off in self.opt.offload:
+                    if st.staleness >= 1:
+                        for pr in self.opt.partial_rollout:
+                            out.append(Placement(n, g, offload=off, partial_rollout=pr))
+                    else:
+                        for sm in self.opt.streaming:
+                            out.append(Placement(n, g, offload=off, streaming=sm))
+        return out
+
+    # --- layouts ------------------------------------------------------------------------
+    def layouts(self, cls: str, n: int) -> list[Layout]:
+        """Valid layouts of a unit of class ``cls`` on ``n`` devices (cached)."""
+        key = (cls, n)
+        if key not in self._layouts:
+            self._layouts[key] = self._enumerate(cls, n)
+        return self._layouts[key]
+
+    def _enumerate(self, cls: str, n: int) -> list[Layout]:
+        o, m, c = self.opt, self.model, self.cluster
+        if cls == "none":
+            return [Layout()]
+        node = c.domain_size  # the node, or an NVL72 rack's NVLink domain
+        util = o.gen_memory_utilization
+        if cls == "gen":
+            grid = itertools.product(o.tp, o.gen_pp, (1,), (1,), (1,), (True,), ("auto",), util)
+        else:
+            cps = o.cp if self.max_seq_tokens >= o.cp_min_seq_tokens else (1,)
+            eps = (1, 2, 4, 8) if getattr(m, "moe", None) else (1,)
+            rec = o.recompute if cls == "train" else (True,)
+            eng = o.engines
+            grid = itertools.product(o.tp, o.pp, cps, eps, o.micro_batch_sizes, rec, eng, (0.85,))
+        out = []
+        for tp, pp, cp, ep, mb, rc, en, ut in grid:
+            lay = Layout(tp, pp, cp, ep, mb, rc, en, ut)
+            why = self._invalid(lay, n, node)
+            if why:
+                self.counts.reject(why)
+                continue
+            out.append(lay)
+        self.counts.layouts += len(out)
+        return out
+
+    def _invalid(self, lay: Layout, n: int, node: int) -> str:
+        m = self.model
+        if lay.tp * lay.cp > node or node % (lay.tp * lay.cp):
+            return "devices"  # a tp/cp group would cross a node
+        if n % (lay.tp * lay.pp * lay.cp):
+            return "divisibility"
+        if m.heads % lay.tp or (m.layers % lay.pp):
+            return "divisibility"
+        if lay.ep > 1:
+            experts = m.moe.experts
+            if experts % lay.ep or (n // lay.pp) % lay.ep:
+                return "divisibility"
+        return ""
