@@ -18,8 +18,11 @@ import sys
 import typer
 
 COMMAND_MODULES: list[str] = [
+    "rpeg.cli.train",
     "rpeg.cli.graph",
     "rpeg.cli.perf",
+    "rpeg.cli.deploy",
+    "rpeg.cli.plan",
 ]
 
 app = typer.Typer(
