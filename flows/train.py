@@ -42,8 +42,15 @@ SUMMARY_KEYS = (
 
 
 def _is_worker_loss(exc: BaseException) -> bool:
+    """A lost worker or actor (retry from the checkpoint), not a bug in a stage (re-raise)."""
+    if isinstance(exc, OSError | ConnectionError | TimeoutError):
+        return (
+            True  # distributed's CommClosedError is an OSError ("Unable to contact Actor's worker")
+        )
     text = f"{type(exc).__name__}: {exc}"
     keys = (
+        "Unable to contact",
+        "KilledWorker",
         "lost",
         "CommClosed",
         "KilledWorker",
@@ -65,6 +72,18 @@ def validate_before_start(config: RunConfig, cluster_devices: int | None = None)
     if config.runtime.checkpoint_url:
         check_writable(config.runtime.checkpoint_url)
     return compiled
+
+
+def _artifacts(fn: str, *args: Any, **kwargs: Any) -> Any:
+    """Call ``rpeg.flows.artifacts.<fn>`` (the ops helpers: Prefect progress/table/link
+    artifacts); an artifact is never worth a failed step, so any error is logged and dropped."""
+    try:
+        from rpeg.flows import artifacts
+
+        return getattr(artifacts, fn)(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("artifact %s skipped: %s", fn, exc)
+        return None
 
 
 class _Progress:
@@ -169,10 +188,15 @@ def _train(
     else:
         cl = cluster
         have = len(cl.workers) if cl is not None else c.cluster.n_workers
-    compiled = validate_before_start(
-        c, cluster_devices=max(have, c.cluster.num_devices or 0) if address else None
-    )
-    owned = cl is None
+    if address and c.cluster.num_devices is None:
+        c = c.with_overrides({"cluster.num_devices": have})  # default plan over the whole cluster
+    try:
+        compiled = validate_before_start(c, cluster_devices=have if address else None)
+    except Exception:
+        if cl is not None and cluster is None:
+            cl.close()
+        raise
+    owned = cluster is None  # we started the LocalCluster or connected the client
     if cl is None:
         cl = start_cluster(
             None,
@@ -244,17 +268,21 @@ def _train(
                     run.step % c.runtime.checkpoint_every == 0 or run.step == steps
                 ):
                     m.update(checkpoint_task.submit(run, run.step).result())
+                    _artifacts(
+                        "publish_checkpoint", f"{run.store.url}/step-{run.step:08d}", run.step
+                    )
             except Exception as exc:
                 if run.store is None or recoveries >= retries or not _is_worker_loss(exc):
                     raise
                 recoveries += 1
                 log.warning("step %d failed (%s); recovering from the last checkpoint", step, exc)
-                _recover(run, cl)
+                _recover(run, roll_futs)
                 roll_futs, next_roll = [], run.step
                 continue
             metrics_out.scalar(step, m)
             metrics_out.write_all({s: v for s, v in run.metrics.items() if s >= 0})
             prog.update(run.step, m)
+            _artifacts("publish_step", run.step, steps, m)
         acc_after = evaluate_task(run)
         checksums = run.call(compiled.trainer_group, "param_checksum")
     finally:
@@ -281,11 +309,21 @@ def _train(
         "actor_start_s": getattr(run, "actor_start_s", 0.0),
         "timeline": [r.to_dict() for r in run.timeline.records],
         "step_offsets_s": {s: t - run.timeline.origin for s, t in run.timeline._step_start.items()},
+        "stage_spans": list(run.timeline.stage_spans),
         "weight_sync": run.sync_log,
         "history": hist,
     }
     with open(out / "timeline.json", "w") as fh:
-        json.dump({"records": extra["timeline"], "step_offsets_s": extra["step_offsets_s"]}, fh)
+        json.dump(
+            {
+                "records": extra["timeline"],
+                "step_offsets_s": extra["step_offsets_s"],
+                "stage_spans": extra["stage_spans"],
+            },
+            fh,
+        )
+    _artifacts("publish_metrics_table", hist)
+    _artifacts("publish_summary", summary)
     if summary_json:
         Path(summary_json).parent.mkdir(parents=True, exist_ok=True)
         Path(summary_json).write_text(json.dumps(summary, indent=1))
@@ -293,26 +331,18 @@ def _train(
     return summary
 
 
-def _recover(run: Any, cl: Any) -> None:
-    """Re-create every actor on live workers and load the last checkpoint."""
+def _recover(run: Any, roll_futs: list[Any]) -> None:
+    """Roll back to the last checkpoint after a lost worker (see ``DistributedRun.recover``).
+
+    In-flight rollout tasks are unblocked (buffer closed) and awaited first, so none of
+    them writes into the restored state."""
+    import contextlib
+
     run.queue.close()
-    run.groups = {}
-    deadline = time.time() + 60
-    need = run.compiled.num_devices
-    while time.time() < deadline and len(cl.workers) < min(need, len(cl.workers) or need):
-        time.sleep(0.5)
-    while time.time() < deadline:
-        try:
-            if len(cl.workers) >= min(need, max(1, len(cl.workers))):
-                break
-        except Exception:  # noqa: BLE001
-            pass
-        time.sleep(0.5)
-    time.sleep(1.0)
-    run.start_actors()
-    if run.restore() is None:
-        raise RuntimeError("worker lost and no complete checkpoint to recover from")
-    run.sync_at_start()
+    for f in roll_futs:
+        with contextlib.suppress(Exception):
+            f.wait(timeout=120)
+    run.recover()
 
 
 @flow(name="rl_train", persist_result=False, log_prints=False, validate_parameters=True)
@@ -349,7 +379,10 @@ def run_train(
 ) -> dict[str, Any]:
     """Run :func:`rl_train` on Prefect's ephemeral API; return the summary dict (same keys as
     the single-process trainer's). Bad input is refused before any actor starts."""
-    validate_before_start(config)  # fail fast, before Prefect or Dask start
+    # fail fast, before Prefect or Dask start; against an existing cluster the device count
+    # is checked once connected (still before any actor starts)
+    address = cluster_address or config.cluster.address
+    validate_before_start(config, cluster_devices=10**6 if address else None)
     if _cluster is None and _fault_hook is None and not _with_extra:
         return rl_train(
             config=config.model_dump(mode="json"),

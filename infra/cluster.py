@@ -62,6 +62,37 @@ class Cluster:
         info = self.client.scheduler_info(n_workers=-1)["workers"]
         return [a for a, w in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
 
+    def live_workers(self, expect: int, timeout_s: float = 90.0, min_ok: int = 1) -> list[str]:
+        """Wait until the scheduler lists no dead worker and at least ``expect`` workers answer.
+
+        After a worker process dies the scheduler keeps listing its address until it notices
+        the closed comm, and the nanny registers the replacement under the same name but a new
+        address. This polls ``scheduler_info`` and pings every listed worker; it returns the
+        sorted addresses once all of them answer and there are ``expect`` of them (or, at the
+        deadline, at least ``min_ok`` answering ones), else raises ``TimeoutError``.
+        """
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        last: list[str] = []
+        while True:
+            addrs = self.workers
+            ok = []
+            if addrs:
+                res = self.client.run(os.getpid, workers=addrs, on_error="return")
+                ok = [a for a in addrs if isinstance(res.get(a), int)]
+            if ok and len(ok) == len(addrs) and len(ok) >= expect:
+                return addrs
+            last = ok
+            if time.monotonic() > deadline:
+                if len(ok) >= min_ok and len(ok) == len(addrs):
+                    return addrs
+                raise TimeoutError(
+                    f"cluster not healthy after {timeout_s:.0f}s: {len(ok)} of {len(addrs)} "
+                    f"listed workers answer, {expect} expected"
+                )
+            time.sleep(0.25 if last else 0.5)
+
     def worker_pids(self) -> dict[str, int]:
         return self.client.run(os.getpid)
 

@@ -1,11 +1,22 @@
-"""``rpeg train``: run RL training (``--local``: the single-process reference trainer)."""
+"""``rpeg train``: RL training on the distributed runtime (Prefect drives, Dask executes);
+``--local`` runs the single-process reference trainer instead."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import typer
+
+
+def _echo_summary(summary: dict, out_dir: Path, extra: str = "") -> None:
+    typer.echo(
+        f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s "
+        f"(median step {summary['median_step_s']:.2f}s); reward {summary['reward_first10']:.3f} -> "
+        f"{summary['reward_last10']:.3f}; held-out greedy accuracy {summary['heldout_acc_before']:.3f} -> "
+        f"{summary['heldout_acc_after']:.3f}; outputs in {out_dir}/ ({extra})"
+    )
 
 
 def register(app: typer.Typer) -> None:
@@ -15,10 +26,24 @@ def register(app: typer.Typer) -> None:
             None, help="run config YAML (path or fsspec URL); none = the built-in task"
         ),
         local: bool = typer.Option(
-            False, "--local", help="run in this process with the reference trainer"
+            False, "--local", help="run in this process with the single-process reference trainer"
         ),
         steps: int | None = typer.Option(
             None, "--steps", help="RL steps (overrides runtime.steps)"
+        ),
+        cluster: str | None = typer.Option(
+            None,
+            "--cluster",
+            help="attach to a running Dask scheduler, e.g. tcp://host:8786 (default: a LocalCluster)",
+        ),
+        resume: bool = typer.Option(
+            False, "--resume", help="continue from the newest complete checkpoint"
+        ),
+        staleness: int | None = typer.Option(
+            None,
+            "--staleness",
+            min=0,
+            help="bound k on policy lag (overrides runtime.max_staleness)",
         ),
         summary_json: str | None = typer.Option(
             None, "--summary-json", help="write a JSON summary here"
@@ -26,39 +51,53 @@ def register(app: typer.Typer) -> None:
         out: str | None = typer.Option(
             None, "--out", help="output dir (overrides runtime.output_dir)"
         ),
-        quiet: bool = typer.Option(False, "--quiet", help="no per-step lines"),
+        quiet: bool = typer.Option(False, "--quiet", help="no progress bar / per-step lines"),
     ) -> None:
-        """Train a policy with RL. Writes metrics.jsonl and reward_curve.png to the output dir."""
+        """Train a policy with RL; writes metrics.jsonl (+ timeline.json, compiled_step.yaml on
+        the distributed runtime) to the output dir. Bad input (a plan that needs more devices
+        than the cluster has, an unknown role, an unwritable checkpoint URL) is refused before
+        any actor starts (exit 2)."""
         from rpeg.config import RunConfig
 
         cfg = RunConfig.from_yaml(config) if config else RunConfig()
-        if not local:
-            from rpeg.errors import RpegError
-
-            # RpegError -> message on stderr and exit code 2 (see rpeg.cli.main)
-            raise RpegError(
-                "the distributed runtime (Prefect + Dask) is not available yet; "
-                "run `rpeg train --local [CONFIG]` for the single-process trainer"
-            )
-        overrides = {}
+        overrides: dict = {}
         if steps is not None:
             overrides["runtime.steps"] = steps
         if out is not None:
             overrides["runtime.output_dir"] = out
+        if staleness is not None:
+            overrides["runtime.max_staleness"] = staleness
+        if resume:
+            overrides["runtime.resume"] = True
+        if cluster is not None:
+            overrides["cluster.address"] = cluster
         if overrides:
             cfg = cfg.with_overrides(overrides)
-        from rpeg.runtime.local import LocalTrainer
-
-        log = (lambda s: None) if quiet else (lambda s: typer.echo(s))
-        trainer = LocalTrainer(cfg, log=log)
-        summary = trainer.run()
         out_dir = Path(cfg.runtime.output_dir)
-        typer.echo(
-            f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s "
-            f"(median step {summary['median_step_s']:.2f}s); reward {summary['reward_first10']:.3f} -> "
-            f"{summary['reward_last10']:.3f}; held-out greedy accuracy {summary['heldout_acc_before']:.3f} -> "
-            f"{summary['heldout_acc_after']:.3f}; outputs in {out_dir}/ (metrics.jsonl, reward_curve.png)"
-        )
+        if local:
+            if cluster is not None:
+                from rpeg.errors import RpegError
+
+                raise RpegError("--local and --cluster exclude each other")
+            from rpeg.runtime.local import LocalTrainer
+
+            log = (lambda s: None) if quiet else (lambda s: typer.echo(s))
+            summary = LocalTrainer(cfg, log=log).run()
+            _echo_summary(summary, out_dir, "metrics.jsonl, reward_curve.png")
+        else:
+            # quiet Prefect console logs (the progress bar is the live view); set before import
+            os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+            from rpeg.flows.train import run_train, validate_before_start
+
+            validate_before_start(cfg, cluster_devices=None if cluster is None else 10**6)
+            summary = run_train(
+                cfg,
+                cluster_address=cluster,
+                resume=resume,
+                summary_json=None,
+                progress=not quiet,
+            )
+            _echo_summary(summary, out_dir, "metrics.jsonl, timeline.json, compiled_step.yaml")
         if summary_json:
             p = Path(summary_json)
             p.parent.mkdir(parents=True, exist_ok=True)

@@ -375,6 +375,29 @@ def compile_step(
                 micro_batch_size=plan.units[n].micro_batch_size,
             )
         )
+    w = config.workload
+    for g in groups.values():
+        per_rank = (w.num_prompts // g.world_size) * w.samples_per_prompt
+        if g.world_size > w.num_prompts:
+            problems.append(
+                Problem(
+                    f"actor group {g.name}",
+                    f"{g.world_size} data-parallel ranks but only {w.num_prompts} prompts per "
+                    "step (each rank needs at least one whole prompt group)",
+                )
+            )
+        elif g.trainable and w.num_prompts % g.world_size and per_rank < w.train_minibatches:
+            # ranks would run different numbers of mini-batches: DDP collectives would hang
+            problems.append(
+                Problem(
+                    f"actor group {g.name}",
+                    f"uneven shards: a rank gets {per_rank} samples, fewer than "
+                    f"workload.train_minibatches={w.train_minibatches}; use a num_prompts "
+                    f"divisible by {g.world_size}",
+                )
+            )
+    if problems:
+        raise ConfigError(problems, title="plan refused before any actor starts")
     gen_groups = sorted({t.group for t in tasks if "generate" in t.kinds})
     train_group = next(t.group for t in tasks if "train_actor" in t.kinds)
     sync_targets = [g for g in gen_groups if g != train_group]

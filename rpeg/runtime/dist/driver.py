@@ -44,6 +44,17 @@ def shard(items: Sequence[Any], n: int) -> list[list[Any]]:
     return out
 
 
+def shard_groups(size: int, n: int, group_size: int) -> list[list[int]]:
+    """Sample indices of ``n`` shards made of whole groups of ``group_size`` contiguous
+    samples (GRPO/RLOO groups are never split across ranks)."""
+    if group_size <= 1 or size % group_size:
+        return shard(list(range(size)), n)
+    return [
+        [g * group_size + j for g in gs for j in range(group_size)]
+        for gs in shard(list(range(size // group_size)), n)
+    ]
+
+
 class DistributedRun:
     """Actor groups of a :class:`CompiledStep` on the cluster, and the state of the run."""
 
@@ -73,19 +84,25 @@ class DistributedRun:
         self.sync_log: list[dict[str, float]] = []
 
     # ---------------------------------------------------------------- actors
-    def start_actors(self) -> None:
-        """One actor per rank on the worker of its device; then the process groups."""
+    def start_actors(self, workers: Sequence[str] | None = None) -> None:
+        """One actor per rank on the worker of its device; then the process groups.
+
+        ``workers``: live worker addresses, sorted by name (default: the scheduler's list)."""
         cy = self.config.to_yaml()
-        workers = self.cluster.workers
+        workers = list(workers) if workers else self.cluster.workers
+        if not hasattr(self, "n_workers"):
+            self.n_workers = len(workers)
         from rpeg.runtime.dist.actors import RankActor
 
         t0 = time.perf_counter()
+        self.actor_workers: dict[tuple[str, int], str] = {}
         with self.client.as_current():
             futs = {}
             for g in self.compiled.actor_groups:
                 gd = g.to_dict()
                 for rank, dev in enumerate(g.devices):
                     addr = workers[dev % len(workers)]
+                    self.actor_workers[(g.name, rank)] = addr
                     futs[(g.name, rank)] = self.client.submit(
                         RankActor,
                         cy,
@@ -123,13 +140,58 @@ class DistributedRun:
                 futs.append(getattr(a, method)(*args, *extra))
             return [f.result() for f in futs]
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Tear down every actor's process group (each rank on its own: a dead rank does not
+        keep the live ones from closing) and drop the handles."""
         import contextlib
 
-        with contextlib.suppress(Exception):
-            for g in self.groups:
-                self.call(g, "close")
+        with self.client.as_current():
+            pending = []
+            for actors in self.groups.values():
+                for a in actors:
+                    with contextlib.suppress(Exception):
+                        pending.append(a.close())
+            for p in pending:
+                with contextlib.suppress(Exception):
+                    p.result(timeout=timeout_s)
         self.groups = {}
+
+    def recover(self, timeout_s: float = 90.0) -> int:
+        """After a lost worker: close the buffer and the surviving actors, wait until the
+        scheduler has dropped the dead worker and the replacement (nanny restart) answers,
+        re-create every actor on the live workers, load the newest complete checkpoint and
+        sync the generators. Returns the step to continue from."""
+        import contextlib
+
+        self.queue.close()
+        # a surviving data-parallel rank may sit in a collective with the dead peer (its one
+        # actor thread blocked until the gloo timeout): restart those processes (nanny) too
+        dp = {
+            a
+            for (g, _r), a in getattr(self, "actor_workers", {}).items()
+            if self.compiled.group(g).world_size > 1
+        }
+        live_now = set(self.cluster.workers)
+        if dp & live_now:
+            with contextlib.suppress(Exception):
+                self.client.restart_workers(sorted(dp & live_now), timeout=60)
+        else:
+            self.close(timeout_s=10.0)
+        self.groups = {}
+        need = max(self.compiled.num_devices, 1)
+        expect = max(getattr(self, "n_workers", need), need)
+        live = self.cluster.live_workers(expect, timeout_s=timeout_s, min_ok=need)
+        with self._lock:
+            self.payloads.clear()
+            self.slot_examples.clear()
+        self.start_actors(live)
+        got = self.restore()
+        if got is None:
+            raise RuntimeError(
+                "a worker was lost and there is no complete checkpoint to recover from"
+            )
+        self.sync_at_start()
+        return got
 
     # ---------------------------------------------------------------- data movement
     def put_sharded(self, step: int, dst: str, batches: list[Any]) -> None:
@@ -140,7 +202,7 @@ class DistributedRun:
             parts = batches
         else:
             whole = RolloutBatch.concat(batches) if len(batches) > 1 else batches[0]
-            idx = shard(list(range(whole.size)), n)
+            idx = shard_groups(whole.size, n, self.config.workload.samples_per_prompt)
             parts = [whole.select(torch.tensor(i, dtype=torch.long)) for i in idx]
         self.call(dst, "put_batch", step, per_rank=[(p,) for p in parts])
 
@@ -205,6 +267,9 @@ class DistributedRun:
             per_rank = [(None,)] * g.world_size
         res = self.call(task.group, "run_unit", step, task.stages, task.kinds, per_rank=per_rank)
         t1 = time.perf_counter()
+        for r, m in enumerate(res):
+            spans, pid = m.pop("_spans", []), m.pop("_pid", -1)
+            self.timeline.add_stage_spans(step, task.name, r, pid, spans)
         from rpeg.plan import format_devices
 
         self.timeline.add(

@@ -17,7 +17,27 @@ class TimelineRecorder:
         self._lock = threading.Lock()
         self.records: list[TimelineRecord] = []
         self.origin = time.perf_counter()
+        self.origin_wall = time.time()
         self._step_start: dict[int, float] = {}
+        # stages inside an actor call (wall clock of the actor's process, same host clock):
+        # {"step", "unit", "stage", "rank", "pid", "start_s", "end_s"}, seconds from origin
+        self.stage_spans: list[dict] = []
+
+    def add_stage_spans(self, step: int, unit: str, rank: int, pid: int, spans) -> None:
+        """``spans``: ``[(stage kind, wall start, wall end), ...]`` from one rank's call."""
+        with self._lock:
+            for kind, a, b in spans:
+                self.stage_spans.append(
+                    {
+                        "step": step,
+                        "unit": unit,
+                        "stage": kind,
+                        "rank": rank,
+                        "pid": pid,
+                        "start_s": round(a - self.origin_wall, 6),
+                        "end_s": round(b - self.origin_wall, 6),
+                    }
+                )
 
     def start_step(self, step: int) -> None:
         with self._lock:
