@@ -29,7 +29,9 @@ def test_help_does_not_import_heavy_libraries():
         "heavy=[m for m in ('torch','prefect','dask','distributed','transformers') if m in sys.modules];"
         "print('HEAVY', heavy)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert "HEAVY []" in out
 
 

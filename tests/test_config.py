@@ -15,7 +15,9 @@ def test_defaults_round_trip_through_yaml():
     cfg = RunConfig()
     again = RunConfig.from_yaml(cfg.to_yaml())
     assert again == cfg
-    assert cfg.workload.samples_per_step == cfg.workload.num_prompts * cfg.workload.samples_per_prompt
+    assert (
+        cfg.workload.samples_per_step == cfg.workload.num_prompts * cfg.workload.samples_per_prompt
+    )
 
 
 def test_every_problem_is_reported_at_once_with_field_and_allowed_values():
@@ -28,7 +30,12 @@ def test_every_problem_is_reported_at_once_with_field_and_allowed_values():
         RunConfig.from_dict(bad)
     err = info.value
     wheres = {p.where for p in err.problems}
-    assert {"algorithm.name", "algorithm.kl_estimator", "workload.num_prompts", "runtime.stepz"} <= wheres
+    assert {
+        "algorithm.name",
+        "algorithm.kl_estimator",
+        "workload.num_prompts",
+        "runtime.stepz",
+    } <= wheres
     text = str(err)
     assert "'grpo'" in text and "'ppo'" in text  # allowed values are named
     assert "unknown field" in text
@@ -37,7 +44,9 @@ def test_every_problem_is_reported_at_once_with_field_and_allowed_values():
 
 def test_cross_field_rule_names_both_fields():
     with pytest.raises(ConfigError, match="train_minibatches=3 must divide"):
-        RunConfig.from_dict({"workload": {"num_prompts": 2, "samples_per_prompt": 2, "train_minibatches": 3}})
+        RunConfig.from_dict(
+            {"workload": {"num_prompts": 2, "samples_per_prompt": 2, "train_minibatches": 3}}
+        )
 
 
 def test_file_task_needs_url():

@@ -21,6 +21,7 @@ from rpeg.runtime.algorithms import (
     grpo_advantages,
     kl_penalty,
     masked_mean,
+    masked_whiten,
     outcome_token_rewards,
     reinforce_pp_advantages,
     rloo_advantages,
@@ -29,6 +30,7 @@ from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import Example
 from rpeg.runtime.engines.base import SamplingParams
 from rpeg.runtime.engines.torch_engine import left_pad
+from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.rewards import RewardSet
 from rpeg.runtime.worker import CriticWorker, PolicyWorker
 
@@ -157,9 +159,17 @@ def filter_groups(batch: RolloutBatch) -> tuple[RolloutBatch, Metrics]:
 
 
 def advantage_stage(
-    batch: RolloutBatch, algorithm: AlgorithmConfig, group_size: int
+    batch: RolloutBatch,
+    algorithm: AlgorithmConfig,
+    group_size: int,
+    *,
+    reduce: RankReduce = LOCAL,
 ) -> tuple[RolloutBatch, Metrics]:
-    """Fill ``advantages`` ``[B,R]`` (and ``returns`` for PPO) per ``algorithm.name``:
+    """Fill ``advantages`` ``[B,R]`` (and ``returns`` for PPO) per ``algorithm.name``.
+
+    ``reduce``: under data parallelism, batch-wide whitening spans every rank's shard (GRPO and
+    RLOO groups are never split across ranks, so they need no reduction).
+    Algorithms:
     grpo (group mean/std; Dr.GRPO without std), rloo, reinforce_pp (batch-normalized token
     returns; the KL to the reference enters the reward when ``kl_coef`` > 0), ppo (GAE over the
     critic's values; outcome reward on the last token)."""
@@ -183,7 +193,12 @@ def advantage_stage(
                 algorithm.kl_estimator,
             )
         kw["advantages"] = reinforce_pp_advantages(
-            batch.rewards, mask, kl=kl, kl_coef=algorithm.kl_coef, gamma=algorithm.gamma
+            batch.rewards,
+            mask,
+            kl=kl,
+            kl_coef=algorithm.kl_coef,
+            gamma=algorithm.gamma,
+            reduce=reduce,
         )
     elif name == "ppo":
         if batch.values is None:
@@ -192,9 +207,7 @@ def advantage_stage(
         adv, ret = gae_advantages(
             tok_r, batch.values, mask, gamma=algorithm.gamma, lam=algorithm.gae_lambda
         )
-        from rpeg.runtime.algorithms import masked_whiten
-
-        kw["advantages"] = masked_whiten(adv, mask)
+        kw["advantages"] = masked_whiten(adv, mask, reduce=reduce)
         kw["returns"] = ret
     else:
         raise ValueError(f"unknown algorithm {name!r}")

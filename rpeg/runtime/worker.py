@@ -33,13 +33,25 @@ from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.engines.base import GenerationEngine, GenerationOutput, SamplingParams
 from rpeg.runtime.engines.torch_engine import TorchEngine
 from rpeg.runtime.models import ActorCritic, CriticModel
+from rpeg.runtime.parallel import LOCAL, RankReduce
 
 
-def _micro_weight(micro: RolloutBatch, mini: RolloutBatch, aggregation: str) -> float:
-    """Share of a micro-batch in its mini-batch loss so that accumulation equals one big batch."""
-    if aggregation == "token_mean":
-        return float(micro.response_mask.sum()) / max(float(mini.response_mask.sum()), 1.0)
-    return micro.size / mini.size
+def _loss_count(b: RolloutBatch, aggregation: str) -> float:
+    """What a mini-batch loss averages over: response tokens (token_mean) or sequences."""
+    return float(b.response_mask.sum()) if aggregation == "token_mean" else float(b.size)
+
+
+def _mini_total(mini: RolloutBatch, aggregation: str, reduce: RankReduce) -> float:
+    """The mini-batch's loss count over every data-parallel rank (called once per mini-batch,
+    in the same order on every rank)."""
+    t = reduce.sum(torch.tensor([_loss_count(mini, aggregation)], dtype=torch.float64))
+    return max(float(t[0]), 1.0)
+
+
+def _micro_weight(micro: RolloutBatch, total: float, aggregation: str, reduce: RankReduce) -> float:
+    """Weight of a micro-batch's loss so that accumulating micro-batches (and DDP's average of
+    gradients over ``world_size`` ranks) equals one loss over the whole global mini-batch."""
+    return reduce.world_size * _loss_count(micro, aggregation) / total
 
 
 def _grad_norm_and_clip(params, max_norm: float) -> float:
@@ -69,10 +81,12 @@ class PolicyWorker:
         value_head: bool = False,
         engine: GenerationEngine | None = None,
         seed: int = 0,
+        reduce: RankReduce = LOCAL,
     ):
         self.algorithm = algorithm or AlgorithmConfig()
         self.optim_cfg = optim or OptimConfig()
         self.workload = workload or WorkloadConfig()
+        self.reduce = reduce  # data-parallel loss normalization (rpeg.runtime.parallel)
         self.tokenizer = tokenizer
         self.trainable = trainable
         self.lm = model
@@ -233,8 +247,9 @@ class PolicyWorker:
             for mini in batch.split(self.workload.train_minibatches, generator=self.generator):
                 self.optimizer.zero_grad(set_to_none=True)
                 stats: dict[str, float] = {}
+                total = _mini_total(mini, a.loss_aggregation, self.reduce)
                 for micro in mini.micro_batches(self.workload.micro_batch_size):
-                    w = _micro_weight(micro, mini, a.loss_aggregation)
+                    w = _micro_weight(micro, total, a.loss_aggregation, self.reduce)
                     lp, logits, values = self._forward(micro, batch.temperature)
                     mask = micro.response_mask
                     pg, m = policy_loss(
@@ -337,10 +352,12 @@ class CriticWorker:
         optim: OptimConfig | None = None,
         workload: WorkloadConfig | None = None,
         seed: int = 0,
+        reduce: RankReduce = LOCAL,
     ):
         self.algorithm = algorithm or AlgorithmConfig()
         self.optim_cfg = optim or OptimConfig()
         self.workload = workload or WorkloadConfig()
+        self.reduce = reduce
         self.module = CriticModel(lm)
         self.optimizer = torch.optim.AdamW(
             self.module.parameters(),
@@ -385,8 +402,9 @@ class CriticWorker:
             for mini in batch.split(self.workload.train_minibatches, generator=self.generator):
                 self.optimizer.zero_grad(set_to_none=True)
                 stats: dict[str, float] = {}
+                total = _mini_total(mini, a.loss_aggregation, self.reduce)
                 for micro in mini.micro_batches(self.workload.micro_batch_size):
-                    w = _micro_weight(micro, mini, a.loss_aggregation)
+                    w = _micro_weight(micro, total, a.loss_aggregation, self.reduce)
                     vl, m = value_loss(
                         self._values(micro),
                         micro.values,

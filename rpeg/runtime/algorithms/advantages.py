@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from rpeg.runtime.parallel import LOCAL, RankReduce
+
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     if rewards.dim() != 1 or rewards.numel() % group_size:
@@ -56,15 +58,28 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    reduce: RankReduce = LOCAL,
 ) -> torch.Tensor:
-    """Normalize ``x`` to zero mean / unit (biased) variance over the masked entries."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
-    out = (x - mean) * torch.rsqrt(var + eps)
+    """Normalize ``x`` to zero mean / unit (biased) variance over the masked entries.
+
+    ``x, mask: [B,T]``. With a data-parallel ``reduce`` the mean and variance are over the
+    masked entries of *all* ranks (sums all-reduced in float64), not this rank's shard.
+    """
+    m = mask.to(torch.float64)
+    xd = x.to(torch.float64)
+    t = reduce.sum(torch.stack([(xd * m).sum(), m.sum()]))
+    n = t[1].clamp(min=1.0)
+    mean = t[0] / n
+    var = reduce.sum((((xd - mean) ** 2) * m).sum().reshape(1))[0] / n
+    out = (xd - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
-    return out * mask.to(x.dtype)
+    return (out * m).to(x.dtype)
 
 
 def outcome_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -83,6 +98,7 @@ def reinforce_pp_advantages(
     kl: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     gamma: float = 1.0,
+    reduce: RankReduce = LOCAL,
 ) -> torch.Tensor:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): token returns, then batch normalization.
 
@@ -100,7 +116,7 @@ def reinforce_pp_advantages(
     for t in reversed(range(tok.shape[1])):
         running = tok[:, t] + gamma * running
         returns[:, t] = running
-    return masked_whiten(returns, mask)
+    return masked_whiten(returns, mask, reduce=reduce)
 
 
 def gae_advantages(

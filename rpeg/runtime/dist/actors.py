@@ -34,98 +34,10 @@ def gen_seed(config: RunConfig, step: int, rank: int) -> int:
     return config.runtime.seed * 100_003 + step + rank * 7_919
 
 
-# --------------------------------------------------------------------------- data parallel
-#
-# A group of W ranks must compute what one process would compute on the whole batch:
-# * batch-wide advantage whitening (REINFORCE++ token returns, PPO GAE advantages) uses the
-#   mean and variance over the masked tokens of *all* ranks (sums all-reduced), not per shard;
-# * the loss of a mini-batch is normalised by the mini-batch's *global* token (token_mean) or
-#   sequence count: DDP averages gradients over ranks, so a rank's micro-batch weight is
-#   ``W * n_micro / N_mini_global`` instead of ``n_micro / n_mini_local``;
-# * GRPO/RLOO groups are never split (shards are whole prompt groups, see driver.shard_groups).
-# The engine's functions are used unchanged: in a rank process of a DP group (one rank per
-# process) ``masked_whiten`` is swapped for :func:`dist_masked_whiten` during the advantage
-# stage and the worker's ``_micro_weight`` for a globally normalised one.
-
-
-def dist_masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8
-) -> torch.Tensor:
-    """:func:`rpeg.runtime.algorithms.masked_whiten` over the union of all ranks' tokens."""
-    import torch.distributed as dist
-
-    m = mask.to(x.dtype)
-    t = torch.stack([(x * m).sum(), m.sum()]).double()
-    dist.all_reduce(t)
-    mean = (t[0] / t[1].clamp(min=1.0)).to(x.dtype)
-    v = (((x - mean) ** 2) * m).sum().double().reshape(1)
-    dist.all_reduce(v)
-    var = (v[0] / t[1].clamp(min=1.0)).to(x.dtype)
-    out = (x - mean) * torch.rsqrt(var + eps)
-    if not shift_mean:
-        out = out + mean
-    return out
-
-
-class _GlobalWhiten:
-    """Context: the advantage stage whitens over the whole DP batch."""
-
-    def __enter__(self):
-        import rpeg.runtime.algorithms as A
-        import rpeg.runtime.algorithms.advantages as adv
-
-        self.saved = (A.masked_whiten, adv.masked_whiten)
-        A.masked_whiten = adv.masked_whiten = dist_masked_whiten
-        return self
-
-    def __exit__(self, *exc):
-        import rpeg.runtime.algorithms as A
-        import rpeg.runtime.algorithms.advantages as adv
-
-        A.masked_whiten, adv.masked_whiten = self.saved
-
-
-_DP_LOSS: dict[str, Any] = {"on": False}
-
-
-class _GlobalLossWeights:
-    """Context (around a DP rank's training stages only: a process may also host a 1-rank
-    actor of another group): micro-batch weights normalised by the global mini-batch size."""
-
-    def __enter__(self):
-        _install_global_loss_weights()
-        _DP_LOSS["on"] = True
-        return self
-
-    def __exit__(self, *exc):
-        _DP_LOSS["on"] = False
-
-
-def _install_global_loss_weights() -> None:
-    import torch.distributed as dist
-
-    import rpeg.runtime.worker as W
-
-    if getattr(W._micro_weight, "_rpeg_dp", False):
-        return
-    local = W._micro_weight
-    cache: dict[str, Any] = {"mini": None, "n": 1.0}
-
-    def count(b: Any, aggregation: str) -> float:
-        return float(b.response_mask.sum()) if aggregation == "token_mean" else float(b.size)
-
-    def weight(micro: Any, mini: Any, aggregation: str) -> float:
-        if not (_DP_LOSS["on"] and dist.is_initialized()):
-            return local(micro, mini, aggregation)
-        world_size = dist.get_world_size()
-        if cache["mini"] is not mini:  # once per mini-batch, same order on every rank
-            t = torch.tensor([count(mini, aggregation)], dtype=torch.float64)
-            dist.all_reduce(t)
-            cache["mini"], cache["n"] = mini, max(float(t[0]), 1.0)
-        return world_size * count(micro, aggregation) / cache["n"]
-
-    weight._rpeg_dp = True  # type: ignore[attr-defined]
-    W._micro_weight = weight
+# Data parallelism: batch-wide statistics (advantage whitening, the loss normalizer of a
+# mini-batch) span every rank's shard. After joining the process group, the trainable workers
+# get a ``rpeg.runtime.parallel.RankReduce`` that all-reduces over the group, and the advantage
+# stage is given the same; GRPO/RLOO groups are never split (driver.shard_groups).
 
 
 class RankActor:
@@ -146,6 +58,9 @@ class RankActor:
         self.trainable = list(group["trainable"])
         self.store: dict[int, Any] = {}
         self.pg_ready = False
+        from rpeg.runtime.parallel import LOCAL
+
+        self.reduce = LOCAL  # replaced by a process-group reduce when the group has > 1 rank
         self._build(async_rollout)
 
     # ---------------------------------------------------------------- construction
@@ -229,10 +144,15 @@ class RankActor:
             world_size=self.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
+        from rpeg.runtime.parallel import process_group_reduce
+
+        self.reduce = process_group_reduce()
         if self.actor is not None and self.actor.optimizer is not None:
             self.actor.module = DDP(self.actor.module, find_unused_parameters=True)
+            self.actor.reduce = self.reduce
         if self.critic is not None:
             self.critic.module = DDP(self.critic.module, find_unused_parameters=True)
+            self.critic.reduce = self.reduce
         self.pg_ready = True
         return True
 
@@ -306,21 +226,13 @@ class RankActor:
                     batch, vm = S.value_stage(self.critic or self.actor, batch)
                     m.update(vm)
             elif kind == "advantage":
-                if self.pg_ready and a.name in ("reinforce_pp", "ppo"):
-                    with _GlobalWhiten():
-                        batch, am = S.advantage_stage(batch, a, w.samples_per_prompt)
-                else:
-                    batch, am = S.advantage_stage(batch, a, w.samples_per_prompt)
+                batch, am = S.advantage_stage(batch, a, w.samples_per_prompt, reduce=self.reduce)
                 m.update(am)
             elif kind == "train_actor":
-                with self._dp_loss():
-                    _, tm = S.train_actor_stage(self.actor, batch)
+                _, tm = S.train_actor_stage(self.actor, batch)
                 m.update(tm)
-                if self.critic is not None and "train_critic" not in kinds:
-                    pass
             elif kind == "train_critic":
-                with self._dp_loss():
-                    _, cm = S.train_critic_stage(self.critic, batch)
+                _, cm = S.train_critic_stage(self.critic, batch)
                 m.update(cm)
             elif kind == "sync_weights":
                 m.update(self._sync_local())
@@ -334,11 +246,6 @@ class RankActor:
         if batch is not None:
             m["num_tokens"] = float(batch.num_tokens)
         return m
-
-    def _dp_loss(self):
-        import contextlib
-
-        return _GlobalLossWeights() if self.pg_ready else contextlib.nullcontext()
 
     def _old_and_values(self, batch):
         """Actor-critic sharing: old log-probs and values from one forward per micro-batch."""
