@@ -145,17 +145,33 @@ class CompiledStep:
 
 
 def graph_from_config(config: Any) -> Any:
-    """The IR graph of ``config``'s algorithm with the staleness bound of the run."""
-    from rpeg.ir import build
+    """The IR graph of ``config``'s algorithm: the run's staleness bound, and the algorithm
+    parameters of the config (not the builders' presets), so the graph records what runs."""
+    from rpeg.ir import build, share_actor_critic
 
     a = config.algorithm
     opts: dict[str, Any] = {
         "staleness": config.runtime.max_staleness,
         "use_reference": a.use_reference,
+        "kl_coef": a.kl_coef,
+        "clip_low": a.clip_low,
+        "clip_high": a.clip_high,
+        "dual_clip": a.dual_clip,
+        "dynamic_sampling": a.dynamic_sampling,
+        "overlong_buffer": a.overlong_penalty_tokens or None,
+        "loss_aggregation": a.loss_aggregation,
+        "entropy_coef": a.entropy_coef,
     }
-    if a.name != "ppo":
+    if a.name == "ppo":
+        opts.update(gamma=a.gamma, gae_lambda=a.gae_lambda)
+        if a.value_clip is not None:
+            opts["value_clip"] = a.value_clip
+    elif a.name in ("grpo", "rloo"):
         opts["group_size"] = config.workload.samples_per_prompt
-    return build(a.name, **opts)
+    g = build(a.name, **opts)
+    if a.name == "ppo" and a.share_actor_critic:
+        g = share_actor_critic(g)
+    return g
 
 
 def graph_from_plan(plan: Any, config: Any) -> Any:

@@ -10,7 +10,7 @@ Every builder returns a validated :class:`Graph`. Common options:
 - ``staleness``: the bounded asynchrony k of the weights edge sync_weights -> generate.
 - DAPO-style: ``clip_low``, ``clip_high`` (decoupled clip), ``dual_clip``,
   ``dynamic_sampling``, ``overlong_buffer`` (soft overlong penalty length, or None),
-  ``loss_aggregation`` ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean").
+  ``loss_aggregation`` ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean").
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def grpo(
     dual_clip: float | None = None,
     dynamic_sampling: bool = False,
     overlong_buffer: int | None = None,
-    loss_aggregation: str = "token-mean",
+    loss_aggregation: str = "token_mean",
     entropy_coef: float = 0.0,
 ) -> Graph:
     """GRPO: group-normalized rewards as advantages, no critic; KL in the loss by default."""
@@ -204,10 +204,10 @@ def dapo(
     dual_clip: float | None = None,
     dynamic_sampling: bool = True,
     overlong_buffer: int | None = 4096,
-    loss_aggregation: str = "token-mean",
+    loss_aggregation: str = "token_mean",
     entropy_coef: float = 0.0,
 ) -> Graph:
-    """DAPO: GRPO without KL, with clip-higher, dynamic sampling, overlong shaping, token-mean."""
+    """DAPO: GRPO without KL, with clip-higher, dynamic sampling, overlong shaping, token_mean."""
     _check_options("dapo", reward, staleness, kl_placement)
     params = _common_params(**{k: v for k, v in locals().items() if k not in ("name", "staleness")})
     return _pipeline("dapo", name=name, critic=False, params=params, staleness=staleness)
@@ -227,7 +227,7 @@ def rloo(
     dual_clip: float | None = None,
     dynamic_sampling: bool = False,
     overlong_buffer: int | None = None,
-    loss_aggregation: str = "token-mean",
+    loss_aggregation: str = "token_mean",
     entropy_coef: float = 0.0,
 ) -> Graph:
     """RLOO: leave-one-out baseline over each prompt's group, no critic; KL in the reward."""
@@ -249,7 +249,7 @@ def reinforce_pp(
     dual_clip: float | None = None,
     dynamic_sampling: bool = False,
     overlong_buffer: int | None = None,
-    loss_aggregation: str = "token-mean",
+    loss_aggregation: str = "token_mean",
     entropy_coef: float = 0.0,
 ) -> Graph:
     """REINFORCE++: token-level KL in the reward, batch-normalized returns, no critic."""
@@ -274,7 +274,7 @@ def ppo(
     dual_clip: float | None = None,
     dynamic_sampling: bool = False,
     overlong_buffer: int | None = None,
-    loss_aggregation: str = "token-mean",
+    loss_aggregation: str = "token_mean",
     entropy_coef: float = 0.0,
 ) -> Graph:
     """PPO: critic (values, train_critic) and GAE advantages; KL in the reward by default."""

@@ -97,7 +97,7 @@ KIND_ROLES: Mapping[StageKind, frozenset[Role | None]] = {
 #: bounded-asynchrony k of the graph.
 WEIGHTS_STATE = "weights"
 
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
 KL_PLACEMENTS = ("loss", "reward")
 
 Scalar = bool | int | float | str | None

@@ -90,12 +90,12 @@ def test_staleness_option_and_dapo_options():
         clip_high=0.28,
         dynamic_sampling=True,
         overlong_buffer=1024,
-        loss_aggregation="seq-mean-token-sum",
+        loss_aggregation="seq_mean_token_sum",
     )
     assert g.staleness == 2
     assert g.params["clip_high"] == 0.28 and g.params["clip_low"] == 0.2
     assert g.params["dynamic_sampling"] is True and g.params["overlong_buffer"] == 1024
-    assert g.params["loss_aggregation"] == "seq-mean-token-sum"
+    assert g.params["loss_aggregation"] == "seq_mean_token_sum"
     d = dapo()
     assert not d.has_stage("ref_logprob") and d.params["clip_high"] == 0.28
     assert d.params["dynamic_sampling"] is True
