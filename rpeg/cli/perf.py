@@ -157,15 +157,44 @@ def specs_calibrate(
             n += 1
         return work * n / (time.perf_counter() - t0)
 
+    # The runtime's actors run torch with one thread per process (one "device" = one core):
+    # measure the same (numpy fallback when torch is missing).
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+
+        def mm(n: int):
+            a, b = torch.rand(n, n), torch.rand(n, n)
+            return lambda a=a, b=b: a @ b
+
+        src_t, dst_t = torch.ones(16 * 1024 * 1024), torch.empty(16 * 1024 * 1024)
+        lib = "torch fp32, 1 thread"
+
+        def copy() -> None:
+            dst_t.copy_(src_t)
+
+        nbytes = 2.0 * src_t.numel() * 4
+    except ImportError:  # pragma: no cover - torch is a dependency of the runtime
+
+        def mm(n: int):
+            a = np.random.rand(n, n).astype(np.float32)
+            b = np.random.rand(n, n).astype(np.float32)
+            return lambda a=a, b=b: a @ b
+
+        src, dst = np.ones(16 * 1024 * 1024, np.float32), np.empty(16 * 1024 * 1024, np.float32)
+        lib = "numpy fp32"
+
+        def copy() -> None:
+            np.copyto(dst, src)
+
+        nbytes = 2.0 * src.nbytes
+
     points = []
-    for size in (64, 256, 1024):
-        a = np.random.rand(size, size).astype(np.float32)
-        b = np.random.rand(size, size).astype(np.float32)
-        points.append((2.0 * size**3, rate(lambda a=a, b=b: a @ b, 2.0 * size**3)))
+    for size in (32, 64, 128, 256, 512, 1024):
+        points.append((2.0 * size**3, rate(mm(size), 2.0 * size**3)))
     peak = max(r for _, r in points)
-    src = np.ones(64 * 1024 * 1024 // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    bw = rate(lambda: np.copyto(dst, src), 2.0 * src.nbytes)
+    bw = rate(copy, nbytes)
     import math
 
     curve = [[round(math.log10(f), 3), round(min(1.0, max(0.01, r / peak)), 3)] for f, r in points]
@@ -176,7 +205,7 @@ def specs_calibrate(
         "hbm_tbps": round(bw / 1e12, 6),
         "efficiency": {"matmul": curve, "hbm": [[3.0, 0.2], [5.0, 0.6], [7.0, 1.0]]},
         "calibrated": True,
-        "source": f"measured by `rpeg specs calibrate` on {time.strftime('%Y-%m-%d')} (fp32 numpy matmul, memcpy)",
+        "source": f"measured by `rpeg specs calibrate` on {time.strftime('%Y-%m-%d')} ({lib} matmul, copy; 1 device = 1 core)",
     }
     path = out or specs.user_specs_dir() / "gpus.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,8 @@
 ``predict(graph, plan, workload)`` returns a :class:`StepPrediction` (per-stage time,
 FLOPs, bytes, comm by link level, memory per device; step latency, tokens/s/GPU, MFU and a
 timeline of :class:`TimelineRecord`). ``predict_plan(plan, workload)`` builds the graph the
-plan names first. Infeasible plans raise :class:`rpeg.plan.InfeasiblePlan`.
+plan names first. ``price_unit(graph, plan, unit, workload)`` prices one execution unit on
+its own (equal to ``predict(...).stages[unit]``, without the step assembly or memory check). Infeasible plans raise :class:`rpeg.plan.InfeasiblePlan`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from rpeg.perf.calib import DEFAULT, Calibration
-from rpeg.perf.model import StageCost, StepPrediction, Workload, predict
+from rpeg.perf.model import StageCost, StepPrediction, Workload, predict, price_unit
 from rpeg.perf.timeline import TimelineRecord
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "build_graph",
     "predict",
     "predict_plan",
+    "price_unit",
 ]
 
 _PERF_ONLY_OPTIONS = ("reuse_rollout_logprobs",)

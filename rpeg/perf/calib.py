@@ -38,7 +38,21 @@ class Calibration:
     # Effective host<->device copy bandwidth (PCIe gen5 x16 in practice), GB/s, for offload.
     host_link_gbps: float = 25.0
     # Fixed per-RL-step orchestration overhead (Ray/actor calls, data marshalling), s.
+    # A cluster's `runtime.step_overhead_s` (clusters.yaml) overrides it.
     step_overhead_s: float = 3.0
+    # Per execution unit per step: launching the unit's task and the call into its worker
+    # processes (GPU stacks: a Ray actor method call + result fetch, ~1-5 ms; Prefect+Dask:
+    # measured per cluster, clusters.yaml `runtime.dispatch_ms`). Fusion saves one per
+    # unit it removes.
+    dispatch_s: float = 0.005
+    # Per hand-off of a unit's inputs from another process group (one object-store put/get
+    # or actor->actor message), s; the bytes of the fields go over the link spanning both
+    # device sets on top of it. Clusters override it (`runtime.handoff_latency_ms`).
+    handoff_latency_s: float = 0.001
+    # Bytes per element of the data fields handed between units (token ids int64, masks
+    # bool, per-token float fields fp32, rewards one fp32 per sample).
+    token_id_bytes: float = 8.0
+    token_float_bytes: float = 4.0
     # Length distribution of responses: lognormal with this sigma, truncated at the cap
     # (RL reasoning traces are heavy-tailed: a few % run into the cap even at mean << cap).
     length_sigma: float = 1.0

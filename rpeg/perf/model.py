@@ -155,6 +155,59 @@ def graph_units(graph: Any) -> list[tuple[str, tuple[tuple[str, str, str], ...]]
     return out
 
 
+_GRAPH_INFO: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _graph_info(graph: Any) -> dict[str, Any]:
+    """Per graph (cached by identity): units, cross-unit input fields, streaming units."""
+    hit = _GRAPH_INFO.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    units = graph_units(graph)
+    unit_of = {sname: uname for uname, members in units for sname, _, _ in members}
+    inputs: dict[str, list[tuple[str, str]]] = {}
+    for e in getattr(graph, "edges", ()):
+        src, dst = unit_of.get(e.src), unit_of.get(e.dst)
+        if src is None or dst is None or src == dst:
+            continue
+        key = (src, e.field)
+        lst = inputs.setdefault(dst, [])
+        if key not in lst:
+            lst.append(key)
+    streaming = {u.name for u in graph.execution_units() if getattr(u, "streaming", False)}
+    info = {
+        "units": units,
+        "inputs": {k: tuple(v) for k, v in inputs.items()},
+        "streaming": frozenset(streaming),
+        "shared_ac": bool(getattr(graph, "shared_actor_critic", False)),
+    }
+    if len(_GRAPH_INFO) > 256:
+        _GRAPH_INFO.clear()
+    _GRAPH_INFO[id(graph)] = (graph, info)
+    return info
+
+
+_TOKEN_FLOAT_FIELDS = frozenset(
+    ("sample_logprobs", "ref_logprobs", "old_logprobs", "values", "advantages", "returns")
+)
+
+
+def field_bytes(c: _Ctx, field_name: str) -> float:
+    """Bytes of one data field for the whole step's batch (what a hand-off moves)."""
+    cal = c.calib
+    if field_name == "responses":  # full sequences (prompt + response) of token ids
+        return c.N * (c.P + c.R) * cal.token_id_bytes
+    if field_name == "response_mask":
+        return c.N * (c.P + c.R) * 1.0
+    if field_name in ("prompts", "answers"):
+        return c.N * c.P * cal.token_id_bytes
+    if field_name == "rewards":
+        return c.N * cal.token_float_bytes
+    if field_name in _TOKEN_FLOAT_FIELDS:
+        return c.N * c.R * cal.token_float_bytes
+    return 0.0  # weights: priced by the weight sync
+
+
 class _Ctx:
     """Everything derived once per prediction."""
 
@@ -192,6 +245,14 @@ class _Ctx:
             self.P * self.P + 2 * self.P * self.R + self.lengths.second_moment()
         )
         self.max_seq = wl.max_seq_tokens or int((wl.max_prompt_tokens or self.P) + cap)
+        # orchestration costs of the runtime driving this cluster (cluster overrides calib)
+        self.dispatch_s = _pick(cluster.dispatch_s, calib.dispatch_s)
+        self.handoff_latency_s = _pick(cluster.handoff_latency_s, calib.handoff_latency_s)
+        self.step_overhead_s = _pick(cluster.step_overhead_s, calib.step_overhead_s)
+
+
+def _pick(override: float | None, default: float) -> float:
+    return default if override is None else override
 
 
 def _unit_plan(plan: Plan, name: str) -> UnitPlan:
@@ -513,6 +574,147 @@ def _weight_sync(
     return sc
 
 
+# --- one execution unit -------------------------------------------------------------------
+def _gen_train_plans(
+    plan: Plan, units: list[tuple[str, tuple[tuple[str, str, str], ...]]]
+) -> tuple[UnitPlan | None, UnitPlan | None]:
+    gen_plan = train_plan = None
+    for uname, members in units:
+        kinds = {k for _, k, _ in members}
+        if _GEN in kinds and gen_plan is None:
+            gen_plan = _unit_plan(plan, uname)
+        if "train_actor" in kinds and train_plan is None:
+            train_plan = _unit_plan(plan, uname)
+    return gen_plan, train_plan
+
+
+def _price_unit(
+    c: _Ctx,
+    info: dict[str, Any],
+    uname: str,
+    members: tuple[tuple[str, str, str], ...],
+    gen_plan: UnitPlan | None,
+    train_plan: UnitPlan | None,
+) -> StageCost:
+    """Cost of one execution unit: its stages, the streaming overlap inside a fused group,
+    the dispatch of its task and the hand-off of its inputs from other process groups."""
+    plan = c.plan
+    u = _unit_plan(plan, uname)
+    throughput_mode = plan.partial_rollout and plan.staleness >= 1
+    reuse_logprobs = bool(plan.graph.options.get("reuse_rollout_logprobs", False))
+    if c.cluster.reuses_rollout_logprobs and gen_plan is not None and train_plan is not None:
+        # the sampling log-probs are the old ones when the rollout used the current weights
+        reuse_logprobs = (
+            reuse_logprobs or plan.staleness == 0 or gen_plan.devices == train_plan.devices
+        )
+    shared_ac = info["shared_ac"]
+    parts: list[StageCost] = []
+    for sname, kind, role in members:
+        if kind == _GEN:
+            parts.append(_generation(c, u, sname, throughput_mode))
+        elif kind in _TRAIN:
+            sc = _pass(c, u, sname, kind, train=True)
+            if shared_ac and kind == "train_actor":
+                _value_head(c, u, sc, train=True)
+            parts.append(sc)
+        elif kind in _FWD:
+            if kind == "old_logprob" and reuse_logprobs:
+                sc = StageCost(sname, (kind,), format_devices(u.devices), u.num_devices)
+            else:
+                sc = _pass(c, u, sname, kind, train=False)
+            if shared_ac and kind == "old_logprob":
+                _value_head(c, u, sc, train=False)
+            parts.append(sc)
+        elif kind == "reward" and role == "reward_model":
+            parts.append(_pass(c, u, sname, kind, train=False))
+        elif kind == "sync_weights":
+            parts.append(_weight_sync(c, sname, u, gen_plan, train_plan))
+        else:  # rule reward, advantage: negligible on the accelerator
+            parts.append(StageCost(sname, (kind,), format_devices(u.devices), u.num_devices))
+    overlap = 0.0
+    if uname in info["streaming"] and len(parts) > 1 and parts[0].kinds == (_GEN,):
+        # streaming fusion: the consumers work on samples as they finish, hidden under the
+        # generation tail (under-full decode batches); only the last sample's share follows
+        consumer = sum(p.time_s for p in parts[1:])
+        seqs = max(1.0, parts[0].detail.get("seqs_per_replica", 1.0))
+        overlap = min(consumer * (1.0 - 1.0 / seqs), parts[0].detail.get("tail_s", 0.0))
+    sc = _merge(uname, parts, u)
+    # hand-off: input fields produced by units on other devices cross processes
+    handoff = 0.0
+    moved = 0.0
+    srcs: set[str] = set()
+    for src, fname in info["inputs"].get(uname, ()):
+        su = plan.units.get(src)
+        if su is None or su.devices == u.devices:
+            continue  # same process group: the batch stays in the workers
+        srcs.add(src)
+        nbytes = field_bytes(c, fname)
+        if nbytes:
+            lo = min(su.devices[0], u.devices[0])
+            hi = max(su.devices[-1], u.devices[-1])
+            link = c.cluster.link(c.cluster.span_level_contiguous(lo, hi - lo + 1))
+            handoff += nbytes / link.bytes_per_s
+            moved += nbytes
+    handoff += len(srcs) * c.handoff_latency_s
+    sc.time_s += c.dispatch_s + handoff - overlap
+    sc.detail["dispatch_s"] = c.dispatch_s
+    if handoff:
+        sc.detail["handoff_s"] = handoff
+        sc.detail["handoff_bytes"] = moved
+    if overlap:
+        sc.detail["stream_overlap_s"] = overlap
+    return sc
+
+
+def _value_head(c: _Ctx, u: UnitPlan, sc: StageCost, train: bool) -> None:
+    """The value head of a shared actor-critic trunk (h -> 1 per token): forward in the
+    shared forward, forward+backward in the shared update, its weights + Adam state."""
+    m, cal = c.model, c.calib
+    passes = 3.0 if train else 1.0
+    flops = passes * 2.0 * m.hidden * c.tokens
+    n = u.num_devices
+    tok_dev = min(c.tokens / n, c.max_seq * u.micro_batch_size)
+    eff = c.gpu.matmul_eff(2.0 * tok_dev * m.hidden)
+    factor = cal.train_eff_factor if train else cal.forward_eff_factor
+    t = flops / (c.gpu.peak_flops(c.prec) * n * eff * factor)
+    sc.time_s += t
+    sc.flops += flops
+    sc.detail["value_head_s"] = t
+    head = m.hidden + 1
+    sc.memory_gb["value_head"] = head * (c.wbytes + (2.0 + 12.0 if train else 0.0)) / GB
+
+
+def price_unit(
+    graph: Any,
+    plan: Plan,
+    unit: str,
+    workload: Workload | Any,
+    *,
+    cluster: ClusterSpec | None = None,
+    model: ModelSpec | None = None,
+    calib: Calibration = DEFAULT,
+) -> StageCost:
+    """Price one execution unit on its own (time, FLOPs, bytes, comm, memory per device),
+    without assembling the step or checking the device memory of its pool. Equal to
+    ``predict(graph, plan, workload).stages[unit]``. Needs placements for ``unit`` and,
+    for the weight sync, the generation and training units."""
+    from rpeg import specs
+
+    wl = workload if isinstance(workload, Workload) else Workload.from_config(workload)
+    if cluster is None:
+        cluster = specs.cluster(plan.cluster, num_nodes=plan.num_nodes)
+    if model is None:
+        model = specs.model(plan.model)
+    c = _Ctx(plan, wl, cluster, model, calib)
+    info = _graph_info(graph)
+    members = dict(info["units"]).get(unit)
+    if members is None:
+        known = ", ".join(n for n, _ in info["units"])
+        raise KeyError(f"no execution unit {unit!r} in the graph (units: {known})")
+    gen_plan, train_plan = _gen_train_plans(plan, info["units"])
+    return _price_unit(c, info, unit, members, gen_plan, train_plan)
+
+
 # --- the step ---------------------------------------------------------------------------
 def predict(
     graph: Any,
@@ -541,7 +743,8 @@ def predict(
             [f"model {model.name}: {model.unsupported}"], title="model not supported"
         )
     c = _Ctx(plan, wl, cluster, model, calib)
-    units = graph_units(graph)
+    info = _graph_info(graph)
+    units = info["units"]
     # device checks
     for uname, _ in units:
         u = _unit_plan(plan, uname)
@@ -552,43 +755,15 @@ def predict(
                 unit=uname,
                 device=u.devices[-1],
             )
-    gen_plan = train_plan = None
-    for uname, members in units:
-        kinds = {k for _, k, _ in members}
-        if _GEN in kinds and gen_plan is None:
-            gen_plan = plan.units[uname]
-        if "train_actor" in kinds and train_plan is None:
-            train_plan = plan.units[uname]
+    gen_plan, train_plan = _gen_train_plans(plan, units)
     pools = plan.colocated()
     pool_of = {n: i for i, g in enumerate(pools) for n in g}
     multi_pool = len({pool_of[n] for n, _ in units}) > 1
     async_overlap = plan.staleness >= 1 and multi_pool
-    throughput_mode = plan.partial_rollout and plan.staleness >= 1
-    reuse_logprobs = bool(plan.graph.options.get("reuse_rollout_logprobs", False))
 
     stages: dict[str, StageCost] = {}
     for uname, members in units:
-        u = plan.units[uname]
-        parts: list[StageCost] = []
-        for sname, kind, role in members:
-            if kind == _GEN:
-                parts.append(_generation(c, u, sname, throughput_mode))
-            elif kind in _TRAIN:
-                parts.append(_pass(c, u, sname, kind, train=True))
-            elif kind in _FWD:
-                if kind == "old_logprob" and reuse_logprobs:
-                    parts.append(
-                        StageCost(sname, (kind,), format_devices(u.devices), u.num_devices)
-                    )
-                else:
-                    parts.append(_pass(c, u, sname, kind, train=False))
-            elif kind == "reward" and role == "reward_model":
-                parts.append(_pass(c, u, sname, kind, train=False))
-            elif kind == "sync_weights":
-                parts.append(_weight_sync(c, sname, u, gen_plan, train_plan))
-            else:  # rule reward, advantage: negligible on the accelerator
-                parts.append(StageCost(sname, (kind,), format_devices(u.devices), u.num_devices))
-        stages[uname] = _merge(uname, parts, u)
+        stages[uname] = _price_unit(c, info, uname, members, gen_plan, train_plan)
 
     # memory: co-resident units per pool
     cap = cluster.gpu.hbm_gb
@@ -604,12 +779,15 @@ def predict(
         if all_off:
             need = max(peaks)
             moved = 0.0
+            critic = 0.0
             for n in names:
                 mg = stages[n].memory_gb
-                moved = max(
-                    moved,
-                    sum(v for k, v in mg.items() if k in ("weights", "gradients", "optimizer")),
-                )
+                st = sum(v for k, v in mg.items() if k in ("weights", "gradients", "optimizer"))
+                if "train_critic" in stages[n].kinds:
+                    critic = max(critic, st)  # a separate critic's state moves as well
+                else:
+                    moved = max(moved, st)
+            moved += critic
             offload_s[i] = (
                 2 * 2 * moved * GB / (calib.host_link_gbps * GB)
             )  # out+in, train and gen roles
@@ -669,7 +847,7 @@ def predict(
             timeline.append(_rec(stages[uname], t, t + d))
             t += d
         step = t
-    extra = sum(offload_s.values()) + calib.step_overhead_s
+    extra = sum(offload_s.values()) + c.step_overhead_s
     step += extra
     if offload_s:
         timeline.append(
@@ -700,16 +878,40 @@ def _union_devices(sets: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
     return sets[0] if len(set(sets)) == 1 else tuple(sorted({d for s in sets for d in s}))
 
 
+_ROLE_OF_KIND = {
+    "ref_logprob": "reference",
+    "values": "critic",
+    "train_critic": "critic",
+}
+
+
+def _unit_role(sc: StageCost) -> str:
+    for k in sc.kinds:
+        if k in _ROLE_OF_KIND:
+            return _ROLE_OF_KIND[k]
+    return "actor"
+
+
 def _resident_extra(stages: dict[str, StageCost], names: list[str]) -> float:
     """Without offload, co-resident units of *other* models (reference, critic, reward
-    model) keep their weights on the device; units of the actor share its weights and run
-    one after another, so only the largest working set counts."""
+    model) keep their state on the device: their weights, and for a trained model (a
+    separate critic) its optimizer state. Units of the same model share its weights and
+    run one after another, so only the largest working set counts. With the actor's
+    update the largest unit, the actor's optimizer state is in it; with the critic's, the
+    actor's weights and optimizer state are the extra."""
     top = max(names, key=lambda n: stages[n].peak_memory_gb)
-    extra = 0.0
+    top_role = _unit_role(stages[top])
+    resident: dict[str, float] = {}
     for n in names:
-        if n != top and set(stages[n].kinds) & {"ref_logprob", "values", "train_critic"}:
-            extra += stages[n].memory_gb.get("weights", 0.0)
-    return extra
+        role = _unit_role(stages[n])
+        if role == top_role:
+            continue
+        mg = stages[n].memory_gb
+        if role == "actor" and not set(stages[n].kinds) & {"train_actor"}:
+            continue  # the actor's other units: counted through its update below
+        state = mg.get("weights", 0.0) + mg.get("optimizer", 0.0)
+        resident[role] = max(resident.get(role, 0.0), state)
+    return sum(resident.values())
 
 
 def _merge(name: str, parts: list[StageCost], u: UnitPlan) -> StageCost:

@@ -1,4 +1,7 @@
-"""Execution plans (pure): the Plan type and common layouts. Search modules come later."""
+"""Execution plans: the Plan type and common layouts (pure, rpeg.plan.plan), and the
+optimizer over structure, placement and per-unit layouts (``optimize``: rpeg.plan.search,
+rpeg.plan.space, baselines in rpeg.plan.baselines, the report in rpeg.plan.report; see
+docs/optimizer.md). Every candidate is priced by rpeg.perf."""
 
 from rpeg.plan.plan import (
     GraphRef,

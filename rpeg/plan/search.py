@@ -399,7 +399,10 @@ class Evaluator:
             if c.classes[name] == "gen"
             else None
         )
-        return (sig, devs[0], len(devs), lay, gen)
+        # sharing changes what a unit reads (values, returns) and adds the value head
+        # a runtime that reuses the sampling log-probs prices old_logprob by staleness
+        k = c.structure.staleness if self.prob.cluster.reuses_rollout_logprobs else None
+        return (sig, devs[0], len(devs), lay, gen, c.structure.share_actor_critic, k)
 
     def unit_costs(self, c: Cell) -> dict[str, list[tuple[Layout, UnitCost]]] | None:
         """Feasible (layout, cost) per unit, fastest first; None when no generation fits."""
@@ -510,7 +513,8 @@ def lower_bound(ev: Evaluator, c: Cell, costs: dict[str, list[tuple[Layout, Unit
             first = c.devices[n][0]
             pools[first] = pools.get(first, 0.0) + t
         body = pools.get(0, 0.0) if (k == 0 and pl.streaming) else max(pools.values())
-    return body + ev.calib.step_overhead_s
+    over = ev.prob.cluster.step_overhead_s
+    return body + (ev.calib.step_overhead_s if over is None else over)
 
 
 def solve_cell(

@@ -39,6 +39,16 @@ class ClusterSpec:
     uplink_latency_us: float
     nvlink_domain: int = 0
     source: str = ""
+    # Orchestration costs of the runtime that drives this cluster (overrides of the
+    # Calibration defaults; None = use the calibration): per execution unit per step
+    # (`dispatch_s`), per cross-process hand-off of a unit's inputs (`handoff_latency_s`),
+    # per step (`step_overhead_s`). Measured for local-cpu (Prefect + Dask actors).
+    dispatch_s: float | None = None
+    handoff_latency_s: float | None = None
+    step_overhead_s: float | None = None
+    # the runtime reuses the sampling log-probs as old log-probs when the rollout ran on the
+    # trainer's current weights (one model for sampling and training: rpeg's CPU runtime)
+    reuses_rollout_logprobs: bool = False
 
     @property
     def num_devices(self) -> int:
@@ -140,6 +150,15 @@ def parse_clusters(
             ulat = up.num("latency_us", lo=0, hi=10000, default=15.0, unit="us") if up else 15.0
             if up:
                 up.done()
+            rt = c.sub("runtime")
+            disp = hlat = sov = None
+            reuse = False
+            if rt:
+                disp = rt.num("dispatch_ms", lo=0, hi=100000, default=None, unit="ms")
+                hlat = rt.num("handoff_latency_ms", lo=0, hi=100000, default=None, unit="ms")
+                sov = rt.num("step_overhead_s", lo=0, hi=100000, default=None, unit="s")
+                reuse = rt.flag("reuses_rollout_logprobs", False)
+                rt.done()
             source = c.text("source", default="")
             c.done()
             if dom and isinstance(gpn, int) and gpn and dom % gpn:
@@ -167,6 +186,10 @@ def parse_clusters(
                 uplink_latency_us=float(ulat),
                 nvlink_domain=dom,
                 source=source,
+                dispatch_s=None if disp is None else float(disp) / 1e3,
+                handoff_latency_s=None if hlat is None else float(hlat) / 1e3,
+                step_overhead_s=None if sov is None else float(sov),
+                reuses_rollout_logprobs=bool(reuse),
             )
     if problems:
         raise SpecError(problems, title="invalid cluster catalog")

@@ -1,0 +1,181 @@
+"""Dispatch, hand-off, streaming overlap, the shared value head and single-unit pricing."""
+
+import dataclasses
+
+import pytest
+
+from rpeg import specs
+from rpeg.ir import builders, fuse, share_actor_critic
+from rpeg.perf import DEFAULT, Workload, predict, price_unit
+from rpeg.perf.model import field_bytes
+from rpeg.plan import colocated_plan, disaggregated_plan
+
+WL = Workload(
+    num_prompts=64,
+    samples_per_prompt=32,
+    mean_prompt_tokens=128,
+    max_response_tokens=4096,
+    mean_response_tokens=1000,
+    train_minibatches=4,
+)
+KW = dict(num_nodes=2, model="llama3.1-8b")
+
+
+def _inline(plan, g):
+    return plan.model_copy(update={"graph": plan.graph.model_copy(update={"inline": g.to_dict()})})
+
+
+def test_every_unit_pays_one_dispatch():
+    g = builders.build("grpo", use_reference=True)
+    plan = colocated_plan(g, "dgx-h100", **KW)
+    cal = dataclasses.replace(DEFAULT, dispatch_s=0.5)
+    base = predict(g, plan, WL)
+    more = predict(g, plan, WL, calib=cal)
+    n_units = len(base.stages)
+    for name in base.stages:
+        assert more.stages[name].time_s - base.stages[name].time_s == pytest.approx(
+            0.5 - DEFAULT.dispatch_s
+        )
+    # colocated: the units run one after another, so the step pays every dispatch
+    assert more.step_s - base.step_s == pytest.approx(n_units * (0.5 - DEFAULT.dispatch_s))
+
+
+def test_handoff_across_pools_is_bytes_over_the_link_plus_latency():
+    g = builders.build("grpo", use_reference=False)
+    plan = disaggregated_plan(g, "dgx-h100", gen_devices=8, train_devices=8, **KW)
+    p = predict(g, plan, WL)
+    cl = specs.cluster("dgx-h100", num_nodes=2)
+    # old_logprob (training pool) reads responses + response_mask from generate (gen pool)
+    sc = p.stages["old_logprob"]
+    n, prompt = 64 * 32, 128.0
+    mean_r = 1000.0  # mean response length is given, so the length distribution keeps it
+    expected_bytes = n * (prompt + mean_r) * 8 + n * (prompt + mean_r) * 1
+    assert sc.detail["handoff_bytes"] == pytest.approx(expected_bytes, rel=1e-3)
+    bw = cl.link(cl.span_level_contiguous(0, 16)).bytes_per_s
+    assert sc.detail["handoff_s"] == pytest.approx(
+        expected_bytes / bw + DEFAULT.handoff_latency_s, rel=1e-3
+    )
+    # the reward on the generation devices reads from generate: same processes, no hand-off
+    assert "handoff_s" not in p.stages["reward"].detail
+
+
+def test_field_bytes_hand_worked():
+    from rpeg.perf.model import _Ctx
+
+    g = builders.build("grpo")
+    plan = colocated_plan(g, "dgx-h100", **KW)
+    c = _Ctx(plan, WL, specs.cluster("dgx-h100", num_nodes=2), specs.model("llama3.1-8b"), DEFAULT)
+    n = 2048
+    assert field_bytes(c, "rewards") == n * 4
+    assert field_bytes(c, "old_logprobs") == pytest.approx(n * c.R * 4)
+    assert field_bytes(c, "responses") == pytest.approx(n * (128 + c.R) * 8)
+    assert field_bytes(c, "actor_weights") == 0
+
+
+def test_fusion_strictly_helps_when_dispatch_is_not_free():
+    """Fused and unfused stages are otherwise equal: fusion saves one dispatch per unit."""
+    g = builders.build("grpo", use_reference=True)
+    gf = fuse(g, ["generate", "reward"], streaming=True, name="rollout")
+    plan = colocated_plan(g, "dgx-h100", **KW)
+    fplan = _inline(colocated_plan(gf, "dgx-h100", **KW), gf)
+    for d in (0.001, 0.05):
+        cal = dataclasses.replace(DEFAULT, dispatch_s=d)
+        a = predict(g, plan, WL, calib=cal).step_s
+        b = predict(gf, fplan, WL, calib=cal).step_s
+        assert b < a
+        assert a - b == pytest.approx(d)  # rule reward: no work to overlap, one task less
+    cal0 = dataclasses.replace(DEFAULT, dispatch_s=0.0)
+    assert predict(gf, fplan, WL, calib=cal0).step_s == pytest.approx(
+        predict(g, plan, WL, calib=cal0).step_s
+    )
+
+
+def test_streaming_fusion_hides_the_consumer_under_the_generation_tail():
+    g = builders.build("grpo", use_reference=False, reward="model")
+    gf = fuse(g, ["generate", "reward"], streaming=True, name="rollout")
+    plan = colocated_plan(g, "dgx-h100", **KW)
+    fplan = _inline(colocated_plan(gf, "dgx-h100", **KW), gf)
+    a = predict(g, plan, WL)
+    b = predict(gf, fplan, WL)
+    gen, rew = a.stages["generate"], a.stages["reward"]
+    roll = b.stages["rollout"]
+    overlap = roll.detail["stream_overlap_s"]
+    seqs = gen.detail["seqs_per_replica"]
+    consumer = rew.time_s - DEFAULT.dispatch_s
+    assert overlap == pytest.approx(min(consumer * (1 - 1 / seqs), gen.detail["tail_s"]), rel=1e-6)
+    assert overlap > 0
+    assert roll.time_s == pytest.approx(gen.time_s + rew.time_s - DEFAULT.dispatch_s - overlap)
+    assert b.step_s < a.step_s
+
+
+def test_unshared_ppo_pays_a_full_critic_and_shared_only_the_head():
+    g = builders.build("ppo", use_reference=True)
+    gs = share_actor_critic(g)
+    kw = dict(num_nodes=4, model="llama3.1-8b")
+    plan = colocated_plan(g, "dgx-h100", **kw)
+    splan = _inline(colocated_plan(gs, "dgx-h100", **kw), gs)
+    full = predict(g, plan, WL)
+    shared = predict(gs, splan, WL)
+    assert shared.step_s < full.step_s
+    # the separate critic: a forward (values) and an update (train_critic) of a full model
+    assert full.stages["values"].time_s == pytest.approx(full.stages["ref_logprob"].time_s)
+    assert full.stages["train_critic"].flops == pytest.approx(full.stages["train_actor"].flops)
+    # shared: the head only (h -> 1 per token), forward in old_logprob, fwd+bwd in training
+    m = specs.model("llama3.1-8b")
+    tokens = full.tokens_per_step
+    assert shared.stages["old_logprob"].flops - full.stages["old_logprob"].flops == pytest.approx(
+        2 * m.hidden * tokens
+    )
+    assert shared.stages["train_actor"].flops - full.stages["train_actor"].flops == pytest.approx(
+        6 * m.hidden * tokens
+    )
+    assert 0 < shared.stages["train_actor"].detail["value_head_s"] < 1e-3 * shared.step_s
+    # offloaded pool: the separate critic's weights, grads and optimizer state move too
+    crit = full.stages["train_critic"].memory_gb
+    state = crit["weights"] + crit["gradients"] + crit["optimizer"]
+    off = [r for r in full.timeline if r.kind == "offload"][0]
+    soff = [r for r in shared.timeline if r.kind == "offload"][0]
+    host = DEFAULT.host_link_gbps
+    assert (off.end_s - off.start_s) - (soff.end_s - soff.start_s) == pytest.approx(
+        4 * state / host, rel=0.01
+    )
+
+    # without offload: the separate critic keeps its weights + optimizer state resident
+    def no_off(p):
+        return p.model_copy(
+            update={
+                "units": {n: u.model_copy(update={"offload": False}) for n, u in p.units.items()}
+            }
+        )
+
+    full = predict(g, no_off(plan), WL, check_memory=False)
+    shared = predict(gs, no_off(splan), WL, check_memory=False)
+    key = next(iter(full.device_memory_gb))
+    assert full.device_memory_gb[key] - shared.device_memory_gb[key] == pytest.approx(
+        crit["weights"] + crit["optimizer"], rel=0.01
+    )
+
+
+def test_price_unit_equals_the_stage_of_predict():
+    g = builders.build("grpo", use_reference=True, staleness=1)
+    plan = disaggregated_plan(g, "dgx-h100", gen_devices=8, train_devices=8, **KW)
+    plan = plan.model_copy(update={"staleness": 1, "partial_rollout": True})
+    p = predict(g, plan, WL)
+    for name, sc in p.stages.items():
+        one = price_unit(g, plan, name, WL)
+        assert one.time_s == pytest.approx(sc.time_s, rel=1e-12)
+        assert one.memory_gb == pytest.approx(sc.memory_gb)
+        assert one.flops == pytest.approx(sc.flops)
+    with pytest.raises(KeyError):
+        price_unit(g, plan, "nope", WL)
+
+
+def test_local_cpu_uses_the_measured_runtime_overheads():
+    cl = specs.cluster("local-cpu")
+    assert cl.dispatch_s is not None and cl.step_overhead_s is not None
+    g = builders.build("grpo")
+    plan = colocated_plan(g, "local-cpu", model="rpeg-tiny")
+    wl = Workload(16, 8, 32, 16, train_minibatches=4, micro_batch_size=64, precision="fp32")
+    p = predict(g, plan, wl)
+    assert p.stages["reward"].time_s >= cl.dispatch_s
+    assert p.step_s >= cl.step_overhead_s + len(p.stages) * cl.dispatch_s
