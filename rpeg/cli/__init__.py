@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
             return exc.exit_code
         if debug:
             raise
-        typer.echo(f"error: {type(exc).__name__}: {exc}\n(run with --debug for the traceback)", err=True)
+        typer.echo(
+            f"error: {type(exc).__name__}: {exc}\n(run with --debug for the traceback)", err=True
+        )
         return 1
     return 0
 
