@@ -2,7 +2,6 @@
 
 import copy
 import json
-import os
 
 import pytest
 import torch
@@ -183,16 +182,15 @@ def test_local_trainer_two_steps(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("RPEG_RUN_SLOW"), reason="set RPEG_RUN_SLOW=1 (takes 2-4 min)"
-)
 def test_builtin_task_learns(tmp_path, monkeypatch):
-    """The default run (warm-up + 60 GRPO steps, ~2-4 min on 2 cores) improves held-out accuracy."""
+    """The built-in task with its defaults (fresh warm-up, then GRPO) learns within 30 steps:
+    about 75 s on 2 cores. Measured with seed 0: held-out 0.34 -> 0.53, reward 0.38 -> 0.49."""
     monkeypatch.setenv("RPEG_CACHE", str(tmp_path / "cache"))
     from rpeg.runtime.local import LocalTrainer
 
-    s = LocalTrainer(
-        RunConfig().with_overrides({"runtime.output_dir": str(tmp_path / "out")})
-    ).run()
+    cfg = RunConfig().with_overrides(
+        {"runtime.steps": 30, "runtime.output_dir": str(tmp_path / "out")}
+    )
+    s = LocalTrainer(cfg).run()
     assert s["heldout_acc_after"] > s["heldout_acc_before"] + 0.1
-    assert s["reward_last10"] > s["reward_first10"]
+    assert s["reward_last10"] > s["reward_first10"] + 0.05
