@@ -70,7 +70,10 @@ def validate(
 def predict(
     plan_path: Path = typer.Argument(..., help="plan YAML"),
     config: Path | None = typer.Option(
-        None, "--config", help="run YAML (workload); default workload otherwise"
+        None,
+        "--config",
+        help="run YAML with the workload; default: PLAN.config.yaml next to the plan "
+        "(what `rpeg plan --out PLAN.yaml` writes), else the built-in task's workload",
     ),
     gantt: Path | None = typer.Option(None, "--gantt", help="write a Gantt chart (.png or .svg)"),
     as_json: bool = typer.Option(False, "--json"),
@@ -82,6 +85,17 @@ def predict(
     from rpeg.plan import Plan
 
     plan = Plan.from_yaml(plan_path)
+    if config is None:
+        sibling = plan_path.with_name(plan_path.stem + ".config.yaml")
+        if sibling.exists():
+            config = sibling
+            typer.echo(f"workload from {sibling}", err=True)
+        else:
+            typer.echo(
+                "warning: no --config and no PLAN.config.yaml beside the plan: "
+                "predicting the built-in task's workload",
+                err=True,
+            )
     cfg = RunConfig.from_yaml(config) if config else RunConfig()
     pred = predict_plan(plan, Workload.from_config(cfg.workload), algorithm=cfg.algorithm)
     if gantt:
