@@ -33,6 +33,10 @@ class Calibration:
     # ~1 ms: a Python-driven collective + vLLM load_weights call per tensor. Dominates for
     # fine-grained MoE (DeepSeek-V3: 45k tensors -> ~55 s per step, any GPU count).
     refit_tensor_s: float = 0.0012
+    # Flash-attention backward / forward cost ratio (hardware FLOPs): the backward recomputes
+    # the s^2 scores and runs 5 s^2-sized matmuls against 2 in the forward (FlashAttention-2,
+    # Dao 2023). A kernel fact, not fitted: matters at long context (9-30k tokens).
+    attn_bwd_fwd_ratio: float = 2.5
     # NCCL achieved bus bandwidth / link peak for large messages.
     nccl_bus_eff: float = 0.70
     # Effective host<->device copy bandwidth (PCIe gen5 x16 in practice), GB/s, for offload.

@@ -40,24 +40,39 @@ def group_link(
 def alltoall_time(
     nbytes: float, ranks: int, cluster: ClusterSpec, first: int, stride: int, eff: float
 ) -> tuple[float, str]:
-    """All-to-all where each rank sends ``nbytes`` in total, split evenly among ``ranks``.
-    The share to peers outside the scale-up domain goes over the NICs, the rest over the
-    domain fabric, concurrently: max(n*f_out/bw_nic, n*f_in/bw_domain) + (p-1)*alpha."""
+    """All-to-all where each rank sends ``nbytes`` in total, split evenly among ``ranks``
+    (ranks ``first + i*stride``). A rank whose scale-up domain holds ``c`` of the ranks sends
+    ``(c-1)/p`` of its bytes over the domain fabric and ``(p-c)/p`` over its NIC,
+    concurrently; the collective ends with the slowest rank, i.e. the one in the domain that
+    holds the fewest ranks (a group straddling an NVL72 rack boundary is bound by its
+    minority side): max_d max(n*(c_d-1)/p/bw_domain, n*(p-c_d)/p/bw_nic) + (p-1)*alpha."""
     if ranks <= 1 or nbytes <= 0:
         return 0.0, "device"
-    span = ranks * stride
     dom = cluster.domain_size
-    local = max(1, min(ranks, dom // stride if stride < dom else 1))
+    span = (ranks - 1) * stride + 1
     level = cluster.span_level_contiguous(first, ranks, stride)
-    f_in = (local - 1) / ranks
-    f_out = (ranks - local) / ranks
     intra = cluster.link("domain")
     outer = cluster.link(level if level != "domain" else "domain")
-    t = max(
-        nbytes * f_in / (intra.bytes_per_s * eff),
-        nbytes * f_out / (outer.bytes_per_s * eff) if f_out else 0.0,
+    # ranks per scale-up domain (arithmetic progression: count per domain block)
+    counts: dict[int, int] = {}
+    if span <= dom and first // dom == (first + span - 1) // dom:
+        counts[first // dom] = ranks
+    else:
+        for i in range(ranks):
+            d = (first + i * stride) // dom
+            counts[d] = counts.get(d, 0) + 1
+    t = 0.0
+    for c in counts.values():
+        f_in = (c - 1) / ranks
+        f_out = (ranks - c) / ranks
+        t = max(
+            t,
+            nbytes * f_in / (intra.bytes_per_s * eff),
+            nbytes * f_out / (outer.bytes_per_s * eff) if f_out else 0.0,
+        )
+    t += (
+        (ranks - 1) * (outer.latency_s if len(counts) > 1 else intra.latency_s) / max(1, ranks // 8)
     )
-    t += (ranks - 1) * (outer.latency_s if span > dom else intra.latency_s) / max(1, ranks // 8)
     return t, level
 
 
@@ -76,6 +91,17 @@ def forward_flops(model: ModelSpec, tokens: float, seq_sq_sum: float) -> float:
 
 def attn_fwd_flops(model: ModelSpec, seq_sq_sum: float) -> float:
     return model.layers * (model.attn_width + model.v_width) * seq_sq_sum
+
+
+def attn_passes(passes: float, train: bool, calib: Calibration) -> float:
+    """Attention forward-equivalents executed per training/forward pass set: the forward
+    ones (1 per pass: forward + recompute) plus, in training, the flash-attention backward,
+    which costs ``attn_bwd_fwd_ratio`` (2.5: 5 s^2-sized matmuls vs 2 in the forward, the
+    scores being recomputed; Dao 2023, FlashAttention-2 Sec. 3.1) forward-equivalents
+    instead of the 2 that the 6N/8N rule assumes."""
+    if not train:
+        return passes
+    return passes - 2.0 + calib.attn_bwd_fwd_ratio
 
 
 def kv_cache_bytes(model: ModelSpec, tokens: float, tp: int, bytes_per_value: float = 2.0) -> float:

@@ -434,7 +434,8 @@ def _pass(c: _Ctx, u: UnitPlan, name: str, kind: str, train: bool) -> StageCost:
     eff_dense = gpu.matmul_eff(gemm_dense)
     factor = cal.train_eff_factor if train else cal.forward_eff_factor
     peak = gpu.peak_flops(c.prec) * n
-    attn = costs.attn_fwd_flops(m, c.seq_sq) * passes
+    # flash-attention backward recomputes the scores: 5 s^2 matmuls vs 2 in the forward
+    attn = costs.attn_fwd_flops(m, c.seq_sq) * costs.attn_passes(passes, train, cal)
     dense_flops = passes * 2.0 * dense_p * c.tokens + attn
     t_dense = dense_flops / (peak * eff_dense * factor)
     t_exp = 0.0
@@ -447,7 +448,9 @@ def _pass(c: _Ctx, u: UnitPlan, name: str, kind: str, train: bool) -> StageCost:
     t_comp = t_dense + t_exp
     # fixed per-layer cost per micro-batch and pass (launch / host sync / MoE routing)
     n_micro_dev = c.tokens / dp / min(tok_mb, c.tokens / dp)
-    per_layer = cal.layer_overhead_s * m.dense_layers + cal.moe_layer_overhead_s * m.moe_layers
+    per_layer = (gpu.layer_overhead_s or cal.layer_overhead_s) * m.dense_layers + (
+        cal.moe_layer_overhead_s * m.moe_layers
+    )
     t_comp += n_micro_dev * passes * per_layer / pp
     # pipeline bubble per mini-batch
     mbs_per_minibatch = (
@@ -468,7 +471,14 @@ def _pass(c: _Ctx, u: UnitPlan, name: str, kind: str, train: bool) -> StageCost:
     if m.moe and ep > 1:
         # with tensor parallel, sequence parallel splits the tokens over the tp ranks first
         a2a_bytes = tok_dev / tp * m.moe.top_k * m.hidden * 2.0
-        ta, lvl = costs.alltoall_time(a2a_bytes, ep, c.cluster, first, tp * cp, cal.nccl_bus_eff)
+        # the EP groups tile the pool in blocks of ep*tp*cp devices; every group waits for
+        # the slowest one (a block straddling a scale-up domain boundary)
+        block = ep * tp * cp
+        ta, lvl = 0.0, "device"
+        for b0 in range(first, first + max(block, n - block + 1), block):
+            t_b, l_b = costs.alltoall_time(a2a_bytes, ep, c.cluster, b0, tp * cp, cal.nccl_bus_eff)
+            if t_b > ta:
+                ta, lvl = t_b, l_b
         comm[lvl] = comm.get(lvl, 0.0) + n_micro * passes * 2 * m.moe_layers / pp * ta
     # context parallel: K/V exchange per layer (ring), bandwidth term only
     if cp > 1:

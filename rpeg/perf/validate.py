@@ -26,13 +26,6 @@ DEFAULT_PROMPT_TOKENS = 150.0
 # "Rows that cannot be matched"). They stay in every all-rows figure; ``Report.excluding``
 # gives the figure without them so that both can be reported.
 INCONSISTENT_ROWS: dict[str, str] = {
-    "nemo-v0.5-gb200-q235-grpo-1off-128g": (
-        "1-off on 64+64 GB200 is as slow as on-policy on 64 GB200 colocated (268 vs 332 s) while "
-        "the identical H100 recipe gains 2x from 1-off; cause unpublished (no stage times)"
-    ),
-    "nemo-v0.6-gb200-q235-grpo-1off-128g": (
-        "as the v0.5 row: no async gain over the on-policy 64-GPU run of the same stack"
-    ),
     "verl-fa-7b-async-16-16": (
         "trainer on 16 GPUs does the step's 8192 trajectories in <=295 s, 1.8x the per-GPU "
         "throughput of the same FSDP recipe in the colocated baselines; mean response length "

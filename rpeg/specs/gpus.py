@@ -30,6 +30,10 @@ class GPUSpec:
     # Achieved fraction of this part's kernels relative to the (Hopper-measured) efficiency
     # curves: < 1 for a generation whose software stack is younger than its silicon.
     software_eff: float = 1.0
+    # Fixed host-side time per transformer layer per pass per micro-batch on this device
+    # (eager-mode op dispatch: CPU torch runs ~20 ops per layer at ~50 us each); 0 = use the
+    # calibration's GPU figure (kernel launches, ``Calibration.layer_overhead_s``).
+    layer_overhead_s: float = 0.0
 
     @property
     def usable_hbm_gb(self) -> float:
@@ -102,6 +106,7 @@ def parse_gpus(sources: list[tuple[dict[str, Any], str]]) -> dict[str, GPUSpec]:
                 eff.done()
             src_text = c.text("source", default="")
             calibrated = c.flag("calibrated", False)
+            lay_ms = c.num("layer_overhead_ms", lo=0, hi=1000, default=0.0, unit="ms")
             c.done()
             mm = mm or default_mm
             hb = hb or default_hbm
@@ -124,6 +129,7 @@ def parse_gpus(sources: list[tuple[dict[str, Any], str]]) -> dict[str, GPUSpec]:
                 calibrated=calibrated,
                 hbm_reported_gb=float(hbm_rep),
                 software_eff=float(sw_eff),
+                layer_overhead_s=float(lay_ms) / 1e3,
             )
     if problems:
         raise SpecError(problems, title="invalid GPU catalog")

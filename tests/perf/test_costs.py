@@ -92,3 +92,34 @@ def test_length_distribution_mean_and_tail():
     assert d.expected_max(2048) == 4096  # some of 2048 responses hit the cap
     assert d.expected_max(4) < 4096
     assert d.second_moment() > 1000**2
+
+
+def test_alltoall_straddling_a_rack_is_bound_by_the_minority_side():
+    cl = specs.cluster("gb200-nvl72", num_nodes=32)  # 128 GPUs = NVL72 racks 0-71, 72-143
+    nic = cl.link("rack").bytes_per_s  # 4 x 50 GB/s per 4-GPU tray = 50 GB/s per GPU
+    nvl = cl.link("domain").bytes_per_s  # 900 GB/s
+    n = 1e9
+    # aligned: 16 ranks stride 4 from GPU 0 all inside rack 0 -> 15/16 over NVLink
+    t, lvl = costs.alltoall_time(n, 16, cl, 0, 4, 1.0)
+    assert lvl == "domain"
+    assert t == pytest.approx(n * 15 / 16 / nvl + 15 * cl.link("domain").latency_s / 2)
+    # straddling: ranks 64, 68 in rack 0 and 72..124 in rack 1: the two in rack 0 send
+    # 14/16 of their bytes over their NIC -> 1e9 * 14/16 / 50e9 = 17.5 ms (+ latency)
+    t, lvl = costs.alltoall_time(n, 16, cl, 64, 4, 1.0)
+    assert lvl == "cluster"  # an NVL72 rack is one domain: crossing it leaves the rack
+    nic = cl.link("cluster").bytes_per_s  # no oversubscription: = the NIC rate
+    assert t == pytest.approx(n * 14 / 16 / nic + 15 * cl.link("cluster").latency_s / 2)
+
+
+def test_flash_attention_backward_ratio():
+    # train, no recompute: fwd 1 + bwd 2.5 = 3.5 forward-equivalents; with recompute 4.5;
+    # forward-only passes unchanged
+    assert costs.attn_passes(3.0, True, DEFAULT) == pytest.approx(3.5)
+    assert costs.attn_passes(4.0, True, DEFAULT) == pytest.approx(4.5)
+    assert costs.attn_passes(1.0, False, DEFAULT) == 1.0
+
+
+def test_cpu_layer_overhead_is_a_device_field():
+    cpu, h100 = specs.gpus()["cpu"], specs.gpus()["h100-sxm"]
+    assert cpu.layer_overhead_s == pytest.approx(0.00116)  # measured, gpus.yaml
+    assert h100.layer_overhead_s == 0.0  # GPUs use Calibration.layer_overhead_s

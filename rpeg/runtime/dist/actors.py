@@ -148,10 +148,10 @@ class RankActor:
 
         self.reduce = process_group_reduce()
         if self.actor is not None and self.actor.optimizer is not None:
-            self.actor.module = DDP(self.actor.module, find_unused_parameters=True)
+            self.actor.module = DDP(self.actor.module, find_unused_parameters=False)
             self.actor.reduce = self.reduce
         if self.critic is not None:
-            self.critic.module = DDP(self.critic.module, find_unused_parameters=True)
+            self.critic.module = DDP(self.critic.module, find_unused_parameters=False)
             self.critic.reduce = self.reduce
         self.pg_ready = True
         return True
