@@ -212,12 +212,18 @@ def specs_calibrate(
     import math
 
     curve = [[round(math.log10(f), 3), round(min(1.0, max(0.01, r / peak)), 3)] for f, r in points]
+    overhead_ms = 0.0
+    if lib.startswith("torch"):
+        from rpeg.runtime.calibrate import eager_layer_overhead_s
+
+        overhead_ms = eager_layer_overhead_s(peak) * 1e3
     entry = {
         "bf16_dense_tflops": round(peak / 1e12, 6),
         "fp8_dense_tflops": None,
         "hbm_gb": 8,
         "hbm_tbps": round(bw / 1e12, 6),
         "efficiency": {"matmul": curve, "hbm": [[3.0, 0.2], [5.0, 0.6], [7.0, 1.0]]},
+        "layer_overhead_ms": round(overhead_ms, 4),
         "calibrated": True,
         "source": f"measured by `rpeg specs calibrate` on {time.strftime('%Y-%m-%d')} ({lib} matmul, copy; 1 device = 1 core)",
     }
@@ -228,4 +234,7 @@ def specs_calibrate(
     data.setdefault("gpus", {})["cpu"] = entry
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     specs.reload()
-    typer.echo(f"cpu: {peak / 1e9:.1f} GFLOP/s matmul, {bw / 1e9:.1f} GB/s copy -> {path}")
+    typer.echo(
+        f"cpu: {peak / 1e9:.1f} GFLOP/s matmul, {bw / 1e9:.1f} GB/s copy, "
+        f"{overhead_ms:.2f} ms eager overhead per layer per pass -> {path}"
+    )
