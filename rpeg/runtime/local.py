@@ -120,50 +120,39 @@ class LocalTrainer:
         self.history: list[dict[str, float]] = []
 
     # --- one RL step ----------------------------------------------------------------------
+    def stage_kinds(self) -> list[str]:
+        """The stage kinds of one step, in order (the graph of ``config.algorithm``)."""
+        a = self.config.algorithm
+        kinds = ["generate", "reward", "old_logprob"]
+        if self.reference is not None:
+            kinds.append("ref_logprob")
+        if a.name == "ppo":
+            kinds.append("values")
+        kinds += ["advantage", "train_actor"]
+        if self.critic is not None:
+            kinds.append("train_critic")
+        return kinds
+
     def step(self) -> dict[str, float]:
         c = self.config
-        a, w = c.algorithm, c.workload
         t0 = time.perf_counter()
         m: dict[str, float] = {"step": float(self.step_index)}
-        examples = self.cursor.next(w.num_prompts)
-        batch, gm = stages.generate_stage(
-            self.actor,
-            examples,
-            w.samples_per_prompt,
-            prompt_template=c.task.prompt_template,
-            seed=c.runtime.seed * 100_003 + self.step_index,
+        ctx = stages.StageContext(
+            c, actor=self.actor, reference=self.reference, critic=self.critic, rewards=self.rewards
         )
-        m.update(gm)
-        batch, rm = stages.reward_stage(
-            batch,
-            self.rewards,
-            max_response_tokens=w.max_response_tokens,
-            overlong_penalty_tokens=a.overlong_penalty_tokens,
-        )
-        m.update(rm)
-        if a.dynamic_sampling:
-            batch, fm = stages.filter_groups(batch)
-            m.update(fm)
-        stale = bool((batch.policy_version < self.actor.policy_version).any())
-        m["staleness_max"] = float((self.actor.policy_version - batch.policy_version).max())
-        if a.recompute_old_logprobs or stale:
-            batch, lm = stages.logprob_stage(self.actor, batch, "old_logprobs")
-        else:
-            batch, lm = stages.behaviour_as_old(batch)
-        m.update(lm)
-        if self.reference is not None:
-            batch, lm = stages.logprob_stage(self.reference, batch, "ref_logprobs")
-            m.update(lm)
-        if a.name == "ppo":
-            batch, vm = stages.value_stage(self.critic or self.actor, batch)
-            m.update(vm)
-        batch, am = stages.advantage_stage(batch, a, w.samples_per_prompt)
-        m.update(am)
-        _, tm = stages.train_actor_stage(self.actor, batch)
-        m.update(tm)
-        if self.critic is not None:
-            _, cm = stages.train_critic_stage(self.critic, batch)
-            m.update(cm)
+        batch = None
+        for kind in self.stage_kinds():
+            if kind == "generate":
+                batch, sm = stages.run_stage(
+                    kind,
+                    ctx,
+                    None,
+                    examples=self.cursor.next(c.workload.num_prompts),
+                    seed=c.runtime.seed * 100_003 + self.step_index,
+                )
+            else:
+                batch, sm = stages.run_stage(kind, ctx, batch)
+            m.update(sm)
         self._sync_weights(m)
         self.last_batch = batch
         m["step_s"] = time.perf_counter() - t0

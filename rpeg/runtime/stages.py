@@ -1,21 +1,26 @@
 """Stage functions over :class:`RolloutBatch`: one per stage kind of the RPEG graph.
 
 Each takes the worker that holds the model it needs (or nothing, for pure stages) and a batch,
-and returns a new batch with its fields filled in plus a metrics dict. The local trainer calls
-them in order; the distributed runtime calls the same functions inside actors.
+and returns a new batch with its fields filled in plus a metrics dict.
 
-    generate_stage -> reward_stage -> logprob_stage(old) / logprob_stage(ref) / value_stage
+    generate_stage -> reward_stage -> old_logprob_stage / logprob_stage(ref) / value_stage
                    -> advantage_stage -> train_actor_stage (+ train_critic_stage)
+
+:func:`run_stage` maps an IR stage kind to its function over a :class:`StageContext` (the
+workers one process hosts): the single-process trainer and every distributed actor run stage
+kinds through it, so they cannot drift apart. Weight sync is the caller's: it depends on where
+the generator lives.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from rpeg.config import AlgorithmConfig
+from rpeg.config import AlgorithmConfig, RunConfig
 from rpeg.runtime.algorithms import (
     gae_advantages,
     grpo_advantages,
@@ -143,6 +148,112 @@ def value_stage(
 def behaviour_as_old(batch: RolloutBatch) -> tuple[RolloutBatch, Metrics]:
     """On-policy shortcut: the sampling log-probs *are* the old policy's log-probs."""
     return batch.replace(old_logprobs=batch.sample_logprobs.clone()), {}
+
+
+def old_logprob_stage(
+    worker: PolicyWorker, batch: RolloutBatch, *, recompute: bool = False
+) -> tuple[RolloutBatch, Metrics]:
+    """Fill ``old_logprobs`` ``[B,R]``: the policy before this step's update.
+
+    On-policy samples reuse their sampling log-probs unless ``recompute``; samples from an
+    older policy version (bounded staleness) always get a forward pass (decoupled PPO's
+    proximal policy). With actor-critic sharing one forward fills ``values`` too.
+    Metrics: ``staleness_max`` (policy versions behind, max over the batch).
+    """
+    lag = worker.policy_version - batch.policy_version
+    m: Metrics = {"staleness_max": float(lag.max())}
+    if worker.shared_critic:
+        t0 = time.perf_counter()
+        lp, v = worker.compute_logprobs_and_values(batch)
+        batch = batch.replace(old_logprobs=lp, values=v)
+        m.update(old_logprob_s=time.perf_counter() - t0, shared_forward=1.0)
+        m["value_mean"] = float(masked_mean(v, batch.response_mask))
+        return batch, m
+    if recompute or bool((lag > 0).any()):
+        batch, lm = logprob_stage(worker, batch, "old_logprobs")
+    else:
+        batch, lm = behaviour_as_old(batch)
+    return batch, {**m, **lm}
+
+
+@dataclass
+class StageContext:
+    """What one process runs stages with: the run config, the workers it hosts, the rewards,
+    and how its data-parallel group reduces batch statistics."""
+
+    config: RunConfig
+    actor: PolicyWorker | None = None
+    reference: PolicyWorker | None = None
+    critic: CriticWorker | None = None
+    rewards: RewardSet | None = None
+    reduce: RankReduce = LOCAL
+
+
+STAGE_KINDS = (
+    "generate",
+    "reward",
+    "old_logprob",
+    "ref_logprob",
+    "values",
+    "advantage",
+    "train_actor",
+    "train_critic",
+)
+
+
+def run_stage(
+    kind: str,
+    ctx: StageContext,
+    batch: RolloutBatch | None,
+    *,
+    examples: Sequence[Example] | None = None,
+    seed: int | None = None,
+) -> tuple[RolloutBatch, Metrics]:
+    """Run the stage ``kind`` (an IR stage kind, not ``sync_weights``) on ``batch``.
+
+    ``generate`` ignores ``batch`` and samples ``config.workload.samples_per_prompt``
+    responses for each of ``examples`` with ``seed``.
+    """
+    c = ctx.config
+    a, w = c.algorithm, c.workload
+    if kind == "generate":
+        return generate_stage(
+            ctx.actor,
+            examples,
+            w.samples_per_prompt,
+            prompt_template=c.task.prompt_template,
+            seed=seed,
+        )
+    if batch is None:
+        raise ValueError(f"stage {kind!r} needs a batch (run generate first)")
+    if kind == "reward":
+        batch, m = reward_stage(
+            batch,
+            ctx.rewards,
+            max_response_tokens=w.max_response_tokens,
+            overlong_penalty_tokens=a.overlong_penalty_tokens,
+        )
+        if a.dynamic_sampling:
+            batch, fm = filter_groups(batch)
+            m.update(fm)
+        return batch, m
+    if kind == "old_logprob":
+        return old_logprob_stage(ctx.actor, batch, recompute=a.recompute_old_logprobs)
+    if kind == "ref_logprob":
+        return logprob_stage(ctx.reference, batch, "ref_logprobs")
+    if kind == "values":
+        if batch.values is not None:  # filled by the shared forward of old_logprob
+            return batch, {}
+        return value_stage(ctx.critic or ctx.actor, batch)
+    if kind == "advantage":
+        return advantage_stage(batch, a, w.samples_per_prompt, reduce=ctx.reduce)
+    if kind == "train_actor":
+        _, m = train_actor_stage(ctx.actor, batch)
+        return batch, m
+    if kind == "train_critic":
+        _, m = train_critic_stage(ctx.critic, batch)
+        return batch, m
+    raise ValueError(f"unknown stage kind {kind!r}; allowed: {', '.join(STAGE_KINDS)}")
 
 
 def filter_groups(batch: RolloutBatch) -> tuple[RolloutBatch, Metrics]:

@@ -213,17 +213,24 @@ class PolicyWorker:
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
         """Values ``[B,R]`` from the shared value head (actor-critic on one trunk)."""
+        return self.compute_logprobs_and_values(batch)[1]
+
+    @torch.no_grad()
+    def compute_logprobs_and_values(self, batch: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Actor-critic sharing: log-probs ``[B,R]`` and values ``[B,R]`` from one forward per
+        micro-batch (0 on padding)."""
         if not self.shared_critic:
             raise ConfigError(
                 [Problem("algorithm.share_actor_critic", "this policy has no value head")]
             )
         self.module.eval()
-        out, r = [], batch.response_ids.shape[1]
+        lps, vals, r = [], [], batch.response_ids.shape[1]
         for i in range(0, batch.size, self.workload.micro_batch_size):
             mb = batch.select(torch.arange(i, min(i + self.workload.micro_batch_size, batch.size)))
-            _, _, v = self._forward(mb, batch.temperature)
-            out.append(torch.nn.functional.pad(v * mb.response_mask, (0, r - v.shape[1])))
-        return torch.cat(out, dim=0)
+            lp, _, v = self._forward(mb, batch.temperature)
+            lps.append(torch.nn.functional.pad(lp * mb.response_mask, (0, r - lp.shape[1])))
+            vals.append(torch.nn.functional.pad(v * mb.response_mask, (0, r - v.shape[1])))
+        return torch.cat(lps, dim=0), torch.cat(vals, dim=0)
 
     # --- training -------------------------------------------------------------------------
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:

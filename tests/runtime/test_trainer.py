@@ -194,3 +194,35 @@ def test_builtin_task_learns(tmp_path, monkeypatch):
     s = LocalTrainer(cfg).run()
     assert s["heldout_acc_after"] > s["heldout_acc_before"] + 0.1
     assert s["reward_last10"] > s["reward_first10"] + 0.05
+
+
+def test_shared_forward_fills_old_logprobs_and_values_and_matches_separate_passes(tiny):
+    cfg = _cfg(**{"algorithm.name": "ppo", "algorithm.share_actor_critic": True})
+    w = _worker(tiny, cfg, value_head=True)
+    batch, _ = _rollout(w, cfg)
+    ctx = stages.StageContext(cfg, actor=w, rewards=RewardSet(["exact_numeric"]))
+    out, m = stages.run_stage("old_logprob", ctx, batch)
+    assert m["shared_forward"] == 1.0 and m["staleness_max"] == 0.0
+    torch.testing.assert_close(out.old_logprobs, w.compute_logprobs(batch))
+    torch.testing.assert_close(out.values, w.compute_values(batch))
+    again, vm = stages.run_stage("values", ctx, out)  # already filled: no second forward
+    assert vm == {} and again.values is out.values
+
+
+def test_on_policy_old_logprobs_reuse_sampling_logprobs_unless_recompute(tiny):
+    cfg = _cfg()
+    w = _worker(tiny, cfg)
+    batch, _ = _rollout(w, cfg)
+    reused, _ = stages.old_logprob_stage(w, batch)
+    assert torch.equal(reused.old_logprobs, batch.sample_logprobs)
+    recomputed, m = stages.old_logprob_stage(w, batch, recompute=True)
+    assert "old_logprob_s" in m
+    torch.testing.assert_close(recomputed.old_logprobs, batch.sample_logprobs, atol=1e-4, rtol=1e-4)
+
+
+def test_run_stage_names_the_allowed_kinds(tiny):
+    ctx = stages.StageContext(_cfg())
+    with pytest.raises(ValueError, match="allowed: generate, reward"):
+        stages.run_stage("sync_weights", ctx, object())
+    with pytest.raises(ValueError, match="needs a batch"):
+        stages.run_stage("reward", ctx, None)

@@ -181,63 +181,27 @@ class RankActor:
         from rpeg.runtime import stages as S
 
         c = self.config
-        a, w = c.algorithm, c.workload
         m: dict[str, Any] = {}
         t0 = time.perf_counter()
         spans: list[tuple[str, float, float]] = []
+        ctx = S.StageContext(
+            c,
+            actor=self.actor,
+            reference=self.reference,
+            critic=self.critic,
+            rewards=self.rewards,
+            reduce=self.reduce,
+        )
         for kind in kinds:
             ts = time.time()
             batch = self.store.get(step)
-            if kind == "generate":
-                batch, gm = S.generate_stage(
-                    self.actor,
-                    examples,
-                    w.samples_per_prompt,
-                    prompt_template=c.task.prompt_template,
-                    seed=gen_seed(c, step, self.rank),
-                )
-                m.update(gm)
-            elif kind == "reward":
-                batch, rm = S.reward_stage(
-                    batch,
-                    self.rewards,
-                    max_response_tokens=w.max_response_tokens,
-                    overlong_penalty_tokens=a.overlong_penalty_tokens,
-                )
-                m.update(rm)
-                if a.dynamic_sampling:
-                    batch, fm = S.filter_groups(batch)
-                    m.update(fm)
-            elif kind == "old_logprob":
-                stale = bool((batch.policy_version < self.actor.policy_version).any())
-                m["staleness_max"] = float((self.actor.policy_version - batch.policy_version).max())
-                if self.actor.shared_critic:
-                    batch, lm = self._old_and_values(batch)
-                elif a.recompute_old_logprobs or stale:
-                    batch, lm = S.logprob_stage(self.actor, batch, "old_logprobs")
-                else:
-                    batch, lm = S.behaviour_as_old(batch)
-                m.update(lm)
-            elif kind == "ref_logprob":
-                batch, lm = S.logprob_stage(self.reference, batch, "ref_logprobs")
-                m.update(lm)
-            elif kind == "values":
-                if batch.values is None:
-                    batch, vm = S.value_stage(self.critic or self.actor, batch)
-                    m.update(vm)
-            elif kind == "advantage":
-                batch, am = S.advantage_stage(batch, a, w.samples_per_prompt, reduce=self.reduce)
-                m.update(am)
-            elif kind == "train_actor":
-                _, tm = S.train_actor_stage(self.actor, batch)
-                m.update(tm)
-            elif kind == "train_critic":
-                _, cm = S.train_critic_stage(self.critic, batch)
-                m.update(cm)
-            elif kind == "sync_weights":
+            if kind == "sync_weights":
                 m.update(self._sync_local())
             else:
-                raise ValueError(f"unknown stage kind {kind!r}")
+                batch, sm = S.run_stage(
+                    kind, ctx, batch, examples=examples, seed=gen_seed(c, step, self.rank)
+                )
+                m.update(sm)
             self.store[step] = batch
             spans.append((kind, ts, time.time()))
         m["unit_s"] = time.perf_counter() - t0
@@ -246,26 +210,6 @@ class RankActor:
         if batch is not None:
             m["num_tokens"] = float(batch.num_tokens)
         return m
-
-    def _old_and_values(self, batch):
-        """Actor-critic sharing: old log-probs and values from one forward per micro-batch."""
-        import torch.nn.functional as F
-
-        t0 = time.perf_counter()
-        wk = self.actor
-        wk.module.eval()
-        r = batch.response_ids.shape[1]
-        lps, vals = [], []
-        with torch.no_grad():
-            for i in range(0, batch.size, wk.workload.micro_batch_size):
-                mb = batch.select(
-                    torch.arange(i, min(i + wk.workload.micro_batch_size, batch.size))
-                )
-                lp, _, v = wk._forward(mb, batch.temperature)
-                lps.append(F.pad(lp * mb.response_mask, (0, r - lp.shape[1])))
-                vals.append(F.pad(v * mb.response_mask, (0, r - v.shape[1])))
-        out = batch.replace(old_logprobs=torch.cat(lps), values=torch.cat(vals))
-        return out, {"old_logprob_s": time.perf_counter() - t0, "shared_forward": 1.0}
 
     def _sync_local(self) -> dict[str, float]:
         """Weight sync when the generator lives in this process (mirrors LocalTrainer)."""
