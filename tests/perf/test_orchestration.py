@@ -60,11 +60,13 @@ def test_handoff_across_pools_is_bytes_over_the_link_plus_latency():
 
 
 def test_field_bytes_hand_worked():
-    from rpeg.perf.model import _Ctx
+    from rpeg.perf.model import UnitContext
 
     g = builders.build("grpo")
     plan = colocated_plan(g, "dgx-h100", **KW)
-    c = _Ctx(plan, WL, specs.cluster("dgx-h100", num_nodes=2), specs.model("llama3.1-8b"), DEFAULT)
+    c = UnitContext(
+        plan, WL, specs.cluster("dgx-h100", num_nodes=2), specs.model("llama3.1-8b"), DEFAULT
+    )
     n = 2048
     assert field_bytes(c, "rewards") == n * 4
     assert field_bytes(c, "old_logprobs") == pytest.approx(n * c.R * 4)

@@ -1,0 +1,110 @@
+"""Inputs and outputs of the performance model: the workload of one RL step, the cost of one
+execution unit, and the prediction for the step (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpeg.perf.timeline import TimelineRecord
+
+GB = 1e9
+
+
+# --- inputs -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Workload:
+    """What one RL step processes (built from :class:`rpeg.config.WorkloadConfig`)."""
+
+    num_prompts: int
+    samples_per_prompt: int
+    mean_prompt_tokens: float
+    max_response_tokens: int
+    mean_response_tokens: float | None = None
+    train_minibatches: int = 1
+    micro_batch_size: int = 1
+    precision: str = "bf16"
+    max_prompt_tokens: int | None = None
+    max_seq_tokens: int | None = None  # packing budget; None = prompt cap + response cap
+
+    @classmethod
+    def from_config(cls, w: Any) -> Workload:
+        return cls(
+            num_prompts=w.num_prompts,
+            samples_per_prompt=w.samples_per_prompt,
+            mean_prompt_tokens=float(w.mean_prompt_tokens or w.max_prompt_tokens),
+            max_prompt_tokens=w.max_prompt_tokens,
+            max_response_tokens=w.max_response_tokens,
+            mean_response_tokens=w.mean_response_tokens,
+            train_minibatches=w.train_minibatches,
+            micro_batch_size=w.micro_batch_size,
+            precision=w.precision,
+        )
+
+    @property
+    def samples(self) -> int:
+        return self.num_prompts * self.samples_per_prompt
+
+
+# --- outputs ----------------------------------------------------------------------------
+@dataclass
+class StageCost:
+    """Predicted cost of one execution unit in one RL step."""
+
+    name: str
+    kinds: tuple[str, ...]
+    devices: str
+    num_devices: int
+    time_s: float = 0.0
+    flops: float = 0.0
+    hbm_bytes: float = 0.0
+    comm_s: dict[str, float] = field(default_factory=dict)  # by link level
+    memory_gb: dict[str, float] = field(default_factory=dict)  # per-device breakdown
+    detail: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def peak_memory_gb(self) -> float:
+        return sum(self.memory_gb.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kinds": list(self.kinds),
+            "devices": self.devices,
+            "num_devices": self.num_devices,
+            "time_s": self.time_s,
+            "flops": self.flops,
+            "hbm_bytes": self.hbm_bytes,
+            "comm_s": dict(self.comm_s),
+            "peak_memory_gb": self.peak_memory_gb,
+            "memory_gb": dict(self.memory_gb),
+            "detail": dict(self.detail),
+        }
+
+
+@dataclass
+class StepPrediction:
+    step_s: float
+    stages: dict[str, StageCost]
+    num_devices: int
+    tokens_per_step: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    timeline: list[TimelineRecord]
+    device_memory_gb: dict[str, float]  # peak per device group (co-resident units)
+    capacity_gb: float
+    assumptions: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step_s": self.step_s,
+            "num_devices": self.num_devices,
+            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "mfu": self.mfu,
+            "capacity_gb": self.capacity_gb,
+            "device_memory_gb": dict(self.device_memory_gb),
+            "stages": {k: v.to_dict() for k, v in self.stages.items()},
+            "timeline": [r.to_dict() for r in self.timeline],
+            "assumptions": list(self.assumptions),
+        }

@@ -1,0 +1,90 @@
+"""What the optimizer solves: a run config resolved to model, cluster, workload and
+search-space options (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rpeg.ir import Graph, build
+from rpeg.perf.model import Workload
+from rpeg.plan.space import (
+    SpaceOptions,
+)
+
+
+# --- the problem ----------------------------------------------------------------------------
+@dataclass
+class PlanProblem:
+    """Everything fixed by the user: graph family, model, cluster, workload, staleness bound."""
+
+    algorithm: str
+    builder_options: dict[str, Any]
+    base: Graph
+    model: Any
+    cluster: Any
+    workload: Workload
+    num_devices: int
+    max_staleness: int
+
+    @property
+    def max_seq_tokens(self) -> int:
+        w = self.workload
+        return int(
+            w.max_seq_tokens
+            or (w.max_prompt_tokens or w.mean_prompt_tokens) + w.max_response_tokens
+        )
+
+    def describe(self) -> str:
+        w = self.workload
+        return (
+            f"{self.algorithm.upper()} on {self.model.name}, {self.num_devices} x {self.cluster.gpu.name} "
+            f"({self.cluster.name}, {self.cluster.num_nodes} nodes), {w.num_prompts} prompts x "
+            f"{w.samples_per_prompt} samples, max {w.max_response_tokens} response tokens, k <= {self.max_staleness}"
+        )
+
+
+def default_space(prob: PlanProblem) -> SpaceOptions:
+    """The space for a problem: on the CPU profile only what the CPU runtime executes
+    (data parallelism: tp = pp = cp = 1)."""
+    so = SpaceOptions(max_staleness=prob.max_staleness)
+    if prob.cluster.gpu.name == "cpu":
+        so = so.restrict(tp=(1,), pp=(1,), cp=(1,), gen_pp=(1,), engines=("auto",))
+    return so
+
+
+def resolve_model(name: str) -> Any:
+    """Catalog model by name; ``qwen2.5-32b`` also finds ``qwen2.5-32b-instruct``."""
+    from rpeg import specs
+
+    table = specs.models()
+    if name in table:
+        return table[name]
+    for alt in (f"{name}-instruct", name.lower(), f"{name.lower()}-instruct"):
+        if alt in table:
+            return table[alt]
+    return specs.model(name)  # raises SpecError listing the known models
+
+
+def problem_from_config(config: Any) -> PlanProblem:
+    """Build the :class:`PlanProblem` of a :class:`rpeg.config.RunConfig`."""
+    from rpeg import specs
+
+    model = resolve_model(config.model.name)
+    cl = specs.cluster(config.cluster.name, num_devices=config.cluster.num_devices)
+    n = config.cluster.num_devices or cl.num_devices
+    algo = config.algorithm.name
+    opts: dict[str, Any] = {"use_reference": config.algorithm.use_reference}
+    if algo != "ppo":
+        opts["group_size"] = config.workload.samples_per_prompt
+    base = build(algo, **opts)
+    return PlanProblem(
+        algorithm=algo,
+        builder_options=opts,
+        base=base,
+        model=model,
+        cluster=cl,
+        workload=Workload.from_config(config.workload),
+        num_devices=n,
+        max_staleness=config.runtime.max_staleness,
+    )
