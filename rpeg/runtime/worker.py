@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -59,6 +59,49 @@ def _grad_norm_and_clip(params, max_norm: float) -> float:
     if not params:
         return 0.0
     return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
+def minibatch_updates(
+    module,
+    optimizer,
+    batch: RolloutBatch,
+    micro_loss: Callable[[RolloutBatch], tuple[torch.Tensor, dict[str, float]]],
+    *,
+    algorithm: AlgorithmConfig,
+    workload: WorkloadConfig,
+    grad_clip: float,
+    generator: torch.Generator,
+    reduce: RankReduce,
+    grad_norm_key: str = "grad_norm",
+) -> dict[str, float]:
+    """``algorithm.ppo_epochs`` passes over ``batch`` in ``workload.train_minibatches``
+    shuffled mini-batches, one optimizer step each, accumulating micro-batches of
+    ``workload.micro_batch_size``. ``micro_loss(micro) -> (loss, metrics)``; each micro-batch
+    loss is weighted so that accumulation (and DDP's average over ranks) equals one loss over
+    the global mini-batch. Returns the metrics averaged over optimizer steps, with the
+    gradient norm (before clipping) under ``grad_norm_key``."""
+    module.train()
+    sums: dict[str, float] = {}
+    steps = 0
+    agg = algorithm.loss_aggregation
+    for _ in range(algorithm.ppo_epochs):
+        for mini in batch.split(workload.train_minibatches, generator=generator):
+            optimizer.zero_grad(set_to_none=True)
+            stats: dict[str, float] = {}
+            total = _mini_total(mini, agg, reduce)
+            for micro in mini.micro_batches(workload.micro_batch_size):
+                w = _micro_weight(micro, total, agg, reduce)
+                loss, m = micro_loss(micro)
+                (loss * w).backward()
+                for k, v in m.items():
+                    stats[k] = stats.get(k, 0.0) + w * v
+            stats[grad_norm_key] = _grad_norm_and_clip(module.parameters(), grad_clip)
+            optimizer.step()
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + v
+            steps += 1
+    module.eval()
+    return {k: v / max(steps, 1) for k, v in sums.items()}
 
 
 class PolicyWorker:
@@ -245,69 +288,62 @@ class PolicyWorker:
             )
         a = self.algorithm
         t0 = time.perf_counter()
-        self.module.train()
-        sums: dict[str, float] = {}
-        count = 0
         stale = bool((batch.policy_version < self.policy_version).any())
         use_behaviour = a.off_policy_correction == "tis" and stale
-        for _ in range(a.ppo_epochs):
-            for mini in batch.split(self.workload.train_minibatches, generator=self.generator):
-                self.optimizer.zero_grad(set_to_none=True)
-                stats: dict[str, float] = {}
-                total = _mini_total(mini, a.loss_aggregation, self.reduce)
-                for micro in mini.micro_batches(self.workload.micro_batch_size):
-                    w = _micro_weight(micro, total, a.loss_aggregation, self.reduce)
-                    lp, logits, values = self._forward(micro, batch.temperature)
-                    mask = micro.response_mask
-                    pg, m = policy_loss(
-                        lp,
-                        micro.old_logprobs,
-                        micro.advantages,
-                        mask,
-                        clip_low=a.clip_low,
-                        clip_high=a.clip_high,
-                        dual_clip=a.dual_clip,
-                        aggregation=a.loss_aggregation,
-                        behaviour_logprobs=micro.sample_logprobs if use_behaviour else None,
-                        tis_cap=a.tis_cap,
-                    )
-                    loss = pg
-                    ent = entropy_from_logits(
-                        logits.detach() if a.entropy_coef == 0 else logits, batch.temperature
-                    )
-                    if a.entropy_coef:
-                        loss = loss - a.entropy_coef * aggregate(ent, mask, a.loss_aggregation)
-                    m["entropy"] = float(masked_mean(ent.detach(), mask))
-                    if micro.ref_logprobs is not None:
-                        kl = kl_penalty(lp, micro.ref_logprobs, a.kl_estimator)
-                        if a.kl_coef:
-                            loss = loss + a.kl_coef * aggregate(kl, mask, a.loss_aggregation)
-                        m["kl"] = float(masked_mean(kl.detach(), mask))
-                    if self.shared_critic and values is not None:
-                        vl, vm = value_loss(
-                            values,
-                            micro.values,
-                            micro.returns,
-                            mask,
-                            clip=a.value_clip,
-                            aggregation=a.loss_aggregation,
-                        )
-                        loss = loss + a.vf_coef * vl
-                        m.update(vm, value_loss=float(vl.detach()))
-                    m["pg_loss"] = float(pg.detach())
-                    (loss * w).backward()
-                    for k, v in m.items():
-                        stats[k] = stats.get(k, 0.0) + w * v
-                stats["grad_norm"] = _grad_norm_and_clip(
-                    self.module.parameters(), self.optim_cfg.grad_clip
+
+        def micro_loss(micro: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+            lp, logits, values = self._forward(micro, batch.temperature)
+            mask = micro.response_mask
+            pg, m = policy_loss(
+                lp,
+                micro.old_logprobs,
+                micro.advantages,
+                mask,
+                clip_low=a.clip_low,
+                clip_high=a.clip_high,
+                dual_clip=a.dual_clip,
+                aggregation=a.loss_aggregation,
+                behaviour_logprobs=micro.sample_logprobs if use_behaviour else None,
+                tis_cap=a.tis_cap,
+            )
+            loss = pg
+            ent = entropy_from_logits(
+                logits.detach() if a.entropy_coef == 0 else logits, batch.temperature
+            )
+            if a.entropy_coef:
+                loss = loss - a.entropy_coef * aggregate(ent, mask, a.loss_aggregation)
+            m["entropy"] = float(masked_mean(ent.detach(), mask))
+            if micro.ref_logprobs is not None:
+                kl = kl_penalty(lp, micro.ref_logprobs, a.kl_estimator)
+                if a.kl_coef:
+                    loss = loss + a.kl_coef * aggregate(kl, mask, a.loss_aggregation)
+                m["kl"] = float(masked_mean(kl.detach(), mask))
+            if self.shared_critic and values is not None:
+                vl, vm = value_loss(
+                    values,
+                    micro.values,
+                    micro.returns,
+                    mask,
+                    clip=a.value_clip,
+                    aggregation=a.loss_aggregation,
                 )
-                self.optimizer.step()
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-        self.module.eval()
+                loss = loss + a.vf_coef * vl
+                m.update(vm, value_loss=float(vl.detach()))
+            m["pg_loss"] = float(pg.detach())
+            return loss, m
+
+        out = minibatch_updates(
+            self.module,
+            self.optimizer,
+            batch,
+            micro_loss,
+            algorithm=a,
+            workload=self.workload,
+            grad_clip=self.optim_cfg.grad_clip,
+            generator=self.generator,
+            reduce=self.reduce,
+        )
         self.policy_version += 1
-        out = {k: v / max(count, 1) for k, v in sums.items()}
         dt = time.perf_counter() - t0
         out["train_s"] = dt
         out["train_tokens_per_s"] = a.ppo_epochs * batch.num_tokens / max(dt, 1e-9)
@@ -402,37 +438,31 @@ class CriticWorker:
             )
         a = self.algorithm
         t0 = time.perf_counter()
-        self.module.train()
-        sums: dict[str, float] = {}
-        count = 0
-        for _ in range(a.ppo_epochs):
-            for mini in batch.split(self.workload.train_minibatches, generator=self.generator):
-                self.optimizer.zero_grad(set_to_none=True)
-                stats: dict[str, float] = {}
-                total = _mini_total(mini, a.loss_aggregation, self.reduce)
-                for micro in mini.micro_batches(self.workload.micro_batch_size):
-                    w = _micro_weight(micro, total, a.loss_aggregation, self.reduce)
-                    vl, m = value_loss(
-                        self._values(micro),
-                        micro.values,
-                        micro.returns,
-                        micro.response_mask,
-                        clip=a.value_clip,
-                        aggregation=a.loss_aggregation,
-                    )
-                    (vl * w).backward()
-                    m["value_loss"] = float(vl.detach())
-                    for k, v in m.items():
-                        stats[k] = stats.get(k, 0.0) + w * v
-                stats["critic_grad_norm"] = _grad_norm_and_clip(
-                    self.module.parameters(), self.optim_cfg.grad_clip
-                )
-                self.optimizer.step()
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-        self.module.eval()
-        out = {k: v / max(count, 1) for k, v in sums.items()}
+
+        def micro_loss(micro: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
+            vl, m = value_loss(
+                self._values(micro),
+                micro.values,
+                micro.returns,
+                micro.response_mask,
+                clip=a.value_clip,
+                aggregation=a.loss_aggregation,
+            )
+            m["value_loss"] = float(vl.detach())
+            return vl, m
+
+        out = minibatch_updates(
+            self.module,
+            self.optimizer,
+            batch,
+            micro_loss,
+            algorithm=a,
+            workload=self.workload,
+            grad_clip=self.optim_cfg.grad_clip,
+            generator=self.generator,
+            reduce=self.reduce,
+            grad_norm_key="critic_grad_norm",
+        )
         out["critic_train_s"] = time.perf_counter() - t0
         return out
 
