@@ -55,6 +55,11 @@ class InfeasiblePlan(RpegError):
         super().__init__(f"{head}: {message}")
 
 
+# Largest device index a plan may name (a million GPUs: well beyond any cluster, small
+# enough that a typo like "0-1e9" is refused instead of exhausting memory).
+MAX_DEVICE_INDEX = 1 << 20
+
+
 def parse_devices(spec: str | int | list[int] | tuple[int, ...]) -> tuple[int, ...]:
     """``"0-15"``, ``"0-7,16-23"``, ``8`` (a single device) or a list -> sorted indices."""
     if isinstance(spec, bool):
@@ -73,6 +78,10 @@ def parse_devices(spec: str | int | list[int] | tuple[int, ...]) -> tuple[int, .
                 lo, hi = int(a), int(b)
                 if hi < lo:
                     raise ValueError(f"range {part!r} is empty")
+                if hi > MAX_DEVICE_INDEX:
+                    raise ValueError(
+                        f"range {part!r}: device indices must be <= {MAX_DEVICE_INDEX}"
+                    )
                 out_l.extend(range(lo, hi + 1))
             else:
                 out_l.append(int(part))
@@ -81,6 +90,8 @@ def parse_devices(spec: str | int | list[int] | tuple[int, ...]) -> tuple[int, .
         raise ValueError("no devices")
     if any(d < 0 for d in out):
         raise ValueError("device indices must be >= 0")
+    if max(out) > MAX_DEVICE_INDEX:
+        raise ValueError(f"device indices must be <= {MAX_DEVICE_INDEX}")
     if len(set(out)) != len(out):
         raise ValueError("duplicate device indices")
     return tuple(sorted(out))

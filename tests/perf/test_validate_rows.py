@@ -1,0 +1,153 @@
+"""Reading validation rows the project has never seen: every row either gets a prediction or
+is listed with the reason it did not, whatever its cells hold (never a crash that loses the
+other rows)."""
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rpeg.perf.validate import read_rows, row_case, validate_rows
+
+FIXTURE = Path(__file__).resolve().parent / "data/steps_fixture.csv"
+ROWS = read_rows(FIXTURE)
+BASE = next(r for r in ROWS if r["case_id"] == "nemo-v0.5-h100bf16-llama-grpo-on-16g")
+
+
+def _row(**cells):
+    r = dict(BASE)
+    r.update(cells)
+    return r
+
+
+def _one(**cells):
+    rep = validate_rows([_row(case_id="x", **cells)])
+    (res,) = rep.rows
+    return res
+
+
+def test_critic_row_prices_value_forward_and_critic_update():
+    base = _one().prediction
+    ppo = _one(has_critic="yes").prediction
+    assert "train_critic" in ppo.stages and "values" in ppo.stages
+    assert "train_critic" not in base.stages
+    # the critic is the actor's architecture: its update costs about what the actor's does
+    ratio = ppo.stages["train_critic"].time_s / ppo.stages["train_actor"].time_s
+    assert 0.7 < ratio < 1.3
+    assert ppo.step_s > base.step_s + 0.5 * ppo.stages["train_critic"].time_s
+
+
+def test_colocated_row_with_blank_pool_sizes_uses_every_gpu():
+    full = _one().predicted_step_s
+    blank = _one(gen_gpus="", train_gpus="").predicted_step_s
+    assert blank == full
+
+
+def test_disaggregated_row_needs_its_pool_sizes():
+    res = _one(placement="disaggregated", gen_gpus="")
+    assert res.prediction is None and "gen_gpus not published" in res.reason
+
+
+def test_annotated_numbers_are_read_and_garbage_is_named():
+    assert _one(num_gpus="16 (inferred)").predicted_step_s == _one().predicted_step_s
+    res = _one(train_tp="two")
+    assert res.prediction is None and "train_tp='two' is not a number" in res.reason
+
+
+def test_layout_errors_are_one_line_reasons():
+    res = _one(train_tp="3")
+    assert res.prediction is None
+    assert res.reason.startswith("layout:") and "must divide the 16 devices" in res.reason
+    assert "\n" not in res.reason
+
+
+def test_placement_is_checked():
+    res = _one(placement="hybrid")
+    assert "allowed: colocated, disaggregated" in res.reason
+
+
+def test_gpus_per_node_picks_a_matching_catalog_cluster():
+    _, plan, _ = row_case(_row(gpus_per_node="8"))
+    assert plan.cluster == "dgx-h100"
+    res = _one(gpus_per_node="4")
+    assert res.prediction is None
+    assert "gpus_per_node=4" in res.reason and "[8]" in res.reason
+
+
+def test_gb200_rows_keep_the_nvl72_cluster():
+    _, plan, _ = row_case(_row(gpu="gb200", gpus_per_node="4"))
+    assert plan.cluster == "gb200-nvl72"
+
+
+def test_zero3_backends_are_priced_as_sharded_data_parallel():
+    _, plan, _ = row_case(_row(train_backend="deepspeed (ZeRO-3)"))
+    assert plan.units["train_actor"].engine == "fsdp"
+    _, plan, _ = row_case(_row(train_backend="megatron"))
+    assert plan.units["train_actor"].engine == "megatron"
+
+
+def test_unverified_catalog_model_is_listed_not_fatal():
+    res = _one(model="qwen3.5-9b")
+    assert res.prediction is None and "not verified" in res.reason
+
+
+def test_throughput_only_row_per_gpu():
+    res = _one(measured_step_s="", measured_other="tokens_per_s_per_gpu=1000")
+    assert res.measured_throughput == 16 * 1000
+    assert res.prediction is not None and res.error is None
+
+
+_CELLS = [
+    "num_gpus",
+    "gen_gpus",
+    "train_gpus",
+    "gen_tp",
+    "gen_pp",
+    "train_tp",
+    "train_pp",
+    "train_cp",
+    "train_ep",
+    "num_prompts",
+    "samples_per_prompt",
+    "train_minibatches",
+    "avg_prompt_len",
+    "avg_gen_len",
+    "max_gen_len",
+    "max_seq_len",
+    "staleness",
+    "placement",
+    "partial_rollout",
+    "has_ref",
+    "has_critic",
+    "precision",
+    "train_backend",
+    "measured_step_s",
+    "gpus_per_node",
+]
+_VALUES = st.sampled_from(
+    ["", "0", "1", "2", "3", "8", "16", "-4", "1e9", "0.5", "abc", "inf", "yes", "no", "8 (x)"]
+    + ["colocated", "disaggregated", "fp8", "fsdp2", "megatron", "100000"]
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(_CELLS), _VALUES, max_size=4))
+def test_any_cells_give_a_prediction_or_a_reason(cells):
+    rep = validate_rows([_row(case_id="fuzz", **cells), dict(BASE)])
+    fuzz, base = rep.rows
+    assert base.prediction is not None  # the other row is never lost
+    if fuzz.prediction is None:
+        assert fuzz.reason
+    else:
+        assert fuzz.prediction.step_s > 0
+
+
+def test_absurd_sizes_are_refused_not_allocated():
+    res = _one(num_gpus="1e9")
+    assert res.prediction is None and "device indices must be <=" in res.reason
+
+
+def test_precision_and_measurement_are_checked():
+    assert "allowed: bf16, fp16, fp8, fp32" in _one(precision="int3").reason
+    assert "measured_step_s=-3 must be > 0" in _one(measured_step_s="-3").reason
+    assert "max_gen_len=0: must be >= 1" in _one(max_gen_len="0").reason
