@@ -152,6 +152,7 @@ _CLUSTER_FOR_GPU = {
     "h20": "h20-cluster",
     "gb200": "gb200-nvl72",
     "gh200": "gh200-alps",
+    "gh200-144g": "gh200-144g-quad",
     "a100-80g": "dgx-a100",
     "mi300x": "mi300x-cluster",
     "cpu": "local-cpu",

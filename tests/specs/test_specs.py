@@ -142,3 +142,12 @@ def test_cluster_sizing_and_levels():
     nvl = specs.cluster("gb200-nvl72")
     assert nvl.span_level(range(0, 64)) == "domain"
     assert c.link("rack").bytes_per_s == pytest.approx(50e9)
+
+
+def test_every_catalog_gpu_has_a_cluster_for_validation_rows():
+    from rpeg.perf.validate import _cluster_for
+
+    clusters = specs.clusters()
+    for gpu in specs.gpus():
+        name = _cluster_for(gpu, None)
+        assert clusters[name].gpu.name == gpu
