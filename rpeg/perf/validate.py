@@ -28,12 +28,12 @@ DEFAULT_PROMPT_TOKENS = 150.0
 # gives the figure without them so that both can be reported.
 INCONSISTENT_ROWS: dict[str, str] = {
     "verl-fa-7b-async-16-16": (
-        "trainer on 16 GPUs does the step's 8192 trajectories in <=295 s, 1.8x the per-GPU "
-        "throughput of the same FSDP recipe in the colocated baselines; mean response length "
-        "unpublished, so no single length fits both"
+        "trainer on 16 GPUs: 16 x 269.8 = 4,317 GPU-s per step vs 32 x 313.8 = 10,042 for the "
+        "same recipe colocated (verl fully_async.md); the doc attributes such differences to "
+        "response lengths, which are unpublished, so no single length fits both"
     ),
     "verl-fa-7b-async-32-32": (
-        "as verl-fa-7b-async-16-16 (trainer 1.7x the colocated per-GPU rate)"
+        "as verl-fa-7b-async-16-16 (32 x 157.0 = 5,023 GPU-s per step vs 8,538-10,042 colocated)"
     ),
 }
 
