@@ -263,8 +263,12 @@ def row_case(r: dict[str, str]) -> tuple[Any, Plan, Workload]:
     partial = _yes(r, "partial_rollout")
     has_ref = _yes(r, "has_ref")
     # PPO with a learned critic: a value forward and a critic update on the trainer pool
-    # (the critic is the actor's architecture, as in verl/OpenRLHF recipes by default)
-    builder = "ppo" if _yes(r, "has_critic") else "grpo"
+    # (the critic is the actor's architecture, as in verl/OpenRLHF recipes by default).
+    # A blank has_critic follows the algorithm: plain "ppo" / GAE has a critic.
+    critic_cell = (r.get("has_critic") or "").strip()
+    algo = (r.get("algorithm") or "").strip().lower()
+    has_critic = _yes(r, "has_critic") if critic_cell else algo in ("ppo", "ppo-gae", "gae")
+    builder = "ppo" if has_critic else "grpo"
     graph = builders.build(builder, use_reference=has_ref, staleness=min(staleness, 1000))
     gen_devs = f"0-{n - 1}" if colocated else f"0-{gen_n - 1}"
     train_devs = f"0-{n - 1}" if colocated else f"{gen_n}-{gen_n + train_n - 1}"

@@ -151,3 +151,9 @@ def test_precision_and_measurement_are_checked():
     assert "allowed: bf16, fp16, fp8, fp32" in _one(precision="int3").reason
     assert "measured_step_s=-3 must be > 0" in _one(measured_step_s="-3").reason
     assert "max_gen_len=0: must be >= 1" in _one(max_gen_len="0").reason
+
+
+def test_blank_has_critic_follows_the_algorithm():
+    assert "train_critic" in _one(has_critic="", algorithm="ppo").prediction.stages
+    assert "train_critic" not in _one(has_critic="", algorithm="grpo").prediction.stages
+    assert "train_critic" not in _one(has_critic="no", algorithm="ppo").prediction.stages
