@@ -21,3 +21,16 @@ def test_run_attaches_to_an_existing_scheduler_and_leaves_it_up(
     assert "num_devices: 2" in compiled  # the default plan spans the attached cluster's workers
     assert len(dask_cluster.workers) == 2  # the external cluster is still up and usable
     assert dask_cluster.client.submit(sum, [1, 2]).result() == 3
+
+
+def _worker_env() -> dict:
+    import os
+
+    return {k: os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS")}
+
+
+def test_local_cluster_workers_keep_glibc_dynamic_mmap_threshold(dask_cluster):
+    # Dask's default MALLOC_TRIM_THRESHOLD_=65536 makes torch CPU ops ~1.4x slower in workers
+    # (infra/cluster.py worker_environ); start_cluster unsets it
+    for env in dask_cluster.client.run(_worker_env).values():
+        assert env == {"MALLOC_TRIM_THRESHOLD_": None, "OMP_NUM_THREADS": "1"}

@@ -58,6 +58,7 @@ def test_dask_operator_cluster_one_device_per_worker():
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["DASK_DISTRIBUTED__WORKER__DAEMON"] == "False"
+    assert _unsets_malloc_trim(env["DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"])
     svc = d["spec"]["scheduler"]["service"]
     assert svc["type"] == "ClusterIP"
     assert 8786 in [p["port"] for p in svc["ports"]]
@@ -134,3 +135,37 @@ def test_sbatch_script_is_valid_bash():
     assert "#SBATCH --gpus-per-node=4" in text and "--resources device=1" in text
     assert "--dashboard-address 127.0.0.1:8787" in text
     subprocess.run(["bash", "-n", str(p)], check=True)
+
+
+def _unsets_malloc_trim(value: str) -> bool:
+    """The env value a `dask worker` reads into distributed.nanny.pre-spawn-environ unsets
+    MALLOC_TRIM_THRESHOLD_ (the nanny skips keys whose value is None)."""
+    import ast
+
+    d = ast.literal_eval(value)
+    return "MALLOC_TRIM_THRESHOLD_" in d and d["MALLOC_TRIM_THRESHOLD_"] is None
+
+
+def test_slurm_recipes_unset_dask_malloc_trim():
+    import re
+
+    import yaml
+
+    sbatch = (INFRA / "slurm" / "rpeg-dask.sbatch").read_text()
+    m = re.search(r'DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="([^"]+)"', sbatch)
+    assert m and _unsets_malloc_trim(m.group(1))
+    recipe = yaml.safe_load((INFRA / "slurm" / "alps-gh200.yaml").read_text())
+    lines = [x for x in recipe["cluster"]["job_script_prologue"] if "PRE_SPAWN_ENVIRON" in x]
+    m = re.search(r'PRE_SPAWN_ENVIRON="([^"]+)"', lines[0])
+    assert m and _unsets_malloc_trim(m.group(1))
+
+
+def test_worker_environ_drops_malloc_trim_unless_the_user_sets_it(monkeypatch):
+    from rpeg.infra.cluster import worker_environ
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    env = worker_environ(3)
+    assert env["MALLOC_TRIM_THRESHOLD_"] is None
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == 3
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert worker_environ(1)["MALLOC_TRIM_THRESHOLD_"] == "131072"
