@@ -463,6 +463,20 @@ def weight_sync_cost(
         and gen.devices[0] <= train.devices[-1]
         and train.devices[0] <= gen.devices[-1]
     )
+    t_tensor = _pick(c.cluster.refit_tensor_s, cal.refit_tensor_s)
+    if same and c.cluster.reuses_rollout_logprobs:
+        # one process holds the training model and the generator (rpeg's CPU runtime): at
+        # k = 0 the generator IS the training model (a version bump, no copy); at k >= 1 its
+        # lagging copy is refreshed in process (read + write of the weights at memory speed)
+        if c.plan.staleness == 0:
+            sc.detail.update(in_process=1.0, refit_bytes_s=0.0, refit_tensors_s=0.0)
+            return sc
+        t = 2.0 * gen_shard / c.gpu.hbm_bytes_per_s
+        t_tensors = m.hf_tensors * t_tensor
+        sc.time_s = t + t_tensors
+        sc.detail.update(in_process=1.0, refit_bytes_s=t, refit_tensors_s=t_tensors)
+        sc.hbm_bytes = 2.0 * gen_shard * gen.num_devices
+        return sc
     if same:
         link = c.cluster.link("domain")
         lvl = "domain"
@@ -471,7 +485,7 @@ def weight_sync_cost(
         lvl = c.cluster.span_level(allv)
         link = c.cluster.link(lvl)
     t = gen_shard / (link.bytes_per_s * cal.nccl_bus_eff) + 2 * m.layers * link.latency_s
-    t_tensors = m.hf_tensors * cal.refit_tensor_s
+    t_tensors = m.hf_tensors * t_tensor
     sc.time_s = t + t_tensors
     sc.detail.update(refit_bytes_s=t, refit_tensors_s=t_tensors, hf_tensors=m.hf_tensors)
     sc.comm_s = {lvl: t}

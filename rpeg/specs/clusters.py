@@ -49,6 +49,10 @@ class ClusterSpec:
     # the runtime reuses the sampling log-probs as old log-probs when the rollout ran on the
     # trainer's current weights (one model for sampling and training: rpeg's CPU runtime)
     reuses_rollout_logprobs: bool = False
+    # per weight tensor of a refit (overrides Calibration.refit_tensor_s): rpeg's CPU runtime
+    # copies a state dict in process, far cheaper than a GPU stack's per-tensor collective +
+    # engine load
+    refit_tensor_s: float | None = None
 
     @property
     def num_devices(self) -> int:
@@ -151,13 +155,14 @@ def parse_clusters(
             if up:
                 up.done()
             rt = c.sub("runtime")
-            disp = hlat = sov = None
+            disp = hlat = sov = refit = None
             reuse = False
             if rt:
                 disp = rt.num("dispatch_ms", lo=0, hi=100000, default=None, unit="ms")
                 hlat = rt.num("handoff_latency_ms", lo=0, hi=100000, default=None, unit="ms")
                 sov = rt.num("step_overhead_s", lo=0, hi=100000, default=None, unit="s")
                 reuse = rt.flag("reuses_rollout_logprobs", False)
+                refit = rt.num("refit_tensor_ms", lo=0, hi=100000, default=None, unit="ms")
                 rt.done()
             source = c.text("source", default="")
             c.done()
@@ -190,6 +195,7 @@ def parse_clusters(
                 handoff_latency_s=None if hlat is None else float(hlat) / 1e3,
                 step_overhead_s=None if sov is None else float(sov),
                 reuses_rollout_logprobs=bool(reuse),
+                refit_tensor_s=None if refit is None else float(refit) / 1e3,
             )
     if problems:
         raise SpecError(problems, title="invalid cluster catalog")

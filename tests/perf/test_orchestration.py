@@ -181,3 +181,25 @@ def test_local_cpu_uses_the_measured_runtime_overheads():
     p = predict(g, plan, wl)
     assert p.stages["reward"].time_s >= cl.dispatch_s
     assert p.step_s >= cl.step_overhead_s + len(p.stages) * cl.dispatch_s
+
+
+def test_cpu_runtime_weight_sync_is_a_version_bump_at_k0_and_an_in_process_copy_at_k1():
+    # rpeg's CPU runtime samples with the training model in one process (clusters.yaml
+    # local-cpu runtime.reuses_rollout_logprobs): no copy at k=0; at k=1 the lagging engine
+    # copy is refreshed in process: read + write of the weights at memory speed plus the
+    # measured per-tensor cost.
+    cl = specs.cluster("local-cpu")
+    m = specs.model("rpeg-tiny")
+    wl = Workload(16, 8, 32, 16, train_minibatches=4, micro_batch_size=64, precision="fp32")
+    g0 = builders.build("grpo")
+    p0 = predict(g0, colocated_plan(g0, "local-cpu", model="rpeg-tiny"), wl)
+    assert p0.stages["sync_weights"].time_s == pytest.approx(cl.dispatch_s)
+    g1 = builders.build("grpo", staleness=1)
+    plan1 = colocated_plan(g1, "local-cpu", model="rpeg-tiny").model_copy(update={"staleness": 1})
+    sc = predict(g1, plan1, wl).stages["sync_weights"]
+    copy_s = 2 * m.params * 4.0 / cl.gpu.hbm_bytes_per_s  # fp32 weights, read + write
+    assert sc.detail["refit_bytes_s"] == pytest.approx(copy_s, rel=1e-6)
+    assert sc.detail["refit_tensors_s"] == pytest.approx(m.hf_tensors * cl.refit_tensor_s)
+    assert sc.time_s == pytest.approx(copy_s + m.hf_tensors * cl.refit_tensor_s + cl.dispatch_s)
+    # a GPU stack keeps the calibration's per-tensor refit cost
+    assert specs.cluster("dgx-h100").refit_tensor_s is None
