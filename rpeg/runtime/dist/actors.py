@@ -40,6 +40,13 @@ def gen_seed(config: RunConfig, step: int, rank: int) -> int:
 # stage is given the same; GRPO/RLOO groups are never split (driver.shard_groups).
 
 
+def process_group_backend(device: torch.device) -> str:
+    """NCCL for models that live on a CUDA device, gloo otherwise: the collectives run on the
+    tensors' device, and NCCL refuses CPU tensors. The runtime keeps its roles on the CPU
+    today (no per-rank GPU placement yet, docs/runtime.md), so a GPU machine runs gloo."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
 class RankActor:
     """One rank of an actor group. Methods are the stage kinds; called through Dask."""
 
@@ -136,7 +143,7 @@ class RankActor:
             return True
         if dist.is_initialized():
             raise RuntimeError("this worker process already hosts a rank of another group")
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = process_group_backend(self._model_device())
         dist.init_process_group(
             backend,
             init_method=init_method,
@@ -155,6 +162,14 @@ class RankActor:
             self.critic.reduce = self.reduce
         self.pg_ready = True
         return True
+
+    def _model_device(self) -> torch.device:
+        for role in (self.actor, self.critic, self.reference):
+            mod = getattr(role, "module", None) if role is not None else None
+            if mod is not None:
+                for prm in mod.parameters():
+                    return prm.device
+        return torch.device("cpu")
 
     # ---------------------------------------------------------------- data
     def put_batch(self, step: int, batch: Any) -> int:
