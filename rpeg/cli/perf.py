@@ -56,11 +56,7 @@ def validate(
                 k: {"mean_abs_error": v[0], "max_abs_error": v[1], "n": v[2]}
                 for k, v in rep.throughput_by_source().items()
             },
-            "skipped": [
-                {"case_id": r.case_id, "reason": r.reason}
-                for r in rep.skipped
-                if not (r.measured_throughput and r.prediction)
-            ],
+            "skipped": [{"case_id": r.case_id, "reason": r.reason} for r in rep.not_predicted],
         }
         typer.echo(json.dumps(out, indent=1))
         return
@@ -73,9 +69,7 @@ def validate(
         typer.echo(
             f"{case:46s} throughput tok/s predicted {p:,.0f} measured {m:,.0f} ({100 * (p - m) / m:+.0f}%)"
         )
-    for r in rep.skipped:
-        if r.measured_throughput and r.prediction:
-            continue
+    for r in rep.not_predicted:
         typer.echo(f"{r.case_id:46s} not predicted: {r.reason}")
     for src, (mape, mx, n) in rep.by_source_max().items():
         typer.echo(f"  {src}: MAPE={mape:.1f}% max={mx:.1f}% n={n}")

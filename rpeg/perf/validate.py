@@ -103,19 +103,18 @@ class Report:
 
     def by_source_max(self) -> dict[str, tuple[float, float, int]]:
         """source family -> (MAPE %, max abs error %, rows) over the step-time rows."""
-        out: dict[str, list[float]] = {}
-        for r in self.compared:
-            out.setdefault(source_family(r.source), []).append(abs(r.error))
-        return {k: (100.0 * sum(v) / len(v), 100.0 * max(v), len(v)) for k, v in out.items()}
+        return _by_family((source_family(r.source), abs(r.error)) for r in self.compared)
 
     def throughput_by_source(self) -> dict[str, tuple[float, float, int]]:
         """source family -> (mean abs error %, max abs error %, rows) over the
         throughput-only rows (compared as whole-cluster tokens/s)."""
         fam = {r.case_id: source_family(r.source) for r in self.rows}
-        out: dict[str, list[float]] = {}
-        for case, p, m in self.throughput_rows():
-            out.setdefault(fam[case], []).append(abs(p - m) / m)
-        return {k: (100.0 * sum(v) / len(v), 100.0 * max(v), len(v)) for k, v in out.items()}
+        return _by_family((fam[c], abs(p - m) / m) for c, p, m in self.throughput_rows())
+
+    @property
+    def not_predicted(self) -> list[RowResult]:
+        """Rows with neither a step-time nor a throughput comparison, each with its reason."""
+        return [r for r in self.skipped if not (r.measured_throughput and r.prediction)]
 
     def throughput_rows(self) -> list[tuple[str, float, float]]:
         """(case, predicted, measured) whole-cluster tokens/s for throughput-only rows."""
@@ -125,6 +124,14 @@ class Report:
                 p = r.prediction
                 out.append((r.case_id, p.tokens_per_step / p.step_s, r.measured_throughput))
         return out
+
+
+def _by_family(errors: Any) -> dict[str, tuple[float, float, int]]:
+    """(family, abs relative error) pairs -> family -> (mean %, max %, count)."""
+    out: dict[str, list[float]] = {}
+    for fam, err in errors:
+        out.setdefault(fam, []).append(err)
+    return {k: (100.0 * sum(v) / len(v), 100.0 * max(v), len(v)) for k, v in out.items()}
 
 
 def source_family(source: str) -> str:

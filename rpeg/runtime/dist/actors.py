@@ -165,10 +165,9 @@ class RankActor:
 
     def _model_device(self) -> torch.device:
         for role in (self.actor, self.critic, self.reference):
-            mod = getattr(role, "module", None) if role is not None else None
-            if mod is not None:
-                for prm in mod.parameters():
-                    return prm.device
+            prm = next(role.module.parameters(), None) if role is not None else None
+            if prm is not None:
+                return prm.device
         return torch.device("cpu")
 
     # ---------------------------------------------------------------- data
