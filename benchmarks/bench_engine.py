@@ -34,9 +34,9 @@ def main(argv=None) -> dict:
     from rpeg.runtime import stages
     from rpeg.runtime.data import ArithmeticSource
     from rpeg.runtime.engines import SamplingParams
-    from rpeg.runtime.models import count_params, create_tiny
+    from rpeg.runtime.model_io import count_params, create_tiny
     from rpeg.runtime.rewards import RewardSet
-    from rpeg.runtime.worker import PolicyWorker
+    from rpeg.runtime.roles import PolicyWorker
 
     model, tok = create_tiny(seed=0)
     model.eval()

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     from rpeg.flows.train import run_train
     from rpeg.infra import start_cluster
 
-    from rpeg.runtime.local import LocalTrainer
+    from rpeg.runtime.local_trainer import LocalTrainer
 
     tmp = tempfile.mkdtemp(prefix="rpeg-bench-")
     samples: dict[str, list[float]] = {}

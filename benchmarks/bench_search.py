@@ -19,7 +19,7 @@ def main() -> int:
     ap.add_argument("--algo", action="append", help="repeatable; default grpo and ppo")
     ap.add_argument("--repeats", type=int, default=1)
     args = ap.parse_args()
-    from rpeg.plan import optimize
+    from rpeg.search import optimize
 
     times = []
     for algo in args.algo or ["grpo", "ppo"]:

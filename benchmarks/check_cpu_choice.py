@@ -3,7 +3,7 @@
 On this machine (cluster ``local-cpu``, 2 devices; model ``rpeg-tiny``) the runnable plans are
 sync vs k=1, fused (generate+reward) vs unfused, and one vs two data-parallel workers
 (disaggregated 1+1 vs colocated on 2). Each is priced by the optimizer's model
-(``rpeg.plan.search.solve``) and run for a few steps through the runtime entry
+(``rpeg.search.optimizer.solve``) and run for a few steps through the runtime entry
 ``rpeg.flows.train.run_train(config)``; the script prints predicted vs measured median step
 time, the rank correlation, and whether the optimizer's pick is the measured fastest.
 
@@ -19,7 +19,7 @@ import sys
 
 
 def runnable_plans(prob):
-    from rpeg.plan.space import Placement, Structure
+    from rpeg.search.space import Placement, Structure
 
     out = []
     for k in (0, 1):
@@ -87,7 +87,7 @@ def main() -> int:
     import tempfile
 
     from rpeg.config import RunConfig
-    from rpeg.plan.search import problem_from_config, solve
+    from rpeg.search.optimizer import problem_from_config, solve
 
     base = RunConfig.from_yaml(args.config) if args.config else RunConfig()
     base = base.with_overrides(

@@ -22,7 +22,8 @@ WORKLOAD = dict(num_prompts=512, samples_per_prompt=16, max_response_tokens=8192
 
 
 def run(models, gpus, algos) -> list[dict]:
-    from rpeg.plan import InfeasiblePlan, optimize
+    from rpeg.plan import InfeasiblePlan
+    from rpeg.search import optimize
 
     rows = []
     for algo in algos:

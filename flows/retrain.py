@@ -84,7 +84,7 @@ def newest_file(glob: str, newest_by: str = "mtime") -> str | None:
 
 def latest_step(checkpoint_url: str) -> int:
     """Step of the newest complete checkpoint under ``checkpoint_url`` (0 if none)."""
-    from rpeg.runtime.dist.checkpoint import CheckpointStore
+    from rpeg.runtime.actors.checkpoint import CheckpointStore
 
     steps = CheckpointStore(checkpoint_url).complete_steps()
     return max(steps, default=0)
@@ -148,10 +148,10 @@ def _url(fs: Any, path: str) -> str:
 
 # ============================================================================ training engines
 def local_train(config: RunConfig, *, resume: bool = False, on_step: Any = None) -> dict[str, Any]:
-    """Single-process training (:class:`rpeg.runtime.local.LocalTrainer`) with checkpoints
+    """Single-process training (:class:`rpeg.runtime.local_trainer.LocalTrainer`) with checkpoints
     in the same store format (``trainer.pt`` part). Same summary keys as ``run_train``."""
-    from rpeg.runtime.dist.checkpoint import CheckpointStore, dumps, loads
-    from rpeg.runtime.local import LocalTrainer
+    from rpeg.runtime.actors.checkpoint import CheckpointStore, dumps, loads
+    from rpeg.runtime.local_trainer import LocalTrainer
 
     t0 = time.perf_counter()
     rt = config.runtime
@@ -230,7 +230,7 @@ def plan_report_markdown(config: RunConfig) -> tuple[str, list[Any]]:
     """(markdown, predicted timeline records) for the config's plan; best effort."""
     try:
         from rpeg.compile.compiler import resolve
-        from rpeg.perf.model import predict
+        from rpeg.perf.pricing import predict
 
         graph, plan = resolve(None, config)
         lines = ["# Execution plan", "", "```yaml", plan.to_yaml().rstrip(), "```", ""]

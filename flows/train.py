@@ -66,7 +66,7 @@ def _is_worker_loss(exc: BaseException) -> bool:
 def validate_before_start(config: RunConfig, cluster_devices: int | None = None):
     """Compile and check every input; raises ConfigError listing all problems."""
     from rpeg.compile import compile_plan
-    from rpeg.runtime.dist.checkpoint import check_writable
+    from rpeg.runtime.actors.checkpoint import check_writable
 
     compiled = compile_plan(None, config, cluster_devices=cluster_devices)
     if config.runtime.checkpoint_url:
@@ -177,7 +177,7 @@ def _train(
         take_task,
     )
 
-    from rpeg.runtime.dist.driver import DistributedRun
+    from rpeg.runtime.actors.driver import DistributedRun
 
     t_start = time.perf_counter()
     c = config

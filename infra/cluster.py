@@ -7,7 +7,7 @@
   ``torch.set_num_threads`` themselves. Dask's default ``MALLOC_TRIM_THRESHOLD_`` is unset in
   the workers (``worker_environ``: it makes torch CPU ops ~1.4x slower).
 * The bf16-safe tensor serializer is registered in the client and, through a preload
-  (``rpeg.runtime.dist.serializers``), in every worker.
+  (``rpeg.runtime.actors.serializers``), in every worker.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-PRELOAD = "rpeg.runtime.dist.serializers"
+PRELOAD = "rpeg.runtime.actors.serializers"
 
 
 def prefect_env() -> None:
@@ -154,7 +154,7 @@ def start_cluster(
     configure_dask(torch_threads)
     from distributed import Client, LocalCluster
 
-    from rpeg.runtime.dist import serializers
+    from rpeg.runtime.actors import serializers
 
     serializers.register()
     logging.getLogger("distributed").setLevel(logging.ERROR)
@@ -188,7 +188,7 @@ def _preload_plugin():
         name = "rpeg-serializers"
 
         def setup(self, worker):
-            from rpeg.runtime.dist import serializers
+            from rpeg.runtime.actors import serializers
 
             serializers.register()
 

@@ -1,7 +1,7 @@
 """rpeg.tasks: thin Prefect tasks, one per stage kind / fused group, that call actor groups
-through the run's :class:`rpeg.runtime.dist.driver.DistributedRun`."""
+through the run's :class:`rpeg.runtime.actors.driver.DistributedRun`."""
 
-from rpeg.tasks.stages import (
+from rpeg.tasks.unit_tasks import (
     checkpoint_task,
     evaluate_task,
     rollout_task,

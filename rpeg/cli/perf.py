@@ -27,7 +27,7 @@ def validate(
 ) -> None:
     """Predict every row with a measured step time and report the error."""
     from rpeg.errors import ConfigError, Problem
-    from rpeg.perf.validate import validate_csv
+    from rpeg.perf.published import validate_csv
 
     if not csv_path.is_file():
         raise ConfigError([Problem(str(csv_path), "file not found")])
@@ -225,7 +225,7 @@ def specs_calibrate(
     curve = [[round(math.log10(f), 3), round(min(1.0, max(0.01, r / peak)), 3)] for f, r in points]
     overhead_ms = 0.0
     if lib.startswith("torch"):
-        from rpeg.runtime.calibrate import eager_layer_overhead_s
+        from rpeg.runtime.overhead_probe import eager_layer_overhead_s
 
         overhead_ms = eager_layer_overhead_s(peak) * 1e3
     entry = {

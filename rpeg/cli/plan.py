@@ -55,8 +55,8 @@ def plan(
     """Find the fastest feasible plan (structure, placement, layouts) and compare it with
     verl-, ReaL- and AReaL-style baselines priced by the same performance model."""
     from rpeg.errors import ConfigError, Problem
-    from rpeg.plan.inputs import config_from_kwargs, load_config
-    from rpeg.plan.search import SearchOptions, optimize_problem, problem_from_config
+    from rpeg.search.inputs import config_from_kwargs, load_config
+    from rpeg.search.optimizer import SearchOptions, optimize_problem, problem_from_config
 
     if mode is not None and mode not in ("auto", "exhaustive", "decompose"):
         raise ConfigError(
@@ -90,7 +90,7 @@ def plan(
     result = optimize_problem(problem_from_config(cfg), options=opt)
     files = {}
     if out is not None:
-        from rpeg.plan.report import write_files
+        from rpeg.search.report import write_files
 
         files = write_files(result, out, config=cfg)
     if as_json:
@@ -98,15 +98,15 @@ def plan(
         d["files"] = files
         typer.echo(json.dumps(d, indent=1, default=str))
         return
-    from rpeg.plan.report import render
+    from rpeg.search.report import render
 
     render(result, files=files)
 
 
 def _sweep(cfg, sizes: list[int], opt, out: Path | None, as_json: bool) -> None:
-    from rpeg.perf.model import Workload  # noqa: F401  (keeps the import error close to the cause)
-    from rpeg.plan.report import sweep_plot
-    from rpeg.plan.search import optimize_problem, problem_from_config
+    from rpeg.perf.pricing import Workload  # noqa: F401  (keeps the import error close to the cause)
+    from rpeg.search.optimizer import optimize_problem, problem_from_config
+    from rpeg.search.report import sweep_plot
 
     rows = []
     for n in sizes:

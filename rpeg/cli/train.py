@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
                 from rpeg.errors import RpegError
 
                 raise RpegError("--local and --cluster exclude each other")
-            from rpeg.runtime.local import LocalTrainer
+            from rpeg.runtime.local_trainer import LocalTrainer
 
             log = (lambda s: None) if quiet else (lambda s: typer.echo(s))
             summary = LocalTrainer(cfg, log=log).run()

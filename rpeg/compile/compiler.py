@@ -43,6 +43,20 @@ class ActorGroupSpec:
     trainable: list[str]
     units: list[str]
     backend: str = "gloo"
+    # How the group's ranks lay out its roles (world_size = dp * tp). Training roles shard
+    # over dp with FSDP2 when ``fsdp``; tp > 1 splits every block by DTensor tensor
+    # parallelism (column-wise q/k/v/gate/up, row-wise o/down). ``gen_tp``: tensor-parallel
+    # size of the generation engine on these ranks (its own copy when it differs from tp).
+    dp: int = 0  # 0: world_size // tp
+    tp: int = 1
+    fsdp: bool = False
+    gen_tp: int = 1
+    device_type: str = "cpu"  # "cpu" or "cuda"
+    dtype: str = "float32"  # the plan's precision on the device (bf16 on GPU)
+
+    def __post_init__(self) -> None:
+        if not self.dp:
+            self.dp = max(1, self.world_size // max(1, self.tp))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpeg.perf.calib import DEFAULT, Calibration
-from rpeg.perf.model import StageCost, StepPrediction, Workload, predict, price_unit
+from rpeg.perf.calibration import DEFAULT, Calibration
+from rpeg.perf.pricing import StageCost, StepPrediction, Workload, predict, price_unit
 from rpeg.perf.timeline import TimelineRecord
 
 __all__ = [

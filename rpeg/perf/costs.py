@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from rpeg.perf.calib import Calibration
+from rpeg.perf.calibration import Calibration
 from rpeg.specs import ClusterSpec, GPUSpec, ModelSpec
 
 BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}

@@ -1,16 +1,16 @@
 """Cost of each kind of execution unit: generation (prefill + decode), forward-only and
 training passes, and weight sync; the per-plan context they share (pure). The step
-assembly lives in :mod:`rpeg.perf.model`; every equation is in docs/perf-model.md."""
+assembly lives in :mod:`rpeg.perf.pricing`; every equation is in docs/perf-model.md."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rpeg.perf import costs
-from rpeg.perf.calib import Calibration
+from rpeg.perf.calibration import Calibration
 from rpeg.perf.lengths import LengthDist
-from rpeg.perf.results import GB, StageCost, Workload
-from rpeg.plan.plan import InfeasiblePlan, Plan, UnitPlan, format_devices
+from rpeg.perf.prediction import GB, StageCost, Workload
+from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices
 from rpeg.specs import ClusterSpec, ModelSpec
 
 # --- helpers ----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 single-process reference trainer.
 
 Everything here is free of Dask and Prefect so that the distributed runtime can wrap the
-same classes (:class:`rpeg.runtime.worker.PolicyWorker`, :class:`~rpeg.runtime.worker.CriticWorker`)
+same classes (:class:`rpeg.runtime.roles.PolicyWorker`, :class:`~rpeg.runtime.roles.CriticWorker`)
 inside actors and call the same stage functions (:mod:`rpeg.runtime.stages`).
 Submodules import torch/transformers; import them explicitly.
 """

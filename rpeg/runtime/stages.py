@@ -37,7 +37,7 @@ from rpeg.runtime.engines.base import SamplingParams
 from rpeg.runtime.engines.torch_engine import left_pad
 from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.rewards import RewardSet
-from rpeg.runtime.worker import CriticWorker, PolicyWorker
+from rpeg.runtime.roles import CriticWorker, PolicyWorker
 
 Metrics = dict[str, float]
 

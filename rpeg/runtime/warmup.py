@@ -99,7 +99,7 @@ def supervised_warmup(
 
 def cached_warmup(model, tokenizer, source, key_parts: dict, *, log=None, **kw):
     """Run :func:`supervised_warmup` unless a cached result exists; return (model, info)."""
-    from rpeg.runtime.models import load_model, save_pretrained
+    from rpeg.runtime.model_io import load_model, save_pretrained
 
     key = warmup_key({**key_parts, **{k: v for k, v in kw.items() if k != "log"}})
     path = cache_root() / "warmup" / key

@@ -54,7 +54,7 @@ def test_dask_operator_cluster_one_device_per_worker():
     assert args[:2] == ["dask", "worker"]
     assert args[args.index("--resources") + 1] == "device=1"
     assert args[args.index("--nthreads") + 1] == "1"
-    assert "rpeg.runtime.dist.serializers" in args
+    assert "rpeg.runtime.actors.serializers" in args
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["DASK_DISTRIBUTED__WORKER__DAEMON"] == "False"

@@ -98,7 +98,7 @@ def test_newest_file_by_mtime_and_name(tmp_path):
 def test_latest_good_pointer_and_copy(tmp_path):
     from rpeg.flows.retrain import latest_step, read_latest_good, write_latest_good
 
-    from rpeg.runtime.dist.checkpoint import CheckpointStore
+    from rpeg.runtime.actors.checkpoint import CheckpointStore
 
     url = str(tmp_path / "ck")
     store = CheckpointStore(url, keep_last=1)

@@ -4,7 +4,7 @@ import pytest
 
 from rpeg import specs
 from rpeg.perf import costs
-from rpeg.perf.calib import DEFAULT
+from rpeg.perf.calibration import DEFAULT
 from rpeg.perf.lengths import LengthDist
 
 

@@ -7,7 +7,7 @@ import pytest
 from rpeg import specs
 from rpeg.ir import builders, fuse, share_actor_critic
 from rpeg.perf import DEFAULT, Workload, predict, price_unit
-from rpeg.perf.model import field_bytes
+from rpeg.perf.pricing import field_bytes
 from rpeg.plan import colocated_plan, disaggregated_plan
 
 WL = Workload(
@@ -60,7 +60,7 @@ def test_handoff_across_pools_is_bytes_over_the_link_plus_latency():
 
 
 def test_field_bytes_hand_worked():
-    from rpeg.perf.model import UnitContext
+    from rpeg.perf.pricing import UnitContext
 
     g = builders.build("grpo")
     plan = colocated_plan(g, "dgx-h100", **KW)

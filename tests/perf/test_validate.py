@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.cli import main
-from rpeg.perf.validate import validate_csv
+from rpeg.perf.published import validate_csv
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests/perf/data/steps_fixture.csv"
@@ -36,7 +36,7 @@ def test_dev_set_regression_guard():
 @pytest.mark.skipif(not DEV.exists(), reason="shared validation set not present")
 def test_dev_set_target_excluding_documented_rows():
     # The target on every row except the documented INCONSISTENT_ROWS (reasons in
-    # rpeg/perf/validate.py and docs/perf-model.md); they stay in the all-rows figure.
+    # rpeg/perf/published.py and docs/perf-model.md); they stay in the all-rows figure.
     rep = validate_csv(DEV)
     ex = rep.excluding()
     assert len(rep.compared) - len(ex.compared) == 2  # the two verl fully-async rows

@@ -7,7 +7,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpeg.perf.validate import read_rows, row_case, validate_rows
+from rpeg.perf.published import read_rows, row_case, validate_rows
 
 FIXTURE = Path(__file__).resolve().parent / "data/steps_fixture.csv"
 ROWS = read_rows(FIXTURE)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from rpeg.plan.inputs import config_from_kwargs
-from rpeg.plan.search import problem_from_config
-from rpeg.plan.space import SpaceOptions
+from rpeg.search.inputs import config_from_kwargs
+from rpeg.search.optimizer import problem_from_config
+from rpeg.search.space import SpaceOptions
 
 
 def gh200_problem(gpus=8, model="qwen2.5-7b", algo="grpo", k=1, **kw):

@@ -3,7 +3,7 @@
 import pytest
 
 from rpeg.perf import predict_plan
-from rpeg.plan.search import SearchOptions, optimize_problem
+from rpeg.search.optimizer import SearchOptions, optimize_problem
 from tests.plan.conftest import gh200_problem
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from rpeg.perf import predict_plan
 from rpeg.plan import InfeasiblePlan, Plan
-from rpeg.plan.search import (
+from rpeg.search.optimizer import (
     Evaluator,
     SearchOptions,
     lower_bound,
@@ -12,7 +12,7 @@ from rpeg.plan.search import (
     optimize_problem,
     search,
 )
-from rpeg.plan.space import SearchSpace, SpaceOptions
+from rpeg.search.space import SearchSpace, SpaceOptions
 from tests.plan.conftest import cpu_problem, gh200_problem
 
 TINY_GH200 = SpaceOptions(
@@ -129,8 +129,8 @@ def test_no_feasible_plan_raises_with_reasons():
 
 def test_cpu_profile_prices_the_runnable_plans():
     """local-cpu + rpeg-tiny: sync vs k=1, fused vs unfused, one vs two data-parallel workers."""
-    from rpeg.plan.search import solve
-    from rpeg.plan.space import Placement, Structure
+    from rpeg.search.optimizer import solve
+    from rpeg.search.space import Placement, Structure
 
     prob = cpu_problem(k=1)
     best = optimize_problem(prob, options=SearchOptions(mode="decompose"), baselines=False).best

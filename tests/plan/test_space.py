@@ -1,7 +1,7 @@
 """The search space: enumeration counts and rejection reasons."""
 
-from rpeg.plan.search import Evaluator, space_size
-from rpeg.plan.space import Layout, SearchSpace, SpaceOptions
+from rpeg.search.optimizer import Evaluator, space_size
+from rpeg.search.space import Layout, SearchSpace, SpaceOptions
 from tests.plan.conftest import cpu_problem, gh200_problem
 
 

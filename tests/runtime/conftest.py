@@ -10,7 +10,7 @@ def _threads():
 @pytest.fixture(scope="session")
 def tiny():
     """A small random-init model of the tiny family (2 layers, hidden 64) + char tokenizer."""
-    from rpeg.runtime.models import create_tiny
+    from rpeg.runtime.model_io import create_tiny
 
     model, tok = create_tiny(
         seed=0,

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rpeg.errors import ConfigError
-from rpeg.runtime.models import (
+from rpeg.runtime.model_io import (
     ActorCritic,
     CriticModel,
     check_tokenizer,

@@ -12,7 +12,7 @@ from rpeg.runtime import stages
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import ArithmeticSource
 from rpeg.runtime.rewards import RewardSet
-from rpeg.runtime.worker import CriticWorker, PolicyWorker
+from rpeg.runtime.roles import CriticWorker, PolicyWorker
 
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
 
@@ -159,7 +159,7 @@ def test_prompt_too_long_is_a_clear_error(tiny):
 
 def test_local_trainer_two_steps(tmp_path, monkeypatch):
     monkeypatch.setenv("RPEG_CACHE", str(tmp_path / "cache"))
-    from rpeg.runtime import local
+    from rpeg.runtime import local_trainer as local
 
     cfg = _cfg(
         **{
@@ -186,7 +186,7 @@ def test_builtin_task_learns(tmp_path, monkeypatch):
     """The built-in task with its defaults (fresh warm-up, then GRPO) learns within 30 steps:
     about 75 s on 2 cores. Measured with seed 0: held-out 0.34 -> 0.53, reward 0.38 -> 0.49."""
     monkeypatch.setenv("RPEG_CACHE", str(tmp_path / "cache"))
-    from rpeg.runtime.local import LocalTrainer
+    from rpeg.runtime.local_trainer import LocalTrainer
 
     cfg = RunConfig().with_overrides(
         {"runtime.steps": 30, "runtime.output_dir": str(tmp_path / "out")}

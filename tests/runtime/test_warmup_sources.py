@@ -2,7 +2,7 @@
 
 from rpeg.config import RunConfig
 from rpeg.runtime.data import Example
-from rpeg.runtime.models import create_tiny
+from rpeg.runtime.model_io import create_tiny
 from rpeg.runtime.warmup import supervised_warmup
 
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}

@@ -28,8 +28,9 @@ from typing import Any
 
 from rpeg.errors import ConfigError, Problem
 from rpeg.ir import Graph
-from rpeg.perf.calib import DEFAULT, Calibration
-from rpeg.plan.evaluate import (  # noqa: F401 (re-exported: the search's public names)
+from rpeg.perf.calibration import DEFAULT, Calibration
+from rpeg.plan.schema import InfeasiblePlan
+from rpeg.search.evaluate import (  # noqa: F401 (re-exported: the search's public names)
     Cell,
     Evaluator,
     UnitCost,
@@ -38,15 +39,14 @@ from rpeg.plan.evaluate import (  # noqa: F401 (re-exported: the search's public
     lower_bound,
     solve_cell,
 )
-from rpeg.plan.plan import InfeasiblePlan
-from rpeg.plan.problem import (  # noqa: F401
+from rpeg.search.problem import (  # noqa: F401
     PlanProblem,
     default_space,
     problem_from_config,
     resolve_model,
 )
-from rpeg.plan.result import Baseline, Candidate, SearchResult, why_lost  # noqa: F401
-from rpeg.plan.space import (
+from rpeg.search.result import Baseline, Candidate, SearchResult, why_lost  # noqa: F401
+from rpeg.search.space import (
     Counts,
     Placement,
     SearchSpace,
@@ -302,7 +302,7 @@ def optimize(config: Any = None, /, **kwargs: Any) -> SearchResult:
     ``seed``, ``mode``, ``max_candidates``, ``time_budget_s``; ``space`` (SpaceOptions) and
     ``calib`` (Calibration).
     """
-    from rpeg.plan.inputs import config_from_kwargs, load_config
+    from rpeg.search.inputs import config_from_kwargs, load_config
 
     space_opts = kwargs.pop("space", None)
     calib = kwargs.pop("calib", DEFAULT)
@@ -333,7 +333,7 @@ def optimize_problem(
     calib: Calibration = DEFAULT,
     baselines: bool = True,
 ) -> SearchResult:
-    from rpeg.plan.baselines import price_baselines
+    from rpeg.search.baselines import price_baselines
 
     opt = options or SearchOptions()
     t0 = time.perf_counter()

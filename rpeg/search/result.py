@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rpeg.perf.model import StepPrediction
-from rpeg.plan.plan import Plan
-from rpeg.plan.problem import PlanProblem
-from rpeg.plan.space import (
+from rpeg.perf.pricing import StepPrediction
+from rpeg.plan.schema import Plan
+from rpeg.search.problem import PlanProblem
+from rpeg.search.space import (
     Counts,
     Layout,
     Placement,

@@ -8,8 +8,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from rpeg.perf.calib import DEFAULT, Calibration
-from rpeg.perf.results import GB, StageCost, StepPrediction, Workload  # noqa: F401 (re-exported)
+from rpeg.perf.calibration import DEFAULT, Calibration
+from rpeg.perf.prediction import GB, StageCost, StepPrediction, Workload  # noqa: F401 (re-exported)
 from rpeg.perf.timeline import TimelineRecord
 from rpeg.perf.units import (  # noqa: F401 (field_bytes, graph_units: re-exported)
     FWD_KINDS,
@@ -24,7 +24,7 @@ from rpeg.perf.units import (  # noqa: F401 (field_bytes, graph_units: re-export
     unit_plan,
     weight_sync_cost,
 )
-from rpeg.plan.plan import InfeasiblePlan, Plan, UnitPlan, format_devices
+from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices
 from rpeg.specs import ClusterSpec, ModelSpec
 
 

@@ -28,7 +28,7 @@ def test_sync_run_reproduces_the_single_process_trainer(
     tmp_path, prefect_harness, dask_cluster, make_config
 ):
     tiny_config = make_config
-    from rpeg.runtime.local import LocalTrainer
+    from rpeg.runtime.local_trainer import LocalTrainer
 
     cfg = tiny_config(tmp_path)
     ref = LocalTrainer(cfg)

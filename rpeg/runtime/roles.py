@@ -32,7 +32,7 @@ from rpeg.runtime.algorithms import (
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.engines.base import GenerationEngine, GenerationOutput, SamplingParams
 from rpeg.runtime.engines.torch_engine import TorchEngine
-from rpeg.runtime.models import ActorCritic, CriticModel
+from rpeg.runtime.model_io import ActorCritic, CriticModel
 from rpeg.runtime.parallel import LOCAL, RankReduce
 
 

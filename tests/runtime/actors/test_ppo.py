@@ -12,7 +12,7 @@ def test_ppo_trains_on_actors_like_the_local_trainer(
 ):
     from rpeg.flows.train import run_train
 
-    from rpeg.runtime.local import LocalTrainer
+    from rpeg.runtime.local_trainer import LocalTrainer
 
     cfg = make_config(
         tmp_path,

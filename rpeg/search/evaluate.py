@@ -10,12 +10,12 @@ import zlib
 from dataclasses import dataclass, field
 
 from rpeg.ir import Graph
-from rpeg.perf.calib import DEFAULT, Calibration
-from rpeg.perf.model import StepPrediction, predict
-from rpeg.plan.plan import GraphRef, InfeasiblePlan, Plan, UnitPlan
-from rpeg.plan.problem import PlanProblem
-from rpeg.plan.result import Candidate
-from rpeg.plan.space import (
+from rpeg.perf.calibration import DEFAULT, Calibration
+from rpeg.perf.pricing import StepPrediction, predict
+from rpeg.plan.schema import GraphRef, InfeasiblePlan, Plan, UnitPlan
+from rpeg.search.problem import PlanProblem
+from rpeg.search.result import Candidate
+from rpeg.search.space import (
     POOL_GEN_KINDS,
     Layout,
     Placement,

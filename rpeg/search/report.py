@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rpeg.plan.search import Candidate, SearchResult, why_lost
+from rpeg.search.optimizer import Candidate, SearchResult, why_lost
 
 
 def plan_in_words(c: Candidate, cluster: Any) -> list[str]:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpeg.ir import Graph, build
-from rpeg.perf.model import Workload
-from rpeg.plan.space import (
+from rpeg.perf.pricing import Workload
+from rpeg.search.space import (
     SpaceOptions,
 )
 

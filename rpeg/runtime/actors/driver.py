@@ -16,9 +16,9 @@ import torch
 
 from rpeg.compile import CompiledStep
 from rpeg.config import RunConfig
-from rpeg.runtime.dist.checkpoint import CheckpointStore
-from rpeg.runtime.dist.staleness import Sample, StalenessQueue
-from rpeg.runtime.dist.timeline import TimelineRecorder
+from rpeg.runtime.actors.checkpoint import CheckpointStore
+from rpeg.runtime.actors.recorder import TimelineRecorder
+from rpeg.runtime.actors.staleness import Sample, StalenessQueue
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class DistributedRun:
         workers = list(workers) if workers else self.cluster.workers
         if not hasattr(self, "n_workers"):
             self.n_workers = len(workers)
-        from rpeg.runtime.dist.actors import RankActor
+        from rpeg.runtime.actors.rank import RankActor
 
         t0 = time.perf_counter()
         self.actor_workers: dict[tuple[str, int], str] = {}
@@ -314,7 +314,7 @@ class DistributedRun:
             buckets, version = (
                 self.groups[ws["source"]][0].get_weight_buckets(ws["bucket_bytes"]).result()
             )
-        from rpeg.runtime.dist.weight_sync import total_bytes
+        from rpeg.runtime.actors.weight_sync import total_bytes
 
         for g in ws["targets"]:
             self.call(g, "load_weight_buckets", buckets, version)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpeg.runtime.dist.staleness import (
+from rpeg.runtime.actors.staleness import (
     Admit,
     Block,
     Deliver,

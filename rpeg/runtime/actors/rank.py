@@ -1,5 +1,5 @@
 """The Dask actor of one rank (one device): it holds the model roles of its actor group
-(actor, reference, critic) built exactly like :class:`rpeg.runtime.local.LocalTrainer` does,
+(actor, reference, critic) built exactly like :class:`rpeg.runtime.local_trainer.LocalTrainer` does,
 the optimizers of trainable roles, and a per-step store of :class:`RolloutBatch` es so that
 a fused group (or colocated units) never moves data out of the process between stages.
 
@@ -55,7 +55,7 @@ class RankActor:
     ):
         self.config = c = RunConfig.from_yaml(config_yaml)
         torch.set_num_threads(c.runtime.torch_threads)
-        from rpeg.runtime.dist import serializers
+        from rpeg.runtime.actors import serializers
 
         serializers.register()
         self.group = group
@@ -74,9 +74,9 @@ class RankActor:
     def _build(self, async_rollout: bool) -> None:
         from rpeg.runtime.data import build_task_data
         from rpeg.runtime.engines.torch_engine import TorchEngine
-        from rpeg.runtime.local import build_policy
+        from rpeg.runtime.local_trainer import build_policy
         from rpeg.runtime.rewards import RewardSet
-        from rpeg.runtime.worker import CriticWorker, PolicyWorker
+        from rpeg.runtime.roles import CriticWorker, PolicyWorker
 
         c = self.config
         a = c.algorithm
@@ -242,12 +242,12 @@ class RankActor:
 
     # ---------------------------------------------------------------- weight sync
     def get_weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int]:
-        from rpeg.runtime.dist.weight_sync import pack
+        from rpeg.runtime.actors.weight_sync import pack
 
         return pack(self.actor.get_weights(), bucket_bytes), int(self.actor.policy_version)
 
     def load_weight_buckets(self, buckets: list[Any], version: int) -> int:
-        from rpeg.runtime.dist.weight_sync import unpack
+        from rpeg.runtime.actors.weight_sync import unpack
 
         self.actor.set_weights(unpack(buckets), policy_version=version)
         self.actor.engine.policy_version = version

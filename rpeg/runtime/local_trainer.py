@@ -21,13 +21,13 @@ from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import DataCursor, Example, build_task_data
 from rpeg.runtime.engines.torch_engine import TorchEngine
 from rpeg.runtime.rewards import RewardSet
-from rpeg.runtime.worker import CriticWorker, PolicyWorker
+from rpeg.runtime.roles import CriticWorker, PolicyWorker
 
 
 def build_policy(config: RunConfig, log: Callable[[str], None] | None = None):
     """(model, tokenizer, info): the configured model, or the built-in tiny model; with the
     supervised warm-up applied (cached) when ``config.warmup_sft_steps`` > 0."""
-    from rpeg.runtime.models import TINY_SHAPE, create_tiny, load_model_and_tokenizer
+    from rpeg.runtime.model_io import TINY_SHAPE, create_tiny, load_model_and_tokenizer
 
     mc = config.model
     torch.manual_seed(config.runtime.seed)

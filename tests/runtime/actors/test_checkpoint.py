@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rpeg.errors import ConfigError
-from rpeg.runtime.dist.checkpoint import COMMIT, CheckpointStore, check_writable, dumps, loads
-from rpeg.runtime.dist.weight_sync import pack, total_bytes, unpack
+from rpeg.runtime.actors.checkpoint import COMMIT, CheckpointStore, check_writable, dumps, loads
+from rpeg.runtime.actors.weight_sync import pack, total_bytes, unpack
 
 
 @pytest.fixture(params=["local", "memory"])

@@ -75,7 +75,7 @@ def config_from_kwargs(kw: dict[str, Any], *, base: Any = None) -> Any:
     for k in sorted(set(kw) - known):
         problems.append(Problem(k, f"unknown option; allowed: {', '.join(sorted(known))}"))
     if "model" in kw:
-        from rpeg.plan.search import resolve_model
+        from rpeg.search.optimizer import resolve_model
 
         try:
             data["model"]["name"] = resolve_model(kw["model"]).name

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpeg.perf.calib import DEFAULT, Calibration
-from rpeg.plan.space import Layout, Placement, SearchSpace, SpaceOptions, Structure
+from rpeg.perf.calibration import DEFAULT, Calibration
+from rpeg.search.space import Layout, Placement, SearchSpace, SpaceOptions, Structure
 
 DESCRIPTIONS = {
     "verl": "verl-style: colocated hybrid engine, synchronous, one layout for all roles",
@@ -30,7 +30,7 @@ DESCRIPTIONS = {
 
 
 def _new_evaluator(prob: Any, space_options: SpaceOptions | None, calib: Calibration):
-    from rpeg.plan.search import Evaluator, default_space
+    from rpeg.search.optimizer import Evaluator, default_space
 
     so = space_options or default_space(prob)
     space = SearchSpace(
@@ -45,7 +45,7 @@ def _new_evaluator(prob: Any, space_options: SpaceOptions | None, calib: Calibra
 
 
 def verl(prob: Any, space_options: SpaceOptions | None = None, calib: Calibration = DEFAULT):
-    from rpeg.plan.search import Baseline
+    from rpeg.search.optimizer import Baseline
 
     space, ev = _new_evaluator(prob, space_options, calib)
     st = Structure(0, False, "none")
@@ -76,7 +76,7 @@ def verl(prob: Any, space_options: SpaceOptions | None = None, calib: Calibratio
 
 
 def real(prob: Any, space_options: SpaceOptions | None = None, calib: Calibration = DEFAULT):
-    from rpeg.plan.search import Baseline, solve_cell
+    from rpeg.search.optimizer import Baseline, solve_cell
 
     space, ev = _new_evaluator(prob, space_options, calib)
     st = Structure(0, False, "none")
@@ -90,7 +90,7 @@ def real(prob: Any, space_options: SpaceOptions | None = None, calib: Calibratio
 
 
 def areal(prob: Any, space_options: SpaceOptions | None = None, calib: Calibration = DEFAULT):
-    from rpeg.plan.search import Baseline, solve_cell
+    from rpeg.search.optimizer import Baseline, solve_cell
 
     space, ev = _new_evaluator(prob, space_options, calib)
     n = prob.num_devices
@@ -116,7 +116,7 @@ def _why(ev: Any) -> str:
 
 
 def constrained(results: list, name: str, pred) -> Any:
-    from rpeg.plan.search import Baseline
+    from rpeg.search.optimizer import Baseline
 
     for c in results:  # sorted by step time
         if pred(c):

@@ -29,7 +29,7 @@ def _group(name, devices, algo):
 
 
 def _weights(actor):
-    from rpeg.runtime.dist.weight_sync import unpack
+    from rpeg.runtime.actors.weight_sync import unpack
 
     buckets, _ = actor.get_weight_buckets(4 << 20).result()
     return unpack(buckets)
@@ -37,9 +37,9 @@ def _weights(actor):
 
 @pytest.mark.parametrize("algo", ["reinforce_pp", "ppo"])
 def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_config, algo):
+    from rpeg.runtime.actors.driver import shard_groups
+    from rpeg.runtime.actors.rank import RankActor
     from rpeg.runtime.batch import RolloutBatch
-    from rpeg.runtime.dist.actors import RankActor
-    from rpeg.runtime.dist.driver import shard_groups
 
     cfg = make_config(
         tmp_path,
@@ -107,7 +107,7 @@ def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_conf
 def test_process_group_backend_follows_the_model_device():
     import torch
 
-    from rpeg.runtime.dist.actors import process_group_backend
+    from rpeg.runtime.actors.rank import process_group_backend
 
     # NCCL only for CUDA tensors (it refuses CPU ones); the runtime's roles live on the CPU
     assert process_group_backend(torch.device("cpu")) == "gloo"

@@ -13,9 +13,9 @@ from typing import Any
 
 from rpeg.errors import Problem
 from rpeg.ir.graph import GraphError
-from rpeg.perf.calib import DEFAULT, Calibration
-from rpeg.perf.model import StepPrediction, Workload, predict
-from rpeg.plan.plan import GraphRef, InfeasiblePlan, Plan, UnitPlan
+from rpeg.perf.calibration import DEFAULT, Calibration
+from rpeg.perf.pricing import StepPrediction, Workload, predict
+from rpeg.plan.schema import GraphRef, InfeasiblePlan, Plan, UnitPlan
 from rpeg.specs import SpecError
 
 # Prompt length assumed where a row does not publish it (DAPO-Math-17k prompts with the
@@ -365,7 +365,7 @@ def row_case(r: dict[str, str]) -> tuple[Any, Plan, Workload]:
 
 
 def _units(graph: Any) -> list[tuple[str, set[str]]]:
-    from rpeg.perf.model import graph_units
+    from rpeg.perf.pricing import graph_units
 
     return [(n, {k for _, k, _ in members}) for n, members in graph_units(graph)]
 

@@ -1,6 +1,6 @@
 """Golden files of the compile output (plain data) for each pipeline kind.
 
-Regenerate after an intended change: ``RPEG_REGEN_GOLDEN=1 pytest tests/distributed/test_compile_golden.py``.
+Regenerate after an intended change: ``RPEG_REGEN_GOLDEN=1 pytest tests/runtime/actors/test_compile_golden.py``.
 """
 
 from __future__ import annotations
