@@ -8,6 +8,14 @@ the same with generate+reward fused, async k=1 (rollout and training on separate
 and reports the Prefect+Dask overhead per step (sync minus single-process, and step time
 outside the actor's stages) and ratios to the single-process trainer. Prints one summary
 line at the end (``SUMMARY ...``). The machine is shared: quote medians, not single runs.
+
+Layouts (same run, interleaved, two workers): ``ddp_dp2`` (two full replicas, gradients
+averaged), ``fsdp_dp2`` (FSDP2 over dp=2) and ``tp2`` (DTensor tensor parallelism over two
+ranks): steps/s and peak RSS per rank. Weight sync of ``dask_async_k1``: measured seconds
+(gloo broadcast trainer -> generator) next to the performance model's ``sync_weights``
+prediction for the same plan on the ``local-cpu`` profile. ``--layouts ''`` skips them.
+Streaming: the same k=0 plan (generator on worker 0, trainer on worker 1) with and without a
+streaming rollout unit (the trainer's log-prob passes run on each chunk as it is generated).
 """
 
 from __future__ import annotations
@@ -44,13 +52,55 @@ def _cfg(out: str, steps: int, prompts: int, samples: int, **over):
 def _fused(cfg):
     """The same graph with generate+reward fused into one unit (one actor call per step)."""
     from rpeg.compile.compiler import graph_from_config
-    from rpeg.ir import fuse
+    from rpeg.ir import fuse, to_dict
     from rpeg.plan import colocated_plan
 
     g = fuse(graph_from_config(cfg), ["generate", "reward"], name="rollout")
     plan = colocated_plan(g, num_devices=1, micro_batch_size=cfg.workload.micro_batch_size)
-    plan = plan.model_copy(update={"graph": plan.graph.model_copy(update={"inline": g.to_dict()})})
+    plan = plan.with_inline_graph(to_dict(g))
     return cfg.model_copy(update={"plan": plan.to_dict()})
+
+
+def _layout(cfg, tp: int, engine: str):
+    """Every unit on devices 0-1; the training unit at ``tp`` with ``engine`` (fsdp/auto)."""
+    from rpeg.compile.compiler import graph_from_config
+    from rpeg.plan import colocated_plan
+
+    g = graph_from_config(cfg)
+    plan = colocated_plan(g, num_devices=2, tp=tp, micro_batch_size=cfg.workload.micro_batch_size)
+    units = {
+        k: (u.model_copy(update={"engine": engine}) if k.startswith("train") else u)
+        for k, u in plan.units.items()
+    }
+    d = plan.model_copy(update={"units": units}).to_dict()
+    d["graph"] = {"builder": None, "options": {}, "inline": None}  # the config's own graph
+    return cfg.with_overrides({"cluster.num_devices": 2}).model_copy(update={"plan": d})
+
+
+def _streamed(cfg, streaming: bool):
+    """k=0, generation on worker 0 and training on worker 1, generate+reward fused: with
+    ``streaming`` the trainer's log-prob passes run on each chunk while the next generates."""
+    from rpeg.compile.compiler import graph_from_config
+    from rpeg.ir import fuse, to_dict
+    from rpeg.plan import disaggregated_plan
+
+    g = fuse(graph_from_config(cfg), ["generate", "reward"], streaming=streaming, name="rollout")
+    plan = disaggregated_plan(
+        g, gen_devices=1, train_devices=1, micro_batch_size=cfg.workload.micro_batch_size
+    ).with_inline_graph(to_dict(g))
+    return cfg.with_overrides({"cluster.num_devices": 2}).model_copy(
+        update={"plan": plan.to_dict()}
+    )
+
+
+def _predicted_sync_s(cfg) -> float:
+    """The performance model's weight-sync seconds for the config's compiled plan."""
+    from rpeg.compile import resolve
+    from rpeg.perf import Workload, predict_plan
+
+    _, plan = resolve(None, cfg)
+    pred = predict_plan(plan, Workload.from_config(cfg.workload), algorithm=cfg.algorithm)
+    return float(sum(c.time_s for c in pred.stages.values() if "sync_weights" in c.kinds))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -60,6 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved A/B rounds")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--layouts", default="ddp_dp2,fsdp_dp2,tp2", help="comma list; '' = none")
     a = ap.parse_args(argv)
     from prefect.testing.utilities import prefect_test_harness
     from rpeg.flows.train import run_train
@@ -72,13 +123,28 @@ def main(argv: list[str] | None = None) -> dict:
     overhead: list[float] = []
     ws_s: list[float] = []
     ws_bytes = 0.0
+    rss: dict[str, list[int]] = {}
+    predicted_sync = float("nan")
 
     def steps_of(hist):
         return [h["step_s"] for h in hist[1:]] or [h["step_s"] for h in hist]  # skip step 0
 
     def configs(r: int) -> dict:
         base = _cfg(f"{tmp}/sync{r}", a.steps, a.prompts, a.samples)
+        lay = {
+            "ddp_dp2": lambda c: _layout(c, 1, "auto"),
+            "fsdp_dp2": lambda c: _layout(c, 1, "fsdp"),
+            "tp2": lambda c: _layout(c, 2, "auto"),
+        }
+        extra = {
+            n: lay[n](_cfg(f"{tmp}/{n}{r}", a.steps, a.prompts, a.samples))
+            for n in a.layouts.split(",")
+            if n
+        }
+        for n, on in (("k0_split_streaming", True), ("k0_split_no_streaming", False)):
+            extra[n] = _streamed(_cfg(f"{tmp}/{n}{r}", a.steps, a.prompts, a.samples), on)
         return {
+            **extra,
             "dask_sync": base,
             "dask_fused": _fused(_cfg(f"{tmp}/fused{r}", a.steps, a.prompts, a.samples)),
             "dask_async_k1": _cfg(
@@ -111,21 +177,29 @@ def main(argv: list[str] | None = None) -> dict:
                                 sp["end_s"] - sp["start_s"]
                             )
                     overhead += [h["step_s"] - inside.get(int(h["step"]), 0.0) for h in hist[1:]]
+                peak = s.get("peak_memory") or {}
+                if peak:
+                    rss[name] = [m.get("peak_rss_bytes", 0) for ms in peak.values() for m in ms]
                 if name == "dask_async_k1":
+                    predicted_sync = _predicted_sync_s(c)
                     ws = s["_extra"]["weight_sync"]
                     ws_s += [w["weight_sync_s"] for w in ws]
                     ws_bytes = ws[0]["weight_sync_bytes"] if ws else 0.0
     res = {k: statistics.median(v) for k, v in samples.items()}
     base = res["local"]
-    ratios = {k: res[k] / base for k in ("dask_sync", "dask_fused", "dask_async_k1")}
+    ratios = {k: res[k] / base for k in res if k != "local"}
     res["overhead_per_step_s"] = res["dask_sync"] - base
     res["outside_actor_per_step_s"] = statistics.median(overhead) if overhead else float("nan")
     res["fused_over_unfused"] = res["dask_fused"] / res["dask_sync"]
+    steps_per_s = {k: 1.0 / res[k] for k in samples if res[k] > 0}
     if ws_s:
         res["weight_sync_s"] = statistics.median(ws_s)
         res["weight_sync_bytes"] = ws_bytes
+        res["weight_sync_predicted_s"] = predicted_sync
     out = {
         "median_step_s": res,
+        "steps_per_s": steps_per_s,
+        "peak_rss_mib_per_rank": {k: [round(b / 2**20) for b in v] for k, v in rss.items()},
         "ratio_to_local": ratios,
         "n_steps_per_config": {k: len(v) for k, v in samples.items()},
         "load_avg": os.getloadavg(),
@@ -141,7 +215,26 @@ def main(argv: list[str] | None = None) -> dict:
         + " "
         + " ".join(f"{k}/local={v:.2f}" for k, v in ratios.items())
         + f" overhead={res['overhead_per_step_s']:.3f}s/step"
+        + (
+            f" sync_measured={res['weight_sync_s']:.3f}s"
+            f" sync_predicted={res['weight_sync_predicted_s']:.3f}s"
+            if "weight_sync_s" in res
+            else ""
+        )
+        + f" dask_sync/local={ratios['dask_sync']:.2f}"
     )
+    if "k0_split_streaming" in res:
+        print(
+            f"STREAMING k=0 1+1 workers: streaming {res['k0_split_streaming']:.3f}s vs "
+            f"without {res['k0_split_no_streaming']:.3f}s per step "
+            f"({res['k0_split_streaming'] / res['k0_split_no_streaming']:.2f}x)"
+        )
+    for k in [n for n in a.layouts.split(",") if n]:
+        if k in res:
+            print(
+                f"LAYOUT {k}: {steps_per_s[k]:.2f} steps/s, peak RSS per rank "
+                f"{out['peak_rss_mib_per_rank'].get(k, [])} MiB"
+            )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -87,7 +87,8 @@ def main() -> int:
     import tempfile
 
     from rpeg.config import RunConfig
-    from rpeg.search.optimizer import problem_from_config, solve
+    from rpeg.search.optimizer import solve
+    from rpeg.search.problem import problem_from_config
 
     base = RunConfig.from_yaml(args.config) if args.config else RunConfig()
     base = base.with_overrides(

@@ -6,7 +6,8 @@ the smallest achievable max error over the grid. Use it to tell a model gap from
 if no single length brings every row of one recipe within the target, the rows disagree with
 each other, not with the model (docs/perf-model.md, "Rows that cannot be matched").
 
-    python benchmarks/length_scan.py ../shared/validation/steps_dev.csv --prefix verl-fa-7b
+    python benchmarks/length_scan.py --prefix verl-fa-7b          # the shipped data set
+    python benchmarks/length_scan.py other.csv --prefix verl-fa-7b
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("csv")
+    ap.add_argument("csv", nargs="?", default=None, help="default: the shipped data set")
     ap.add_argument("--prefix", required=True, help="case_id prefix selecting the rows")
     ap.add_argument("--lo", type=float, default=400.0, help="smallest mean length (tokens)")
     ap.add_argument("--hi", type=float, default=2000.0, help="largest mean length (tokens)")
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     best: tuple[float, float] | None = None
     mean = a.lo
     while mean <= a.hi + 1e-9:
-        rep = validate_rows([dict(r, avg_gen_len=str(mean)) for r in rows])
+        rep = validate_rows([dict(r, avg_gen_len=str(mean)) for r in rows], intervals=False)
         if not rep.compared:
             print(f"mean={mean:.0f}: no row predicted", file=sys.stderr)
             return 1

@@ -12,27 +12,33 @@ Per step (cheap: one API call to update the progress bar, one log line)::
         m = ...                                   # the step's metrics (floats)
         publish_step(step + 1, total, m)          # progress artifact + "step 3/20 reward=..." log
 
-At the end (or every N steps)::
+At the end, once per run (from the flow that owns the run, never from a subflow too)::
 
-    publish_metrics_table(history)                # one row per step, the run's main metrics
-    publish_checkpoint(url, step)                 # link artifact to the committed checkpoint
-    publish_timeline(records, "runs/x/timeline.png", predicted=pred_records)
-    publish_plan_report(markdown)                 # the ``rpeg plan`` report
-    publish_summary(summary)                      # the summary dict as a markdown table
+    publish_results(summary, out_dir, predicted=pred_records)   # table + summary page with
+                                                  # the curve and the Gantt chart
+    publish_checkpoint(url, step)                 # the checkpoint location, as text
+    publish_plan_report(markdown)                 # the plan report (rpeg.flows.reports)
+    publish_refused(reason)                       # a run whose parameters were refused
+
+Pictures (the reward/accuracy curve, the predicted-vs-measured Gantt chart, the step
+graph) are embedded as ``data:`` URIs in markdown artifacts: the Prefect UI renders them and
+serves no local files. Paths are shown as text, never as ``file://`` links.
 
 Functions
 ---------
 ``in_prefect_run() -> bool``
 ``artifact_key(*parts) -> str``
-``publish_step(step, total_steps, metrics, *, key=None, log=True) -> UUID | None``
+``publish_step(step, total_steps, metrics, *, key=None, log_line=True) -> UUID | None``
 ``publish_metrics_table(history, *, key=None, columns=None, description=None) -> UUID | None``
 ``publish_checkpoint(url, step, *, key=None, score=None, description=None) -> UUID | None``
 ``publish_plan_report(markdown, *, key=None) -> UUID | None``  (markdown text or a path to .md)
-``publish_timeline(measured, image_path, *, predicted=None, key=None, title="") -> UUID | None``
-``publish_summary(summary, *, key=None, title="Run summary") -> UUID | None``
+``publish_timeline(measured, image_path=None, *, predicted=None, key=None) -> UUID | None``
+``publish_curve(history, *, heldout=(None, None), image_path=None, key=None) -> UUID | None``
+``results_markdown(summary, history, *, measured=None, predicted=None, out_dir=None) -> str``
+``publish_summary(summary, *, key=None, title="Run summary", out_dir=None) -> UUID | None``
+``publish_results(summary, out_dir=None, *, predicted=None, history=None, timeline=None)``
+``publish_refused(reason, *, key=None) -> UUID | None``
 ``publish_markdown(markdown, *, key=None, description=None) -> UUID | None``
-``MetricsWatcher(path, total_steps, start_step=0)`` -- a thread that tails a metrics.jsonl
-written by another component and calls :func:`publish_step` for each new line.
 """
 
 from __future__ import annotations
@@ -58,6 +64,18 @@ MAIN_METRICS = (
     "pg_loss",
     "clip_frac",
     "entropy",
+    "staleness_max",
+    "step_s",
+    "tokens_per_s",
+)
+
+# columns of the metrics table (fewer than the log line, so the table fits the page)
+TABLE_METRICS = (
+    "reward_mean",
+    "accuracy",
+    "response_length",
+    "kl",
+    "pg_loss",
     "staleness_max",
     "step_s",
     "tokens_per_s",
@@ -212,7 +230,7 @@ def publish_metrics_table(
 
     if columns is None:
         present = set().union(*(h.keys() for h in history))
-        columns = ["step"] + [k for k in MAIN_METRICS if k in present]
+        columns = ["step"] + [k for k in TABLE_METRICS if k in present]
     rows = []
     hist = list(history)
     if len(hist) > max_rows:  # keep the first and the newest rows
@@ -224,7 +242,7 @@ def publish_metrics_table(
             if c == "step" and isinstance(v, float):
                 v = int(v) + 1  # runtime metrics count steps from 0; the table from 1
             elif isinstance(v, float):
-                v = None if math.isnan(v) else round(v, 6)
+                v = None if math.isnan(v) else float(f"{v:.4g}")
             row[c] = v
         rows.append(row)
     return _safe(
@@ -236,6 +254,15 @@ def publish_metrics_table(
     )
 
 
+def location_text(url: str) -> str:
+    """A checkpoint or file location as markdown text: the path (or URL) in code font, and a
+    link only for http(s) URLs (a browser opens no ``file://`` link from an http page)."""
+    text = url if "://" in url else str(Path(url).resolve())
+    if url.startswith(("http://", "https://")):
+        return f"[`{text}`]({url})"
+    return f"`{text}`"
+
+
 def publish_checkpoint(
     url: str,
     step: int,
@@ -244,20 +271,14 @@ def publish_checkpoint(
     score: float | None = None,
     description: str | None = None,
 ) -> UUID | None:
-    """A link artifact to a committed checkpoint (``url`` = its folder or fsspec URL)."""
+    """A markdown artifact naming a committed checkpoint (its folder or fsspec URL as text)."""
     if not in_prefect_run():
         return None
-    from prefect.artifacts import create_link_artifact
-
-    link = url if "://" in url else Path(url).resolve().as_uri()
     text = f"checkpoint step {step}" + (f" (score {_fmt(score)})" if score is not None else "")
-    return _safe(
-        "link",
-        create_link_artifact,
-        link=link,
-        link_text=text,
+    return publish_markdown(
+        f"# {text}\n\n{location_text(url)}\n",
         key=key or _default_key("checkpoint"),
-        description=description or text,
+        description=description or f"{text}: {url}",
     )
 
 
@@ -287,176 +308,220 @@ def publish_plan_report(markdown: str | Path, *, key: str | None = None) -> UUID
     )
 
 
-def summary_markdown(summary: Mapping[str, Any], title: str = "Run summary") -> str:
+def summary_markdown(
+    summary: Mapping[str, Any], title: str = "Run summary", out_dir: str | Path | None = None
+) -> str:
     lines = [f"# {title}", "", "| metric | value |", "| --- | --- |"]
     for k, v in summary.items():
         if k.startswith("_") or isinstance(v, dict | list):
             continue
         lines.append(f"| {k} | {_fmt(v)} |")
+    if out_dir is not None:
+        lines += ["", f"output folder: {location_text(str(out_dir))}"]
     return "\n".join(lines) + "\n"
 
 
 def publish_summary(
-    summary: Mapping[str, Any], *, key: str | None = None, title: str = "Run summary"
+    summary: Mapping[str, Any],
+    *,
+    key: str | None = None,
+    title: str = "Run summary",
+    out_dir: str | Path | None = None,
 ) -> UUID | None:
     return publish_markdown(
-        summary_markdown(summary, title), key=key or _default_key("summary"), description=title
+        summary_markdown(summary, title, out_dir),
+        key=key or _default_key("summary"),
+        description=title,
     )
+
+
+def _saved(image_path: str | Path | None, png: bytes) -> list[str]:
+    if image_path is None:
+        return []
+    saved = _safe("picture file", _write_bytes, image_path, png)
+    return [f"saved as {location_text(str(saved))}", ""] if saved is not None else []
+
+
+def timeline_section(
+    measured: Iterable[Any] | None,
+    predicted: Iterable[Any] | None = None,
+    image_path: str | Path | None = None,
+) -> list[str]:
+    """Markdown lines: the one-step Gantt chart (predicted and measured rows) as an
+    embedded image, and the seconds per stage."""
+    from rpeg.flows import reports
+
+    meas, pred = list(measured or []), list(predicted or [])
+    png = _safe("timeline picture", reports.gantt_png, meas, pred)
+    lines = ["## Step timeline: predicted vs measured", ""]
+    if png:
+        lines += [reports.image_markdown(png, "predicted vs measured Gantt chart"), ""]
+        lines += _saved(image_path, png)
+    lines += reports.stage_seconds_markdown("predicted seconds per stage", pred)
+    lines += reports.stage_seconds_markdown("measured seconds per stage", meas)
+    return lines
+
+
+def curve_section(
+    history: Sequence[Mapping[str, Any]],
+    heldout: tuple[float | None, float | None] = (None, None),
+    image_path: str | Path | None = None,
+) -> list[str]:
+    """Markdown lines: reward and accuracy per step as an embedded image."""
+    from rpeg.flows import reports
+
+    png = _safe("curve picture", reports.curve_png, history, heldout=heldout)
+    if not png:
+        return []
+    lines = ["## Reward and accuracy", "", reports.image_markdown(png, "reward and accuracy"), ""]
+    lines += _saved(image_path, png)
+    before, after = heldout
+    if before is not None or after is not None:
+        lines += [f"held-out accuracy: {_fmt(before)} before, {_fmt(after)} after training", ""]
+    return lines
 
 
 def publish_timeline(
     measured: Iterable[Any] | None,
-    image_path: str | Path,
+    image_path: str | Path | None = None,
     *,
     predicted: Iterable[Any] | None = None,
     key: str | None = None,
-    title: str = "",
 ) -> UUID | None:
-    """Draw the measured (and predicted) step timeline with :func:`rpeg.perf.timeline.gantt`
-    to ``image_path`` and publish a markdown artifact naming the image and the stage times.
-
-    ``measured``/``predicted`` are :class:`rpeg.perf.timeline.TimelineRecord` s or their dicts;
-    with ``measured=None`` an existing image at ``image_path`` is only referenced. The UI does
-    not serve local files: the artifact carries the path (and ``file://`` URI) to open.
-    """
+    """The step timeline alone (:func:`timeline_section`) as a markdown artifact."""
     if not in_prefect_run():
         return None
-    from rpeg.perf.timeline import TimelineRecord, gantt
-
-    def _recs(items: Iterable[Any] | None) -> list[TimelineRecord]:
-        out = []
-        for r in items or []:
-            rec = r if isinstance(r, TimelineRecord) else TimelineRecord.from_dict(dict(r))
-            out.append(rec)
-        return out
-
-    meas, pred = _recs(measured), _recs(predicted)
-    path = Path(image_path)
-    if meas or pred:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            both = [
-                TimelineRecord(
-                    r.stage,
-                    f"{r.source or 'measured'} {r.device_group}",
-                    r.start_s,
-                    r.end_s,
-                    r.step,
-                    r.kind,
-                    r.source,
-                )
-                for r in pred + meas
-            ]
-            gantt(both, str(path), title=title or "measured vs predicted step timeline")
-        except Exception as exc:  # noqa: BLE001
-            log.warning("could not draw the timeline: %s", exc)
-    lines = ["# Step timeline", "", f"image: `{path.resolve()}` ({path.resolve().as_uri()})", ""]
-    for label, recs in (("predicted", pred), ("measured", meas)):
-        if not recs:
-            continue
-        by: dict[str, float] = {}
-        for r in recs:
-            by[r.stage] = by.get(r.stage, 0.0) + r.duration_s
-        lines += [f"## {label}", "", "| stage | seconds |", "| --- | --- |"]
-        lines += [f"| {s} | {_fmt(t)} |" for s, t in sorted(by.items(), key=lambda kv: -kv[1])]
-        lines.append("")
     return publish_markdown(
-        "\n".join(lines), key=key or _default_key("timeline"), description="step timeline"
+        "\n".join(timeline_section(measured, predicted, image_path)),
+        key=key or _default_key("timeline"),
+        description="step timeline",
     )
 
 
+def _write_bytes(path: str | Path, data: bytes) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(data)
+    return p
+
+
+def publish_curve(
+    history: Sequence[Mapping[str, Any]],
+    *,
+    heldout: tuple[float | None, float | None] = (None, None),
+    image_path: str | Path | None = None,
+    key: str | None = None,
+) -> UUID | None:
+    """The reward/accuracy curve alone (:func:`curve_section`) as a markdown artifact."""
+    if not in_prefect_run() or not history:
+        return None
+    lines = curve_section(history, heldout, image_path)
+    if not lines:
+        return None
+    return publish_markdown(
+        "\n".join(lines), key=key or _default_key("curve"), description="reward/accuracy curve"
+    )
+
+
+def publish_refused(reason: str, *, key: str | None = None) -> UUID | None:
+    """The ``refused`` artifact of a run whose parameters or config were refused."""
+    return publish_markdown(
+        f"# Run refused\n\nNothing was started:\n\n```\n{reason}\n```\n",
+        key=key or _default_key("refused"),
+        description=reason[:500],
+    )
+
+
+def results_markdown(
+    summary: Mapping[str, Any],
+    history: Sequence[Mapping[str, Any]],
+    *,
+    measured: Iterable[Any] | None = None,
+    predicted: Iterable[Any] | None = None,
+    out_dir: str | Path | None = None,
+) -> str:
+    """The run's summary page: the numbers, the reward/accuracy curve and the
+    predicted-vs-measured Gantt chart (pictures embedded), the output folder as text."""
+    out = Path(out_dir) if out_dir is not None else None
+    heldout = (summary.get("heldout_acc_before"), summary.get("heldout_acc_after"))
+    lines = ["# Run summary", ""]
+    lines += curve_section(history, heldout, out and out / "curve.png")
+    meas, pred = list(measured or []), list(predicted or [])
+    if meas or pred:
+        lines += timeline_section(meas, pred, out and out / "timeline.png")
+    lines.append(summary_markdown(summary, "", out).replace("# \n\n", "## Numbers\n\n", 1))
+    return "\n".join(lines)
+
+
+def publish_results(
+    summary: Mapping[str, Any],
+    out_dir: str | Path | None = None,
+    *,
+    predicted: Iterable[Any] | None = None,
+    history: Sequence[Mapping[str, Any]] | None = None,
+    timeline: Iterable[Any] | None = None,
+) -> None:
+    """Everything a finished run publishes, once: the metrics table (``<flow>-metrics``)
+    and the summary page (``<flow>-summary``: numbers, curve, Gantt chart). ``history`` and
+    ``timeline`` default to ``summary["_extra"]`` (the runtime's) or the files in
+    ``out_dir`` (``metrics.jsonl``, ``timeline.json``); the pictures are saved there too."""
+    if not in_prefect_run():
+        return
+    from rpeg.flows import reports
+
+    extra = summary.get("_extra") or {}
+    out = Path(out_dir) if out_dir is not None else None
+    if history is None:
+        history = extra.get("history")
+    if history is None and out is not None:
+        history = _read_jsonl(out / "metrics.jsonl")
+    if timeline is None:
+        timeline = extra.get("timeline")
+    if timeline is None and out is not None:
+        timeline = _read_timeline(out / "timeline.json")
+    history = list(history or [])
+    publish_metrics_table(history)
+    measured = _safe("timeline", reports.last_step_records, timeline or []) or []
+    md = results_markdown(summary, history, measured=measured, predicted=predicted, out_dir=out)
+    before, after = summary.get("heldout_acc_before"), summary.get("heldout_acc_after")
+    publish_markdown(
+        md,
+        key=_default_key("summary"),
+        description=f"{summary.get('steps', len(history))} steps; held-out accuracy "
+        f"{_fmt(before)} -> {_fmt(after)}; curve and timeline inside",
+    )
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]] | None:
+    try:
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return None
+
+
+def _read_timeline(path: Path) -> list[dict[str, Any]] | None:
+    try:
+        return json.loads(path.read_text())["records"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 # ---------------------------------------------------------------------- watcher
-class MetricsWatcher:
-    """Tail a ``metrics.jsonl`` (one JSON object per step, ``step`` counting from 0) written
-    by another component in this process or another one, and :func:`publish_step` every new
-    step. Start it inside a flow run (it captures the run context), ``stop()`` at the end.
-    Rewritten files (the runtime rewrites metrics.jsonl whole) are handled by step number.
-    """
-
-    def __init__(
-        self,
-        path: str | Path,
-        total_steps: int,
-        *,
-        start_step: int = 0,
-        interval_s: float = 1.0,
-        key: str | None = None,
-        not_before: float | None = None,
-    ):
-        self.path = Path(path)
-        self.not_before = not_before  # ignore a file last written before this (a previous run's)
-        self.total_steps = total_steps
-        self.seen = start_step
-        self.interval_s = interval_s
-        self.key = key
-        self.history: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._ctx = None
-
-    def start(self) -> MetricsWatcher:
-        if not in_prefect_run():
-            return self
-        import contextvars
-
-        self._ctx = contextvars.copy_context()
-        self._thread = threading.Thread(
-            target=lambda: self._ctx.run(self._loop), name="rpeg-metrics-watcher", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def poll(self) -> int:
-        """Publish steps written since the last poll; returns how many."""
-        try:
-            if self.not_before is not None and self.path.stat().st_mtime < self.not_before - 1.0:
-                return 0
-            text = self.path.read_text()
-        except OSError:
-            return 0
-        rows = []
-        for line in text.splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue  # a line being written
-        n = 0
-        for m in rows:
-            s = int(m.get("step", -1)) + 1
-            if s > self.seen:
-                self.seen = s
-                self.history.append(m)
-                publish_step(s, self.total_steps, m, key=self.key)
-                n += 1
-        return n
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.poll()
-            self._stop.wait(self.interval_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            if self._ctx is not None:
-                self._ctx.run(self.poll)
-
-    def __enter__(self) -> MetricsWatcher:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-
 __all__ = [
     "MAIN_METRICS",
-    "MetricsWatcher",
+    "TABLE_METRICS",
     "artifact_key",
     "format_step_line",
     "in_prefect_run",
     "progress_artifact_id",
+    "location_text",
     "publish_checkpoint",
+    "publish_curve",
+    "publish_refused",
+    "publish_results",
+    "results_markdown",
+    "curve_section",
+    "timeline_section",
     "publish_markdown",
     "publish_metrics_table",
     "publish_plan_report",

@@ -1,13 +1,15 @@
-"""The ``rl_train`` Prefect flow and its Python entry :func:`run_train`.
+"""The training flow (Prefect name ``train``; Python :func:`rl_train`, config as a dict) and
+its Python entry :func:`run_train`. Deployments run the same loop from a typed form
+(:mod:`rpeg.flows.train_form`) under the same flow name.
 
 Prefect drives, Dask executes: the flow compiles the plan, validates everything (devices,
-roles, checkpoint URL) *before* any actor starts, brings up the cluster, starts one actor
-per rank, then runs the step loop with one thin task per execution unit. Synchronous or
-colocated layouts run each step's units in dependency order (units on disjoint devices
-concurrently); layouts with a separate rollout group pipeline rollouts through the
-staleness buffer, at most k versions ahead of training, with a bucketed weight sync after
-every update. A lost worker fails the step; the flow re-creates the actors from the last
-checkpoint and continues (no step counted twice, no sample lost or used twice).
+roles, checkpoint URL) *before* any actor starts, brings up the cluster and one actor per
+rank, then executes the instructions of the step scheduler
+(:mod:`rpeg.runtime.actors.scheduler`: which unit, rollout, take, weight sync or checkpoint
+comes next) -- units as direct calls, rollouts, weight syncs, checkpoints and evaluations
+as thin Prefect tasks (``rpeg.tasks.dispatch`` says why) -- and feeds each result back as
+an event; it decides nothing itself. A lost worker is a ``Recover`` instruction: the flow re-creates the actors
+from the last checkpoint and drives on (no step counted twice, no sample lost or used twice).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -25,52 +26,21 @@ from rpeg.infra.cluster import prefect_env
 prefect_env()
 
 from prefect import flow  # noqa: E402
+from rpeg.flows.launch import config_run_name, run_logger  # noqa: E402
 
 from rpeg.config import RunConfig  # noqa: E402
 
 log = logging.getLogger("rpeg.flows.train")
 
-SUMMARY_KEYS = (
-    "steps",
-    "wall_s",
-    "median_step_s",
-    "reward_first10",
-    "reward_last10",
-    "heldout_acc_before",
-    "heldout_acc_after",
-)
-
-
-def _is_worker_loss(exc: BaseException) -> bool:
-    """A lost worker or actor (retry from the checkpoint), not a bug in a stage (re-raise)."""
-    if isinstance(exc, OSError | ConnectionError | TimeoutError):
-        return (
-            True  # distributed's CommClosedError is an OSError ("Unable to contact Actor's worker")
-        )
-    text = f"{type(exc).__name__}: {exc}"
-    keys = (
-        "Unable to contact",
-        "KilledWorker",
-        "lost",
-        "CommClosed",
-        "KilledWorker",
-        "StreamClosed",
-        "not found",
-        "closed",
-        "Connection",
-        "Timeout",
-    )
-    return any(k in text for k in keys)
-
 
 def validate_before_start(config: RunConfig, cluster_devices: int | None = None):
     """Compile and check every input; raises ConfigError listing all problems."""
-    from rpeg.compile import compile_plan
-    from rpeg.runtime.actors.checkpoint import check_writable
+    from rpeg.preflight import preflight
+    from rpeg.runtime.engines.choice import check_engine
 
-    compiled = compile_plan(None, config, cluster_devices=cluster_devices)
-    if config.runtime.checkpoint_url:
-        check_writable(config.runtime.checkpoint_url)
+    # model, task data, rewards, template, places, machine and the plan, all at once
+    compiled = preflight(config, cluster_devices=cluster_devices)
+    check_engine(config, compiled)
     return compiled
 
 
@@ -157,6 +127,142 @@ class _Metrics:
             self.tb.close()
 
 
+class _Sink:
+    """Where a finished step goes: metrics.jsonl (every step's line rewritten, so a step
+    recomputed after a recovery replaces its line), TensorBoard when installed, the progress
+    bar and the Prefect artifacts. Written by one thread of its own, in order (a record costs
+    10-50 ms of file and Prefect API work that the next step need not wait for);
+    :meth:`close` waits for every record and raises the first error."""
+
+    def __init__(self, out: Path, steps: int, progress: bool, checkpoint_url: Any):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.steps = steps
+        self.metrics = _Metrics(out)
+        self.progress = _Progress(steps, progress)
+        self.checkpoint_url = checkpoint_url
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpeg-sink")
+        self._pending: list[Any] = []
+
+    def record(self, ins: Any, history: dict[int, dict[str, float]]) -> None:
+        import contextvars
+
+        for f in [f for f in self._pending if f.done()]:  # a failed write fails the run here
+            self._pending.remove(f)
+            f.result()
+        snapshot = {s: dict(m) for s, m in history.items()}
+        ctx = contextvars.copy_context()  # the flow run's context: its logger and artifacts
+        self._pending.append(self._writer.submit(ctx.run, self._write, ins, snapshot))
+
+    def _write(self, ins: Any, history: dict[int, dict[str, float]]) -> None:
+        self.metrics.scalar(ins.step, ins.metrics)
+        self.metrics.write_all(history)
+        self.progress.update(ins.step + 1, ins.metrics)
+        if ins.checkpoint is not None:
+            where = self.checkpoint_url(ins.checkpoint)
+            run_logger().info("checkpoint after step %d: %s", ins.checkpoint, where)
+            if ins.checkpoint == self.steps:  # one artifact per run: the final checkpoint
+                _artifacts("publish_checkpoint", where, ins.checkpoint)
+        _artifacts("publish_step", ins.step + 1, self.steps, ins.metrics)
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self.progress.close()
+        self.metrics.close()
+        for f in self._pending:
+            f.result()
+
+
+def _outcome(ins: Any, fut: Any) -> Any:
+    """The event of a finished task: its result, or a lost worker / out-of-memory (by the
+    exception's type); any other error is raised as it is."""
+    from rpeg.runtime.actors import scheduler as S
+    from rpeg.runtime.actors.failures import classify
+
+    try:
+        res = fut.result()
+    except Exception as exc:
+        kind = classify(exc)
+        if kind == "worker_lost":
+            return S.WorkerLost(ins, exc)
+        if kind == "oom":
+            return S.OutOfMemory(ins, exc)
+        raise
+    return ins.done(res)
+
+
+def _drive(run: Any, sched: Any, event: Any, sink: _Sink, hook: Any) -> Any:
+    """Execute the scheduler's instructions, feeding every result back as an event, until it
+    says Finish or Recover (returned); Fail is raised. Decides nothing.
+
+    Units and takes run as direct calls (in place when they are the only work in flight,
+    else on a small thread pool), everything else as Prefect task runs (``rpeg.tasks.dispatch``); a step's record (metrics file, progress, artifacts)
+    is written in the sink's own thread, off the path from one step to the next."""
+    import queue
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rpeg.tasks import submit
+    from rpeg.tasks.dispatch import Inline
+
+    from rpeg.runtime.actors import scheduler as S
+
+    finished: queue.Queue = queue.Queue()
+    running: dict[Any, Any] = {}  # future -> instruction
+    todo = deque(sched.handle(event))
+    pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="rpeg-unit")
+    inline = Inline()
+    try:
+        while True:
+            while todo:
+                ins = todo.popleft()
+                if isinstance(ins, S.Finish | S.Recover):
+                    _abandon(run, running, recovering=isinstance(ins, S.Recover))
+                    return ins
+                if isinstance(ins, S.Fail):
+                    raise ins.exception()
+                if isinstance(ins, S.BeginStep):
+                    run.timeline.begin_step(ins.step)
+                    if hook is not None:
+                        hook(run, ins.step)
+                elif isinstance(ins, S.Release):
+                    run.release(ins.step)
+                elif isinstance(ins, S.EndStep):
+                    seconds = run.timeline.end_step(ins.step)
+                    todo.extend(
+                        sched.handle(S.StepEnded(ins.step, seconds, run.step_metrics(ins.step)))
+                    )
+                elif isinstance(ins, S.Record):
+                    sink.record(ins, sched.history)
+                else:  # the only work in flight and nothing queued: run it in place
+                    here = inline if not running and not todo else pool
+                    fut = submit(run, ins, here)
+                    running[fut] = ins
+                    fut.add_done_callback(finished.put)
+            fut = finished.get()
+            todo.extend(sched.handle(_outcome(running.pop(fut), fut)))
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _abandon(run: Any, running: dict[Any, Any], *, recovering: bool) -> None:
+    """Before a recovery: restart or close the surviving actors first (a rank blocked in a
+    collective with the dead one returns only then), then wait for every task still running
+    so that none writes into the restored state."""
+    import concurrent.futures
+    import contextlib
+
+    if recovering:
+        run.abandon()
+    for fut in running:
+        with contextlib.suppress(Exception):
+            if isinstance(fut, concurrent.futures.Future):  # a direct call (dispatch.DIRECT)
+                concurrent.futures.wait([fut], timeout=120)
+            else:
+                fut.wait(timeout=120)
+    running.clear()
+
+
 def _train(
     config: RunConfig,
     *,
@@ -167,24 +273,66 @@ def _train(
     cluster: Any = None,
     fault_hook: Any = None,
 ) -> dict[str, Any]:
-    from rpeg.infra.cluster import start_cluster
-    from rpeg.tasks import (
-        checkpoint_task,
-        evaluate_task,
-        rollout_task,
-        run_unit_task,
-        sync_weights_task,
-        take_task,
-    )
-
+    """The training flow's body: set up, then execute the step scheduler's instructions;
+    a lost worker is a Recover instruction, answered by re-creating the actors from the last
+    checkpoint (``run.recover``) and driving on."""
+    from rpeg.runtime.actors import scheduler as S
     from rpeg.runtime.actors.driver import DistributedRun
 
     t_start = time.perf_counter()
+    c, compiled, cl, owned = _setup(config, cluster_address, resume, cluster)
+    out = Path(c.runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compiled_step.yaml").write_text(compiled.to_yaml())
+    run = DistributedRun(c, compiled, cl)
+    sched = S.StepScheduler.from_compiled(
+        compiled,
+        c.runtime.steps,
+        checkpoint_every=c.runtime.checkpoint_every if run.store is not None else None,
+        max_recoveries=c.runtime.step_retries,
+    )
+    sink = _Sink(out, c.runtime.steps, progress, run.checkpoint_url)
+    rlog = run_logger()
+    try:
+        n = sum(len(g.devices) for g in compiled.actor_groups)
+        rlog.info(
+            "starting %d actors in %d group(s); models load now", n, len(compiled.actor_groups)
+        )
+        run.start_actors()
+        rlog.info("actors ready in %.1f s", run.actor_start_s)
+        state = run.restore() if c.runtime.resume else None
+        if state is not None:
+            rlog.info("resumed from checkpoint at step %d", state["step"])
+        ins = _drive(run, sched, S.Start(state), sink, fault_hook)
+        while isinstance(ins, S.Recover):
+            log.warning("%s; recovering from the last checkpoint", ins.reason)
+            ins = _drive(run, sched, S.Recovered(run.recover()), sink, fault_hook)
+        checksums = run.param_checksums()
+    finally:
+        try:
+            run.close()
+            if owned:
+                cl.close()
+        finally:
+            sink.close()  # waits for the last records; raises a failed write's error
+    return _finish(run, sched, out, summary_json, time.perf_counter() - t_start, checksums)
+
+
+def _setup(config: RunConfig, cluster_address: Any, resume: bool, cluster: Any):
+    """(config, compiled step, cluster, whether we own the cluster): every input checked
+    before any actor starts."""
+    from rpeg.infra.cluster import start_cluster
+
     c = config
+    if resume and not c.runtime.resume:  # the checkpoint store resolves the run to resume
+        c = c.with_overrides({"runtime.resume": True})
     address = cluster_address or c.cluster.address
+    rlog = run_logger()
     if address and cluster is None:
-        cl = start_cluster(address, torch_threads=c.runtime.torch_threads)
+        rlog.info("connecting to the Dask scheduler at %s", address)
+        cl = start_cluster(address, torch_threads=c.runtime.torch_threads, cluster_config=c.cluster)
         have = len(cl.workers)
+        rlog.info("connected: %d Dask workers", have)
     else:
         cl = cluster
         have = len(cl.workers) if cl is not None else c.cluster.n_workers
@@ -198,154 +346,60 @@ def _train(
         raise
     owned = cluster is None  # we started the LocalCluster or connected the client
     if cl is None:
+        n_workers = max(c.cluster.n_workers, compiled.num_devices)
+        rlog.info("starting a Dask LocalCluster with %d worker processes", n_workers)
+        t_cl = time.perf_counter()
         cl = start_cluster(
             None,
-            n_workers=max(c.cluster.n_workers, compiled.num_devices),
+            n_workers=n_workers,
             threads_per_worker=c.cluster.threads_per_worker,
             torch_threads=c.runtime.torch_threads,
+            cluster_config=c.cluster,
         )
-    out = Path(c.runtime.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compiled_step.yaml").write_text(compiled.to_yaml())
-    run = DistributedRun(c, compiled, cl)
-    metrics_out = _Metrics(out)
-    prog = _Progress(c.runtime.steps, progress)
-    retries = c.runtime.step_retries
-    recoveries = 0
-    timeout = c.runtime.buffer_timeout_s
-    try:
-        run.start_actors()
-        if resume or c.runtime.resume:
-            got = run.restore()
-            if got is not None:
-                log.info("resumed from checkpoint at step %d", got)
-        run.sync_at_start()
-        acc_before = run.metrics.get(-1, {}).get("heldout_acc_before")
-        if acc_before is None:
-            acc_before = evaluate_task(run)
-            run.metrics[-1] = {"heldout_acc_before": acc_before}
-        steps = c.runtime.steps
-        roll_futs: list[Any] = []
-        next_roll = run.step
-        while run.step < steps:
-            step = run.step
-            t0 = time.perf_counter()
-            try:
-                if fault_hook is not None:
-                    fault_hook(run, step)
-                futs: dict[str, Any] = {}
-                m: dict[str, float] = {"step": float(step)}
-                if run.async_rollout:
-                    while next_roll <= min(step + run.k, steps - 1):
-                        prev = roll_futs[-1:] if roll_futs else []
-                        roll_futs.append(rollout_task.submit(run, timeout, wait_for=prev))
-                        next_roll += 1
-                    take = take_task.submit(run, step, timeout)
-                    for t in compiled.tasks_in("train"):
-                        if "sync_weights" in t.kinds:
-                            continue
-                        wait = [futs[d] for d in t.depends_on + t.after if d in futs] or [take]
-                        futs[t.name] = run_unit_task.submit(run, step, t.name, wait_for=wait)
-                    m.update(take.result())
-                    for f in futs.values():
-                        m.update(f.result())
-                    run.publish(step + 1)
-                    m.update(sync_weights_task.submit(run, step).result())
-                    m.update(run.metrics.get(step, {}))
-                else:
-                    for t in compiled.tasks:
-                        wait = [futs[d] for d in t.depends_on + t.after if d in futs]
-                        futs[t.name] = run_unit_task.submit(run, step, t.name, wait_for=wait)
-                    for f in futs.values():
-                        m.update(f.result())
-                    run.call(compiled.trainer_group, "drop", step)
-                    run.slot_examples.pop(step, None)
-                m["step_s"] = time.perf_counter() - t0
-                m["tokens_per_s"] = m.get("num_tokens", 0.0) / max(m["step_s"], 1e-9)
-                run.metrics[step] = m
-                run.step = step + 1
-                if run.store is not None and (
-                    run.step % c.runtime.checkpoint_every == 0 or run.step == steps
-                ):
-                    m.update(checkpoint_task.submit(run, run.step).result())
-                    _artifacts(
-                        "publish_checkpoint", f"{run.store.url}/step-{run.step:08d}", run.step
-                    )
-            except Exception as exc:
-                if run.store is None or recoveries >= retries or not _is_worker_loss(exc):
-                    raise
-                recoveries += 1
-                log.warning("step %d failed (%s); recovering from the last checkpoint", step, exc)
-                _recover(run, roll_futs)
-                roll_futs, next_roll = [], run.step
-                continue
-            metrics_out.scalar(step, m)
-            metrics_out.write_all({s: v for s, v in run.metrics.items() if s >= 0})
-            prog.update(run.step, m)
-            _artifacts("publish_step", run.step, steps, m)
-        acc_after = evaluate_task(run)
-        checksums = run.call(compiled.trainer_group, "param_checksum")
-    finally:
-        prog.close()
-        metrics_out.close()
-        run.queue.close()
-        run.close()
-        if owned:
-            cl.close()
-    hist = [run.metrics[s] for s in sorted(run.metrics) if s >= 0]
-    rewards = [h.get("reward_mean", 0.0) for h in hist]
-    summary: dict[str, Any] = {
-        "steps": len(hist),
-        "wall_s": time.perf_counter() - t_start,
-        "median_step_s": statistics.median(h["step_s"] for h in hist) if hist else 0.0,
-        "reward_first10": sum(rewards[:10]) / max(len(rewards[:10]), 1),
-        "reward_last10": sum(rewards[-10:]) / max(len(rewards[-10:]), 1),
-        "heldout_acc_before": acc_before,
-        "heldout_acc_after": acc_after,
-    }
-    extra = {
-        "recoveries": recoveries,
-        "param_checksums": checksums,
-        "actor_start_s": getattr(run, "actor_start_s", 0.0),
-        "timeline": [r.to_dict() for r in run.timeline.records],
-        "step_offsets_s": {s: t - run.timeline.origin for s, t in run.timeline._step_start.items()},
+        rlog.info("LocalCluster up in %.1f s", time.perf_counter() - t_cl)
+    return c, compiled, cl, owned
+
+
+def _finish(
+    run: Any, sched: Any, out: Path, summary_json: str | None, wall_s: float, checksums: Any
+) -> dict[str, Any]:
+    """The summary (rpeg.runtime.summary), timeline.json and the ``_extra`` of tests."""
+    from rpeg.runtime.summary import run_summary
+
+    hist = [sched.history[s] for s in sorted(sched.history)]
+    summary = run_summary(
+        hist, wall_s=wall_s, acc_before=sched.acc_before, acc_after=sched.acc_after
+    )
+    summary.update(run.summary_extras(hist))
+    timeline = {
+        "records": [r.to_dict() for r in run.timeline.records],
+        "step_offsets_s": run.timeline.step_offsets(),
         "stage_spans": list(run.timeline.stage_spans),
-        "weight_sync": run.sync_log,
-        "history": hist,
     }
-    with open(out / "timeline.json", "w") as fh:
-        json.dump(
-            {
-                "records": extra["timeline"],
-                "step_offsets_s": extra["step_offsets_s"],
-                "stage_spans": extra["stage_spans"],
-            },
-            fh,
-        )
-    _artifacts("publish_metrics_table", hist)
-    _artifacts("publish_summary", summary)
+    (out / "timeline.json").write_text(json.dumps(timeline))
     if summary_json:
         Path(summary_json).parent.mkdir(parents=True, exist_ok=True)
         Path(summary_json).write_text(json.dumps(summary, indent=1))
-    summary["_extra"] = extra
+    summary["_extra"] = {
+        "recoveries": sched.recoveries,
+        "param_checksums": checksums,
+        "actor_start_s": run.actor_start_s,
+        "timeline": timeline["records"],
+        "step_offsets_s": timeline["step_offsets_s"],
+        "stage_spans": timeline["stage_spans"],
+        "weight_sync": run.sync_log,
+        "history": hist,
+    }
     return summary
 
 
-def _recover(run: Any, roll_futs: list[Any]) -> None:
-    """Roll back to the last checkpoint after a lost worker (see ``DistributedRun.recover``).
-
-    In-flight rollout tasks are unblocked (buffer closed) and awaited first, so none of
-    them writes into the restored state."""
-    import contextlib
-
-    run.queue.close()
-    for f in roll_futs:
-        with contextlib.suppress(Exception):
-            f.wait(timeout=120)
-    run.recover()
-
-
-@flow(name="rl_train", persist_result=False, log_prints=False, validate_parameters=True)
+@flow(
+    name="train",
+    flow_run_name=config_run_name,
+    persist_result=False,
+    log_prints=False,
+    validate_parameters=True,
+)
 def rl_train(
     config: dict[str, Any] | None = None,
     cluster_address: str | None = None,
@@ -362,6 +416,7 @@ def rl_train(
         summary_json=summary_json,
         progress=progress,
     )
+    _artifacts("publish_results", s, cfg.runtime.output_dir)
     s.pop("_extra", None)
     return s
 
@@ -392,9 +447,9 @@ def run_train(
             progress=progress,
         )
 
-    @flow(name="rl_train", persist_result=False, log_prints=False)
+    @flow(name="train", persist_result=False, log_prints=False)
     def _inner() -> dict[str, Any]:
-        return _train(
+        s = _train(
             config,
             cluster_address=cluster_address,
             resume=resume,
@@ -403,6 +458,8 @@ def run_train(
             cluster=_cluster,
             fault_hook=_fault_hook,
         )
+        _artifacts("publish_results", s, config.runtime.output_dir)
+        return s
 
     s = _inner()
     if not _with_extra:

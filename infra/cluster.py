@@ -8,6 +8,12 @@
   the workers (``worker_environ``: it makes torch CPU ops ~1.4x slower).
 * The bf16-safe tensor serializer is registered in the client and, through a preload
   (``rpeg.runtime.actors.serializers``), in every worker.
+* Everything listens on loopback: the scheduler and workers on 127.0.0.1, no dashboard
+  unless ``cluster.dashboard_address`` names one (``dashboard=True``: 127.0.0.1, free port).
+  A ``tls://`` scheduler is reached with Dask's ``Security`` (``cluster.tls_*_file``).
+* The worker memory limit is ``cluster.worker_memory`` (default ``auto``: the machine's
+  memory split over the workers), not a constant.
+* ``cluster.device_type: cuda`` starts dask-cuda's ``LocalCUDACluster``: one worker per GPU.
 """
 
 from __future__ import annotations
@@ -141,16 +147,76 @@ class Cluster:
         self.close()
 
 
+def security_for(cluster_config: Any = None, address: str | None = None) -> Any:
+    """Dask ``Security`` for a ``tls://`` scheduler (``cluster.tls_*_file``); None otherwise.
+
+    A ``tls://`` address without a CA, certificate and key is refused (the preflight reports
+    it first, naming the fields)."""
+    if not (address or "").startswith("tls://"):
+        return None
+    cc = cluster_config
+    files = {
+        "cluster.tls_ca_file": getattr(cc, "tls_ca_file", None),
+        "cluster.tls_cert_file": getattr(cc, "tls_cert_file", None),
+        "cluster.tls_key_file": getattr(cc, "tls_key_file", None),
+    }
+    missing = [k for k, v in files.items() if not v]
+    if missing:
+        from rpeg.errors import ConfigError, Problem
+
+        raise ConfigError(
+            [Problem(k, f"needed for the tls:// scheduler {address}") for k in missing],
+            title="TLS settings missing",
+        )
+    from distributed.security import Security
+
+    return Security(
+        tls_ca_file=files["cluster.tls_ca_file"],
+        tls_client_cert=files["cluster.tls_cert_file"],
+        tls_client_key=files["cluster.tls_key_file"],
+        require_encryption=True,
+    )
+
+
+def cuda_device_count() -> int:
+    """CUDA devices visible to this process (0 without torch or CUDA)."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no torch / no driver: no GPUs
+        return 0
+
+
 def start_cluster(
     address: str | None = None,
     *,
     n_workers: int = 2,
     threads_per_worker: int = 1,
     torch_threads: int = 1,
-    memory_limit: str | int | None = "4GiB",
+    memory_limit: str | int | None = None,
     dashboard: bool = False,
+    dashboard_address: str | None = None,
+    device_type: str | None = None,
+    cluster_config: Any = None,
 ) -> Cluster:
-    """A LocalCluster of ``n_workers`` processes, or a client of the scheduler at ``address``."""
+    """A LocalCluster of ``n_workers`` processes, or a client of the scheduler at ``address``.
+
+    ``cluster_config`` (a :class:`rpeg.config.ClusterConfig`) supplies what the keyword
+    arguments leave unset: ``worker_memory`` (default ``"auto"``: the machine's memory, or
+    its cgroup limit, split over the workers), ``dashboard_address`` (default: no dashboard;
+    ``dashboard=True`` alone binds ``127.0.0.1`` on a free port, never every interface),
+    the TLS files for a ``tls://`` address, and ``device_type``: ``"cuda"`` starts a
+    dask-cuda ``LocalCUDACluster`` with one worker per visible GPU (each pinned to its
+    device through ``CUDA_VISIBLE_DEVICES``), ``"cpu"`` a plain LocalCluster."""
+    cc = cluster_config
+    if memory_limit is None:
+        memory_limit = getattr(cc, "worker_memory", None) or "auto"
+    if dashboard_address is None:
+        dashboard_address = getattr(cc, "dashboard_address", None)
+    if dashboard_address is None and dashboard:
+        dashboard_address = "127.0.0.1:0"
+    device_type = device_type or getattr(cc, "device_type", None) or "cpu"
     configure_dask(torch_threads)
     from distributed import Client, LocalCluster
 
@@ -159,26 +225,75 @@ def start_cluster(
     serializers.register()
     logging.getLogger("distributed").setLevel(logging.ERROR)
     if address:
-        client = Client(address, timeout="60s", set_as_default=False)
+        security = security_for(cc, address)
+        client = Client(address, timeout="60s", set_as_default=False, security=security)
         with contextlib.suppress(Exception):
             client.register_plugin(_preload_plugin())
         client.run(serializers.register)
         return Cluster(client=client, address=address, owned=False)
-    local = LocalCluster(
-        n_workers=n_workers,
-        threads_per_worker=threads_per_worker,
-        processes=True,
-        resources={"device": 1},
-        memory_limit=memory_limit,
-        dashboard_address=":0",
-        scheduler_kwargs={} if dashboard else {"dashboard": False},
-        silence_logs=logging.ERROR,
-        worker_class="distributed.Nanny",
-        env={"OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)},
-    )
+    common: dict[str, Any] = {
+        "threads_per_worker": threads_per_worker,
+        "memory_limit": _memory_limit(memory_limit),
+        "silence_logs": logging.ERROR,
+        "host": "127.0.0.1",
+    }
+    if dashboard_address:
+        common["dashboard_address"] = dashboard_address
+    else:  # the scheduler's HTTP server (health, metrics) still runs: on loopback
+        common["dashboard_address"] = "127.0.0.1:0"
+        common["scheduler_kwargs"] = {"dashboard": False}
+    if device_type == "cuda":
+        local = _local_cuda_cluster(common, torch_threads)
+    else:
+        local = LocalCluster(
+            n_workers=n_workers,
+            processes=True,
+            resources={"device": 1},
+            worker_class="distributed.Nanny",
+            env={"OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)},
+            **common,
+        )
     client = Client(local, set_as_default=False)
     client.run(serializers.register)
     return Cluster(client=client, local=local, address=local.scheduler_address, owned=True)
+
+
+def _memory_limit(value: str | int | None) -> str | int | None:
+    """``"auto"`` (Dask: system memory / workers, capped by cgroup limits), bytes, a size
+    string such as ``"8GiB"``, or ``0`` / ``"0"`` / ``"none"`` for no limit."""
+    if value in (0, "0", "none", "None", None):
+        return 0
+    return value
+
+
+def _local_cuda_cluster(common: dict[str, Any], torch_threads: int) -> Any:  # pragma: no cover
+    """dask-cuda's LocalCUDACluster: one worker process per visible GPU (gpu extra)."""
+    n = cuda_device_count()
+    if n == 0:
+        from rpeg.errors import ConfigError, Problem
+
+        raise ConfigError(
+            [Problem("cluster.device_type", "cuda requested but no CUDA device is visible")]
+        )
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        from rpeg.errors import ConfigError, Problem
+
+        raise ConfigError(
+            [
+                Problem(
+                    "cluster.device_type",
+                    "cuda needs dask-cuda: pip install -e '.[gpu]'",
+                )
+            ]
+        ) from None
+    return LocalCUDACluster(
+        n_workers=n,
+        resources={"device": 1},
+        env={"OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)},
+        **common,
+    )
 
 
 def _preload_plugin():

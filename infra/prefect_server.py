@@ -9,10 +9,13 @@ settings for a remote API. Used by ``rpeg server ...`` and by the tests.
 * :func:`start_worker` -- ``prefect worker start --pool NAME --type process``.
 * :func:`wait_flow_run` -- poll a flow run until it is final.
 
-Nothing listens on a non-loopback address unless ``expose=True`` is passed explicitly
-(then set an auth string, or put the server behind a proxy). Basic auth: the server takes
+Nothing listens on a non-loopback address unless ``expose=True`` is passed explicitly, and
+an exposed server needs an auth string. Basic auth: the server takes
 ``PREFECT_SERVER_API_AUTH_STRING="user:pass"``, every client (flows, workers, ``serve``,
-the CLI) ``PREFECT_API_AUTH_STRING`` with the same value; the UI asks for it.
+the CLI) ``PREFECT_API_AUTH_STRING`` with the same value; the UI asks for it. The secret
+reaches the server through its environment only (never its command line), and is read by
+:func:`read_auth` from an environment variable or a file, never from an argument; printed
+settings show ``user:***`` (:func:`mask_auth`).
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def check_host(host: str, expose: bool) -> None:
+def check_host(host: str, expose: bool, auth_string: str | None = None) -> None:
+    """Loopback, or ``expose`` *and* basic auth: nothing answers strangers without a password."""
     if not is_loopback(host) and not expose:
         raise ConfigError(
             [
@@ -67,6 +71,66 @@ def check_host(host: str, expose: bool) -> None:
             ],
             title="refusing to listen on a non-loopback address",
         )
+    if not is_loopback(host) and not auth_string:
+        raise ConfigError(
+            [
+                Problem(
+                    "auth",
+                    f"listening on {host!r} needs basic auth: set {AUTH_ENV} (user:password) or "
+                    "pass --auth-file FILE",
+                )
+            ],
+            title="refusing to expose a server without auth",
+        )
+
+
+AUTH_ENV = "PREFECT_SERVER_API_AUTH_STRING"
+CLIENT_AUTH_ENV = "PREFECT_API_AUTH_STRING"
+
+
+def _check_auth(value: str, source: str) -> str:
+    user, sep, pw = value.partition(":")
+    if not sep or not user or not pw:
+        raise ConfigError(
+            [Problem(source, "expected user:password (the value is not shown)")],
+            title="invalid basic-auth string",
+        )
+    return value
+
+
+def read_auth(auth_file: str | Path | None = None, env_var: str = AUTH_ENV) -> str | None:
+    """The ``user:password`` string from ``auth_file`` (first line), else from ``env_var``,
+    else None. Errors name the source, never the value; a file others can read is refused."""
+    if auth_file:
+        p = Path(auth_file).expanduser()
+        try:
+            mode = p.stat().st_mode
+            text = p.read_text().splitlines()[0].strip() if p.read_text().strip() else ""
+        except OSError as exc:
+            raise ConfigError(
+                [Problem(str(auth_file), f"cannot read the auth file: {exc.strerror}")],
+                title="invalid basic-auth string",
+            ) from None
+        if mode & 0o077:
+            raise ConfigError(
+                [
+                    Problem(
+                        str(auth_file),
+                        f"readable by group/others (mode {mode & 0o777:o}); chmod 600 it",
+                    )
+                ],
+                title="invalid basic-auth string",
+            )
+        return _check_auth(text, str(auth_file))
+    value = os.environ.get(env_var)
+    return _check_auth(value, f"${env_var}") if value else None
+
+
+def mask_auth(auth_string: str | None) -> str | None:
+    """``user:***`` (what may be printed)."""
+    if not auth_string:
+        return None
+    return auth_string.partition(":")[0] + ":***"
 
 
 def api_url(host: str, port: int) -> str:
@@ -116,11 +180,28 @@ def client_env(
     return env
 
 
-def export_lines(env: dict[str, str], keys: list[str] | None = None) -> str:
+def export_lines(
+    env: dict[str, str], keys: list[str] | None = None, *, auth_file: str | Path | None = None
+) -> str:
+    """Shell exports of ``keys``; an auth string is never printed: it is read back from
+    ``auth_file`` (``"$(cat FILE)"``) or from the variable the user set."""
     import shlex
 
     keys = keys or [k for k in env if k.startswith("PREFECT_") or k == "DO_NOT_TRACK"]
-    return "\n".join(f"export {k}={shlex.quote(env[k])}" for k in keys if k in env)
+    lines = []
+    for k in keys:
+        if k not in env:
+            continue
+        if k in (AUTH_ENV, CLIENT_AUTH_ENV):
+            ref = (
+                f'"$(head -n1 {shlex.quote(str(auth_file))})"'
+                if auth_file
+                else f'"${{{AUTH_ENV}:-${CLIENT_AUTH_ENV}}}"'
+            )
+            lines.append(f"export {k}={ref}  # {mask_auth(env[k])}")
+        else:
+            lines.append(f"export {k}={shlex.quote(env[k])}")
+    return "\n".join(lines)
 
 
 def _prefect_cmd() -> list[str]:
@@ -150,8 +231,8 @@ class PrefectServer:
     host: str = "127.0.0.1"
     port: int = 0
     home: str | Path | None = None
-    auth_string: str | None = None
-    database_url: str | None = None
+    auth_string: str | None = field(default=None, repr=False)
+    database_url: str | None = field(default=None, repr=False)
     expose: bool = False
     services: bool = True
     ui: bool = True
@@ -161,7 +242,7 @@ class PrefectServer:
     start_s: float = 0.0
 
     def __post_init__(self) -> None:
-        check_host(self.host, self.expose)
+        check_host(self.host, self.expose, self.auth_string)
         if not self.port:
             self.port = free_port(self.host)
 
@@ -322,6 +403,8 @@ __all__ = [
     "free_port",
     "health",
     "is_loopback",
+    "mask_auth",
+    "read_auth",
     "server_env",
     "start_worker",
     "stop_process",

@@ -1,32 +1,39 @@
-"""Screenshot a Prefect UI page with headless Chromium over the DevTools protocol.
+"""Drive the Prefect UI with a real, headless Chromium (Playwright): screenshots, forms.
 
-    python infra/ui_screenshot.py URL OUT.png [--wait-text TEXT] [--timeout 60]
+    python infra/ui_screenshot.py URL OUT.png [--wait-text TEXT] [--full-page] [--timeout 60]
     python -m rpeg.infra.ui_screenshot ...
 
-The Prefect UI is a single-page app: plain ``chromium --screenshot`` often captures it
-before it renders. This script starts ``/usr/bin/chromium`` (or ``$CHROMIUM``) headless with
-a private profile and a DevTools port on 127.0.0.1, opens ``URL``, waits until the page's
-text contains every ``--wait-text`` (and the network settles), then saves a PNG. Only the
-``websockets`` package is needed (no Playwright). Everything stays on loopback.
+The Prefect UI is a single-page app: it must render before a screenshot shows anything, so
+:func:`screenshot` waits until the page's text contains every ``--wait-text``. The browser
+is the system's Chromium (Debian: ``apt-get install chromium``; ``$CHROMIUM`` overrides
+the path) driven by Playwright's Python package (``pip install playwright``; its own
+browser download, ``playwright install``, is never needed). It starts with no sandbox,
+GPU, QUIC, sync, component updates or background networking: every request stays on
+the loopback server under test.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
-import itertools
-import json
 import os
-import shutil
-import signal
-import subprocess
-import tempfile
-import time
-import urllib.request
+import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+CHROMIUM_ARGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+)
 
 
 def find_chromium() -> str | None:
@@ -39,16 +46,37 @@ def find_chromium() -> str | None:
     return None
 
 
-def _devtools_port(profile: Path, proc: subprocess.Popen, timeout: float) -> int:
-    f = profile / "DevToolsActivePort"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"chromium exited with {proc.returncode}")
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            return int(f.read_text().splitlines()[0])
-        time.sleep(0.1)
-    raise TimeoutError("chromium did not open its DevTools port")
+def missing() -> str | None:
+    """Why the browser cannot run here (None when it can)."""
+    import importlib.util
+
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed (pip install playwright)"
+    if find_chromium() is None:
+        return "no chromium (apt-get install chromium, or set $CHROMIUM)"
+    return None
+
+
+@contextlib.contextmanager
+def browser(*, chromium: str | None = None) -> Iterator[Any]:
+    """A Playwright ``Browser`` on the system's Chromium."""
+    from playwright.sync_api import sync_playwright
+
+    exe = chromium or find_chromium()
+    if exe is None:
+        raise FileNotFoundError("no chromium found (apt-get install chromium, or set $CHROMIUM)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=list(CHROMIUM_ARGS), headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def wait_for_text(page: Any, texts: list[str], timeout: float = 60.0) -> None:
+    """Wait until the page's text contains every one of ``texts``."""
+    for t in texts:
+        page.get_by_text(re.compile(re.escape(t))).first.wait_for(timeout=timeout * 1000)
 
 
 def screenshot(
@@ -59,93 +87,20 @@ def screenshot(
     timeout: float = 60.0,
     width: int = 1400,
     height: int = 1000,
-    settle_s: float = 1.5,
+    full_page: bool = False,
+    settle_s: float = 1.0,
     chromium: str | None = None,
 ) -> Path:
     """Save a PNG of ``url`` to ``out`` once every ``wait_text`` is on the page."""
-    from websockets.sync.client import connect
-
-    exe = chromium or find_chromium()
-    if exe is None:
-        raise FileNotFoundError("no chromium found (apt-get install chromium, or set $CHROMIUM)")
-    profile = Path(tempfile.mkdtemp(prefix="rpeg-chromium-"))
-    cmd = [
-        exe,
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--no-default-browser-check",
-        "--disable-extensions",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--metrics-recording-only",
-        "--remote-debugging-address=127.0.0.1",
-        "--remote-debugging-port=0",
-        f"--user-data-dir={profile}",
-        f"--window-size={width},{height}",
-        "about:blank",
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        port = _devtools_port(profile, proc, timeout=min(timeout, 30.0))
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
-            pages = [t for t in json.loads(r.read()) if t.get("type") == "page"]
-        ws_url = pages[0]["webSocketDebuggerUrl"]
-        ids = itertools.count(1)
-        with connect(ws_url, max_size=64 * 2**20, open_timeout=10) as ws:
-
-            def call(method: str, **params):
-                i = next(ids)
-                ws.send(json.dumps({"id": i, "method": method, "params": params}))
-                while True:
-                    msg = json.loads(ws.recv(timeout=timeout))
-                    if msg.get("id") == i:
-                        if "error" in msg:
-                            raise RuntimeError(f"{method}: {msg['error']}")
-                        return msg.get("result", {})
-
-            call("Page.enable")
-            call(
-                "Emulation.setDeviceMetricsOverride",
-                width=width,
-                height=height,
-                deviceScaleFactor=1,
-                mobile=False,
-            )
-            call("Page.navigate", url=url)
-            deadline = time.monotonic() + timeout
-            want = list(wait_text or [])
-            text = ""
-            while time.monotonic() < deadline:
-                res = call(
-                    "Runtime.evaluate", expression="document.body ? document.body.innerText : ''"
-                )
-                text = res.get("result", {}).get("value", "") or ""
-                if text.strip() and all(w in text for w in want):
-                    break
-                time.sleep(0.5)
-            else:
-                raise TimeoutError(f"page never showed {want!r}; last text: {text[:500]!r}")
-            time.sleep(settle_s)  # charts and artifacts render after the text
-            data = call("Page.captureScreenshot", format="png", captureBeyondViewport=False)["data"]
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(base64.b64decode(data))
-        return out
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        shutil.rmtree(profile, ignore_errors=True)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with browser(chromium=chromium) as b:
+        page = b.new_page(viewport={"width": width, "height": height})
+        page.goto(url, timeout=timeout * 1000)
+        wait_for_text(page, list(wait_text or []), timeout)
+        page.wait_for_timeout(settle_s * 1000)  # charts and images render after the text
+        page.screenshot(path=str(out), full_page=full_page)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,17 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("url")
     ap.add_argument("out")
     ap.add_argument(
-        "--wait-text",
-        action="append",
-        default=[],
-        help="text that must be on the page (repeatable)",
+        "--wait-text", action="append", default=[], help="text that must be on the page"
     )
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--width", type=int, default=1400)
     ap.add_argument("--height", type=int, default=1000)
+    ap.add_argument("--full-page", action="store_true")
     a = ap.parse_args(argv)
     p = screenshot(
-        a.url, a.out, wait_text=a.wait_text, timeout=a.timeout, width=a.width, height=a.height
+        a.url,
+        a.out,
+        wait_text=a.wait_text,
+        timeout=a.timeout,
+        width=a.width,
+        height=a.height,
+        full_page=a.full_page,
     )
     print(p)
     return 0

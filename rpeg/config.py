@@ -26,9 +26,12 @@ Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 
 
 class Section(BaseModel):
-    """Base of every config section: typed, no unknown keys, validated on assignment."""
+    """Base of every config section: typed, no unknown keys, validated on assignment, finite
+    numbers only (``lr: .inf`` or ``nan`` is refused: it only ever produces NaN weights)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False
+    )
 
 
 class ModelConfig(Section):
@@ -118,6 +121,12 @@ class WorkloadConfig(Section):
     )
     train_minibatches: int = Field(4, ge=1, description="optimizer steps per RL step")
     micro_batch_size: int = Field(64, ge=1, description="samples per forward/backward micro-batch")
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description="token budget of a micro-batch (rows x padded length), replacing "
+        "micro_batch_size when set (verl ppo_max_token_len_per_gpu; rpeg.runtime.micro_batches)",
+    )
     precision: Precision = "fp32"
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -151,6 +160,18 @@ class TaskConfig(Section):
     )
     heldout_size: int = Field(64, ge=0)
     seed: int = 0
+    max_reward_error_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="fail the step when more than this share of a batch's reward calls raise "
+        "(a reward that always errors would otherwise train on zeros)",
+    )
+    reward_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="wall-clock limit per sample for rewards run in the verifier process pool",
+    )
 
     @model_validator(mode="after")
     def _url_for_files(self) -> TaskConfig:
@@ -187,18 +208,55 @@ class ClusterConfig(Section):
     )
     n_workers: int = Field(2, ge=1, description="LocalCluster worker processes")
     threads_per_worker: int = Field(1, ge=1)
+    device_type: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="LocalCluster kind: cpu = one process per device slot; cuda = dask-cuda "
+        "LocalCUDACluster, one worker per visible GPU (gpu extra)",
+    )
+    worker_memory: str = Field(
+        "auto",
+        description="memory limit per LocalCluster worker: auto = the machine's memory (or "
+        "cgroup limit) split over the workers, a size such as 8GiB, or 0 = no limit",
+    )
+    dashboard_address: str | None = Field(
+        None,
+        description="Dask dashboard, e.g. 127.0.0.1:8787; None = no dashboard. Naming a "
+        "non-loopback interface exposes it without authentication",
+    )
+    tls_ca_file: str | None = Field(None, description="CA bundle for a tls:// scheduler")
+    tls_cert_file: str | None = Field(None, description="client certificate (tls://)")
+    tls_key_file: str | None = Field(None, description="client private key (tls://)")
 
 
 class RuntimeConfig(Section):
     steps: int = Field(60, ge=1, description="RL steps to run")
     seed: int = 0
     max_staleness: int = Field(0, ge=0, description="bound k on policy-version lag (0 = on-policy)")
-    checkpoint_url: str | None = Field(None, description="fsspec URL; None = no checkpoints")
+    checkpoint_url: str | None = Field(
+        None,
+        description="fsspec URL; None = no checkpoints. Each run writes under "
+        "<checkpoint_url>/<run_id>/, so runs sharing the URL keep each other's checkpoints",
+    )
+    run_id: str | None = Field(
+        None,
+        description="id of this run's checkpoints; None = a new id, or with resume the one "
+        "run found at checkpoint_url",
+    )
+    resume_from: str | None = Field(
+        None,
+        description="start from this checkpoint (a step folder, a run folder, or a checkpoint "
+        "URL holding one run) of any run; later checkpoints go under this run's id",
+    )
     checkpoint_every: int = Field(10, ge=1)
     keep_last: int = Field(3, ge=1)
     resume: bool = False
     output_dir: str = Field("runs/latest", description="metrics, plots, summaries")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
+    engine: Literal["auto", "torch", "vllm"] = Field(
+        "auto",
+        description="generation engine; auto = vllm where generation runs on CUDA and vllm "
+        "is installed, else torch (rpeg.runtime.engines.choice)",
+    )
     buffer_timeout_s: float = Field(
         600.0, gt=0, description="deadline of a staleness-buffer get/acquire"
     )

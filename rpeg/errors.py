@@ -33,7 +33,9 @@ class ProblemsError(RpegError):
 
     title = "invalid input"
 
-    def __init__(self, problems: Iterable[Problem | str], *, title: str | None = None):
+    def __init__(self, problems: Iterable[Problem | str] | str, *, title: str | None = None):
+        if isinstance(problems, str):  # one message, not one problem per character
+            problems = [problems]
         self.problems: tuple[Problem, ...] = tuple(
             p if isinstance(p, Problem) else Problem("", p) for p in problems
         )
@@ -41,10 +43,19 @@ class ProblemsError(RpegError):
             self.title = title
         super().__init__(self._render())
 
+    def __reduce__(self):
+        # pickled across process boundaries (a ConfigError raised in a Dask actor): keep the
+        # problem list; the default would rebuild the error from its rendered message
+        return (_rebuild_problems, (type(self), self.problems, self.title))
+
     def _render(self) -> str:
         n = len(self.problems)
         head = f"{self.title} ({n} problem{'s' if n != 1 else ''}):"
         return "\n".join([head, *(f"  - {p}" for p in self.problems)])
+
+
+def _rebuild_problems(cls: type, problems: tuple[Problem, ...], title: str) -> ProblemsError:
+    return cls(problems, title=title)
 
 
 class ConfigError(ProblemsError):

@@ -1,6 +1,9 @@
-"""rpeg.tasks: thin Prefect tasks, one per stage kind / fused group, that call actor groups
-through the run's :class:`rpeg.runtime.actors.driver.DistributedRun`."""
+"""rpeg.tasks: thin Prefect tasks (one generic unit task, rollout, take, weight sync,
+checkpoint, evaluate) that call actor groups through the run's
+:class:`rpeg.runtime.actors.driver.DistributedRun`; :func:`submit` maps a step-scheduler
+instruction to its task."""
 
+from rpeg.tasks.dispatch import submit
 from rpeg.tasks.unit_tasks import (
     checkpoint_task,
     evaluate_task,
@@ -15,6 +18,7 @@ __all__ = [
     "evaluate_task",
     "rollout_task",
     "run_unit_task",
+    "submit",
     "sync_weights_task",
     "take_task",
 ]

@@ -87,3 +87,11 @@ def test_every_shipped_config_validates(path):
     if isinstance(data, dict) and data.get("kind") == "plan":
         pytest.skip("plan files are validated by the plan tests")
     RunConfig.from_yaml(path)
+
+
+def test_non_finite_numbers_are_refused_with_their_field():
+    """``lr: .inf`` was accepted and NaN weights followed."""
+    with pytest.raises(ConfigError) as ei:
+        RunConfig.from_yaml("optim:\n  lr: .inf\nruntime:\n  buffer_timeout_s: .nan\n")
+    assert [p.where for p in ei.value.problems] == ["optim.lr", "runtime.buffer_timeout_s"]
+    assert all("finite" in p.what for p in ei.value.problems)

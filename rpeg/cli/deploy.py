@@ -1,30 +1,26 @@
-"""``rpeg deploy`` and ``rpeg server start|worker|env``: Prefect deployments and infra.
+"""``rpeg deploy`` and ``rpeg server start|worker|env|status``: Prefect deployments and infra.
 
-``rpeg deploy my-run.yaml [--flow train|retrain] [--cron "0 3 * * *" | --interval 3600]``
-registers a deployment whose default parameters point at the config (absolute path or
-URL). By default it *serves* it (``flow.serve``: this process is the runner, runs happen on
-this machine, Ctrl-C stops it and pauses the deployment). With ``--work-pool POOL`` it
-registers the deployment on a process work pool and returns; a ``rpeg server worker --pool
-POOL`` (on any machine with this repository) executes the runs. ``--dry-run`` prints the
-deployment and touches no API.
+``rpeg deploy my-run.yaml [--flow train|retrain] [--cron "0 3 * * *" --timezone Europe/Zurich
+| --interval 3600]`` registers a deployment of the job (flow ``train`` or ``retrain``) named
+after the config (``train/my-run``), whose form defaults are the config's values. By default
+it *serves* it (this process is the runner; runs happen on this machine; Ctrl-C stops it and
+pauses the deployment), honouring the concurrency limit of the job's ``prefect.yaml`` entry
+(``--concurrency`` overrides it). With ``--work-pool POOL`` it registers the deployment on a
+process work pool and returns; ``rpeg server worker --pool POOL`` executes the runs.
+``--dry-run`` prints the deployment and touches no API. ``rpeg server status`` tells which
+deployments a runner or worker serves right now.
+
+Secrets never come from arguments: the basic-auth ``user:password`` is read from
+``$PREFECT_SERVER_API_AUTH_STRING`` / ``$PREFECT_API_AUTH_STRING`` or ``--auth-file`` (mode 600)
+and printed masked.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
-
-FLOWS = {
-    # --flow value: (entrypoint relative to the repository root, module, attribute, params model)
-    "train": ("flows/retrain.py:rpeg_train", "rpeg.flows.retrain", "rpeg_train", "TrainParams"),
-    "retrain": ("flows/retrain.py:retrain", "rpeg.flows.retrain", "retrain", "RetrainParams"),
-}
-DEFAULT_NAMES = {"train": "rl-train", "retrain": "retrain"}
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 server_app = typer.Typer(
     name="server",
@@ -33,154 +29,19 @@ server_app = typer.Typer(
 )
 
 
-def _abs_config(config: str) -> str:
-    if "://" in config:
-        return config
-    p = Path(config).expanduser()
-    if not p.is_file():
-        from rpeg.errors import ConfigError, Problem
-
-        raise ConfigError([Problem(config, "config file not found")])
-    return str(p.resolve())
-
-
-def build_deployment_spec(
-    config: str,
-    *,
-    flow: str = "train",
-    name: str | None = None,
-    cron: str | None = None,
-    interval: float | None = None,
-    params: list[str] | None = None,
-    work_pool: str | None = None,
-    tags: list[str] | None = None,
-) -> dict[str, Any]:
-    """Validate everything a deployment needs and return its spec (no Prefect API calls).
-
-    The parameters are validated with the flow's pydantic model and the config is loaded
-    with the overrides applied, so a bad value fails here rather than in a scheduled run.
-    """
-    from rpeg.errors import ConfigError, Problem
-    from rpeg.flows import params as pm
-
-    problems = []
-    if flow not in FLOWS:
-        problems.append(Problem("--flow", f"got {flow!r}; allowed: {sorted(FLOWS)}"))
-    if cron and interval:
-        problems.append(Problem("--cron/--interval", "give one schedule, not both"))
-    if interval is not None and interval <= 0:
-        problems.append(Problem("--interval", f"must be > 0 seconds (got {interval})"))
-    if cron:
-        from prefect.client.schemas.schedules import CronSchedule
-
-        try:
-            CronSchedule(cron=cron)
-        except ValueError:
-            problems.append(Problem("--cron", f"{cron!r} is not a valid cron expression"))
-    if problems:
-        raise ConfigError(problems, title="invalid deployment")
-    entrypoint, _, _, model_name = FLOWS[flow]
-    model = getattr(pm, model_name)
-    values = {"config": _abs_config(config), **pm.parse_param_assignments(params)}
-    from pydantic import ValidationError
-
-    from rpeg.config import problems_from_pydantic
-
-    try:
-        p = model.model_validate(values)
-    except ValidationError as exc:
-        raise ConfigError(
-            [Problem(f"--param {x.where}", x.what) for x in problems_from_pydantic(exc)],
-            title="invalid deployment",
-        ) from None
-    p.resolve()  # the config and its overrides validate now
-    return {
-        "name": name or DEFAULT_NAMES[flow],
-        "flow": flow,
-        "entrypoint": entrypoint,
-        "parameters": {
-            "params": p.model_dump(mode="json", exclude_defaults=True) | {"config": p.config}
-        },
-        "cron": cron,
-        "interval": interval,
-        "work_pool": work_pool,
-        "tags": ["rpeg", flow, *(tags or [])],
-        "source": str(REPO_ROOT),
-    }
-
-
-def load_flow(flow: str):
-    import importlib
-
-    _, module, attr, _ = FLOWS[flow]
-    return getattr(importlib.import_module(module), attr)
-
-
-def ensure_work_pool(name: str, pool_type: str = "process") -> None:
-    """Create the work pool if it does not exist (``flow.deploy`` refuses a missing pool)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
-
-    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
-        client.create_work_pool(WorkPoolCreate(name=name, type=pool_type))
-
-
-def deploy_spec(
-    spec: dict[str, Any], *, limit: int | None = None, poll_s: int | None = None
-) -> Any:
-    """Serve the deployment (blocks) or register it on a work pool (returns its id)."""
-    import os
-
-    from rpeg.infra.cluster import prefect_env
-
-    prefect_env()
-    if poll_s:
-        os.environ["PREFECT_RUNNER_POLL_FREQUENCY"] = str(poll_s)
-    sched: dict[str, Any] = {}
-    if spec["cron"]:
-        sched["cron"] = spec["cron"]
-    if spec["interval"]:
-        sched["interval"] = spec["interval"]
-    if spec["work_pool"]:
-        from prefect import Flow
-
-        ensure_work_pool(spec["work_pool"])
-        f = Flow.from_source(source=spec["source"], entrypoint=spec["entrypoint"])
-        return f.deploy(
-            name=spec["name"],
-            work_pool_name=spec["work_pool"],
-            parameters=spec["parameters"],
-            tags=spec["tags"],
-            build=False,
-            push=False,
-            print_next_steps=False,
-            **sched,
-        )
-    f = load_flow(spec["flow"])
-    f.serve(
-        name=spec["name"],
-        parameters=spec["parameters"],
-        tags=spec["tags"],
-        limit=limit,
-        enforce_parameter_schema=True,
-        **sched,
-    )
-    return None
-
-
 def deploy(
     config: str = typer.Argument(
-        ..., help="run YAML (path or fsspec URL); becomes the default `config` parameter"
+        ..., help="run YAML (path or fsspec URL); the form's defaults come from it"
     ),
-    flow: str = typer.Option(
-        "train", "--flow", help="train (rpeg-train: rl_train with a typed form) or retrain"
-    ),
+    flow: str = typer.Option("train", "--flow", help="the job: train or retrain"),
     name: str | None = typer.Option(
-        None, "--name", help="deployment name (default rl-train / retrain)"
+        None, "--name", help="deployment name (default: the config file's name)"
     ),
     cron: str | None = typer.Option(None, "--cron", help='cron schedule, e.g. "0 3 * * *"'),
     interval: float | None = typer.Option(None, "--interval", help="schedule every N seconds"),
+    timezone: str = typer.Option(
+        "UTC", "--timezone", help="time zone of the schedule (IANA name, e.g. Europe/Zurich)"
+    ),
     param: list[str] = typer.Option(
         None, "--param", "-p", help="default parameter NAME=VALUE (YAML value), repeatable"
     ),
@@ -188,6 +49,11 @@ def deploy(
         None,
         "--work-pool",
         help="register on this process work pool and return (run `rpeg server worker`)",
+    ),
+    concurrency: int | None = typer.Option(
+        None,
+        "--concurrency",
+        help="at most N runs of this deployment at once (default: prefect.yaml's limit)",
     ),
     limit: int | None = typer.Option(None, "--limit", help="serve: at most N concurrent runs"),
     poll: int | None = typer.Option(
@@ -197,30 +63,37 @@ def deploy(
         False, "--dry-run", help="validate and print the deployment; no API calls"
     ),
 ) -> None:
-    """Register a Prefect deployment of the training or retraining flow."""
-    spec = build_deployment_spec(
+    """Register a Prefect deployment of the training or retraining job."""
+    from rpeg.flows import deployments as dp
+
+    spec = dp.build_spec(
         config,
-        flow=flow,
+        job=flow,
         name=name,
         cron=cron,
         interval=interval,
+        timezone=timezone,
         params=param,
         work_pool=work_pool,
+        concurrency_limit=concurrency,
     )
     if dry_run:
         typer.echo(json.dumps(spec, indent=1))
         return
+    from rpeg.infra.cluster import prefect_env
+
+    prefect_env()
+    full = f"{flow}/{spec['name']}"
     if spec["work_pool"]:
-        dep_id = deploy_spec(spec)
-        typer.echo(
-            f"deployment {FLOWS[flow][2]}/{spec['name']} registered on work pool {work_pool!r}: {dep_id}"
-        )
-        typer.echo(f"run it: prefect deployment run '{load_flow(flow).name}/{spec['name']}'")
+        dep_id = dp.deploy_to_pool(spec)
+        typer.echo(f"deployment {full} registered on work pool {work_pool!r}: {dep_id}")
+        typer.echo(f"run it: prefect deployment run '{full}' --param steps=...")
         return
+    lim = spec["concurrency_limit"]
     typer.echo(
-        f"serving {spec['flow']} as deployment {spec['name']!r} (Ctrl-C stops and pauses it)"
+        f"serving deployment {full} (concurrency limit {lim or 'none'}; Ctrl-C stops and pauses it)"
     )
-    deploy_spec(spec, limit=limit, poll_s=poll)
+    dp.serve_specs([spec], limit=limit, poll_s=poll)
 
 
 def _term_as_interrupt() -> None:
@@ -235,8 +108,17 @@ def _term_as_interrupt() -> None:
     signal.signal(signal.SIGINT, _raise)
 
 
-@server_app.command("start")
+_AUTH_HELP = (
+    "require basic auth; the user:password is read from $PREFECT_SERVER_API_AUTH_STRING "
+    "(or --auth-file), never from the command line"
+)
+
+
+@server_app.command(
+    "start", context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
 def server_start(
+    ctx: typer.Context,
     host: str = typer.Option(
         "127.0.0.1", "--host", help="listen address (loopback unless --expose)"
     ),
@@ -244,18 +126,21 @@ def server_start(
     home: str | None = typer.Option(
         None, "--home", help="PREFECT_HOME (SQLite database there); default ~/.prefect"
     ),
-    auth: str | None = typer.Option(
-        None,
-        "--auth",
-        envvar="PREFECT_SERVER_API_AUTH_STRING",
-        help="basic-auth 'user:password' for API and UI",
+    auth: bool = typer.Option(False, "--auth", help=_AUTH_HELP),
+    auth_file: str | None = typer.Option(
+        None, "--auth-file", help="file whose first line is user:password (chmod 600)"
     ),
     database_url: str | None = typer.Option(
         None,
         "--database-url",
-        help="e.g. postgresql+asyncpg://prefect:pw@db:5432/prefect (shared servers)",
+        envvar="PREFECT_API_DATABASE_CONNECTION_URL",
+        show_envvar=False,
+        help="e.g. postgresql+asyncpg://prefect:PW@db:5432/prefect; better in "
+        "$PREFECT_API_DATABASE_CONNECTION_URL (it holds a password)",
     ),
-    expose: bool = typer.Option(False, "--expose", help="allow a non-loopback --host"),
+    expose: bool = typer.Option(
+        False, "--expose", help="allow a non-loopback --host (needs --auth or --auth-file)"
+    ),
     no_services: bool = typer.Option(
         False, "--no-services", help="no scheduler etc. (schedules will not fire)"
     ),
@@ -263,13 +148,32 @@ def server_start(
     """Run a Prefect server in the foreground until Ctrl-C; prints the client settings."""
     import time
 
-    from rpeg.infra.prefect_server import PrefectServer, export_lines
+    from rpeg.errors import ConfigError, Problem
+    from rpeg.infra.prefect_server import AUTH_ENV, PrefectServer, export_lines, read_auth
 
+    if ctx.args:  # e.g. the old `--auth user:password`: refuse without echoing it
+        raise ConfigError(
+            [
+                Problem(
+                    "arguments",
+                    f"{len(ctx.args)} unexpected argument(s) (not shown: a password does not "
+                    f"belong on the command line); put user:password in {AUTH_ENV} or "
+                    "--auth-file and pass --auth",
+                )
+            ],
+            title="refused",
+        )
+    secret = read_auth(auth_file) if (auth or auth_file) else None
+    if auth and not secret:
+        raise ConfigError(
+            [Problem("--auth", f"set {AUTH_ENV}=user:password in the environment or --auth-file")],
+            title="no basic-auth string",
+        )
     srv = PrefectServer(
         host=host,
         port=port,
         home=home,
-        auth_string=auth,
+        auth_string=secret,
         database_url=database_url,
         expose=expose,
         services=not no_services,
@@ -280,7 +184,11 @@ def server_start(
     typer.echo(f"Prefect server up in {srv.start_s:.1f}s: UI {srv.ui_url}  (log {srv.log_path})")
     typer.echo(
         "clients:\n"
-        + export_lines(srv.client_env(base={}), ["PREFECT_API_URL", "PREFECT_API_AUTH_STRING"])
+        + export_lines(
+            srv.client_env(base={}),
+            ["PREFECT_API_URL", "PREFECT_API_AUTH_STRING"],
+            auth_file=auth_file,
+        )
     )
     try:
         while srv.proc is not None and srv.proc.poll() is None:
@@ -298,16 +206,19 @@ def server_worker(
     api: str | None = typer.Option(
         None, "--api-url", envvar="PREFECT_API_URL", help="Prefect API URL"
     ),
-    auth: str | None = typer.Option(
-        None, "--auth", envvar="PREFECT_API_AUTH_STRING", help="basic-auth 'user:password'"
+    auth_file: str | None = typer.Option(
+        None,
+        "--auth-file",
+        help="file whose first line is user:password (default: $PREFECT_API_AUTH_STRING)",
     ),
     limit: int | None = typer.Option(None, "--limit", help="at most N concurrent flow runs"),
 ) -> None:
     """Run a process worker for ``pool`` in the foreground (Ctrl-C stops it)."""
-    from rpeg.infra.prefect_server import start_worker, stop_process
+    from rpeg.infra.prefect_server import CLIENT_AUTH_ENV, read_auth, start_worker, stop_process
 
+    secret = read_auth(auth_file, env_var=CLIENT_AUTH_ENV)
     _term_as_interrupt()
-    proc = start_worker(pool, api=api, auth_string=auth, limit=limit, log_path=None)
+    proc = start_worker(pool, api=api, auth_string=secret, limit=limit, log_path=None)
     try:
         raise typer.Exit(proc.wait())
     except KeyboardInterrupt:
@@ -319,27 +230,54 @@ def server_env_cmd(
     api: str = typer.Option(
         "http://127.0.0.1:4200/api", "--api-url", help="Prefect API URL (remote or local)"
     ),
-    auth: str | None = typer.Option(None, "--auth", help="basic-auth 'user:password'"),
+    auth_file: str | None = typer.Option(
+        None, "--auth-file", help="file whose first line is user:password (read by the shell)"
+    ),
     dask: str | None = typer.Option(
         None, "--dask", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786"
     ),
 ) -> None:
     """Print shell exports that point clients at a Prefect API (and a Dask scheduler)."""
-    from rpeg.infra.prefect_server import client_env, export_lines
+    from rpeg.infra.prefect_server import client_env, export_lines, read_auth
 
-    env = client_env(api, auth_string=auth, base={})
+    secret = read_auth(auth_file, env_var="PREFECT_API_AUTH_STRING") if auth_file else None
+    env = client_env(api, auth_string=secret, base={})
     keys = [
         "DO_NOT_TRACK",
         "PREFECT_SERVER_ANALYTICS_ENABLED",
         "PREFECT_API_URL",
         "PREFECT_API_AUTH_STRING",
     ]
-    typer.echo(export_lines(env, keys))
+    typer.echo(export_lines(env, keys, auth_file=auth_file))
     if dask:
         typer.echo(
-            f"# Dask: rpeg deploy CONFIG --param cluster_address={dask}  (or cluster.address in the config,"
-            " or the 'Dask scheduler' field of the run form)"
+            f"# Dask: rpeg deploy CONFIG --param cluster_address={dask}  (or cluster.address in"
+            " the config, or the 'Dask scheduler address' field of the run form)"
         )
+
+
+@server_app.command("status")
+def server_status(
+    api: str | None = typer.Option(
+        None, "--api-url", envvar="PREFECT_API_URL", help="Prefect API URL"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="print JSON rows"),
+) -> None:
+    """Deployments and whether a runner or worker serves them now (polled < 60 s ago)."""
+    from rpeg.flows.deployments import status_rows
+
+    rows = status_rows(api)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        typer.echo("no deployments")
+        return
+    cols = ["deployment", "served", "schedules", "concurrency_limit", "work_pool"]
+    width = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    typer.echo("  ".join(c.ljust(width[c]) for c in cols))
+    for r in rows:
+        typer.echo("  ".join(str(r[c]).ljust(width[c]) for c in cols))
 
 
 def register(app: typer.Typer) -> None:

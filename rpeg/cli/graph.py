@@ -29,7 +29,6 @@ def _parse_option(text: str):
 
 def load_graph(
     source: str,
-    *,
     staleness: int | None = None,
     share: bool = False,
     fuse: list[str] | None = None,
@@ -38,7 +37,7 @@ def load_graph(
     options: list[str] | None = None,
 ):
     """Build or load ``source`` then apply the requested transforms (share, fuse, colocate,
-    staleness, in that order)."""
+    staleness, in that order). The arguments are the commands' options, in their order."""
     from rpeg import ir
     from rpeg.errors import Problem
 
@@ -136,15 +135,7 @@ def show(
     option: list[str] | None = _options,
 ) -> None:
     """Print the stages (name, kind, role, reads, writes, group) and the state edges."""
-    g = load_graph(
-        source,
-        staleness=staleness,
-        share=share,
-        fuse=fuse,
-        streaming=streaming,
-        colocate=colocate,
-        options=option,
-    )
+    g = load_graph(source, staleness, share, fuse, streaming, colocate, option)
     _show(g)
 
 
@@ -159,16 +150,10 @@ def validate(
     option: list[str] | None = _options,
 ) -> None:
     """Print "ok", or every problem of the graph (exit code 2)."""
-    g = load_graph(
-        source,
-        staleness=staleness,
-        share=share,
-        fuse=fuse,
-        streaming=streaming,
-        colocate=colocate,
-        options=option,
-    )
-    g.validate()
+    from rpeg.ir import checks
+
+    g = load_graph(source, staleness, share, fuse, streaming, colocate, option)
+    checks.validate(g)
     typer.echo("ok")
 
 
@@ -202,15 +187,7 @@ def render(
     fmt = fmt.lower()
     if fmt not in _FORMATS:
         raise ir.GraphError([Problem("--format", f"{fmt!r} is not one of {', '.join(_FORMATS)}")])
-    g = load_graph(
-        source,
-        staleness=staleness,
-        share=share,
-        fuse=fuse,
-        streaming=streaming,
-        colocate=colocate,
-        options=option,
-    )
+    g = load_graph(source, staleness, share, fuse, streaming, colocate, option)
     if fmt in ("png", "svg"):
         target = out or Path(f"{g.name}.{fmt}")
         from rpeg.ir import visual

@@ -16,20 +16,25 @@ def register(app: typer.Typer) -> None:
     )
     specs_app.callback(invoke_without_command=True)(specs_list)
     specs_app.command("calibrate")(specs_calibrate)
+    specs_app.command("add-model")(specs_add_model)
     app.add_typer(specs_app, name="specs")
+    app.command("calibrate")(calibrate_run)
 
 
 def validate(
-    csv_path: Path = typer.Argument(
-        ..., help="CSV in the schema of shared/validation/steps_dev.csv"
+    csv_path: Path | None = typer.Argument(
+        None,
+        help="CSV in the schema of the shipped data set (default: the published runs that "
+        "ship with rpeg, rpeg/perf/data/published_runs.csv)",
     ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Predict every row with a measured step time and report the error."""
+    """Predict every row with a measured step time and report the error, the interval
+    coverage and the per-stage errors; rows that cannot be predicted are listed with why."""
     from rpeg.errors import ConfigError, Problem
     from rpeg.perf.published import validate_csv
 
-    if not csv_path.is_file():
+    if csv_path is not None and not csv_path.is_file():
         raise ConfigError([Problem(str(csv_path), "file not found")])
     rep = validate_csv(csv_path)
     if as_json:
@@ -38,15 +43,28 @@ def validate(
                 {
                     "case_id": r.case_id,
                     "predicted_step_s": r.predicted_step_s,
+                    "predicted_low_s": r.predicted_low_s,
+                    "predicted_high_s": r.predicted_high_s,
                     "measured_step_s": r.measured_step_s,
+                    "inside": r.inside,
+                    "solved": r.solved,
+                    "unknown": list(r.unknown),
+                    "stages": {
+                        k: {"predicted_s": p, "measured_s": m} for k, (p, m) in r.stages.items()
+                    },
                 }
                 for r in rep.compared
             ],
             "mape": rep.mape,
             "max_ape": rep.max_ape,
+            "coverage": rep.coverage,
+            "median_width": rep.median_width,
             "by_source": {
                 k: {"mape": v[0], "max_ape": v[1], "n": v[2]}
                 for k, v in rep.by_source_max().items()
+            },
+            "stage_errors": {
+                k: {"mape": v[0], "max_ape": v[1], "n": v[2]} for k, v in rep.stage_errors().items()
             },
             "throughput_rows": [
                 {"case_id": c, "predicted_tokens_per_s": p, "measured_tokens_per_s": m}
@@ -60,11 +78,20 @@ def validate(
         }
         typer.echo(json.dumps(out, indent=1))
         return
-    typer.echo(f"{'case':46s} {'predicted_s':>11s} {'measured_s':>10s} {'error':>8s}")
+    typer.echo(
+        f"{'case':46s} {'predicted_s':>11s} {'range_s':>15s} {'measured_s':>10s} {'error':>8s}"
+    )
     for r in rep.compared:
+        rng = f"{r.predicted_low_s:.0f}-{r.predicted_high_s:.0f}" if r.predicted_low_s else ""
+        mark = "" if r.inside is None else (" " if r.inside else " (outside range)")
         typer.echo(
-            f"{r.case_id:46s} {r.predicted_step_s:11.1f} {r.measured_step_s:10.1f} {100 * r.error:+7.1f}%"
+            f"{r.case_id:46s} {r.predicted_step_s:11.1f} {rng:>15s} {r.measured_step_s:10.1f} "
+            f"{100 * r.error:+7.1f}%{mark}"
         )
+        if r.solved:
+            typer.echo(f"{'':46s}   solved: " + ", ".join(f"{k}={v}" for k, v in r.solved.items()))
+        for st, (p, m) in r.stages.items():
+            typer.echo(f"{'':46s}   {st}: {p:.1f} s vs {m:.1f} s ({100 * (p - m) / m:+.0f}%)")
     for case, p, m in rep.throughput_rows():
         typer.echo(
             f"{case:46s} throughput tok/s predicted {p:,.0f} measured {m:,.0f} ({100 * (p - m) / m:+.0f}%)"
@@ -75,7 +102,12 @@ def validate(
         typer.echo(f"  {src}: MAPE={mape:.1f}% max={mx:.1f}% n={n}")
     for src, (mean, mx, n) in rep.throughput_by_source().items():
         typer.echo(f"  {src}: throughput-only rows, mean error={mean:.0f}% max={mx:.0f}% n={n}")
-    typer.echo(f"MAPE={rep.mape:.1f}% max={rep.max_ape:.1f}% n={len(rep.compared)}")
+    for st, (mape, mx, n) in rep.stage_errors().items():
+        typer.echo(f"  stage {st}: MAPE={mape:.1f}% max={mx:.1f}% n={n}")
+    typer.echo(
+        f"MAPE={rep.mape:.1f}% max={rep.max_ape:.1f}% n={len(rep.compared)} "
+        f"coverage={100 * rep.coverage:.0f}% median_width={100 * rep.median_width:.0f}%"
+    )
 
 
 def predict(
@@ -108,7 +140,18 @@ def predict(
                 err=True,
             )
     cfg = RunConfig.from_yaml(config) if config else RunConfig()
-    pred = predict_plan(plan, Workload.from_config(cfg.workload), algorithm=cfg.algorithm)
+    from rpeg.perf import build_graph
+    from rpeg.perf.interval import Unknowns, predict_interval
+
+    wl = Workload.from_config(cfg.workload)
+    pred = predict_plan(plan, wl, algorithm=cfg.algorithm)
+    low, high = predict_interval(
+        build_graph(plan, cfg.algorithm),
+        plan,
+        wl,
+        unknown=Unknowns(response_length=wl.mean_response_tokens is None),
+        point=pred.step_s,
+    )
     if gantt:
         draw(
             pred.timeline,
@@ -116,7 +159,11 @@ def predict(
             title=f"{plan.model} on {plan.cluster}: {pred.step_s:.1f} s/step",
         )
     if as_json:
-        typer.echo(json.dumps(pred.to_dict(), indent=1))
+        typer.echo(
+            json.dumps(
+                {**pred.to_dict(), "predicted_low_s": low, "predicted_high_s": high}, indent=1
+            )
+        )
         return
     typer.echo(
         f"{'unit':16s} {'devices':>10s} {'time_s':>10s} {'TFLOP':>10s} {'comm_s':>8s} {'mem_GB':>8s}"
@@ -127,7 +174,7 @@ def predict(
             f"{sum(s.comm_s.values()):8.3f} {s.peak_memory_gb:8.2f}"
         )
     typer.echo(
-        f"step={pred.step_s:.3f}s tokens/s/GPU={pred.tokens_per_s_per_gpu:,.1f} MFU={100 * pred.mfu:.1f}% "
+        f"step={pred.step_s:.3f}s (range {low:.3f}-{high:.3f}s) tokens/s/GPU={pred.tokens_per_s_per_gpu:,.1f} MFU={100 * pred.mfu:.1f}% "
         f"devices={pred.num_devices}"
     )
     for a in pred.assumptions:
@@ -248,4 +295,64 @@ def specs_calibrate(
     typer.echo(
         f"cpu: {peak / 1e9:.1f} GFLOP/s matmul, {bw / 1e9:.1f} GB/s copy, "
         f"{overhead_ms:.2f} ms eager overhead per layer per pass -> {path}"
+    )
+
+
+def specs_add_model(
+    from_hf: Path = typer.Option(..., "--from-hf", help="a local Hugging Face config.json"),
+    name: str | None = typer.Option(
+        None, "--name", help="catalog name (default: the config's folder name, lower case)"
+    ),
+    kind: str = typer.Option(
+        "instruct",
+        "--kind",
+        help="base | instruct | reasoning: sets the response-length prior (docs/perf-model.md)",
+    ),
+    out: Path | None = typer.Option(None, help="file to write (default: user models.yaml)"),
+) -> None:
+    """Add a model to the user catalog from its HF config.json (read as JSON, never run)."""
+    from rpeg import specs
+    from rpeg.specs.hf import add_model
+
+    name = name or from_hf.resolve().parent.name.lower()
+    path, entry = add_model(from_hf, name, kind=kind, out=out)
+    specs.reload()
+    m = specs.model(name) if out is None else None
+    size = f": {m.params / 1e9:.2f} B params, {m.active_params / 1e9:.2f} B active" if m else ""
+    typer.echo(f"{name} ({entry['family']}, {entry['kind']}){size} -> {path}")
+
+
+def calibrate_run(
+    run_dir: Path = typer.Argument(
+        ..., help="a run's output folder (timeline.json, metrics.jsonl)"
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", help="the run's YAML (default: RUN_DIR/config.yaml)"
+    ),
+    out: Path | None = typer.Option(None, help="file to write (default: user calibration.yaml)"),
+    skip: int = typer.Option(1, help="warm-up steps left out"),
+) -> None:
+    """Fit this machine's efficiencies and fixed costs from a measured run; later
+    predictions on the run's cluster use them."""
+    from rpeg.compile.compiler import resolve
+    from rpeg.config import RunConfig
+    from rpeg.errors import ConfigError, Problem
+    from rpeg.perf import fit
+    from rpeg.perf.prediction import Workload
+
+    config = config or run_dir / "config.yaml"
+    if not config.is_file():
+        raise ConfigError(
+            [Problem("--config", f"{config} not found: pass the run's YAML with --config")]
+        )
+    cfg = RunConfig.from_yaml(config)
+    graph, plan = resolve(None, cfg)
+    wl = Workload.from_config(cfg.workload)
+    measured = fit.read_run(run_dir, skip=skip)
+    values, lines = fit.fit(fit.predictor(graph, plan, wl), measured)
+    for line in lines:
+        typer.echo(line)
+    path = fit.write(plan.cluster, values, f"rpeg calibrate {run_dir}", out)
+    typer.echo(
+        ", ".join(f"{k}={v:.4g}" for k, v in values.items()) + f" -> {path} [{plan.cluster}]"
     )

@@ -56,7 +56,8 @@ def plan(
     verl-, ReaL- and AReaL-style baselines priced by the same performance model."""
     from rpeg.errors import ConfigError, Problem
     from rpeg.search.inputs import config_from_kwargs, load_config
-    from rpeg.search.optimizer import SearchOptions, optimize_problem, problem_from_config
+    from rpeg.search.optimizer import SearchOptions, optimize_problem
+    from rpeg.search.problem import problem_from_config
 
     if mode is not None and mode not in ("auto", "exhaustive", "decompose"):
         raise ConfigError(
@@ -104,8 +105,8 @@ def plan(
 
 
 def _sweep(cfg, sizes: list[int], opt, out: Path | None, as_json: bool) -> None:
-    from rpeg.perf.pricing import Workload  # noqa: F401  (keeps the import error close to the cause)
-    from rpeg.search.optimizer import optimize_problem, problem_from_config
+    from rpeg.search.optimizer import optimize_problem
+    from rpeg.search.problem import problem_from_config
     from rpeg.search.report import sweep_plot
 
     rows = []

@@ -19,6 +19,23 @@ def _echo_summary(summary: dict, out_dir: Path, extra: str = "") -> None:
     )
 
 
+def _with_run_id(cfg, quiet: bool):
+    """Fix the checkpoint run id once, before anything starts (a fresh id, or with
+    ``--resume`` the run found at the checkpoint URL), and say where checkpoints go."""
+    rt = cfg.runtime
+    if not rt.checkpoint_url:
+        return cfg
+    from rpeg.runtime.actors.checkpoint import resolve_run_id
+
+    if not rt.run_id:
+        cfg = cfg.with_overrides({"runtime.run_id": resolve_run_id(rt)})
+    if not quiet:
+        typer.echo(
+            f"run id {cfg.runtime.run_id}: checkpoints in {rt.checkpoint_url.rstrip('/')}/{cfg.runtime.run_id}/"
+        )
+    return cfg
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
@@ -37,7 +54,19 @@ def register(app: typer.Typer) -> None:
             help="attach to a running Dask scheduler, e.g. tcp://host:8786 (default: a LocalCluster)",
         ),
         resume: bool = typer.Option(
-            False, "--resume", help="continue from the newest complete checkpoint"
+            False,
+            "--resume",
+            help="continue this run (runtime.run_id, or the one run found at "
+            "runtime.checkpoint_url) from its newest complete checkpoint",
+        ),
+        resume_from: str | None = typer.Option(
+            None,
+            "--resume-from",
+            help="start from this checkpoint of any run (a step folder, a run folder, or a "
+            "checkpoint URL holding one run); new checkpoints go under this run's id",
+        ),
+        run_id: str | None = typer.Option(
+            None, "--run-id", help="checkpoint run id (overrides runtime.run_id)"
         ),
         staleness: int | None = typer.Option(
             None,
@@ -69,16 +98,28 @@ def register(app: typer.Typer) -> None:
             overrides["runtime.max_staleness"] = staleness
         if resume:
             overrides["runtime.resume"] = True
+        if resume_from is not None:
+            overrides["runtime.resume_from"] = resume_from
+        if run_id is not None:
+            overrides["runtime.run_id"] = run_id
         if cluster is not None:
             overrides["cluster.address"] = cluster
         if overrides:
             cfg = cfg.with_overrides(overrides)
         out_dir = Path(cfg.runtime.output_dir)
-        if local:
-            if cluster is not None:
-                from rpeg.errors import RpegError
+        if local and cluster is not None:
+            from rpeg.errors import RpegError
 
-                raise RpegError("--local and --cluster exclude each other")
+            raise RpegError("--local and --cluster exclude each other")
+        # one validation pass before anything starts: every problem at once, exit 2
+        from rpeg.preflight import preflight
+
+        preflight(cfg, local=local, cluster_devices=None if cluster is None else 10**6)
+        cfg = _with_run_id(cfg, quiet)
+        from rpeg.infra.lifeline import start_lifeline
+
+        start_lifeline()  # services this command starts die with it, even on kill -9
+        if local:
             from rpeg.runtime.local_trainer import LocalTrainer
 
             log = (lambda s: None) if quiet else (lambda s: typer.echo(s))
@@ -87,9 +128,8 @@ def register(app: typer.Typer) -> None:
         else:
             # quiet Prefect console logs (the progress bar is the live view); set before import
             os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-            from rpeg.flows.train import run_train, validate_before_start
+            from rpeg.flows.train import run_train
 
-            validate_before_start(cfg, cluster_devices=None if cluster is None else 10**6)
             summary = run_train(
                 cfg,
                 cluster_address=cluster,

@@ -14,6 +14,7 @@ from rpeg.compile.compiler import (
     default_plan,
     graph_from_config,
     resolve,
+    staleness_bound,
 )
 
 
@@ -31,4 +32,5 @@ __all__ = [
     "default_plan",
     "graph_from_config",
     "resolve",
+    "staleness_bound",
 ]

@@ -13,7 +13,20 @@ The description is what the Prefect flow executes and what the golden tests comp
 * ``phase``: ``rollout`` units run before the staleness buffer, ``train`` units after it.
   With ``staleness`` k > 0 the rollout of step t+1..t+k overlaps training of step t.
 * ``weight_sync``: ``shared`` when the generators are the trainer's own processes (no copy),
-  else ``bucketed`` from the trainer group to the generator group(s).
+  else ``bucketed`` from the trainer group to the generator group(s): a broadcast of the full
+  weights in ``bucket_bytes`` buckets over a process group spanning the trainer's rank 0 and
+  every generator rank, every ``every_steps`` updates.
+* ``buffer``: the staleness bound ``max_staleness`` (k) every lag test of the runtime uses.
+
+Layout of a group (docs/runtime.md "Compile"): its training unit gives ``tp``, ``dp`` and
+``fsdp`` (engine ``fsdp``), its generate unit ``gen_tp``; a group without a training unit takes
+its layout from its generate unit (else its first unit). A forward-only unit (log-probs,
+values) whose tp differs from its group's runs on the group's layout (a group holds each role
+in one shard layout) and the replacement is listed in ``notes``. ``pp``/``cp``/``ep`` > 1 are
+refused (and removed from the search space, :mod:`rpeg.search.space`).
+
+Every field the runtime reads is checked by :func:`check_step` (also for a hand-edited
+compiled step): a value the runtime cannot honour is a ConfigError naming the field.
 
 Pure: imports no torch, dask or prefect.
 """
@@ -27,11 +40,16 @@ from typing import Any
 import yaml
 
 from rpeg.errors import ConfigError, Problem
+from rpeg.search.space import UNSUPPORTED_DEGREES
 
 SUPPORTED_ROLES = ("actor", "reference", "critic")
 ROLLOUT_KINDS = frozenset({"generate", "reward"})
 TRAINABLE_KINDS = {"train_actor": "actor", "train_critic": "critic"}
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: kinds that run a forward (and backward) pass over micro-batches of ``micro_batch_size``
+FORWARD_KINDS = frozenset({"old_logprob", "ref_logprob", "values", "train_actor", "train_critic"})
+BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -76,6 +94,8 @@ class TaskSpec:
     after: list[str] = field(default_factory=list)
     concurrent_with: list[str] = field(default_factory=list)
     micro_batch_size: int = 1
+    # streaming: samples flow on in chunks of ``stream_chunk_prompts`` prompt groups
+    stream_chunk_prompts: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +112,7 @@ class CompiledStep:
     tasks: list[TaskSpec]
     weight_sync: dict[str, Any]
     buffer: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
     format: int = FORMAT_VERSION
 
     # ---------------------------------------------------------------- access
@@ -131,6 +152,7 @@ class CompiledStep:
             "tasks": [t.to_dict() for t in self.tasks],
             "weight_sync": dict(self.weight_sync),
             "buffer": dict(self.buffer),
+            "notes": list(self.notes),
         }
 
     def to_yaml(self) -> str:
@@ -151,8 +173,28 @@ class CompiledStep:
             tasks=[TaskSpec(**t) for t in d["tasks"]],
             weight_sync=d["weight_sync"],
             buffer=d["buffer"],
+            notes=list(d.get("notes", [])),
             format=d.get("format", FORMAT_VERSION),
         )
+
+    # ---------------------------------------------------------------- runtime reads
+    @property
+    def max_staleness(self) -> int:
+        """The bound k every lag test of the runtime uses (``buffer.max_staleness``)."""
+        return int(self.buffer["max_staleness"])
+
+    def wait_list(self, name: str) -> list[str]:
+        """Units ``name`` waits for inside one step: its data dependencies, the colocated units
+        ordered before it, and every earlier unit of its phase on other devices that it is not
+        ``concurrent_with`` (so removing a pair from ``concurrent_with`` serialises it)."""
+        t = self.task(name)
+        out = list(dict.fromkeys(t.depends_on + t.after))
+        for u in self.tasks:
+            if u.name == name:
+                break
+            if u.phase == t.phase and u.name not in out and u.name not in t.concurrent_with:
+                out.append(u.name)
+        return out
 
 
 # --------------------------------------------------------------------------- resolution
@@ -200,6 +242,13 @@ def graph_from_plan(plan: Any, config: Any) -> Any:
     if g.staleness != plan.staleness:
         g = bound_async(g, plan.staleness)
     return g
+
+
+def staleness_bound(config: Any) -> int:
+    """The bound k of the run ``config`` describes (its plan's, else the config's): what the
+    single-process trainer uses so it obeys the same k as the compiled step."""
+    graph, _plan = resolve(None, config)
+    return int(graph.staleness)
 
 
 def available_devices(config: Any) -> int:
@@ -269,7 +318,9 @@ def compile_step(
     problem (unknown unit or role, too many devices, unsupported layout) before anything
     starts."""
     graph, plan = resolve(plan_or_graph, config)
-    graph.validate()
+    from rpeg.ir import validate
+
+    validate(graph)
     problems: list[Problem] = []
     units = graph.execution_units()
     info = [_unit_info(graph, u) for u in units]
@@ -306,10 +357,10 @@ def compile_step(
             )
         )
     for n, u in plan.units.items():
-        if u.tp * u.pp * u.cp != 1:
-            problems.append(
-                Problem(f"plan.units.{n}", "the runtime does data parallelism only (tp=pp=cp=1)")
-            )
+        for deg, why in UNSUPPORTED_DEGREES.items():
+            v = getattr(u, deg)
+            if v != 1:
+                problems.append(Problem(f"plan.units.{n}.{deg}", f"{deg}={v}: {why}; allowed: 1"))
     if problems:
         raise ConfigError(problems, title="plan refused before any actor starts")
 
@@ -368,6 +419,10 @@ def compile_step(
     for g in groups.values():
         g.roles = sorted(g.roles, key=SUPPORTED_ROLES.index)
         g.trainable = sorted(g.trainable, key=SUPPORTED_ROLES.index)
+    notes: list[str] = []
+    _group_layouts(groups, info, kinds_of, plan, config, notes, problems)
+    if problems:
+        raise ConfigError(problems, title="plan refused before any actor starts")
 
     # ---- ordering and concurrency within a step
     ancestors: dict[str, set[str]] = {}
@@ -402,28 +457,41 @@ def compile_step(
                 depends_on=deps[n],
                 after=after,
                 concurrent_with=conc,
-                micro_batch_size=plan.units[n].micro_batch_size,
+                micro_batch_size=_micro_batch(plan.units[n].micro_batch_size, ks),
+                stream_chunk_prompts=_chunk(config, groups, group_of[n]) if streaming else 0,
             )
         )
     w = config.workload
     for g in groups.values():
-        per_rank = (w.num_prompts // g.world_size) * w.samples_per_prompt
-        if g.world_size > w.num_prompts:
+        for what, dp in (("data-parallel", g.dp), ("generation data-parallel", _gen_dp(g))):
+            if dp > w.num_prompts:
+                problems.append(
+                    Problem(
+                        f"actor group {g.name}",
+                        f"{dp} {what} ranks but only {w.num_prompts} prompts per step "
+                        "(each data-parallel rank needs at least one whole prompt group)",
+                    )
+                )
+        per_rank = (w.num_prompts // g.dp) * w.samples_per_prompt
+        if g.dp > w.num_prompts:
+            continue
+        if g.trainable and (g.fsdp or g.tp > 1) and w.num_prompts % g.dp:
+            # sharded training runs collectives in every forward: equal shards or a hang
             problems.append(
                 Problem(
                     f"actor group {g.name}",
-                    f"{g.world_size} data-parallel ranks but only {w.num_prompts} prompts per "
-                    "step (each rank needs at least one whole prompt group)",
+                    f"dp={g.dp} does not divide workload.num_prompts={w.num_prompts} "
+                    "(sharded ranks must see equal batches)",
                 )
             )
-        elif g.trainable and w.num_prompts % g.world_size and per_rank < w.train_minibatches:
+        elif g.trainable and w.num_prompts % g.dp and per_rank < w.train_minibatches:
             # ranks would run different numbers of mini-batches: DDP collectives would hang
             problems.append(
                 Problem(
                     f"actor group {g.name}",
                     f"uneven shards: a rank gets {per_rank} samples, fewer than "
                     f"workload.train_minibatches={w.train_minibatches}; use a num_prompts "
-                    f"divisible by {g.world_size}",
+                    f"divisible by {g.dp}",
                 )
             )
     if problems:
@@ -445,7 +513,7 @@ def compile_step(
         "samples_per_step": config.workload.samples_per_step,
         "off_policy_correction": config.algorithm.off_policy_correction,
     }
-    return CompiledStep(
+    step = CompiledStep(
         pipeline=graph.algorithm,
         graph=graph.name,
         staleness=k,
@@ -455,4 +523,232 @@ def compile_step(
         tasks=tasks,
         weight_sync=weight_sync,
         buffer=buffer,
+        notes=notes,
     )
+    check_step(step)
+    return step
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def model_shape(config: Any) -> dict[str, int]:
+    """Heads, kv heads and MLP width of the run's policy: the model folder's ``config.json``
+    when it is a local path, else the catalog entry of ``model.name`` (with the built-in tiny
+    model's ``tiny_shape`` overrides)."""
+    import os
+
+    m = config.model
+    keys = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+    if m.path and os.path.isfile(os.path.join(m.path, "config.json")):
+        with open(os.path.join(m.path, "config.json")) as fh:
+            cfg = json.load(fh)
+        return {k: int(cfg[k]) for k in keys if isinstance(cfg.get(k), int)}
+    out: dict[str, int] = {}
+    try:
+        from rpeg import specs
+
+        spec = specs.model(m.name)
+        out = {
+            "num_attention_heads": int(spec.heads),
+            "num_key_value_heads": int(getattr(spec, "kv_heads", None) or spec.heads),
+            "intermediate_size": int(spec.ffn_hidden),
+        }
+    except Exception:  # noqa: BLE001 -- an unknown catalog name: nothing to check against
+        out = {}
+    if m.path is None and m.tiny_shape:
+        out.update({k: int(v) for k, v in m.tiny_shape.items() if k in keys})
+    return out
+
+
+def _device_type(config: Any) -> str:
+    try:
+        from rpeg import specs
+
+        cl = specs.cluster(config.cluster.name)
+        return "cpu" if cl.gpu.name == "cpu" else "cuda"
+    except Exception:  # noqa: BLE001
+        return "cpu"
+
+
+def _dtype(config: Any, device_type: str) -> str:
+    prec = str(config.workload.precision)
+    if prec in ("bf16", "bfloat16"):
+        return "bfloat16"
+    if prec in ("fp16", "float16"):
+        return "float16"
+    if device_type == "cuda" and config.model.dtype == "float32" and prec != "fp32":
+        return "bfloat16"
+    return "float32" if prec == "fp32" else config.model.dtype
+
+
+def _gen_dp(g: ActorGroupSpec) -> int:
+    """Data-parallel size of generation on the group (``gen_tp`` = ``tp`` without one)."""
+    return max(1, g.world_size // max(1, g.gen_tp))
+
+
+def _group_layouts(
+    groups: dict[tuple[int, ...], ActorGroupSpec],
+    info: list[Any],
+    kinds_of: dict[str, list[str]],
+    plan: Any,
+    config: Any,
+    notes: list[str],
+    problems: list[Problem],
+) -> dict[str, int]:
+    """Fill every group's layout from its units (module docstring); returns unit -> tp run."""
+    dev = _device_type(config)
+    dtype = _dtype(config, dev)
+    shape = model_shape(config)
+    by_name = {g.name: g for g in groups.values()}
+    unit_tp: dict[str, int] = {}
+    for g in by_name.values():
+        units = g.units
+        train = [n for n in units if set(kinds_of[n]) & set(TRAINABLE_KINDS)]
+        gen = [n for n in units if "generate" in kinds_of[n]]
+        model_units = [n for n in units if set(kinds_of[n]) & FORWARD_KINDS]
+        lead = train[0] if train else (gen[0] if gen else (model_units or units)[0])
+        up = plan.units[lead]
+        g.tp = up.tp
+        g.dp = max(1, g.world_size // up.tp)
+        g.fsdp = bool(train) and up.engine == "fsdp"
+        g.gen_tp = plan.units[gen[0]].tp if gen else g.tp
+        g.device_type = dev
+        g.dtype = dtype
+        g.backend = "nccl" if dev == "cuda" else "gloo"
+        for n in units:
+            t = plan.units[n].tp
+            runs = g.gen_tp if n in gen else g.tp
+            unit_tp[n] = runs
+            if (
+                t != runs
+                and n not in gen
+                and set(kinds_of[n]) & (FORWARD_KINDS | set(TRAINABLE_KINDS))
+            ):
+                if train and n in train:
+                    problems.append(
+                        Problem(
+                            f"plan.units.{n}.tp",
+                            f"tp={t} but the group's training unit {train[0]} has tp={g.tp}: "
+                            "two training layouts on one group",
+                        )
+                    )
+                else:
+                    notes.append(
+                        f"plan.units.{n}.tp={t}: runs at group {g.name}'s layout tp={runs} "
+                        f"(set by {lead}; a group holds each role in one shard layout)"
+                    )
+        for t in {g.tp, g.gen_tp}:
+            if t > 1:
+                for key, val in shape.items():
+                    if val % t:
+                        problems.append(
+                            Problem(
+                                f"actor group {g.name} (units {', '.join(units)})",
+                                f"tp={t} does not divide the model's {key}={val}",
+                            )
+                        )
+    return unit_tp
+
+
+def _micro_batch(size: int, kinds: set[str]) -> int:
+    """The plan's micro-batch size for a unit with a forward pass; 1 for the units that run
+    none (reward, advantage, weight sync: one pass over the rank's rows, whatever the plan
+    builders put there). Generation keeps the plan's value: check_step refuses it unless 1."""
+    if kinds & FORWARD_KINDS or "generate" in kinds:
+        return size
+    return 1
+
+
+def _chunk(config: Any, groups: dict[tuple[int, ...], ActorGroupSpec], group: str) -> int:
+    """Prompt groups per streamed chunk: a quarter of a rank's prompts (at least one)."""
+    g = next(x for x in groups.values() if x.name == group)
+    per_rank = max(1, config.workload.num_prompts // _gen_dp(g))
+    return max(1, per_rank // 4)
+
+
+def check_step(step: CompiledStep) -> None:
+    """Every field the runtime reads, checked; a ConfigError names each bad field. Run by
+    :func:`compile_step` and by the runtime on a compiled step it is handed."""
+    ps: list[Problem] = []
+    names = {t.name for t in step.tasks}
+    gnames = {g.name for g in step.actor_groups}
+    for i, g in enumerate(step.actor_groups):
+        where = f"actor_groups[{i}] ({g.name})"
+        if g.device_type not in BACKENDS:
+            ps.append(Problem(f"{where}.device_type", f"{g.device_type!r}; allowed: cpu, cuda"))
+        elif g.backend not in BACKENDS[g.device_type]:
+            ps.append(
+                Problem(
+                    f"{where}.backend",
+                    f"{g.backend!r} on {g.device_type}; allowed: {', '.join(BACKENDS[g.device_type])}",
+                )
+            )
+        if g.dtype not in DTYPES:
+            ps.append(Problem(f"{where}.dtype", f"{g.dtype!r}; allowed: {', '.join(DTYPES)}"))
+        if g.world_size != len(g.devices):
+            ps.append(Problem(f"{where}.world_size", f"{g.world_size} != {len(g.devices)} devices"))
+        if g.tp < 1 or g.dp * g.tp != g.world_size:
+            ps.append(Problem(f"{where}.dp", f"dp*tp={g.dp}*{g.tp} != world_size={g.world_size}"))
+        if g.gen_tp < 1 or g.world_size % g.gen_tp:
+            ps.append(
+                Problem(f"{where}.gen_tp", f"{g.gen_tp} does not divide {g.world_size} ranks")
+            )
+        if g.fsdp and not g.trainable:
+            ps.append(Problem(f"{where}.fsdp", "FSDP needs a trainable role in the group"))
+    for i, t in enumerate(step.tasks):
+        where = f"tasks[{i}] ({t.name})"
+        if t.group not in gnames:
+            ps.append(Problem(f"{where}.group", f"unknown group {t.group!r}"))
+        if t.micro_batch_size < 1:
+            ps.append(Problem(f"{where}.micro_batch_size", f"{t.micro_batch_size} < 1"))
+        elif t.micro_batch_size != 1 and not set(t.kinds) & FORWARD_KINDS:
+            ps.append(
+                Problem(
+                    f"{where}.micro_batch_size",
+                    f"{t.micro_batch_size}: the unit runs no forward pass ({'+'.join(t.kinds)}; "
+                    "generation batches all of a rank's prompts in one engine call); allowed: 1",
+                )
+            )
+        if t.fused != (len(t.stages) > 1):
+            ps.append(
+                Problem(f"{where}.fused", f"{t.fused} but the unit has {len(t.stages)} stage(s)")
+            )
+        if t.streaming and "generate" not in t.kinds:
+            ps.append(Problem(f"{where}.streaming", "only a unit with generation streams"))
+        for other in t.concurrent_with:
+            if other not in names:
+                ps.append(Problem(f"{where}.concurrent_with", f"unknown unit {other!r}"))
+            elif step.task(other).group == t.group:
+                ps.append(
+                    Problem(
+                        f"{where}.concurrent_with",
+                        f"{other} runs on the same actor group {t.group}: cannot overlap",
+                    )
+                )
+    ws = step.weight_sync
+    if ws.get("mode") not in ("shared", "bucketed"):
+        ps.append(Problem("weight_sync.mode", f"{ws.get('mode')!r}; allowed: shared, bucketed"))
+    if int(ws.get("bucket_bytes", 0)) < 1024:
+        ps.append(Problem("weight_sync.bucket_bytes", f"{ws.get('bucket_bytes')} < 1024"))
+    every = int(ws.get("every_steps", 0))
+    k = int(step.buffer.get("max_staleness", -1))
+    if every < 1:
+        ps.append(Problem("weight_sync.every_steps", f"{every} < 1"))
+    elif ws.get("mode") == "bucketed" and every > k + 1:
+        ps.append(
+            Problem(
+                "weight_sync.every_steps",
+                f"{every} > k+1={k + 1}: the generators would fall more than k={k} versions "
+                "behind and every batch would be too stale (livelock)",
+            )
+        )
+    if k < 0:
+        ps.append(Problem("buffer.max_staleness", f"{k} < 0"))
+    elif k != step.staleness:
+        ps.append(Problem("buffer.max_staleness", f"{k} != staleness={step.staleness}"))
+    for g in [ws.get("source"), *ws.get("targets", [])]:
+        if g is not None and g not in gnames:
+            ps.append(Problem("weight_sync", f"unknown group {g!r}"))
+    if ps:
+        raise ConfigError(ps, title="compiled step refused before any actor starts")

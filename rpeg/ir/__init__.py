@@ -4,6 +4,7 @@ Pure Python: imports no torch, dask or prefect. See docs/ir.md.
 """
 
 from rpeg.ir.builders import BUILDERS, build, builder_names, dapo, grpo, ppo, reinforce_pp, rloo
+from rpeg.ir.checks import problems, validate
 from rpeg.ir.graph import (
     DEFAULT_INPUTS,
     FIELDS,
@@ -53,6 +54,7 @@ __all__ = [
     "grpo",
     "has_graphviz",
     "ppo",
+    "problems",
     "reinforce_pp",
     "render",
     "rloo",
@@ -63,4 +65,5 @@ __all__ = [
     "to_mermaid",
     "to_yaml",
     "unfuse",
+    "validate",
 ]

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rpeg.errors import Problem
+from rpeg.ir.checks import validate
 from rpeg.ir.graph import (
     WEIGHTS_STATE,
     Granularity,
@@ -78,14 +79,12 @@ def _check_options(algorithm: str, reward: str, staleness: Any, kl_placement: st
         raise GraphError(p)
 
 
-def _pipeline(
-    algorithm: str,
-    *,
-    name: str | None,
-    critic: bool,
-    params: dict[str, Any],
-    staleness: int,
-) -> Graph:
+def _pipeline(algorithm: str, *, critic: bool, options: dict[str, Any]) -> Graph:
+    """The pipeline of ``algorithm`` from a builder's keyword arguments (its ``locals()``)."""
+    options = dict(options)
+    name, staleness = options.pop("name"), options.pop("staleness")
+    _check_options(algorithm, options["reward"], staleness, options["kl_placement"])
+    params = _common_params(**options)
     use_ref = params["use_reference"]
     kl_in_reward = use_ref and params["kl_placement"] == "reward"
     kl_in_loss = use_ref and params["kl_placement"] == "loss"
@@ -164,7 +163,7 @@ def _pipeline(
         params=params,
         inputs=("prompts",) if model_reward else ("prompts", "answers"),
     )
-    return g.validate()
+    return validate(g)
 
 
 def grpo(
@@ -185,9 +184,7 @@ def grpo(
     entropy_coef: float = 0.0,
 ) -> Graph:
     """GRPO: group-normalized rewards as advantages, no critic; KL in the loss by default."""
-    _check_options("grpo", reward, staleness, kl_placement)
-    params = _common_params(**{k: v for k, v in locals().items() if k not in ("name", "staleness")})
-    return _pipeline("grpo", name=name, critic=False, params=params, staleness=staleness)
+    return _pipeline("grpo", critic=False, options=locals())
 
 
 def dapo(
@@ -208,9 +205,7 @@ def dapo(
     entropy_coef: float = 0.0,
 ) -> Graph:
     """DAPO: GRPO without KL, with clip-higher, dynamic sampling, overlong shaping, token_mean."""
-    _check_options("dapo", reward, staleness, kl_placement)
-    params = _common_params(**{k: v for k, v in locals().items() if k not in ("name", "staleness")})
-    return _pipeline("dapo", name=name, critic=False, params=params, staleness=staleness)
+    return _pipeline("dapo", critic=False, options=locals())
 
 
 def rloo(
@@ -231,9 +226,7 @@ def rloo(
     entropy_coef: float = 0.0,
 ) -> Graph:
     """RLOO: leave-one-out baseline over each prompt's group, no critic; KL in the reward."""
-    _check_options("rloo", reward, staleness, kl_placement)
-    params = _common_params(**{k: v for k, v in locals().items() if k not in ("name", "staleness")})
-    return _pipeline("rloo", name=name, critic=False, params=params, staleness=staleness)
+    return _pipeline("rloo", critic=False, options=locals())
 
 
 def reinforce_pp(
@@ -253,9 +246,7 @@ def reinforce_pp(
     entropy_coef: float = 0.0,
 ) -> Graph:
     """REINFORCE++: token-level KL in the reward, batch-normalized returns, no critic."""
-    _check_options("reinforce_pp", reward, staleness, kl_placement)
-    params = _common_params(**{k: v for k, v in locals().items() if k not in ("name", "staleness")})
-    return _pipeline("reinforce_pp", name=name, critic=False, params=params, staleness=staleness)
+    return _pipeline("reinforce_pp", critic=False, options=locals())
 
 
 def ppo(
@@ -278,9 +269,7 @@ def ppo(
     entropy_coef: float = 0.0,
 ) -> Graph:
     """PPO: critic (values, train_critic) and GAE advantages; KL in the reward by default."""
-    _check_options("ppo", reward, staleness, kl_placement)
-    params = _common_params(**{k: v for k, v in locals().items() if k not in ("name", "staleness")})
-    return _pipeline("ppo", name=name, critic=True, params=params, staleness=staleness)
+    return _pipeline("ppo", critic=True, options=locals())
 
 
 BUILDERS: dict[str, Callable[..., Graph]] = {

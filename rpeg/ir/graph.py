@@ -31,9 +31,6 @@ class StageKind(StrEnum):
     train_critic = "train_critic"
     sync_weights = "sync_weights"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 class Role(StrEnum):
     """The model a stage runs. Rule rewards and the advantage computation use ``None``."""
@@ -43,9 +40,6 @@ class Role(StrEnum):
     critic = "critic"
     reward_model = "reward_model"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 class Granularity(StrEnum):
     """How a stage consumes its inputs (and hence the granularity of its in-edges)."""
@@ -54,9 +48,6 @@ class Granularity(StrEnum):
     minibatch = "minibatch"
     microbatch = "microbatch"
     sample = "sample"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: Every data field a stage may read or write, with its meaning (documented in docs/ir.md).
@@ -107,10 +98,6 @@ class GraphError(ProblemsError):
     """A graph (or a request to build or transform one) with one or more problems."""
 
     title = "invalid graph"
-
-
-def _role_name(role: Role | None) -> str:
-    return "none" if role is None else role.value
 
 
 # --------------------------------------------------------------------------- params
@@ -229,7 +216,11 @@ ExecutionUnit = FusedGroup | Stage
 
 @dataclass(frozen=True)
 class Graph:
-    """A whole RL step. Immutable and hashable; transforms return new graphs."""
+    """A whole RL step. Immutable and hashable; transforms return new graphs.
+
+    Data plus lookups only: checking is :func:`rpeg.ir.checks.validate` / ``problems`` and the
+    YAML form is :mod:`rpeg.ir.serialize`, both functions of a graph (so this module imports
+    neither and no import cycle forms)."""
 
     name: str
     algorithm: str
@@ -369,7 +360,11 @@ class Graph:
         try:
             order = list(nx.lexicographical_topological_sort(c, key=lambda n: key[n]))
         except nx.NetworkXUnfeasible:
-            raise GraphError(self._problems() or ["graph has a cycle within a step"]) from None
+            cyc = nx.find_cycle(c)  # [(unit, unit), ...]; a unit is (kind, name)
+            path = " -> ".join([cyc[0][0][1], *(v[1] for _, v in cyc)])
+            raise GraphError(
+                [Problem("graph", f"execution units form a cycle within a step: {path}")]
+            ) from None
         groups = {g.name: g for g in self.fused}
         return tuple(groups[n] if t == "g" else self._by_name[n] for t, n in order)
 
@@ -383,40 +378,6 @@ class Graph:
         for u in self._units:
             out.extend(u.stages if isinstance(u, FusedGroup) else (u.name,))
         return out
-
-    # ---------------------------------------------------------------- validation
-    def validate(self) -> Graph:
-        """Return ``self`` if the graph is valid, else raise GraphError listing every problem."""
-        problems = self._problems()
-        if problems:
-            raise GraphError(problems)
-        return self
-
-    def problems(self) -> list[Problem]:
-        """Every problem of the graph (empty when valid)."""
-        return self._problems()
-
-    def _problems(self) -> list[Problem]:
-        from rpeg.ir.validate import graph_problems
-
-        return graph_problems(self)
-
-    # ---------------------------------------------------------------- serialization
-    def to_yaml(self) -> str:
-        from rpeg.ir.serialize import to_yaml
-
-        return to_yaml(self)
-
-    @staticmethod
-    def from_yaml(text_or_path: Any) -> Graph:
-        from rpeg.ir.serialize import from_yaml
-
-        return from_yaml(text_or_path)
-
-    def to_dict(self) -> dict[str, Any]:
-        from rpeg.ir.serialize import to_dict
-
-        return to_dict(self)
 
     def replace(self, **changes: Any) -> Graph:
         """A copy with ``changes`` (not validated)."""

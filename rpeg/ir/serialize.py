@@ -1,7 +1,7 @@
 """YAML round trip of graphs: ``from_yaml(to_yaml(g)) == g``.
 
 Loading reports every problem at once with its location (``stages[2].kind``...), then runs
-:meth:`Graph.validate`.
+:func:`rpeg.ir.checks.validate`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from rpeg.errors import Problem
+from rpeg.ir.checks import validate
 from rpeg.ir.graph import (
     DEFAULT_INPUTS,
     FIELDS,
@@ -260,7 +261,7 @@ def from_dict(d: Any) -> Graph:
         params=params,
         inputs=inputs,
     )
-    return g.validate()
+    return validate(g)
 
 
 def from_yaml(text_or_path: Any) -> Graph:

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from rpeg.errors import Problem
+from rpeg.ir.checks import validate
 from rpeg.ir.graph import (
     WEIGHTS_STATE,
     FusedGroup,
@@ -39,7 +40,7 @@ def bound_async(g: Graph, k: int) -> Graph:
         dataclasses.replace(e, staleness=k) if e.state == WEIGHTS_STATE else e
         for e in g.state_edges
     )
-    return dataclasses.replace(g, state_edges=edges).validate()
+    return validate(dataclasses.replace(g, state_edges=edges))
 
 
 def share_actor_critic(g: Graph) -> Graph:
@@ -104,14 +105,16 @@ def share_actor_critic(g: Graph) -> Graph:
         rs = frozenset(Role.actor if r == Role.critic else r for r in roles)
         if len(rs) >= 2:
             colocated.append(rs)
-    return dataclasses.replace(
-        g,
-        stages=tuple(stages),
-        state_edges=state,
-        fused=tuple(fused),
-        colocated=tuple(colocated),
-        shared_actor_critic=True,
-    ).validate()
+    return validate(
+        dataclasses.replace(
+            g,
+            stages=tuple(stages),
+            state_edges=state,
+            fused=tuple(fused),
+            colocated=tuple(colocated),
+            shared_actor_critic=True,
+        )
+    )
 
 
 def fuse(
@@ -147,13 +150,13 @@ def fuse(
     if problems:
         raise GraphError(problems)
     new = dataclasses.replace(g, fused=(*g.fused, FusedGroup(gname, members, streaming)))
-    return new.validate()
+    return validate(new)
 
 
 def unfuse(g: Graph, name: str) -> Graph:
     """Remove the fused group ``name``."""
     g.group(name)
-    return dataclasses.replace(g, fused=tuple(x for x in g.fused if x.name != name)).validate()
+    return validate(dataclasses.replace(g, fused=tuple(x for x in g.fused if x.name != name)))
 
 
 def colocate(g: Graph, roles: Iterable[Role | str] | str) -> Graph:
@@ -187,7 +190,7 @@ def colocate(g: Graph, roles: Iterable[Role | str] | str) -> Graph:
             merged |= s
         else:
             keep.append(s)
-    return dataclasses.replace(g, colocated=(*keep, merged)).validate()
+    return validate(dataclasses.replace(g, colocated=(*keep, merged)))
 
 
 def separate(g: Graph, role: Role | str) -> Graph:
@@ -198,4 +201,4 @@ def separate(g: Graph, role: Role | str) -> Graph:
         rest = s - {role}
         if len(rest) >= 2:
             out.append(frozenset(rest))
-    return dataclasses.replace(g, colocated=tuple(out)).validate()
+    return validate(dataclasses.replace(g, colocated=tuple(out)))

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from rpeg.errors import Problem
-from rpeg.ir.graph import WEIGHTS_STATE, Granularity, Graph, GraphError, Role
+from rpeg.ir.graph import WEIGHTS_STATE, FusedGroup, Granularity, Graph, GraphError, Role, Stage
 
 ROLE_COLORS: dict[Role | None, str] = {
     Role.actor: "#8ecae6",
@@ -35,6 +35,19 @@ def _grouped_edges(g: Graph) -> list[tuple[str, str, list[str], Granularity]]:
     return [(s, d, f, gr) for (s, d), (f, gr) in out.items()]
 
 
+def _node_groups(g: Graph) -> tuple[list[tuple[FusedGroup, list[Stage]]], list[Stage]]:
+    """(each fused group with its stages, the stages in no group), in graph order."""
+    groups = [(grp, [g.stage(n) for n in grp.stages if g.has_stage(n)]) for grp in g.fused]
+    grouped = {s.name for _, members in groups for s in members}
+    return groups, [s for s in g.stages if s.name not in grouped]
+
+
+def _input_reads(g: Graph) -> list[tuple[Stage, list[str]]]:
+    """(stage, the step inputs it reads) for every stage reading some."""
+    reads = [(s, [f for f in s.reads if f in g.inputs]) for s in g.stages]
+    return [(s, fs) for s, fs in reads if fs]
+
+
 def to_dot(g: Graph) -> str:
     """Graphviz DOT: fused groups as clusters, roles as colours, state edges dashed with k."""
     lines = [
@@ -54,25 +67,18 @@ def to_dot(g: Graph) -> str:
             label += f" / {s.granularity.value}"
         return f"{indent}{_q(s.name)} [label={_q(label)}, fillcolor={_q(ROLE_COLORS[s.role])}];"
 
-    grouped = set()
-    for i, grp in enumerate(g.fused):
+    groups, loose = _node_groups(g)
+    for i, (grp, members) in enumerate(groups):
         lines.append(f"  subgraph cluster_{i} {{")
         tag = " (streaming)" if grp.streaming else ""
         lines.append(
             f'    label={_q("fused: " + grp.name + tag)}; style="dashed,rounded"; color="#555555";'
         )
-        for name in grp.stages:
-            if g.has_stage(name):
-                lines.append(node(g.stage(name), "    "))
-                grouped.add(name)
+        lines.extend(node(s, "    ") for s in members)
         lines.append("  }")
-    for s in g.stages:
-        if s.name not in grouped:
-            lines.append(node(s))
-    for s in g.stages:
-        fs = [f for f in s.reads if f in g.inputs]
-        if fs:
-            lines.append(f'  inputs -> {_q(s.name)} [label={_q(", ".join(fs))}, color="#999999"];')
+    lines.extend(node(s) for s in loose)
+    for s, fs in _input_reads(g):
+        lines.append(f'  inputs -> {_q(s.name)} [label={_q(", ".join(fs))}, color="#999999"];')
     for src, dst, fields, gran in _grouped_edges(g):
         attrs = [f"label={_q(', '.join(fields))}"]
         if gran == Granularity.sample:
@@ -113,22 +119,15 @@ def to_mermaid(g: Graph) -> str:
         label = f"{s.name}<br/>[{s.kind.value}]<br/>{_role(s.role)}"
         return f'{indent}{_mid(s.name)}["{label}"]:::{_role(s.role).replace(" ", "_")}'
 
-    grouped = set()
-    for i, grp in enumerate(g.fused):
+    groups, loose = _node_groups(g)
+    for i, (grp, members) in enumerate(groups):
         tag = " (streaming)" if grp.streaming else ""
         lines.append(f'  subgraph g{i}["fused: {grp.name}{tag}"]')
-        for name in grp.stages:
-            if g.has_stage(name):
-                lines.append(node(g.stage(name), "    "))
-                grouped.add(name)
+        lines.extend(node(s, "    ") for s in members)
         lines.append("  end")
-    for s in g.stages:
-        if s.name not in grouped:
-            lines.append(node(s))
-    for s in g.stages:
-        fs = [f for f in s.reads if f in g.inputs]
-        if fs:
-            lines.append(f"  inputs -->|{', '.join(fs)}| {_mid(s.name)}")
+    lines.extend(node(s) for s in loose)
+    for s, fs in _input_reads(g):
+        lines.append(f"  inputs -->|{', '.join(fs)}| {_mid(s.name)}")
     for src, dst, fields, gran in _grouped_edges(g):
         arrow = "==>" if gran == Granularity.sample else "-->"
         lines.append(f"  {_mid(src)} {arrow}|{', '.join(fields)}| {_mid(dst)}")

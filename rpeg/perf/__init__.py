@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from rpeg.perf.calibration import DEFAULT, Calibration
-from rpeg.perf.pricing import StageCost, StepPrediction, Workload, predict, price_unit
+from rpeg.perf.prediction import StageCost, StepPrediction, Workload
+from rpeg.perf.pricing import predict, price_unit
 from rpeg.perf.timeline import TimelineRecord
 
 __all__ = [

@@ -4,7 +4,10 @@ is fitted per validation row."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -12,15 +15,25 @@ class Calibration:
     # Decode is memory-bound: achieved share of peak HBM bandwidth when streaming weights and
     # KV (vLLM paged attention + CUDA graphs reach ~70-80% on H100).
     decode_hbm_eff: float = 0.75
+    # Paged-attention KV reads in decode (gathered pages, per-sequence tiles): achieved share
+    # of HBM bandwidth; 0 = same as decode_hbm_eff.
+    kv_hbm_eff: float = 0.0
     # MoE decode: achieved share of HBM bandwidth when streaming routed-expert weights
     # (vLLM fused-MoE Triton kernels at 1-8 tokens per expert: ~60%, below dense GEMV's ~75%
     # because each expert is a separate small tile loop).
     moe_expert_hbm_eff: float = 0.6
     # Fixed engine time per decode step (scheduler, sampling, detokenisation, launch) in s.
     decode_step_overhead_s: float = 0.004
+    # Engine host time per live sequence per decode step (scheduler bookkeeping, sampler
+    # and detokeniser per request), s. docs/perf-model.md, "Fixed and per-sample costs".
+    decode_seq_overhead_s: float = 1e-5
     # Non-GEMM share of a training/forward micro-batch: achieved MFU = GEMM efficiency (size
     # curve of the GPU) x this factor (attention kernels, norms, optimizer, packing, launch).
     train_eff_factor: float = 0.70
+    # fp8 GEMMs (Transformer Engine / vLLM fp8): achieved share of the fp8 peak relative to
+    # what bf16 GEMMs of the same size reach of theirs (per-tensor scaling, casts, amax
+    # reductions); 0.7 x 2 = 1.4x bf16. docs/perf-model.md, "fp8".
+    fp8_gemm_eff: float = 0.7
     # Extra factor for forward-only passes (logprobs): short kernels, no overlap of comm.
     forward_eff_factor: float = 0.60
     # Fixed time per layer per micro-batch per pass in training/forward (kernel launches,
@@ -37,6 +50,9 @@ class Calibration:
     # the s^2 scores and runs 5 s^2-sized matmuls against 2 in the forward (FlashAttention-2,
     # Dao 2023). A kernel fact, not fitted: matters at long context (9-30k tokens).
     attn_bwd_fwd_ratio: float = 2.5
+    # Achieved share of the bf16 peak by fused (flash) attention in training/forward passes,
+    # averaged over forward and backward; 0 = use the GEMM efficiency x the pass factor.
+    attn_eff: float = 0.0
     # NCCL achieved bus bandwidth / link peak for large messages.
     nccl_bus_eff: float = 0.70
     # Effective host<->device copy bandwidth (PCIe gen5 x16 in practice), GB/s, for offload.
@@ -60,6 +76,35 @@ class Calibration:
     # Length distribution of responses: lognormal with this sigma, truncated at the cap
     # (RL reasoning traces are heavy-tailed: a few % run into the cap even at mean << cap).
     length_sigma: float = 1.0
+    # Response-length prior where a workload does not state its mean: the untruncated length
+    # is lognormal(median of the model's kind, length_sigma), clamped at the cap
+    # (rpeg.perf.lengths.prior_mean). Reasoning models (R1-distilled, Qwen3 thinking) vs
+    # base/instruct models; sources in docs/perf-model.md, "Response-length prior".
+    response_median_reasoning: float = 6000.0
+    response_median_instruct: float = 700.0
+    # Host work per sample on the step's critical path (reward scoring, detokenisation,
+    # batch marshalling in the driver), s. See docs/perf-model.md, "Per-sample host cost".
+    host_per_sample_s: float = 0.002
+    # fp32 vocabulary passes per token of the log-prob computation (memory-bound, not in the
+    # GEMM FLOPs): forward writes the logits and reads them for the log-sum-exp and the
+    # gather; training adds the backward's read and gradient write.
+    vocab_passes_fwd: float = 3.0
+    vocab_passes_train: float = 6.0
+    # Interval bounds (rpeg.perf.interval): relative uncertainty of each term's efficiency,
+    # factor on the fixed costs, and the spread (ratio) of the response-length prior's
+    # median. docs/perf-model.md, "Intervals".
+    decode_uncertainty: float = 0.2
+    compute_uncertainty: float = 0.2
+    comm_uncertainty: float = 0.25
+    fixed_cost_factor: float = 1.4
+    length_prior_spread: float = 1.5
+    # Fitted on a measured run of this machine (``rpeg calibrate runs/<run>``, rpeg.perf.fit):
+    # achieved share of the modelled rate per unit class (time = modelled time / scale) and
+    # the measured per-step overhead (overrides the cluster's ``runtime.step_overhead_s``).
+    gen_eff_scale: float = 1.0
+    train_eff_scale: float = 1.0
+    fwd_eff_scale: float = 1.0
+    fitted_step_overhead_s: float | None = None
     # vLLM V1 default max_num_seqs on >= 70 GB GPUs (engine concurrency cap per replica).
     max_num_seqs: int = 1024
     # Share of activation memory kept per token and layer, in bytes per hidden unit, for
@@ -71,3 +116,53 @@ class Calibration:
 
 
 DEFAULT = Calibration()
+# The shipped constants as such (published-run validation): never replaced by a machine's
+# fitted calibration, unlike ``DEFAULT`` (see ``machine_calibration``).
+SHIPPED = Calibration()
+
+CALIBRATION_FILE = "calibration.yaml"
+
+
+def _user_file() -> Path:
+    import os
+
+    return _user_file_for(os.environ.get("RPEG_SPECS_DIR", ""))
+
+
+@lru_cache(maxsize=8)
+def _user_file_for(env: str) -> Path:
+    from rpeg.specs import user_specs_dir
+
+    return user_specs_dir() / CALIBRATION_FILE
+
+
+@lru_cache(maxsize=8)
+def _read(path: str, mtime: float) -> dict[str, dict[str, Any]]:
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    clusters = data.get("clusters", {}) if isinstance(data, dict) else {}
+    return clusters if isinstance(clusters, dict) else {}
+
+
+_FITTED = ("gen_eff_scale", "train_eff_scale", "fwd_eff_scale", "fitted_step_overhead_s")
+
+
+def machine_calibration(cluster: str, base: Calibration = DEFAULT) -> Calibration:
+    """``base`` with the values fitted on a measured run of ``cluster`` (the user's
+    ``calibration.yaml``, written by ``rpeg calibrate``); ``base`` itself when none."""
+    path = _user_file()
+    if not path.is_file():
+        return base
+    entry = _read(str(path), path.stat().st_mtime).get(cluster)
+    if not isinstance(entry, dict):
+        return base
+    kw = {k: float(entry[k]) for k in _FITTED if isinstance(entry.get(k), (int, float))}
+    return replace(base, **kw) if kw else base
+
+
+def resolve(calib: Calibration, cluster: str) -> Calibration:
+    """The calibration a prediction uses: ``DEFAULT`` (the default argument) means "this
+    machine's" (fitted values where ``rpeg calibrate`` wrote some); any other instance,
+    ``SHIPPED`` included, is used as given."""
+    return machine_calibration(cluster) if calib is DEFAULT else calib

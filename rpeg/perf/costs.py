@@ -160,7 +160,12 @@ def decode_step_time(
     if model.moe:
         w_exp = w - weight_bytes_read_dense(model, wbytes) / shards
     bw = gpu.hbm_bytes_per_s * gpu.software_eff
-    t_mem = (nbytes - w_exp) / (bw * calib.decode_hbm_eff) + w_exp / (bw * calib.moe_expert_hbm_eff)
+    kv_eff = calib.kv_hbm_eff or calib.decode_hbm_eff
+    t_mem = (
+        (w - w_exp) / (bw * calib.decode_hbm_eff)
+        + w_exp / (bw * calib.moe_expert_hbm_eff)
+        + kv / (bw * kv_eff)
+    )
     flops = batch * (2.0 * model.matmul_params + model.attn_flops_fwd(context)) / shards
     gemm = 2.0 * batch * model.hidden * max(model.ffn_hidden, model.attn_width) / tp
     t_cmp = flops / (gpu.peak_flops(precision) * gpu.matmul_eff(gemm))
@@ -173,4 +178,5 @@ def decode_step_time(
             / pp
             * allreduce_time(batch * model.hidden * 2.0, tp, bw, alpha, calib.nccl_bus_eff)
         )
-    return max(t_mem, t_cmp) + t_comm + calib.decode_step_overhead_s, flops, nbytes, t_comm
+    overhead = calib.decode_step_overhead_s + batch * calib.decode_seq_overhead_s
+    return max(t_mem, t_cmp) + t_comm + overhead, flops, nbytes, t_comm

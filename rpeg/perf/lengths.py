@@ -78,3 +78,26 @@ class LengthDist:
             math.exp(2 * mu + 2 * s * s) * _phi((self.lc - mu - 2 * s * s) / s)
             + self.cap**2 * self.p_cap
         )
+
+
+def truncated_mean(median: float, cap: float, sigma: float) -> float:
+    """E[min(X, cap)] for X ~ lognormal(log(median), sigma)."""
+    mu, lc = math.log(median), math.log(cap)
+    return math.exp(mu + sigma * sigma / 2) * _phi((lc - mu - sigma * sigma) / sigma) + cap * (
+        1 - _phi((lc - mu) / sigma)
+    )
+
+
+def prior_mean(kind: str, cap: float, calib: object, scale: float = 1.0) -> float:
+    """Mean response length of a model of ``kind`` at generation cap ``cap`` when the
+    workload does not state it: the model's untruncated ("natural") length is lognormal
+    with the median of its kind (``Calibration.response_median_reasoning`` /
+    ``response_median_instruct``) and ``length_sigma``, clamped at the cap. The same rule for
+    every model and run; ``scale`` moves the median (interval bounds). Sources of the
+    medians: docs/perf-model.md, "Response-length prior"."""
+    median = (
+        calib.response_median_reasoning  # type: ignore[attr-defined]
+        if kind == "reasoning"
+        else calib.response_median_instruct  # type: ignore[attr-defined]
+    )
+    return min(cap * 0.999, truncated_mean(median * scale, cap, calib.length_sigma))  # type: ignore[attr-defined]

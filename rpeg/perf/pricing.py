@@ -9,9 +9,10 @@ from functools import lru_cache
 from typing import Any
 
 from rpeg.perf.calibration import DEFAULT, Calibration
-from rpeg.perf.prediction import GB, StageCost, StepPrediction, Workload  # noqa: F401 (re-exported)
+from rpeg.perf.calibration import resolve as resolve_calibration
+from rpeg.perf.prediction import GB, StageCost, StepPrediction, Workload
 from rpeg.perf.timeline import TimelineRecord
-from rpeg.perf.units import (  # noqa: F401 (field_bytes, graph_units: re-exported)
+from rpeg.perf.units import (
     FWD_KINDS,
     GEN_KIND,
     TRAIN_KINDS,
@@ -19,7 +20,6 @@ from rpeg.perf.units import (  # noqa: F401 (field_bytes, graph_units: re-export
     field_bytes,
     generation_cost,
     graph_info,
-    graph_units,
     pass_cost,
     unit_plan,
     weight_sync_cost,
@@ -83,7 +83,11 @@ def _price_unit(
             parts.append(pass_cost(c, u, sname, kind, train=False))
         elif kind == "sync_weights":
             parts.append(weight_sync_cost(c, sname, u, gen_plan, train_plan))
-        else:  # rule reward, advantage: negligible on the accelerator
+        elif kind == "reward":  # rule reward: host work per sample (scoring, detokenising)
+            sc = StageCost(sname, (kind,), format_devices(u.devices), u.num_devices)
+            sc.time_s = c.N * c.calib.host_per_sample_s
+            parts.append(sc)
+        else:  # advantage: negligible on the accelerator
             parts.append(StageCost(sname, (kind,), format_devices(u.devices), u.num_devices))
     overlap = 0.0
     if uname in info["streaming"] and len(parts) > 1 and parts[0].kinds == (GEN_KIND,):
@@ -130,7 +134,7 @@ def _value_head(c: UnitContext, u: UnitPlan, sc: StageCost, train: bool) -> None
     tok_dev = min(c.tokens / n, c.max_seq * u.micro_batch_size)
     eff = c.gpu.matmul_eff(2.0 * tok_dev * m.hidden)
     factor = cal.train_eff_factor if train else cal.forward_eff_factor
-    t = flops / (c.gpu.peak_flops(c.prec) * n * eff * factor)
+    t = flops / (c.peak_flops * n * eff * factor)
     sc.time_s += t
     sc.flops += flops
     sc.detail["value_head_s"] = t
@@ -159,6 +163,7 @@ def price_unit(
         cluster = specs.cluster(plan.cluster, num_nodes=plan.num_nodes)
     if model is None:
         model = specs.model(plan.model)
+    calib = resolve_calibration(calib, cluster.name)
     c = UnitContext(plan, wl, cluster, model, calib)
     info = graph_info(graph)
     members = dict(info["units"]).get(unit)
@@ -196,6 +201,7 @@ def predict(
         raise specs.SpecError(
             [f"model {model.name}: {model.unsupported}"], title="model not supported"
         )
+    calib = resolve_calibration(calib, cluster.name)
     c = UnitContext(plan, wl, cluster, model, calib)
     info = graph_info(graph)
     units = info["units"]

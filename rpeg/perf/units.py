@@ -8,7 +8,7 @@ from typing import Any
 
 from rpeg.perf import costs
 from rpeg.perf.calibration import Calibration
-from rpeg.perf.lengths import LengthDist
+from rpeg.perf.lengths import LengthDist, prior_mean
 from rpeg.perf.prediction import GB, StageCost, Workload
 from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices
 from rpeg.specs import ClusterSpec, ModelSpec
@@ -115,21 +115,23 @@ class UnitContext:
             "fp8" if wl.precision == "fp8" else ("fp32" if wl.precision == "fp32" else "bf16")
         )
         self.wbytes = costs.BYTES.get(wl.precision, 2.0)
-        self.kvbytes = 1.0 if wl.precision == "fp8" else (4.0 if wl.precision == "fp32" else 2.0)
+        # the KV cache keeps the activation dtype unless asked otherwise (vLLM
+        # kv_cache_dtype="auto"): bf16 for fp8 weights
+        self.kvbytes = 4.0 if wl.precision == "fp32" else 2.0
+        # achieved compute rate relative to bf16-normalised efficiencies: fp8 GEMMs pay
+        # scaling/casting and reach a smaller share of their (2x) peak
+        self.peak_flops = self.gpu.peak_flops(self.prec) * (
+            calib.fp8_gemm_eff if self.prec == "fp8" else 1.0
+        )
         self.assumptions: list[str] = []
         cap = float(wl.max_response_tokens)
         mean = wl.mean_response_tokens
         if mean is None:
-            if model.typical_response_tokens:
-                mean = min(cap * 0.999, float(model.typical_response_tokens))
-                self.assumptions.append(
-                    f"mean response length unpublished: assumed {mean:.0f} tokens (catalog typical for {model.name})"
-                )
-            else:
-                mean = 0.35 * cap
-                self.assumptions.append(
-                    f"mean response length unpublished: assumed 0.35 x cap = {mean:.0f}"
-                )
+            mean = prior_mean(model.kind, cap, calib)
+            self.assumptions.append(
+                f"mean response length unpublished: assumed {mean:.0f} tokens (prior of "
+                f"{model.kind} models at a {cap:.0f}-token cap)"
+            )
         self.lengths = LengthDist(mean, cap, calib.length_sigma)
         self.N = wl.samples
         self.P = wl.mean_prompt_tokens
@@ -144,6 +146,8 @@ class UnitContext:
         self.dispatch_s = _pick(cluster.dispatch_s, calib.dispatch_s)
         self.handoff_latency_s = _pick(cluster.handoff_latency_s, calib.handoff_latency_s)
         self.step_overhead_s = _pick(cluster.step_overhead_s, calib.step_overhead_s)
+        if calib.fitted_step_overhead_s is not None:  # measured on this machine
+            self.step_overhead_s = calib.fitted_step_overhead_s
 
 
 def _pick(override: float | None, default: float) -> float:
@@ -193,7 +197,11 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
     kv_tokens = kv_free / kv_tok_dev
     S = c.N / replicas  # sequences per replica per step
     L = c.lengths
-    b_kv = kv_tokens / (c.P + L.mean)  # sequences whose average footprint fits
+    # a live sequence's mean context (length-biased: P + E[L^2]/(2E[L])) is what each decode
+    # step reads; admission keeps room for a whole average sequence (P + E[L]), which also
+    # stands for vLLM's preemptions at a full cache (docs/perf-model.md, "KV-bound batch")
+    live_ctx = c.P + L.second_moment() / (2 * L.mean)
+    b_kv = kv_tokens / (c.P + L.mean)
     b_max = max(1.0, min(cal.max_num_seqs, b_kv))
 
     def step(b: float, ctx: float) -> tuple[float, float, float, float]:
@@ -217,14 +225,14 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
     pf_tokens = S * c.P
     pf_flops = costs.forward_flops(m, pf_tokens, S * c.P * c.P) / replica
     gemm = 2.0 * min(pf_tokens, 8192) * m.hidden * max(m.ffn_hidden, m.attn_width) / tp
-    t_pf = pf_flops / (gpu.peak_flops(c.prec) * gpu.matmul_eff(gemm) * cal.train_eff_factor)
+    t_pf = pf_flops / (c.peak_flops * gpu.matmul_eff(gemm) * cal.train_eff_factor)
     t += t_pf
     fl += pf_flops
     if throughput_mode:
         # Steady state of an asynchronous engine (partial rollout): always b_eff sequences in
         # flight, no per-step tail. Cost = tokens / (b_eff tokens per step).
         b_eff = min(b_max, S * (1 + c.plan.staleness))
-        ctx = c.P + L.second_moment() / (2 * L.mean)
+        ctx = live_ctx
         ts, f1, b1, cm = step(b_eff, ctx)
         n_steps = S * L.mean / b_eff
         t += n_steps * ts
@@ -237,7 +245,7 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
         bulk = 0.0
         if b_max < S:
             # continuous batching: the first S - b_max sequences stream through a full batch
-            ctx = c.P + L.second_moment() / (2 * L.mean)
+            ctx = live_ctx
             ts, f1, b1, cm = step(b_max, ctx)
             n_steps = (S - b_max) * L.mean / b_max
             bulk = n_steps * ts
@@ -263,7 +271,7 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
         t += bulk + tail
         sc.detail.update(batch=min(S, b_max), longest_response=lmax, tail_s=tail, bulk_s=bulk)
     level = c.cluster.span_level_contiguous(first, tp) if tp > 1 else "device"
-    sc.time_s = t
+    sc.time_s = t / cal.gen_eff_scale
     sc.flops = fl * replica * replicas
     sc.hbm_bytes = by * replica * replicas
     sc.comm_s = {level: comm} if comm else {}
@@ -328,11 +336,14 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     )
     eff_dense = gpu.matmul_eff(gemm_dense)
     factor = cal.train_eff_factor if train else cal.forward_eff_factor
-    peak = gpu.peak_flops(c.prec) * n
+    peak = c.peak_flops * n
     # flash-attention backward recomputes the scores: 5 s^2 matmuls vs 2 in the forward
     attn = costs.attn_fwd_flops(m, c.seq_sq) * costs.attn_passes(passes, train, cal)
-    dense_flops = passes * 2.0 * dense_p * c.tokens + attn
+    dense_flops = passes * 2.0 * dense_p * c.tokens
     t_dense = dense_flops / (peak * eff_dense * factor)
+    # fused attention kernels reach their own share of the peak (not the GEMM curve's)
+    t_dense += attn / (peak * (cal.attn_eff or eff_dense * factor))
+    sc.detail["attn_s"] = attn / (peak * (cal.attn_eff or eff_dense * factor))
     t_exp = 0.0
     if expert_p:
         tok_expert = tok_dev * m.moe.top_k / m.moe.experts * ep
@@ -341,6 +352,12 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         t_exp = passes * 2.0 * expert_p * c.tokens / (peak * eff_e * factor)
         sc.detail["expert_gemm_eff"] = eff_e
     t_comp = t_dense + t_exp
+    # log-softmax over the vocabulary in fp32: memory-bound passes over the logits
+    vpasses = cal.vocab_passes_train if train else cal.vocab_passes_fwd
+    if vpasses:
+        t_vocab = c.tokens * m.vocab * 4.0 * vpasses / (n * gpu.hbm_bytes_per_s * gpu.software_eff)
+        t_comp += t_vocab
+        sc.detail["vocab_s"] = t_vocab
     # fixed per-layer cost per micro-batch and pass (launch / host sync / MoE routing)
     n_micro_dev = c.tokens / dp / min(tok_mb, c.tokens / dp)
     per_layer = (gpu.layer_overhead_s or cal.layer_overhead_s) * m.dense_layers + (
@@ -370,7 +387,16 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         # the slowest one (a block straddling a scale-up domain boundary)
         block = ep * tp * cp
         ta, lvl = 0.0, "device"
+        dom, rack = c.cluster.domain_size, c.cluster.rack_size
+        span = (ep - 1) * tp * cp
+        seen: set[tuple[int, bool]] = set()
         for b0 in range(first, first + max(block, n - block + 1), block):
+            # blocks at the same offset in their domain that cross (or not) a rack boundary
+            # cost the same: price each kind once
+            key = (b0 % dom, b0 // rack != (b0 + span) // rack)
+            if key in seen:
+                continue
+            seen.add(key)
             t_b, l_b = costs.alltoall_time(a2a_bytes, ep, c.cluster, b0, tp * cp, cal.nccl_bus_eff)
             if t_b > ta:
                 ta, lvl = t_b, l_b
@@ -417,7 +443,9 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         t_opt = (
             c.wl.train_minibatches * state["optimizer"] * GB / 12.0 * 16.0 * 2 / gpu.hbm_bytes_per_s
         )
-    sc.time_s = t_comp * (1.0 + bubble) + sum(comm.values()) + t_opt
+    sc.time_s = (t_comp * (1.0 + bubble) + sum(comm.values()) + t_opt) / (
+        cal.train_eff_scale if train else cal.fwd_eff_scale
+    )
     sc.flops = flops
     sc.comm_s = comm
     # activations per device

@@ -222,6 +222,10 @@ class Plan(_Base):
         """Groups of units that share at least one device (connected components)."""
         return list(_colocated(tuple((n, u.devices) for n, u in self.units.items())))
 
+    def with_inline_graph(self, graph: dict[str, Any]) -> Plan:
+        """This plan executing ``graph`` (the plain-data IR, ``rpeg.ir.to_dict(g)``) inline."""
+        return self.model_copy(update={"graph": self.graph.model_copy(update={"inline": graph})})
+
     # --- YAML ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = self.model_dump(mode="json", exclude_defaults=False)
@@ -310,35 +314,19 @@ def colocated_plan(
     """verl-style layout: every unit on all devices (time-shared), one train layout."""
     n = _num_devices(cluster, num_devices, num_nodes)
     devs = f"0-{n - 1}"
-    units = {}
-    for name, kinds in _unit_names_and_kinds(graph):
-        if kinds & _GEN_KINDS:
-            units[name] = UnitPlan(
-                devices=devs,
-                tp=gen_tp or tp,
-                pp=gen_pp,
-                gpu_memory_utilization=gpu_memory_utilization,
-                engine="auto",
-                offload=True,
-            )
-        else:
-            units[name] = UnitPlan(
-                devices=devs,
-                tp=tp,
-                pp=pp,
-                ep=ep,
-                cp=cp,
-                micro_batch_size=micro_batch_size,
-                recompute=recompute,
-                offload=True,
-            )
+    gen = dict(tp=gen_tp or tp, pp=gen_pp, gpu_memory_utilization=gpu_memory_utilization)
+    train = dict(tp=tp, pp=pp, ep=ep, cp=cp, micro_batch_size=micro_batch_size)
     return Plan(
         cluster=cluster,
         num_nodes=num_nodes,
         model=model,
         staleness=getattr(graph, "staleness", 0),
         graph=GraphRef(builder=builder, options=builder_options or {}),
-        units=units,
+        units=_unit_plans(
+            graph,
+            gen={**gen, "devices": devs, "offload": True},
+            train={**train, "devices": devs, "recompute": recompute, "offload": True},
+        ),
     )
 
 
@@ -364,33 +352,35 @@ def disaggregated_plan(
     builder_options: dict[str, Any] | None = None,
 ) -> Plan:
     """AReaL/NeMo-async layout: generation on devices [0, gen), everything else after."""
-    gen = f"0-{gen_devices - 1}"
-    train = f"{gen_devices}-{gen_devices + train_devices - 1}"
-    units = {}
-    for name, kinds in _unit_names_and_kinds(graph):
-        if kinds & _GEN_KINDS:
-            units[name] = UnitPlan(
-                devices=gen, tp=gen_tp, pp=gen_pp, gpu_memory_utilization=gpu_memory_utilization
-            )
-        else:
-            units[name] = UnitPlan(
-                devices=train,
-                tp=tp,
-                pp=pp,
-                ep=ep,
-                cp=cp,
-                micro_batch_size=micro_batch_size,
-                recompute=recompute,
-            )
+    k = getattr(graph, "staleness", 0)
+    gen = dict(tp=gen_tp, pp=gen_pp, gpu_memory_utilization=gpu_memory_utilization)
+    train = dict(tp=tp, pp=pp, ep=ep, cp=cp, micro_batch_size=micro_batch_size)
     return Plan(
         cluster=cluster,
         num_nodes=num_nodes,
         model=model,
-        staleness=getattr(graph, "staleness", 0),
-        partial_rollout=partial_rollout and getattr(graph, "staleness", 0) > 0,
+        staleness=k,
+        partial_rollout=partial_rollout and k > 0,
         graph=GraphRef(builder=builder, options=builder_options or {}),
-        units=units,
+        units=_unit_plans(
+            graph,
+            gen={**gen, "devices": f"0-{gen_devices - 1}"},
+            train={
+                **train,
+                "devices": f"{gen_devices}-{gen_devices + train_devices - 1}",
+                "recompute": recompute,
+            },
+        ),
     )
+
+
+def _unit_plans(graph: Any, *, gen: dict[str, Any], train: dict[str, Any]) -> dict[str, UnitPlan]:
+    """A UnitPlan per execution unit: ``gen`` for units that generate (or score rollouts),
+    ``train`` for the rest."""
+    return {
+        name: UnitPlan(**(gen if kinds & _GEN_KINDS else train))
+        for name, kinds in _unit_names_and_kinds(graph)
+    }
 
 
 def _num_devices(cluster: str, num_devices: int | None, num_nodes: int | None) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpeg.errors import ConfigError, Problem
+from rpeg.runtime.rewards import parse_rational
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class CountdownSource:
                     if len(expr) > 2
                     else f"{expr}{rng.choice('+-*')}{x}"
                 )
-            target = eval(expr)  # noqa: S307 - built from our own digits and operators
+            target = int(parse_rational(expr))  # no eval, even of our own expressions
             q = f"{','.join(map(str, nums))}->{target}:"
             if q not in self.exclude:
                 return Example(q, f"{target}|{','.join(map(str, nums))}", solution=expr)
@@ -143,53 +144,122 @@ def gsm8k_final_answer(answer: str) -> str:
     )
 
 
-def _row_to_example(row: dict[str, Any], where: str) -> Example:
+#: bad rows reported per data file (the rest are counted)
+MAX_ROW_PROBLEMS = 20
+
+
+def _row_problem(row: Any) -> str | None:
+    """Why ``row`` is not an example, or None."""
+    if not isinstance(row, dict):
+        return (
+            f"a row must be a JSON object with 'question' and 'answer' (got {type(row).__name__})"
+        )
     q = row.get("question", row.get("problem", row.get("prompt")))
     a = row.get("answer", row.get("solution"))
     if q is None or a is None:
-        raise ConfigError(
-            [Problem(where, f"row needs 'question' and 'answer' fields (got {sorted(row)})")]
-        )
-    a = str(a)
+        return f"row needs 'question' and 'answer' fields (got {sorted(map(str, row))})"
+    if not isinstance(q, str) or not isinstance(a, str | int | float):
+        return "'question' must be text and 'answer' text or a number"
+    return None
+
+
+def _row_to_example(row: dict[str, Any], where: str) -> Example:
+    why = _row_problem(row)
+    if why:
+        raise ConfigError([Problem(where, why)])
+    q = row.get("question", row.get("problem", row.get("prompt")))
+    a = str(row.get("answer", row.get("solution")))
     return Example(str(q), gsm8k_final_answer(a), solution=a)
 
 
-def load_examples(url: str, kind: str | None = None) -> list[Example]:
-    """Read a JSONL or Parquet file (local path or fsspec URL) into examples."""
+def _read_rows(url: str, kind: str, problems: list[Problem], limit: int) -> list[tuple[int, Any]]:
+    """(line number, row) of every parsable row; every bad line (up to ``limit``) becomes a
+    problem, the rest are counted in one more."""
     import fsspec
 
+    bad: list[tuple[int, str]] = []  # (line, what), reported in line order
+
+    def note(line: int, what: str) -> None:
+        bad.append((line, what))
+
+    rows: list[tuple[int, Any]] = []
+    if kind == "parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            problems.append(
+                Problem(
+                    "task.url", "reading Parquet needs pyarrow (pip install pyarrow), or use JSONL"
+                )
+            )
+            return []
+        with fsspec.open(url, "rb") as fh:
+            rows = list(enumerate(pq.read_table(fh).to_pylist(), start=1))
+    else:
+        with fsspec.open(url, "r") as fh:
+            for i, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((i, json.loads(line)))
+                except ValueError as exc:
+                    note(i, f"not valid JSON: {exc}")
+    for i, row in rows:
+        why = _row_problem(row)
+        if why:
+            note(i, why)
+    bad.sort()
+    problems += [Problem(f"{url}:{i}", what) for i, what in bad[:limit]]
+    if len(bad) > limit:
+        problems.append(Problem(url, f"... and {len(bad) - limit} more bad rows"))
+    return rows
+
+
+def check_examples(
+    url: str, kind: str | None = None, limit: int = MAX_ROW_PROBLEMS
+) -> list[Problem]:
+    """Every problem with a data file (missing, empty, each bad row up to ``limit``)."""
+    problems: list[Problem] = []
     kind = kind or ("parquet" if url.endswith(".parquet") else "jsonl")
     try:
-        if kind == "parquet":
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                raise ConfigError(
-                    [
-                        Problem(
-                            "task.url",
-                            "reading Parquet needs pyarrow (pip install pyarrow), or use JSONL",
-                        )
-                    ]
-                ) from None
-            with fsspec.open(url, "rb") as fh:
-                rows = pq.read_table(fh).to_pylist()
-        else:
-            rows = []
-            with fsspec.open(url, "r") as fh:
-                for i, line in enumerate(fh):
-                    if line.strip():
-                        try:
-                            rows.append(json.loads(line))
-                        except json.JSONDecodeError as exc:
-                            raise ConfigError(
-                                [Problem(f"{url}:{i + 1}", f"not valid JSON: {exc}")]
-                            ) from None
+        rows = _read_rows(url, kind, problems, limit)
+    except FileNotFoundError:
+        return [Problem("task.url", f"file {url!r} not found")]
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return [Problem("task.url", f"{url!r} cannot be read: {type(exc).__name__}: {exc}")]
+    if not rows and not problems:
+        problems.append(Problem("task.url", f"{url!r} holds no examples"))
+    return problems
+
+
+def check_template(template: str, where: str = "task.prompt_template") -> list[Problem]:
+    """A prompt template may use ``{question}`` only (``{{`` / ``}}`` for literal braces)."""
+    import string
+
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        return [Problem(where, f"not a valid template: {exc} (use {{{{ and }}}} for braces)")]
+    bad = sorted({f for f in fields if f != "question"})
+    if bad:
+        return [Problem(where, f"unknown placeholder(s) {bad}; allowed: {{question}}")]
+    return []
+
+
+def load_examples(url: str, kind: str | None = None) -> list[Example]:
+    """Read a JSONL or Parquet file (local path or fsspec URL) into examples; every bad row
+    (up to :data:`MAX_ROW_PROBLEMS`) is reported at once."""
+    kind = kind or ("parquet" if url.endswith(".parquet") else "jsonl")
+    problems: list[Problem] = []
+    try:
+        rows = _read_rows(url, kind, problems, MAX_ROW_PROBLEMS)
     except FileNotFoundError:
         raise ConfigError([Problem("task.url", f"file {url!r} not found")]) from None
+    if problems:
+        raise ConfigError(problems, title=f"invalid data file {url}")
     if not rows:
         raise ConfigError([Problem("task.url", f"{url!r} holds no examples")])
-    return [_row_to_example(r, f"{url}:{i + 1}") for i, r in enumerate(rows)]
+    return [_row_to_example(r, f"{url}:{i}") for i, r in rows]
 
 
 # --- the cursor ----------------------------------------------------------------------------

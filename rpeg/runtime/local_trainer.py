@@ -5,67 +5,28 @@ The distributed runtime must reproduce what this does; it reuses the workers and
 
 from __future__ import annotations
 
-import copy
 import json
-import random
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from rpeg.config import RunConfig
 from rpeg.runtime import stages
+from rpeg.runtime.actors.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    dumps,
+    find_checkpoint,
+    loads,
+)
 from rpeg.runtime.batch import RolloutBatch
-from rpeg.runtime.data import DataCursor, Example, build_task_data
+from rpeg.runtime.data import DataCursor, Example
+from rpeg.runtime.engines.choice import resolve_engine
 from rpeg.runtime.engines.torch_engine import TorchEngine
-from rpeg.runtime.rewards import RewardSet
-from rpeg.runtime.roles import CriticWorker, PolicyWorker
+from rpeg.runtime.role_builder import all_roles, build_roles, greedy_accuracy
 
-
-def build_policy(config: RunConfig, log: Callable[[str], None] | None = None):
-    """(model, tokenizer, info): the configured model, or the built-in tiny model; with the
-    supervised warm-up applied (cached) when ``config.warmup_sft_steps`` > 0."""
-    from rpeg.runtime.model_io import TINY_SHAPE, create_tiny, load_model_and_tokenizer
-
-    mc = config.model
-    torch.manual_seed(config.runtime.seed)
-    if mc.path:
-        model, tok = load_model_and_tokenizer(mc.path, mc.dtype)
-        key_model = {"path": mc.path}
-    else:
-        shape = dict(mc.tiny_shape or {})
-        model, tok = create_tiny(seed=config.runtime.seed, **shape)
-        key_model = {"tiny": {**TINY_SHAPE, **shape}, "seed": config.runtime.seed}
-    info: dict = {}
-    o = config.optim
-    warmup_steps = config.warmup_sft_steps
-    if warmup_steps:
-        cursor, _ = build_task_data(config.task)
-        t = config.task
-        model, info = stages_warmup(
-            model,
-            tok,
-            cursor.source if not cursor.finite else list(cursor.source),
-            key_parts={
-                "model": key_model,
-                "task": [t.kind, t.url, t.difficulty, t.seed, t.heldout_size, t.prompt_template],
-            },
-            steps=warmup_steps,
-            lr=o.warmup_sft_lr,
-            batch_size=o.warmup_sft_batch_size,
-            template=t.prompt_template,
-            seed=config.runtime.seed,
-            log=log,
-        )
-    return model, tok, info
-
-
-def stages_warmup(model, tok, source, **kw):
-    from rpeg.runtime.warmup import cached_warmup
-
-    return cached_warmup(model, tok, source, **kw)
+#: the local trainer's checkpoint part (the same name the retrain flow's local engine uses)
+TRAINER_PART = "trainer.pt"
 
 
 class LocalTrainer:
@@ -81,41 +42,22 @@ class LocalTrainer:
         self.config = config or RunConfig()
         self.log = log or (lambda s: None)
         c = self.config
-        torch.set_num_threads(c.runtime.torch_threads)
-        random.seed(c.runtime.seed)
-        self.rewards = RewardSet(c.task.rewards)
-        self.cursor, self.heldout = build_task_data(c.task)
-        model, tok, self.warmup_info = build_policy(c, self.log)
-        self.tokenizer = tok
-        a = c.algorithm
-        ppo = a.name == "ppo"
-        self.reference = None
-        if a.use_reference:
-            self.reference = PolicyWorker(
-                copy.deepcopy(model), tok, workload=c.workload, trainable=False
-            )
-        engine = None
-        if c.runtime.max_staleness > 0:
-            engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id, tok.eos_token_id)
-        self.actor = PolicyWorker(
-            model,
-            tok,
-            algorithm=a,
-            optim=c.optim,
-            workload=c.workload,
-            value_head=ppo and a.share_actor_critic,
-            engine=engine,
-            seed=c.runtime.seed,
+        from rpeg.compile import staleness_bound
+
+        self.k = staleness_bound(c)  # the plan's k when the config has a plan (as the actors)
+        built = build_roles(
+            c,
+            all_roles(c),
+            engine_kind=lambda model: resolve_engine(
+                c.runtime.engine, device_type=next(model.parameters()).device.type
+            ),
+            lagging_engine=self.k > 0,  # a generator with its own weights
+            colocated=True,
+            log=self.log,
         )
-        self.critic = None
-        if ppo and not a.share_actor_critic:
-            self.critic = CriticWorker(
-                copy.deepcopy(model),
-                algorithm=a,
-                optim=c.optim,
-                workload=c.workload,
-                seed=c.runtime.seed,
-            )
+        self.rewards, self.cursor, self.heldout = built.rewards, built.cursor, built.heldout
+        self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
+        self.actor, self.reference, self.critic = built.actor, built.reference, built.critic
         self.step_index = 0
         self.history: list[dict[str, float]] = []
 
@@ -167,7 +109,7 @@ class LocalTrainer:
         if isinstance(eng, TorchEngine) and eng.model is self.actor.lm:
             eng.policy_version = self.actor.policy_version
             return
-        if self.actor.policy_version - eng.policy_version > self.config.runtime.max_staleness:
+        if self.actor.policy_version - eng.policy_version > self.k:
             t0 = time.perf_counter()
             eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
             m["weight_sync_s"] = time.perf_counter() - t0
@@ -176,40 +118,39 @@ class LocalTrainer:
     def evaluate(self, examples: list[Example] | None = None) -> float:
         """Greedy accuracy on the held-out examples (a fraction in [0, 1])."""
         examples = self.heldout if examples is None else examples
-        if not examples:
-            return float("nan")
-        batch, _ = stages.generate_stage(
-            self._eval_worker(),
-            examples,
-            1,
-            prompt_template=self.config.task.prompt_template,
-            params=self.actor.sampling_params(greedy=True),
-            seed=0,
+        return greedy_accuracy(
+            self.actor, self.tokenizer, examples, self.rewards, self.config.task.prompt_template
         )
-        batch, rm = stages.reward_stage(batch, self.rewards)
-        return rm["accuracy"]
-
-    def _eval_worker(self) -> PolicyWorker:
-        # evaluate the *current* actor weights even when the generator lags behind
-        w = copy.copy(self.actor)
-        w.engine = TorchEngine(
-            self.actor.lm, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        )
-        return w
 
     # --- run ------------------------------------------------------------------------------
     def run(self, steps: int | None = None, out_dir: str | Path | None = None) -> dict:
-        steps = steps or self.config.runtime.steps
-        out = Path(out_dir or self.config.runtime.output_dir)
+        """Train to ``steps`` (default ``runtime.steps``). With ``runtime.checkpoint_url``
+        a checkpoint is written every ``checkpoint_every`` steps and at the end, through the
+        same :class:`CheckpointStore` (and run ids) as the distributed runtime; with
+        ``runtime.resume`` / ``resume_from`` the run continues from one."""
+        rt = self.config.runtime
+        steps = steps or rt.steps
+        out = Path(out_dir or rt.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        acc_before = self.evaluate()
+        store = CheckpointStore.for_run(rt) if rt.checkpoint_url else None
+        acc_before = self._restore(store) if (rt.resume or rt.resume_from) else None
+        if acc_before is None:
+            acc_before = self.evaluate()
+        else:
+            self.log(f"resumed at step {self.step_index} (run {getattr(store, 'run_id', '')})")
         self.log(f"held-out greedy accuracy before RL: {acc_before:.3f}")
         with open(out / "metrics.jsonl", "w") as fh:
-            for _ in range(steps):
+            fh.writelines(json.dumps(h) + "\n" for h in self.history)
+            fh.flush()
+            while self.step_index < steps:
                 m = self.step()
                 fh.write(json.dumps(m) + "\n")
                 fh.flush()
+                if store is not None and (
+                    self.step_index % rt.checkpoint_every == 0 or self.step_index == steps
+                ):
+                    self._save(store, acc_before)
                 self.log(
                     f"step {int(m['step']) + 1}/{steps}: reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} "
                     f"len {m['response_length']:.1f} kl {m.get('kl', 0.0):.4f} clip {m.get('clip_frac', 0.0):.3f} "
@@ -217,30 +158,31 @@ class LocalTrainer:
                 )
         acc_after = self.evaluate()
         self.log(f"held-out greedy accuracy after RL: {acc_after:.3f}")
-        rewards = [h["reward_mean"] for h in self.history]
-        summary = {
-            "steps": len(self.history),
-            "wall_s": time.perf_counter() - t0 + float(self.warmup_info.get("warmup_s", 0.0)),
-            "median_step_s": statistics.median(h["step_s"] for h in self.history)
-            if self.history
-            else 0.0,
-            "reward_first10": sum(rewards[:10]) / max(len(rewards[:10]), 1),
-            "reward_last10": sum(rewards[-10:]) / max(len(rewards[-10:]), 1),
-            "heldout_acc_before": acc_before,
-            "heldout_acc_after": acc_after,
-        }
+        from rpeg.runtime.summary import run_summary
+
+        summary = run_summary(
+            self.history,
+            wall_s=time.perf_counter() - t0 + float(self.warmup_info.get("warmup_s", 0.0)),
+            acc_before=acc_before,
+            acc_after=acc_after,
+        )
         plot_rewards(self.history, out / "reward_curve.png", acc_before, acc_after)
         return summary
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {
+        eng = self.actor.engine
+        st = {
             "step": self.step_index,
             "actor": self.actor.state_dict(),
             "critic": self.critic.state_dict() if self.critic is not None else None,
             "cursor": self.cursor.state_dict(),
-            "engine_version": self.actor.engine.policy_version,
+            "engine_version": eng.policy_version,
         }
+        if isinstance(eng, TorchEngine) and eng.model is not self.actor.lm:
+            # a lagging generator (max_staleness > 0) holds its own, older weights
+            st["engine_weights"] = {k: v.detach().cpu() for k, v in eng.model.state_dict().items()}
+        return st
 
     def load_state_dict(self, state: dict) -> None:
         self.step_index = int(state["step"])
@@ -248,6 +190,39 @@ class LocalTrainer:
         if self.critic is not None and state.get("critic") is not None:
             self.critic.load_state_dict(state["critic"])
         self.cursor.load_state_dict(state["cursor"])
+        eng = self.actor.engine
+        if state.get("engine_weights") is not None and eng.model is not self.actor.lm:
+            eng.update_weights(state["engine_weights"], int(state["engine_version"]))
+        elif "engine_version" in state:
+            eng.policy_version = int(state["engine_version"])
+
+    def _save(self, store: CheckpointStore, acc_before: float) -> None:
+        state = {
+            "trainer": self.state_dict(),
+            "history": self.history,
+            "heldout_acc_before": acc_before,
+        }
+        info = store.save(self.step_index, {TRAINER_PART: dumps(state)}, meta={"engine": "local"})
+        self.log(f"checkpoint step {self.step_index}: {info.path}")
+
+    def _restore(self, store: CheckpointStore | None) -> float | None:
+        """Load the newest checkpoint (``store.latest()``, or ``resume_from``); return the
+        held-out accuracy recorded before RL. Nothing usable is an error listing what was
+        found (``CheckpointStore.latest`` with ``must_resume``)."""
+        rt = self.config.runtime
+        got = store.latest() if store is not None else find_checkpoint(rt.resume_from)
+        if got is None:
+            raise CheckpointError(f"nothing usable to resume from at {rt.resume_from}")
+        meta, parts = got
+        if TRAINER_PART not in parts:
+            raise CheckpointError(
+                f"checkpoint step {meta.get('step')} was written by the distributed runtime "
+                f"(parts {sorted(parts)}, no {TRAINER_PART}); resume it without --local"
+            )
+        state = loads(parts[TRAINER_PART])
+        self.load_state_dict(state["trainer"])
+        self.history = list(state.get("history", []))
+        return float(state["heldout_acc_before"])
 
 
 def plot_rewards(history: list[dict], path: Path, acc_before: float, acc_after: float) -> None:
@@ -270,4 +245,4 @@ def plot_rewards(history: list[dict], path: Path, acc_before: float, acc_after: 
     plt.close(fig)
 
 
-__all__ = ["LocalTrainer", "RolloutBatch", "DataCursor", "build_policy", "plot_rewards"]
+__all__ = ["LocalTrainer", "RolloutBatch", "DataCursor", "plot_rewards"]

@@ -22,11 +22,14 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class RankReduce:
-    """``sum(t)``: elementwise sum of ``t`` over the ranks of the data-parallel group (every
-    rank calls it in the same order); ``world_size``: ranks in the group."""
+    """``sum(t)`` / ``max(t)``: elementwise sum / maximum of ``t`` over the ranks of the
+    data-parallel group (every rank calls them in the same order); ``world_size``: ranks in
+    the group. ``max`` lets ranks agree on loop counts (micro-batches, decode steps) that
+    must match because every forward of a sharded model is a collective."""
 
     world_size: int = 1
     sum: Callable[[torch.Tensor], torch.Tensor] = field(default=_identity)
+    max: Callable[[torch.Tensor], torch.Tensor] = field(default=_identity)
 
 
 LOCAL = RankReduce()
@@ -36,9 +39,18 @@ def process_group_reduce(group=None) -> RankReduce:
     """A :class:`RankReduce` over a ``torch.distributed`` process group (default: world)."""
     import torch.distributed as dist
 
-    def _sum(t: torch.Tensor) -> torch.Tensor:
-        t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
-        return t
+    # NCCL-only groups reduce CUDA tensors: statistics (CPU tensors) go there and back
+    nccl = dist.get_backend(group) == "nccl"
 
-    return RankReduce(world_size=dist.get_world_size(group), sum=_sum)
+    def _reduce(t: torch.Tensor, op) -> torch.Tensor:
+        x = t.to(torch.device("cuda", torch.cuda.current_device())) if nccl else t.clone()
+        dist.all_reduce(x, op=op, group=group)
+        return x.to(t.device) if nccl else x
+
+    def _sum(t: torch.Tensor) -> torch.Tensor:
+        return _reduce(t, dist.ReduceOp.SUM)
+
+    def _max(t: torch.Tensor) -> torch.Tensor:
+        return _reduce(t, dist.ReduceOp.MAX)
+
+    return RankReduce(world_size=dist.get_world_size(group), sum=_sum, max=_max)

@@ -1,9 +1,19 @@
 """Rule rewards: plain Python callables ``(prompt, response, reference_answer) -> float``.
 
-Built in: ``exact_numeric``, ``math_equivalence`` (math-verify, sympy fallback), ``format``
-(``<answer>...</answer>`` tags), ``countdown`` (expression over the given numbers hits the
-target). A registry maps names (``TaskConfig.rewards``) to callables. A reward that raises
-gives that sample 0 and is counted in the metrics; it never kills the step.
+Built in: ``exact_numeric``, ``math_equivalence`` (math-verify, then a safe rational parser),
+``format`` (``<answer>...</answer>`` tags), ``countdown`` (expression over the given numbers
+hits the target). A registry maps names (``TaskConfig.rewards``) to callables. A reward that
+raises gives that sample 0 and is counted in the metrics; more than
+``task.max_reward_error_share`` of failing calls in one batch fails the step loudly
+(:class:`RewardErrorShare`).
+
+Model output and reference answers are data: nothing here evaluates them as code (no
+``eval``, ``sympify`` or ``parse_expr`` of free text). Rewards registered with
+``needs_main_thread=True`` (math-verify's time limits use ``signal.alarm``, which only works
+on a process's main thread; Dask runs actor methods on threads) run in the verifier pool
+(:mod:`rpeg.runtime.verifier`: reused child processes, a wall-clock limit per sample)
+whenever the caller is not on the main thread, so a Dask actor scores exactly what the
+single-process trainer scores.
 """
 
 from __future__ import annotations
@@ -13,14 +23,20 @@ import inspect
 import math
 import operator
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
 
-from rpeg.errors import ConfigError, Problem
+from rpeg.errors import ConfigError, Problem, RpegError
+from rpeg.runtime.verifier import call_reward, verifier_pool
 
 RewardFn = Callable[[str, str, str], float]
 
 _REGISTRY: dict[str, RewardFn] = {}
+#: rewards that must run on a main thread (math-verify's signal.alarm time limits)
+_MAIN_THREAD: set[str] = set()
 #: rewards whose value 1.0 means "the answer is correct" (used for the accuracy metric)
 CORRECTNESS_REWARDS = ("exact_numeric", "math_equivalence", "countdown")
 
@@ -52,8 +68,17 @@ def _check_signature(name: str, fn: Callable) -> None:
         )
 
 
-def register_reward(name: str, fn: RewardFn | None = None, *, overwrite: bool = False):
-    """Register ``fn`` under ``name`` (usable as a decorator). Checks the signature now."""
+def register_reward(
+    name: str,
+    fn: RewardFn | None = None,
+    *,
+    overwrite: bool = False,
+    needs_main_thread: bool = False,
+):
+    """Register ``fn`` under ``name`` (usable as a decorator). Checks the signature now.
+
+    ``needs_main_thread``: the reward uses signals (or may hang); off the main thread it runs
+    in the verifier process pool (``fn`` must then be importable by its qualified name)."""
 
     def deco(f: RewardFn) -> RewardFn:
         _check_signature(name, f)
@@ -62,6 +87,10 @@ def register_reward(name: str, fn: RewardFn | None = None, *, overwrite: bool = 
                 [Problem(f"reward {name!r}", "already registered (pass overwrite=True)")]
             )
         _REGISTRY[name] = f
+        if needs_main_thread:
+            _MAIN_THREAD.add(name)
+        else:
+            _MAIN_THREAD.discard(name)
         return f
 
     return deco(fn) if fn is not None else deco
@@ -111,6 +140,128 @@ def last_number(text: str) -> float | None:
     return _to_number(nums[-1]) if nums else None
 
 
+# --- a safe rational parser (no eval) --------------------------------------------------------
+_RTOKEN = re.compile(r"\s*(?:(\d+(?:\.\d*)?|\.\d+)|(\*\*|[-+*/^()]|\\frac))")
+_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d])")
+#: bounds that keep a crafted answer from costing more than microseconds
+_MAX_TEXT, _MAX_EXPONENT, _MAX_DIGITS = 200, 64, 400
+
+
+class _Unparsable(ValueError):
+    pass
+
+
+def parse_rational(text: str) -> Fraction | None:
+    """The exact value of a plain number or arithmetic over numbers, or None.
+
+    Accepts integers, decimals, ``1,234`` thousands separators, ``+ - * / ^ **`` and
+    parentheses, and the LaTeX forms ``$..$``, ``\\boxed{..}``, ``\\frac{a}{b}``,
+    ``\\cdot``, ``\\times``. A hand-written tokenizer and recursive-descent parser over
+    :class:`fractions.Fraction`: no names, no calls, no ``eval``; exponents are integers of
+    at most 64 and results of at most 400 digits, inputs at most 200 characters."""
+    s = str(text).strip().strip("$").strip()
+    if len(s) > _MAX_TEXT:
+        return None
+    s = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), s)
+    for a, b in (
+        ("\\boxed", ""),
+        ("\\dfrac", "\\frac"),
+        ("\\tfrac", "\\frac"),
+        ("\\cdot", "*"),
+        ("\\times", "*"),
+        ("\\left", ""),
+        ("\\right", ""),
+    ):
+        s = s.replace(a, b)
+    s = s.replace("{", "(").replace("}", ")").rstrip(".").strip()
+    tokens: list[str] = []
+    pos = 0
+    while pos < len(s):
+        m = _RTOKEN.match(s, pos)
+        if m is None or m.end() == pos:
+            if s[pos:].strip() == "":
+                break
+            return None
+        tokens.append(m.group(1) or m.group(2))
+        pos = m.end()
+    if not tokens:
+        return None
+    try:
+        val, i = _p_expr(tokens, 0, 0)
+    except (_Unparsable, ZeroDivisionError):
+        return None
+    return val if i == len(tokens) else None
+
+
+def _check(v: Fraction) -> Fraction:
+    if len(str(v.numerator)) + len(str(v.denominator)) > _MAX_DIGITS:
+        raise _Unparsable("too large")
+    return v
+
+
+def _p_expr(t: list[str], i: int, depth: int) -> tuple[Fraction, int]:
+    v, i = _p_term(t, i, depth)
+    while i < len(t) and t[i] in "+-":
+        op = t[i]
+        w, i = _p_term(t, i + 1, depth)
+        v = _check(v + w if op == "+" else v - w)
+    return v, i
+
+
+def _p_term(t: list[str], i: int, depth: int) -> tuple[Fraction, int]:
+    v, i = _p_unary(t, i, depth)
+    while i < len(t) and t[i] in ("*", "/"):
+        op = t[i]
+        w, i = _p_unary(t, i + 1, depth)
+        v = _check(v * w if op == "*" else v / w)
+    return v, i
+
+
+def _p_unary(t: list[str], i: int, depth: int) -> tuple[Fraction, int]:
+    if depth > 50:
+        raise _Unparsable("nested too deeply")
+    if i < len(t) and t[i] in ("+", "-"):
+        v, j = _p_unary(t, i + 1, depth + 1)
+        return (-v if t[i] == "-" else v), j
+    return _p_power(t, i, depth)
+
+
+def _p_power(t: list[str], i: int, depth: int) -> tuple[Fraction, int]:
+    v, i = _p_atom(t, i, depth)
+    if i < len(t) and t[i] in ("^", "**"):
+        e, i = _p_unary(t, i + 1, depth + 1)
+        if e.denominator != 1 or abs(e.numerator) > _MAX_EXPONENT:
+            raise _Unparsable("exponent must be an integer of at most 64")
+        if v == 0 and e < 0:
+            raise ZeroDivisionError
+        v = _check(v ** int(e))
+    return v, i
+
+
+def _p_atom(t: list[str], i: int, depth: int) -> tuple[Fraction, int]:
+    if i >= len(t):
+        raise _Unparsable("unexpected end")
+    tok = t[i]
+    if tok == "(":
+        v, i = _p_expr(t, i + 1, depth + 1)
+        if i >= len(t) or t[i] != ")":
+            raise _Unparsable("unbalanced parenthesis")
+        return v, i + 1
+    if tok == "\\frac":  # \frac{a}{b}: two bracketed atoms
+        if i + 1 >= len(t) or t[i + 1] != "(":
+            raise _Unparsable("\\frac needs {numerator}{denominator}")
+        num, i = _p_atom(t, i + 1, depth + 1)
+        if i >= len(t) or t[i] != "(":
+            raise _Unparsable("\\frac needs {numerator}{denominator}")
+        den, i = _p_atom(t, i, depth + 1)
+        return _check(num / den), i
+    if tok[0].isdigit() or tok[0] == ".":
+        if len(tok) > _MAX_DIGITS:
+            raise _Unparsable("too many digits")
+        return Fraction(tok), i + 1
+    raise _Unparsable(f"unexpected {tok!r}")
+
+
 # --- built-in rewards ----------------------------------------------------------------------
 @register_reward("exact_numeric")
 def exact_numeric(prompt: str, response: str, reference_answer: str) -> float:
@@ -127,26 +278,30 @@ def exact_numeric(prompt: str, response: str, reference_answer: str) -> float:
     return 1.0 if math.isclose(got, ref, rel_tol=1e-9, abs_tol=1e-6) else 0.0
 
 
-@register_reward("math_equivalence")
+@register_reward("math_equivalence", needs_main_thread=True)
 def math_equivalence(prompt: str, response: str, reference_answer: str) -> float:
-    """1.0 if the answer is mathematically equal to the reference (math-verify, else sympy)."""
+    """1.0 if the answer is mathematically equal to the reference.
+
+    math-verify decides when it parses both sides (its LaTeX grammar is an ANTLR parser;
+    its plain-expression path only admits digits and ``+-*/^()``); otherwise the safe
+    rational parser (:func:`parse_rational`) compares plain numbers. Nothing here evaluates
+    model text as code. math-verify's own time limits use ``signal.alarm``, so this reward
+    must run on a main thread: :class:`RewardSet` sends it to a process pool elsewhere."""
     ans = extract_answer(response)
+    ref = str(reference_answer)
     try:
         from math_verify import parse, verify
 
-        gold = parse(str(reference_answer))
+        gold = parse(ref)
         pred = parse(ans if ans.startswith("$") or "\\boxed" in ans else f"${ans}$")
         if gold and pred:
             return 1.0 if verify(gold, pred) else 0.0
     except ImportError:  # pragma: no cover - math-verify is a dependency
         pass
-    import sympy
-
-    try:
-        diff = sympy.simplify(sympy.sympify(ans) - sympy.sympify(str(reference_answer)))
-        return 1.0 if diff == 0 else 0.0
-    except (sympy.SympifyError, TypeError, SyntaxError):
+    got, want = parse_rational(ans), parse_rational(extract_answer(ref))
+    if got is None or want is None:
         return 0.0
+    return 1.0 if got == want else 0.0
 
 
 @register_reward("format")
@@ -196,7 +351,15 @@ def countdown(prompt: str, response: str, reference_answer: str) -> float:
     return 1.0 if math.isclose(val, target, abs_tol=1e-6) else 0.0
 
 
+def needs_main_thread(name: str) -> bool:
+    return name in _MAIN_THREAD
+
+
 # --- applying a set of rewards -------------------------------------------------------------
+class RewardErrorShare(RpegError):
+    """More of a batch's reward calls raised than ``task.max_reward_error_share`` allows."""
+
+
 @dataclass
 class RewardResult:
     rewards: list[float]  # total reward per sample (sum over the listed rewards)
@@ -207,9 +370,22 @@ class RewardResult:
 
 
 class RewardSet:
-    """Several named rewards; a sample's reward is their sum."""
+    """Several named rewards; a sample's reward is their sum.
 
-    def __init__(self, names: Sequence[str] | Sequence[tuple[str, RewardFn]]):
+    ``max_error_share``: fail (:class:`RewardErrorShare`) when more than this share of one
+    batch's reward calls raise (None = never). ``isolation``: ``"auto"`` runs rewards that
+    need the main thread in the verifier pool when called from another thread, ``"process"``
+    always runs them there, ``"inline"`` never. ``timeout_s``: wall-clock limit per sample in
+    the pool."""
+
+    def __init__(
+        self,
+        names: Sequence[str] | Sequence[tuple[str, RewardFn]],
+        *,
+        max_error_share: float | None = None,
+        isolation: str = "auto",
+        timeout_s: float = 30.0,
+    ):
         self.fns: list[tuple[str, RewardFn]] = []
         for item in names:
             if isinstance(item, tuple):
@@ -220,8 +396,31 @@ class RewardSet:
             self.fns.append((name, fn))
         if not self.fns:
             raise ConfigError([Problem("task.rewards", "at least one reward is needed")])
+        if isolation not in ("auto", "process", "inline"):
+            raise ConfigError(
+                [Problem("isolation", f"got {isolation!r}; allowed: auto, process, inline")]
+            )
         corr = [n for n, _ in self.fns if n in CORRECTNESS_REWARDS]
         self.correctness = corr[0] if corr else self.fns[0][0]
+        self.max_error_share = max_error_share
+        self.isolation = isolation
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def from_task(cls, task: Any) -> RewardSet:
+        """The rewards of a :class:`rpeg.config.TaskConfig` with its error-share limit."""
+        return cls(
+            task.rewards,
+            max_error_share=task.max_reward_error_share,
+            timeout_s=task.reward_timeout_s,
+        )
+
+    def _isolate(self, name: str) -> bool:
+        if self.isolation == "inline" or not needs_main_thread(name):
+            return False
+        return self.isolation == "process" or threading.current_thread() is not (
+            threading.main_thread()
+        )
 
     def __call__(
         self, prompts: Sequence[str], responses: Sequence[str], refs: Sequence[str]
@@ -229,20 +428,30 @@ class RewardSet:
         per: dict[str, list[float]] = {}
         errors = 0
         msgs: list[str] = []
+        items = list(zip(prompts, responses, refs, strict=True))
         for name, fn in self.fns:
+            if self._isolate(name):
+                outcomes = verifier_pool().map(name, fn, items, self.timeout_s)
+            else:
+                outcomes = [call_reward(fn, *it) for it in items]
             vals = []
-            for p, r, a in zip(prompts, responses, refs, strict=True):
-                try:
-                    v = float(fn(p, r, a))
-                    if not math.isfinite(v):
-                        raise ValueError(f"non-finite reward {v}")
-                except Exception as exc:  # a broken reward must never kill the step
+            for v, err in outcomes:
+                if v is not None and not math.isfinite(v):
+                    v, err = None, f"ValueError: non-finite reward {v}"
+                if v is None:  # a broken reward must never kill the step on its own
                     errors += 1
                     if len(msgs) < 5:
-                        msgs.append(f"{name}: {type(exc).__name__}: {exc}")
+                        msgs.append(f"{name}: {err}")
                     v = 0.0
                 vals.append(v)
             per[name] = vals
+        calls = len(items) * len(self.fns)
+        if self.max_error_share is not None and calls and errors / calls > self.max_error_share:
+            raise RewardErrorShare(
+                f"{errors} of {calls} reward calls raised ({errors / calls:.0%} > "
+                f"task.max_reward_error_share={self.max_error_share:g}); first: "
+                + "; ".join(msgs[:3])
+            )
         total = [sum(vs) for vs in zip(*per.values(), strict=True)]
         correct = [1.0 if v >= 1.0 else 0.0 for v in per[self.correctness]]
         return RewardResult(total, correct, errors, per, msgs)

@@ -15,6 +15,7 @@ import copy
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 
 import torch
 
@@ -22,18 +23,18 @@ from rpeg.config import AlgorithmConfig, OptimConfig, WorkloadConfig
 from rpeg.errors import ConfigError, Problem
 from rpeg.runtime.algorithms import (
     aggregate,
-    entropy_from_logits,
     kl_penalty,
     masked_mean,
     policy_loss,
-    token_logprobs,
     value_loss,
 )
-from rpeg.runtime.batch import RolloutBatch
+from rpeg.runtime.batch import SAMPLE_FIELDS, TOKEN_FIELDS, RolloutBatch
 from rpeg.runtime.engines.base import GenerationEngine, GenerationOutput, SamplingParams
 from rpeg.runtime.engines.torch_engine import TorchEngine
-from rpeg.runtime.model_io import ActorCritic, CriticModel
+from rpeg.runtime.micro_batches import plan_micro_batches
+from rpeg.runtime.model_io import ActorCritic, CriticModel, LogprobRequest, lm_logprobs
 from rpeg.runtime.parallel import LOCAL, RankReduce
+from rpeg.runtime.sharding import gathered_blocks
 
 
 def _loss_count(b: RolloutBatch, aggregation: str) -> float:
@@ -54,32 +55,73 @@ def _micro_weight(micro: RolloutBatch, total: float, aggregation: str, reduce: R
     return reduce.world_size * _loss_count(micro, aggregation) / total
 
 
-def _grad_norm_and_clip(params, max_norm: float) -> float:
+def _grad_norm_and_clip(params, max_norm: float, shards=None) -> float:
     params = [p for p in params if p.grad is not None]
+    if shards is not None:
+        # replicas' gradients averaged over dp, then a norm over DTensors (collectives)
+        shards.sync_grads()
+        return shards.clip_grads(params, max_norm)
     if not params:
         return 0.0
     return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
 
+def _max_tokens(workload: WorkloadConfig) -> int | None:
+    """The token budget of a micro-batch (``workload.max_tokens_per_micro_batch``; None: off)."""
+    return getattr(workload, "max_tokens_per_micro_batch", None) or None
+
+
+def micro_batches(
+    batch: RolloutBatch, workload: WorkloadConfig, reduce: RankReduce
+) -> list[tuple[list[int], RolloutBatch, bool]]:
+    """``(rows, micro-batch, real)`` of ``batch`` (:func:`plan_micro_batches`); an empty part
+    becomes the batch's first row marked ``real=False``: run for the collectives, weighted 0."""
+    parts = plan_micro_batches(batch, workload.micro_batch_size, _max_tokens(workload), reduce)
+    return [(ix, batch.select(ix), True) if ix else ([], batch.select([0]), False) for ix in parts]
+
+
+def on_device(b: RolloutBatch, device: torch.device) -> RolloutBatch:
+    """``b`` with its tensor fields on ``device`` (a no-op on the CPU)."""
+    if device.type == "cpu":
+        return b
+    kw = {}
+    for name in (*TOKEN_FIELDS, *SAMPLE_FIELDS, "prompt_ids", "prompt_mask"):
+        v = getattr(b, name)
+        if isinstance(v, torch.Tensor):
+            kw[name] = v.to(device, non_blocking=True)
+    return b.replace(**kw)
+
+
+def module_device(module) -> torch.device:
+    from torch.distributed.tensor import DTensor
+
+    p = next(module.parameters(), None)
+    if p is None:
+        return torch.device("cpu")
+    return p._local_tensor.device if isinstance(p, DTensor) else p.device
+
+
 def minibatch_updates(
-    module,
-    optimizer,
+    role: PolicyWorker | CriticWorker,
     batch: RolloutBatch,
     micro_loss: Callable[[RolloutBatch], tuple[torch.Tensor, dict[str, float]]],
     *,
-    algorithm: AlgorithmConfig,
-    workload: WorkloadConfig,
-    grad_clip: float,
-    generator: torch.Generator,
-    reduce: RankReduce,
     grad_norm_key: str = "grad_norm",
 ) -> dict[str, float]:
-    """``algorithm.ppo_epochs`` passes over ``batch`` in ``workload.train_minibatches``
-    shuffled mini-batches, one optimizer step each, accumulating micro-batches of
-    ``workload.micro_batch_size``. ``micro_loss(micro) -> (loss, metrics)``; each micro-batch
-    loss is weighted so that accumulation (and DDP's average over ranks) equals one loss over
-    the global mini-batch. Returns the metrics averaged over optimizer steps, with the
-    gradient norm (before clipping) under ``grad_norm_key``."""
+    """The updates of one trainable ``role`` (its module, optimizer, algorithm, workload,
+    gradient clip, shuffling generator, rank reduce and shards) on ``batch``:
+    ``algorithm.ppo_epochs`` passes over ``batch`` in ``workload.train_minibatches``
+    shuffled mini-batches, one optimizer step each, accumulating micro-batches
+    (:func:`micro_batches`: ``workload.micro_batch_size`` samples or the token budget
+    ``workload.max_tokens_per_micro_batch``). ``micro_loss(micro) -> (loss, metrics)``; each
+    micro-batch loss is weighted so that accumulation (and the average of gradients over
+    data-parallel ranks) equals one loss over the global mini-batch. ``shards``
+    (:class:`rpeg.runtime.sharding.Shards`): average replicated gradients over dp and clip
+    over DTensors. Returns the metrics averaged over optimizer steps, with the gradient norm
+    (before clipping) under ``grad_norm_key``."""
+    module, optimizer = role.module, role.optimizer
+    algorithm, workload, reduce = role.algorithm, role.workload, role.reduce
+    generator, grad_clip, shards = role.generator, role.optim_cfg.grad_clip, role.shards
     module.train()
     sums: dict[str, float] = {}
     steps = 0
@@ -89,19 +131,77 @@ def minibatch_updates(
             optimizer.zero_grad(set_to_none=True)
             stats: dict[str, float] = {}
             total = _mini_total(mini, agg, reduce)
-            for micro in mini.micro_batches(workload.micro_batch_size):
-                w = _micro_weight(micro, total, agg, reduce)
+            for _, micro, real in micro_batches(mini, workload, reduce):
+                w = _micro_weight(micro, total, agg, reduce) if real else 0.0
                 loss, m = micro_loss(micro)
                 (loss * w).backward()
                 for k, v in m.items():
                     stats[k] = stats.get(k, 0.0) + w * v
-            stats[grad_norm_key] = _grad_norm_and_clip(module.parameters(), grad_clip)
+            stats[grad_norm_key] = _grad_norm_and_clip(module.parameters(), grad_clip, shards)
             optimizer.step()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
     module.eval()
     return {k: v / max(steps, 1) for k, v in sums.items()}
+
+
+def _role_configs(
+    algorithm: AlgorithmConfig | None, optim: OptimConfig | None, workload: WorkloadConfig | None
+) -> tuple[AlgorithmConfig, OptimConfig, WorkloadConfig]:
+    """A role's configs, each config's defaults where none is given."""
+    return algorithm or AlgorithmConfig(), optim or OptimConfig(), workload or WorkloadConfig()
+
+
+def _value_loss(
+    a: AlgorithmConfig, values: torch.Tensor, micro: RolloutBatch, mask: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The clipped value loss of ``values`` toward ``micro``'s returns (old values: the
+    batch's), aggregated as the algorithm says."""
+    return value_loss(
+        values,
+        micro.values,
+        micro.returns,
+        mask,
+        clip=a.value_clip,
+        aggregation=a.loss_aggregation,
+    )
+
+
+def _dp_reduce(mesh) -> RankReduce:
+    from rpeg.runtime.parallel import process_group_reduce
+
+    return process_group_reduce(mesh.get_group("dp"))
+
+
+def ranks_all_done(reduce: RankReduce) -> Callable[[bool], bool]:
+    """``all_done(local_done)``: True once every rank of ``reduce``'s group is done (the
+    decode loop of an FSDP-sharded model must run the same number of forwards on each)."""
+
+    def all_done(local: bool) -> bool:
+        return int(reduce.max(torch.tensor([0 if local else 1], dtype=torch.long))[0]) == 0
+
+    return all_done
+
+
+def _role_state(module, optimizer, shards) -> tuple[dict, dict | None]:
+    if shards is not None and shards.layout.sharded:
+        from rpeg.runtime.sharding import full_role_state
+
+        return full_role_state(module, optimizer)
+    weights = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+    return weights, copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+
+
+def _load_role_state(module, optimizer, state: dict, shards) -> None:
+    if shards is not None and shards.layout.sharded:
+        from rpeg.runtime.sharding import load_full_role_state
+
+        load_full_role_state(module, optimizer, state["module"], state.get("optimizer"))
+        return
+    module.load_state_dict(state["module"])
+    if optimizer is not None and state.get("optimizer") is not None:
+        optimizer.load_state_dict(state["optimizer"])
 
 
 class PolicyWorker:
@@ -126,9 +226,7 @@ class PolicyWorker:
         seed: int = 0,
         reduce: RankReduce = LOCAL,
     ):
-        self.algorithm = algorithm or AlgorithmConfig()
-        self.optim_cfg = optim or OptimConfig()
-        self.workload = workload or WorkloadConfig()
+        self.algorithm, self.optim_cfg, self.workload = _role_configs(algorithm, optim, workload)
         self.reduce = reduce  # data-parallel loss normalization (rpeg.runtime.parallel)
         self.tokenizer = tokenizer
         self.trainable = trainable
@@ -141,27 +239,67 @@ class PolicyWorker:
         self.engine: GenerationEngine = engine or TorchEngine(
             model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id
         )
+        self.shards = None  # rpeg.runtime.sharding.Shards once apply_layout ran
         self.optimizer = None
         if trainable:
-            groups = [
-                {
-                    "params": [p for p in model.parameters() if p.requires_grad],
-                    "lr": self.optim_cfg.lr,
-                }
-            ]
-            if value_head:
-                groups.append(
-                    {
-                        "params": list(self.module.value_head.parameters()),
-                        "lr": self.optim_cfg.critic_lr,
-                    }
-                )
-            self.optimizer = torch.optim.AdamW(
-                groups, weight_decay=self.optim_cfg.weight_decay, betas=(0.9, 0.99)
-            )
+            self.optimizer = self._make_optimizer()
         else:
             self.module.requires_grad_(False)
         self.module.eval()
+
+    def _make_optimizer(self):
+        groups = [
+            {
+                "params": [p for p in self.lm.parameters() if p.requires_grad],
+                "lr": self.optim_cfg.lr,
+            }
+        ]
+        if self.shared_critic:
+            groups.append(
+                {
+                    "params": list(self.module.value_head.parameters()),
+                    "lr": self.optim_cfg.critic_lr,
+                }
+            )
+        return torch.optim.AdamW(
+            groups, weight_decay=self.optim_cfg.weight_decay, betas=(0.9, 0.99)
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return module_device(self.lm)
+
+    def apply_layout(
+        self, layout, mesh, reduce: RankReduce, gen_layout=None, gen_mesh=None
+    ) -> None:
+        """Shard this role over ``mesh`` as ``layout`` says (rpeg.runtime.sharding): tensor
+        parallelism of the LM's blocks, FSDP2 over dp; the optimizer is rebuilt over the
+        sharded parameters (call before the first step). ``reduce``: the dp group's batch
+        statistics. The torch engine generates on the same shards, or -- with a different
+        ``gen_layout`` (the plan's generation tp, over ``gen_mesh``) -- on its own copy at that
+        layout, refreshed by weight sync; a private engine copy (bounded staleness) is sharded
+        at the generation layout too."""
+        from rpeg.runtime.sharding import shard_roles
+
+        gen_layout = gen_layout or layout
+        gen_mesh = gen_mesh if gen_mesh is not None else mesh
+        eng = self.engine
+        own = (gen_layout.dp, gen_layout.tp, gen_layout.fsdp) != (layout.dp, layout.tp, layout.fsdp)
+        if own and isinstance(eng, TorchEngine) and eng.model is self.lm:
+            # copied before the LM is sharded; synced like the lagging copy (k = 0: every step)
+            eng = self.engine = TorchEngine(
+                copy.deepcopy(self.lm), eng.pad_id, eng.eos_id, policy_version=self.policy_version
+            )
+        heads = [self.module.value_head] if self.shared_critic else []
+        self.shards = shard_roles(self.module, self.lm, layout, mesh, heads=heads)
+        self.reduce = reduce
+        if self.optimizer is not None:
+            self.optimizer = self._make_optimizer()
+        if isinstance(eng, TorchEngine):
+            if eng.model is not self.lm:
+                shard_roles(eng.model, eng.model, gen_layout, gen_mesh)
+            if gen_layout.fsdp and gen_layout.dp > 1:
+                eng.all_done = ranks_all_done(reduce if not own else _dp_reduce(gen_mesh))
 
     # --- generation -----------------------------------------------------------------------
     def encode_prompts(
@@ -214,44 +352,59 @@ class PolicyWorker:
         seed: int | None = None,
         max_new_tokens: Sequence[int] | None = None,
     ) -> GenerationOutput:
-        return self.engine.generate(
-            prompt_ids, params or self.sampling_params(), seed=seed, max_new_tokens=max_new_tokens
-        )
+        model = getattr(self.engine, "model", None)
+        with gathered_blocks(model) if isinstance(model, torch.nn.Module) else nullcontext():
+            return self.engine.generate(
+                prompt_ids,
+                params or self.sampling_params(),
+                seed=seed,
+                max_new_tokens=max_new_tokens,
+            )
 
     # --- forward passes -------------------------------------------------------------------
-    def _forward(self, mb: RolloutBatch, temperature: float):
-        """-> (logprobs ``[b,R]``, logits ``[b,R,V]``, values ``[b,R]`` or None) for a micro-batch."""
-        r = mb.response_ids.shape[1]
-        ids, mask = mb.input_ids, mb.attention_mask
-        pos = mb.position_ids
+    def _forward(
+        self,
+        mb: RolloutBatch,
+        temperature: float,
+        *,
+        with_entropy: bool = False,
+        entropy_grad: bool = False,
+    ):
+        """-> (log-probs ``[b,R]``, entropy ``[b,R]`` or None, values ``[b,R]`` or None) of a
+        micro-batch, on this role's device. Log-probs come from the chunked LM head
+        (rpeg.runtime.model_io.lm_logprobs): no ``[b,R,V]`` fp32 logits."""
+        dev = self.device
+        ids = mb.input_ids.to(dev)
+        mask = mb.attention_mask.to(dev)
+        pos = mb.position_ids.to(dev)
+        labels = mb.response_ids.to(dev)
+        req = LogprobRequest(
+            temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
+        )
         if self.shared_critic:
-            out = self.module(ids, mask, pos, keep_last=r + 1)
-            logits, values = out.logits[:, :-1], out.values[:, :-1]
+            req, values = self.module.logprobs_and_values(ids, mask, pos, labels, req)
         else:
-            logits = self.module(
-                input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=r + 1
-            ).logits[:, :-1]
+            req = lm_logprobs(self.lm, ids, mask, pos, labels, req)
             values = None
-        lp = token_logprobs(logits, mb.response_ids, temperature)
-        return lp, logits, values
+        return req.logprobs, req.entropy, values
 
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, with_entropy: bool = False):
         """Log-probs ``[B,R]`` of the batch's responses under this model (0 on padding);
-        with ``with_entropy`` also the per-token entropy ``[B,R]``."""
+        with ``with_entropy`` also the per-token entropy ``[B,R]``. On the CPU."""
         self.module.eval()
-        mbs = self.workload.micro_batch_size
-        lps, ents = [], []
         r = batch.response_ids.shape[1]
-        for i in range(0, batch.size, mbs):
-            mb = batch.select(torch.arange(i, min(i + mbs, batch.size)))
-            lp, logits, _ = self._forward(mb, batch.temperature)
-            lps.append(torch.nn.functional.pad(lp * mb.response_mask, (0, r - lp.shape[1])))
+        lp_out = torch.zeros((batch.size, r), dtype=torch.float32)
+        ent_out = torch.zeros((batch.size, r), dtype=torch.float32) if with_entropy else None
+        for ix, mb, real in micro_batches(batch, self.workload, self.reduce):
+            lp, ent, _ = self._forward(mb, batch.temperature, with_entropy=with_entropy)
+            if not real:
+                continue
+            m = mb.response_mask
+            lp_out[ix, : lp.shape[1]] = lp.float().cpu() * m
             if with_entropy:
-                e = entropy_from_logits(logits, batch.temperature) * mb.response_mask
-                ents.append(torch.nn.functional.pad(e, (0, r - e.shape[1])))
-        lp = torch.cat(lps, dim=0)
-        return (lp, torch.cat(ents, dim=0)) if with_entropy else lp
+                ent_out[ix, : ent.shape[1]] = ent.float().cpu() * m
+        return (lp_out, ent_out) if with_entropy else lp_out
 
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
@@ -267,13 +420,17 @@ class PolicyWorker:
                 [Problem("algorithm.share_actor_critic", "this policy has no value head")]
             )
         self.module.eval()
-        lps, vals, r = [], [], batch.response_ids.shape[1]
-        for i in range(0, batch.size, self.workload.micro_batch_size):
-            mb = batch.select(torch.arange(i, min(i + self.workload.micro_batch_size, batch.size)))
+        r = batch.response_ids.shape[1]
+        lp_out = torch.zeros((batch.size, r), dtype=torch.float32)
+        v_out = torch.zeros((batch.size, r), dtype=torch.float32)
+        for ix, mb, real in micro_batches(batch, self.workload, self.reduce):
             lp, _, v = self._forward(mb, batch.temperature)
-            lps.append(torch.nn.functional.pad(lp * mb.response_mask, (0, r - lp.shape[1])))
-            vals.append(torch.nn.functional.pad(v * mb.response_mask, (0, r - v.shape[1])))
-        return torch.cat(lps, dim=0), torch.cat(vals, dim=0)
+            if not real:
+                continue
+            m = mb.response_mask
+            lp_out[ix, : lp.shape[1]] = lp.float().cpu() * m
+            v_out[ix, : v.shape[1]] = v.float().cpu() * m
+        return lp_out, v_out
 
     # --- training -------------------------------------------------------------------------
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
@@ -291,8 +448,13 @@ class PolicyWorker:
         stale = bool((batch.policy_version < self.policy_version).any())
         use_behaviour = a.off_policy_correction == "tis" and stale
 
+        dev = self.device
+
         def micro_loss(micro: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-            lp, logits, values = self._forward(micro, batch.temperature)
+            micro = on_device(micro, dev)
+            lp, ent, values = self._forward(
+                micro, batch.temperature, with_entropy=True, entropy_grad=a.entropy_coef != 0
+            )
             mask = micro.response_mask
             pg, m = policy_loss(
                 lp,
@@ -307,9 +469,7 @@ class PolicyWorker:
                 tis_cap=a.tis_cap,
             )
             loss = pg
-            ent = entropy_from_logits(
-                logits.detach() if a.entropy_coef == 0 else logits, batch.temperature
-            )
+            # entropy: from each chunk's log-softmax; differentiated only with a coefficient
             if a.entropy_coef:
                 loss = loss - a.entropy_coef * aggregate(ent, mask, a.loss_aggregation)
             m["entropy"] = float(masked_mean(ent.detach(), mask))
@@ -319,30 +479,13 @@ class PolicyWorker:
                     loss = loss + a.kl_coef * aggregate(kl, mask, a.loss_aggregation)
                 m["kl"] = float(masked_mean(kl.detach(), mask))
             if self.shared_critic and values is not None:
-                vl, vm = value_loss(
-                    values,
-                    micro.values,
-                    micro.returns,
-                    mask,
-                    clip=a.value_clip,
-                    aggregation=a.loss_aggregation,
-                )
+                vl, vm = _value_loss(a, values, micro, mask)
                 loss = loss + a.vf_coef * vl
                 m.update(vm, value_loss=float(vl.detach()))
             m["pg_loss"] = float(pg.detach())
             return loss, m
 
-        out = minibatch_updates(
-            self.module,
-            self.optimizer,
-            batch,
-            micro_loss,
-            algorithm=a,
-            workload=self.workload,
-            grad_clip=self.optim_cfg.grad_clip,
-            generator=self.generator,
-            reduce=self.reduce,
-        )
+        out = minibatch_updates(self, batch, micro_loss)
         self.policy_version += 1
         dt = time.perf_counter() - t0
         out["train_s"] = dt
@@ -351,23 +494,29 @@ class PolicyWorker:
 
     # --- weights and checkpoints ----------------------------------------------------------
     def get_weights(self) -> dict[str, torch.Tensor]:
-        """The LM weights (what a generation engine needs), detached copies on CPU."""
-        return {k: v.detach().cpu().clone() for k, v in self.lm.state_dict().items()}
+        """The full (unsharded) LM weights (what a generation engine needs), detached copies
+        on CPU. Sharded: a collective, every rank of the group calls it."""
+        from rpeg.runtime.sharding import full_state_dict
+
+        return full_state_dict(self.lm)
 
     def set_weights(
         self, weights: Mapping[str, torch.Tensor], policy_version: int | None = None
     ) -> None:
-        self.lm.load_state_dict(weights, strict=True)
+        """Load full LM weights (each rank takes its shard)."""
+        from rpeg.runtime.sharding import load_full_state_dict
+
+        load_full_state_dict(self.lm, weights)
         if policy_version is not None:
             self.policy_version = policy_version
 
     def state_dict(self) -> dict:
-        """Weights (incl. value head), optimizer, RNG states and policy version."""
+        """Weights (incl. value head), optimizer, RNG states and policy version. Sharded: the
+        full weights and name-keyed optimizer state (a collective; any layout loads it)."""
+        module, optim = _role_state(self.module, self.optimizer, self.shards)
         return {
-            "module": {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()},
-            "optimizer": copy.deepcopy(self.optimizer.state_dict())
-            if self.optimizer is not None
-            else None,
+            "module": module,
+            "optimizer": optim,
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
@@ -375,9 +524,7 @@ class PolicyWorker:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.module.load_state_dict(state["module"])
-        if self.optimizer is not None and state.get("optimizer") is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
+        _load_role_state(self.module, self.optimizer, state, self.shards)
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
@@ -397,9 +544,7 @@ class CriticWorker:
         seed: int = 0,
         reduce: RankReduce = LOCAL,
     ):
-        self.algorithm = algorithm or AlgorithmConfig()
-        self.optim_cfg = optim or OptimConfig()
-        self.workload = workload or WorkloadConfig()
+        self.algorithm, self.optim_cfg, self.workload = _role_configs(algorithm, optim, workload)
         self.reduce = reduce
         self.module = CriticModel(lm)
         self.optimizer = torch.optim.AdamW(
@@ -408,27 +553,48 @@ class CriticWorker:
             weight_decay=self.optim_cfg.weight_decay,
         )
         self.generator = torch.Generator().manual_seed(seed + 1)
+        self.shards = None
         self.module.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return module_device(self.module)
+
+    def apply_layout(self, layout, mesh, reduce: RankReduce) -> None:
+        """Shard the critic like :meth:`PolicyWorker.apply_layout` (trunk blocks over tp,
+        FSDP2 over dp with the value head as its own unit); rebuilds the optimizer."""
+        from rpeg.runtime.sharding import shard_roles
+
+        self.shards = shard_roles(
+            self.module, self.module.trunk, layout, mesh, heads=[self.module.value_head]
+        )
+        self.reduce = reduce
+        self.optimizer = torch.optim.AdamW(
+            self.module.parameters(),
+            lr=self.optim_cfg.critic_lr,
+            weight_decay=self.optim_cfg.weight_decay,
+        )
 
     def _values(self, mb: RolloutBatch) -> torch.Tensor:
         r = mb.response_ids.shape[1]
+        dev = self.device
         return self.module(
-            mb.input_ids, mb.attention_mask, mb.position_ids, keep_last=r + 1
+            mb.input_ids.to(dev),
+            mb.attention_mask.to(dev),
+            mb.position_ids.to(dev),
+            keep_last=r + 1,
         ).values[:, :-1]
 
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
         """Values ``[B,R]``: ``V_t`` is the value of the state before response token ``t``."""
         self.module.eval()
-        out, r = [], batch.response_ids.shape[1]
-        for i in range(0, batch.size, self.workload.micro_batch_size):
-            mb = batch.select(torch.arange(i, min(i + self.workload.micro_batch_size, batch.size)))
-            out.append(
-                torch.nn.functional.pad(
-                    self._values(mb) * mb.response_mask, (0, r - mb.response_ids.shape[1])
-                )
-            )
-        return torch.cat(out, dim=0)
+        out = torch.zeros(tuple(batch.response_ids.shape), dtype=torch.float32)
+        for ix, mb, real in micro_batches(batch, self.workload, self.reduce):
+            v = self._values(mb)
+            if real:
+                out[ix, : v.shape[1]] = v.float().cpu() * mb.response_mask
+        return out
 
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
         """Minibatched clipped value-loss updates toward ``batch.returns``."""
@@ -439,41 +605,22 @@ class CriticWorker:
         a = self.algorithm
         t0 = time.perf_counter()
 
+        dev = self.device
+
         def micro_loss(micro: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-            vl, m = value_loss(
-                self._values(micro),
-                micro.values,
-                micro.returns,
-                micro.response_mask,
-                clip=a.value_clip,
-                aggregation=a.loss_aggregation,
-            )
+            micro = on_device(micro, dev)
+            vl, m = _value_loss(a, self._values(micro), micro, micro.response_mask)
             m["value_loss"] = float(vl.detach())
             return vl, m
 
-        out = minibatch_updates(
-            self.module,
-            self.optimizer,
-            batch,
-            micro_loss,
-            algorithm=a,
-            workload=self.workload,
-            grad_clip=self.optim_cfg.grad_clip,
-            generator=self.generator,
-            reduce=self.reduce,
-            grad_norm_key="critic_grad_norm",
-        )
+        out = minibatch_updates(self, batch, micro_loss, grad_norm_key="critic_grad_norm")
         out["critic_train_s"] = time.perf_counter() - t0
         return out
 
     def state_dict(self) -> dict:
-        return {
-            "module": {k: v.detach().cpu().clone() for k, v in self.module.state_dict().items()},
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "generator": self.generator.get_state(),
-        }
+        module, optim = _role_state(self.module, self.optimizer, self.shards)
+        return {"module": module, "optimizer": optim, "generator": self.generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.module.load_state_dict(state["module"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        _load_role_state(self.module, self.optimizer, state, self.shards)
         self.generator.set_state(state["generator"])

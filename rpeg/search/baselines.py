@@ -17,7 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from rpeg.perf.calibration import DEFAULT, Calibration
-from rpeg.search.space import Layout, Placement, SearchSpace, SpaceOptions, Structure
+from rpeg.search.evaluate import Evaluator, solve_cell
+from rpeg.search.problem import search_space
+from rpeg.search.result import Baseline
+from rpeg.search.space import Layout, Placement, SpaceOptions, Structure
 
 DESCRIPTIONS = {
     "verl": "verl-style: colocated hybrid engine, synchronous, one layout for all roles",
@@ -30,23 +33,11 @@ DESCRIPTIONS = {
 
 
 def _new_evaluator(prob: Any, space_options: SpaceOptions | None, calib: Calibration):
-    from rpeg.search.optimizer import Evaluator, default_space
-
-    so = space_options or default_space(prob)
-    space = SearchSpace(
-        prob.base,
-        prob.cluster,
-        prob.model,
-        num_devices=prob.num_devices,
-        max_seq_tokens=prob.max_seq_tokens,
-        options=so,
-    )
+    space = search_space(prob, space_options)
     return space, Evaluator(prob, space, calib)
 
 
 def verl(prob: Any, space_options: SpaceOptions | None = None, calib: Calibration = DEFAULT):
-    from rpeg.search.optimizer import Baseline
-
     space, ev = _new_evaluator(prob, space_options, calib)
     st = Structure(0, False, "none")
     g = st.graph(prob.base)
@@ -76,8 +67,6 @@ def verl(prob: Any, space_options: SpaceOptions | None = None, calib: Calibratio
 
 
 def real(prob: Any, space_options: SpaceOptions | None = None, calib: Calibration = DEFAULT):
-    from rpeg.search.optimizer import Baseline, solve_cell
-
     space, ev = _new_evaluator(prob, space_options, calib)
     st = Structure(0, False, "none")
     g = st.graph(prob.base)
@@ -90,8 +79,6 @@ def real(prob: Any, space_options: SpaceOptions | None = None, calib: Calibratio
 
 
 def areal(prob: Any, space_options: SpaceOptions | None = None, calib: Calibration = DEFAULT):
-    from rpeg.search.optimizer import Baseline, solve_cell
-
     space, ev = _new_evaluator(prob, space_options, calib)
     n = prob.num_devices
     splits = space.splits()
@@ -116,8 +103,6 @@ def _why(ev: Any) -> str:
 
 
 def constrained(results: list, name: str, pred) -> Any:
-    from rpeg.search.optimizer import Baseline
-
     for c in results:  # sorted by step time
         if pred(c):
             return Baseline(name, DESCRIPTIONS[name], c)

@@ -9,9 +9,10 @@ import random
 import zlib
 from dataclasses import dataclass, field
 
-from rpeg.ir import Graph
+from rpeg.ir import Graph, to_dict
 from rpeg.perf.calibration import DEFAULT, Calibration
-from rpeg.perf.pricing import StepPrediction, predict
+from rpeg.perf.prediction import StepPrediction
+from rpeg.perf.pricing import predict
 from rpeg.plan.schema import GraphRef, InfeasiblePlan, Plan, UnitPlan
 from rpeg.search.problem import PlanProblem
 from rpeg.search.result import Candidate
@@ -119,7 +120,7 @@ class Evaluator:
         st, pl, p = c.structure, c.placement, self.prob
         if c.graph_ref is None:
             opts = {**p.builder_options, "staleness": st.staleness}
-            inline = c.graph.to_dict() if (st.fused or st.share_actor_critic) else None
+            inline = to_dict(c.graph) if (st.fused or st.share_actor_critic) else None
             c.graph_ref = GraphRef(builder=p.algorithm, options=opts, inline=inline)
         return Plan(
             cluster=p.cluster.name,

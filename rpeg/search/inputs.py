@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rpeg.errors import ConfigError, Problem
+from rpeg.search.problem import resolve_model
 
 # Where a bare GPU name does not say which catalog cluster to use, prefer these.
 PREFERRED_CLUSTER = {
@@ -18,6 +19,17 @@ PREFERRED_CLUSTER = {
 GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80g"}
 
 _ALGOS = ("grpo", "ppo", "rloo", "reinforce_pp")
+# keywords that set the workload section of the run config under the same name
+_WORKLOAD_KEYS = (
+    "num_prompts",
+    "samples_per_prompt",
+    "max_response_tokens",
+    "max_prompt_tokens",
+    "mean_prompt_tokens",
+    "mean_response_tokens",
+    "precision",
+    "train_minibatches",
+)
 
 
 def load_config(config: Any) -> Any:
@@ -55,28 +67,11 @@ def config_from_kwargs(kw: dict[str, Any], *, base: Any = None) -> Any:
     cfg = base if base is not None else RunConfig()
     data = cfg.model_dump(mode="json")
     problems: list[Problem] = []
-    known = {
-        "model",
-        "gpu",
-        "cluster",
-        "gpus",
-        "algo",
-        "num_prompts",
-        "samples_per_prompt",
-        "max_response_tokens",
-        "max_prompt_tokens",
-        "mean_prompt_tokens",
-        "mean_response_tokens",
-        "max_staleness",
-        "precision",
-        "train_minibatches",
-        "use_reference",
-    }
+    known = {"model", "gpu", "cluster", "gpus", "algo", "max_staleness", "use_reference"}
+    known |= set(_WORKLOAD_KEYS)
     for k in sorted(set(kw) - known):
         problems.append(Problem(k, f"unknown option; allowed: {', '.join(sorted(known))}"))
     if "model" in kw:
-        from rpeg.search.optimizer import resolve_model
-
         try:
             data["model"]["name"] = resolve_model(kw["model"]).name
         except specs.SpecError:
@@ -121,16 +116,7 @@ def config_from_kwargs(kw: dict[str, Any], *, base: Any = None) -> Any:
             data["workload"]["mean_prompt_tokens"] = kw.get("mean_prompt_tokens", 150.0)
     if "gpus" in kw:
         data["cluster"]["num_devices"] = int(kw["gpus"])
-    for k in (
-        "num_prompts",
-        "samples_per_prompt",
-        "max_response_tokens",
-        "max_prompt_tokens",
-        "mean_prompt_tokens",
-        "mean_response_tokens",
-        "precision",
-        "train_minibatches",
-    ):
+    for k in _WORKLOAD_KEYS:
         if k in kw:
             data["workload"][k] = kw[k]
     if "max_staleness" in kw:

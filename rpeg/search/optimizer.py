@@ -30,22 +30,11 @@ from rpeg.errors import ConfigError, Problem
 from rpeg.ir import Graph
 from rpeg.perf.calibration import DEFAULT, Calibration
 from rpeg.plan.schema import InfeasiblePlan
-from rpeg.search.evaluate import (  # noqa: F401 (re-exported: the search's public names)
-    Cell,
-    Evaluator,
-    UnitCost,
-    anneal_cell,
-    exhaustive_cell,
-    lower_bound,
-    solve_cell,
-)
-from rpeg.search.problem import (  # noqa: F401
-    PlanProblem,
-    default_space,
-    problem_from_config,
-    resolve_model,
-)
-from rpeg.search.result import Baseline, Candidate, SearchResult, why_lost  # noqa: F401
+from rpeg.search.baselines import price_baselines
+from rpeg.search.evaluate import Evaluator, anneal_cell, exhaustive_cell, lower_bound, solve_cell
+from rpeg.search.inputs import config_from_kwargs, load_config
+from rpeg.search.problem import PlanProblem, default_space, problem_from_config, search_space
+from rpeg.search.result import Candidate, SearchResult
 from rpeg.search.space import (
     Counts,
     Placement,
@@ -95,16 +84,8 @@ def search(
     ``pruned`` (filled when given): family -> lowest lower bound among cells cut by the bound.
     """
     pruned = {} if pruned is None else pruned
-    so = space_options or default_space(prob)
     opt = options or SearchOptions()
-    space = SearchSpace(
-        prob.base,
-        prob.cluster,
-        prob.model,
-        num_devices=prob.num_devices,
-        max_seq_tokens=prob.max_seq_tokens,
-        options=so,
-    )
+    space = search_space(prob, space_options)
     ev = Evaluator(prob, space, calib, opt.max_candidates)
     mode = opt.mode
     if mode == "auto":
@@ -281,14 +262,7 @@ def solve(
     """Best plan of one given (structure, placement) cell, or None when nothing fits."""
     so = space_options or default_space(prob)
     so = so.restrict(max_staleness=max(so.max_staleness, structure.staleness))
-    space = SearchSpace(
-        prob.base,
-        prob.cluster,
-        prob.model,
-        num_devices=prob.num_devices,
-        max_seq_tokens=prob.max_seq_tokens,
-        options=so,
-    )
+    space = search_space(prob, so)
     ev = Evaluator(prob, space, calib)
     return solve_cell(ev, ev.cell(structure, structure.graph(prob.base), placement))
 
@@ -302,8 +276,6 @@ def optimize(config: Any = None, /, **kwargs: Any) -> SearchResult:
     ``seed``, ``mode``, ``max_candidates``, ``time_budget_s``; ``space`` (SpaceOptions) and
     ``calib`` (Calibration).
     """
-    from rpeg.search.inputs import config_from_kwargs, load_config
-
     space_opts = kwargs.pop("space", None)
     calib = kwargs.pop("calib", DEFAULT)
     search_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in SearchOptions.__dataclass_fields__}
@@ -333,8 +305,6 @@ def optimize_problem(
     calib: Calibration = DEFAULT,
     baselines: bool = True,
 ) -> SearchResult:
-    from rpeg.search.baselines import price_baselines
-
     opt = options or SearchOptions()
     t0 = time.perf_counter()
     pruned: dict[tuple, float] = {}

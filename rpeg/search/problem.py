@@ -7,10 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpeg.ir import Graph, build
-from rpeg.perf.pricing import Workload
-from rpeg.search.space import (
-    SpaceOptions,
-)
+from rpeg.perf.prediction import Workload
+from rpeg.search.space import SearchSpace, SpaceOptions
 
 
 # --- the problem ----------------------------------------------------------------------------
@@ -51,6 +49,18 @@ def default_space(prob: PlanProblem) -> SpaceOptions:
     if prob.cluster.gpu.name == "cpu":
         so = so.restrict(tp=(1,), pp=(1,), cp=(1,), gen_pp=(1,), engines=("auto",))
     return so
+
+
+def search_space(prob: PlanProblem, options: SpaceOptions | None = None) -> SearchSpace:
+    """The search space of ``prob`` under ``options`` (default: :func:`default_space`)."""
+    return SearchSpace(
+        prob.base,
+        prob.cluster,
+        prob.model,
+        num_devices=prob.num_devices,
+        max_seq_tokens=prob.max_seq_tokens,
+        options=options or default_space(prob),
+    )
 
 
 def resolve_model(name: str) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rpeg.search.optimizer import Candidate, SearchResult, why_lost
+from rpeg.search.result import Candidate, SearchResult, why_lost
 
 
 def plan_in_words(c: Candidate, cluster: Any) -> list[str]:
@@ -157,7 +157,7 @@ def write_files(result: SearchResult, out: str | Path, *, config: Any = None) ->
     if config is not None:
         cfg_path = Path(f"{stem}.config.yaml")
         cfg = config.model_copy(deep=True)
-        cfg.plan = None
+        cfg.plan = str(out.resolve())  # `rpeg train <stem>.config.yaml` runs this plan
         cfg_path.write_text(cfg.to_yaml())
         files["config"] = str(cfg_path)
     g = result.best.structure.graph(result.problem.base)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rpeg.perf.pricing import StepPrediction
+from rpeg.perf.prediction import StepPrediction
 from rpeg.plan.schema import Plan
 from rpeg.search.problem import PlanProblem
 from rpeg.search.space import (

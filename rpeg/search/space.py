@@ -32,6 +32,13 @@ POOL_GEN_KINDS = frozenset({"generate", "reward"})
 TRAIN_KINDS = frozenset({"train_actor", "train_critic"})
 FWD_KINDS = frozenset({"ref_logprob", "old_logprob", "values"})
 FUSIONS = ("none", "rollout", "forward", "rollout+forward")
+#: parallel degrees the runtime cannot run yet, with the reason: ``rpeg.compile`` refuses them
+#: and the space drops them (``SpaceOptions.runtime_only``) under a named ``runtime:`` reason
+UNSUPPORTED_DEGREES = {
+    "pp": "the runtime has no pipeline parallelism",
+    "cp": "the runtime has no context (sequence) parallelism",
+    "ep": "the runtime has no expert parallelism (dense models only)",
+}
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,10 @@ class SpaceOptions:
     streaming: tuple[bool, ...] = (False, True)
     # device split: exact when the node count is at most this, coarse-to-fine otherwise
     exhaustive_splits: int = 16
+    # drop layouts the runtime refuses (pp/cp/ep > 1: rpeg.compile.UNSUPPORTED_DEGREES), each
+    # counted under a named ``runtime: ...`` reason, so the planner never emits a plan that
+    # ``rpeg train`` refuses
+    runtime_only: bool = True
 
     def restrict(self, **changes: Any) -> SpaceOptions:
         return replace(self, **changes)
@@ -327,4 +338,8 @@ class SearchSpace:
             experts = m.moe.experts
             if experts % lay.ep or (n // lay.pp) % lay.ep:
                 return "divisibility"
+        if self.opt.runtime_only:
+            for deg in ("pp", "cp", "ep"):
+                if getattr(lay, deg) > 1:
+                    return f"runtime: {deg}>1 ({UNSUPPORTED_DEGREES[deg]})"
         return ""

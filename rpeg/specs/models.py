@@ -9,6 +9,8 @@ from typing import Any
 from rpeg.errors import Problem
 from rpeg.specs._load import Checker, SpecError
 
+MODEL_KINDS = ("base", "instruct", "reasoning")
+
 
 @dataclass(frozen=True)
 class MoESpec:
@@ -45,7 +47,10 @@ class ModelSpec:
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     max_position: int = 0
-    typical_response_tokens: float | None = None
+    # What the model was trained to emit, which sets the prior of its response lengths when
+    # a workload does not state them (rpeg.perf.lengths): "reasoning" (long chain of thought:
+    # R1-distilled, Qwen3 thinking), "instruct" or "base" (short answers).
+    kind: str = "instruct"
     published_params_b: float | None = None
     published_active_params_b: float | None = None
     unsupported: str = ""
@@ -194,9 +199,7 @@ def parse_models(sources: list[tuple[dict[str, Any], str]]) -> dict[str, ModelSp
                 qkv_bias=c.flag("qkv_bias"),
                 qk_norm=c.flag("qk_norm"),
                 max_position=c.num("max_position", lo=1, hi=10_000_000, integer=True, default=0),
-                typical_response_tokens=c.num(
-                    "typical_response_tokens", lo=1, hi=10_000_000, default=None
-                ),
+                kind=c.text("kind", default="instruct", choices=MODEL_KINDS),
                 published_params_b=c.num("published_params_b", lo=0, hi=100000, default=None),
                 published_active_params_b=c.num(
                     "published_active_params_b", lo=0, hi=100000, default=None

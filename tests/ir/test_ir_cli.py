@@ -1,7 +1,7 @@
 """`rpeg graph show|validate|render`: output and exit codes."""
 
 from rpeg.cli import main
-from rpeg.ir import from_yaml, ppo, to_yaml, visual
+from rpeg.ir import from_yaml, ppo, to_dict, to_yaml, visual
 
 
 def test_show_table(capsys):
@@ -43,7 +43,7 @@ def test_validate_ok_and_problems(capsys, tmp_path):
     assert main(["graph", "validate", "grpo", "--share"]) == 2
     err = capsys.readouterr().err
     assert "invalid graph" in err and "has no critic" in err and "Traceback" not in err
-    bad = ppo().to_dict()
+    bad = to_dict(ppo())
     bad["stages"][0]["kind"] = "rollout"
     bad["stages"][1]["role"] = "judge"
     import yaml

@@ -4,12 +4,13 @@ import dataclasses
 
 import pytest
 
+from rpeg import ir
 from rpeg.ir import FusedGroup, Graph, GraphError, Role, Stage, StateEdge, grpo, ppo
 
 
 def problems(g: Graph) -> list[str]:
     with pytest.raises(GraphError) as e:
-        g.validate()
+        ir.validate(g)
     assert str(e.value).startswith("invalid graph (")
     return [str(p) for p in e.value.problems]
 
@@ -19,7 +20,7 @@ def _has(msgs: list[str], *parts: str) -> bool:
 
 
 def test_valid_graph_has_no_problems():
-    assert grpo().problems() == []
+    assert ir.problems(grpo()) == []
 
 
 def test_many_problems_reported_together():
@@ -134,7 +135,7 @@ def test_values_stage_may_use_actor_when_shared():
 
     s = share_actor_critic(ppo())
     stages = list(s.stages) + [Stage("values", "values", "actor", ("responses",), ())]
-    assert dataclasses.replace(s, stages=tuple(stages)).problems() == []
+    assert ir.problems(dataclasses.replace(s, stages=tuple(stages))) == []
     assert _has(
         problems(
             dataclasses.replace(
@@ -153,3 +154,15 @@ def test_values_stage_may_use_actor_when_shared():
 def test_params_must_be_scalars():
     with pytest.raises(GraphError, match="params.x: value must be a scalar"):
         grpo().params.replace(x=[1, 2])
+
+
+def test_execution_units_of_a_non_convex_fusion_name_the_cycle():
+    # generate -> reward -> advantage: fusing the two ends without reward makes the unit graph
+    # cyclic (x -> reward -> x); execution_units refuses it without needing rpeg.ir.checks
+    g = dataclasses.replace(grpo(), fused=(FusedGroup("x", ("generate", "advantage")),))
+    with pytest.raises(GraphError) as e:
+        g.execution_units()
+    msg = str(e.value)
+    assert "execution units form a cycle within a step: x -> " in msg
+    assert msg.rstrip().endswith("-> x")
+    assert any(k in msg for k in ("reward", "ref_logprob", "old_logprob"))

@@ -1,10 +1,12 @@
 """Flows and a serve entry for the ops integration tests.
 
 ``python tests/ops/ops_flows.py serve --config C --checkpoint-url U --data-glob G --output-dir O``
-serves (one runner, this process) two deployments:
+serves (one runner, this process) three deployments built the way ``rpeg deploy`` builds
+them (:func:`rpeg.flows.deployments.build_spec`: form defaults from the config, prefect.yaml's
+concurrency limit):
 
 * ``retrain/ci-retrain``: the real retrain flow (engine=local, tiny config), no schedule;
-* ``rpeg-train/ci-train``: the typed training flow, i.e. ``run_train`` on a Dask LocalCluster;
+* ``train/ci-train``: the training form flow, i.e. the Dask step loop on a LocalCluster;
 * ``ops-heartbeat/ci-heartbeat``: a 1-second flow that uses the artifact helpers; the
   schedule test gives it an interval schedule through the API.
 """
@@ -38,7 +40,7 @@ def serve_main(argv: list[str]) -> None:
     import argparse
 
     from prefect import serve
-    from rpeg.flows.retrain import retrain, rpeg_train
+    from rpeg.flows import deployments as dp
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)
@@ -46,29 +48,31 @@ def serve_main(argv: list[str]) -> None:
     ap.add_argument("--data-glob", required=True)
     ap.add_argument("--output-dir", required=True)
     a = ap.parse_args(argv)
-    params = {
-        "config": a.config,
-        "checkpoint_url": a.checkpoint_url,
-        "data_glob": a.data_glob,
-        "output_dir": a.output_dir,
-        "engine": "local",
-        "steps": 2,
-    }
+    retrain = dp.build_spec(
+        a.config,
+        job="retrain",
+        name="ci-retrain",
+        params=[
+            f"checkpoint_url={a.checkpoint_url}",
+            f"data_glob={a.data_glob}",
+            f"output_dir={a.output_dir}",
+            "engine=local",
+            "steps=2",
+        ],
+    )
+    train = dp.build_spec(
+        a.config,
+        job="train",
+        name="ci-train",
+        params=[
+            f"checkpoint_url={a.checkpoint_url}-train",
+            f"output_dir={a.output_dir}-train",
+            "steps=2",
+        ],
+    )
     serve(
-        retrain.to_deployment(
-            name="ci-retrain", parameters={"params": params}, enforce_parameter_schema=True
-        ),
-        rpeg_train.to_deployment(
-            name="ci-train",
-            parameters={
-                "params": {
-                    "config": a.config,
-                    "checkpoint_url": a.checkpoint_url + "-train",
-                    "output_dir": a.output_dir + "-train",
-                    "steps": 2,
-                }
-            },
-        ),
+        dp.to_runner_deployment(retrain),
+        dp.to_runner_deployment(train),
         # no schedule here: the schedule test adds one through the API and deletes it
         heartbeat.to_deployment(name="ci-heartbeat", parameters={"steps": 2}),
         print_starting_message=False,

@@ -1,49 +1,119 @@
-"""Fast checks of the ops layer: parameter models, promotion rule, newest data, the
-latest-good pointer, artifact helpers outside a run, the deploy CLI (dry run), infra guards."""
+"""Fast checks of the ops layer: parameter models and the form schema, human error
+messages, promotion rule, newest data, the latest-good pointer, run folders, pictures,
+artifact helpers outside a run, the deploy CLI (dry run), deployment status, server auth."""
 
 from __future__ import annotations
 
+import base64
+import inspect
+import io
 import json
 import os
+import stat
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from rpeg.flows.params import RetrainParams, TrainParams, parse_param_assignments
+from rpeg.flows.params import (
+    RetrainParams,
+    TrainParams,
+    form_defaults,
+    one_line,
+    parse_param_assignments,
+    validate_params,
+)
 
 from rpeg.errors import ConfigError
 
 TINY = Path(__file__).parent / "data" / "tiny.yaml"
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_train_params_overrides_and_validation():
+# ---------------------------------------------------------------------- parameters
+def test_train_params_apply_to_the_config():
     p = TrainParams(
         config=str(TINY), steps=3, lr=1e-5, max_staleness=1, cluster_address="tcp://10.0.0.5:8786"
     )
     cfg = p.resolve()
     assert cfg.runtime.steps == 3 and cfg.optim.lr == 1e-5 and cfg.runtime.max_staleness == 1
     assert cfg.cluster.address == "tcp://10.0.0.5:8786"
-    for bad in (
-        {"steps": 0},
-        {"lr": -1.0},
-        {"max_staleness": -1},
-        {"cluster_address": "10.0.0.5"},
-        {"surprise": 1},
-    ):
-        with pytest.raises(ValueError):
-            TrainParams(config=str(TINY), **bad)
-    with pytest.raises(ConfigError, match="file not found"):
-        TrainParams(config="/nope.yaml").resolve()
-    with pytest.raises(ConfigError, match="workload.num_prompts"):
-        TrainParams(config=str(TINY), overrides={"workload.num_prompts": 0}).resolve()
+    # empty text fields keep the config's values (tiny.yaml sets no checkpoint URL)
+    assert cfg.runtime.checkpoint_url is None and cfg.runtime.output_dir == "runs/ops-tiny"
+    # the built-in config when no path is given
+    assert TrainParams().resolve().model.name == "rpeg-tiny"
 
 
-def test_schema_for_the_ui_has_types_and_ranges():
-    s = TrainParams.model_json_schema()
-    assert s["required"] == ["config"]
-    steps = s["properties"]["steps"]["anyOf"][0]
-    assert steps["type"] == "integer" and steps["minimum"] == 1
-    assert s["additionalProperties"] is False
+def test_refusals_read_like_sentences():
+    with pytest.raises(ConfigError) as e:
+        validate_params(
+            TrainParams,
+            {"steps": -1, "lr": 0, "cluster_address": "10.0.0.5", "surprise": 1, "newest_by": 3},
+        )
+    lines = [str(p) for p in e.value.problems]
+    assert "Steps (steps): must be at least 1 (got -1)" in lines
+    assert "Learning rate (lr): must be more than 0.0 (got 0)" in lines
+    assert any(
+        x.startswith("Dask scheduler address (cluster_address): must look like tcp://")
+        for x in lines
+    )
+    assert any(
+        x.startswith("surprise: unknown parameter; the parameters are: steps, lr,") for x in lines
+    )
+    assert len(lines) == 5  # newest_by is unknown to TrainParams: every problem, at once
+    text = one_line(e.value)
+    assert "\n" not in text and text.startswith("parameters refused: Steps (steps)")
+    with pytest.raises(ConfigError) as e:
+        validate_params(RetrainParams, {"engine": "gpu", "tolerance": 2})
+    lines = [str(p) for p in e.value.problems]
+    assert "Engine (engine): must be one of 'dask' or 'local' (got 'gpu')" in lines
+    assert any(x.startswith("Promotion tolerance") and "at most 1.0 (got 2)" in x for x in lines)
+
+
+def test_missing_config_is_one_line():
+    with pytest.raises(ConfigError) as e:
+        TrainParams(config="/nope/run.yaml").resolve()
+    line = one_line(e.value)
+    assert line.startswith("run config not found: config: no such file: /nope/run.yaml")
+    assert "\n" not in line and "Traceback" not in line
+
+
+def test_form_defaults_come_from_the_config():
+    d = form_defaults(TrainParams, str(TINY), steps=5)
+    # tiny.yaml: 4 prompts x 4 samples (rpeg/config.py defaults are 16 x 8); steps given
+    assert (d["num_prompts"], d["samples_per_prompt"], d["steps"]) == (4, 4, 5)
+    assert d["config"] == str(TINY) and d["output_dir"] == "" and d["overrides"] == {}
+    r = form_defaults(RetrainParams, str(TINY), checkpoint_url="memory://c")
+    assert r["steps"] == 10  # retrain counts steps beyond the checkpoint, not the config's
+
+
+def test_form_schema_is_flat_typed_and_ordered():
+    """The schema Prefect builds from the flow signatures: steps first, no nullable
+    fields, human titles, ranges; the signature mirrors the pydantic model."""
+    from prefect.utilities.callables import parameter_schema
+    from rpeg.flows.retrain import retrain
+    from rpeg.flows.train_form import train
+
+    for fl, model in ((train, TrainParams), (retrain, RetrainParams)):
+        s = parameter_schema(fl.fn).model_dump_for_openapi()
+        props = s["properties"]
+        order = sorted(props, key=lambda k: props[k]["position"])
+        assert order == list(model.model_fields), fl.name
+        assert order[0] == "steps"
+        sig = inspect.signature(fl.fn)
+        for name, info in model.model_fields.items():
+            prop = props[name]
+            assert "anyOf" not in prop and prop.get("type") != "null", name
+            assert prop["title"] == info.title and prop["title"] != name, name
+            assert prop["description"] == info.description, name
+            assert sig.parameters[name].default == info.get_default(call_default_factory=True)
+        assert "required" not in s  # every field has a default
+    steps = parameter_schema(train.fn).model_dump_for_openapi()["properties"]["steps"]
+    assert (steps["type"], steps["minimum"], steps["maximum"]) == ("integer", 1, 10_000_000)
+    lr = parameter_schema(train.fn).model_dump_for_openapi()["properties"]["lr"]
+    assert lr["exclusiveMinimum"] == 0 and lr["maximum"] == 1
+    for name, prop in parameter_schema(retrain.fn).model_dump_for_openapi()["properties"].items():
+        assert "<" not in prop["description"], f"{name}: the UI renders descriptions as HTML"
 
 
 def test_retrain_params_resolve_steps_beyond_checkpoint():
@@ -56,17 +126,19 @@ def test_retrain_params_resolve_steps_beyond_checkpoint():
 
 
 def test_parse_param_assignments():
-    assert parse_param_assignments(["steps=5", "lr=1e-5", "resume=true"]) == {
+    assert parse_param_assignments(["steps=5", "lr=1e-5", "resume=true", "output_dir="]) == {
         "steps": 5,
         "lr": 1e-5,
         "resume": True,
+        "output_dir": "",
     }
     with pytest.raises(ConfigError):
         parse_param_assignments(["nothing"])
 
 
+# ---------------------------------------------------------------------- promotion
 def test_should_promote_rule():
-    from rpeg.flows.retrain import should_promote
+    from rpeg.flows.promotion import should_promote
 
     assert should_promote(0.5, None)[0]
     assert should_promote(0.5, {"score": 0.5})[0]
@@ -76,7 +148,7 @@ def test_should_promote_rule():
 
 
 def test_newest_file_by_mtime_and_name(tmp_path):
-    from rpeg.flows.retrain import newest_file
+    from rpeg.flows.promotion import newest_file
 
     assert newest_file(str(tmp_path / "*.jsonl")) is None
     (tmp_path / "z.jsonl").write_text("{}\n")
@@ -96,7 +168,7 @@ def test_newest_file_by_mtime_and_name(tmp_path):
 
 
 def test_latest_good_pointer_and_copy(tmp_path):
-    from rpeg.flows.retrain import latest_step, read_latest_good, write_latest_good
+    from rpeg.flows.promotion import latest_step, read_latest_good, write_latest_good
 
     from rpeg.runtime.actors.checkpoint import CheckpointStore
 
@@ -104,13 +176,84 @@ def test_latest_good_pointer_and_copy(tmp_path):
     store = CheckpointStore(url, keep_last=1)
     store.save(3, {"a.pt": b"x"})
     assert latest_step(url) == 3 and read_latest_good(url) is None
-    write_latest_good(url, {"step": 3, "score": 0.5}, copy_step=3)
+    rec = write_latest_good(url, {"step": 3, "score": 0.5}, copy_step=3)
+    assert rec["copy"] == str(tmp_path / "ck" / "latest-good")  # what the artifact names
     assert read_latest_good(url)["score"] == 0.5
     assert (tmp_path / "ck" / "latest-good" / "COMMIT.json").exists()
     store.save(4, {"a.pt": b"y"})  # prunes step 3 (keep_last=1) ...
     assert not (tmp_path / "ck" / "step-00000003").exists()
     assert (tmp_path / "ck" / "latest-good" / "a.pt").read_bytes() == b"x"  # ... the copy stays
     assert CheckpointStore(url).complete_steps() == [4]  # the pointer files are not checkpoints
+
+
+# ---------------------------------------------------------------------- run folders
+def test_run_folder_and_latest_pointer(tmp_path):
+    from rpeg.flows.outputs import base_folder, point_latest, run_folder
+
+    assert base_folder("runs/latest") == Path("runs")
+    assert base_folder("runs/exp1") == Path("runs/exp1")
+    assert base_folder("runs/latest", "/data/out") == Path("/data/out")
+    a = run_folder(tmp_path, "tiny-2-steps-abc123")
+    b = run_folder(tmp_path, "tiny 2/steps?")
+    assert a.name == "tiny-2-steps-abc123" and b.name == "tiny-2-steps" and b.parent == tmp_path
+    point_latest(a)
+    assert (tmp_path / "latest").resolve() == a.resolve()
+    point_latest(b)
+    assert (tmp_path / "latest").resolve() == b.resolve() and os.readlink(
+        tmp_path / "latest"
+    ) == b.name
+    real = tmp_path / "other"
+    (real / "latest").mkdir(parents=True)  # a real runs/latest folder (rpeg train) stays
+    assert point_latest(run_folder(real, "r1")) is None and (real / "latest").is_dir()
+
+
+# ---------------------------------------------------------------------- pictures
+def _png_size(png: bytes) -> tuple[int, int]:
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(io.BytesIO(png), format="png")
+    return img.shape[1], img.shape[0]
+
+
+def test_pictures_are_pngs_embedded_as_data_uris():
+    from rpeg.flows import reports
+
+    hist = [{"step": float(i), "reward_mean": 0.1 * i, "accuracy": 0.05 * i} for i in range(5)]
+    png = reports.curve_png(hist, heldout=(0.1, 0.4))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and _png_size(png) == (640, 272)  # 8 x 3.4 in, 80 dpi
+    assert reports.curve_png([]) is None
+    md = reports.image_markdown(png, "curve")
+    assert md.startswith("![curve](data:image/png;base64,")
+    assert base64.b64decode(md[len("![curve](data:image/png;base64,") : -1]) == png
+    from rpeg.perf.timeline import TimelineRecord
+
+    meas = [
+        TimelineRecord("generate", "0-1", 5.0, 6.5, step=3, source="measured"),
+        TimelineRecord("train_actor", "0-1", 6.5, 7.0, step=3, source="measured"),
+        TimelineRecord("generate", "0-1", 0.0, 1.0, step=2, source="measured"),
+    ]
+    last = reports.last_step_records(meas)
+    assert [(r.stage, r.start_s, r.end_s) for r in last] == [
+        ("generate", 0.0, 1.5),
+        ("train_actor", 1.5, 2.0),
+    ]
+    g = reports.gantt_png(last, [TimelineRecord("generate", "0-1", 0.0, 1.2)])
+    assert g[:4] == b"\x89PNG" and reports.gantt_png([], []) is None
+
+
+def test_plan_report_has_the_graph_picture_and_predicted_stages():
+    from rpeg.flows import reports
+    from rpeg.flows.params import load_config
+
+    from rpeg.ir.visual import has_graphviz
+
+    md, predicted = reports.plan_report(load_config(str(TINY)))
+    assert md.startswith("# Execution plan") and "```yaml" in md
+    stages = {r.stage for r in predicted}
+    assert {"generate", "train_actor"} <= stages
+    assert all(f"| {s} |" in md for s in stages)
+    if has_graphviz():
+        assert "![the RL step as a graph](data:image/png;base64," in md
 
 
 def test_artifact_helpers_are_noops_outside_a_run(tmp_path):
@@ -121,13 +264,22 @@ def test_artifact_helpers_are_noops_outside_a_run(tmp_path):
     assert art.publish_metrics_table([{"step": 0.0}]) is None
     assert art.publish_checkpoint(str(tmp_path), 1) is None
     assert art.publish_timeline([], tmp_path / "t.png") is None
+    assert art.publish_curve([{"step": 0.0, "reward_mean": 1.0}]) is None
+    assert art.publish_refused("no") is None
+    assert art.publish_results({"steps": 1}, tmp_path) is None
     assert art.artifact_key("RL_Train", "Metrics") == "rl-train-metrics"
     line = art.format_step_line(
         3, 20, {"step": 2.0, "reward_mean": 0.4123, "step_s": 0.5, "zeta": 1.0}
     )
     assert line == "step 3/20 reward_mean=0.4123 step_s=0.5 zeta=1"
+    # locations are text: a path in code font, a link only for http(s)
+    assert art.location_text(str(tmp_path)) == f"`{tmp_path}`"
+    assert art.location_text("s3://b/ck/step-1") == "`s3://b/ck/step-1`"
+    assert art.location_text("https://h/x") == "[`https://h/x`](https://h/x)"
+    assert "file://" not in art.summary_markdown({"steps": 2}, out_dir=tmp_path)
 
 
+# ---------------------------------------------------------------------- deployments
 def test_deploy_dry_run_cli(capsys):
     from rpeg.cli import main
 
@@ -137,8 +289,10 @@ def test_deploy_dry_run_cli(capsys):
             str(TINY),
             "--flow",
             "retrain",
-            "--interval",
-            "3600",
+            "--cron",
+            "0 3 * * *",
+            "--timezone",
+            "Europe/Zurich",
             "-p",
             "steps=4",
             "-p",
@@ -148,41 +302,93 @@ def test_deploy_dry_run_cli(capsys):
     )
     assert rc == 0
     spec = json.loads(capsys.readouterr().out)
-    assert spec["entrypoint"] == "flows/retrain.py:retrain" and spec["interval"] == 3600
-    assert spec["parameters"]["params"] == {
-        "config": str(TINY.resolve()),
-        "checkpoint_url": "memory://x",
-        "steps": 4,
-    }
+    assert spec["entrypoint"] == "flows/retrain.py:retrain" and spec["name"] == "tiny"
+    assert (spec["cron"], spec["timezone"]) == ("0 3 * * *", "Europe/Zurich")
+    assert spec["concurrency_limit"] == 1  # prefect.yaml's retrain entry
+    p = spec["parameters"]
+    assert (p["config"], p["checkpoint_url"], p["steps"]) == (str(TINY.resolve()), "memory://x", 4)
+    assert "num_prompts" not in p  # not a retrain field
     assert main(["deploy", str(TINY), "--cron", "0 3 * * *", "--interval", "5", "--dry-run"]) == 2
     assert "give one schedule" in capsys.readouterr().err
-    assert main(["deploy", str(TINY), "-p", "lr=0", "--dry-run"]) == 2
+    assert main(["deploy", str(TINY), "-p", "lr=0", "--timezone", "Mars/Base", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "Mars/Base" in err and "Learning rate (lr): must be more than 0.0" in err
 
 
-def test_prefect_yaml_deployments_match_flows():
-    import yaml
+def test_schedules_carry_the_time_zone():
+    from rpeg.flows.deployments import schedules_of
 
-    root = Path(__file__).resolve().parents[2]
-    doc = yaml.safe_load((root / "prefect.yaml").read_text())
-    eps = {d["name"]: d["entrypoint"] for d in doc["deployments"]}
+    (c,) = schedules_of({"cron": "0 3 * * *", "timezone": "Europe/Zurich"})
+    assert (c.cron, c.timezone) == ("0 3 * * *", "Europe/Zurich")
+    (i,) = schedules_of({"interval": 3600, "timezone": "UTC"})
+    assert i.interval == timedelta(hours=1)
+    assert schedules_of({}) == []
+
+
+def test_status_tells_when_nothing_serves_a_deployment():
+    from rpeg.flows.deployments import SERVED_WITHIN_S, status_row
+
+    now = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
+    dep = {
+        "name": "tiny",
+        "paused": False,
+        "status": "READY",
+        "last_polled": (now - timedelta(seconds=5)).isoformat(),
+        "schedules": [
+            {"schedule": {"cron": "0 3 * * *", "timezone": "Europe/Zurich"}, "active": False}
+        ],
+        "global_concurrency_limit": {"limit": 1},
+    }
+    row = status_row(dep, "retrain", now)
+    assert row["deployment"] == "retrain/tiny" and row["served"] == "served (last poll 5 s ago)"
+    assert row["schedules"] == "0 3 * * * Europe/Zurich (off)" and row["concurrency_limit"] == 1
+    stale = dict(dep, last_polled=(now - timedelta(seconds=SERVED_WITHIN_S + 60)).isoformat())
+    assert status_row(stale, "retrain", now)["served"].startswith("NOT SERVED (last poll 120 s")
+    assert status_row(stale, "retrain", now)["prefect_status"] == "READY"  # Prefect still says so
     assert (
-        eps["rl-train"] == "flows/retrain.py:rpeg_train"
-        and eps["retrain"] == "flows/retrain.py:retrain"
+        status_row(dict(dep, last_polled=None), "r", now)["served"] == "NOT SERVED (never polled)"
     )
+    assert status_row(dict(dep, paused=True), "r", now)["served"] == "paused"
+
+
+def test_prefect_yaml_deployments_match_flows_and_config():
+    """Every form field prefect.yaml does not list takes the flow's default: that default
+    must equal the deployment config's own value, or the config would be overridden."""
+    import yaml
+    from rpeg.flows.deployments import JOBS, prefect_yaml_settings
+
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    by_ep = {j.entrypoint: j for j in JOBS.values()}
+    assert {d["entrypoint"] for d in doc["deployments"]} == set(by_ep)
     for d in doc["deployments"]:
+        job = by_ep[d["entrypoint"]]
         path, fn = d["entrypoint"].split(":")
-        assert f"def {fn}(" in (root / path).read_text()
-        assert d["work_pool"]["name"]
+        assert f"def {fn}(" in (ROOT / path).read_text()
+        assert d["work_pool"]["name"] and d["concurrency_limit"] == 1
+        params = d["parameters"]
+        job.params.model_validate(params)  # valid form values
+        from_cfg = form_defaults(job.params, str(ROOT / params["config"]))
+        defaults = job.params().model_dump(mode="json")
+        for k in ("lr", "max_staleness", "num_prompts", "samples_per_prompt"):
+            if k in job.params.model_fields and k not in params:
+                assert defaults[k] == from_cfg[k], f"{d['name']}: list {k} in prefect.yaml"
+        tz = [s.get("timezone") for s in d.get("schedules") or []]
+        assert all(tz), "schedules name their time zone"
+    assert prefect_yaml_settings("retrain")["schedules"][0]["cron"] == "0 3 * * *"
 
 
-def test_server_refuses_public_address_and_builds_env():
+# ---------------------------------------------------------------------- server and secrets
+def test_server_refuses_public_address_without_auth_and_builds_env():
     from rpeg.infra.prefect_server import PrefectServer, client_env, is_loopback, server_env
 
     with pytest.raises(ConfigError, match="non-loopback"):
         PrefectServer(host="0.0.0.0", port=4200)
-    assert (
-        PrefectServer(host="0.0.0.0", port=4200, expose=True).api_url == "http://0.0.0.0:4200/api"
-    )
+    with pytest.raises(ConfigError, match="needs basic auth"):
+        PrefectServer(host="0.0.0.0", port=4200, expose=True)
+    srv = PrefectServer(host="0.0.0.0", port=4200, expose=True, auth_string="u:secret-pw")
+    assert srv.api_url == "http://0.0.0.0:4200/api"
+    assert "secret-pw" not in repr(srv) and "secret-pw" not in " ".join(srv.command())
+    assert srv.env()["PREFECT_SERVER_API_AUTH_STRING"] == "u:secret-pw"  # the environment only
     assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("10.0.0.1")
     env = server_env(
         port=4300, auth_string="u:p", database_url="postgresql+asyncpg://h/db", base={}
@@ -201,3 +407,96 @@ def test_server_refuses_public_address_and_builds_env():
         c["PREFECT_API_URL"] == "https://prefect.example/api"
         and c["PREFECT_API_AUTH_STRING"] == "u:p"
     )
+
+
+def test_auth_secret_comes_from_env_or_private_file(tmp_path, monkeypatch):
+    from rpeg.infra.prefect_server import export_lines, mask_auth, read_auth
+
+    monkeypatch.delenv("PREFECT_SERVER_API_AUTH_STRING", raising=False)
+    assert read_auth() is None
+    monkeypatch.setenv("PREFECT_SERVER_API_AUTH_STRING", "admin:hunter2")
+    assert read_auth() == "admin:hunter2" and mask_auth("admin:hunter2") == "admin:***"
+    f = tmp_path / "auth"
+    f.write_text("ops:s3cret\n")
+    f.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600") as e:
+        read_auth(f)
+    assert "s3cret" not in str(e.value)
+    f.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    assert read_auth(f) == "ops:s3cret"
+    f.write_text("no-colon\n")
+    with pytest.raises(ConfigError, match="expected user:password") as e:
+        read_auth(f)
+    assert "no-colon" not in str(e.value)
+    out = export_lines(
+        {"PREFECT_API_URL": "http://h/api", "PREFECT_API_AUTH_STRING": "admin:hunter2"},
+        auth_file=f,
+    )
+    assert "hunter2" not in out and f'"$(head -n1 {f})"' in out and "admin:***" in out
+
+
+def test_server_cli_never_echoes_a_password(capsys, monkeypatch):
+    from rpeg.cli import main
+
+    monkeypatch.delenv("PREFECT_SERVER_API_AUTH_STRING", raising=False)
+    assert main(["server", "start", "--auth", "admin:hunter2"]) == 2
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "does not belong on the command line" in err
+    assert main(["server", "start", "--auth"]) == 2
+    assert "PREFECT_SERVER_API_AUTH_STRING" in capsys.readouterr().err
+    assert main(["server", "start", "--host", "0.0.0.0", "--expose"]) == 2
+    assert "needs basic auth" in capsys.readouterr().err
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", "admin:hunter2")
+    assert main(["server", "env", "--api-url", "http://10.0.0.2:4200/api"]) == 0
+    out = capsys.readouterr().out
+    assert "hunter2" not in out and "export PREFECT_API_URL=http://10.0.0.2:4200/api" in out
+
+
+def test_results_page_embeds_both_pictures_and_saves_them(tmp_path):
+    from rpeg.flows.artifacts import results_markdown
+
+    from rpeg.perf.timeline import TimelineRecord
+
+    hist = [{"step": float(i), "reward_mean": 0.2 * i, "accuracy": 0.1 * i} for i in range(3)]
+    pred = [
+        TimelineRecord("generate", "0-1", 0.0, 1.0),
+        TimelineRecord("train_actor", "0-1", 1.0, 3.0),
+    ]
+    meas = [TimelineRecord("generate", "0-1", 0.0, 1.5, source="measured")]
+    md = results_markdown(
+        {"steps": 3, "heldout_acc_before": 0.1, "heldout_acc_after": 0.5},
+        hist,
+        measured=meas,
+        predicted=pred,
+        out_dir=tmp_path,
+    )
+    assert md.count("](data:image/png;base64,") == 2
+    assert (
+        md.index("## Reward and accuracy") < md.index("## Step timeline") < md.index("## Numbers")
+    )
+    for name in ("curve.png", "timeline.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+        assert f"`{tmp_path / name}`" in md
+    assert "| train_actor | 2 |" in md and "| generate | 1.5 |" in md  # seconds per stage
+    assert "held-out accuracy: 0.1 before, 0.5 after training" in md
+    assert "file://" not in md
+
+
+def test_run_names_read_like_the_job(monkeypatch):
+    from rpeg.flows import launch
+
+    params = {"config": "/srv/cfg/my-run.yaml", "steps": 20}
+    monkeypatch.setattr(launch, "_param", lambda name, default="": params.get(name, default))
+    monkeypatch.setattr(launch, "short_id", lambda: "3fa2c1")
+    assert launch.train_run_name() == "my-run-20-steps-3fa2c1"
+    assert launch.retrain_run_name() == "my-run-retrain-20-steps-3fa2c1"
+    params = {"config": {"model": {"name": "rpeg-tiny"}, "runtime": {"steps": 5}}}
+    assert launch.config_run_name() == "rpeg-tiny-5-steps-3fa2c1"
+    params = {"config": ""}
+    assert launch.train_run_name() == "builtin-?-steps-3fa2c1"
+
+    def broken(name, default=""):
+        raise RuntimeError("no context")
+
+    monkeypatch.setattr(launch, "_param", broken)
+    assert launch.train_run_name() == "train-3fa2c1"  # a name never fails the run

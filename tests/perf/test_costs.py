@@ -42,7 +42,11 @@ def test_decode_step_is_weight_bandwidth_bound_at_batch_1():
         calib=DEFAULT,
         precision="bf16",
     )
-    expected = m.params * 2 / (3.35e12 * DEFAULT.decode_hbm_eff) + DEFAULT.decode_step_overhead_s
+    expected = (
+        m.params * 2 / (3.35e12 * DEFAULT.decode_hbm_eff)
+        + DEFAULT.decode_step_overhead_s
+        + 1 * DEFAULT.decode_seq_overhead_s  # one live sequence
+    )
     assert nbytes == m.params * 2
     assert comm == 0.0
     assert t == pytest.approx(expected, rel=1e-9)  # ~6.4 ms + 4 ms

@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 
 from rpeg import specs
-from rpeg.ir import builders, fuse, share_actor_critic
+from rpeg.ir import builders, fuse, share_actor_critic, to_dict
 from rpeg.perf import DEFAULT, Workload, predict, price_unit
-from rpeg.perf.pricing import field_bytes
+from rpeg.perf.units import field_bytes
 from rpeg.plan import colocated_plan, disaggregated_plan
 
 WL = Workload(
@@ -22,7 +22,7 @@ KW = dict(num_nodes=2, model="llama3.1-8b")
 
 
 def _inline(plan, g):
-    return plan.model_copy(update={"graph": plan.graph.model_copy(update={"inline": g.to_dict()})})
+    return plan.with_inline_graph(to_dict(g))
 
 
 def test_every_unit_pays_one_dispatch():
@@ -60,7 +60,7 @@ def test_handoff_across_pools_is_bytes_over_the_link_plus_latency():
 
 
 def test_field_bytes_hand_worked():
-    from rpeg.perf.pricing import UnitContext
+    from rpeg.perf.units import UnitContext
 
     g = builders.build("grpo")
     plan = colocated_plan(g, "dgx-h100", **KW)
@@ -81,12 +81,19 @@ def test_fusion_strictly_helps_when_dispatch_is_not_free():
     plan = colocated_plan(g, "dgx-h100", **KW)
     fplan = _inline(colocated_plan(gf, "dgx-h100", **KW), gf)
     for d in (0.001, 0.05):
-        cal = dataclasses.replace(DEFAULT, dispatch_s=d)
+        cal = dataclasses.replace(DEFAULT, dispatch_s=d, host_per_sample_s=0.0)
         a = predict(g, plan, WL, calib=cal).step_s
         b = predict(gf, fplan, WL, calib=cal).step_s
         assert b < a
         assert a - b == pytest.approx(d)  # rule reward: no work to overlap, one task less
-    cal0 = dataclasses.replace(DEFAULT, dispatch_s=0.0)
+    # with host work per sample the streamed reward also hides under the generation tail
+    cal = dataclasses.replace(DEFAULT, dispatch_s=0.0, host_per_sample_s=0.001)
+    a = predict(g, plan, WL, calib=cal)
+    b = predict(gf, fplan, WL, calib=cal)
+    reward_s = WL.samples * 0.001
+    assert a.stages["reward"].time_s == pytest.approx(reward_s)
+    assert 0 < a.step_s - b.step_s <= reward_s + 1e-9
+    cal0 = dataclasses.replace(DEFAULT, dispatch_s=0.0, host_per_sample_s=0.0)
     assert predict(gf, fplan, WL, calib=cal0).step_s == pytest.approx(
         predict(g, plan, WL, calib=cal0).step_s
     )

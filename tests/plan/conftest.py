@@ -3,7 +3,7 @@
 import pytest
 
 from rpeg.search.inputs import config_from_kwargs
-from rpeg.search.optimizer import problem_from_config
+from rpeg.search.problem import problem_from_config
 from rpeg.search.space import SpaceOptions
 
 

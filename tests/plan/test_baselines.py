@@ -43,4 +43,5 @@ def test_baseline_shapes(result):
 def test_to_dict_has_speedups(result):
     d = result.to_dict()
     assert d["baselines"]["verl"]["speedup"] >= 1.0
-    assert set(d["counts"]["infeasible"]) <= {"memory", "devices", "divisibility"}
+    reasons = {r for r in d["counts"]["infeasible"] if not r.startswith("runtime: ")}
+    assert reasons <= {"memory", "devices", "divisibility"}

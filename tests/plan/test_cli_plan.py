@@ -34,7 +34,7 @@ def test_flags_json(capsys):
         assert "predicted_step_s" in d["baselines"][k]
     plan = Plan.from_dict(d["plan"])
     assert plan.cluster == "gh200-alps" and plan.num_nodes == 2
-    assert plan.model == "qwen2.5-7b-instruct"
+    assert plan.model == "qwen2.5-7b"  # a catalog name is taken as it is
 
 
 def test_config_out_writes_plan_graph_and_gantt(tmp_path, capsys):
@@ -74,3 +74,12 @@ def test_unknown_gpu_exits_2_naming_allowed(capsys):
 def test_bad_mode_and_sweep(capsys):
     assert main([*FLAGS, "--mode", "magic"]) == 2
     assert main([*FLAGS, "--sweep", "a,b"]) == 2
+
+
+def test_model_names_fall_back_to_instruct_and_lower_case():
+    from rpeg.search.problem import resolve_model
+
+    # the catalog has only the -instruct entry of qwen2.5-14b, and qwen3-8b in lower case
+    assert resolve_model("qwen2.5-14b").name == "qwen2.5-14b-instruct"
+    assert resolve_model("Qwen3-8B").name == "qwen3-8b"
+    assert resolve_model("qwen2.5-32b").name == "qwen2.5-32b"  # both exist: the exact one

@@ -4,14 +4,8 @@ import pytest
 
 from rpeg.perf import predict_plan
 from rpeg.plan import InfeasiblePlan, Plan
-from rpeg.search.optimizer import (
-    Evaluator,
-    SearchOptions,
-    lower_bound,
-    optimize,
-    optimize_problem,
-    search,
-)
+from rpeg.search.evaluate import Evaluator, lower_bound
+from rpeg.search.optimizer import SearchOptions, optimize, optimize_problem, search
 from rpeg.search.space import SearchSpace, SpaceOptions
 from tests.plan.conftest import cpu_problem, gh200_problem
 

@@ -1,19 +1,15 @@
 """The search space: enumeration counts and rejection reasons."""
 
-from rpeg.search.optimizer import Evaluator, space_size
-from rpeg.search.space import Layout, SearchSpace, SpaceOptions
+from rpeg.search.evaluate import Evaluator
+from rpeg.search.optimizer import space_size
+from rpeg.search.problem import search_space
+from rpeg.search.space import Layout, SpaceOptions
 from tests.plan.conftest import cpu_problem, gh200_problem
 
 
 def _space(prob, **kw):
-    return SearchSpace(
-        prob.base,
-        prob.cluster,
-        prob.model,
-        num_devices=prob.num_devices,
-        max_seq_tokens=prob.max_seq_tokens,
-        options=SpaceOptions(**kw),
-    )
+    kw.setdefault("runtime_only", False)  # the enumeration itself, pp/cp/ep included
+    return search_space(prob, SpaceOptions(**kw))
 
 
 def test_structure_counts():

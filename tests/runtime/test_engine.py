@@ -105,4 +105,4 @@ def test_vllm_engine_imports_lazily():
         from rpeg.errors import RpegError
 
         with pytest.raises(RpegError, match="vllm"):
-            vllm_mod.VLLMEngine("/nonexistent")
+            vllm_mod.VLLMEngine.build("/nonexistent", pad_id=0, eos_id=2, tie_word_embeddings=True)

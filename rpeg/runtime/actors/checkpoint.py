@@ -1,21 +1,37 @@
 """Atomic checkpoints on any fsspec URL (local path, memory://, s3://, gs://).
 
-Layout under the run's checkpoint URL::
+Layout under the run's checkpoint URL (``runtime.checkpoint_url``)::
 
-    <url>/step-00000010/<name>.pt     one file per part (rank states, buffer, driver state)
-    <url>/step-00000010/COMMIT.json   written last: step, policy version, and the sha256 and
-                                      size of every part
+    <url>/<run_id>/step-00000010/<name>.pt     one state file per part (rank states, buffer,
+                                               driver state): safetensors + a JSON tree
+                                               (:mod:`rpeg.runtime.actors.state_file`)
+    <url>/<run_id>/step-00000010/COMMIT.json   written last: format, run id, step, policy
+                                               version, the sha256 and size of every part
 
-A directory without ``COMMIT.json`` is partial (the writer died) and is ignored. A part
+Every run writes under its own run id (``runtime.run_id``; a fresh run gets a new one), so
+runs sharing a checkpoint URL never prune or resume each other's checkpoints.
+``--resume`` continues the one run found at the URL (or the run named by ``run_id``);
+``--resume-from URL`` starts from a checkpoint of any run (a step folder, a run folder or a
+checkpoint URL) and then writes under this run's id. A ``--resume`` that finds nothing
+usable is an error listing what was found.
+
+A directory without ``COMMIT.json`` is partial (the writer died) and is ignored; a failed
+write removes its own partial directory and raises :class:`CheckpointWriteError` (disk full,
+permission denied, ...), which the flow reports as such, never as a lost worker. A part
 whose checksum does not match its commit marker makes the checkpoint corrupt: ``latest()``
-warns and falls back to the previous complete one. ``keep_last`` complete checkpoints are
-kept; older ones (and partial ones older than the newest commit) are deleted.
+warns and falls back to the previous complete one. ``keep_last`` complete checkpoints of
+this run are kept; its older ones (and its partial ones older than the newest commit) are
+deleted. Format-1 checkpoints (``torch.save`` pickles) are refused: loading them could run
+code.
+
+A store built without a run id (``CheckpointStore(url)``) keeps the flat layout
+``<url>/step-N`` (used by single-folder tools such as the retrain flow's local engine).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
-import io
 import json
 import logging
 import re
@@ -28,16 +44,45 @@ from typing import Any
 import fsspec
 
 from rpeg.errors import ConfigError, Problem, RpegError
+from rpeg.runtime.actors.state_file import StateFileError
+from rpeg.runtime.actors.state_file import dumps as _state_dumps
+from rpeg.runtime.actors.state_file import loads as _state_loads
 
 log = logging.getLogger(__name__)
 
 COMMIT = "COMMIT.json"
 _STEP_RE = re.compile(r"step-(\d{8})$")
-FORMAT_VERSION = 1
+
+
+def step_folder(step: int) -> str:
+    """The folder name of the checkpoint after ``step`` steps (``step-00000010``): the one
+    place it is spelled."""
+    return f"step-{step:08d}"
+
+
+def step_url(root: str, step: int) -> str:
+    """``<root>/step-NNNNNNNN`` (``root``: a checkpoint URL or path, run folder included)."""
+    return f"{root.rstrip('/')}/{step_folder(step)}"
+
+
+_RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+FORMAT_VERSION = 2  # 1: torch.save pickles (refused); 2: rpeg state files + run id
 
 
 class CheckpointError(RpegError):
     """No usable checkpoint, or one that cannot be written."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing a checkpoint failed for a reason of the storage (``reason``: ``disk_full``,
+    ``permission``, ``io``); the partial directory was removed. Not a lost worker."""
+
+    def __init__(self, message: str, reason: str = "io"):
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.reason))
 
 
 @dataclass(frozen=True)
@@ -52,18 +97,37 @@ def _sha256(data: bytes) -> str:
 
 
 def dumps(obj: Any) -> bytes:
-    """torch.save to bytes (tensors, numpy-free python objects, RNG states)."""
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+    """A state file (tensors in safetensors, the rest as JSON): no pickle."""
+    return _state_dumps(obj)
 
 
 def loads(data: bytes) -> Any:
-    import torch
+    """Parse a state file; a pickle or any other file raises :class:`CheckpointError`."""
+    try:
+        return _state_loads(data)
+    except StateFileError as exc:
+        raise CheckpointError(f"checkpoint part refused: {exc}") from None
 
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+def new_run_id() -> str:
+    """``run-YYYYmmdd-HHMMSS-xxxxxx`` (UTC; sorts by start time)."""
+    return time.strftime("run-%Y%m%d-%H%M%S-", time.gmtime()) + uuid.uuid4().hex[:6]
+
+
+def _write_reason(exc: BaseException) -> str:
+    no = getattr(exc, "errno", None)
+    if no in (errno.ENOSPC, errno.EDQUOT):
+        return "disk_full"
+    if no in (errno.EACCES, errno.EPERM, errno.EROFS) or isinstance(exc, PermissionError):
+        return "permission"
+    return "io"
+
+
+_REASON_TEXT = {
+    "disk_full": "disk full (no space left on the device or quota exceeded)",
+    "permission": "permission denied (read-only or not writable by this user)",
+    "io": "storage error",
+}
 
 
 def check_writable(url: str) -> None:
@@ -88,63 +152,106 @@ def check_writable(url: str) -> None:
 
 
 class CheckpointStore:
-    """Writes and finds checkpoints under one fsspec URL."""
+    """Writes and finds checkpoints of one run (``run_id``) under one fsspec URL."""
 
-    def __init__(self, url: str, keep_last: int = 3):
-        self.url = url.rstrip("/")
+    def __init__(
+        self,
+        url: str,
+        keep_last: int = 3,
+        *,
+        run_id: str | None = None,
+        resume_from: str | None = None,
+        must_resume: bool = False,
+    ):
+        if run_id is not None and not _RUN_RE.match(run_id):
+            raise ConfigError(
+                [Problem("runtime.run_id", f"{run_id!r}: letters, digits, '.', '_', '-' only")]
+            )
+        self.base = url.rstrip("/")
+        self.run_id = run_id
+        self.url = f"{self.base}/{run_id}" if run_id else self.base
         self.keep_last = keep_last
+        self.resume_from = resume_from
+        self.must_resume = must_resume
         self.fs, self.root = fsspec.core.url_to_fs(self.url)
         self.root = self.root.rstrip("/")
 
+    @classmethod
+    def for_run(cls, runtime: Any) -> CheckpointStore:
+        """The store of a run (``runtime``: a :class:`rpeg.config.RuntimeConfig`), its run id
+        resolved by :func:`resolve_run_id`."""
+        return cls(
+            runtime.checkpoint_url,
+            runtime.keep_last,
+            run_id=resolve_run_id(runtime),
+            resume_from=runtime.resume_from,
+            must_resume=bool(runtime.resume or runtime.resume_from),
+        )
+
     # ---------------------------------------------------------------- paths
     def _dir(self, step: int) -> str:
-        return f"{self.root}/step-{step:08d}"
+        return step_url(self.root, step)
+
+    def step_url(self, step: int) -> str:
+        return step_url(self.url, step)
 
     def _steps(self) -> list[int]:
-        try:
-            entries = self.fs.ls(self.root, detail=False)
-        except FileNotFoundError:
-            return []
-        out = []
-        for e in entries:
-            m = _STEP_RE.search(str(e).rstrip("/"))
-            if m:
-                out.append(int(m.group(1)))
-        return sorted(set(out))
+        return _list_steps(self.fs, self.root)
 
     # ---------------------------------------------------------------- write
     def save(
         self, step: int, parts: dict[str, bytes], meta: dict[str, Any] | None = None
     ) -> CheckpointInfo:
-        """Write ``parts`` (name -> bytes) then the commit marker; prune old checkpoints."""
+        """Write ``parts`` (name -> bytes) then the commit marker; prune old checkpoints.
+        A storage failure removes the partial directory and raises
+        :class:`CheckpointWriteError`."""
         t0 = time.perf_counter()
         d = self._dir(step)
-        if self.fs.exists(d):
-            self.fs.rm(d, recursive=True)
-        self.fs.makedirs(d, exist_ok=True)
-        files = {}
-        for name, data in parts.items():
+        for name in parts:
             if "/" in name or name == COMMIT:
                 raise CheckpointError(f"bad part name {name!r}")
-            with self.fs.open(f"{d}/{name}", "wb") as fh:
-                fh.write(data)
-            files[name] = {"sha256": _sha256(data), "bytes": len(data)}
-        commit = {
-            "format": FORMAT_VERSION,
-            "step": step,
-            "created_unix_s": time.time(),
-            "files": files,
-            **(meta or {}),
-        }
-        with self.fs.open(f"{d}/{COMMIT}", "wb") as fh:
-            fh.write(json.dumps(commit, indent=1, sort_keys=True).encode())
+        files = {}
+        try:
+            if self.fs.exists(d):
+                self.fs.rm(d, recursive=True)
+            self.fs.makedirs(d, exist_ok=True)
+            for name, data in parts.items():
+                with self.fs.open(f"{d}/{name}", "wb") as fh:
+                    fh.write(data)
+                files[name] = {"sha256": _sha256(data), "bytes": len(data)}
+            commit = {
+                **(meta or {}),
+                "format": FORMAT_VERSION,
+                "run_id": self.run_id,
+                "step": step,
+                "created_unix_s": time.time(),
+                "files": files,
+            }
+            with self.fs.open(f"{d}/{COMMIT}", "wb") as fh:
+                fh.write(json.dumps(commit, indent=1, sort_keys=True).encode())
+        except OSError as exc:
+            self._remove_partial(d)
+            reason = _write_reason(exc)
+            raise CheckpointWriteError(
+                f"checkpoint step {step} not written to {self.step_url(step)}: "
+                f"{_REASON_TEXT[reason]}: {type(exc).__name__}: {exc}; the partial "
+                "checkpoint was removed",
+                reason,
+            ) from exc
         self.prune()
         commit["write_s"] = time.perf_counter() - t0
         commit["total_bytes"] = sum(f["bytes"] for f in files.values())
         return CheckpointInfo(step, d, commit)
 
+    def _remove_partial(self, d: str) -> None:
+        try:
+            if self.fs.exists(d):
+                self.fs.rm(d, recursive=True)
+        except Exception as exc:  # noqa: BLE001 - reported, the write error is what matters
+            log.warning("could not remove partial checkpoint %s: %s", d, exc)
+
     def prune(self) -> None:
-        complete = [s for s in self._steps() if self.fs.exists(f"{self._dir(s)}/{COMMIT}")]
+        complete = self.complete_steps()
         keep = set(complete[-self.keep_last :])
         newest = max(complete, default=-1)
         for s in self._steps():
@@ -156,37 +263,243 @@ class CheckpointStore:
     # ---------------------------------------------------------------- read
     def verify(self, step: int) -> tuple[dict[str, Any], dict[str, bytes]]:
         """Read and verify one checkpoint; raise CheckpointError if partial or corrupt."""
-        d = self._dir(step)
-        try:
-            with self.fs.open(f"{d}/{COMMIT}", "rb") as fh:
-                meta = json.loads(fh.read())
-        except FileNotFoundError:
-            raise CheckpointError(f"{d}: no {COMMIT} (partial checkpoint)") from None
-        except ValueError as exc:
-            raise CheckpointError(f"{d}: unreadable {COMMIT}: {exc}") from None
-        parts = {}
-        for name, info in meta.get("files", {}).items():
-            try:
-                with self.fs.open(f"{d}/{name}", "rb") as fh:
-                    data = fh.read()
-            except FileNotFoundError:
-                raise CheckpointError(f"{d}/{name}: missing") from None
-            if len(data) != info["bytes"] or _sha256(data) != info["sha256"]:
-                raise CheckpointError(f"{d}/{name}: checksum mismatch (corrupt checkpoint)")
-            parts[name] = data
-        return meta, parts
+        return _verify(self.fs, self._dir(step), self.run_id)
 
     def complete_steps(self) -> list[int]:
         return [s for s in self._steps() if self.fs.exists(f"{self._dir(s)}/{COMMIT}")]
 
     def latest(self) -> tuple[dict[str, Any], dict[str, bytes]] | None:
-        """The newest complete, verified checkpoint (warning on each corrupt one skipped);
-        None if there is none."""
-        for step in reversed(self._steps()):
-            try:
-                return self.verify(step)
-            except CheckpointError as exc:
-                msg = f"skipping checkpoint step {step}: {exc}; trying the previous one"
-                warnings.warn(msg, RuntimeWarning, stacklevel=2)
-                log.warning(msg)
-        return None
+        """The newest complete, verified checkpoint of this run (warning on each corrupt one
+        skipped); before this run has one, the one ``resume_from`` names. None if there is
+        none, unless the store must resume: then a :class:`CheckpointError` listing what
+        was found."""
+        got = _newest_verified(self.fs, self.root, self.run_id)
+        if got is None and self.resume_from:
+            got = find_checkpoint(self.resume_from)
+        if got is None and self.must_resume:
+            where = self.resume_from or self.url
+            raise CheckpointError(
+                f"nothing usable to resume from at {where}; found: "
+                + "; ".join(survey(where) or ["nothing"])
+            )
+        return got
+
+
+# ------------------------------------------------------------------------------ helpers
+def _ls(fs: Any, root: str, detail: bool) -> list[Any]:
+    """``fs.ls(root)``; nothing where ``root`` is missing or no folder."""
+    try:
+        return fs.ls(root, detail=detail)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _list_steps(fs: Any, root: str) -> list[int]:
+    out = []
+    for e in _ls(fs, root, detail=False):
+        m = _STEP_RE.search(str(e).rstrip("/"))
+        if m:
+            out.append(int(m.group(1)))
+    return sorted(set(out))
+
+
+def _verify(fs: Any, d: str, run_id: str | None) -> tuple[dict[str, Any], dict[str, bytes]]:
+    try:
+        with fs.open(f"{d}/{COMMIT}", "rb") as fh:
+            meta = json.loads(fh.read())
+    except FileNotFoundError:
+        raise CheckpointError(f"{d}: no {COMMIT} (partial checkpoint)") from None
+    except ValueError as exc:
+        raise CheckpointError(f"{d}: unreadable {COMMIT}: {exc}") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{d}: unreadable {COMMIT}")
+    fmt = meta.get("format")
+    if fmt != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{d}: checkpoint format {fmt!r}, expected {FORMAT_VERSION}"
+            + (" (format 1 holds pickles, which are never loaded)" if fmt == 1 else "")
+        )
+    if run_id is not None and meta.get("run_id") != run_id:
+        raise CheckpointError(f"{d}: written by run {meta.get('run_id')!r}, not {run_id!r}")
+    parts = {}
+    for name, info in meta.get("files", {}).items():
+        if "/" in str(name):
+            raise CheckpointError(f"{d}: bad part name {name!r}")
+        try:
+            with fs.open(f"{d}/{name}", "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            raise CheckpointError(f"{d}/{name}: missing") from None
+        if len(data) != info["bytes"] or _sha256(data) != info["sha256"]:
+            raise CheckpointError(f"{d}/{name}: checksum mismatch (corrupt checkpoint)")
+        parts[name] = data
+    return meta, parts
+
+
+def _newest_verified(
+    fs: Any, root: str, run_id: str | None
+) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+    for step in reversed(_list_steps(fs, root)):
+        try:
+            return _verify(fs, step_url(root, step), run_id)
+        except CheckpointError as exc:
+            msg = f"skipping checkpoint step {step}: {exc}; trying the previous one"
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            log.warning(msg)
+    return None
+
+
+def _runs(fs: Any, root: str) -> list[str]:
+    """Run folders under a checkpoint URL (folders holding ``step-*`` folders)."""
+    out = []
+    for e in _ls(fs, root, detail=True):
+        name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
+        is_run = e.get("type") == "directory" and _RUN_RE.match(name)
+        if is_run and not _STEP_RE.search(name) and _list_steps(fs, f"{root}/{name}"):
+            out.append(name)
+    return sorted(out)
+
+
+def _state(fs: Any, d: str) -> str:
+    try:
+        with fs.open(f"{d}/{COMMIT}", "rb") as fh:
+            meta = json.loads(fh.read())
+    except FileNotFoundError:
+        return "partial"
+    except ValueError:
+        return "corrupt"
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        return f"format {meta.get('format') if isinstance(meta, dict) else '?'} (refused)"
+    for name, info in meta.get("files", {}).items():
+        try:
+            if fs.size(f"{d}/{name}") != info.get("bytes"):
+                return "corrupt"
+        except FileNotFoundError:
+            return "corrupt"
+    return "complete"
+
+
+def survey(url: str) -> list[str]:
+    """What a checkpoint URL holds, one line per run (or flat folder): its steps and their
+    state (complete / partial / corrupt / refused format)."""
+    fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
+    root = root.rstrip("/")
+    lines = []
+    places = [("(flat)", root)] + [(r, f"{root}/{r}") for r in _runs(fs, root)]
+    for label, where in places:
+        steps = _list_steps(fs, where)
+        if not steps:
+            continue
+        desc = ", ".join(f"step {s} {_state(fs, step_url(where, s))}" for s in steps)
+        lines.append(f"{label}: {desc}")
+    if not lines and _STEP_RE.search(root):
+        lines.append(f"{root}: {_state(fs, root)}")
+    return lines
+
+
+def find_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+    """The newest verified checkpoint at ``url``: a step folder, a run folder, or a
+    checkpoint URL holding exactly one run (any run id)."""
+    fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
+    root = root.rstrip("/")
+    if _STEP_RE.search(root):
+        try:
+            return _verify(fs, root, None)
+        except CheckpointError as exc:
+            warnings.warn(f"--resume-from {url}: {exc}", RuntimeWarning, stacklevel=2)
+            return None
+    got = _newest_verified(fs, root, None)
+    if got is not None:
+        return got
+    runs = _runs(fs, root)
+    if len(runs) > 1:
+        raise CheckpointError(
+            f"{url} holds checkpoints of {len(runs)} runs ({', '.join(runs)}); name one: "
+            f"{url.rstrip('/')}/<run_id>"
+        )
+    return _newest_verified(fs, f"{root}/{runs[0]}", None) if runs else None
+
+
+def resolve_run_id(runtime: Any) -> str:
+    """The run id of a run (``runtime``: a :class:`rpeg.config.RuntimeConfig`).
+
+    ``runtime.run_id`` when set; else, for ``--resume`` (without ``--resume-from``), the one
+    run with checkpoints at ``runtime.checkpoint_url`` (an error listing them when there
+    are several, or listing what was found when there is none); else a new id."""
+    if runtime.run_id:
+        return runtime.run_id
+    if runtime.resume and not runtime.resume_from and runtime.checkpoint_url:
+        fs, root = fsspec.core.url_to_fs(runtime.checkpoint_url.rstrip("/"))
+        root = root.rstrip("/")
+        runs = [r for r in _runs(fs, root) if _complete_any(fs, f"{root}/{r}")]
+        if len(runs) == 1:
+            return runs[0]
+        found = "; ".join(survey(runtime.checkpoint_url) or ["nothing"])
+        if len(runs) > 1:
+            raise ConfigError(
+                [
+                    Problem(
+                        "runtime.resume",
+                        f"{runtime.checkpoint_url} holds checkpoints of {len(runs)} runs "
+                        f"({', '.join(runs)}): set runtime.run_id to the one to continue, or "
+                        "--resume-from URL",
+                    )
+                ],
+                title="nothing to resume",
+            )
+        raise ConfigError(
+            [
+                Problem(
+                    "runtime.resume",
+                    f"no usable checkpoint at {runtime.checkpoint_url}; found: {found}",
+                )
+            ],
+            title="nothing to resume",
+        )
+    return new_run_id()
+
+
+def _complete_any(fs: Any, root: str) -> bool:
+    return any(_state(fs, step_url(root, s)) == "complete" for s in _list_steps(fs, root))
+
+
+def check_resumable(runtime: Any) -> list[Problem]:
+    """Problems with ``--resume`` / ``--resume-from`` before anything starts (cheap: the
+    commit markers and part sizes are read, the checksums at restore time)."""
+    if not (runtime.resume or runtime.resume_from):
+        return []
+    if not runtime.checkpoint_url and not runtime.resume_from:
+        return [Problem("runtime.resume", "needs runtime.checkpoint_url (or --resume-from)")]
+    if runtime.resume_from:
+        fs, root = fsspec.core.url_to_fs(runtime.resume_from.rstrip("/"))
+        root = root.rstrip("/")
+        ok = (
+            _state(fs, root) == "complete"
+            if _STEP_RE.search(root)
+            else _complete_any(fs, root)
+            or any(_complete_any(fs, f"{root}/{r}") for r in _runs(fs, root))
+        )
+        if not ok:
+            found = "; ".join(survey(runtime.resume_from) or ["nothing"])
+            return [
+                Problem(
+                    "runtime.resume_from",
+                    f"no usable checkpoint at {runtime.resume_from}; found: {found}",
+                )
+            ]
+        return []
+    try:
+        run_id = resolve_run_id(runtime)
+    except ConfigError as exc:
+        return list(exc.problems)
+    fs, root = fsspec.core.url_to_fs(f"{runtime.checkpoint_url.rstrip('/')}/{run_id}")
+    if not _complete_any(fs, root.rstrip("/")):
+        found = "; ".join(survey(runtime.checkpoint_url) or ["nothing"])
+        return [
+            Problem(
+                "runtime.resume",
+                f"run {run_id!r} has no usable checkpoint at {runtime.checkpoint_url}; "
+                f"found: {found}",
+            )
+        ]
+    return []

@@ -1,11 +1,16 @@
-"""The driver: actor groups on a Dask cluster, the staleness buffer, weight sync, checkpoints
-and the measured timeline. Prefect tasks (``rpeg.tasks``) are thin calls into this object;
-the flow (``rpeg.flows.train``) owns the step loop.
+"""The driver: the data of a run on its actor groups (which ranks hold which step's rows,
+in-flight rollouts, prompts drawn per step), weight sync, checkpoints and the measured
+timeline. Prefect tasks (``rpeg.tasks``) are thin calls into this object; it decides nothing
+about the order of work: the step scheduler (:mod:`rpeg.runtime.actors.scheduler`) does, and
+the flow (``rpeg.flows.train``) executes its instructions.
+
+Cohesive pieces it is made of: :class:`rpeg.runtime.actors.lifecycle.ActorSet` (start,
+close, abandon and re-create the actors; typed proxies per group), the checkpoint store
+(:mod:`rpeg.runtime.actors.checkpoint`) and the :class:`TimelineRecorder`.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 import time
@@ -17,20 +22,14 @@ import torch
 from rpeg.compile import CompiledStep
 from rpeg.config import RunConfig
 from rpeg.runtime.actors.checkpoint import CheckpointStore
+from rpeg.runtime.actors.checkpoint import dumps as checkpoint_dumps
+from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
+from rpeg.runtime.actors.lifecycle import ActorSet
+from rpeg.runtime.actors.proxies import broadcast_weights, join_sync_group
 from rpeg.runtime.actors.recorder import TimelineRecorder
-from rpeg.runtime.actors.staleness import Sample, StalenessQueue
+from rpeg.runtime.actors.unit_result import reduce_results
 
 log = logging.getLogger(__name__)
-
-
-def _dumps(obj: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _loads(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
 def shard(items: Sequence[Any], n: int) -> list[list[Any]]:
@@ -55,6 +54,22 @@ def shard_groups(size: int, n: int, group_size: int) -> list[list[int]]:
     ]
 
 
+#: fields a unit takes from a dependency on another group (the rows it holds lack them)
+MERGED_FIELDS = (
+    "old_logprobs",
+    "ref_logprobs",
+    "values",
+    "rewards",
+    "correct",
+    "advantages",
+    "returns",
+)
+
+
+#: unit kinds that can consume a streaming rollout chunk by chunk (forward passes only)
+STREAM_CONSUMER_KINDS = frozenset({"ref_logprob", "old_logprob", "values"})
+
+
 class DistributedRun:
     """Actor groups of a :class:`CompiledStep` on the cluster, and the state of the run."""
 
@@ -65,149 +80,163 @@ class DistributedRun:
         self.compiled = compiled
         self.cluster = cluster
         self.client = cluster.client
-        self.k = compiled.staleness
+        from rpeg.compile.compiler import check_step
+
+        check_step(compiled)  # a hand-edited compiled step is refused before any actor starts
+        self.k = compiled.max_staleness
         self.async_rollout = compiled.rollout_group != compiled.trainer_group
         self.cursor, _ = build_task_data(config.task)
-        self.queue = StalenessQueue(self.k, config.workload.samples_per_step)
-        self.payloads: dict[int, Any] = {}  # step -> list of rank batches (async rollouts)
+        # step -> Holding (metadata: which ranks hold the rows) of async rollouts in flight;
+        # the tensors stay on the rollout actors until the trainer pulls them
+        self.payloads: dict[int, Any] = {}
+        self.holdings: dict[tuple[str, int], Any] = {}  # (group, step) -> Holding
+        self.driver_bytes: dict[int, int] = {}  # step -> tensor bytes through this process
+        self.batch_bytes: dict[int, int] = {}  # step -> tensor bytes of the step's batch
+        self.pulled_bytes: dict[int, int] = {}  # step -> tensor bytes moved actor to actor
         self.slot_examples: dict[int, list[Any]] = {}
+        self._streamed: dict[tuple[int, str], dict[str, float]] = {}  # units run on chunks
         self.timeline = TimelineRecorder()
-        self.metrics: dict[int, dict[str, float]] = {}
-        self.step = 0  # next step to train
         self._lock = threading.Lock()
-        self.groups: dict[str, list[Any]] = {}
+        self.actors = ActorSet(
+            config, compiled, cluster, self.async_rollout, count_bytes=self._count_driver_bytes
+        )
+        self._synced_once = False
         self.store = (
-            CheckpointStore(config.runtime.checkpoint_url, config.runtime.keep_last)
-            if config.runtime.checkpoint_url
-            else None
+            CheckpointStore.for_run(config.runtime) if config.runtime.checkpoint_url else None
         )
         self.sync_log: list[dict[str, float]] = []
 
     # ---------------------------------------------------------------- actors
     def start_actors(self, workers: Sequence[str] | None = None) -> None:
-        """One actor per rank on the worker of its device; then the process groups.
+        """One actor per rank on the worker of its device, the process groups, then the
+        weight-sync group. ``workers``: live worker addresses sorted by name."""
+        self.actors.start(workers)
+        self._synced_once = False
+        self._init_weight_sync()
 
-        ``workers``: live worker addresses, sorted by name (default: the scheduler's list)."""
-        cy = self.config.to_yaml()
-        workers = list(workers) if workers else self.cluster.workers
-        if not hasattr(self, "n_workers"):
-            self.n_workers = len(workers)
-        from rpeg.runtime.actors.rank import RankActor
+    @property
+    def groups(self) -> dict[str, list[Any]]:
+        """Raw actor handles per group (prefer ``self.group(name)``, the typed proxy)."""
+        return self.actors.handles()
 
-        t0 = time.perf_counter()
-        self.actor_workers: dict[tuple[str, int], str] = {}
-        with self.client.as_current():
-            futs = {}
-            for g in self.compiled.actor_groups:
-                gd = g.to_dict()
-                for rank, dev in enumerate(g.devices):
-                    addr = workers[dev % len(workers)]
-                    self.actor_workers[(g.name, rank)] = addr
-                    futs[(g.name, rank)] = self.client.submit(
-                        RankActor,
-                        cy,
-                        gd,
-                        rank,
-                        self.async_rollout,
-                        actor=True,
-                        workers=[addr],
-                        allow_other_workers=False,
-                        pure=False,
-                    )
-            self.groups = {
-                g.name: [futs[(g.name, r)].result() for r in range(g.world_size)]
-                for g in self.compiled.actor_groups
-            }
-            for g in self.compiled.actor_groups:
-                actors = self.groups[g.name]
-                if g.world_size > 1:
-                    url = actors[0].rendezvous().result()
-                    pending = [
-                        a.init_process_group(url) for a in actors
-                    ]  # all ranks before waiting
-                    for p in pending:
-                        p.result()
-        self.actor_start_s = time.perf_counter() - t0
+    def group(self, name: str) -> Any:
+        """The typed proxy of group ``name`` (:class:`rpeg.runtime.actors.proxies.RankGroup`)."""
+        return self.actors.group(name)
 
-    def call(
-        self, group: str, method: str, *args: Any, per_rank: Sequence[Sequence[Any]] | None = None
-    ) -> list[Any]:
-        """Call ``method`` on every rank of ``group`` (issued to all before waiting)."""
-        with self.client.as_current():
-            futs = []
-            for r, a in enumerate(self.groups[group]):
-                extra = per_rank[r] if per_rank is not None else ()
-                futs.append(getattr(a, method)(*args, *extra))
-            return [f.result() for f in futs]
+    @property
+    def actor_start_s(self) -> float:
+        return self.actors.start_s
+
+    def _init_weight_sync(self) -> None:
+        """The weight-sync process group: trainer rank 0 (sync rank 0) and every rank of the
+        generator groups, joined all before waiting."""
+        ws = self.compiled.weight_sync
+        if ws["mode"] != "bucketed" or not ws["targets"]:
+            return
+        join_sync_group(self.group(ws["source"]), [self.group(g) for g in ws["targets"]])
+
+    def _count_driver_bytes(self, step: int, nbytes: int) -> None:
+        """Tensor bytes of ``step`` that passed through the flow process (the groups' data
+        methods report them: ``driver_bytes_per_step``)."""
+        with self._lock:
+            self.driver_bytes[step] = self.driver_bytes.get(step, 0) + nbytes
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Tear down every actor's process group (each rank on its own: a dead rank does not
-        keep the live ones from closing) and drop the handles."""
+        """Tear down every actor's process group and drop the handles (after keeping what
+        each rank holds and its peak memory, for the summary)."""
+        self._rank_info()
+        self.actors.close(timeout_s)
+
+    def _rank_info(self, timeout_s: float = 10.0) -> dict[str, list[tuple[Any, Any]]]:
+        """Per group: (layout_info, memory_info) of every rank, cached at the last call made
+        while the actors were up (a rank that does not answer in ``timeout_s`` -- lost, or
+        stuck in a collective -- leaves its group out)."""
         import contextlib
 
-        with self.client.as_current():
-            pending = []
-            for actors in self.groups.values():
-                for a in actors:
-                    with contextlib.suppress(Exception):
-                        pending.append(a.close())
-            for p in pending:
-                with contextlib.suppress(Exception):
-                    p.result(timeout=timeout_s)
-        self.groups = {}
-
-    def recover(self, timeout_s: float = 90.0) -> int:
-        """After a lost worker: close the buffer and the surviving actors, wait until the
-        scheduler has dropped the dead worker and the replacement (nanny restart) answers,
-        re-create every actor on the live workers, load the newest complete checkpoint and
-        sync the generators. Returns the step to continue from."""
-        import contextlib
-
-        self.queue.close()
-        # a surviving data-parallel rank may sit in a collective with the dead peer (its one
-        # actor thread blocked until the gloo timeout): restart those processes (nanny) too
-        dp = {
-            a
-            for (g, _r), a in getattr(self, "actor_workers", {}).items()
-            if self.compiled.group(g).world_size > 1
-        }
-        live_now = set(self.cluster.workers)
-        if dp & live_now:
+        if not self.actors.groups:
+            return getattr(self, "_rank_info_cache", {})
+        info: dict[str, list[tuple[Any, Any]]] = {}
+        for name, group in self.actors.groups.items():
             with contextlib.suppress(Exception):
-                self.client.restart_workers(sorted(dp & live_now), timeout=60)
-        else:
-            self.close(timeout_s=10.0)
-        self.groups = {}
-        need = max(self.compiled.num_devices, 1)
-        expect = max(getattr(self, "n_workers", need), need)
-        live = self.cluster.live_workers(expect, timeout_s=timeout_s, min_ok=need)
+                info[name] = group.rank_info(timeout_s)
+        self._rank_info_cache = info
+        return info
+
+    # ---------------------------------------------------------------- recovery
+    def abandon(self) -> None:
+        """A worker was lost: restart or close the surviving actors (``ActorSet.abandon``)."""
+        self.actors.abandon()
+
+    def recover(self, timeout_s: float = 90.0) -> dict[str, Any]:
+        """After :meth:`abandon` and once no task runs: forget the data held on the old
+        actors, re-create every actor on the live workers and load the newest complete
+        checkpoint. Returns its step scheduler state."""
         with self._lock:
             self.payloads.clear()
+            self.holdings.clear()
+            self._streamed.clear()
             self.slot_examples.clear()
-        self.start_actors(live)
-        got = self.restore()
-        if got is None:
+        self.actors.recreate(timeout_s)
+        self._synced_once = False
+        self._init_weight_sync()
+        state = self.restore()
+        if state is None:
             raise RuntimeError(
                 "a worker was lost and there is no complete checkpoint to recover from"
             )
-        self.sync_at_start()
-        return got
+        return state
 
     # ---------------------------------------------------------------- data movement
     def put_sharded(self, step: int, dst: str, batches: list[Any]) -> None:
+        """Driver-held batches into ``dst`` (sharded by its dp, replicated over its tp): the
+        restore path of in-flight rollouts only; steps move batches actor to actor."""
+        from rpeg.runtime.actors.dataplane import Holding
         from rpeg.runtime.batch import RolloutBatch
 
-        n = len(self.groups[dst])
-        if len(batches) == n:
-            parts = batches
-        else:
-            whole = RolloutBatch.concat(batches) if len(batches) > 1 else batches[0]
-            idx = shard_groups(whole.size, n, self.config.workload.samples_per_prompt)
-            parts = [whole.select(torch.tensor(i, dtype=torch.long)) for i in idx]
-        self.call(dst, "put_batch", step, per_rank=[(p,) for p in parts])
+        g = self.compiled.group(dst)
+        whole = RolloutBatch.concat(batches) if len(batches) > 1 else batches[0]
+        idx = shard_groups(whole.size, g.dp, self.config.workload.samples_per_prompt)
+        parts = [whole.select(torch.tensor(i, dtype=torch.long)) for i in idx]
+        self.group(dst).put_batch(step, [parts[r // g.tp] for r in range(g.world_size)])
+        self.holdings[(dst, step)] = Holding(dst, g.dp, g.tp, tuple(p.size for p in parts))
+
+    def _layout(self, task: Any) -> tuple[int, int]:
+        """(dp, tp) the ranks of ``task``'s group run it at (generation: gen_tp)."""
+        g = self.compiled.group(task.group)
+        if "generate" in task.kinds:
+            return g.world_size // g.gen_tp, g.gen_tp
+        return g.dp, g.tp
+
+    def pull(self, step: int, src: Any, dst: str, fields: list[str] | None = None) -> int:
+        """``dst``'s ranks fetch their rows of ``src`` (a Holding) from its actors directly;
+        ``fields``: only those fields, merged into the rows ``dst`` already holds. Returns the
+        tensor bytes moved actor to actor."""
+        from rpeg.runtime.actors.dataplane import Holding, plan_pull
+
+        g = self.compiled.group(dst)
+        slices, sizes = plan_pull(src, g.dp, g.tp, self.config.workload.samples_per_prompt)
+        producers = self.group(src.group).handles  # passed to the consumers, who read them
+        stage = src.group == dst  # a group resharding its own rows: commit after all reads
+        per_rank = [
+            ([(producers[r], a, b) for r, a, b in parts], fields, stage) for parts in slices
+        ]
+        consumer = self.group(dst)
+        got = consumer.pull(step, per_rank)
+        if stage:
+            consumer.commit(step)
+        if fields is None:
+            self.holdings[(dst, step)] = Holding(dst, g.dp, g.tp, sizes)
+        n = int(sum(got))
+        with self._lock:
+            self.pulled_bytes[step] = self.pulled_bytes.get(step, 0) + n
+        return n
 
     def _merge_inputs(self, step: int, task: Any) -> None:
-        """Before a unit runs: bring its dependencies' fields into its group."""
+        """Before a unit runs: its group's ranks pull the rows (or the missing fields) of its
+        dependencies from the groups that hold them -- actor to actor, sharded for the
+        unit's layout; the driver only plans the slices."""
+        from rpeg.runtime.actors.dataplane import same_rows
+
         srcs = []
         for d in task.depends_on:
             dt = self.compiled.task(d)
@@ -216,33 +245,20 @@ class DistributedRun:
             g = dt.group
             if g not in srcs:
                 srcs.append(g)
+        own = self.holdings.get((task.group, step))
+        dp, _tp = self._layout(task)
+        gs = self.config.workload.samples_per_prompt
+        if own is not None and task.group in srcs and not same_rows(own, dp, gs):
+            self.pull(step, own, task.group)  # e.g. generated at gen_tp, trained at tp
         if not srcs or srcs == [task.group]:
             return
         base_src = task.group if task.group in srcs else srcs[0]
-        shards = self.call(base_src, "get_batch", step)
-        from rpeg.runtime.batch import RolloutBatch
-
-        whole = RolloutBatch.concat(shards) if len(shards) > 1 else shards[0]
+        if base_src != task.group:
+            self.pull(step, self.holdings[(base_src, step)], task.group)
         for g in srcs:
             if g == base_src:
                 continue
-            other = self.call(g, "get_batch", step)
-            o = RolloutBatch.concat(other) if len(other) > 1 else other[0]
-            fields = {
-                f: getattr(o, f)
-                for f in (
-                    "old_logprobs",
-                    "ref_logprobs",
-                    "values",
-                    "rewards",
-                    "correct",
-                    "advantages",
-                    "returns",
-                )
-                if getattr(o, f) is not None and getattr(whole, f) is None
-            }
-            whole = whole.replace(**fields)
-        self.put_sharded(step, task.group, [whole])
+            self.pull(step, self.holdings[(g, step)], task.group, fields=list(MERGED_FIELDS))
 
     # ---------------------------------------------------------------- units
     def examples_for(self, step: int) -> list[Any]:
@@ -252,159 +268,319 @@ class DistributedRun:
             return self.slot_examples[step]
 
     def run_unit(self, step: int, task_name: str) -> dict[str, float]:
-        """Run one execution unit of ``step`` on its actor group; record its span."""
+        """Run one execution unit of ``step`` on its actor group; record its span. The unit
+        runs with its compiled micro-batch size and, when it streams, in chunks."""
+
         task = self.compiled.task(task_name)
         g = self.compiled.group(task.group)
+        dp, tp = self._layout(task)
+        done = self._streamed.pop((step, task_name), None)
+        if done is not None:  # ran on the rollout's chunks already (streaming across groups)
+            return done
         t0 = time.perf_counter()
         self.timeline.start_step(step)
         per_rank = None
         if "generate" in task.kinds:
             ex = self.examples_for(step)
-            per_rank = [(s,) for s in shard(ex, g.world_size)]
+            shards = shard(ex, dp)  # whole prompts per dp index; tp replicas share one
+            per_rank = [(shards[r // tp],) for r in range(g.world_size)]
         else:
             self._merge_inputs(step, task)
         if per_rank is None:
             per_rank = [(None,)] * g.world_size
-        res = self.call(task.group, "run_unit", step, task.stages, task.kinds, per_rank=per_rank)
+        extra = (task.micro_batch_size, task.stream_chunk_prompts if task.streaming else 0)
+        per_rank = [(*p, *extra) for p in per_rank]
+        return self._finish_unit(step, task, per_rank, t0)
+
+    def _finish_unit(
+        self, step: int, task: Any, per_rank: list[tuple], t0: float | None = None
+    ) -> dict[str, float]:
+        """Issue the unit on every rank of its group; record the rows it leaves, its spans."""
+        from rpeg.runtime.actors.dataplane import Holding
+
+        g = self.compiled.group(task.group)
+        dp, tp = self._layout(task)
+        t0 = time.perf_counter() if t0 is None else t0
+        res = self.group(task.group).run_unit(step, task.stages, task.kinds, per_rank)
         t1 = time.perf_counter()
-        for r, m in enumerate(res):
-            spans, pid = m.pop("_spans", []), m.pop("_pid", -1)
-            self.timeline.add_stage_spans(step, task.name, r, pid, spans)
+        rows = [r.rows for r in res]
+        nbytes = [r.batch_bytes for r in res]
+        if rows and rows[0] is not None:
+            self.holdings[(task.group, step)] = Holding(
+                task.group, dp, tp, tuple(rows[i * tp] for i in range(dp))
+            )
+            with self._lock:  # the step's batch at its largest (every field filled in)
+                self.batch_bytes[step] = max(
+                    self.batch_bytes.get(step, 0), sum(nbytes[i * tp] for i in range(dp))
+                )
+        for r, u in enumerate(res):
+            spans = [(sp.stage, sp.start, sp.end) for sp in u.spans]
+            self.timeline.add_stage_spans(step, task.name, r, u.pid, spans)
         from rpeg.plan import format_devices
 
         self.timeline.add(
             step, task.name, format_devices(tuple(g.devices)), t0, t1, kind="+".join(task.kinds)
         )
-        return _reduce_metrics(res)
+        out = reduce_results(res)
+        out[f"unit_s/{task.name}"] = out.get("unit_s", t1 - t0)
+        return out
+
+    def release(self, step: int) -> None:
+        """Drop the step's rows on every group that holds them, and its prompts."""
+        held = [g for (g, s) in list(self.holdings) if s == step]
+        for g in held:
+            self.group(g).drop(step)
+            self.holdings.pop((g, step), None)
+        with self._lock:
+            self.slot_examples.pop(step, None)
+
+    def data_plane_metrics(self, step: int) -> dict[str, float]:
+        """Bytes of the step: through the flow process, of the batch, actor to actor."""
+        with self._lock:
+            return {
+                "driver_bytes": float(self.driver_bytes.get(step, 0)),
+                "batch_bytes": float(self.batch_bytes.get(step, 0)),
+                "actor_to_actor_bytes": float(self.pulled_bytes.get(step, 0)),
+            }
+
+    def summary_extras(self, hist: list[dict[str, float]]) -> dict[str, Any]:
+        """Run-summary fields of the data plane and the layout: per-step medians of the bytes
+        through the flow process and of the batch, weight-sync bytes and seconds, and each
+        group's layout (dp, tp, fsdp, devices) with what its ranks hold."""
+        import statistics
+
+        def med(key: str) -> float:
+            vals = [h[key] for h in hist if key in h]
+            return float(statistics.median(vals)) if vals else 0.0
+
+        syncs = [x for x in self.sync_log if x["step"] >= 0] or self.sync_log
+        info = self._rank_info()
+        layout, per_rank, full, peak = {}, {}, 0, {}
+        for g in self.compiled.actor_groups:
+            layout[g.name] = {
+                "dp": g.dp,
+                "tp": g.tp,
+                "fsdp": g.fsdp,
+                "gen_tp": g.gen_tp,
+                "devices": list(g.devices),
+                "device_type": g.device_type,
+                "dtype": g.dtype,
+                "roles": list(g.roles),
+            }
+            ranks = info.get(g.name)
+            if not ranks:
+                continue
+            per_rank[g.name] = [i["param_bytes_per_rank"]["total"] for i, _ in ranks]
+            full = max(full, ranks[0][0]["full_param_bytes"]["total"])
+            peak[g.name] = [m for _, m in ranks]
+        return {
+            "layout": layout,
+            "param_bytes_per_rank": per_rank,
+            "full_param_bytes": full,
+            "peak_memory": peak,
+            "driver_bytes_per_step": med("driver_bytes"),
+            "batch_bytes_per_step": med("batch_bytes"),
+            "actor_to_actor_bytes_per_step": med("actor_to_actor_bytes"),
+            "weight_sync_bytes": float(statistics.median([x["weight_sync_bytes"] for x in syncs]))
+            if syncs
+            else 0.0,
+            "weight_sync_s": float(statistics.median([x["weight_sync_s"] for x in syncs]))
+            if syncs
+            else 0.0,
+        }
 
     # ---------------------------------------------------------------- async rollout
-    def rollout(self, timeout_s: float = 600.0) -> int:
-        """Generate the next admitted slot on the rollout group, put it in the buffer."""
-        B = self.config.workload.samples_per_step
-        adm = self.queue.acquire(lambda: self.queue.state.generator_version, B, timeout_s)
-        step = adm.start // B
+    def rollout(self, step: int) -> dict[str, float]:
+        """Generate the batch of ``step`` on the rollout group (the step scheduler admitted
+        it); the rows stay on its actors and the driver keeps their Holding (metadata).
+        Returns the rollout units' metrics."""
         self.timeline.start_step(step)
         m: dict[str, float] = {}
         for t in self.compiled.tasks_in("rollout"):
-            m.update(self.run_unit(step, t.name))
-        batches = self.call(self.compiled.rollout_group, "get_batch", step, True)
-        with self._lock:
-            self.payloads[step] = batches
-            self.metrics.setdefault(step, {}).update(m)
-        self.queue.put(
-            [Sample(i, adm.version, payload=step) for i in range(adm.start, adm.start + adm.count)]
-        )
-        return step
+            consumer = self._stream_consumer(t)
+            if consumer is None:
+                m.update(self.run_unit(step, t.name))
+                continue
+            # streaming across groups: the trainer's forward unit runs on each chunk while
+            # the generators produce the next (both issued before either is awaited)
+            from concurrent.futures import ThreadPoolExecutor
 
-    def take(self, step: int, timeout_s: float = 600.0) -> dict[str, float]:
-        """Train side: the step's batch from the buffer into the trainer group."""
-        d = self.queue.get(step, timeout_s)
+            with ThreadPoolExecutor(1) as pool:
+                fut = pool.submit(self._run_consumer, step, consumer, t)
+                m.update(self.run_unit(step, t.name))
+                self._streamed[(step, consumer.name)] = fut.result()
         with self._lock:
-            batches = self.payloads.pop(step)
-        self.put_sharded(step, self.compiled.trainer_group, batches)
-        return {"staleness_max": float(d.max_lag), "buffer_wait_s": 0.0}
+            held = self.holdings[(self.compiled.rollout_group, step)]
+            if any(s == step for s, _ in self._streamed):
+                held = ("streamed", held)  # the trainer already holds the rows
+            self.payloads[step] = held
+        return m
+
+    def _stream_consumer(self, t: Any) -> Any:
+        """The trainer unit that consumes a streaming rollout unit chunk by chunk, or None.
+
+        Only where it is exact: k = 0 (the trainer's weights are the generators'), a
+        separate trainer group whose data-parallel size equals the generation one (chunk i of
+        generator dp index j is trainer dp index j's), and a forward-only unit (log-probs)
+        that needs nothing but the rollout's rows."""
+        if not (t.streaming and self.async_rollout and self.k == 0):
+            return None
+        gen = self.compiled.group(t.group)
+        trainer = self.compiled.group(self.compiled.trainer_group)
+        if trainer.dp != gen.world_size // gen.gen_tp:
+            return None
+        rollout = {u.name for u in self.compiled.tasks_in("rollout")}
+        for u in self.compiled.tasks_in("train"):
+            if u.group != trainer.name:
+                continue
+            ok = set(u.kinds) <= STREAM_CONSUMER_KINDS and set(u.depends_on) <= rollout
+            return u if ok and not u.after else None
+        return None
+
+    def _run_consumer(self, step: int, task: Any, producer_task: Any) -> dict[str, float]:
+        """Run ``task`` on the trainer group, each rank reading its generator rank's chunks."""
+        gen = self.compiled.group(producer_task.group)
+        gtp = gen.gen_tp
+        producers = self.group(producer_task.group).handles  # each consumer reads its own
+        g = self.compiled.group(task.group)
+        per_rank = [
+            (None, task.micro_batch_size, 0, producers[(r // g.tp) * gtp])
+            for r in range(g.world_size)
+        ]
+        return self._finish_unit(step, task, per_rank)
+
+    def take(self, step: int) -> dict[str, float]:
+        """Train side: the trainer group pulls the step's rows from the rollout actors (the
+        step scheduler checked they are there and within the staleness bound)."""
+        with self._lock:
+            held = self.payloads.pop(step)
+        if isinstance(held, tuple) and held[0] == "streamed":  # the trainer holds them already
+            self.group(held[1].group).drop(step)
+            self.holdings.pop((held[1].group, step), None)
+            return {}
+        self._place(step, held, self.compiled.trainer_group)
+        return {}
+
+    def _place(self, step: int, held: Any, dst: str) -> None:
+        """Rows described by ``held`` (a Holding, or batches restored from a checkpoint) into
+        ``dst``; the producers drop them after the pull."""
+        from rpeg.runtime.actors.dataplane import Holding
+
+        if not isinstance(held, Holding):
+            self.put_sharded(step, dst, held)
+            return
+        self.pull(step, held, dst)
+        if held.group != dst:
+            self.group(held.group).drop(step)
+            self.holdings.pop((held.group, step), None)
+
+    def payload_batches(self) -> dict[int, list[Any]]:
+        """In-flight rollouts as batches (for a checkpoint only: fetched from their actors)."""
+        from rpeg.runtime.actors.dataplane import Holding
+
+        out = {}
+        with self._lock:
+            items = list(self.payloads.items())
+        for s, held in items:
+            if isinstance(held, tuple):  # streamed: the trainer holds the rows already
+                held = self.holdings.get((self.compiled.trainer_group, s), held[1])
+            if not isinstance(held, Holding):
+                out[s] = held
+                continue
+            # one replica per dp index; these do pass through the flow process (counted)
+            out[s] = self.group(held.group).get_batch(
+                s, ranks=[i * held.tp for i in range(held.dp)]
+            )
+        return out
 
     def sync_weights(self, step: int) -> dict[str, float]:
-        """Bucketed weight sync trainer rank 0 -> every rank of the generator groups."""
+        """Weight sync by collective: the trainer ranks gather the full weights, its rank 0
+        broadcasts them in ``bucket_bytes`` buckets to every generator rank (which reshards to
+        its gen_tp); every ``every_steps`` updates (always at start)."""
         ws = self.compiled.weight_sync
         if ws["mode"] == "shared" or not ws["targets"]:
             return {}
+        trainer = self.compiled.trainer_group  # (when to sync: the step scheduler decides)
         t0 = time.perf_counter()
-        with self.client.as_current():
-            buckets, version = (
-                self.groups[ws["source"]][0].get_weight_buckets(ws["bucket_bytes"]).result()
-            )
-        from rpeg.runtime.actors.weight_sync import total_bytes
-
-        for g in ws["targets"]:
-            self.call(g, "load_weight_buckets", buckets, version)
-        self.queue.synced(version)
+        bb = int(ws["bucket_bytes"])
+        sends, versions = broadcast_weights(
+            self.group(trainer), [self.group(g) for g in ws["targets"]], bb
+        )
+        sent = sends[0]
+        version = int(sent["version"])
+        assert all(v == version for v in versions), (versions, version)
+        self._synced_once = True
         dt = time.perf_counter() - t0
-        nbytes = total_bytes(buckets)
+        nbytes = int(sent.get("weight_sync_bytes", 0))
         self.sync_log.append({"step": step, "weight_sync_s": dt, "weight_sync_bytes": nbytes})
         return {
             "weight_sync_s": dt,
             "weight_sync_bytes": float(nbytes),
-            "weight_sync_buckets": float(len(buckets)),
+            "weight_sync_buckets": float(sent.get("buckets", 0)),
         }
 
-    def publish(self, version: int) -> None:
-        """Trainer finished an update (async bookkeeping; the sync path keeps it in step)."""
-        self.queue.publish(version)
-
     # ---------------------------------------------------------------- checkpoints
-    def checkpoint(self, step_done: int) -> dict[str, float]:
-        """Save after ``step_done`` steps: trainable ranks, cursor, buffer with payloads."""
+    def checkpoint_url(self, step_done: int) -> str | None:
+        return None if self.store is None else self.store.step_url(step_done)
+
+    def checkpoint(self, step_done: int, state: dict[str, Any]) -> dict[str, float]:
+        """Save after ``step_done`` steps: trainable ranks; the data cursor, the rows of
+        produced rollouts not trained yet, the prompts drawn for later steps, and ``state``
+        (the step scheduler's: versions, lags, metrics)."""
         if self.store is None:
             return {}
         t0 = time.perf_counter()
         parts: dict[str, bytes] = {}
         for g in self.compiled.actor_groups:
-            if not g.trainable:
-                continue
-            for r, data in enumerate(self.call(g.name, "state_bytes")):
-                parts[f"{g.name}-rank{r}.pt"] = data
+            if g.trainable:
+                for r, data in enumerate(self.group(g.name).state_bytes()):
+                    parts[f"{g.name}-rank{r}.pt"] = data
+        in_flight = self.payload_batches()  # rows of produced rollouts, from their actors
         with self._lock:
             driver = {
                 "step": step_done,
                 "cursor": self.cursor.state_dict(),
-                "buffer": self.queue.state_dict(),
-                "payloads": dict(self.payloads),
+                "payloads": in_flight,
                 "slot_examples": {s: e for s, e in self.slot_examples.items() if s >= step_done},
-                "metrics": {s: m for s, m in self.metrics.items() if s < step_done},
+                "scheduler": state,
             }
-        parts["driver.pt"] = _dumps(driver)
-        version = step_done
-        info = self.store.save(step_done, parts, {"policy_version": version, "staleness": self.k})
+        parts["driver.pt"] = checkpoint_dumps(driver)
+        meta = {"policy_version": step_done, "staleness": self.k}
+        info = self.store.save(step_done, parts, meta)
         return {
             "checkpoint_s": time.perf_counter() - t0,
             "checkpoint_bytes": float(info.meta["total_bytes"]),
         }
 
-    def restore(self) -> int | None:
-        """Load the newest complete checkpoint into the actors; return its step (or None)."""
+    def restore(self) -> dict[str, Any] | None:
+        """Load the newest complete checkpoint into the actors and the driver; return the
+        step scheduler state saved with it (None without one)."""
         if self.store is None:
             return None
         got = self.store.latest()
         if got is None:
             return None
-        meta, parts = got
+        _meta, parts = got
         for g in self.compiled.actor_groups:
-            if not g.trainable:
-                continue
-            self.call(
-                g.name,
-                "load_state_bytes",
-                per_rank=[(parts[f"{g.name}-rank{r}.pt"],) for r in range(g.world_size)],
-            )
-        d = _loads(parts["driver.pt"])
+            if g.trainable:
+                self.group(g.name).load_state_bytes(
+                    [parts[f"{g.name}-rank{r}.pt"] for r in range(g.world_size)]
+                )
+        d = checkpoint_loads(parts["driver.pt"])
         self.cursor.load_state_dict(d["cursor"])
-        self.queue = StalenessQueue.from_state_dict(d["buffer"], k=self.k)
-        self.payloads = dict(d["payloads"])
-        self.slot_examples = dict(d["slot_examples"])
-        self.metrics = dict(d["metrics"])
-        self.step = int(d["step"])
-        return self.step
+        with self._lock:
+            self.payloads = {int(s): b for s, b in d["payloads"].items()}
+            self.slot_examples = {int(s): e for s, e in d["slot_examples"].items()}
+        return d["scheduler"]
 
-    def sync_at_start(self) -> None:
-        """Generators get the trainer's weights first (avoids the staleness livelock)."""
-        if self.async_rollout:
-            self.sync_weights(self.step)
-        else:
-            self.queue.state.generator_version = self.queue.state.trainer_version
+    # ---------------------------------------------------------------- results
+    def evaluate(self) -> float:
+        """Greedy held-out accuracy of the trainer's current weights."""
+        return self.group(self.compiled.trainer_group).evaluate()
 
+    def param_checksums(self) -> list[float]:
+        return self.group(self.compiled.trainer_group).param_checksums()
 
-def _reduce_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    if len(per_rank) == 1:
-        return dict(per_rank[0])
-    keys = set().union(*per_rank)
-    out = {}
-    for k in keys:
-        vals = [m[k] for m in per_rank if k in m]
-        if k.endswith("_s"):
-            out[k] = max(vals)
-        elif k in ("num_tokens",):
-            out[k] = sum(vals)
-        else:
-            out[k] = sum(vals) / len(vals)
-    return out
+    def step_metrics(self, step: int) -> dict[str, float]:
+        """The driver's own metrics of a finished step (the data plane's bytes)."""
+        return self.data_plane_metrics(step)

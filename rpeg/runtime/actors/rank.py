@@ -1,19 +1,19 @@
 """The Dask actor of one rank (one device): it holds the model roles of its actor group
-(actor, reference, critic) built exactly like :class:`rpeg.runtime.local_trainer.LocalTrainer` does,
-the optimizers of trainable roles, and a per-step store of :class:`RolloutBatch` es so that
-a fused group (or colocated units) never moves data out of the process between stages.
+(actor, reference, critic) built by :func:`rpeg.runtime.role_builder.build_roles` as the
+local trainer builds them, the optimizers of trainable roles, and a per-step store of
+:class:`RolloutBatch` es so that a fused group (or colocated units) never moves data out of
+the process between stages.
 
-Ranks of one group form a torch.distributed process group (gloo on CPU, NCCL on GPU); a
-trainable role is wrapped in DistributedDataParallel, so gradients are averaged across ranks
-before clipping and the optimizer step. Each rank trains on its shard of the step's prompts.
+Ranks of one group form a torch.distributed process group (gloo on CPU, NCCL on GPU) and a
+``("dp", "tp")`` device mesh; every role is sharded by the group's layout
+(rpeg.runtime.sharding: tensor parallelism over tp, FSDP2 or averaged replicas over dp), so
+gradients are averaged across the dp ranks before clipping and the optimizer step. Each dp
+index trains on its shard of the step's prompts; the tp ranks of one index share it.
 """
 
 from __future__ import annotations
 
-import copy
-import io
 import os
-import random
 import socket
 import time
 from typing import Any
@@ -21,16 +21,12 @@ from typing import Any
 import torch
 
 from rpeg.config import RunConfig
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+from rpeg.runtime.engines.base import refresh_engine
 
 
 def gen_seed(config: RunConfig, step: int, rank: int) -> int:
-    """Generation seed of ``step`` on ``rank`` (rank 0 = the single-process trainer's)."""
+    """Generation seed of ``step`` on data-parallel index ``rank`` (0 = the single-process
+    trainer's; the tp ranks of one dp index share it: they decode the same rows)."""
     return config.runtime.seed * 100_003 + step + rank * 7_919
 
 
@@ -53,8 +49,7 @@ class RankActor:
     def __init__(
         self, config_yaml: str, group: dict[str, Any], rank: int, async_rollout: bool = False
     ):
-        self.config = c = RunConfig.from_yaml(config_yaml)
-        torch.set_num_threads(c.runtime.torch_threads)
+        self.config = RunConfig.from_yaml(config_yaml)  # torch threads: set by build_roles
         from rpeg.runtime.actors import serializers
 
         serializers.register()
@@ -64,7 +59,20 @@ class RankActor:
         self.roles = list(group["roles"])
         self.trainable = list(group["trainable"])
         self.store: dict[int, Any] = {}
+        self.incoming: dict[int, Any] = {}  # pulled rows waiting for ``commit`` (self-reshard)
         self.pg_ready = False
+        # the compiled step's staleness bound and this rank's device (data plane, lag tests)
+        self.k = int(group.get("max_staleness", 0))
+        from rpeg.runtime.actors.rendezvous import rank_device
+
+        self.device = rank_device(group, rank)
+        self.received_bytes = 0  # tensor bytes pulled from other actors (data plane)
+        self._chunks: dict[int, list[Any]] = {}  # streamed chunks of a step (producer side)
+        self._chunks_done: set[int] = set()
+        _reset_peak_rss()
+        self._forwards = 0
+        self._hooked: set[int] = set()
+        self._sync_pg = None
         from rpeg.runtime.parallel import LOCAL
 
         self.reduce = LOCAL  # replaced by a process-group reduce when the group has > 1 rank
@@ -72,52 +80,42 @@ class RankActor:
 
     # ---------------------------------------------------------------- construction
     def _build(self, async_rollout: bool) -> None:
-        from rpeg.runtime.data import build_task_data
-        from rpeg.runtime.engines.torch_engine import TorchEngine
-        from rpeg.runtime.local_trainer import build_policy
-        from rpeg.runtime.rewards import RewardSet
-        from rpeg.runtime.roles import CriticWorker, PolicyWorker
+        """The group's roles (rpeg.runtime.role_builder, as the local trainer builds them),
+        on this rank's device in the plan's dtype; they are sharded by the group's layout in
+        init_process_group, once the process group exists."""
+        from rpeg.runtime.engines.choice import rank_engine
+        from rpeg.runtime.model_io import torch_dtype
+        from rpeg.runtime.role_builder import build_roles
+        from rpeg.runtime.sharding import Layout
 
         c = self.config
-        a = c.algorithm
-        random.seed(c.runtime.seed)
-        self.rewards = RewardSet(c.task.rewards)
-        _, self.heldout = build_task_data(c.task)
-        model, tok, self.warmup_info = build_policy(c)
-        self.tokenizer = tok
-        ppo = a.name == "ppo"
-        self.reference = None
-        if "reference" in self.roles:
-            self.reference = PolicyWorker(
-                copy.deepcopy(model), tok, workload=c.workload, trainable=False
+        self.layout = Layout.from_group(self.group)
+        # generation's layout: the plan's gen_tp over the same ranks (replicas across dp)
+        gen_tp = int(self.group.get("gen_tp", 0) or self.layout.tp)
+        self.gen_layout = (
+            self.layout
+            if gen_tp == self.layout.tp
+            else Layout(
+                dp=self.world_size // gen_tp,
+                tp=gen_tp,
+                device_type=self.layout.device_type,
+                dtype=self.layout.dtype,
             )
-        self.actor = None
-        self.critic = None
-        if "actor" in self.roles:
-            trainable = "actor" in self.trainable
-            engine = None
-            if trainable and c.runtime.max_staleness > 0 and not async_rollout:
-                # colocated generation with k>0: a lagging engine copy, like the local trainer
-                engine = TorchEngine(copy.deepcopy(model), tok.pad_token_id, tok.eos_token_id)
-            self.actor = PolicyWorker(
-                model,
-                tok,
-                algorithm=a,
-                optim=c.optim,
-                workload=c.workload,
-                trainable=trainable,
-                value_head=ppo and a.share_actor_critic,
-                engine=engine,
-                seed=c.runtime.seed,
-            )
-        if "critic" in self.roles:
-            self.critic = CriticWorker(
-                copy.deepcopy(model),
-                algorithm=a,
-                optim=c.optim,
-                workload=c.workload,
-                seed=c.runtime.seed,
-            )
+        )
+        trainable = "actor" in self.trainable
+        built = build_roles(
+            c,
+            self.roles,
+            engine_kind=lambda _model: rank_engine(c, self.group),  # "torch" | "vllm"
+            actor_trainable=trainable,
+            # vLLM holds its own weights; with torch and k>0 colocated: a lagging copy
+            lagging_engine=trainable and self.k > 0 and not async_rollout,
+            colocated=trainable,
+            place=lambda m: m.to(device=self.device, dtype=torch_dtype(self.layout.dtype)),
+        )
+        self.rewards, self.heldout = built.rewards, built.heldout
+        self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
+        self.actor, self.reference, self.critic = built.actor, built.reference, built.critic
 
     def ping(self) -> dict[str, Any]:
         return {
@@ -128,40 +126,98 @@ class RankActor:
         }
 
     def rendezvous(self) -> str:
-        """An init_method URL on this (rank 0) host."""
-        host = socket.gethostbyname(socket.gethostname())
-        return f"tcp://{host}:{_free_port()}"
+        """``host:port`` of a TCPStore this rank (0) keeps open: the Dask worker's own host,
+        the port bound by the OS (no free-port race; rpeg.runtime.actors.rendezvous)."""
+        from rpeg.runtime.actors.rendezvous import master_store
+
+        self._store, addr = master_store()
+        return addr
 
     def init_process_group(self, init_method: str, timeout_s: float = 120.0) -> bool:
-        """Join the group's process group and wrap trainable roles in DDP."""
+        """Join the group's process group and shard the roles by the group's layout
+        (:meth:`_apply_layout`)."""
         import datetime
 
         import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
         if self.world_size == 1:
             return True
         if dist.is_initialized():
             raise RuntimeError("this worker process already hosts a rank of another group")
-        backend = process_group_backend(self._model_device())
+        from rpeg.runtime.actors.rendezvous import join_store
+
+        backend = self.group.get("backend") or process_group_backend(self._model_device())
+        store = getattr(self, "_store", None) if self.rank == 0 else None
         dist.init_process_group(
             backend,
-            init_method=init_method,
+            store=store or join_store(init_method, timeout_s),
             rank=self.rank,
             world_size=self.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        from rpeg.runtime.parallel import process_group_reduce
-
-        self.reduce = process_group_reduce()
-        if self.actor is not None and self.actor.optimizer is not None:
-            self.actor.module = DDP(self.actor.module, find_unused_parameters=False)
-            self.actor.reduce = self.reduce
-        if self.critic is not None:
-            self.critic.module = DDP(self.critic.module, find_unused_parameters=False)
-            self.critic.reduce = self.reduce
+        self._apply_layout()
         self.pg_ready = True
         return True
+
+    def _apply_layout(self) -> None:
+        """The ``("dp", "tp")`` mesh of the group; every role sharded by the layout
+        (rpeg.runtime.sharding.shard_roles): tensor parallelism over tp, FSDP2 over dp when
+        ``fsdp``, else dp replicas whose gradients are averaged before clipping. A frozen
+        reference is sharded like the actor but holds no optimizer. Batch statistics reduce
+        over the dp ranks (the tp ranks of one dp index hold the same rows)."""
+        from rpeg.runtime.parallel import LOCAL, process_group_reduce
+        from rpeg.runtime.sharding import build_mesh
+
+        lay = self.layout
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self._full_bytes = self._param_bytes(full=True)
+        self.mesh = build_mesh(lay)
+        self.reduce = process_group_reduce(self.mesh.get_group("dp")) if lay.dp > 1 else LOCAL
+        gen_mesh = self.mesh if self.gen_layout is lay else build_mesh(self.gen_layout)
+        if self.actor is not None:
+            self.actor.apply_layout(lay, self.mesh, self.reduce, self.gen_layout, gen_mesh)
+        if self.critic is not None:
+            self.critic.apply_layout(lay, self.mesh, self.reduce)
+        if self.reference is not None and lay.sharded:
+            self.reference.apply_layout(lay, self.mesh, self.reduce)
+        elif self.reference is not None:
+            self.reference.reduce = self.reduce
+
+    def _param_bytes(self, full: bool) -> dict[str, int]:
+        from rpeg.runtime.sharding import param_bytes_full, param_bytes_local
+
+        fn = param_bytes_full if full else param_bytes_local
+        out = {}
+        for name in ("actor", "reference", "critic"):
+            wk = getattr(self, name)
+            if wk is not None:
+                out[name] = fn(wk.module)
+        eng = self.actor.engine if self.actor is not None else None
+        if eng is not None and getattr(eng, "model", None) is not self.actor.lm:
+            out["engine"] = fn(eng.model)
+        return out
+
+    def layout_info(self) -> dict[str, Any]:
+        """This rank's layout and what it holds: ``param_bytes_per_rank`` (bytes of the
+        parameters this rank holds, per role) and ``full_param_bytes`` (of the unsharded
+        roles), with their totals."""
+        lay = self.layout
+        local = self._param_bytes(full=False)
+        full = getattr(self, "_full_bytes", None) or self._param_bytes(full=True)
+        return {
+            "group": self.group["name"],
+            "rank": self.rank,
+            "dp": lay.dp,
+            "tp": lay.tp,
+            "fsdp": lay.fsdp,
+            "dp_index": lay.dp_index(self.rank),
+            "tp_index": lay.tp_index(self.rank),
+            "device": str(self.device),
+            "dtype": lay.dtype,
+            "param_bytes_per_rank": {**local, "total": sum(local.values())},
+            "full_param_bytes": {**full, "total": sum(full.values())},
+        }
 
     def _model_device(self) -> torch.device:
         for role in (self.actor, self.critic, self.reference):
@@ -180,6 +236,8 @@ class RankActor:
 
     def drop(self, step: int) -> None:
         self.store.pop(step, None)
+        self._chunks.pop(step, None)
+        self._chunks_done.discard(step)
 
     def policy_version(self) -> int:
         return -1 if self.actor is None else int(self.actor.policy_version)
@@ -189,14 +247,57 @@ class RankActor:
 
     # ---------------------------------------------------------------- stages
     def run_unit(
-        self, step: int, stages: list[str], kinds: list[str], examples: Any = None
-    ) -> dict[str, float]:
-        """Run the stages of one execution unit back to back on this rank's batch of ``step``."""
+        self,
+        step: int,
+        stages: list[str],
+        kinds: list[str],
+        examples: Any = None,
+        micro_batch_size: int | None = None,
+        stream_chunk: int = 0,
+        stream_from: Any = None,
+    ) -> Any:
+        """Run the stages of one execution unit back to back on this rank's batch of ``step``.
+
+        ``micro_batch_size``: the compiled unit's samples per forward call (overrides the
+        workload's for this unit). ``stream_chunk`` > 0 (a streaming unit that starts with
+        generation): generate ``stream_chunk`` prompts at a time and run the unit's later
+        stages on each chunk as soon as it exists."""
+        t0 = time.perf_counter()
+        self._hook_forwards()
+        f0 = self._forwards
+        with self._micro_batch(micro_batch_size):
+            if stream_from is not None:
+                m, spans = self._consume_stream(step, kinds, stream_from)
+            elif stream_chunk and kinds and kinds[0] == "generate" and examples:
+                m, spans = self._run_streamed(step, kinds, examples, stream_chunk)
+            else:
+                m, spans = self._run_stages(
+                    step,
+                    kinds,
+                    examples,
+                    gen_seed(self.config, step, self.gen_layout.dp_index(self.rank)),
+                )
+        from rpeg.runtime.actors.dataplane import tensor_bytes
+        from rpeg.runtime.actors.unit_result import Span, UnitResult
+
+        batch = self.store.get(step)
+        m["unit_s"] = time.perf_counter() - t0
+        m["forward_calls"] = float(self._forwards - f0)
+        return UnitResult(
+            metrics=m,
+            spans=tuple(Span(*sp) for sp in spans),
+            pid=os.getpid(),
+            num_tokens=None if batch is None else float(batch.num_tokens),
+            rows=None if batch is None else int(batch.size),
+            batch_bytes=0 if batch is None else int(tensor_bytes(batch)),
+        )
+
+    def _run_stages(self, step, kinds, examples, seed, batch_key=None):
         from rpeg.runtime import stages as S
 
         c = self.config
+        key = step if batch_key is None else batch_key
         m: dict[str, Any] = {}
-        t0 = time.perf_counter()
         spans: list[tuple[str, float, float]] = []
         ctx = S.StageContext(
             c,
@@ -208,22 +309,164 @@ class RankActor:
         )
         for kind in kinds:
             ts = time.time()
-            batch = self.store.get(step)
+            batch = self.store.get(key)
             if kind == "sync_weights":
                 m.update(self._sync_local())
             else:
-                batch, sm = S.run_stage(
-                    kind, ctx, batch, examples=examples, seed=gen_seed(c, step, self.rank)
-                )
+                batch, sm = S.run_stage(kind, ctx, batch, examples=examples, seed=seed)
                 m.update(sm)
-            self.store[step] = batch
+            self.store[key] = batch
             spans.append((kind, ts, time.time()))
-        m["unit_s"] = time.perf_counter() - t0
-        m["_spans"] = spans
-        m["_pid"] = os.getpid()
-        if batch is not None:
-            m["num_tokens"] = float(batch.num_tokens)
-        return m
+        return m, spans
+
+    def _run_streamed(self, step, kinds, examples, chunk):
+        """Streaming: every chunk of prompts runs through all the unit's stages, chunk after
+        chunk, so the later stages (reward) start before generation of the step ends."""
+        from rpeg.runtime.actors.dataplane import concat_rows
+
+        parts, spans, per = [], [], []
+        base = gen_seed(self.config, step, self.gen_layout.dp_index(self.rank))
+        for i in range(0, len(examples), chunk):
+            key = ("chunk", step, i)
+            m, sp = self._run_stages(
+                step, kinds, examples[i : i + chunk], base + i * 1_000_003, key
+            )
+            b = self.store.pop(key)
+            parts.append(b)
+            self._chunks.setdefault(step, []).append(b)  # for a streaming consumer
+            per.append((m, b.size))
+            spans.extend(sp)
+        self._chunks_done.add(step)
+        self.store[step] = concat_rows(parts)
+        return _weighted(per), spans
+
+    async def chunk(self, step: int, i: int, timeout_s: float = 600.0) -> Any:
+        """Chunk ``i`` of a streaming unit's rows of ``step`` as soon as it exists (None after
+        the last one). Async: answered while this rank's actor thread still generates."""
+        import asyncio
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = self._chunks.get(step, [])
+            if i < len(got):
+                return got[i]
+            if step in self._chunks_done:
+                return None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"chunk {i} of step {step} not produced in {timeout_s} s")
+            await asyncio.sleep(0.002)
+
+    def _consume_stream(self, step, kinds, producer):
+        """The consumer side of streaming across groups: run ``kinds`` on each chunk of the
+        producer rank's rows as it arrives (while the producer generates the next)."""
+        from rpeg.runtime.actors.dataplane import concat_rows, tensor_bytes
+
+        parts, spans, per = [], [], []
+        i = 0
+        while True:
+            b = producer.chunk(step, i).result()
+            if b is None:
+                break
+            self.received_bytes += tensor_bytes(b)
+            key = ("stream", step, i)
+            self.store[key] = b
+            m, sp = self._run_stages(step, kinds, None, 0, key)
+            b = self.store.pop(key)
+            parts.append(b)
+            per.append((m, b.size))
+            spans.extend(sp)
+            i += 1
+        self.store[step] = concat_rows(parts)
+        return _weighted(per), spans
+
+    def _micro_batch(self, size: int | None):
+        """Context: every role's workload uses ``size`` samples per forward call."""
+        import contextlib
+
+        rank = self
+
+        @contextlib.contextmanager
+        def ctx():
+            saved = []
+            if size:
+                for wk in (rank.actor, rank.reference, rank.critic):
+                    if wk is not None and getattr(wk, "workload", None) is not None:
+                        saved.append((wk, wk.workload))
+                        wk.workload = wk.workload.model_copy(update={"micro_batch_size": int(size)})
+            try:
+                yield
+            finally:
+                for wk, w in saved:
+                    wk.workload = w
+
+        return ctx()
+
+    def _hook_forwards(self) -> None:
+        """Count forward calls of every role's module (the observable of micro_batch_size)."""
+        for wk in (self.actor, self.reference, self.critic):
+            mod = (getattr(wk, "lm", None) or getattr(wk, "module", None)) if wk else None
+            mod = getattr(mod, "model", mod)  # the decoder: log-prob passes skip the LM head
+            if mod is None or id(mod) in self._hooked:
+                continue
+            self._hooked.add(id(mod))
+            mod.register_forward_pre_hook(
+                lambda *_a: setattr(self, "_forwards", self._forwards + 1)
+            )
+
+    # ---------------------------------------------------------------- data plane
+    async def rows(self, step: int, start: int, end: int, fields: list[str] | None = None) -> Any:
+        """Rows ``[start, end)`` of this rank's batch of ``step`` (trimmed to their lengths);
+        only ``fields`` (a dict of tensors) when given. Async: served on the worker's event
+        loop, also while this rank's actor thread computes."""
+        b = self.store[step]
+        sel = b.select(list(range(start, end))) if (start, end) != (0, b.size) else b
+        if fields is None:
+            return sel
+        return {f: getattr(sel, f) for f in fields if getattr(sel, f) is not None}
+
+    async def pull(
+        self,
+        step: int,
+        sources: list[tuple[Any, int, int]],
+        fields: list[str] | None = None,
+        stage: bool = False,
+    ) -> int:
+        """Fetch rows from the producing actors (``(actor, start, end)`` each) directly, not
+        through the driver. ``fields`` None: the rows become this rank's batch of ``step``;
+        else those fields join it. ``stage``: keep them aside until :meth:`commit` (a group
+        resharding its own batch). Returns the tensor bytes received."""
+        import asyncio
+
+        from rpeg.runtime.actors.dataplane import concat_rows, tensor_bytes
+
+        got = await asyncio.gather(*[a.rows(step, s, e, fields) for a, s, e in sources])
+        nbytes = sum(tensor_bytes(g) for g in got)
+        self.received_bytes += nbytes
+        if fields is None:
+            new = concat_rows(got) if got else None
+        else:
+            new = _merge_fields(self.store[step], got)
+        if stage:
+            self.incoming[step] = new
+        else:
+            self.store[step] = new
+        return nbytes
+
+    def commit(self, step: int) -> int:
+        self.store[step] = self.incoming.pop(step)
+        return self.store[step].size
+
+    def received(self) -> int:
+        return int(self.received_bytes)
+
+    def memory_info(self) -> dict[str, Any]:
+        """Peak memory of this rank since the actor started: the process's peak resident set
+        (``VmHWM``, reset when the actor is created: a worker process outlives its actors),
+        and the CUDA allocator's peak on a GPU rank."""
+        out: dict[str, Any] = {"device": str(self.device), "peak_rss_bytes": _peak_rss()}
+        if self.device.type == "cuda":
+            out["peak_device_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
+        return out
 
     def _sync_local(self) -> dict[str, float]:
         """Weight sync when the generator lives in this process (mirrors LocalTrainer)."""
@@ -234,7 +477,7 @@ class RankActor:
         if isinstance(eng, TorchEngine) and eng.model is wk.lm:
             eng.policy_version = wk.policy_version
             return {}
-        if wk.policy_version + 1 - eng.policy_version > self.config.runtime.max_staleness:
+        if wk.policy_version + 1 - eng.policy_version > self.k:
             t0 = time.perf_counter()
             eng.update_weights(wk.get_weights(), wk.policy_version)
             return {"weight_sync_s": time.perf_counter() - t0}
@@ -249,31 +492,101 @@ class RankActor:
     def load_weight_buckets(self, buckets: list[Any], version: int) -> int:
         from rpeg.runtime.actors.weight_sync import unpack
 
-        self.actor.set_weights(unpack(buckets), policy_version=version)
-        self.actor.engine.policy_version = version
+        weights = unpack(buckets)
+        self.actor.set_weights(weights, policy_version=version)
+        refresh_engine(self.actor.engine, self.actor.lm, weights, version)  # vLLM: loads them
         return version
+
+    # ---------------------------------------------------------------- weight sync by collective
+    def sync_rendezvous(self) -> str:
+        """Trainer rank 0: a TCPStore for the weight-sync group (source + every generator)."""
+        from rpeg.runtime.actors.rendezvous import master_store
+
+        self._sync_store, addr = master_store()
+        return addr
+
+    def join_sync_group(
+        self, address: str, sync_rank: int, size: int, timeout_s: float = 120.0
+    ) -> bool:
+        """Join the weight-sync process group (sync rank 0 = the trainer's rank 0; gloo on
+        CPU, NCCL on CUDA). Trainer ranks other than 0 are not members: they only take part
+        in gathering the full weights."""
+        from rpeg.runtime.actors.rendezvous import join_store, standalone_group
+
+        store = self._sync_store if sync_rank == 0 else join_store(address, timeout_s)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self._sync_pg = standalone_group(store, "weight-sync", sync_rank, size, backend, timeout_s)
+        return True
+
+    def send_weights(self, bucket_bytes: int) -> dict[str, float]:
+        """Trainer ranks: gather the full weights (a collective when sharded); rank 0 packs
+        them into ``bucket_bytes`` buckets and broadcasts each over the weight-sync group."""
+        from rpeg.runtime.actors.rendezvous import broadcast
+        from rpeg.runtime.actors.weight_sync import pack
+
+        t0 = time.perf_counter()
+        full = self.actor.get_weights()
+        if self._sync_pg is None:  # not a member (trainer rank > 0)
+            return {"version": float(self.actor.policy_version)}
+        version = torch.tensor([int(self.actor.policy_version)], dtype=torch.long)
+        dev = self.device
+        broadcast(self._sync_pg, version.to(dev))
+        nbytes = 0
+        buckets = pack(full, bucket_bytes)
+        for b in buckets:
+            flat = b.flat.to(dev)
+            broadcast(self._sync_pg, flat)
+            nbytes += b.nbytes
+        return {
+            "weight_sync_bytes": float(nbytes),
+            "buckets": float(len(buckets)),
+            "weight_sync_send_s": time.perf_counter() - t0,
+            "version": float(self.actor.policy_version),
+        }
+
+    def recv_weights(self, bucket_bytes: int) -> int:
+        """Generator ranks: receive the broadcast buckets (layout from this rank's own full
+        parameter shapes: same names, dtypes and order as the sender's) and load them; a
+        tensor-parallel generator keeps its own slice (``set_weights`` reshards)."""
+        from rpeg.runtime.actors.rendezvous import broadcast
+        from rpeg.runtime.actors.weight_sync import layout, unpack
+
+        version = torch.zeros(1, dtype=torch.long, device=self.device)
+        broadcast(self._sync_pg, version, root=0)
+        meta = {k: (tuple(v.shape), v.dtype) for k, v in self.actor.lm.state_dict().items()}
+        buckets = layout(meta, bucket_bytes)
+        for b in buckets:
+            flat = b.flat.to(self.device)
+            broadcast(self._sync_pg, flat, root=0)
+            b.flat = flat.cpu() if flat.device.type != "cpu" else flat
+        v = int(version.item())
+        weights = unpack(buckets)
+        self.actor.set_weights(weights, policy_version=v)
+        refresh_engine(self.actor.engine, self.actor.lm, weights, v)  # vLLM: loads them
+        return v
+
+    def weights_checksum(self) -> list[float]:
+        """Per-tensor sums of the full actor weights, name order (sync tests)."""
+        full = self.actor.get_weights()
+        return [float(full[k].double().sum()) for k in sorted(full)]
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self) -> float:
-        from rpeg.runtime import stages as S
-        from rpeg.runtime.engines.torch_engine import TorchEngine
+        from rpeg.runtime.role_builder import greedy_accuracy
 
-        if not self.heldout:
-            return float("nan")
-        w = copy.copy(self.actor)
-        w.engine = TorchEngine(
-            self.actor.lm, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        )
-        batch, _ = S.generate_stage(
-            w,
+        all_done = None
+        if self.layout.fsdp and self.layout.dp > 1:  # FSDP forwards: the ranks step together
+            from rpeg.runtime.roles import ranks_all_done
+
+            all_done = ranks_all_done(self.reduce)
+        return greedy_accuracy(
+            self.actor,
+            self.tokenizer,
             self.heldout,
-            1,
-            prompt_template=self.config.task.prompt_template,
-            params=self.actor.sampling_params(greedy=True),
-            seed=0,
+            self.rewards,
+            self.config.task.prompt_template,
+            all_done,
         )
-        _, rm = S.reward_stage(batch, self.rewards)
-        return rm["accuracy"]
 
     # ---------------------------------------------------------------- checkpoints
     def _unwrapped(self, worker):
@@ -303,16 +616,18 @@ class RankActor:
                 st[name] = w.state_dict()
         if self.actor is not None:
             st["engine_version"] = int(self.actor.engine.policy_version)
-            if self.actor.engine.model is not self.actor.lm:
-                st["engine_weights"] = {
-                    k: v.clone() for k, v in self.actor.engine.model.state_dict().items()
-                }
-        buf = io.BytesIO()
-        torch.save(st, buf)
-        return buf.getvalue()
+            if getattr(self.actor.engine, "model", self.actor.lm) is not self.actor.lm:
+                from rpeg.runtime.sharding import full_state_dict
+
+                st["engine_weights"] = full_state_dict(self.actor.engine.model)
+        from rpeg.runtime.actors.checkpoint import dumps
+
+        return dumps(st)  # a data-only state file (safetensors + JSON), no pickle
 
     def load_state_bytes(self, data: bytes) -> int:
-        st = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        from rpeg.runtime.actors.checkpoint import loads
+
+        st = loads(data)
         for name in ("actor", "reference", "critic"):
             wk = getattr(self, name)
             if wk is None or name not in st:
@@ -320,14 +635,55 @@ class RankActor:
             with self._unwrapped(wk) as w:
                 w.load_state_dict(st[name])
         if self.actor is not None:
-            if "engine_weights" in st and self.actor.engine.model is not self.actor.lm:
-                self.actor.engine.update_weights(st["engine_weights"], st["engine_version"])
-            self.actor.engine.policy_version = st.get("engine_version", self.actor.policy_version)
+            eng = self.actor.engine
+            if "engine_weights" in st and getattr(eng, "model", None) is not self.actor.lm:
+                eng.update_weights(st["engine_weights"], st["engine_version"])
+            if hasattr(eng, "model"):
+                eng.policy_version = st.get("engine_version", self.actor.policy_version)
+            else:  # vLLM: its weights are not in checkpoints; it restarts from the actor's
+                eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
+        return self.policy_version()
+
+    def save_shards(self, url: str) -> str:
+        """Write this rank's shards of the trainable roles (weights, optimizer state) and the
+        rank-0 extras (generators, policy and engine versions) to ``url`` with
+        torch.distributed.checkpoint, atomically; every rank of the group calls it with the
+        same ``url`` (rpeg.runtime.actors.shard_checkpoint). Loadable at another layout by
+        :meth:`load_shards`. The frozen reference is not written (rebuilt from its source)."""
+        from rpeg.runtime.actors import shard_checkpoint as SC
+
+        extras = SC.worker_extras(actor=self.actor, critic=self.critic)
+        if self.actor is not None:
+            extras["engine_version"] = int(self.actor.engine.policy_version)
+        return SC.save_shards(url, SC.worker_roles(actor=self.actor, critic=self.critic), extras)
+
+    def load_shards(self, url: str) -> int:
+        """Load :meth:`save_shards`' checkpoint (written at any layout) into this rank's
+        shards; a lagging engine copy gets the loaded weights. Returns the policy version.
+        Collective."""
+        from rpeg.runtime.actors import shard_checkpoint as SC
+
+        template = SC.worker_extras(actor=self.actor, critic=self.critic)
+        if self.actor is not None:
+            template["engine_version"] = 0  # saved for the record
+        extras = SC.load_shards(
+            url, SC.worker_roles(actor=self.actor, critic=self.critic), template
+        )
+        SC.restore_extras(extras, actor=self.actor, critic=self.critic)
+        if self.actor is not None:
+            # a lagging engine copy restarts at the loaded weights (lag 0: within any bound k)
+            eng = self.actor.engine
+            if eng.model is not self.actor.lm:
+                eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
+            eng.policy_version = self.actor.policy_version
         return self.policy_version()
 
     def param_checksum(self) -> float:
-        """Sum of the actor's weights (data-parallel ranks must agree)."""
-        return float(sum(float(v.double().sum()) for v in self.actor.lm.state_dict().values()))
+        """Sum of the actor's full weights (data-parallel ranks must agree). Sharded: a
+        collective, every rank of the group calls it."""
+        from rpeg.runtime.sharding import full_state_dict
+
+        return float(sum(float(v.double().sum()) for v in full_state_dict(self.actor.lm).values()))
 
     def close(self) -> None:
         import torch.distributed as dist
@@ -335,3 +691,70 @@ class RankActor:
         if self.pg_ready and dist.is_initialized():
             dist.destroy_process_group()
             self.pg_ready = False
+
+
+def _weighted(per: list[tuple[dict[str, Any], int]]) -> dict[str, float]:
+    """Metrics of a streamed unit from its chunks: times summed, maxima maxed, the rest
+    averaged weighted by the chunk's samples."""
+    out: dict[str, float] = {}
+    total = sum(n for _, n in per) or 1
+    for key in {k for m, _ in per for k in m}:
+        vals = [(m[key], n) for m, n in per if key in m and isinstance(m[key], int | float)]
+        if not vals:
+            continue
+        if key.endswith("_s") or key.endswith("_errors"):
+            out[key] = float(sum(v for v, _ in vals))
+        elif key.endswith("_max"):
+            out[key] = float(max(v for v, _ in vals))
+        else:
+            out[key] = float(sum(v * n for v, n in vals) / total)
+    out["stream_chunks"] = float(len(per))
+    return out
+
+
+def _merge_fields(batch: Any, parts: list[dict[str, torch.Tensor]]) -> Any:
+    """``batch`` with the fields of ``parts`` (row slices in order) it lacks; token fields
+    padded or cut to the batch's response width."""
+    if not parts:
+        return batch
+    width = batch.response_ids.shape[1]
+    from rpeg.runtime.batch import TOKEN_FIELDS
+
+    new = {}
+    for f in parts[0]:
+        if getattr(batch, f) is not None:
+            continue
+        cols = []
+        for p in parts:
+            t = p[f]
+            if f in TOKEN_FIELDS:
+                t = (
+                    t[:, :width]
+                    if t.shape[1] >= width
+                    else torch.nn.functional.pad(t, (0, width - t.shape[1]))
+                )
+            cols.append(t)
+        new[f] = torch.cat(cols, dim=0)
+    return batch.replace(**new) if new else batch
+
+
+def _reset_peak_rss() -> None:
+    """Reset this process's peak RSS (``VmHWM``; Linux ``clear_refs`` value 5)."""
+    import contextlib
+
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def _peak_rss() -> int:
+    """Peak RSS in bytes (``VmHWM``; ``ru_maxrss`` where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -19,6 +19,7 @@ class TimelineRecorder:
         self.origin = time.perf_counter()
         self.origin_wall = time.time()
         self._step_start: dict[int, float] = {}
+        self._begun: dict[int, float] = {}
         # stages inside an actor call (wall clock of the actor's process, same host clock):
         # {"step", "unit", "stage", "rank", "pid", "start_s", "end_s"}, seconds from origin
         self.stage_spans: list[dict] = []
@@ -40,8 +41,24 @@ class TimelineRecorder:
                 )
 
     def start_step(self, step: int) -> None:
+        """The origin of ``step``'s records: its first unit (a rollout may run steps ahead)."""
         with self._lock:
             self._step_start.setdefault(step, time.perf_counter())
+
+    def step_offsets(self) -> dict[int, float]:
+        """Seconds from the run's origin to each step's first unit."""
+        with self._lock:
+            return {s: t - self.origin for s, t in self._step_start.items()}
+
+    def begin_step(self, step: int) -> None:
+        """The trainer begins ``step`` (the flow's clock for the step's wall time)."""
+        with self._lock:
+            self._begun[step] = time.perf_counter()
+
+    def end_step(self, step: int) -> float:
+        """Seconds since :meth:`begin_step` of ``step``."""
+        with self._lock:
+            return time.perf_counter() - self._begun.pop(step)
 
     def add(
         self, step: int, stage: str, device_group: str, t0: float, t1: float, kind: str = ""

@@ -1,12 +1,10 @@
 """Bounded-staleness buffer between rollout and training.
 
-Two layers, like dask's ``worker_state_machine``:
-
-* :class:`StalenessState` — a **pure** state machine. ``handle(event) -> [instruction]``; no
-  threads, no clocks, no I/O. Every property test drives this class directly.
-* :class:`StalenessQueue` — a thin thread-safe wrapper (a condition variable) used by the
-  flow process, with blocking ``acquire``/``get`` that take a deadline and raise
-  :class:`StalenessTimeout` with the versions that explain a livelock.
+:class:`StalenessState` is a **pure** state machine, ``handle(event) -> [instruction]``; no
+threads, no clocks, no I/O. The step scheduler (:mod:`rpeg.runtime.actors.scheduler`) owns
+one and feeds it from the events of the run; every property test drives it directly. (The
+thread-safe blocking queue that wrapped it is gone: nothing waits on the buffer any more,
+the scheduler only asks for what it knows is there.)
 
 Model. Samples are numbered in the order generation is *admitted* (``index``); the samples
 of training step ``s`` are the slot ``[s*B, (s+1)*B)`` (``B`` = samples per step). Policy
@@ -30,9 +28,6 @@ Events (inputs):           Instructions (outputs):
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,10 +136,6 @@ Instruction = Admit | Block | Deliver | Wait | Stalled | Reject
 
 class StalenessError(RpegError):
     """A protocol violation of the staleness buffer."""
-
-
-class StalenessTimeout(StalenessError):
-    """``get``/``acquire`` passed its deadline (typically the staleness livelock)."""
 
 
 # --------------------------------------------------------------------------- state machine
@@ -335,111 +326,3 @@ class StalenessState:
         st.ready = {i: Sample(i, v, p) for i, v, p in d["ready"]}
         st.reissue = list(d["reissue"])
         return st
-
-
-# --------------------------------------------------------------------------- wrapper
-
-
-class StalenessQueue:
-    """Thread-safe, blocking wrapper around :class:`StalenessState`.
-
-    Generators call :meth:`acquire` (blocks until admitted) then :meth:`put`; the trainer
-    calls :meth:`get` (blocks until the step's batch is complete) then :meth:`publish`
-    after its update; :meth:`synced` after weights reach the generators.
-    """
-
-    def __init__(self, k: int, batch_size: int, *, state: StalenessState | None = None):
-        self.state = state or StalenessState(k=k, batch_size=batch_size)
-        self._cv = threading.Condition()
-        self.closed = False
-
-    def close(self) -> None:
-        """Wake every waiter with an error (the run is restarting or stopping)."""
-        with self._cv:
-            self.closed = True
-            self._cv.notify_all()
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise StalenessError("staleness queue closed (run restarting or stopped)")
-
-    def _apply(self, event: Event) -> list[Instruction]:
-        out = self.state.handle(event)
-        for ins in out:
-            if isinstance(ins, Reject):
-                raise StalenessError(ins.reason)
-        return out
-
-    def synced(self, version: int) -> None:
-        with self._cv:
-            self._apply(GeneratorSynced(version))
-            self._cv.notify_all()
-
-    def publish(self, version: int) -> None:
-        with self._cv:
-            self._apply(Publish(version))
-            self._cv.notify_all()
-
-    def try_acquire(self, version: int, count: int) -> Admit | Block:
-        with self._cv:
-            (ins,) = self._apply(RequestSlot(version, count))
-            return ins  # type: ignore[return-value]
-
-    def acquire(self, version_fn, count: int, timeout_s: float = 600.0) -> Admit:
-        """Block until a generator holding ``version_fn()`` is admitted for ``count`` samples."""
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            while True:
-                self._check_open()
-                (ins,) = self._apply(RequestSlot(version_fn(), count))
-                if isinstance(ins, Admit):
-                    return ins
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise StalenessTimeout(
-                        f"generator blocked for {timeout_s:.0f} s: it holds version "
-                        f"{ins.version}, needs >= {ins.needed_version} (k={self.state.k}, "
-                        f"trainer at {self.state.trainer_version})"
-                    )
-                self._cv.wait(min(left, 1.0))
-
-    def put(self, samples: Iterable[Sample]) -> None:
-        with self._cv:
-            self._apply(Produced(tuple(samples)))
-            self._cv.notify_all()
-
-    def get(self, version: int, timeout_s: float = 600.0, *, fail_fast: bool = False) -> Deliver:
-        """The batch of step ``version``. Raises :class:`StalenessTimeout` at the deadline
-        (naming the livelock when the state machine sees one), or at once with
-        ``fail_fast`` when the batch cannot complete without a weight sync."""
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            while True:
-                self._check_open()
-                (ins,) = self._apply(Take(version))
-                if isinstance(ins, Deliver):
-                    self._cv.notify_all()
-                    return ins
-                if isinstance(ins, Stalled) and fail_fast:
-                    raise StalenessTimeout(f"staleness livelock: {ins.reason}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    if isinstance(ins, Stalled):
-                        raise StalenessTimeout(
-                            f"staleness livelock after {timeout_s:.0f} s: {ins.reason}"
-                        )
-                    raise StalenessTimeout(
-                        f"no batch for step {version} within {timeout_s:.0f} s "
-                        f"({ins.missing} of {self.state.batch_size} samples missing; "
-                        f"generators at version {self.state.generator_version}, k={self.state.k})"
-                    )
-                self._cv.wait(min(left, 0.5))
-
-    def state_dict(self) -> dict[str, Any]:
-        with self._cv:
-            return self.state.state_dict()
-
-    @classmethod
-    def from_state_dict(cls, d: dict[str, Any], *, k: int | None = None) -> StalenessQueue:
-        st = StalenessState.from_state_dict(d, k=k)
-        return cls(st.k, st.batch_size, state=st)

@@ -2,8 +2,10 @@
 
 ``pack`` flattens tensors (grouped by dtype, in name order) into buckets of at most
 ``bucket_bytes`` (a tensor larger than a bucket gets a bucket of its own); ``unpack`` restores
-them bit-exactly. Each bucket is one contiguous tensor, so it moves as one message (or one
-broadcast in a process group) instead of one per parameter.
+them bit-exactly. Each bucket is one contiguous tensor, so it moves as one broadcast over the
+weight-sync process group (trainer rank 0 -> every generator rank, ``RankActor.send_weights``
+/ ``recv_weights``) instead of one message per parameter. ``layout`` gives a receiver the same
+buckets, empty, from its own model's full shapes.
 """
 
 from __future__ import annotations
@@ -34,40 +36,66 @@ class Bucket:
         return self.flat.numel() * self.flat.element_size()
 
 
-def pack(
-    tensors: dict[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
-) -> list[Bucket]:
+def _groups(meta: dict[str, tuple[tuple[int, ...], torch.dtype]], bucket_bytes: int):
+    """[(dtype, [names])] per bucket: names by dtype (first seen in name order), then name."""
     by_dtype: dict[torch.dtype, list[str]] = {}
-    for name in sorted(tensors):
-        by_dtype.setdefault(tensors[name].dtype, []).append(name)
-    out: list[Bucket] = []
+    for name in sorted(meta):
+        by_dtype.setdefault(meta[name][1], []).append(name)
+    out = []
     for dtype, names in by_dtype.items():
         elem = torch.empty((), dtype=dtype).element_size()
         cap = max(1, bucket_bytes // elem)
         cur: list[str] = []
         size = 0
-        groups: list[list[str]] = []
         for n in names:
-            k = tensors[n].numel()
+            k = _numel(meta[n][0])
             if cur and size + k > cap:
-                groups.append(cur)
+                out.append((dtype, cur))
                 cur, size = [], 0
             cur.append(n)
             size += k
         if cur:
-            groups.append(cur)
-        for g in groups:
-            entries, off = [], 0
-            for n in g:
-                t = tensors[n]
-                entries.append(BucketEntry(n, tuple(t.shape), off, t.numel()))
-                off += t.numel()
-            flat = (
-                torch.cat([tensors[n].detach().reshape(-1).to("cpu") for n in g])
-                if g
-                else torch.empty(0)
-            )
-            out.append(Bucket(dtype, entries, flat))
+            out.append((dtype, cur))
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _entries(meta, names) -> tuple[list[BucketEntry], int]:
+    entries, off = [], 0
+    for n in names:
+        k = _numel(meta[n][0])
+        entries.append(BucketEntry(n, tuple(meta[n][0]), off, k))
+        off += k
+    return entries, off
+
+
+def pack(
+    tensors: dict[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[Bucket]:
+    meta = {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()}
+    out: list[Bucket] = []
+    for dtype, names in _groups(meta, bucket_bytes):
+        entries, _ = _entries(meta, names)
+        flat = torch.cat([tensors[n].detach().reshape(-1).to("cpu") for n in names])
+        out.append(Bucket(dtype, entries, flat))
+    return out
+
+
+def layout(
+    meta: dict[str, tuple[tuple[int, ...], torch.dtype]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[Bucket]:
+    """Empty buckets with the layout :func:`pack` gives tensors of these shapes and dtypes (the
+    receive buffers of a broadcast: a receiver knows its own model's full shapes)."""
+    out = []
+    for dtype, names in _groups(meta, bucket_bytes):
+        entries, n = _entries(meta, names)
+        out.append(Bucket(dtype, entries, torch.empty(n, dtype=dtype)))
     return out
 
 

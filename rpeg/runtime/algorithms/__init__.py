@@ -11,6 +11,7 @@ from rpeg.runtime.algorithms.advantages import (
 )
 from rpeg.runtime.algorithms.losses import (
     aggregate,
+    chunked_token_logprobs,
     entropy_from_logits,
     kl_penalty,
     policy_loss,
@@ -20,6 +21,7 @@ from rpeg.runtime.algorithms.losses import (
 
 __all__ = [
     "aggregate",
+    "chunked_token_logprobs",
     "entropy_from_logits",
     "gae_advantages",
     "grpo_advantages",

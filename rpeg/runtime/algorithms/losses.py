@@ -50,6 +50,78 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     return torch.logsumexp(z, -1) - (p * z).sum(-1)
 
 
+#: fp32 elements of one chunk's logits ``[rows, positions, V]`` in :func:`chunked_token_logprobs`
+#: (64 Mi elements = 256 MiB); a chunk spans as many sequence positions as fit.
+LOGPROB_CHUNK_ELEMENTS = 64 * 1024 * 1024
+
+
+def _chunk_logprobs(hidden, weight, bias, labels, temperature: float, with_entropy: bool):
+    z = torch.nn.functional.linear(hidden, weight, bias).float()
+    if temperature and temperature != 1.0:
+        z = z / temperature
+    logp = z.log_softmax(-1)
+    lp = torch.gather(logp, -1, labels[..., None]).squeeze(-1)
+    if not with_entropy:
+        return lp, lp.new_zeros(())
+    return lp, -(logp.exp() * logp).sum(-1)
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    *,
+    bias: torch.Tensor | None = None,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    chunk_positions: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs (and entropies) straight from the LM head's input, never holding
+    the full-vocabulary fp32 logits of the whole ``[B,T]`` at once.
+
+    ``hidden [B,T,H]`` (post-norm hidden states of the positions that predict ``labels``),
+    ``weight [V,H]`` (the LM head), ``labels [B,T]`` -> (``log softmax(h W^T / temperature)
+    [labels]`` ``[B,T]``, entropy ``[B,T]`` or None). The sequence is cut into chunks of
+    ``chunk_positions`` positions (default: as many as keep one chunk's fp32 logits under
+    :data:`LOGPROB_CHUNK_ELEMENTS`); with autograd on, each chunk is recomputed in backward
+    (activation checkpointing) so only its hidden slice is kept. Entropy is computed only
+    with ``with_entropy`` and is differentiated only with ``entropy_grad`` (the loss uses it
+    only when the entropy coefficient is non-zero)."""
+    b, t = labels.shape
+    v = weight.shape[0]
+    if chunk_positions is None:
+        chunk_positions = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, b * v))
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    lps, ents = [], []
+    for s in range(0, t, chunk_positions):
+        h = hidden[:, s : s + chunk_positions]
+        y = labels[:, s : s + chunk_positions]
+        if grad:
+            from torch.utils.checkpoint import checkpoint
+
+            lp, ent = checkpoint(
+                _chunk_logprobs,
+                h,
+                weight,
+                bias,
+                y,
+                temperature,
+                with_entropy,
+                use_reentrant=False,
+            )
+        else:
+            lp, ent = _chunk_logprobs(h, weight, bias, y, temperature, with_entropy)
+        lps.append(lp)
+        if with_entropy:
+            ents.append(ent if entropy_grad else ent.detach())
+    lp = torch.cat(lps, dim=1) if lps else hidden.new_zeros((b, 0), dtype=torch.float32)
+    ent = None
+    if with_entropy:
+        ent = torch.cat(ents, dim=1) if ents else lp.new_zeros((b, 0))
+    return lp, ent
+
+
 def kl_penalty(
     logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3"
 ) -> torch.Tensor:

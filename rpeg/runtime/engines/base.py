@@ -31,9 +31,12 @@ class GenerationOutput:
     * ``response_ids``: ``[B, R]`` long, right-padded with ``pad_id`` (R = longest response)
     * ``logprobs``: ``[B, R]`` float, log-prob of each sampled token under the *sampling
       policy before top-k/top-p truncation* (softmax of logits / temperature; temperature 0 -> 1),
-      0 on padding
+      0 on padding -- the value the trainer's own forward computes for the same token
     * ``lengths``: ``[B]`` long, tokens in each response (stop token included)
     * ``finished``: ``[B]`` bool, True if a stop/EOS token ended the response (False = cap hit)
+    * ``logprobs_exact``: False when an engine could only report other log-probs (vLLM without
+      processed log-probs, or with top-k/top-p truncation on); the run must then recompute
+      old log-probs with a forward pass (``algorithm.recompute_old_logprobs``)
     """
 
     response_ids: torch.Tensor
@@ -42,6 +45,7 @@ class GenerationOutput:
     finished: torch.Tensor
     policy_version: int = 0
     stats: dict[str, float] = field(default_factory=dict)
+    logprobs_exact: bool = True
 
     @property
     def mask(self) -> torch.Tensor:
@@ -71,3 +75,18 @@ class GenerationEngine(Protocol):
     def update_weights(
         self, state_dict: Mapping[str, torch.Tensor], policy_version: int
     ) -> None: ...
+
+
+def refresh_engine(
+    engine: GenerationEngine,
+    module: torch.nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    policy_version: int,
+) -> None:
+    """After a role's weights were replaced by ``weights``: an engine that generates with the
+    role's own ``module`` only takes the new version; one holding its own copy (vLLM, or a
+    private torch copy) loads them."""
+    if getattr(engine, "model", None) is module:
+        engine.policy_version = policy_version
+    else:
+        engine.update_weights(weights, policy_version)

@@ -4,12 +4,18 @@ Prompts are left-padded; the attention mask marks padding, position ids are
 ``cumsum(mask) - 1`` so every prompt starts at position 0 whatever its padding. Prefill runs
 once, then one token per step through ``past_key_values``. Finished rows keep decoding pad
 tokens (masked out) until all rows finish or the longest cap is hit.
+
+Sharded models (rpeg.runtime.sharding): a tensor-parallel model runs as is -- every rank of a
+TP group holds its shard and runs the same decode with the same sampling seed, so all agree
+on every token. Under FSDP every forward is a collective over the dp ranks, which decode
+different prompts: ``all_done`` (set by the worker) makes a rank whose rows are finished keep
+stepping until every rank is done.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -74,13 +80,25 @@ class TorchEngine:
         self.eos_id = eos_id
         self.use_cache = use_cache
         self.policy_version = policy_version
+        #: ``all_done(local_done) -> bool`` over the ranks that must step together (FSDP)
+        self.all_done: Callable[[bool], bool] | None = None
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        from torch.distributed.tensor import DTensor
+
+        p = next(self.model.parameters())
+        return p._local_tensor.device if isinstance(p, DTensor) else p.device
+
+    def _finished(self, done: torch.Tensor) -> bool:
+        local = bool(done.all())
+        return local if self.all_done is None else self.all_done(local)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], policy_version: int) -> None:
-        self.model.load_state_dict(state_dict, strict=True)
+        """Load full weights (a sharded engine model takes its shard of each)."""
+        from rpeg.runtime.sharding import load_full_state_dict
+
+        load_full_state_dict(self.model, state_dict)
         self.policy_version = policy_version
 
     def _forward(self, ids, mask, pos, past):
@@ -141,7 +159,7 @@ class TorchEngine:
         last_pos = pos[:, -1:]
         steps = 0
         for t in range(r_max):
-            if bool(done.all()):
+            if self._finished(done):
                 break
             steps += 1
             greedy = params.temperature == 0
@@ -161,7 +179,7 @@ class TorchEngine:
             hit_stop = active & torch.isin(tok, stop)
             finished |= hit_stop
             done = done | hit_stop | (lengths >= caps)
-            if bool(done.all()):
+            if self._finished(done):
                 break
             full_mask = torch.cat([full_mask, torch.ones_like(full_mask[:, :1])], dim=1)
             last_pos = last_pos + 1

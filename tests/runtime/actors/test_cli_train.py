@@ -17,17 +17,18 @@ def _write(tmp_path, d):
 def _plan_with_role(role: str | None) -> dict:
     from rpeg.compile.compiler import graph_from_config
     from rpeg.config import RunConfig
+    from rpeg.ir import to_dict
     from rpeg.plan import colocated_plan
 
     g = graph_from_config(RunConfig())
-    d = g.to_dict()
+    d = to_dict(g)
     if role is not None:  # a model-based reward: valid IR, but no such role in the runtime
         d["params"]["reward"] = "model"
         for s in d["stages"]:
             if s["name"] == "reward":
                 s["role"] = role
     plan = colocated_plan(g, num_devices=1)
-    plan = plan.model_copy(update={"graph": plan.graph.model_copy(update={"inline": d})})
+    plan = plan.with_inline_graph(d)
     return plan.to_dict()
 
 

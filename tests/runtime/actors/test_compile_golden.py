@@ -14,7 +14,7 @@ import yaml
 from rpeg.compile import CompiledStep, compile_plan
 from rpeg.config import RunConfig
 from rpeg.errors import ConfigError
-from rpeg.ir import bound_async, build, fuse, share_actor_critic
+from rpeg.ir import bound_async, build, fuse, share_actor_critic, to_dict
 from rpeg.plan import colocated_plan, disaggregated_plan
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -72,9 +72,7 @@ def _compile(case: str) -> CompiledStep:
     got = CASES[case]()
     plan, graph = got if isinstance(got, tuple) else (got, None)
     if graph is not None:
-        plan = plan.model_copy(
-            update={"graph": plan.graph.model_copy(update={"inline": graph.to_dict()})}
-        )
+        plan = plan.with_inline_graph(to_dict(graph))
     return compile_plan(plan, CFG)
 
 
@@ -113,3 +111,75 @@ def test_bad_plans_are_refused_with_every_problem():
         compile_plan(bad, CFG)
     text = str(ei.value)
     assert "unknown execution unit" in text and "devices" in text
+
+
+# --------------------------------------------------------------------------- layouts
+def _sharded_plan(tp=2, gen_tp=None, n=4, engine="fsdp", algo="grpo"):
+    plan = colocated_plan(build(algo), num_devices=n, tp=tp, gen_tp=gen_tp, builder=algo)
+    units = {
+        k: (u.model_copy(update={"engine": engine}) if k.startswith("train") else u)
+        for k, u in plan.units.items()
+    }
+    return plan.model_copy(update={"units": units})
+
+
+def test_tp_and_fsdp_plans_fill_the_group_layout():
+    step = compile_plan(_sharded_plan(tp=2, gen_tp=2), CFG)
+    (g,) = step.actor_groups
+    assert (g.world_size, g.dp, g.tp, g.fsdp, g.gen_tp) == (4, 2, 2, True, 2)
+    assert (g.device_type, g.backend, g.dtype) == ("cpu", "gloo", "float32")
+    ddp = compile_plan(_sharded_plan(tp=1, engine="auto"), CFG).actor_groups[0]
+    assert (ddp.dp, ddp.tp, ddp.fsdp) == (4, 1, False)
+
+
+def test_forward_units_run_on_the_groups_training_layout_and_say_so():
+    plan = _sharded_plan(tp=2, gen_tp=2)
+    units = dict(plan.units)
+    units["ref_logprob"] = units["ref_logprob"].model_copy(update={"tp": 4})
+    step = compile_plan(plan.model_copy(update={"units": units}), CFG)
+    assert step.actor_groups[0].tp == 2
+    assert any("plan.units.ref_logprob.tp=4" in n and "tp=2" in n for n in step.notes)
+
+
+def test_unrunnable_layouts_are_refused_naming_field_and_numbers():
+    cfg = RunConfig.from_dict(
+        {
+            "workload": {"num_prompts": 3, "samples_per_prompt": 2, "train_minibatches": 1},
+            "model": {"tiny_shape": {"num_attention_heads": 6, "num_key_value_heads": 6}},
+            "cluster": {"n_workers": 4},
+        }
+    )
+    plan = _sharded_plan(tp=4, gen_tp=4)
+    units = dict(plan.units)
+    units["train_actor"] = units["train_actor"].model_copy(update={"tp": 2, "pp": 2})
+    with pytest.raises(ConfigError) as ei:
+        compile_plan(plan.model_copy(update={"units": units}), cfg)
+    text = str(ei.value)
+    assert "plan.units.train_actor.pp" in text and "pipeline" in text
+    # dp=2 over 3 prompts (sharded), heads 6 by tp 4
+    plan = _sharded_plan(tp=2, gen_tp=2)
+    with pytest.raises(ConfigError) as ei:
+        compile_plan(plan, cfg)
+    assert "dp=2 does not divide workload.num_prompts=3" in str(ei.value)
+    with pytest.raises(ConfigError) as ei:
+        compile_plan(_sharded_plan(tp=4, gen_tp=4), cfg)
+    assert "tp=4 does not divide the model's num_attention_heads=6" in str(ei.value)
+
+
+def test_the_search_space_drops_what_the_runtime_refuses_with_a_named_reason():
+    from rpeg.search.space import SearchSpace, SpaceOptions
+    from tests.plan.conftest import gh200_problem
+
+    prob = gh200_problem(gpus=8)
+    s = SearchSpace(
+        prob.base,
+        prob.cluster,
+        prob.model,
+        num_devices=8,
+        max_seq_tokens=prob.max_seq_tokens,
+        options=SpaceOptions(tp=(1, 2), pp=(1, 2), gen_pp=(1, 2), cp=(1,), engines=("auto",)),
+    )
+    for cls in ("gen", "train"):
+        assert all(x.pp == 1 and x.cp == 1 for x in s.layouts(cls, 8))
+    reasons = s.counts.to_dict()["infeasible"]
+    assert reasons.get("runtime: pp>1 (the runtime has no pipeline parallelism)", 0) > 0

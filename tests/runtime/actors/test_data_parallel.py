@@ -80,8 +80,8 @@ def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_conf
             # unequal token counts per rank are what makes per-rank normalisation wrong
             for a, i in zip(two, idx, strict=True):
                 a.put_batch(0, batch.select(torch.tensor(i))).result()
-            m1 = one.run_unit(0, train, train).result()
-            m2 = [p.result() for p in [a.run_unit(0, train, train) for a in two]]
+            m1 = one.run_unit(0, train, train).result().metrics
+            m2 = [p.result().metrics for p in [a.run_unit(0, train, train) for a in two]]
             adv1 = one.get_batch(0).result()
             adv2 = RolloutBatch.concat([a.get_batch(0).result() for a in two])
             mask = adv1.response_mask.bool()

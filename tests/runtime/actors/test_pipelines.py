@@ -63,12 +63,12 @@ def test_k2_generation_runs_ahead_of_training(tmp_path, prefect_harness, dask_cl
 
 def _fused_config(cfg):
     from rpeg.compile.compiler import graph_from_config
-    from rpeg.ir import fuse
+    from rpeg.ir import fuse, to_dict
     from rpeg.plan import colocated_plan
 
     g = fuse(graph_from_config(cfg), ["generate", "reward"], name="rollout")
     plan = colocated_plan(g, num_devices=1, micro_batch_size=cfg.workload.micro_batch_size)
-    plan = plan.model_copy(update={"graph": plan.graph.model_copy(update={"inline": g.to_dict()})})
+    plan = plan.with_inline_graph(to_dict(g))
     return cfg.model_copy(update={"plan": plan.to_dict()})
 
 

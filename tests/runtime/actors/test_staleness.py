@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,10 +15,7 @@ from rpeg.runtime.actors.staleness import (
     Reject,
     RequestSlot,
     Sample,
-    StalenessError,
-    StalenessQueue,
     StalenessState,
-    StalenessTimeout,
     Stalled,
     Take,
     Wait,
@@ -166,36 +160,14 @@ def test_protocol_violations_are_rejected():
 
 
 def test_livelock_is_detected_with_a_clear_error():
-    q = StalenessQueue(k=0, batch_size=1)
-    adm = q.try_acquire(0, 1)
-    q.put([Sample(adm.start, 0)])
-    q.get(0, timeout_s=1)
-    q.publish(1)  # ... but never sync the generators
-    with pytest.raises(StalenessTimeout, match="sync weights"):
-        q.get(1, timeout_s=5, fail_fast=True)
-    with pytest.raises(StalenessTimeout, match="livelock after"):
-        q.get(1, timeout_s=0.2)
-
-
-def test_queue_blocks_then_delivers_across_threads():
-    q = StalenessQueue(k=1, batch_size=2)
-    got = []
-
-    def trainer():
-        for v in range(4):
-            d = q.get(v, timeout_s=10)
-            got.append([s.index for s in d.samples])
-            q.publish(v + 1)
-
-    t = threading.Thread(target=trainer)
-    t.start()
-    for _ in range(4):
-        adm = q.acquire(lambda: q.state.trainer_version, 2, timeout_s=10)
-        q.put([Sample(i, adm.version) for i in range(adm.start, adm.start + adm.count)])
-    t.join(10)
-    assert got == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    with pytest.raises(StalenessError):
-        q.put([Sample(99, 0)])
+    st = StalenessState(k=0, batch_size=1)
+    (adm,) = st.handle(RequestSlot(0, 1))
+    st.handle(Produced((Sample(adm.start, 0),)))
+    assert isinstance(st.handle(Take(0))[0], Deliver)
+    st.handle(Publish(1))  # ... but never sync the generators
+    (ins,) = st.handle(Take(1))
+    assert isinstance(ins, Stalled) and "sync weights" in ins.reason
+    assert isinstance(st.handle(RequestSlot(0, 1))[0], Block)  # version 0 too old for slot 1
 
 
 def test_state_dict_round_trip_keeps_in_flight_samples():

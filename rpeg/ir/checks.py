@@ -1,10 +1,10 @@
-"""Every check of a graph, each problem naming the stage, field, edge or group it is about."""
+"""Every check of a graph, each problem naming the stage, field, edge or group it is about:
+:func:`problems` lists them, :func:`validate` raises :class:`GraphError` when there is one."""
 
 from __future__ import annotations
 
 from collections import Counter
 from numbers import Real
-from typing import TYPE_CHECKING
 
 import networkx as nx
 
@@ -15,20 +15,31 @@ from rpeg.ir.graph import (
     KL_PLACEMENTS,
     LOSS_AGGREGATIONS,
     WEIGHTS_STATE,
+    Graph,
+    GraphError,
     Role,
     StageKind,
-    _role_name,
 )
 
-if TYPE_CHECKING:
-    from rpeg.ir.graph import Graph
+
+def _role_name(role: Role | None) -> str:
+    return "none" if role is None else role.value
 
 
 def _known_fields() -> str:
     return ", ".join(FIELDS)
 
 
-def graph_problems(g: Graph) -> list[Problem]:
+def validate(g: Graph) -> Graph:
+    """Return ``g`` if it is valid, else raise GraphError listing every problem."""
+    found = problems(g)
+    if found:
+        raise GraphError(found)
+    return g
+
+
+def problems(g: Graph) -> list[Problem]:
+    """Every problem of the graph (empty when valid)."""
     p: list[Problem] = []
     if not isinstance(g.name, str) or not g.name:
         p.append(Problem("name", "graph name must be a non-empty string"))

@@ -1,0 +1,97 @@
+"""The two training engines a deployed flow can run, in the flow's own run (no subflow).
+
+* :func:`dask_train` -- the runtime's step loop (:func:`rpeg.flows.train._train`) on Dask
+  actors; its tasks, step log lines and progress artifact land on the calling flow run.
+* :func:`local_train` -- the single-process trainer (:class:`rpeg.runtime.local_trainer.LocalTrainer`)
+  in the flow process, checkpointing in the same store format (a ``trainer.pt`` part), for
+  small models and CI.
+
+Both return the summary dict of ``run_train`` (``steps``, ``wall_s``, ``median_step_s``,
+``reward_first10``, ``reward_last10``, ``heldout_acc_before``, ``heldout_acc_after``) with
+``_extra["history"]`` (one metrics dict per step) for the artifacts.
+"""
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rpeg.flows import artifacts as art
+
+from rpeg.config import RunConfig
+
+
+def dask_train(config: RunConfig, *, resume: bool = False) -> dict[str, Any]:
+    """The Dask step loop inside the current flow run (its tasks are this run's tasks)."""
+    from rpeg.flows.train import _train
+
+    return _train(config, resume=resume, progress=False)
+
+
+def local_train(
+    config: RunConfig, *, resume: bool = False, on_step: Any = art.publish_step
+) -> dict[str, Any]:
+    """Single-process training with checkpoints in the store format (a ``trainer.pt`` part);
+    ``on_step(step, total, metrics)`` after each step (default: the progress artifact and the
+    step's log line)."""
+    from rpeg.runtime.actors.checkpoint import CheckpointStore, dumps, loads
+    from rpeg.runtime.local_trainer import LocalTrainer
+
+    t0 = time.perf_counter()
+    rt = config.runtime
+    tr = LocalTrainer(config)
+    store = (
+        CheckpointStore(rt.checkpoint_url, keep_last=rt.keep_last) if rt.checkpoint_url else None
+    )
+    history: list[dict[str, Any]] = []
+    acc_before = None
+    if store is not None and (resume or rt.resume):
+        got = store.latest()
+        if got is not None:
+            meta, parts = got
+            if "trainer.pt" not in parts:
+                from rpeg.errors import ConfigError, Problem
+
+                raise ConfigError(
+                    [
+                        Problem(
+                            "runtime.checkpoint_url",
+                            "checkpoint was written by another engine (no trainer.pt); use engine=dask",
+                        )
+                    ]
+                )
+            state = loads(parts["trainer.pt"])
+            tr.load_state_dict(state["trainer"])
+            history = list(state.get("history", []))
+            acc_before = state.get("heldout_acc_before")
+    if acc_before is None:
+        acc_before = tr.evaluate()
+    out = Path(rt.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    while tr.step_index < rt.steps:
+        m = tr.step()
+        history.append(m)
+        with open(out / "metrics.jsonl", "w") as fh:
+            fh.writelines(json.dumps(h) + "\n" for h in history)
+        if on_step is not None:
+            on_step(tr.step_index, rt.steps, m)
+        if store is not None and (
+            tr.step_index % rt.checkpoint_every == 0 or tr.step_index == rt.steps
+        ):
+            state = {
+                "trainer": tr.state_dict(),
+                "history": history,
+                "heldout_acc_before": acc_before,
+            }
+            store.save(tr.step_index, {"trainer.pt": dumps(state)}, meta={"engine": "local"})
+    acc_after = tr.evaluate()
+    from rpeg.runtime.summary import run_summary
+
+    summary = run_summary(
+        history, wall_s=time.perf_counter() - t0, acc_before=acc_before, acc_after=acc_after
+    )
+    summary["_extra"] = {"history": history}
+    return summary
+
+
+__all__ = ["dask_train", "local_train"]

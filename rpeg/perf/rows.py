@@ -1,0 +1,401 @@
+"""One published-run CSV row -> what it describes (pure).
+
+Every row is read from its own cells with the same rules for every source: no case id, no
+free-text parsing. A blank cell means "unknown": layout fields (gen_tp, train_tp, the pool
+split, gpu_memory_utilization) stay open and are solved (rpeg.perf.solve); other unknowns
+take the documented prior of :data:`PRIORS` and widen the row's interval
+(rpeg.perf.interval). Column meanings: docs/perf-model.md, "The published-runs data set".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rpeg.perf.calibration import SHIPPED, Calibration
+from rpeg.perf.prediction import Workload
+from rpeg.perf.solve import Layout, solve_layout
+from rpeg.plan.schema import GraphRef, Plan, UnitPlan
+
+# Priors of inputs a row may leave blank (docs/perf-model.md, "Unknown inputs").
+PRIORS: dict[str, Any] = {
+    # DAPO-Math / OpenMathInstruct / DeepScaleR prompts with a chat template: 100-200 tokens
+    # (NeMo-RL rows imply 102-148).
+    "avg_prompt_len": 150.0,
+    # RL recipes train long sequences with activation checkpointing (8 of the 10 recipes of
+    # the shipped set: NeMo-RL Llama/DeepSeek-V3/Qwen3-235B, verl; off for NeMo-RL Qwen3-30B/
+    # 32B) and pack micro-batches (NeMo-RL seq_packing, verl use_dynamic_bsz + remove_padding,
+    # AReaL dynamic micro-batches). gpu_memory_utilization is not a prior: blank, it is
+    # solved with the layout (rpeg.perf.solve), since a budget too small for the weights + KV
+    # is a cliff no operator runs at.
+    "act_ckpt": True,
+    "seq_packing": True,
+    "streaming": False,
+    "reuse_rollout_logprobs": False,
+}
+
+
+class Unpredictable(ValueError):
+    """A row the model cannot price honestly; the message says why."""
+
+
+def _one_line(exc: Exception) -> str:
+    """A validation error's messages on one line (pydantic prints one per line)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            return "; ".join(str(e.get("msg", e)) for e in errors())
+        except Exception:  # noqa: BLE001 - fall back to the text
+            pass
+    return " ".join(str(exc).split())
+
+
+# The catalog cluster a row's GPU runs in by default; a row whose `gpus_per_node` differs
+# is priced on a catalog cluster of that GPU with that node size (see ``_cluster_for``).
+_CLUSTER_FOR_GPU = {
+    "h100-sxm": "dgx-h100",
+    "h200": "dgx-h200",
+    "h800": "h800-cluster",
+    "h20": "h20-cluster",
+    "gb200": "gb200-nvl72",
+    "gh200": "gh200-alps",
+    "gh200-144g": "gh200-144g-quad",
+    "a100-80g": "dgx-a100",
+    "mi300x": "mi300x-cluster",
+    "cpu": "local-cpu",
+}
+
+
+def _cluster_for(gpu: str, gpus_per_node: int | None) -> str:
+    """Catalog cluster of ``gpu`` with ``gpus_per_node`` GPUs per node (the default cluster
+    when the row does not say); Unpredictable naming what is missing otherwise."""
+    from rpeg import specs
+
+    default = _CLUSTER_FOR_GPU.get(gpu)
+    candidates = [n for n, c in sorted(specs.clusters().items()) if c.gpu.name == gpu]
+    if default in candidates:
+        candidates.remove(default)
+        candidates.insert(0, default)
+    if not candidates:
+        raise Unpredictable(f"no catalog cluster of {gpu} GPUs (add one to clusters.yaml)")
+    if gpus_per_node is None:
+        return candidates[0]
+    for name in candidates:
+        if specs.cluster(name).gpus_per_node == gpus_per_node:
+            return name
+    sizes = sorted({specs.cluster(n).gpus_per_node for n in candidates})
+    raise Unpredictable(
+        f"gpus_per_node={gpus_per_node}: catalog clusters of {gpu} have {sizes} GPUs per node "
+        "(add one to clusters.yaml)"
+    )
+
+
+def unknown_names(r: dict[str, str]) -> str:
+    """'' or the reason a row names a model or GPU the catalogs do not hold."""
+    from rpeg import specs
+
+    bad = []
+    if (r.get("model") or "") not in specs.models():
+        bad.append(
+            f"unknown model {r.get('model')!r} (add it: rpeg specs add-model --from-hf config.json)"
+        )
+    if (r.get("gpu") or "") not in specs.gpus():
+        bad.append(f"unknown GPU {r.get('gpu')!r} (add it to the user gpus.yaml)")
+    return "; ".join(bad)
+
+
+_NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+
+
+def _number(r: dict[str, str], k: str) -> float | None:
+    """The leading number of column ``k`` ("8", "8.0", "8 (inferred)"); None when blank.
+    Anything else is a row the model cannot read, reported with the column and value."""
+    v = (r.get(k) or "").strip()
+    if not v:
+        return None
+    m = _NUMBER.match(v)
+    if m is None:
+        raise Unpredictable(f"{k}={v!r} is not a number")
+    return float(m.group(1))
+
+
+def _int(r: dict[str, str], k: str, default: int | None = None, minimum: int = 1) -> int:
+    v = _number(r, k)
+    if v is None:
+        if default is None:
+            raise Unpredictable(f"{k} not published")
+        return default
+    if v < minimum:
+        raise Unpredictable(f"{k}={v:g}: must be >= {minimum}")
+    return int(v)
+
+
+def _opt_int(r: dict[str, str], k: str) -> int | None:
+    """A layout count that may be blank (None = to be solved)."""
+    return None if _number(r, k) is None else _int(r, k)
+
+
+def _float(r: dict[str, str], k: str) -> float | None:
+    v = _number(r, k)
+    return None if v is None or v <= 0 else v
+
+
+_YES = ("yes", "true", "1", "y", "on")
+_NO = ("no", "false", "0", "n", "off")
+
+
+def _yes(r: dict[str, str], k: str) -> bool:
+    return (r.get(k) or "").strip().lower() in _YES
+
+
+def _tri(r: dict[str, str], k: str) -> bool | None:
+    """yes/no column; None when blank. Anything else is named."""
+    v = (r.get(k) or "").strip().lower()
+    if not v:
+        return None
+    if v in _YES:
+        return True
+    if v in _NO:
+        return False
+    raise Unpredictable(f"{k}={v!r}; allowed: yes, no, or blank (unknown)")
+
+
+def _staleness(r: dict[str, str]) -> int:
+    """Policy lag bound. 'inf' = unbounded; a fraction (verl's staleness_threshold, the
+    share of a step's samples that may come from the previous weights) still lets the
+    rollout run ahead of the trainer, i.e. a lag of up to one version: rounded up."""
+    st = (r.get("staleness") or "").strip().lower()
+    if st in ("inf", "infinite", "unbounded"):
+        return 10**6
+    v = _number(r, "staleness")
+    if v is None:
+        return 1 if _yes(r, "partial_rollout") else 0
+    if v < 0:
+        raise Unpredictable(f"staleness={v:g}: must be >= 0")
+    return math.ceil(v - 1e-9) if v < 10**6 else 10**6
+
+
+@dataclass
+class RowCase:
+    """What a row describes, with its blank layout fields still open (``None``)."""
+
+    graph: Any
+    model: Any
+    cluster_name: str
+    num_gpus: int
+    colocated: bool
+    layout: Layout
+    staleness: int
+    partial: bool
+    builder: str
+    has_ref: bool
+    reuse: bool
+    streaming: bool
+    util: float | None
+    engine: str
+    recompute: bool | None
+    packing: bool
+    workload: Workload
+    unknown: tuple[str, ...]
+
+    def plan(self, lay: Layout) -> Plan:
+        """The plan of this row with every layout field set (``lay``)."""
+        from rpeg import specs
+
+        n = self.num_gpus
+        if self.colocated:
+            gen_devs = train_devs = f"0-{n - 1}"
+        else:
+            gen_devs = f"0-{lay.gen_gpus - 1}"
+            train_devs = f"{lay.gen_gpus}-{lay.gen_gpus + lay.train_gpus - 1}"
+        try:
+            gen = UnitPlan(
+                devices=gen_devs,
+                tp=lay.gen_tp,
+                pp=lay.gen_pp,
+                gpu_memory_utilization=lay.gpu_memory_utilization,
+                offload=self.colocated,
+                engine="vllm",
+            )
+            train = UnitPlan(
+                devices=train_devs,
+                tp=lay.train_tp,
+                pp=lay.train_pp,
+                cp=lay.train_cp,
+                ep=lay.train_ep,
+                engine=self.engine,
+                recompute=lay.recompute,
+                seq_packing=self.packing,
+                offload=self.colocated,
+            )
+        except ValueError as exc:
+            raise Unpredictable(f"layout: {_one_line(exc)}") from None
+        units = {}
+        for name, members in _units(self.graph):
+            units[name] = gen if members & {"generate", "reward"} else train
+        cl = specs.cluster(self.cluster_name)
+        return Plan(
+            cluster=self.cluster_name,
+            num_nodes=max(1, -(-n // cl.gpus_per_node)),
+            model=self.model.name,
+            graph=GraphRef(
+                builder=self.builder,
+                options={
+                    "use_reference": self.has_ref,
+                    "staleness": self.staleness,
+                    "reuse_rollout_logprobs": self.reuse,
+                },
+            ),
+            staleness=min(self.staleness, 10**6),
+            partial_rollout=self.partial and self.staleness >= 1,
+            streaming=self.streaming,
+            units=units,
+        )
+
+
+def read_case(r: dict[str, str]) -> RowCase:
+    """Parse one row (Unpredictable with the column and value when a cell is unusable)."""
+    from rpeg import specs
+    from rpeg.ir import builders
+
+    model = specs.model(r["model"])
+    if model.unsupported:
+        raise Unpredictable(f"model {model.name}: {model.unsupported}")
+    unknown: list[str] = []
+    gen_n = _opt_int(r, "gen_gpus")
+    train_n = _opt_int(r, "train_gpus")
+    placement = (r.get("placement") or "").strip().lower()
+    if not placement:
+        # blank: two pools that add up are disaggregated; otherwise one shared pool
+        split = gen_n is not None and train_n is not None and gen_n != train_n
+        placement = "disaggregated" if split else "colocated"
+        unknown.append("placement")
+    if placement not in ("colocated", "disaggregated"):
+        raise Unpredictable(f"placement={placement!r}; allowed: colocated, disaggregated")
+    colocated = placement == "colocated"
+    if _number(r, "num_gpus") is None and gen_n is not None and train_n is not None:
+        n = gen_n if colocated else gen_n + train_n  # the pools say how many
+    else:
+        n = _int(r, "num_gpus")
+    if colocated:  # colocated rows often leave the pool sizes blank: both roles use all
+        gen_n = train_n = n
+    else:
+        if gen_n is None and train_n is not None:
+            gen_n = n - train_n
+        elif train_n is None and gen_n is not None:
+            train_n = n - gen_n
+        if gen_n is not None and (gen_n < 1 or train_n < 1 or gen_n + train_n != n):
+            raise Unpredictable(
+                f"gen_gpus={gen_n} + train_gpus={train_n} must be two pools of num_gpus={n}"
+            )
+    staleness = _staleness(r)
+    partial = _yes(r, "partial_rollout")
+    has_ref = _yes(r, "has_ref")
+    # PPO with a learned critic: a value forward and a critic update on the trainer pool
+    # (the critic is the actor's architecture, as in verl/OpenRLHF recipes by default).
+    # A blank has_critic follows the algorithm: plain "ppo" / GAE has a critic.
+    critic_cell = (r.get("has_critic") or "").strip()
+    algo = (r.get("algorithm") or "").strip().lower()
+    has_critic = _yes(r, "has_critic") if critic_cell else algo in ("ppo", "ppo-gae", "gae")
+    builder = "ppo" if has_critic else "grpo"
+    graph = builders.build(builder, use_reference=has_ref, staleness=min(staleness, 1000))
+    backend = (r.get("train_backend") or "").lower()
+    # ZeRO-3 (DeepSpeed, OpenRLHF) shards parameters like FSDP; everything else (Megatron,
+    # ReaL/AReaL 3D) keeps replicated TP/PP shards
+    engine = "fsdp" if any(k in backend for k in ("fsdp", "deepspeed", "zero")) else "megatron"
+
+    def prior(col: str) -> Any:
+        v = _tri(r, col)
+        if v is None:
+            unknown.append(col)
+            return PRIORS[col]
+        return v
+
+    util = _float(r, "gpu_memory_utilization")  # None: solved with the layout
+    if util is None:
+        unknown.append("gpu_memory_utilization")
+    elif util > 1.0:
+        raise Unpredictable(f"gpu_memory_utilization={util:g}: must be in (0, 1]")
+    recompute, packing = prior("act_ckpt"), prior("seq_packing")
+    streaming = prior("streaming") and not colocated and staleness == 0
+    reuse = prior("reuse_rollout_logprobs")
+    gpn = _number(r, "gpus_per_node")
+    cluster_name = _cluster_for(r["gpu"], int(gpn) if gpn else None)
+    prompt = _float(r, "avg_prompt_len")
+    if prompt is None:
+        unknown.append("avg_prompt_len")
+        prompt = PRIORS["avg_prompt_len"]
+    cap = _int(r, "max_gen_len")
+    explicit = _opt_int(r, "gen_cap")
+    if explicit is not None:
+        cap = min(cap, explicit)
+    max_seq = _float(r, "max_seq_len")
+    if max_seq:
+        # an engine never runs a sequence past its length budget (vLLM max_model_len):
+        # the response cap is at most the budget minus the prompt
+        cap = int(min(cap, max_seq - prompt))
+        if cap < 1:
+            raise Unpredictable(f"max_seq_len={max_seq:g} leaves no room for a response")
+    mean = _float(r, "avg_gen_len")
+    if mean is None:
+        unknown.append("avg_gen_len")
+    prec = ((r.get("precision") or "bf16").split() or ["bf16"])[0].lower()
+    if prec not in ("bf16", "fp16", "fp8", "fp32"):
+        raise Unpredictable(f"precision={prec!r}; allowed: bf16, fp16, fp8, fp32")
+    wl = Workload(
+        num_prompts=_int(r, "num_prompts"),
+        samples_per_prompt=_int(r, "samples_per_prompt"),
+        mean_prompt_tokens=prompt,
+        max_response_tokens=cap,
+        mean_response_tokens=mean,
+        train_minibatches=_int(r, "train_minibatches", 1),
+        precision=prec,
+        max_seq_tokens=int(max_seq) if max_seq else None,
+    )
+    layout = Layout(
+        gen_gpus=gen_n,
+        train_gpus=train_n,
+        gen_tp=_opt_int(r, "gen_tp"),
+        gen_pp=_int(r, "gen_pp", 1),
+        train_tp=_opt_int(r, "train_tp"),
+        train_pp=_int(r, "train_pp", 1),
+        train_cp=_int(r, "train_cp", 1),
+        train_ep=_int(r, "train_ep", 1),
+        gpu_memory_utilization=util,
+        recompute=recompute,
+    )
+    return RowCase(
+        graph=graph,
+        model=model,
+        cluster_name=cluster_name,
+        num_gpus=n,
+        colocated=colocated,
+        layout=layout,
+        staleness=staleness,
+        partial=partial,
+        builder=builder,
+        has_ref=has_ref,
+        reuse=reuse,
+        streaming=streaming,
+        util=util,
+        engine=engine,
+        recompute=recompute,
+        packing=packing,
+        workload=wl,
+        unknown=tuple(unknown),
+    )
+
+
+def row_case(r: dict[str, str], calib: Calibration = SHIPPED) -> tuple[Any, Plan, Workload]:
+    """The (graph, plan, workload) a CSV row describes, blank layout fields solved."""
+    case = read_case(r)
+    lay, _ = solve_layout(case, calib)
+    return case.graph, case.plan(lay), case.workload
+
+
+def _units(graph: Any) -> list[tuple[str, set[str]]]:
+    from rpeg.perf.units import graph_units
+
+    return [(n, {k for _, k, _ in members}) for n, members in graph_units(graph)]

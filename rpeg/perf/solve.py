@@ -1,0 +1,148 @@
+"""Blank layout fields of a described run, solved rather than defaulted.
+
+A published run (or a user's half-specified plan) may leave the generation TP, the training
+TP or the split of a disaggregated job into generation and training pools unstated. Pricing
+them at a fixed default is wrong in both directions (a 32B model at TP=1 on 64 GPUs is 8x too
+slow; a 70B model at TP=1 does not fit). Here every open field takes the value a planner
+would choose under the row's other constraints: among the values the hardware and the
+architecture allow (TP divides the attention heads and the pool, stays inside one 8-GPU
+NVLink group; pool sizes in whole nodes), the feasible combination with the shortest
+predicted step. The search is a few dozen ``predict`` calls (pure, ~1 ms each), no optimizer
+import: rpeg.perf stays below rpeg.search.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rpeg.perf.calibration import DEFAULT, Calibration
+from rpeg.perf.prediction import StepPrediction
+from rpeg.perf.pricing import predict
+from rpeg.plan.schema import InfeasiblePlan
+
+# Largest TP group a solved layout tries (models too large for one 8-GPU node, e.g.
+# DeepSeek-V3 in bf16, need generation TP across nodes; the least-parallel rule below keeps
+# the rest inside a node).
+MAX_SOLVED_TP = 64
+# Generation share of a disaggregated job tried when the split is unpublished.
+GEN_SHARES = (0.25, 1 / 3, 0.5, 2 / 3, 0.75)
+# Among layouts whose predicted step is within this share of the fastest, the one with the
+# least model parallelism is chosen (what practitioners pick: the smallest TP that does the
+# job; more TP costs GPUs per replica for a marginal gain).
+NEAR_FASTEST = 0.1
+
+
+@dataclass(frozen=True)
+class Layout:
+    gen_gpus: int | None
+    train_gpus: int | None
+    gen_tp: int | None
+    gen_pp: int = 1
+    train_tp: int | None = 1
+    train_pp: int = 1
+    train_cp: int = 1
+    train_ep: int = 1
+    gpu_memory_utilization: float | None = 0.8
+    recompute: bool | None = True
+    solved: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def open_fields(self) -> tuple[str, ...]:
+        return tuple(k for k in SOLVABLE if getattr(self, k) is None)
+
+
+SOLVABLE = ("gen_gpus", "train_gpus", "gen_tp", "train_tp", "gpu_memory_utilization", "recompute")
+# KV budget shares tried for an engine whose gpu_memory_utilization is unpublished (the range
+# of published RL recipes: NeMo-RL 0.3-0.8, verl 0.5-0.8; vLLM's default 0.9).
+UTIL_CANDIDATES = (0.6, 0.8, 0.9)
+
+
+def _tp_candidates(heads: int, pool: int, other: int) -> list[int]:
+    out = []
+    t = 1
+    while t <= MAX_SOLVED_TP:
+        if heads % t == 0 and pool % (t * other) == 0:
+            out.append(t)
+        t *= 2
+    return out or [1]
+
+
+def _split_candidates(n: int, node: int) -> list[int]:
+    step = node if n >= 2 * node else 1
+    out = set()
+    for s in GEN_SHARES:
+        g = int(round(n * s / step)) * step
+        if 0 < g < n:
+            out.add(g)
+    return sorted(out) or [max(1, n // 2)]
+
+
+def candidates(case: Any) -> list[Layout]:
+    """Every full layout the open fields of ``case.layout`` allow."""
+    from rpeg import specs
+
+    lay = case.layout
+    heads = case.model.heads
+    node = specs.cluster(case.cluster_name).gpus_per_node
+    splits = (
+        [(lay.gen_gpus, lay.train_gpus)]
+        if lay.gen_gpus is not None
+        else [(g, case.num_gpus - g) for g in _split_candidates(case.num_gpus, node)]
+    )
+    out = []
+    for g, t in splits:
+        gtp = [lay.gen_tp] if lay.gen_tp is not None else _tp_candidates(heads, g, lay.gen_pp)
+        if lay.train_tp is not None:
+            ttp = [lay.train_tp]
+        elif case.engine == "fsdp":
+            ttp = [1]  # FSDP shards the weights; published FSDP recipes rarely add TP
+        else:
+            ttp = _tp_candidates(heads, t, lay.train_pp * lay.train_cp)
+        utils = (
+            UTIL_CANDIDATES if lay.gpu_memory_utilization is None else (lay.gpu_memory_utilization,)
+        )
+        recs = (False, True) if lay.recompute is None else (lay.recompute,)
+        for a, b, u, rc in itertools.product(gtp, ttp, utils, recs):
+            out.append(
+                replace(
+                    lay,
+                    gen_gpus=g,
+                    train_gpus=t,
+                    gen_tp=a,
+                    train_tp=b,
+                    gpu_memory_utilization=u,
+                    recompute=rc,
+                )
+            )
+    return out
+
+
+def solve_layout(case: Any, calib: Calibration = DEFAULT) -> tuple[Layout, StepPrediction]:
+    """The fastest feasible full layout for ``case`` and its prediction; ``Layout.solved``
+    names every field that was open and the value chosen. Raises the last InfeasiblePlan
+    when no candidate fits."""
+    open_fields = case.layout.open_fields
+    ok: list[tuple[Layout, StepPrediction]] = []
+    last: Exception | None = None
+    for lay in candidates(case):
+        try:
+            pred = predict(case.graph, case.plan(lay), case.workload, calib=calib)
+        except (InfeasiblePlan, ValueError) as exc:  # does not fit / does not divide
+            last = exc
+            continue
+        ok.append((lay, pred))
+    if not ok:
+        assert last is not None
+        raise last
+    fastest = min(p.step_s for _, p in ok)
+    near = [x for x in ok if x[1].step_s <= fastest * (1 + NEAR_FASTEST)]
+    lay, pred = min(near, key=lambda x: (x[0].gen_tp * x[0].train_tp, x[1].step_s))
+    solved = {k: getattr(lay, k) for k in open_fields}
+    if solved:
+        pred.assumptions.append(
+            "layout fields not given, solved (fastest feasible): "
+            + ", ".join(f"{k}={v}" for k, v in solved.items())
+        )
+    return replace(lay, solved=solved), pred

@@ -1,0 +1,236 @@
+"""One validation pass before anything starts (no Prefect, no Dask, no model load).
+
+:func:`preflight` checks a :class:`rpeg.config.RunConfig` against everything a run will
+touch and raises one :class:`rpeg.errors.ConfigError` listing *every* problem found (the
+CLI prints it and exits 2, without a traceback):
+
+* the model: ``model.name`` in the catalog (the names are listed), the built-in tiny
+  model unless ``model.path`` is set, ``model.path`` / ``critic_path`` folders that exist
+  and hold a ``config.json``;
+* the task: every reward name registered, the data file (every bad row, up to
+  :data:`rpeg.runtime.data.MAX_ROW_PROBLEMS`, e.g. a JSONL line ``[1,2]``), the prompt
+  template's placeholders;
+* places: ``runtime.output_dir`` and ``runtime.checkpoint_url`` writable, ``--resume`` /
+  ``--resume-from`` pointing at a usable checkpoint;
+* the machine: local device and worker counts against the CPUs (or GPUs) here, a
+  ``tls://`` scheduler with its certificate files, the dashboard address and worker memory;
+* the plan: the compiled step (:func:`rpeg.compile.compile_plan`), whose problems join the
+  list.
+
+The config's own schema (types, ranges, finite numbers, unknown keys) is validated when it is
+loaded (:meth:`RunConfig.from_dict`), also all at once. This module imports no torch, dask or
+prefect at module level; its checks are cheap reads (the data file is read once).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from typing import Any
+
+from rpeg.config import RunConfig
+from rpeg.errors import ConfigError, Problem, ProblemsError
+
+#: the built-in model (trained when ``model.path`` is None)
+TINY_MODEL = "rpeg-tiny"
+_SIZE = re.compile(r"^\s*(auto|none|0|\d+(\.\d+)?\s*([kKMGTP]i?B|B)?)\s*$")
+_HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]*):\d{1,5}$")
+
+
+def machine_device_limit(device_type: str = "cpu") -> int:
+    """How many local devices this machine can host: its CPUs (at least 4: the shipped
+    configs/sharded-cpu.yaml and async-cpu.yaml run four one-thread workers, slower but
+    correct on a 2-core machine), or its CUDA GPUs."""
+    if device_type == "cuda":
+        from rpeg.infra.cluster import cuda_device_count
+
+        return cuda_device_count()
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(4, cpus)
+
+
+def preflight(
+    config: RunConfig,
+    *,
+    cluster_devices: int | None = None,
+    local: bool = False,
+    compile_plan: bool = True,
+) -> Any:
+    """Check everything; raise ConfigError listing all problems. Returns the compiled step
+    (None with ``local`` or ``compile_plan=False``). ``cluster_devices``: the devices of an
+    existing cluster (None = a LocalCluster on this machine)."""
+    problems: list[Problem] = []
+    problems += check_model(config)
+    problems += check_task(config)
+    problems += check_places(config)
+    if not local:
+        problems += check_machine(config, cluster_devices=cluster_devices)
+    compiled = None
+    if compile_plan and not local:
+        from rpeg.compile import compile_plan as _compile
+
+        try:
+            compiled = _compile(None, config, cluster_devices=cluster_devices)
+        except ProblemsError as exc:
+            problems += list(exc.problems)
+    if problems:
+        raise ConfigError(problems, title="run refused before anything started")
+    return compiled
+
+
+# ------------------------------------------------------------------------------ model
+def check_model(config: RunConfig) -> list[Problem]:
+    from rpeg import specs
+
+    m = config.model
+    out: list[Problem] = []
+    names = sorted(specs.models())
+    if m.name not in names:
+        out.append(Problem("model.name", f"unknown model {m.name!r}; known: {', '.join(names)}"))
+    elif m.path is None and m.name != TINY_MODEL:
+        out.append(
+            Problem(
+                "model.name",
+                f"{m.name!r} has no weights here: set model.path to its Hugging Face folder "
+                f"(without model.path the built-in {TINY_MODEL!r} is trained)",
+            )
+        )
+    for field in ("path", "critic_path", "reward_model_path"):
+        url = getattr(m, field)
+        if url:
+            out += _check_model_folder(url, f"model.{field}")
+    return out
+
+
+def _check_model_folder(url: str, where: str) -> list[Problem]:
+    import fsspec
+
+    try:
+        fs, root = fsspec.core.url_to_fs(url)
+        if not fs.exists(root):
+            return [Problem(where, f"{url!r} does not exist")]
+        if not fs.isdir(root):
+            return [Problem(where, f"{url!r} is not a folder (a Hugging Face model folder)")]
+        if not fs.exists(f"{root.rstrip('/')}/config.json"):
+            return [Problem(where, f"{url!r} holds no config.json (not a Hugging Face model)")]
+    except Exception as exc:  # noqa: BLE001 - any failure to look is a problem to report
+        return [Problem(where, f"{url!r} cannot be read: {type(exc).__name__}: {exc}")]
+    return []
+
+
+# ------------------------------------------------------------------------------ task
+def check_task(config: RunConfig) -> list[Problem]:
+    from rpeg.runtime.data import check_examples, check_template
+    from rpeg.runtime.rewards import registered_rewards
+
+    t = config.task
+    out: list[Problem] = []
+    known = registered_rewards()
+    for i, name in enumerate(t.rewards):
+        if name not in known:
+            out.append(
+                Problem(f"task.rewards[{i}]", f"unknown reward {name!r}; registered: {known}")
+            )
+    if not t.rewards:
+        out.append(Problem("task.rewards", "at least one reward is needed"))
+    out += check_template(t.prompt_template)
+    if t.kind in ("jsonl", "parquet") and t.url:
+        out += check_examples(t.url, t.kind)
+    return out
+
+
+# ------------------------------------------------------------------------------ places
+def check_places(config: RunConfig) -> list[Problem]:
+    from rpeg.runtime.actors.checkpoint import check_resumable, check_writable
+
+    rt = config.runtime
+    out = _check_dir_writable(rt.output_dir, "runtime.output_dir")
+    if rt.checkpoint_url:
+        try:
+            check_writable(rt.checkpoint_url)
+        except ProblemsError as exc:
+            out += list(exc.problems)
+    out += check_resumable(rt)
+    return out
+
+
+def _check_dir_writable(path: str, where: str) -> list[Problem]:
+    """Can ``path`` be created (if missing) and written? Creates nothing that stays,
+    except the folders that the run would create anyway."""
+    p = os.path.abspath(path)
+    probe_dir = p
+    while not os.path.exists(probe_dir):
+        parent = os.path.dirname(probe_dir)
+        if parent == probe_dir:
+            break
+        probe_dir = parent
+    if os.path.exists(p) and not os.path.isdir(p):
+        return [Problem(where, f"{path!r} exists and is not a folder")]
+    if not os.path.isdir(probe_dir):
+        return [Problem(where, f"{path!r} cannot be created: {probe_dir!r} is not a folder")]
+    probe = os.path.join(probe_dir, f".rpeg-write-probe-{uuid.uuid4().hex}")
+    try:
+        with open(probe, "wb") as fh:
+            fh.write(b"ok")
+        os.remove(probe)
+    except OSError as exc:
+        return [Problem(where, f"{path!r} is not writable: {exc.strerror or exc}")]
+    return []
+
+
+# ------------------------------------------------------------------------------ machine
+def check_machine(config: RunConfig, *, cluster_devices: int | None = None) -> list[Problem]:
+    cc = config.cluster
+    out: list[Problem] = []
+    address = cc.address
+    if address is None and cluster_devices is None:
+        limit = machine_device_limit(cc.device_type)
+        what = "CUDA devices" if cc.device_type == "cuda" else "CPUs"
+        if cc.device_type == "cuda" and limit == 0:
+            out.append(Problem("cluster.device_type", "cuda, but no CUDA device is visible"))
+        else:
+            if cc.num_devices is not None and cc.num_devices > limit:
+                out.append(
+                    Problem(
+                        "cluster.num_devices",
+                        f"{cc.num_devices} local devices, but this machine has {limit} {what} "
+                        "(one worker process per device); use --cluster for more",
+                    )
+                )
+            if cc.device_type == "cpu" and cc.n_workers > limit:
+                out.append(
+                    Problem(
+                        "cluster.n_workers",
+                        f"{cc.n_workers} local workers, but this machine has {limit} {what}",
+                    )
+                )
+    if address and address.startswith("tls://"):
+        for f in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+            v = getattr(cc, f)
+            if not v:
+                out.append(Problem(f"cluster.{f}", f"needed for the tls:// scheduler {address}"))
+            elif not os.path.isfile(v):
+                out.append(Problem(f"cluster.{f}", f"{v!r} not found"))
+    elif address and not re.match(r"^(tcp|tls|inproc|ucx|ws|wss)://", address):
+        out.append(
+            Problem("cluster.address", f"{address!r}: expected tcp://host:port or tls://host:port")
+        )
+    if cc.dashboard_address is not None and not _HOSTPORT.match(cc.dashboard_address):
+        out.append(
+            Problem(
+                "cluster.dashboard_address",
+                f"{cc.dashboard_address!r}: expected host:port, e.g. 127.0.0.1:8787",
+            )
+        )
+    if not _SIZE.match(cc.worker_memory):
+        out.append(
+            Problem(
+                "cluster.worker_memory",
+                f"{cc.worker_memory!r}: expected auto, 0 (no limit) or a size such as 8GiB",
+            )
+        )
+    return out

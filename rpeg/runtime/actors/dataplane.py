@@ -1,0 +1,107 @@
+"""Batches move actor to actor; the driver plans the moves from sizes alone.
+
+A step's batch is a sequence of rows (samples, prompt groups contiguous, in prompt order).
+Ranks of a group with data layout ``(dp, tp)`` hold it sharded by data-parallel index
+(rank ``r`` is dp index ``r // tp``, :mod:`rpeg.runtime.sharding`): dp index ``j`` holds the
+contiguous global rows ``[offset_j, offset_j + sizes[j])``; the ``tp`` ranks of one dp index
+hold the same rows. :class:`Holding` records that (metadata: group, dp, tp, sizes) and is all
+the driver keeps of a batch; :func:`plan_pull` turns "group B's ranks need the rows group A
+holds" into, per consumer rank, a list of (producer rank, local start, local end) slices that
+the consumer fetches itself (``RankActor.pull`` -> the producers' ``rows``). Tensors never
+pass through the flow process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Where the rows of one step's batch live: ``group``'s ranks at layout (dp, tp)."""
+
+    group: str
+    dp: int
+    tp: int
+    sizes: tuple[int, ...]  # rows per dp index
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        out, a = [], 0
+        for n in self.sizes:
+            out.append((a, a + n))
+            a += n
+        return out
+
+
+def shard_ranges(size: int, n: int, group_size: int) -> list[tuple[int, int]]:
+    """Contiguous row ranges of ``n`` near-equal shards made of whole groups of
+    ``group_size`` rows (the driver's ``shard_groups`` as ranges)."""
+    if group_size <= 1 or size % group_size:
+        unit, count = 1, size
+    else:
+        unit, count = group_size, size // group_size
+    k, r = divmod(count, n)
+    out, a = [], 0
+    for j in range(n):
+        m = (k + (1 if j < r else 0)) * unit
+        out.append((a, a + m))
+        a += m
+    return out
+
+
+def plan_pull(
+    src: Holding, dst_dp: int, dst_tp: int, group_size: int
+) -> tuple[list[list[tuple[int, int, int]]], tuple[int, ...]]:
+    """Slices each consumer rank fetches: ``[[(producer rank, start, end), ...] per rank]``
+    (local row indices of the producer), and the consumer's sizes per dp index.
+
+    Consumer dp index ``i`` gets rows ``shard_ranges(total, dst_dp)[i]``; a slice is read from
+    the producer's tp replica ``i % src.tp`` so replicas share the load."""
+    want = shard_ranges(src.total, dst_dp, group_size)
+    have = src.ranges()
+    per_rank: list[list[tuple[int, int, int]]] = []
+    for rank in range(dst_dp * dst_tp):
+        i = rank // dst_tp
+        a, b = want[i]
+        parts = []
+        for j, (s, e) in enumerate(have):
+            lo, hi = max(a, s), min(b, e)
+            if lo < hi:
+                parts.append((j * src.tp + (i % src.tp), lo - s, hi - s))
+        per_rank.append(parts)
+    return per_rank, tuple(b - a for a, b in want)
+
+
+def same_rows(src: Holding, dst_dp: int, group_size: int) -> bool:
+    """True when a consumer at ``dst_dp`` would hold exactly the producer's rows per index."""
+    return src.dp == dst_dp and tuple(
+        b - a for a, b in shard_ranges(src.total, dst_dp, group_size)
+    ) == tuple(src.sizes)
+
+
+def tensor_bytes(obj: object) -> int:
+    """Bytes of the tensors inside ``obj`` (batches, buckets, lists, dicts, tuples)."""
+    import dataclasses
+
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return 0
+
+
+def concat_rows(parts: Sequence[object]) -> object:
+    from rpeg.runtime.batch import RolloutBatch
+
+    return parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))

@@ -1,0 +1,727 @@
+"""The RL step as a state machine: events in, instructions out, no I/O.
+
+Modelled on the design of dask's ``distributed/worker_state_machine.py`` (a sans-IO core that
+turns stimuli into instructions, keeps a stimulus log and checks its invariants in
+``validate_state()``); no code of it is used. :class:`StepScheduler` decides *everything*
+about a run's order of work: which units of which step may run, when a rollout is admitted
+(through the staleness state of :mod:`rpeg.runtime.actors.staleness`), when the trainer takes
+its batch, when weights are synced, when to checkpoint, when to recover and when the run is
+over. The flow (``rpeg.flows.train``) executes the instructions on Prefect tasks and feeds
+each result back as an event; it decides nothing.
+
+Events (inputs)                          Instructions (outputs)
+  Start(state)                             SyncWeights(version)   trainer -> generators
+  WeightsSynced(version, metrics)          Evaluate(when)         held-out accuracy
+  Evaluated(when, accuracy)                BeginStep(step)        (stamp the step's start)
+  RolloutProduced(step, version, metrics)  Rollout(step, version) generate slot ``step``
+  BatchTaken(step, metrics)                Take(step, lags)       buffer -> trainer group
+  UnitFinished(step, unit, metrics)        RunUnit(step, unit)    one execution unit
+  StepEnded(step, seconds)                 Release(step)          drop the step's batches
+  CheckpointWritten(step_done, metrics)    EndStep(step)          (report the step's wall time)
+  WorkerLost(instruction, error)           Checkpoint(step_done, state)
+  OutOfMemory(instruction, error)          Record(step, metrics)  a finished step's metrics
+  Recovered(state)                         Recover(reason)        re-create actors, restore
+                                           Finish(acc_before, acc_after) / Fail(kind, ...)
+
+Async schedule (a separate rollout group, staleness bound k). Slot j (the batch of step j) is
+generated with the weights the generators hold when step ``max(0, j-k)`` begins, so its lag
+at training time is ``min(j, k)`` whatever the timing of the processes: a step's weight sync
+waits until every slot of its window ``[.., min(step+k, steps-1)]`` is produced, rollouts run
+one at a time on the rollout group (a slot ahead of the step once the trainer took the step's
+batch, so that it is generated while the step trains), and a checkpoint is written after the sync, when no rollout
+is in flight (the buffer then holds only produced samples, restored as they were). That is
+what makes a resumed or recovered run equal an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpeg.errors import RpegError
+from rpeg.runtime.actors import staleness as st
+
+STATE_FORMAT = 1
+
+
+class SchedulerError(RpegError):
+    """A protocol violation: an event the scheduler did not ask for, or a broken invariant."""
+
+
+class OutOfMemoryFailure(RpegError):
+    """A unit ran out of memory (reported with the unit, never retried)."""
+
+
+# --------------------------------------------------------------------------- instructions
+
+
+@dataclass(frozen=True)
+class SyncWeights:
+    version: int
+
+    @property
+    def key(self) -> tuple:
+        return ("sync", self.version)
+
+    def done(self, metrics: dict[str, float]) -> WeightsSynced:
+        return WeightsSynced(self.version, dict(metrics or {}))
+
+
+@dataclass(frozen=True)
+class Evaluate:
+    when: str  # "before" | "after"
+
+    @property
+    def key(self) -> tuple:
+        return ("evaluate", self.when)
+
+    def done(self, accuracy: float) -> Evaluated:
+        return Evaluated(self.when, float(accuracy))
+
+
+@dataclass(frozen=True)
+class Rollout:
+    step: int
+    version: int
+
+    @property
+    def key(self) -> tuple:
+        return ("rollout", self.step)
+
+    def done(self, metrics: dict[str, float]) -> RolloutProduced:
+        return RolloutProduced(self.step, self.version, dict(metrics or {}))
+
+
+@dataclass(frozen=True)
+class Take:
+    step: int
+    lags: tuple[int, ...]
+
+    @property
+    def key(self) -> tuple:
+        return ("take", self.step)
+
+    def done(self, metrics: dict[str, float]) -> BatchTaken:
+        return BatchTaken(self.step, dict(metrics or {}))
+
+
+@dataclass(frozen=True)
+class RunUnit:
+    step: int
+    unit: str
+
+    @property
+    def key(self) -> tuple:
+        return ("unit", self.step, self.unit)
+
+    def done(self, metrics: dict[str, float]) -> UnitFinished:
+        return UnitFinished(self.step, self.unit, dict(metrics or {}))
+
+
+@dataclass(frozen=True, eq=False)
+class Checkpoint:
+    step_done: int
+    state: dict[str, Any]
+
+    @property
+    def key(self) -> tuple:
+        return ("checkpoint", self.step_done)
+
+    def done(self, metrics: dict[str, float]) -> CheckpointWritten:
+        return CheckpointWritten(self.step_done, dict(metrics or {}))
+
+
+@dataclass(frozen=True)
+class BeginStep:
+    step: int
+
+
+@dataclass(frozen=True)
+class EndStep:
+    step: int
+
+
+@dataclass(frozen=True)
+class Release:
+    step: int
+
+
+@dataclass(frozen=True, eq=False)
+class Record:
+    step: int
+    metrics: dict[str, float]
+    checkpoint: int | None = None  # the step count of a checkpoint written after it
+
+
+@dataclass(frozen=True)
+class Recover:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    acc_before: float | None
+    acc_after: float | None
+
+
+@dataclass(frozen=True, eq=False)
+class Fail:
+    kind: str  # "worker_lost" | "oom" | "protocol"
+    reason: str
+    error: BaseException | None = None
+
+    def exception(self) -> BaseException:
+        """What the executor raises: a lost worker's own error (no retry left), an
+        :class:`OutOfMemoryFailure` naming the unit, or a :class:`SchedulerError`."""
+        if self.kind == "worker_lost" and self.error is not None:
+            return self.error
+        if self.kind == "oom":
+            return OutOfMemoryFailure(self.reason)
+        return SchedulerError(self.reason)
+
+
+Instruction = (
+    SyncWeights
+    | Evaluate
+    | Rollout
+    | Take
+    | RunUnit
+    | Checkpoint
+    | BeginStep
+    | EndStep
+    | Release
+    | Record
+    | Recover
+    | Finish
+    | Fail
+)
+# instructions whose execution reports back with an event (``ins.done(result)``)
+Tracked = SyncWeights | Evaluate | Rollout | Take | RunUnit | Checkpoint
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Start:
+    """Begin (``state`` = a checkpoint's scheduler state when resuming, else None)."""
+
+    state: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class WeightsSynced:
+    version: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    when: str
+    accuracy: float
+
+
+@dataclass(frozen=True)
+class RolloutProduced:
+    step: int
+    version: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchTaken:
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class UnitFinished:
+    step: int
+    unit: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepEnded:
+    step: int
+    seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)  # the executor's, of the step
+
+
+@dataclass(frozen=True)
+class CheckpointWritten:
+    step_done: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    instruction: Any
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class OutOfMemory:
+    instruction: Any
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """Actors re-created and the newest checkpoint loaded; ``state`` is its scheduler state."""
+
+    state: dict[str, Any]
+
+
+Event = (
+    Start
+    | WeightsSynced
+    | Evaluated
+    | RolloutProduced
+    | BatchTaken
+    | UnitFinished
+    | StepEnded
+    | CheckpointWritten
+    | WorkerLost
+    | OutOfMemory
+    | Recovered
+)
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class UnitPlan:
+    name: str
+    deps: tuple[str, ...]  # units of the same step that must finish first
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the scheduler needs of a :class:`rpeg.compile.CompiledStep` (plain data)."""
+
+    units: tuple[UnitPlan, ...]  # in topological order; async: the train-phase units
+    async_rollout: bool
+    k: int
+    samples_per_step: int
+    sync_every: int = 1
+
+    @classmethod
+    def from_compiled(cls, compiled: Any) -> StepPlan:
+        async_rollout = compiled.rollout_group != compiled.trainer_group
+        if async_rollout:  # rollout units run inside Rollout; the bucketed sync replaces
+            tasks = [t for t in compiled.tasks_in("train") if "sync_weights" not in t.kinds]
+        else:
+            tasks = list(compiled.tasks)
+        names = {t.name for t in tasks}
+        units = tuple(
+            UnitPlan(t.name, tuple(d for d in _waits(compiled, t) if d in names)) for t in tasks
+        )
+        return cls(
+            units=units,
+            async_rollout=async_rollout,
+            k=int(compiled.staleness),
+            samples_per_step=int(compiled.buffer["samples_per_step"]),
+            sync_every=int(compiled.weight_sync.get("every_steps", 1) or 1),
+        )
+
+
+def _waits(compiled: Any, t: Any) -> list[str]:
+    """Units ``t`` waits for inside a step (the compiler's ``wait_list`` where it has one)."""
+    if hasattr(compiled, "wait_list"):
+        return list(compiled.wait_list(t.name))
+    return list(dict.fromkeys([*t.depends_on, *t.after]))
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+class StepScheduler:
+    """The state of a run's steps; ``handle(*events) -> [instructions]``.
+
+    ``checkpoint_every``: None without a checkpoint store (then a lost worker fails the run);
+    ``max_recoveries``: how many lost workers the run survives (``runtime.step_retries``).
+    """
+
+    def __init__(
+        self,
+        plan: StepPlan,
+        steps: int,
+        *,
+        checkpoint_every: int | None = None,
+        max_recoveries: int = 0,
+    ):
+        if steps < 0:
+            raise SchedulerError(f"steps must be >= 0 (got {steps})")
+        self.plan = plan
+        self.steps = steps
+        self.checkpoint_every = checkpoint_every
+        self.max_recoveries = max_recoveries
+        self.unit_names = tuple(u.name for u in plan.units)
+        self.B = plan.samples_per_step
+        # --- run state (checkpointed: see state_dict)
+        self.step = 0  # the step being trained (== trainer policy version at its start)
+        self.acc_before: float | None = None
+        self.acc_after: float | None = None
+        self.history: dict[int, dict[str, float]] = {}  # finished steps' metrics
+        self.rollout_metrics: dict[int, dict[str, float]] = {}  # produced slots, not trained
+        self.staleness = st.StalenessState(k=plan.k, batch_size=self.B)
+        # --- per-process state
+        self.phase = "new"  # new starting step checkpoint recovering finishing done failed
+        self.recoveries = 0
+        self.in_flight: dict[tuple, Any] = {}
+        self.done: set[str] = set()  # units (and "take") of the current step that finished
+        self.parts: dict[str, dict[str, float]] = {}
+        self.lags: tuple[int, ...] = ()
+        self.trained = False  # every unit of the current step finished
+        self.synced = False  # the current step's weight sync finished (or is not needed)
+        self.log: list[tuple[Any, list[Any]]] = []  # the stimulus log: (event, instructions)
+
+    @classmethod
+    def from_compiled(cls, compiled: Any, steps: int, **kw: Any) -> StepScheduler:
+        return cls(StepPlan.from_compiled(compiled), steps, **kw)
+
+    # ---------------------------------------------------------------- entry
+    def handle(self, *events: Any) -> list[Any]:
+        out: list[Any] = []
+        for ev in events:
+            ins = self._handle(ev)
+            self.log.append((ev, list(ins)))
+            out.extend(ins)
+        return out
+
+    def _handle(self, ev: Any) -> list[Any]:
+        if self.phase in ("done", "failed"):
+            return []  # late results after the end (e.g. an abandoned task) change nothing
+        if isinstance(ev, WorkerLost):
+            return self._lost(ev)
+        if isinstance(ev, OutOfMemory):
+            return self._oom(ev)
+        if isinstance(ev, Start):
+            return self._start(ev.state, fresh=True)
+        if isinstance(ev, Recovered):
+            if self.phase != "recovering":
+                raise SchedulerError(f"Recovered while {self.phase}")
+            return self._start(ev.state, fresh=False)
+        if self.phase == "recovering":
+            return []  # the result of abandoned work: the checkpoint decides what stands
+        if isinstance(ev, StepEnded):
+            return self._step_ended(ev)
+        key = _event_key(ev)
+        if key not in self.in_flight:
+            raise SchedulerError(f"{ev!r}: no such instruction in flight")
+        del self.in_flight[key]
+        if isinstance(ev, WeightsSynced):
+            return self._weights_synced(ev)
+        if isinstance(ev, Evaluated):
+            return self._evaluated(ev)
+        if isinstance(ev, RolloutProduced):
+            return self._produced(ev)
+        if isinstance(ev, BatchTaken):
+            self.done.add("take")
+            self.parts["take"] = {"staleness_max": float(max(self.lags, default=0)), **ev.metrics}
+            return self._rollouts() + self._ready_units()
+        if isinstance(ev, UnitFinished):
+            self.done.add(ev.unit)
+            self.parts[ev.unit] = dict(ev.metrics)
+            if all(u in self.done for u in self.unit_names):
+                return self._trained()
+            return self._ready_units()
+        if isinstance(ev, CheckpointWritten):
+            return self._checkpointed(ev)
+        raise SchedulerError(f"unknown event {ev!r}")
+
+    def _emit(self, ins: Any) -> Any:
+        self.in_flight[ins.key] = ins
+        return ins
+
+    # ---------------------------------------------------------------- start / end
+    def _start(self, state: dict[str, Any] | None, *, fresh: bool) -> list[Any]:
+        if fresh and self.phase != "new":
+            raise SchedulerError(f"Start while {self.phase}")
+        if state is not None:
+            self.load_state_dict(state)
+        self.in_flight.clear()
+        self.phase = "starting"
+        if self.plan.async_rollout:  # the generators get the trainer's weights first
+            return [self._emit(SyncWeights(self.staleness.trainer_version))]
+        return self._started()
+
+    def _started(self) -> list[Any]:
+        if self.acc_before is None:
+            return [self._emit(Evaluate("before"))]
+        return self._begin_step()
+
+    def _weights_synced(self, ev: WeightsSynced) -> list[Any]:
+        self._apply(st.GeneratorSynced(ev.version))
+        if self.phase == "starting":
+            return self._started()
+        self.parts["sync"] = dict(ev.metrics)
+        self.synced = True
+        return self._end_step()
+
+    def _evaluated(self, ev: Evaluated) -> list[Any]:
+        if ev.when == "before":
+            self.acc_before = ev.accuracy
+            return self._begin_step()
+        self.acc_after = ev.accuracy
+        self.phase = "done"
+        return [Finish(self.acc_before, self.acc_after)]
+
+    # ---------------------------------------------------------------- a step
+    def _begin_step(self) -> list[Any]:
+        if self.step >= self.steps:
+            self.phase = "finishing"
+            return [self._emit(Evaluate("after"))]
+        self.phase = "step"
+        self.done, self.parts, self.lags = set(), {}, ()
+        self.trained = self.synced = False
+        out: list[Any] = [BeginStep(self.step)]
+        if self.plan.async_rollout:
+            out += self._rollouts() + self._take()
+        return out + self._ready_units()
+
+    def _window_end(self) -> int:
+        """Last slot that may be generated while the current step trains."""
+        return min(self.step + self.plan.k, self.steps - 1)
+
+    def _next_slot(self) -> int:
+        s = self.staleness
+        if s.reissue:
+            return s.step_of(min(s.reissue))
+        return s.step_of(s.next_index)
+
+    def _rolling(self) -> bool:
+        return any(key[0] == "rollout" for key in self.in_flight)
+
+    def _rollouts(self) -> list[Any]:
+        """At most one rollout in flight, slots of the current window in order; a slot ahead
+        of the current step once the trainer took its batch (so that its generation runs
+        while the step trains)."""
+        if self.phase != "step" or self._rolling() or self.synced:
+            return []
+        slot = self._next_slot()
+        if slot > self._window_end() or (slot > self.step and "take" not in self.done):
+            return []
+        (ins,) = self._apply(st.RequestSlot(self.staleness.generator_version, self.B))
+        if isinstance(ins, st.Block):
+            return []  # the step's weight sync (below) unblocks it
+        if ins.count != self.B or ins.start != slot * self.B:
+            raise SchedulerError(f"admitted {ins} for slot {slot}: slots are admitted whole")
+        return [self._emit(Rollout(slot, ins.version))]
+
+    def _produced(self, ev: RolloutProduced) -> list[Any]:
+        lo = ev.step * self.B
+        samples = tuple(st.Sample(i, ev.version, payload=ev.step) for i in range(lo, lo + self.B))
+        self._apply(st.Produced(samples))
+        self.rollout_metrics[ev.step] = dict(ev.metrics)
+        return self._take() + self._rollouts() + self._maybe_sync()
+
+    def _take(self) -> list[Any]:
+        if self.phase != "step" or "take" in self.done or ("take", self.step) in self.in_flight:
+            return []
+        (ins,) = self._apply(st.Take(self.step))
+        if isinstance(ins, st.Wait):
+            return []
+        if isinstance(ins, st.Stalled):
+            return self._fail(Fail("protocol", ins.reason))
+        self.lags = ins.lags
+        return [self._emit(Take(self.step, ins.lags))]
+
+    def _ready_units(self) -> list[Any]:
+        if self.plan.async_rollout and "take" not in self.done:
+            return []
+        out = []
+        for u in self.plan.units:
+            if u.name in self.done or ("unit", self.step, u.name) in self.in_flight:
+                continue
+            if all(d in self.done for d in u.deps):
+                out.append(self._emit(RunUnit(self.step, u.name)))
+        return out
+
+    def _trained(self) -> list[Any]:
+        self.trained = True
+        if not self.plan.async_rollout:
+            return self._end_step()
+        self._apply(st.Publish(self.step + 1))
+        return self._maybe_sync()
+
+    def _maybe_sync(self) -> list[Any]:
+        """The step's weight sync, once it trained and its whole rollout window is produced."""
+        if self.phase != "step" or not self.trained or self.synced:
+            return []
+        if self._rolling() or self._next_slot() <= self._window_end():
+            return []
+        if ("sync", self.step + 1) in self.in_flight:
+            return []
+        v = self.step + 1
+        more = v + self.plan.k <= self.steps - 1  # a later slot needs weights >= v
+        if v % self.plan.sync_every == 0 or (more and self.staleness.generator_version < v):
+            return [self._emit(SyncWeights(v))]
+        self.synced = True
+        return self._end_step()
+
+    def _end_step(self) -> list[Any]:
+        self.in_flight[("end", self.step)] = EndStep(self.step)
+        return [Release(self.step), EndStep(self.step)]
+
+    def _step_ended(self, ev: StepEnded) -> list[Any]:
+        if self.in_flight.pop(("end", ev.step), None) is None or ev.step != self.step:
+            raise SchedulerError(f"{ev!r}: step {self.step} was not ending")
+        m: dict[str, float] = {"step": float(self.step)}
+        if self.plan.async_rollout:
+            m.update(self.parts.get("take", {}))
+        for u in self.unit_names:
+            m.update(self.parts.get(u, {}))
+        if self.plan.async_rollout:
+            m.update(self.parts.get("sync", {}))
+            m.update(self.rollout_metrics.pop(self.step, {}))
+        m.update(ev.metrics)
+        m["step_s"] = float(ev.seconds)
+        m["tokens_per_s"] = m.get("num_tokens", 0.0) / max(m["step_s"], 1e-9)
+        self.history[self.step] = m
+        self.step += 1
+        self.done, self.parts, self.lags = set(), {}, ()
+        self.trained = self.synced = False
+        every = self.checkpoint_every
+        if every and (self.step % every == 0 or self.step == self.steps):
+            self.phase = "checkpoint"
+            return [self._emit(Checkpoint(self.step, self.state_dict()))]
+        return [Record(self.step - 1, m), *self._begin_step()]
+
+    def _checkpointed(self, ev: CheckpointWritten) -> list[Any]:
+        m = self.history[ev.step_done - 1]
+        m.update(ev.metrics)
+        return [Record(ev.step_done - 1, m, checkpoint=ev.step_done), *self._begin_step()]
+
+    # ---------------------------------------------------------------- failures
+    def _lost(self, ev: WorkerLost) -> list[Any]:
+        if self.phase == "recovering":
+            return []
+        what = _describe(ev.instruction)
+        if self.checkpoint_every and self.recoveries < self.max_recoveries:
+            self.recoveries += 1
+            self.phase = "recovering"
+            self.in_flight.clear()
+            return [Recover(f"{what}: worker lost ({_err(ev.error)})")]
+        why = "no checkpoint store" if not self.checkpoint_every else "no retries left"
+        return self._fail(
+            Fail("worker_lost", f"{what}: worker lost ({_err(ev.error)}); {why}", ev.error)
+        )
+
+    def _oom(self, ev: OutOfMemory) -> list[Any]:
+        return self._fail(
+            Fail(
+                "oom",
+                f"{_describe(ev.instruction)} ran out of memory ({_err(ev.error)}); not "
+                "retried: a smaller micro_batch_size, shorter responses or more devices help",
+                ev.error,
+            )
+        )
+
+    def _fail(self, ins: Fail) -> list[Any]:
+        self.phase = "failed"
+        self.in_flight.clear()  # the executor abandons what is still running
+        return [ins]
+
+    # ---------------------------------------------------------------- staleness
+    def _apply(self, event: Any) -> list[Any]:
+        out = self.staleness.handle(event)
+        for ins in out:
+            if isinstance(ins, st.Reject):
+                raise SchedulerError(f"staleness protocol: {ins.reason}")
+        return out
+
+    # ---------------------------------------------------------------- checkpoint state
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint after ``self.step`` steps needs to continue exactly."""
+        return {
+            "format": STATE_FORMAT,
+            "step": self.step,
+            "acc_before": self.acc_before,
+            "history": {s: dict(m) for s, m in self.history.items() if s < self.step},
+            "rollout_metrics": {s: dict(m) for s, m in self.rollout_metrics.items()},
+            "staleness": self.staleness.state_dict(),
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.step = int(d["step"])
+        self.acc_before = d.get("acc_before")
+        self.history = {int(s): dict(m) for s, m in d.get("history", {}).items()}
+        self.rollout_metrics = {int(s): dict(m) for s, m in d.get("rollout_metrics", {}).items()}
+        self.staleness = st.StalenessState.from_state_dict(d["staleness"], k=self.plan.k)
+
+    # ---------------------------------------------------------------- invariants
+    def validate(self) -> None:
+        """Raise :class:`SchedulerError` if an invariant does not hold (tests call it after
+        every event)."""
+        s = self.staleness
+        errs: list[str] = []
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                errs.append(msg)
+
+        need(0 <= self.step <= self.steps, f"step {self.step} outside [0, {self.steps}]")
+        need(sorted(self.history) == list(range(len(self.history))), "history has gaps")
+        need(len(self.history) == self.step, f"{len(self.history)} steps recorded at {self.step}")
+        need(self.recoveries <= self.max_recoveries, "more recoveries than allowed")
+        need(not self.done - {*self.unit_names, "take"}, f"unknown done units {self.done}")
+        for u in self.plan.units:
+            if u.name in self.done or ("unit", self.step, u.name) in self.in_flight:
+                need(all(d in self.done for d in u.deps), f"{u.name} ran before {u.deps}")
+        for key in self.in_flight:
+            need(key[0] != "unit" or key[1] == self.step, f"{key} in flight at step {self.step}")
+            need(key[0] != "unit" or key[2] not in self.done, f"{key} in flight and done")
+        if self.phase in ("done", "failed", "recovering", "new"):
+            need(not self.in_flight, f"{self.phase} with work in flight {list(self.in_flight)}")
+        if self.phase == "done":
+            need(self.step == self.steps, "finished before the last step")
+        if self.plan.async_rollout and self.phase != "new":
+            rolling = [k for k in self.in_flight if k[0] == "rollout"]
+            need(len(rolling) <= 1, f"more than one rollout in flight: {rolling}")
+            for key in rolling:
+                need(key[1] <= self._window_end(), f"rollout {key[1]} beyond the window")
+            v = s.trainer_version
+            need(v in (self.step, self.step + 1), f"trainer version {v} at step {self.step}")
+            need(v == self.step + 1 or not self.trained or self.phase != "step", "no publish")
+            need(s.generator_version <= v, "generators ahead of the trainer")
+            for smp in s.ready.values():
+                lag = s.step_of(smp.index) - smp.version
+                need(0 <= lag <= self.plan.k, f"sample {smp.index} lag {lag} > k={self.plan.k}")
+            need(set(self.rollout_metrics) >= {smp.payload for smp in s.ready.values()}, "lost")
+            took = "take" in self.done or ("take", self.step) in self.in_flight
+            taken = self.step + (1 if took else 0)
+            if self.phase in ("step", "checkpoint", "finishing", "done"):
+                need(s.delivered == taken * self.B, f"delivered {s.delivered} at step {taken}")
+        if errs:
+            raise SchedulerError("; ".join(errs))
+
+
+def _event_key(ev: Any) -> tuple:
+    if isinstance(ev, WeightsSynced):
+        return ("sync", ev.version)
+    if isinstance(ev, Evaluated):
+        return ("evaluate", ev.when)
+    if isinstance(ev, RolloutProduced):
+        return ("rollout", ev.step)
+    if isinstance(ev, BatchTaken):
+        return ("take", ev.step)
+    if isinstance(ev, UnitFinished):
+        return ("unit", ev.step, ev.unit)
+    if isinstance(ev, CheckpointWritten):
+        return ("checkpoint", ev.step_done)
+    raise SchedulerError(f"unknown event {ev!r}")
+
+
+def _describe(ins: Any) -> str:
+    if isinstance(ins, RunUnit):
+        return f"unit {ins.unit!r} of step {ins.step}"
+    if isinstance(ins, Rollout):
+        return f"rollout of step {ins.step}"
+    if ins is None:
+        return "the run"
+    return type(ins).__name__ + "".join(f" {v}" for v in getattr(ins, "key", ())[1:])
+
+
+def _err(exc: BaseException | None) -> str:
+    return "unknown" if exc is None else f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,206 @@
+"""Checkpoints of sharded roles with ``torch.distributed.checkpoint`` (DCP).
+
+Every rank of a group writes only the shards it holds (parameters and optimizer state,
+DTensors of any FSDP / TP layout, or plain tensors of a single process); DCP records each
+tensor's global shape and each shard's offsets, so a checkpoint written at one layout loads
+into another (saved at fsdp dp=2, resumed at tp=2 or on one process): each rank reads the
+pieces that overlap its new shards. Tensors are keyed by fully qualified parameter names
+(``torch.distributed.checkpoint.state_dict``), the same in every layout.
+
+Atomic: ranks write into ``<url>.tmp``; once DCP has written the metadata (its last step,
+after every rank's data), rank 0 moves ``<url>`` aside, renames the temp folder to ``<url>``
+and deletes the old one; a barrier ends the call. A crash before the rename leaves the
+previous checkpoint intact (a stale ``.tmp`` is removed by the next save). Local paths and
+fsspec URLs (``memory://``, ``s3://``, ...) both work; the fsspec store needs a rename.
+
+The frozen reference is not saved: it is rebuilt from its source (model path or tiny seed)
+when the run resumes. This module is a library: the driver's checkpoint store decides where
+and when (rpeg.runtime.actors.checkpoint); the small per-rank extras (RNG states, versions)
+are saved once, from rank 0, as plain values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+@contextlib.contextmanager
+def _single_process_quiet(single: bool):
+    """DCP warns that it assumes one process when no group exists; that is the intent here."""
+    with warnings.catch_warnings():
+        if single:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def _local(url: str) -> str:
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+def _fs(url: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(url)
+
+
+def _writer(url: str):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    if _is_local(url):
+        return FileSystemWriter(_local(url))
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    return FsspecWriter(url)
+
+
+def _reader(url: str):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    if _is_local(url):
+        return FileSystemReader(_local(url))
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    return FsspecReader(url)
+
+
+def _remove(url: str) -> None:
+    fs, path = _fs(url)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def _state(roles: Mapping[str, tuple[nn.Module, Any]]) -> dict[str, Any]:
+    """``{role: {"model": sharded sd, "optim": sharded optimizer sd}}`` (FQN keys)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    out: dict[str, Any] = {}
+    for name, (module, opt) in roles.items():
+        if opt is None:
+            from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+            out[name] = {"model": get_model_state_dict(module)}
+        else:
+            msd, osd = get_state_dict(module, opt)
+            out[name] = {"model": msd, "optim": osd}
+    return out
+
+
+def save_shards(
+    url: str,
+    roles: Mapping[str, tuple[nn.Module, Any]],
+    extra: Mapping[str, Any] | None = None,
+) -> str:
+    """Write ``roles`` (``{name: (module, optimizer or None)}``) of this rank to ``url`` with
+    DCP, atomically (module doc). ``extra``: small values (tensors, ints, byte strings) saved
+    once, from rank 0 (RNG state, policy version). Collective: every rank of the group calls
+    it with the same ``url``. Returns ``url``."""
+    import torch.distributed.checkpoint as dcp
+
+    dist = _dist()
+    rank = dist.get_rank() if dist else 0
+    tmp = url.rstrip("/") + ".tmp"
+    if rank == 0:
+        _remove(tmp)
+        if _is_local(tmp):
+            import os
+
+            os.makedirs(_local(tmp), exist_ok=True)
+    if dist:
+        dist.barrier()
+    state = _state(roles)
+    state["extra"] = dict(extra or {})
+    with _single_process_quiet(dist is None):
+        dcp.save(state, storage_writer=_writer(tmp), no_dist=dist is None)
+    if rank == 0:
+        fs, path = _fs(url)
+        _, tpath = _fs(tmp)
+        old = path.rstrip("/") + ".old"
+        if fs.exists(old):
+            fs.rm(old, recursive=True)
+        if fs.exists(path):
+            fs.mv(path, old, recursive=True)
+        fs.mv(tpath, path, recursive=True)
+        if fs.exists(old):
+            fs.rm(old, recursive=True)
+    if dist:
+        dist.barrier()
+    return url
+
+
+def load_shards(
+    url: str,
+    roles: Mapping[str, tuple[nn.Module, Any]],
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Load ``url`` (written by :func:`save_shards`, at any layout) into ``roles`` at their
+    current layout: each rank reads the slices of its shards; optimizer state follows its
+    parameters. ``extra``: a template of the extras to read (same keys and value types as
+    saved; tensors of the saved shape). Collective. Returns the loaded extras."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    dist = _dist()
+    state = _state(roles)
+    state["extra"] = {
+        k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in (extra or {}).items()
+    }
+    with _single_process_quiet(dist is None):
+        dcp.load(state, storage_reader=_reader(url), no_dist=dist is None)
+    for name, (module, opt) in roles.items():
+        if opt is None:
+            set_model_state_dict(module, state[name]["model"])
+        else:
+            set_state_dict(
+                module,
+                opt,
+                model_state_dict=state[name]["model"],
+                optim_state_dict=state[name]["optim"],
+            )
+    return dict(state["extra"])
+
+
+def worker_roles(**workers: Any) -> dict[str, tuple[nn.Module, Any]]:
+    """``{name: (module, optimizer)}`` of the trainable role workers given (PolicyWorker /
+    CriticWorker); frozen ones (no optimizer, the reference) are left out."""
+    return {
+        name: (w.module, w.optimizer)
+        for name, w in workers.items()
+        if w is not None and getattr(w, "optimizer", None) is not None
+    }
+
+
+def worker_extras(**workers: Any) -> dict[str, Any]:
+    """The small state saved beside the shards: policy versions and the rank-0 generators."""
+    out: dict[str, Any] = {}
+    for name, w in workers.items():
+        if w is None or getattr(w, "optimizer", None) is None:
+            continue
+        out[f"{name}.generator"] = w.generator.get_state()
+        out[f"{name}.policy_version"] = int(getattr(w, "policy_version", 0))
+    return out
+
+
+def restore_extras(extras: Mapping[str, Any], **workers: Any) -> None:
+    """Put back what :func:`worker_extras` saved."""
+    for name, w in workers.items():
+        if w is None or f"{name}.generator" not in extras:
+            continue
+        w.generator.set_state(extras[f"{name}.generator"])
+        if hasattr(w, "policy_version"):
+            w.policy_version = int(extras[f"{name}.policy_version"])

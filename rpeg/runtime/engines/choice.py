@@ -1,0 +1,186 @@
+"""Which generation engine a run uses: ``torch`` or ``vllm``, from the config and the plan.
+
+Two places may name it: ``runtime.engine`` in the run config and ``engine`` of the plan's
+generation unit(s) (:class:`rpeg.plan.UnitPlan`). ``auto`` (the default of both) leaves the
+choice to the machine: vLLM where generation runs on CUDA devices and ``vllm`` is installed,
+the torch engine otherwise. An explicit choice is honoured or refused before anything starts
+(:func:`check_engine`, every problem at once); the config and the plan may not disagree.
+Resolving is a function of plain values (:func:`declared_engine`, :func:`resolve_engine`), so
+the flow process checks it up front and each rank, where ``vllm`` may or may not import,
+resolves it again the same way (:func:`rank_engine`). See docs/engine.md ("vLLM").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import Any
+
+from rpeg.errors import ConfigError, Problem
+
+ENGINES = ("auto", "torch", "vllm")
+
+
+def vllm_importable() -> bool:
+    """Whether ``import vllm`` would find the package (without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def declared_engine(config_engine: str, plan_engines: Mapping[str, str]) -> str:
+    """The engine asked for (``auto``, ``torch`` or ``vllm``) by ``runtime.engine`` and the
+    plan's generation units (``unit name -> engine``). ConfigError listing every problem: a
+    plan engine that is no generation engine of this runtime, or two different asks."""
+    problems: list[Problem] = []
+    asked: dict[str, str] = {}
+    allowed = ", ".join(ENGINES)
+    if config_engine not in ENGINES:
+        problems.append(Problem("runtime.engine", f"{config_engine!r}; allowed: {allowed}"))
+    elif config_engine != "auto":
+        asked["runtime.engine"] = config_engine
+    for unit, engine in plan_engines.items():
+        where = f"plan.units.{unit}.engine"
+        if engine not in ENGINES:
+            problems.append(
+                Problem(
+                    where, f"{engine!r} is no generation engine of this runtime; allowed: {allowed}"
+                )
+            )
+        elif engine != "auto":
+            asked[where] = engine
+    if len(set(asked.values())) > 1:
+        said = ", ".join(f"{k}={v}" for k, v in asked.items())
+        problems.append(Problem("runtime.engine", f"the config and the plan disagree: {said}"))
+    if problems:
+        raise ConfigError(problems)
+    return next(iter(asked.values()), "auto")
+
+
+def resolve_engine(
+    declared: str, *, device_type: str, gen_tp: int = 1, vllm_available: bool | None = None
+) -> str:
+    """``torch`` or ``vllm`` for generation on ``device_type`` (``cpu`` / ``cuda``) with
+    tensor-parallel size ``gen_tp``. ``auto``: vllm on CUDA when installed, else torch."""
+    avail = vllm_importable() if vllm_available is None else vllm_available
+    if declared == "torch":
+        return "torch"
+    if declared == "auto":
+        return "vllm" if device_type == "cuda" and avail and gen_tp == 1 else "torch"
+    problems: list[Problem] = []
+    if device_type != "cuda":
+        problems.append(
+            Problem(
+                "runtime.engine",
+                f"vllm needs CUDA devices; generation runs on {device_type} here (use torch or auto)",
+            )
+        )
+    if not avail:
+        problems.append(
+            Problem("runtime.engine", "vllm is not installed here (pip install 'rpeg[gpu]')")
+        )
+    if gen_tp != 1:
+        problems.append(
+            Problem(
+                "runtime.engine",
+                f"vllm with generation tp={gen_tp}: the actor runtime runs one rank per GPU "
+                "and builds one vLLM instance per rank, so only tp=1 is wired (use torch)",
+            )
+        )
+    if problems:
+        raise ConfigError(problems)
+    return "vllm"
+
+
+def logprob_problems(engine: str, workload: Any, algorithm: Any) -> list[Problem]:
+    """vLLM's processed log-probs are of the truncated distribution when top-k/top-p is on:
+    the run must then recompute old log-probs (the trainer's forward) instead of reusing
+    the engine's."""
+    if engine != "vllm" or algorithm.recompute_old_logprobs:
+        return []
+    truncated = workload.temperature > 0 and (workload.top_k > 0 or workload.top_p < 1.0)
+    if not truncated:
+        return []
+    return [
+        Problem(
+            "algorithm.recompute_old_logprobs",
+            "must be true with engine vllm and top-k/top-p sampling (vLLM reports log-probs "
+            "of the truncated distribution, the trainer's are of the full one)",
+        )
+    ]
+
+
+def plan_generation_engines(graph: Any, plan: Any) -> dict[str, str]:
+    """``unit name -> engine`` for the plan's units that contain a generate stage."""
+    from rpeg.ir import FusedGroup
+
+    out = {}
+    for unit in graph.execution_units():
+        stages = unit.stages if isinstance(unit, FusedGroup) else (unit.name,)
+        kinds = {graph.stage(s).kind.value for s in stages}
+        if "generate" in kinds and unit.name in plan.units:
+            out[unit.name] = plan.units[unit.name].engine
+    return out
+
+
+def check_engine(config: Any, compiled: Any) -> str:
+    """The engine generation will use, checked before start (ConfigError otherwise): the
+    declared engine resolved on the device type and generation tp of the compiled groups
+    that generate, in this process's environment."""
+    from rpeg.compile import resolve
+
+    graph, plan = resolve(None, config)
+    declared = declared_engine(config.runtime.engine, plan_generation_engines(graph, plan))
+    groups = {g.name: g for g in compiled.actor_groups}
+    gen = [groups[t.group] for t in compiled.tasks if "generate" in t.kinds]
+    device = "cuda" if any(g.device_type == "cuda" for g in gen) else "cpu"
+    gen_tp = max((g.gen_tp for g in gen), default=1)
+    engine = resolve_engine(declared, device_type=device, gen_tp=gen_tp)
+    problems = logprob_problems(engine, config.workload, config.algorithm)
+    if problems:
+        raise ConfigError(problems)
+    return engine
+
+
+def engine_problems(config: Any, compiled: Any) -> list[Problem]:
+    """:func:`check_engine`'s problems as a list (empty when the engine is fine), for a
+    pre-start check that reports every problem of a run at once."""
+    try:
+        check_engine(config, compiled)
+    except ConfigError as exc:
+        return list(exc.problems)
+    return []
+
+
+def rank_engine(config: Any, group: Mapping[str, Any]) -> str:
+    """The engine a rank of ``group`` (an ActorGroupSpec as a dict) builds, resolved where
+    the rank runs (so ``auto`` finds vLLM only on a worker that has it). The plan is read
+    only for ``auto`` on CUDA (a plan's explicit engine was checked against the config
+    before start): CPU ranks never touch it."""
+    device = str(group.get("device_type", "cpu"))
+    declared = config.runtime.engine
+    if declared == "auto" and device == "cuda":
+        from rpeg.compile import resolve
+
+        graph, plan = resolve(None, config)
+        declared = declared_engine(declared, plan_generation_engines(graph, plan))
+    return resolve_engine(declared, device_type=device, gen_tp=int(group.get("gen_tp", 1)))
+
+
+def build_engine(engine: str, model: Any, tokenizer: Any, *, config: Any, colocated: bool):
+    """A private generation engine over a copy of ``model``'s weights: a TorchEngine on a
+    deep copy, or a VLLMEngine loading them (sleep mode on when ``colocated`` with training)."""
+    import copy
+
+    if engine == "torch":
+        from rpeg.runtime.engines.torch_engine import TorchEngine
+
+        return TorchEngine(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    from rpeg.runtime.engines.vllm import VLLMEngine
+
+    return VLLMEngine.from_model(
+        model,
+        pad_id=tokenizer.pad_token_id,
+        eos_id=tokenizer.eos_token_id,
+        dtype="bfloat16" if config.model.dtype == "float32" else config.model.dtype,
+        seed=config.runtime.seed,
+        sleep_mode=colocated,
+    )

@@ -1,0 +1,92 @@
+"""Cutting a (mini-)batch into micro-batches: a fixed number of samples, or a token budget.
+
+* Fixed: ``micro_batch_size`` samples each, in order.
+* Token budget (``workload.max_tokens_per_micro_batch``, verl's ``ppo_max_token_len_per_gpu``
+  / NeMo-RL's dynamic batching): samples sorted by length, longest first, are packed while
+  the micro-batch's padded size ``rows * (longest prompt + longest response)`` stays within
+  the budget; a sample over the budget on its own forms its own micro-batch.
+
+Every forward or backward of a sharded (FSDP / TP) or data-parallel model is a collective, so
+the ranks of a group must run the same number of micro-batches. :func:`plan_micro_batches`
+agrees on the largest count over the group (``RankReduce.max``) and re-partitions a rank
+that needs fewer into that many balanced parts (longest-processing-time greedy); a rank with
+fewer samples than parts gets empty parts, which the caller runs as a zero-weight dummy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rpeg.runtime.batch import RolloutBatch
+from rpeg.runtime.parallel import LOCAL, RankReduce
+
+
+def _lengths(batch: RolloutBatch) -> tuple[list[int], list[int]]:
+    return batch.prompt_mask.sum(-1).tolist(), batch.response_mask.sum(-1).tolist()
+
+
+def padded_tokens(batch: RolloutBatch, index: list[int]) -> int:
+    """Tokens of the micro-batch ``index`` once padded to its longest prompt and response."""
+    if not index:
+        return 0
+    p, r = _lengths(batch)
+    return len(index) * (max(p[i] for i in index) + max(r[i] for i in index))
+
+
+def _by_budget(p: list[int], r: list[int], budget: int) -> list[list[int]]:
+    order = sorted(range(len(p)), key=lambda i: (-(p[i] + r[i]), i))
+    parts: list[list[int]] = []
+    cur: list[int] = []
+    mp = mr = 0
+    for i in order:
+        np_, nr = max(mp, p[i]), max(mr, r[i])
+        if cur and (len(cur) + 1) * (np_ + nr) > budget:
+            parts.append(cur)
+            cur, np_, nr = [], p[i], r[i]
+        cur.append(i)
+        mp, mr = np_, nr
+    if cur:
+        parts.append(cur)
+    return parts
+
+
+def _balanced(p: list[int], r: list[int], k: int) -> list[list[int]]:
+    """``k`` parts of near-equal padded size (longest first, each to the part it grows least)."""
+    order = sorted(range(len(p)), key=lambda i: (-(p[i] + r[i]), i))
+    parts: list[list[int]] = [[] for _ in range(k)]
+    shape = [(0, 0)] * k
+    for i in order:
+
+        def grown(j: int, i: int = i) -> tuple[int, int]:
+            mp, mr = max(shape[j][0], p[i]), max(shape[j][1], r[i])
+            return (len(parts[j]) + 1) * (mp + mr), j
+
+        j = min(range(k), key=grown)
+        parts[j].append(i)
+        shape[j] = (max(shape[j][0], p[i]), max(shape[j][1], r[i]))
+    return parts
+
+
+def plan_micro_batches(
+    batch: RolloutBatch,
+    micro_batch_size: int,
+    max_tokens: int | None = None,
+    reduce: RankReduce = LOCAL,
+) -> list[list[int]]:
+    """Row indices of each micro-batch of ``batch`` (see the module doc). Every rank of
+    ``reduce``'s group gets the same number of lists; some may be empty."""
+    n = batch.size
+    if max_tokens:
+        p, r = _lengths(batch)
+        parts = _by_budget(p, r, max_tokens)
+    else:
+        parts = [
+            list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)
+        ]
+    k = int(reduce.max(torch.tensor([len(parts)], dtype=torch.long))[0])
+    if k == len(parts):
+        return parts
+    if max_tokens:
+        p, r = _lengths(batch)
+        return _balanced(p, r, k)
+    return [c.tolist() for c in torch.tensor_split(torch.arange(n), k)]

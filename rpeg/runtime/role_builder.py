@@ -1,0 +1,191 @@
+"""The model roles of one process (actor, reference, critic), built one way for both
+runtimes: the single-process :class:`rpeg.runtime.local_trainer.LocalTrainer` (every role)
+and each :class:`rpeg.runtime.actors.rank.RankActor` (the roles of its actor group).
+
+What differs between the two is said in arguments, never in a second copy of the code:
+which roles the process holds, whether the actor trains, whether the generator keeps its
+own lagging copy of the weights, which engine generates, and where the model lives.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rpeg.config import RunConfig
+from rpeg.runtime.data import DataCursor, Example, build_task_data
+from rpeg.runtime.engines.choice import build_engine
+from rpeg.runtime.rewards import RewardSet
+from rpeg.runtime.roles import CriticWorker, PolicyWorker
+
+#: the roles a process may hold
+ROLE_NAMES = ("actor", "reference", "critic")
+
+
+def build_policy(config: RunConfig, log: Callable[[str], None] | None = None):
+    """(model, tokenizer, info): the configured model, or the built-in tiny model; with the
+    supervised warm-up applied (cached) when ``config.warmup_sft_steps`` > 0."""
+    from rpeg.runtime.model_io import TINY_SHAPE, create_tiny, load_model_and_tokenizer
+
+    mc = config.model
+    torch.manual_seed(config.runtime.seed)
+    if mc.path:
+        model, tok = load_model_and_tokenizer(mc.path, mc.dtype)
+        key_model = {"path": mc.path}
+    else:
+        shape = dict(mc.tiny_shape or {})
+        model, tok = create_tiny(seed=config.runtime.seed, **shape)
+        key_model = {"tiny": {**TINY_SHAPE, **shape}, "seed": config.runtime.seed}
+    info: dict = {}
+    o = config.optim
+    warmup_steps = config.warmup_sft_steps
+    if warmup_steps:
+        from rpeg.runtime.warmup import cached_warmup
+
+        cursor, _ = build_task_data(config.task)
+        t = config.task
+        model, info = cached_warmup(
+            model,
+            tok,
+            cursor.source if not cursor.finite else list(cursor.source),
+            key_parts={
+                "model": key_model,
+                "task": [t.kind, t.url, t.difficulty, t.seed, t.heldout_size, t.prompt_template],
+            },
+            steps=warmup_steps,
+            lr=o.warmup_sft_lr,
+            batch_size=o.warmup_sft_batch_size,
+            template=t.prompt_template,
+            seed=config.runtime.seed,
+            log=log,
+        )
+    return model, tok, info
+
+
+def all_roles(config: RunConfig) -> tuple[str, ...]:
+    """The roles of a process that runs the whole step (the local trainer): the actor, a
+    frozen reference when the algorithm uses one, a separate critic for PPO without a
+    shared actor-critic."""
+    a = config.algorithm
+    roles = ["actor"]
+    if a.use_reference:
+        roles.append("reference")
+    if a.name == "ppo" and not a.share_actor_critic:
+        roles.append("critic")
+    return tuple(roles)
+
+
+@dataclass
+class Roles:
+    """What :func:`build_roles` made: the task's data and rewards, the tokenizer, and the
+    roles this process holds (None where it holds none)."""
+
+    rewards: RewardSet
+    cursor: DataCursor
+    heldout: list[Example]
+    tokenizer: Any
+    warmup_info: dict = field(default_factory=dict)
+    actor: PolicyWorker | None = None
+    reference: PolicyWorker | None = None
+    critic: CriticWorker | None = None
+
+
+def build_roles(
+    config: RunConfig,
+    roles: Collection[str],
+    *,
+    engine_kind: Callable[[torch.nn.Module], str],
+    actor_trainable: bool = True,
+    lagging_engine: bool = False,
+    colocated: bool = True,
+    place: Callable[[torch.nn.Module], Any] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Roles:
+    """The task's data and rewards and the ``roles`` (of :data:`ROLE_NAMES`) of one process.
+
+    ``engine_kind(model)``: "torch" or "vllm" (asked only when the process holds the actor);
+    a vLLM engine always holds its own weights, a torch one only with ``lagging_engine`` (a
+    bounded-staleness generator); ``colocated``: the engine shares its device with
+    training (vLLM sleep mode). ``place(model)`` moves the built model before any role
+    copies it (a rank's device and dtype)."""
+    unknown = sorted(set(roles) - set(ROLE_NAMES))
+    if unknown:
+        raise ValueError(f"roles {unknown}: allowed {', '.join(ROLE_NAMES)}")
+    c = config
+    a = c.algorithm
+    torch.set_num_threads(c.runtime.torch_threads)
+    random.seed(c.runtime.seed)
+    rewards = RewardSet.from_task(c.task)
+    cursor, heldout = build_task_data(c.task)
+    model, tok, info = build_policy(c, log)
+    if place is not None:
+        place(model)
+    out = Roles(rewards, cursor, heldout, tok, info)
+    ppo = a.name == "ppo"
+    if "reference" in roles:
+        out.reference = PolicyWorker(
+            copy.deepcopy(model), tok, workload=c.workload, trainable=False
+        )
+    if "actor" in roles:
+        engine = None
+        kind = engine_kind(model)
+        if kind == "vllm" or lagging_engine:  # a generator with its own weights
+            engine = build_engine(kind, model, tok, config=c, colocated=colocated)
+        out.actor = PolicyWorker(
+            model,
+            tok,
+            algorithm=a,
+            optim=c.optim,
+            workload=c.workload,
+            trainable=actor_trainable,
+            value_head=ppo and a.share_actor_critic,
+            engine=engine,
+            seed=c.runtime.seed,
+        )
+    if "critic" in roles:
+        out.critic = CriticWorker(
+            copy.deepcopy(model),
+            algorithm=a,
+            optim=c.optim,
+            workload=c.workload,
+            seed=c.runtime.seed,
+        )
+    return out
+
+
+def greedy_accuracy(
+    actor: PolicyWorker,
+    tokenizer: Any,
+    examples: list[Example],
+    rewards: RewardSet,
+    prompt_template: str,
+    all_done: Callable[..., Any] | None = None,
+) -> float:
+    """Greedy accuracy of the actor's *current* weights on ``examples`` (a fraction in
+    [0, 1]; NaN without examples), even when its generator lags behind: generation runs on
+    a torch engine over the actor's own model. ``all_done``: the engine's stop test when the
+    ranks of a sharded group must step together."""
+    from rpeg.runtime import stages
+    from rpeg.runtime.engines.torch_engine import TorchEngine
+
+    if not examples:
+        return float("nan")
+    w = copy.copy(actor)
+    w.engine = TorchEngine(actor.lm, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    if all_done is not None:
+        w.engine.all_done = all_done
+    batch, _ = stages.generate_stage(
+        w,
+        examples,
+        1,
+        prompt_template=prompt_template,
+        params=actor.sampling_params(greedy=True),
+        seed=0,
+    )
+    _, rm = stages.reward_stage(batch, rewards)
+    return rm["accuracy"]

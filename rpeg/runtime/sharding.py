@@ -1,0 +1,409 @@
+"""Shards of a model role over a ``("dp", "tp")`` device mesh: DTensor tensor parallelism and
+FSDP2 data-parallel sharding of the Hugging Face Llama / Qwen2 / Qwen3 decoders the engine loads.
+
+A group of ``world_size = dp * tp`` ranks lays its ranks out row-major on the mesh: rank
+``r`` is data-parallel index ``r // tp`` and tensor-parallel index ``r % tp``. The ``tp`` ranks
+of one data-parallel index see the same samples (and run the same decode with the same
+sampling seed); the ``dp`` indices see different shards of the batch.
+
+* :func:`build_mesh` -- the :class:`~torch.distributed.device_mesh.DeviceMesh` of a
+  :class:`Layout` over the already-initialized default process group.
+* :func:`apply_tensor_parallel` -- column-wise q/k/v/gate/up, row-wise o/down in every decoder
+  block (Megatron-LM's split, Shoeybi et al. 2019, arXiv:1909.08053). The HF attention reshapes
+  with ``view(..., -1, head_dim)`` and ``reshape(..., -1)`` (transformers 5.x), so with local
+  (non-DTensor) activations each rank simply runs ``heads / tp`` heads; embeddings, norms and
+  the LM head stay replicated.
+* :func:`apply_fsdp` -- ``fully_shard`` per decoder block plus the root over the ``dp`` mesh
+  (composes with TP: parameters become 2-D DTensors).
+* :func:`shard_roles` / :class:`Shards` -- what a rank does to one role (actor, reference,
+  critic) and the collective helpers the training loop needs afterwards: gradient
+  averaging for replicated parameters, gradient-norm clipping over DTensors.
+* :func:`full_state_dict` / :func:`load_full_state_dict` -- unsharded weights out and in
+  (weight sync, evaluation, export); :func:`full_role_state` / :func:`load_full_role_state`
+  add the optimizer state keyed by parameter names (a checkpoint any layout loads). All are
+  collectives: every rank of the group calls them.
+* :func:`gathered_blocks` -- FSDP blocks gathered once for a whole decode loop.
+* :func:`param_bytes_local` / :func:`param_bytes_full` -- what this rank holds vs. the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from rpeg.errors import ConfigError, Problem
+
+# DTensor warns on every 2-D (dp x tp) norm / gather that it runs one collective per mesh
+# dimension; that is what a 2-D layout costs here, not a problem to report each step
+logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+#: submodule of a decoder block -> tensor-parallel style (Megatron split of attention / MLP)
+TP_PLAN: dict[str, str] = {
+    "self_attn.q_proj": "colwise",
+    "self_attn.k_proj": "colwise",
+    "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise",
+    "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise",
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How ``dp * tp`` ranks lay out one role. ``fsdp``: shard parameters, gradients and
+    optimizer state over ``dp`` (FSDP2); otherwise ``dp`` holds replicas."""
+
+    dp: int = 1
+    tp: int = 1
+    fsdp: bool = False
+    device_type: str = "cpu"
+    dtype: str = "float32"
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp
+
+    @property
+    def sharded(self) -> bool:
+        """True when the role needs DTensor/FSDP (not plain replicas)."""
+        return self.tp > 1 or (self.fsdp and self.dp > 1)
+
+    def dp_index(self, rank: int) -> int:
+        return rank // self.tp
+
+    def tp_index(self, rank: int) -> int:
+        return rank % self.tp
+
+    @classmethod
+    def from_group(cls, group: Mapping[str, Any]) -> Layout:
+        """From an ``ActorGroupSpec.to_dict()`` (missing layout fields: data-parallel replicas)."""
+        ws = int(group.get("world_size", 1))
+        tp = int(group.get("tp", 1) or 1)
+        dp = int(group.get("dp", 0) or max(1, ws // tp))
+        lay = cls(
+            dp=dp,
+            tp=tp,
+            fsdp=bool(group.get("fsdp", False)),
+            device_type=str(group.get("device_type", "cpu")),
+            dtype=str(group.get("dtype", "float32")),
+        )
+        if lay.world_size != ws:
+            raise ConfigError(
+                [
+                    Problem(
+                        f"group {group.get('name', '?')}",
+                        f"dp={dp} x tp={tp} = {lay.world_size} ranks but world_size={ws}",
+                    )
+                ]
+            )
+        return lay
+
+
+def layout_problems(model_config, tp: int, where: str = "plan.layout.tp") -> list[Problem]:
+    """Why ``tp`` cannot split this model (heads, kv heads, MLP width), as problems."""
+    if tp <= 1:
+        return []
+    out = []
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        n = getattr(model_config, name, None)
+        if n is not None and n % tp:
+            out.append(Problem(where, f"tp={tp} does not divide the model's {name}={n}"))
+    return out
+
+
+# --- mesh ----------------------------------------------------------------------------------
+def process_group_backend(device_type: str) -> str:
+    """NCCL for CUDA ranks, gloo otherwise (NCCL refuses CPU tensors)."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def build_mesh(layout: Layout):
+    """The ``("dp", "tp")`` DeviceMesh of ``layout`` over the initialized default process
+    group (its world size must be ``dp * tp``)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        raise RuntimeError("build_mesh needs an initialized torch.distributed process group")
+    if dist.get_world_size() != layout.world_size:
+        raise RuntimeError(
+            f"process group has {dist.get_world_size()} ranks, layout needs {layout.world_size}"
+        )
+    return init_device_mesh(layout.device_type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
+
+
+# --- tensor parallelism --------------------------------------------------------------------
+def decoder_layers(module: nn.Module) -> list[nn.Module]:
+    """The decoder blocks of a causal LM, its trunk, or a wrapper holding one (``lm``/``trunk``)."""
+    for path in ("model.layers", "layers", "lm.model.layers", "trunk.layers"):
+        obj: Any = module
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, nn.ModuleList):
+            return list(obj)
+    raise TypeError(f"{type(module).__name__} has no decoder layers (model.layers)")
+
+
+def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
+    """Split every decoder block of ``module`` over the 1-D ``tp_mesh`` (in place)."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    if tp_mesh.size() == 1:
+        return
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    for layer in decoder_layers(module):
+        plan = {name: styles[s]() for name, s in TP_PLAN.items() if _has(layer, name)}
+        parallelize_module(layer, tp_mesh, plan)
+
+
+def _has(module: nn.Module, dotted: str) -> bool:
+    obj: Any = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False
+    return True
+
+
+# --- FSDP2 ---------------------------------------------------------------------------------
+def apply_fsdp(module: nn.Module, dp_mesh, extra_roots: Iterable[nn.Module] = ()) -> None:
+    """``fully_shard`` each decoder block, then ``module`` (the root: embeddings, final norm,
+    LM head), then each of ``extra_roots`` (value heads that live beside the LM)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(module):
+        fully_shard(layer, mesh=dp_mesh)
+    fully_shard(module, mesh=dp_mesh)
+    for m in extra_roots:
+        fully_shard(m, mesh=dp_mesh)
+
+
+@contextlib.contextmanager
+def gathered_blocks(module: nn.Module) -> Iterator[None]:
+    """While inside, FSDP2 decoder blocks of ``module`` stay unsharded after their first
+    forward (``set_reshard_after_forward(False)``), so a decode loop gathers each block once,
+    not once per token; they are resharded on exit. A no-op for a model without FSDP."""
+    from torch.distributed.fsdp import FSDPModule
+
+    try:
+        blocks = [b for b in decoder_layers(module) if isinstance(b, FSDPModule)]
+    except TypeError:
+        blocks = []
+    for b in blocks:
+        b.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for b in blocks:
+            b.reshard()
+            b.set_reshard_after_forward(True, recurse=False)
+
+
+# --- one role ------------------------------------------------------------------------------
+@dataclass
+class Shards:
+    """How one rank holds a role: the mesh, the layout, and the collective steps its training
+    loop needs. ``replicated``: parameters no FSDP unit reduces (everything without fsdp, the
+    value head beside an unsharded LM) whose gradients are averaged over ``dp`` by
+    :meth:`sync_grads`."""
+
+    layout: Layout
+    mesh: Any = None
+    replicated: list[nn.Parameter] = field(default_factory=list)
+
+    @property
+    def dp_group(self):
+        return None if self.mesh is None else self.mesh.get_group("dp")
+
+    def sync_grads(self) -> None:
+        """Average the gradients of :attr:`replicated` parameters over the ``dp`` ranks."""
+        if self.layout.dp <= 1 or not self.replicated:
+            return
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        group = self.dp_group
+        for p in self.replicated:
+            if p.grad is None:
+                continue
+            g = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(g, op=dist.ReduceOp.SUM, group=group)
+            g.div_(self.layout.dp)
+
+    def clip_grads(self, params: Iterable[nn.Parameter], max_norm: float) -> float:
+        return grad_norm_and_clip(params, max_norm)
+
+
+def grad_norm_and_clip(params: Iterable[nn.Parameter], max_norm: float) -> float:
+    """Global L2 norm of the gradients (plain tensors and DTensors of any mesh), then scale
+    them by ``min(1, max_norm / (norm + 1e-6))`` -- ``torch.nn.utils.clip_grad_norm_``'s rule.
+    A DTensor's norm is reduced over its mesh (one collective per mesh), so every rank of the
+    group must call this in the same order."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    by_mesh: dict[int, list] = {}
+    for g in grads:
+        if isinstance(g, DTensor):
+            by_mesh.setdefault(id(g.device_mesh), []).append(g)
+    sq = torch.zeros((), dtype=torch.float64)
+    for g in plain:
+        sq += g.detach().double().pow(2).sum().cpu()
+    for group in by_mesh.values():
+        n = torch.nn.utils.get_total_norm(group, 2.0)
+        if isinstance(n, DTensor):
+            n = n.full_tensor()
+        sq += n.detach().double().cpu() ** 2
+    total = float(sq.sqrt())
+    coef = min(1.0, max_norm / (total + 1e-6))
+    if coef < 1.0:
+        for g in grads:
+            g.detach().mul_(coef)
+    return total
+
+
+def shard_roles(
+    module: nn.Module,
+    lm: nn.Module,
+    layout: Layout,
+    mesh,
+    *,
+    heads: Iterable[nn.Module] = (),
+) -> Shards:
+    """Shard one role in place: tensor parallelism of ``lm``'s (or a critic trunk's) blocks
+    over ``mesh["tp"]``, then FSDP2 over ``mesh["dp"]`` when ``layout.fsdp`` (``heads``: value
+    heads beside the LM, each its own FSDP root). ``module`` is what the loss calls (the LM, an
+    actor-critic or a critic); returns the role's :class:`Shards`."""
+    heads = list(heads)
+    if layout.tp > 1:
+        cfg = getattr(lm, "config", None)
+        probs = layout_problems(cfg, layout.tp) if cfg is not None else []
+        if probs:
+            raise ConfigError(probs, title="the layout does not divide the model")
+        apply_tensor_parallel(lm, mesh["tp"])
+    replicated: list[nn.Parameter] = []
+    if layout.fsdp and layout.dp > 1:
+        apply_fsdp(lm, mesh["dp"], extra_roots=heads)
+    else:
+        replicated = [p for p in module.parameters() if p.requires_grad]
+    return Shards(layout=layout, mesh=mesh, replicated=replicated)
+
+
+# --- full weights in and out ---------------------------------------------------------------
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unsharded state dict of ``model`` on every rank, as detached CPU copies (DTensors
+    are gathered with ``full_tensor``). Collective: every rank of the model's mesh calls it
+    in the same order. Plain (unsharded) models just get copied."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for k, v in model.state_dict().items():
+        if isinstance(v, DTensor):
+            v = v.full_tensor()
+        out[k] = v.detach().cpu().clone()
+    return out
+
+
+def load_full_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Load an unsharded ``state`` (every rank holds the whole of it) into a sharded or plain
+    ``model``: each DTensor takes its local slice, no communication. Strict on keys."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise KeyError(f"state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for k, cur in own.items():
+            src = state[k]
+            if isinstance(cur, DTensor):
+                full = src.to(device=cur._local_tensor.device, dtype=cur.dtype)
+                d = distribute_tensor(full, cur.device_mesh, cur.placements, src_data_rank=None)
+                cur._local_tensor.copy_(d._local_tensor)
+            else:
+                cur.copy_(src.to(device=cur.device, dtype=cur.dtype))
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def full_role_state(module: nn.Module, optimizer) -> tuple[dict, dict | None]:
+    """(full weights, full optimizer state keyed by parameter names) of a sharded role, on
+    CPU: what a layout-independent ``torch.save`` checkpoint holds. Collective."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+    )
+
+    osd = None
+    if optimizer is not None:
+        osd = _to_cpu(
+            get_optimizer_state_dict(
+                module, optimizer, options=StateDictOptions(full_state_dict=True)
+            )
+        )
+    return full_state_dict(module), osd
+
+
+def load_full_role_state(module: nn.Module, optimizer, weights: dict, optim: dict | None) -> None:
+    """Load what :func:`full_role_state` returned (from any layout) into a sharded role."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_optimizer_state_dict,
+    )
+
+    load_full_state_dict(module, weights)
+    if optimizer is not None and optim is not None:
+        set_optimizer_state_dict(
+            module, optimizer, optim, options=StateDictOptions(full_state_dict=True)
+        )
+
+
+def param_bytes_local(model: nn.Module) -> int:
+    """Bytes of the parameters this rank holds (a DTensor counts its local shard; a tied
+    parameter counts once)."""
+    from torch.distributed.tensor import DTensor
+
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        t = p._local_tensor if isinstance(p, DTensor) else p
+        total += t.numel() * t.element_size()
+    return total
+
+
+def param_bytes_full(model: nn.Module) -> int:
+    """Bytes of the full (unsharded) parameters of ``model`` (tied parameters once)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    return total

@@ -1,0 +1,123 @@
+"""A catalog model entry from a Hugging Face ``config.json`` (pure: reads JSON, runs nothing).
+
+``entry_from_hf(config)`` maps the fields of the common decoder families (Llama, Mistral,
+Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V2/V3) onto the catalog's fields;
+``add_model`` writes it into the user's ``models.yaml`` (``rpeg specs add-model``). Every
+field it cannot find is reported at once (SpecError).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rpeg.errors import Problem
+from rpeg.specs._load import SpecError, user_specs_dir
+from rpeg.specs.models import MODEL_KINDS, parse_models
+
+# model_type -> (family, qkv bias, q/k norm)
+_FAMILIES = {
+    "llama": ("llama", False, False),
+    "mistral": ("llama", False, False),
+    "mixtral": ("llama", False, False),
+    "qwen2": ("qwen2", True, False),
+    "qwen2_moe": ("qwen2", True, False),
+    "qwen3": ("qwen3", False, True),
+    "qwen3_moe": ("qwen3", False, True),
+    "deepseek_v2": ("deepseek", False, False),
+    "deepseek_v3": ("deepseek", False, False),
+}
+
+
+def entry_from_hf(cfg: dict[str, Any], *, kind: str = "instruct", source: str = "") -> dict:
+    """The catalog entry (models.yaml mapping) of an HF decoder config."""
+    problems: list[Problem] = []
+    mt = cfg.get("model_type", "")
+    if mt not in _FAMILIES:
+        problems.append(
+            Problem("model_type", f"got {mt!r}; supported: {', '.join(sorted(_FAMILIES))}")
+        )
+    if kind not in MODEL_KINDS:
+        problems.append(Problem("kind", f"got {kind!r}; allowed: {', '.join(MODEL_KINDS)}"))
+
+    def req(key: str, *alts: str) -> Any:
+        for k in (key, *alts):
+            if cfg.get(k) is not None:
+                return cfg[k]
+        problems.append(Problem(key, "missing in config.json"))
+        return 0
+
+    family, bias, qk_norm = _FAMILIES.get(mt, ("", False, False))
+    hidden = req("hidden_size")
+    heads = req("num_attention_heads")
+    e: dict[str, Any] = {
+        "kind": kind,
+        "family": family,
+        "layers": req("num_hidden_layers"),
+        "hidden": hidden,
+        "ffn_hidden": req("intermediate_size"),
+        "heads": heads,
+        "kv_heads": cfg.get("num_key_value_heads") or heads,
+        "head_dim": cfg.get("head_dim") or (hidden // heads if heads else 0),
+        "vocab": req("vocab_size"),
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "qkv_bias": bool(cfg.get("attention_bias", bias)),
+        "qk_norm": qk_norm,
+    }
+    if cfg.get("max_position_embeddings"):
+        e["max_position"] = int(cfg["max_position_embeddings"])
+    experts = cfg.get("num_experts") or cfg.get("n_routed_experts") or cfg.get("num_local_experts")
+    if experts:
+        moe: dict[str, Any] = {
+            "experts": int(experts),
+            "top_k": int(req("num_experts_per_tok")),
+            "expert_ffn_hidden": int(cfg.get("moe_intermediate_size") or e["ffn_hidden"]),
+        }
+        shared = cfg.get("n_shared_experts") or (
+            1 if cfg.get("shared_expert_intermediate_size") else 0
+        )
+        if shared:
+            moe["shared_experts"] = int(shared)
+        if cfg.get("first_k_dense_replace"):
+            moe["first_dense_layers"] = int(cfg["first_k_dense_replace"])
+        e["moe"] = moe
+    if cfg.get("kv_lora_rank"):
+        e["mla"] = {
+            "q_lora_rank": int(req("q_lora_rank")),
+            "kv_lora_rank": int(cfg["kv_lora_rank"]),
+            "qk_nope_dim": int(req("qk_nope_head_dim")),
+            "qk_rope_dim": int(req("qk_rope_head_dim")),
+            "v_head_dim": int(req("v_head_dim")),
+        }
+        e["head_dim"] = e["mla"]["qk_nope_dim"] + e["mla"]["qk_rope_dim"]
+        e["kv_heads"] = heads
+    if source:
+        e["source"] = source
+    if problems:
+        raise SpecError(problems, title="config.json cannot be read as a catalog model")
+    return e
+
+
+def add_model(
+    config_path: Path, name: str, *, kind: str = "instruct", out: Path | None = None
+) -> tuple[Path, dict]:
+    """Write the model of ``config_path`` into the user catalog (``models.yaml``) as ``name``;
+    the entry is validated by the catalog loader before the file is written."""
+    try:
+        cfg = json.loads(Path(config_path).read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError([Problem(str(config_path), f"not a readable JSON file: {exc}")]) from None
+    if not isinstance(cfg, dict):
+        raise SpecError([Problem(str(config_path), "top level must be a JSON object")])
+    entry = entry_from_hf(cfg, kind=kind, source=f"added from {Path(config_path).name}")
+    parse_models([({"models": {name: entry}}, str(config_path))])  # every problem at once
+    path = out or user_specs_dir() / "models.yaml"
+    data = yaml.safe_load(path.read_text()) if path.is_file() else None
+    data = data if isinstance(data, dict) else {}
+    data.setdefault("models", {})[name] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path, entry

@@ -1,0 +1,95 @@
+"""`rpeg calibrate RUN_DIR` fits this machine's efficiencies and fixed costs from a measured
+timeline; the next prediction on that cluster uses them. The measured run here is written
+by hand: every unit takes twice its predicted time and the step 0.5 s more than its units."""
+
+import json
+
+import pytest
+
+from rpeg.cli import main
+from rpeg.compile.compiler import resolve
+from rpeg.config import RunConfig
+from rpeg.perf import fit
+from rpeg.perf.calibration import DEFAULT, SHIPPED, machine_calibration
+from rpeg.perf.prediction import Workload
+from rpeg.perf.pricing import predict
+
+CONFIG = "configs/builtin.yaml"
+
+
+def _write_run(run, pred, factor=2.0, extra=0.5, steps=4):
+    recs, hist = [], []
+    for step in range(steps):
+        t = 0.0
+        for name, st in pred.stages.items():
+            d = st.time_s * factor
+            recs.append(
+                {
+                    "stage": name,
+                    "device_group": st.devices,
+                    "start_s": t,
+                    "end_s": t + d,
+                    "step": step,
+                    "source": "measured",
+                }
+            )
+            t += d
+        slow = 5.0 if step == 0 else 0.0  # warm-up step, left out
+        hist.append({"step": step, "step_s": t + extra + slow})
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "timeline.json").write_text(json.dumps({"records": recs}))
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(h) for h in hist) + "\n")
+    return hist
+
+
+@pytest.fixture
+def case():
+    cfg = RunConfig.from_yaml(CONFIG)
+    graph, plan = resolve(None, cfg)
+    return cfg, graph, plan, Workload.from_config(cfg.workload)
+
+
+def test_fit_recovers_the_scales_and_the_overhead(tmp_path, case):
+    cfg, graph, plan, wl = case
+    base = predict(graph, plan, wl, calib=SHIPPED)
+    _write_run(tmp_path / "run", base)
+    measured = fit.read_run(tmp_path / "run")
+    assert measured.steps == 3  # the warm-up step is left out
+    values, lines = fit.fit(lambda cal: predict(graph, plan, wl, calib=cal), measured)
+    for k in ("gen_eff_scale", "train_eff_scale", "fwd_eff_scale"):
+        if k in values:
+            assert values[k] == pytest.approx(0.5, rel=1e-6)
+    assert "gen_eff_scale" in values and "train_eff_scale" in values
+    # measured step = 2 x (sum of units) + 0.5 s; the fitted units explain 2 x their share
+    scaled = predict(graph, plan, wl, calib=SHIPPED.__class__(**{**SHIPPED.__dict__, **values}))
+    assert scaled.step_s == pytest.approx(measured.step_s, rel=1e-6)
+
+
+def test_cli_calibrate_then_default_predictions_use_it(tmp_path, case, capsys):
+    cfg, graph, plan, wl = case
+    base = predict(graph, plan, wl, calib=SHIPPED)
+    hist = _write_run(tmp_path / "run", base)
+    out = tmp_path / "calibration.yaml"
+    try:
+        rc = main(["calibrate", str(tmp_path / "run"), "--config", CONFIG])
+        assert rc == 0
+        text = capsys.readouterr().out
+        assert "gen_eff_scale=0.5" in text and plan.cluster in text
+        cal = machine_calibration(plan.cluster)
+        assert cal.train_eff_scale == pytest.approx(0.5, rel=1e-4)
+        after = predict(graph, plan, wl)  # default calibration = this machine's
+        measured = sorted(h["step_s"] for h in hist[1:])[1]
+        assert abs(after.step_s - measured) < 0.02 * measured
+        assert abs(base.step_s - measured) > 0.3 * measured  # it was off before
+        assert predict(graph, plan, wl, calib=SHIPPED).step_s == pytest.approx(base.step_s)
+    finally:
+        from rpeg.perf.calibration import _user_file
+
+        _user_file().unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
+    assert machine_calibration(plan.cluster) is DEFAULT
+
+
+def test_run_folder_without_timeline_is_named(tmp_path):
+    with pytest.raises(fit.RunDataError, match="timeline.json"):
+        fit.read_run(tmp_path)

@@ -1,0 +1,211 @@
+"""Sharded training equals the single-process trainer (fp32, gloo, spawned ranks).
+
+The reference is :class:`rpeg.runtime.roles.PolicyWorker` in this process on the whole batch.
+A layout's ranks each get their data-parallel index's rows (whole prompt groups; the tp ranks
+of one index share them). A rank's loss metrics are its share of the global mini-batch loss
+(weighted by its tokens), so their mean over the dp indices is the global loss; the gradient
+norm is global on every rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sharding_cases as C
+import torch
+
+TOL = 1e-5
+LOSSES = ("pg_loss", "kl", "entropy")
+PPO = {"algorithm.name": "ppo", "algorithm.share_actor_critic": True}
+LAYOUTS_2 = {
+    "fsdp_dp2": {"dp": 2, "tp": 1, "fsdp": True},
+    "tp2": {"dp": 1, "tp": 2},
+    "dp2_replicas": {"dp": 2, "tp": 1, "fsdp": False},
+}
+
+
+def _loss(per_rank: dict, dp: int, tp: int, key: str) -> float:
+    return sum(per_rank[d * tp]["metrics"][key] for d in range(dp)) / dp
+
+
+def _check(ref: dict, ref_weights: dict, res: dict, dp: int, tp: int, keys=LOSSES) -> None:
+    for key in keys:
+        assert _loss(res, dp, tp, key) == pytest.approx(ref[key], abs=TOL), key
+    norm = "critic_grad_norm" if "critic_grad_norm" in ref else "grad_norm"
+    for r, out in res.items():
+        assert out["metrics"][norm] == pytest.approx(ref[norm], abs=TOL), r
+    w = res[0]["weights"]
+    assert set(w) == set(ref_weights)
+    for k, v in ref_weights.items():
+        torch.testing.assert_close(w[k], v, atol=TOL, rtol=0, msg=k)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return C.reference_first_step(C.config())
+
+
+def test_layout_problems_name_what_tp_does_not_divide():
+    from rpeg.errors import ConfigError
+    from rpeg.runtime.sharding import Layout, layout_problems
+
+    cfg = C.model()[0].config  # 4 heads, 2 kv heads, MLP 128
+    assert layout_problems(cfg, 2) == []
+    msgs = [p.what for p in layout_problems(cfg, 4)]
+    assert msgs == ["tp=4 does not divide the model's num_key_value_heads=2"]
+    assert len(layout_problems(cfg, 3)) == 3
+    lay = Layout.from_group({"name": "g", "world_size": 4, "tp": 2, "fsdp": True})
+    assert (lay.dp, lay.tp, lay.dp_index(3), lay.tp_index(3)) == (2, 2, 1, 1)
+    with pytest.raises(ConfigError, match="dp=3 x tp=2 = 6 ranks but world_size=4"):
+        Layout.from_group({"name": "g", "world_size": 4, "dp": 3, "tp": 2})
+
+
+def test_two_rank_layouts_equal_single_process(reference):
+    ref, ref_w = reference
+    cases = [(n, "train", {"layout": lay}) for n, lay in LAYOUTS_2.items()]
+    out = C.spawn(2, cases, port=29611)
+    for name, lay in LAYOUTS_2.items():
+        _check(ref, ref_w, out[name], lay["dp"], lay["tp"])
+    # what a rank holds: fsdp dp=2 about half, tp=2 the blocks halved (embeddings replicated)
+    full = out["fsdp_dp2"][0]["full"]
+    assert out["fsdp_dp2"][0]["local"] <= 0.55 * full
+    assert out["tp2"][0]["local"] < 0.75 * full
+    assert out["dp2_replicas"][0]["local"] == full
+
+
+@pytest.mark.slow
+def test_value_heads_sharded_equal_single_process():
+    """PPO: the actor-critic's value head (its own FSDP unit beside the LM) and a separate
+    critic (trunk split by tp, value head replicated) at fsdp dp=2 and tp=2."""
+    shared = C.reference_first_step(C.config(**PPO))
+    crit = C.reference_first_step(C.config(**{"algorithm.name": "ppo"}), role="critic")
+    cases = [
+        ("shared_fsdp", "train", {"layout": {"dp": 2, "fsdp": True}, "over": PPO}),
+        ("shared_tp2", "train", {"layout": {"tp": 2}, "over": PPO}),
+        (
+            "critic_fsdp",
+            "train",
+            {
+                "layout": {"dp": 2, "fsdp": True},
+                "role": "critic",
+                "over": {"algorithm.name": "ppo"},
+            },
+        ),
+        (
+            "critic_tp2",
+            "train",
+            {"layout": {"tp": 2}, "role": "critic", "over": {"algorithm.name": "ppo"}},
+        ),
+    ]
+    out = C.spawn(2, cases, port=29671)
+    _check(*shared, out["shared_fsdp"], 2, 1, keys=(*LOSSES, "value_loss"))
+    _check(*shared, out["shared_tp2"], 1, 2, keys=(*LOSSES, "value_loss"))
+    _check(*crit, out["critic_fsdp"], 2, 1, keys=("value_loss",))
+    _check(*crit, out["critic_tp2"], 1, 2, keys=("value_loss",))
+
+
+@pytest.mark.slow
+def test_qwen_blocks_split_by_tp_give_the_same_logits():
+    """Qwen2 (q/k/v biases, split with their columns) and Qwen3 (per-head q/k RMSNorm, which
+    stays whole) at tp=2, with GQA (4 query heads, 2 kv heads: 2 and 1 per rank)."""
+    kinds = ("qwen2", "qwen3")
+    cases = [(k, "forward", {"layout": {"tp": 2}, "model_type": k}) for k in kinds]
+    out = C.spawn(2, cases, port=29711)
+    for k in kinds:
+        ref = C.family_logits(k)
+        for r in (0, 1):
+            torch.testing.assert_close(out[k][r]["logits"], ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_tp2_x_fsdp_dp2_equals_single_process(reference):
+    ref, ref_w = reference
+    cases = [
+        ("tp2xdp2", "train", {"layout": {"dp": 2, "tp": 2, "fsdp": True}}),
+        ("tp2xdp2_replicas", "train", {"layout": {"dp": 2, "tp": 2}}),
+    ]
+    out = C.spawn(4, cases, port=29631)
+    _check(ref, ref_w, out["tp2xdp2"], 2, 2)
+    _check(ref, ref_w, out["tp2xdp2_replicas"], 2, 2)
+    for r in range(4):
+        assert out["tp2xdp2"][r]["local"] <= 0.55 * out["tp2xdp2"][r]["full"]
+
+
+@pytest.mark.slow
+def test_checkpoint_saved_at_fsdp_dp2_resumes_at_tp2(tmp_path):
+    ref = C.reference(C.config(), steps=2)
+    case = {
+        "saved": {"dp": 2, "tp": 1, "fsdp": True},
+        "resumed": {"dp": 1, "tp": 2},
+        "url": str(tmp_path / "ckpt"),
+    }
+    out = C.spawn(2, [("resume", "resume", case)], port=29651)["resume"]
+    for r in (0, 1):  # tp=2: one dp index, both ranks hold the whole loss
+        m = out[r]["metrics"]
+        assert out[r]["version"] == 2
+        for key in ("pg_loss", "grad_norm", "kl"):
+            assert m[key] == pytest.approx(ref[1][key], abs=TOL), key
+    assert (tmp_path / "ckpt" / ".metadata").exists()
+    assert not (tmp_path / "ckpt.tmp").exists()
+
+
+@pytest.mark.slow
+def test_generation_on_shards_equals_single_process():
+    """Greedy decode on tp=2 shards, on fsdp dp=2 shards (ranks with different prompts and
+    row counts step together) and on an engine copy at tp=2 beside fsdp dp=2 training."""
+    m, tok = C.model()
+    single = C.policy(C.config(), m, tok)
+    cases = [
+        ("tp2", "generate", {"layout": {"tp": 2}}),
+        ("fsdp", "generate", {"layout": {"dp": 2, "fsdp": True}}),
+        ("fsdp_gen_tp2", "generate", {"layout": {"dp": 2, "fsdp": True}, "gen": {"tp": 2}}),
+    ]
+    out = C.spawn(2, cases, port=29691)
+    for name in ("tp2", "fsdp", "fsdp_gen_tp2"):
+        for r, res in out[name].items():
+            ref = {
+                tuple(p): t for p, t in zip(res["rows"], C.greedy(single, res["rows"]), strict=True)
+            }
+            assert res["tokens"] == [ref[tuple(p)] for p in res["rows"]], (name, r)
+            assert res["shared"] == (name != "fsdp_gen_tp2")
+    assert out["tp2"][0]["tokens"] == out["tp2"][1]["tokens"]  # the tp ranks decode alike
+    assert len(out["fsdp"][0]["tokens"]) == 3 and len(out["fsdp"][1]["tokens"]) == 2
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_shard_checkpoint_round_trip_in_one_process(tmp_path, where):
+    """One process, no process group: DCP writes plain tensors; an fsspec URL works like a
+    folder; a second save replaces the first atomically (no .tmp or .old left)."""
+    import uuid
+
+    import fsspec
+
+    from rpeg.runtime.actors.shard_checkpoint import (
+        load_shards,
+        restore_extras,
+        save_shards,
+        worker_extras,
+        worker_roles,
+    )
+
+    url = str(tmp_path / "ck") if where == "local" else f"memory://ck-{uuid.uuid4().hex}"
+    cfg = C.config()
+    m, tok = C.model()
+    w = C.policy(cfg, m, tok)
+    w.train_step(C.with_old_logprobs(C.batch(0), w))
+    save_shards(url, worker_roles(actor=w), worker_extras(actor=w))
+    w.train_step(C.with_old_logprobs(C.batch(1), w))
+    save_shards(url, worker_roles(actor=w), worker_extras(actor=w))  # replaces the first
+    fs, path = fsspec.core.url_to_fs(url)
+    assert fs.exists(path) and not fs.exists(path + ".tmp") and not fs.exists(path + ".old")
+
+    m2, _ = C.model()
+    v = C.policy(cfg, m2, tok)
+    restore_extras(load_shards(url, worker_roles(actor=v), worker_extras(actor=v)), actor=v)
+    assert v.policy_version == 2
+    for k, t in w.lm.state_dict().items():
+        assert torch.equal(v.lm.state_dict()[k], t), k
+    s_w, s_v = w.optimizer.state_dict()["state"], v.optimizer.state_dict()["state"]
+    assert s_w.keys() == s_v.keys()
+    for i in s_w:
+        assert torch.equal(s_w[i]["exp_avg_sq"], s_v[i]["exp_avg_sq"])
+    assert torch.equal(w.generator.get_state(), v.generator.get_state())

@@ -1,0 +1,158 @@
+"""One validation pass before anything starts: every problem at once, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from rpeg.config import RunConfig
+from rpeg.errors import ConfigError, Problem
+
+
+def _write(tmp_path, d):
+    p = tmp_path / "run.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return str(p)
+
+
+@pytest.fixture
+def no_services(monkeypatch):
+    """Fail the test if a cluster or the Prefect flow would start."""
+    import rpeg.infra.cluster as cluster
+
+    def boom(*a, **k):
+        raise AssertionError("a cluster was started before the input was validated")
+
+    monkeypatch.setattr(cluster, "start_cluster", boom)
+    import rpeg.flows.train as ft
+
+    monkeypatch.setattr(ft, "rl_train", boom)
+
+
+def test_a_config_with_five_problems_reports_five_before_any_worker_starts(
+    tmp_path, capsys, no_services
+):
+    from rpeg.cli import main
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"question": "1+1=", "answer": "2"}) + "\n[1,2]\n")
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    cfg = {
+        "model": {"name": "no-such-model"},
+        "task": {
+            "kind": "jsonl",
+            "url": str(data),
+            "rewards": ["exact_numeric", "no_such_reward"],
+            "prompt_template": "Q: {question} A: {answer}",
+        },
+        "runtime": {"output_dir": str(blocker / "out")},
+    }
+    code = main(["train", _write(tmp_path, cfg), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "(5 problems)" in err, err
+    for where in (
+        "model.name",
+        "task.rewards[1]",
+        f"{data}:2",
+        "task.prompt_template",
+        "runtime.output_dir",
+    ):
+        assert f"  - {where}: " in err, (where, err)
+    assert "rpeg-tiny" in err  # the known model names are listed
+    assert "Traceback" not in err
+
+
+def test_local_run_is_checked_the_same_way(tmp_path, capsys):
+    from rpeg.cli import main
+
+    cfg = {"task": {"rewards": ["nope"], "prompt_template": "{question"}}
+    code = main(["train", _write(tmp_path, cfg), "--local", "--quiet", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "(2 problems)" in err, err
+
+
+def test_machine_limits_and_numbers(tmp_path, capsys, no_services):
+    from rpeg.cli import main
+    from rpeg.preflight import check_machine, machine_device_limit
+
+    probs = check_machine(RunConfig.from_dict({"cluster": {"num_devices": 1000}}))
+    assert [p.where for p in probs] == ["cluster.num_devices"]
+    assert f"this machine has {machine_device_limit()} CPUs" in probs[0].what
+    # against an existing cluster the count is checked once connected, not against this machine
+    assert (
+        check_machine(
+            RunConfig.from_dict({"cluster": {"num_devices": 1000, "address": "tcp://h:8786"}})
+        )
+        == []
+    )
+    tls = check_machine(RunConfig.from_dict({"cluster": {"address": "tls://h:8786"}}))
+    assert [p.where for p in tls] == [
+        "cluster.tls_ca_file",
+        "cluster.tls_cert_file",
+        "cluster.tls_key_file",
+    ]
+    bad = RunConfig.from_dict(
+        {"cluster": {"dashboard_address": "everywhere", "worker_memory": "lots"}}
+    )
+    assert {p.where for p in check_machine(bad)} == {
+        "cluster.dashboard_address",
+        "cluster.worker_memory",
+    }
+    code = main(["train", _write(tmp_path, {"optim": {"lr": float("inf")}}), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "optim.lr" in err and "finite" in err, err
+
+
+def test_every_bad_data_line_is_listed_up_to_a_limit(tmp_path):
+    from rpeg.runtime.data import MAX_ROW_PROBLEMS, check_examples, load_examples
+
+    f = tmp_path / "d.jsonl"
+    good = json.dumps({"question": "q", "answer": "1"})
+    f.write_text("\n".join([good, "[1,2]", "{not json", json.dumps({"q": 1}), good]) + "\n")
+    probs = check_examples(str(f))
+    assert [p.where for p in probs] == [f"{f}:2", f"{f}:3", f"{f}:4"]
+    with pytest.raises(ConfigError) as ei:
+        load_examples(str(f))
+    assert len(ei.value.problems) == 3  # was: AttributeError on the list row
+    many = tmp_path / "many.jsonl"
+    many.write_text("[1]\n" * (MAX_ROW_PROBLEMS + 5))
+    probs = check_examples(str(many))
+    assert len(probs) == MAX_ROW_PROBLEMS + 1 and "5 more" in probs[-1].what
+
+
+def test_model_path_must_be_a_model_folder(tmp_path):
+    from rpeg.preflight import check_model
+
+    (tmp_path / "m").mkdir()
+    cfg = RunConfig.from_dict({"model": {"path": str(tmp_path / "m"), "name": "qwen3-8b"}})
+    assert [p.what for p in check_model(cfg)] == [
+        f"{str(tmp_path / 'm')!r} holds no config.json (not a Hugging Face model)"
+    ]
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert check_model(cfg) == []
+    named = RunConfig.from_dict({"model": {"name": "qwen3-8b"}})
+    assert "has no weights here" in check_model(named)[0].what
+
+
+def test_config_error_keeps_its_problems_across_the_dask_boundary():
+    """A ConfigError raised in a worker process reached the user as one "problem" per
+    character of its message ("(5911 problems): - p - r - o")."""
+    distributed = pytest.importorskip("distributed")
+
+    def fail():
+        raise ConfigError([Problem("a.b", "first"), Problem("c", "second")], title="t")
+
+    with (
+        distributed.LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as lc,
+        distributed.Client(lc) as client,
+        pytest.raises(ConfigError) as ei,
+    ):
+        client.submit(fail, pure=False).result()
+    assert ei.value.problems == (Problem("a.b", "first"), Problem("c", "second"))
+    assert ei.value.title == "t"

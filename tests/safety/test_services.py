@@ -1,0 +1,253 @@
+"""Services: loopback only, TLS on request, memory from the machine, gone with the command."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+psutil = pytest.importorskip("psutil")
+
+
+def _kill_if_same(procs: dict[int, float]) -> None:
+    """Clean up what a test started: only pids whose start time still matches (a reused
+    pid belongs to someone else)."""
+    for pid, started in procs.items():
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            if p.create_time() == started:
+                p.kill()
+
+
+def _wait_gone(pid: int, timeout_s: float, started: float | None = None) -> bool:
+    """True once ``pid`` is gone (or a zombie, or reused by a process started later)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            p = psutil.Process(pid)
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return True
+            if started is not None and p.create_time() != started:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_kill_9_of_the_command_takes_its_services_with_it(tmp_path):
+    """Prefect's ephemeral server outlived ``kill -9`` of ``rpeg train``; a detached child
+    (its own session, like that server) stands in for it here."""
+    script = tmp_path / "cmd.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import subprocess, sys, time
+            from rpeg.infra.lifeline import start_lifeline
+            start_lifeline(poll_s=0.2, grace_s=1.0)
+            svc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                   start_new_session=True)
+            print(svc.pid, flush=True)
+            time.sleep(300)
+            """
+        )
+    )
+    cmd = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    svc_pid = int(cmd.stdout.readline())
+    svc_started = psutil.Process(svc_pid).create_time()
+    try:
+        time.sleep(2.0)  # several lifeline polls (every 0.2 s) have seen the service
+        assert psutil.pid_exists(svc_pid)
+        os.kill(cmd.pid, signal.SIGKILL)
+        cmd.wait(10)
+        assert _wait_gone(svc_pid, 15, svc_started), "the service outlived kill -9 of its command"
+    finally:
+        cmd.kill()
+        _kill_if_same({svc_pid: svc_started})
+
+
+def _listening(pids: set[int]) -> list[tuple[int, str, int]]:
+    out = []
+    for c in psutil.net_connections(kind="inet"):
+        if c.status == psutil.CONN_LISTEN and c.pid in pids:
+            out.append((c.pid, c.laddr.ip, c.laddr.port))
+    return out
+
+
+def _http_status(url: str) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+@pytest.mark.parametrize("dashboard", [False, True])
+def test_local_cluster_listens_on_loopback_only(dashboard):
+    """The scheduler's HTTP server (dashboard or not) was bound to every interface (``:0``)."""
+    from rpeg.infra.cluster import start_cluster
+
+    from rpeg.config import ClusterConfig
+
+    me = psutil.Process()
+    # only what this cluster opens: sockets new in this process, and the processes it starts
+    # (in a full test run, earlier tests' fixtures leave children of their own)
+    before = {(ip, port) for _, ip, port in _listening({me.pid})}
+    old_children = {c.pid for c in me.children(recursive=True)}
+    with start_cluster(n_workers=1, dashboard=dashboard, cluster_config=ClusterConfig()) as cl:
+        new_children = {c.pid for c in me.children(recursive=True)} - old_children
+        socks = [s for s in _listening({me.pid}) if (s[1], s[2]) not in before]
+        socks += _listening(new_children)
+        assert socks, "the cluster listens somewhere"
+        exposed = [s for s in socks if s[1] not in ("127.0.0.1", "::1")]
+        assert not exposed, exposed
+        port = cl.local.scheduler.http_server.port
+        if dashboard:
+            assert _http_status(f"http://127.0.0.1:{port}/status") == 200
+
+
+def test_no_dashboard_unless_asked(tmp_path):
+    """In a fresh process: once any dashboard ran in a process, later schedulers there serve
+    its pages too (Dask keeps the routes), so this looks at a process of its own."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import urllib.error, urllib.request
+            from rpeg.config import ClusterConfig
+            from rpeg.infra.cluster import start_cluster
+
+            if __name__ == "__main__":
+                with start_cluster(n_workers=1, cluster_config=ClusterConfig()) as cl:
+                    port = cl.local.scheduler.http_server.port
+                    try:
+                        code = urllib.request.urlopen(
+                            f"http://127.0.0.1:{port}/status", timeout=10
+                        ).status
+                    except urllib.error.HTTPError as e:
+                        code = e.code
+                    print("STATUS", code, flush=True)
+            """
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert "STATUS 404" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_worker_memory_comes_from_the_machine_or_the_config():
+    from distributed.system import MEMORY_LIMIT
+    from rpeg.infra.cluster import start_cluster
+
+    from rpeg.config import ClusterConfig
+
+    with start_cluster(n_workers=2, cluster_config=ClusterConfig()) as cl:
+        limits = [w["memory_limit"] for w in cl.client.scheduler_info()["workers"].values()]
+    # Dask's own machine/cgroup memory figure, split over the two workers (was 4 GiB)
+    assert len(limits) == 2
+    assert all(abs(m - MEMORY_LIMIT / 2) <= 0.01 * MEMORY_LIMIT for m in limits), limits
+    with start_cluster(n_workers=1, cluster_config=ClusterConfig(worker_memory="1GiB")) as cl:
+        (w,) = cl.client.scheduler_info()["workers"].values()
+    assert w["memory_limit"] == 2**30
+
+
+def test_tls_scheduler_needs_the_certificate_fields():
+    from rpeg.infra.cluster import security_for
+
+    from rpeg.config import ClusterConfig
+    from rpeg.errors import ConfigError
+
+    assert security_for(ClusterConfig(), "tcp://h:8786") is None
+    with pytest.raises(ConfigError) as ei:
+        security_for(ClusterConfig(tls_ca_file="ca.pem"), "tls://h:8786")
+    assert [p.where for p in ei.value.problems] == ["cluster.tls_cert_file", "cluster.tls_key_file"]
+    sec = security_for(
+        ClusterConfig(tls_ca_file="ca.pem", tls_cert_file="c.pem", tls_key_file="k.pem"),
+        "tls://h:8786",
+    )
+    assert sec.require_encryption and sec.tls_ca_file == "ca.pem"
+    assert sec.tls_client_cert == "c.pem" and sec.tls_client_key == "k.pem"
+
+
+@pytest.mark.gpu
+def test_cuda_cluster_has_one_worker_per_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pytest.importorskip("dask_cuda", reason="needs the gpu extra (dask-cuda)")
+    from rpeg.infra.cluster import start_cluster
+
+    from rpeg.config import ClusterConfig
+
+    with start_cluster(cluster_config=ClusterConfig(device_type="cuda")) as cl:
+        assert len(cl.workers) == torch.cuda.device_count()
+        seen = cl.client.run(lambda: __import__("os").environ.get("CUDA_VISIBLE_DEVICES", ""))
+        firsts = sorted(v.split(",")[0] for v in seen.values())
+        assert firsts == [str(i) for i in range(torch.cuda.device_count())]
+
+
+@pytest.mark.slow
+def test_kill_9_takes_the_prefect_server_and_dask_workers_with_it(tmp_path):
+    """The issue's case: Prefect's ephemeral API server (a uvicorn child) and a LocalCluster,
+    started as ``rpeg train`` starts them, then ``kill -9`` of the command."""
+    script = tmp_path / "train_like.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, time
+            os.environ.setdefault("DO_NOT_TRACK", "1")
+            from rpeg.infra.lifeline import start_lifeline
+            from rpeg.infra.cluster import start_cluster
+            from prefect import flow
+
+            @flow
+            def hold():
+                time.sleep(600)
+
+            if __name__ == "__main__":
+                start_lifeline()
+                cl = start_cluster(n_workers=1)
+                hold()
+            """
+        )
+    )
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
+    env.pop("PREFECT_API_URL", None)
+    cmd = subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path)
+    kids: dict[int, float] = {}
+    try:
+        deadline = time.monotonic() + 180
+        server = False
+        while time.monotonic() < deadline and not server:
+            time.sleep(1.0)
+            for c in psutil.Process(cmd.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    kids[c.pid] = c.create_time()
+                    server = server or "uvicorn" in " ".join(c.cmdline())
+        if not server:
+            pytest.skip("the ephemeral Prefect server did not start within 180 s here")
+        time.sleep(2.0)  # one more lifeline poll
+        for c in psutil.Process(cmd.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                kids[c.pid] = c.create_time()
+        os.kill(cmd.pid, signal.SIGKILL)
+        cmd.wait(10)
+        left = []
+        for pid, started in kids.items():
+            if not _wait_gone(pid, 20, started):
+                with contextlib.suppress(psutil.Error):
+                    left.append(" ".join(psutil.Process(pid).cmdline())[:100])
+        assert not left, f"still running after kill -9 of the command: {left}"
+    finally:
+        cmd.kill()
+        _kill_if_same(kids)
