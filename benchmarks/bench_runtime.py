@@ -51,7 +51,7 @@ def _cfg(out: str, steps: int, prompts: int, samples: int, **over):
 
 def _fused(cfg):
     """The same graph with generate+reward fused into one unit (one actor call per step)."""
-    from rpeg.compile.compiler import graph_from_config
+    from rpeg.compile.sources import graph_from_config
     from rpeg.ir import fuse, to_dict
     from rpeg.plan import colocated_plan
 
@@ -63,7 +63,7 @@ def _fused(cfg):
 
 def _layout(cfg, tp: int, engine: str):
     """Every unit on devices 0-1; the training unit at ``tp`` with ``engine`` (fsdp/auto)."""
-    from rpeg.compile.compiler import graph_from_config
+    from rpeg.compile.sources import graph_from_config
     from rpeg.plan import colocated_plan
 
     g = graph_from_config(cfg)
@@ -80,7 +80,7 @@ def _layout(cfg, tp: int, engine: str):
 def _streamed(cfg, streaming: bool):
     """k=0, generation on worker 0 and training on worker 1, generate+reward fused: with
     ``streaming`` the trainer's log-prob passes run on each chunk while the next generates."""
-    from rpeg.compile.compiler import graph_from_config
+    from rpeg.compile.sources import graph_from_config
     from rpeg.ir import fuse, to_dict
     from rpeg.plan import disaggregated_plan
 

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args or any(":" not in a for a in args):
         print(__doc__, file=sys.stderr)
         return 2
-    from rpeg.compile.compiler import resolve
+    from rpeg.compile.sources import resolve
     from rpeg.config import RunConfig
     from rpeg.perf import fit
     from rpeg.perf.calibration import SHIPPED, machine_calibration

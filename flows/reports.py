@@ -168,7 +168,7 @@ def plan_report(config: Any) -> tuple[str, list[Any]]:
     predicted step time and stage times, the plan YAML. Best effort: a failure is shown in
     the markdown, never raised."""
     try:
-        from rpeg.compile.compiler import resolve
+        from rpeg.compile.sources import resolve
         from rpeg.perf.pricing import predict
 
         graph, plan = resolve(None, config)

@@ -334,7 +334,7 @@ def calibrate_run(
 ) -> None:
     """Fit this machine's efficiencies and fixed costs from a measured run; later
     predictions on the run's cluster use them."""
-    from rpeg.compile.compiler import resolve
+    from rpeg.compile.sources import resolve
     from rpeg.config import RunConfig
     from rpeg.errors import ConfigError, Problem
     from rpeg.perf import fit

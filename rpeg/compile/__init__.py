@@ -6,16 +6,9 @@ serializes to YAML/JSON; :func:`rpeg.flows.train.rl_train` executes it. Pure: no
 dask or prefect here.
 """
 
-from rpeg.compile.compiler import (
-    ActorGroupSpec,
-    CompiledStep,
-    TaskSpec,
-    compile_step,
-    default_plan,
-    graph_from_config,
-    resolve,
-    staleness_bound,
-)
+from rpeg.compile.compiler import check_step, compile_step
+from rpeg.compile.sources import default_plan, graph_from_config, resolve, staleness_bound
+from rpeg.compile.step import ActorGroupSpec, CompiledStep, TaskSpec
 
 
 def compile_plan(plan_or_graph, config, *, cluster_devices: int | None = None) -> CompiledStep:
@@ -27,6 +20,7 @@ __all__ = [
     "ActorGroupSpec",
     "CompiledStep",
     "TaskSpec",
+    "check_step",
     "compile_plan",
     "compile_step",
     "default_plan",

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rpeg.cli import main
-from rpeg.compile.compiler import resolve
+from rpeg.compile.sources import resolve
 from rpeg.config import RunConfig
 from rpeg.perf import fit
 from rpeg.perf.calibration import DEFAULT, SHIPPED, machine_calibration

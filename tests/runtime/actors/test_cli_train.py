@@ -15,7 +15,7 @@ def _write(tmp_path, d):
 
 
 def _plan_with_role(role: str | None) -> dict:
-    from rpeg.compile.compiler import graph_from_config
+    from rpeg.compile.sources import graph_from_config
     from rpeg.config import RunConfig
     from rpeg.ir import to_dict
     from rpeg.plan import colocated_plan

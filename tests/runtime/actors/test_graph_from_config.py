@@ -2,7 +2,7 @@
 
 import pytest
 
-from rpeg.compile.compiler import graph_from_config
+from rpeg.compile.sources import graph_from_config
 from rpeg.config import RunConfig
 from rpeg.ir import StageKind
 

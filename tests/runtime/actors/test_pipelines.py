@@ -62,7 +62,7 @@ def test_k2_generation_runs_ahead_of_training(tmp_path, prefect_harness, dask_cl
 
 
 def _fused_config(cfg):
-    from rpeg.compile.compiler import graph_from_config
+    from rpeg.compile.sources import graph_from_config
     from rpeg.ir import fuse, to_dict
     from rpeg.plan import colocated_plan
 

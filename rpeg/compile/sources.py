@@ -1,0 +1,106 @@
+"""Where a run's graph and plan come from: the config's algorithm (:func:`graph_from_config`),
+a Plan (:func:`graph_from_plan`) or the default plan for the cluster (:func:`default_plan`);
+:func:`resolve` picks among them. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rpeg.errors import ConfigError, Problem
+
+
+def graph_from_config(config: Any) -> Any:
+    """The IR graph of ``config``'s algorithm: the run's staleness bound, and the algorithm
+    parameters of the config (not the builders' presets), so the graph records what runs."""
+    from rpeg.ir import build, share_actor_critic
+
+    a = config.algorithm
+    opts: dict[str, Any] = {
+        "staleness": config.runtime.max_staleness,
+        "use_reference": a.use_reference,
+        "kl_coef": a.kl_coef,
+        "clip_low": a.clip_low,
+        "clip_high": a.clip_high,
+        "dual_clip": a.dual_clip,
+        "dynamic_sampling": a.dynamic_sampling,
+        "overlong_buffer": a.overlong_penalty_tokens or None,
+        "loss_aggregation": a.loss_aggregation,
+        "entropy_coef": a.entropy_coef,
+    }
+    if a.name == "ppo":
+        opts.update(gamma=a.gamma, gae_lambda=a.gae_lambda)
+        if a.value_clip is not None:
+            opts["value_clip"] = a.value_clip
+    elif a.name in ("grpo", "rloo"):
+        opts["group_size"] = config.workload.samples_per_prompt
+    g = build(a.name, **opts)
+    if a.name == "ppo" and a.share_actor_critic:
+        g = share_actor_critic(g)
+    return g
+
+
+def graph_from_plan(plan: Any, config: Any) -> Any:
+    from rpeg.ir import bound_async, build, from_dict
+
+    if plan.graph.inline:
+        g = from_dict(plan.graph.inline)
+    elif plan.graph.builder:
+        g = build(plan.graph.builder, **plan.graph.options)
+    else:
+        g = graph_from_config(config)
+    if g.staleness != plan.staleness:
+        g = bound_async(g, plan.staleness)
+    return g
+
+
+def staleness_bound(config: Any) -> int:
+    """The bound k of the run ``config`` describes (its plan's, else the config's): what the
+    single-process trainer uses so it obeys the same k as the compiled step."""
+    graph, _plan = resolve(None, config)
+    return int(graph.staleness)
+
+
+def available_devices(config: Any) -> int:
+    c = config.cluster
+    return c.num_devices or c.n_workers
+
+
+def default_plan(graph: Any, config: Any) -> Any:
+    """Sync (k=0) or one device: everything colocated on all devices (data parallel).
+    k>0 with >=2 devices: rollout on the first half, training on the rest."""
+    from rpeg.plan import colocated_plan, disaggregated_plan
+
+    n = available_devices(config)
+    mbs = config.workload.micro_batch_size
+    if graph.staleness == 0 or n == 1:
+        return colocated_plan(graph, num_devices=n, micro_batch_size=mbs)
+    gen = max(1, n // 2)
+    return disaggregated_plan(graph, gen_devices=gen, train_devices=n - gen, micro_batch_size=mbs)
+
+
+def resolve(plan_or_graph: Any, config: Any) -> tuple[Any, Any]:
+    """(graph, plan) from a Plan, a Graph, a plan dict/YAML path, or None (from config)."""
+    from rpeg.ir import Graph
+    from rpeg.plan import Plan
+
+    obj = plan_or_graph
+    if obj is None and config.plan is not None:
+        obj = config.plan
+    if isinstance(obj, str):
+        obj = Plan.from_yaml(obj)
+    elif isinstance(obj, dict):
+        obj = Plan.from_dict(obj)
+    if obj is None:
+        graph = graph_from_config(config)
+        return graph, default_plan(graph, config)
+    if isinstance(obj, Graph):
+        return obj, default_plan(obj, config)
+    if isinstance(obj, Plan):
+        return graph_from_plan(obj, config), obj
+    raise ConfigError(
+        [
+            Problem(
+                "plan", f"expected a Plan, Graph, plan dict or YAML path, got {type(obj).__name__}"
+            )
+        ]
+    )
