@@ -257,9 +257,6 @@ class RuntimeConfig(Section):
         description="generation engine; auto = vllm where generation runs on CUDA and vllm "
         "is installed, else torch (rpeg.runtime.engines.choice)",
     )
-    buffer_timeout_s: float = Field(
-        600.0, gt=0, description="deadline of a staleness-buffer get/acquire"
-    )
     step_retries: int = Field(
         2, ge=0, description="distributed: recoveries from the last checkpoint after a worker dies"
     )

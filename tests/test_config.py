@@ -92,6 +92,6 @@ def test_every_shipped_config_validates(path):
 def test_non_finite_numbers_are_refused_with_their_field():
     """``lr: .inf`` was accepted and NaN weights followed."""
     with pytest.raises(ConfigError) as ei:
-        RunConfig.from_yaml("optim:\n  lr: .inf\nruntime:\n  buffer_timeout_s: .nan\n")
-    assert [p.where for p in ei.value.problems] == ["optim.lr", "runtime.buffer_timeout_s"]
+        RunConfig.from_yaml("optim:\n  lr: .inf\nsearch:\n  time_budget_s: .nan\n")
+    assert [p.where for p in ei.value.problems] == ["optim.lr", "search.time_budget_s"]
     assert all("finite" in p.what for p in ei.value.problems)
