@@ -176,7 +176,7 @@ class _Sink:
 def _outcome(ins: Any, fut: Any) -> Any:
     """The event of a finished task: its result, or a lost worker / out-of-memory (by the
     exception's type); any other error is raised as it is."""
-    from rpeg.runtime.actors import scheduler as S
+    from rpeg.runtime.actors import step_messages as M
     from rpeg.runtime.actors.failures import classify
 
     try:
@@ -184,9 +184,9 @@ def _outcome(ins: Any, fut: Any) -> Any:
     except Exception as exc:
         kind = classify(exc)
         if kind == "worker_lost":
-            return S.WorkerLost(ins, exc)
+            return M.WorkerLost(ins, exc)
         if kind == "oom":
-            return S.OutOfMemory(ins, exc)
+            return M.OutOfMemory(ins, exc)
         raise
     return ins.done(res)
 
@@ -205,7 +205,7 @@ def _drive(run: Any, sched: Any, event: Any, sink: _Sink, hook: Any) -> Any:
     from rpeg.tasks import submit
     from rpeg.tasks.dispatch import Inline
 
-    from rpeg.runtime.actors import scheduler as S
+    from rpeg.runtime.actors import step_messages as M
 
     finished: queue.Queue = queue.Queue()
     running: dict[Any, Any] = {}  # future -> instruction
@@ -216,23 +216,23 @@ def _drive(run: Any, sched: Any, event: Any, sink: _Sink, hook: Any) -> Any:
         while True:
             while todo:
                 ins = todo.popleft()
-                if isinstance(ins, S.Finish | S.Recover):
-                    _abandon(run, running, recovering=isinstance(ins, S.Recover))
+                if isinstance(ins, M.Finish | M.Recover):
+                    _abandon(run, running, recovering=isinstance(ins, M.Recover))
                     return ins
-                if isinstance(ins, S.Fail):
+                if isinstance(ins, M.Fail):
                     raise ins.exception()
-                if isinstance(ins, S.BeginStep):
+                if isinstance(ins, M.BeginStep):
                     run.timeline.begin_step(ins.step)
                     if hook is not None:
                         hook(run, ins.step)
-                elif isinstance(ins, S.Release):
+                elif isinstance(ins, M.Release):
                     run.release(ins.step)
-                elif isinstance(ins, S.EndStep):
+                elif isinstance(ins, M.EndStep):
                     seconds = run.timeline.end_step(ins.step)
                     todo.extend(
-                        sched.handle(S.StepEnded(ins.step, seconds, run.step_metrics(ins.step)))
+                        sched.handle(M.StepEnded(ins.step, seconds, run.step_metrics(ins.step)))
                     )
-                elif isinstance(ins, S.Record):
+                elif isinstance(ins, M.Record):
                     sink.record(ins, sched.history)
                 else:  # the only work in flight and nothing queued: run it in place
                     here = inline if not running and not todo else pool
@@ -277,6 +277,7 @@ def _train(
     a lost worker is a Recover instruction, answered by re-creating the actors from the last
     checkpoint (``run.recover``) and driving on."""
     from rpeg.runtime.actors import scheduler as S
+    from rpeg.runtime.actors import step_messages as M
     from rpeg.runtime.actors.driver import DistributedRun
 
     t_start = time.perf_counter()
@@ -303,10 +304,10 @@ def _train(
         state = run.restore() if c.runtime.resume else None
         if state is not None:
             rlog.info("resumed from checkpoint at step %d", state["step"])
-        ins = _drive(run, sched, S.Start(state), sink, fault_hook)
-        while isinstance(ins, S.Recover):
+        ins = _drive(run, sched, M.Start(state), sink, fault_hook)
+        while isinstance(ins, M.Recover):
             log.warning("%s; recovering from the last checkpoint", ins.reason)
-            ins = _drive(run, sched, S.Recovered(run.recover()), sink, fault_hook)
+            ins = _drive(run, sched, M.Recovered(run.recover()), sink, fault_hook)
         checksums = run.param_checksums()
     finally:
         try:

@@ -31,10 +31,10 @@ from rpeg.tasks.unit_tasks import (
     take_task,
 )
 
-from rpeg.runtime.actors import scheduler as S
+from rpeg.runtime.actors import step_messages as M
 
 #: instructions executed as direct driver calls when the flow gives a pool
-DIRECT = (S.RunUnit, S.Take)
+DIRECT = (M.RunUnit, M.Take)
 
 
 class Inline(Executor):
@@ -57,19 +57,19 @@ def submit(run: Any, ins: Any, pool: Executor | None = None) -> Any:
     """Submit ``ins``: a future (Prefect's, or the pool's for :data:`DIRECT` instructions)
     whose result is the driver's; ``ins.done(result)`` is its event."""
     if pool is not None and isinstance(ins, DIRECT):
-        if isinstance(ins, S.RunUnit):
+        if isinstance(ins, M.RunUnit):
             return pool.submit(run.run_unit, ins.step, ins.unit)
         return pool.submit(run.take, ins.step)
-    if isinstance(ins, S.RunUnit):
+    if isinstance(ins, M.RunUnit):
         return run_unit_task.submit(run, ins.step, ins.unit)
-    if isinstance(ins, S.Rollout):
+    if isinstance(ins, M.Rollout):
         return rollout_task.submit(run, ins.step)
-    if isinstance(ins, S.Take):
+    if isinstance(ins, M.Take):
         return take_task.submit(run, ins.step)
-    if isinstance(ins, S.SyncWeights):  # the weights of version v come from step v-1's update
+    if isinstance(ins, M.SyncWeights):  # the weights of version v come from step v-1's update
         return sync_weights_task.submit(run, ins.version - 1)
-    if isinstance(ins, S.Checkpoint):
+    if isinstance(ins, M.Checkpoint):
         return checkpoint_task.submit(run, ins.step_done, ins.state)
-    if isinstance(ins, S.Evaluate):
+    if isinstance(ins, M.Evaluate):
         return evaluate_task.submit(run, ins.when)
     raise TypeError(f"no task executes {ins!r}")

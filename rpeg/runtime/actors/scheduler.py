@@ -9,6 +9,9 @@ its batch, when weights are synced, when to checkpoint, when to recover and when
 over. The flow (``rpeg.flows.train``) executes the instructions on Prefect tasks and feeds
 each result back as an event; it decides nothing.
 
+Events (inputs) and instructions (outputs) are plain data in
+:mod:`rpeg.runtime.actors.step_messages`:
+
 Events (inputs)                          Instructions (outputs)
   Start(state)                             SyncWeights(version)   trainer -> generators
   WeightsSynced(version, metrics)          Evaluate(when)         held-out accuracy
@@ -35,256 +38,40 @@ what makes a resumed or recovered run equal an uninterrupted one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from rpeg.errors import RpegError
 from rpeg.runtime.actors import staleness as st
+from rpeg.runtime.actors.step_messages import (
+    BatchTaken,
+    BeginStep,
+    Checkpoint,
+    CheckpointWritten,
+    EndStep,
+    Evaluate,
+    Evaluated,
+    Fail,
+    Finish,
+    OutOfMemory,
+    Record,
+    Recover,
+    Recovered,
+    Release,
+    Rollout,
+    RolloutProduced,
+    RunUnit,
+    SchedulerError,
+    Start,
+    StepEnded,
+    SyncWeights,
+    Take,
+    UnitFinished,
+    WeightsSynced,
+    WorkerLost,
+)
 
 STATE_FORMAT = 1
 
-
-class SchedulerError(RpegError):
-    """A protocol violation: an event the scheduler did not ask for, or a broken invariant."""
-
-
-class OutOfMemoryFailure(RpegError):
-    """A unit ran out of memory (reported with the unit, never retried)."""
-
-
-# --------------------------------------------------------------------------- instructions
-
-
-@dataclass(frozen=True)
-class SyncWeights:
-    version: int
-
-    @property
-    def key(self) -> tuple:
-        return ("sync", self.version)
-
-    def done(self, metrics: dict[str, float]) -> WeightsSynced:
-        return WeightsSynced(self.version, dict(metrics or {}))
-
-
-@dataclass(frozen=True)
-class Evaluate:
-    when: str  # "before" | "after"
-
-    @property
-    def key(self) -> tuple:
-        return ("evaluate", self.when)
-
-    def done(self, accuracy: float) -> Evaluated:
-        return Evaluated(self.when, float(accuracy))
-
-
-@dataclass(frozen=True)
-class Rollout:
-    step: int
-    version: int
-
-    @property
-    def key(self) -> tuple:
-        return ("rollout", self.step)
-
-    def done(self, metrics: dict[str, float]) -> RolloutProduced:
-        return RolloutProduced(self.step, self.version, dict(metrics or {}))
-
-
-@dataclass(frozen=True)
-class Take:
-    step: int
-    lags: tuple[int, ...]
-
-    @property
-    def key(self) -> tuple:
-        return ("take", self.step)
-
-    def done(self, metrics: dict[str, float]) -> BatchTaken:
-        return BatchTaken(self.step, dict(metrics or {}))
-
-
-@dataclass(frozen=True)
-class RunUnit:
-    step: int
-    unit: str
-
-    @property
-    def key(self) -> tuple:
-        return ("unit", self.step, self.unit)
-
-    def done(self, metrics: dict[str, float]) -> UnitFinished:
-        return UnitFinished(self.step, self.unit, dict(metrics or {}))
-
-
-@dataclass(frozen=True, eq=False)
-class Checkpoint:
-    step_done: int
-    state: dict[str, Any]
-
-    @property
-    def key(self) -> tuple:
-        return ("checkpoint", self.step_done)
-
-    def done(self, metrics: dict[str, float]) -> CheckpointWritten:
-        return CheckpointWritten(self.step_done, dict(metrics or {}))
-
-
-@dataclass(frozen=True)
-class BeginStep:
-    step: int
-
-
-@dataclass(frozen=True)
-class EndStep:
-    step: int
-
-
-@dataclass(frozen=True)
-class Release:
-    step: int
-
-
-@dataclass(frozen=True, eq=False)
-class Record:
-    step: int
-    metrics: dict[str, float]
-    checkpoint: int | None = None  # the step count of a checkpoint written after it
-
-
-@dataclass(frozen=True)
-class Recover:
-    reason: str
-
-
-@dataclass(frozen=True)
-class Finish:
-    acc_before: float | None
-    acc_after: float | None
-
-
-@dataclass(frozen=True, eq=False)
-class Fail:
-    kind: str  # "worker_lost" | "oom" | "protocol"
-    reason: str
-    error: BaseException | None = None
-
-    def exception(self) -> BaseException:
-        """What the executor raises: a lost worker's own error (no retry left), an
-        :class:`OutOfMemoryFailure` naming the unit, or a :class:`SchedulerError`."""
-        if self.kind == "worker_lost" and self.error is not None:
-            return self.error
-        if self.kind == "oom":
-            return OutOfMemoryFailure(self.reason)
-        return SchedulerError(self.reason)
-
-
-Instruction = (
-    SyncWeights
-    | Evaluate
-    | Rollout
-    | Take
-    | RunUnit
-    | Checkpoint
-    | BeginStep
-    | EndStep
-    | Release
-    | Record
-    | Recover
-    | Finish
-    | Fail
-)
-# instructions whose execution reports back with an event (``ins.done(result)``)
-Tracked = SyncWeights | Evaluate | Rollout | Take | RunUnit | Checkpoint
-
-# --------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True)
-class Start:
-    """Begin (``state`` = a checkpoint's scheduler state when resuming, else None)."""
-
-    state: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class WeightsSynced:
-    version: int
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Evaluated:
-    when: str
-    accuracy: float
-
-
-@dataclass(frozen=True)
-class RolloutProduced:
-    step: int
-    version: int
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BatchTaken:
-    step: int
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class UnitFinished:
-    step: int
-    unit: str
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class StepEnded:
-    step: int
-    seconds: float
-    metrics: dict[str, float] = field(default_factory=dict)  # the executor's, of the step
-
-
-@dataclass(frozen=True)
-class CheckpointWritten:
-    step_done: int
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class WorkerLost:
-    instruction: Any
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True)
-class OutOfMemory:
-    instruction: Any
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True)
-class Recovered:
-    """Actors re-created and the newest checkpoint loaded; ``state`` is its scheduler state."""
-
-    state: dict[str, Any]
-
-
-Event = (
-    Start
-    | WeightsSynced
-    | Evaluated
-    | RolloutProduced
-    | BatchTaken
-    | UnitFinished
-    | StepEnded
-    | CheckpointWritten
-    | WorkerLost
-    | OutOfMemory
-    | Recovered
-)
 
 # --------------------------------------------------------------------------- the plan
 

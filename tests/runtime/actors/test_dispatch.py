@@ -9,7 +9,7 @@ import pytest
 from rpeg.flows.train import _outcome
 from rpeg.tasks import dispatch
 
-from rpeg.runtime.actors import scheduler as S
+from rpeg.runtime.actors import step_messages as M
 from rpeg.runtime.actors.failures import ActorLost
 
 
@@ -39,23 +39,23 @@ def test_units_and_takes_are_direct_driver_calls(pool, monkeypatch):
     monkeypatch.setattr(dispatch.run_unit_task, "submit", no_task, raising=False)
     monkeypatch.setattr(dispatch.take_task, "submit", no_task, raising=False)
     run = _Run()
-    unit = S.RunUnit(3, "generate")
+    unit = M.RunUnit(3, "generate")
     ev = _outcome(unit, dispatch.submit(run, unit, pool))
-    assert ev == S.UnitFinished(3, "generate", {"unit_s": 0.25})
-    take = S.Take(4, (1,))
-    assert _outcome(take, dispatch.submit(run, take, pool)) == S.BatchTaken(4, {})
+    assert ev == M.UnitFinished(3, "generate", {"unit_s": 0.25})
+    take = M.Take(4, (1,))
+    assert _outcome(take, dispatch.submit(run, take, pool)) == M.BatchTaken(4, {})
     assert run.calls == [("run_unit", 3, "generate"), ("take", 4)]
 
 
 def test_a_lost_actor_in_a_direct_call_is_a_worker_lost_event():
-    unit = S.RunUnit(0, "train_actor")
+    unit = M.RunUnit(0, "train_actor")
     fut = dispatch.submit(_Run(fail=ActorLost("group g0: gone")), unit, dispatch.Inline())
     ev = _outcome(unit, fut)
-    assert isinstance(ev, S.WorkerLost) and ev.instruction == unit
+    assert isinstance(ev, M.WorkerLost) and ev.instruction == unit
 
 
 def test_any_other_error_in_a_direct_call_is_raised():
-    unit = S.RunUnit(0, "reward")
+    unit = M.RunUnit(0, "reward")
     fut = dispatch.submit(_Run(fail=ValueError("bad reward")), unit, dispatch.Inline())
     with pytest.raises(ValueError, match="bad reward"):
         _outcome(unit, fut)
@@ -67,5 +67,5 @@ def test_other_instructions_stay_prefect_tasks(monkeypatch):
         dispatch.rollout_task, "submit", lambda *a: seen.append(a) or "prefect-future"
     )
     run = _Run()
-    assert dispatch.submit(run, S.Rollout(2, 1), dispatch.Inline()) == "prefect-future"
+    assert dispatch.submit(run, M.Rollout(2, 1), dispatch.Inline()) == "prefect-future"
     assert seen == [(run, 2)] and run.calls == []

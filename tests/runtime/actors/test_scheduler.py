@@ -17,6 +17,7 @@ import yaml
 
 from rpeg.compile import CompiledStep
 from rpeg.runtime.actors import scheduler as S
+from rpeg.runtime.actors import step_messages as M
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -54,14 +55,14 @@ class Sim:
         while todo:
             ins = todo.pop(0)
             self.emitted.append(ins)
-            if isinstance(ins, S.EndStep):
-                todo += self.s.handle(S.StepEnded(ins.step, 1.0))
+            if isinstance(ins, M.EndStep):
+                todo += self.s.handle(M.StepEnded(ins.step, 1.0))
                 self.s.validate()
-            elif isinstance(ins, S.Record):
+            elif isinstance(ins, M.Record):
                 self.records.append((ins.step, dict(ins.metrics)))
-            elif isinstance(ins, S.Finish | S.Fail | S.Recover):
+            elif isinstance(ins, M.Finish | M.Fail | M.Recover):
                 self.outcome = ins
-            elif isinstance(ins, S.BeginStep | S.Release):
+            elif isinstance(ins, M.BeginStep | M.Release):
                 pass
             else:
                 self.flight.append(ins)
@@ -70,23 +71,23 @@ class Sim:
         )
 
     def result(self, ins):
-        if isinstance(ins, S.RunUnit):
+        if isinstance(ins, M.RunUnit):
             return {
                 "unit_s": 0.5,
                 f"{ins.unit}_at": float(ins.step),
                 "lag": self.lags.get(ins.step),
             }
-        if isinstance(ins, S.Rollout):
+        if isinstance(ins, M.Rollout):
             return {"reward_mean": 0.1 * ins.step, "gen_version": float(ins.version)}
-        if isinstance(ins, S.Take):
+        if isinstance(ins, M.Take):
             self.lags[ins.step] = ins.lags
             return {}
-        if isinstance(ins, S.SyncWeights):
+        if isinstance(ins, M.SyncWeights):
             return {"weight_sync_s": 0.2}
-        if isinstance(ins, S.Checkpoint):
+        if isinstance(ins, M.Checkpoint):
             self.checkpoints[ins.step_done] = copy.deepcopy(ins.state)
             return {"checkpoint_s": 0.3}
-        if isinstance(ins, S.Evaluate):
+        if isinstance(ins, M.Evaluate):
             return 0.25 if ins.when == "before" else 0.75
         raise AssertionError(ins)
 
@@ -106,7 +107,7 @@ class Sim:
         self.feed(ins.done(self.result(ins)))
 
     def run(self, start=None, *, fail=None, stop_after_checkpoint=None) -> None:
-        self.feed(start or S.Start())
+        self.feed(start or M.Start())
         while self.flight and self.outcome is None:
             self.step_once(fail)
             if stop_after_checkpoint is not None and stop_after_checkpoint in self.checkpoints:
@@ -134,9 +135,9 @@ def test_sync_runs_every_unit_once_per_step_in_dependency_order(order):
     c = compiled(SYNC)
     sim = Sim(make(SYNC, 3), order)
     sim.run()
-    assert isinstance(sim.outcome, S.Finish)
+    assert isinstance(sim.outcome, M.Finish)
     assert (sim.outcome.acc_before, sim.outcome.acc_after) == (0.25, 0.75)
-    units = [i for i in sim.emitted if isinstance(i, S.RunUnit)]
+    units = [i for i in sim.emitted if isinstance(i, M.RunUnit)]
     first = c.tasks[0].name
     assert [u.step for u in units if u.unit == first] == [0, 1, 2]
     names = [t.name for t in c.tasks]
@@ -149,7 +150,7 @@ def test_sync_runs_every_unit_once_per_step_in_dependency_order(order):
     assert [s for s, _ in sim.records] == [0, 1, 2]
     assert all(m[f"{n}_at"] == s for s, m in sim.records for n in names)
     # no sync, take or rollout instruction in a synchronous layout
-    assert not [i for i in sim.emitted if isinstance(i, S.Rollout | S.Take | S.SyncWeights)]
+    assert not [i for i in sim.emitted if isinstance(i, M.Rollout | M.Take | M.SyncWeights)]
 
 
 def test_units_without_a_dependency_path_are_in_flight_together():
@@ -164,10 +165,10 @@ def test_units_without_a_dependency_path_are_in_flight_together():
     sim.run()
     assert {"RunUnit0"} in sim.max_flight  # c alone, after a and b
     firsts = [
-        {i.unit for i in sim.emitted if isinstance(i, S.RunUnit) and i.step == s} for s in (0, 1)
+        {i.unit for i in sim.emitted if isinstance(i, M.RunUnit) and i.step == s} for s in (0, 1)
     ]
     assert firsts == [{"a", "b", "c"}] * 2
-    pos = [i for i in sim.emitted if isinstance(i, S.RunUnit)]
+    pos = [i for i in sim.emitted if isinstance(i, M.RunUnit)]
     assert [i.unit for i in pos[:2]] in (["a", "b"], ["b", "a"])  # emitted together
 
 
@@ -190,8 +191,8 @@ def test_async_lag_is_min_step_k_whatever_the_completion_order(case, k, order):
     steps = 6
     sim = Sim(make(case, steps), order)
     sim.run()
-    assert isinstance(sim.outcome, S.Finish)
-    rollouts = [i for i in sim.emitted if isinstance(i, S.Rollout)]
+    assert isinstance(sim.outcome, M.Finish)
+    rollouts = [i for i in sim.emitted if isinstance(i, M.Rollout)]
     # each slot generated once, in order, with the weights of step max(0, j-k)
     assert [r.step for r in rollouts] == list(range(steps))
     assert [r.version for r in rollouts] == [max(0, j - k) for j in range(steps)]
@@ -199,7 +200,7 @@ def test_async_lag_is_min_step_k_whatever_the_completion_order(case, k, order):
     assert [recs[s]["staleness_max"] for s in range(steps)] == [min(s, k) for s in range(steps)]
     assert [recs[s]["gen_version"] for s in range(steps)] == [max(0, s - k) for s in range(steps)]
     # the trainer's weights reach the generators after every update (+ once at start)
-    assert [i.version for i in sim.emitted if isinstance(i, S.SyncWeights)] == list(
+    assert [i.version for i in sim.emitted if isinstance(i, M.SyncWeights)] == list(
         range(steps + 1)
     )
 
@@ -215,15 +216,15 @@ def test_async_generation_of_the_next_slot_does_not_wait_for_training(case, k, o
         return next(n for n, i in enumerate(em) if pred(i))
 
     for s in range(1, 5 - k):  # (step 0 fills the window one slot after the other)
-        roll = first(lambda i, s=s: isinstance(i, S.Rollout) and i.step == s + k)
-        unit = first(lambda i, s=s: isinstance(i, S.RunUnit) and i.step == s)
+        roll = first(lambda i, s=s: isinstance(i, M.Rollout) and i.step == s + k)
+        unit = first(lambda i, s=s: isinstance(i, M.RunUnit) and i.step == s)
         # slot s+k is admitted once step s has its batch, before any of its training units
         assert roll < unit, (s, em)
 
 
 def test_async_take_waits_for_its_slot_and_units_wait_for_the_take():
     sim = Sim(make(K1, 2), "fifo")
-    sim.feed(S.Start())
+    sim.feed(M.Start())
     sim.step_once()  # the sync at start
     sim.step_once()  # evaluate before
     kinds = [type(i).__name__ for i in sim.flight]
@@ -237,13 +238,13 @@ def test_async_take_waits_for_its_slot_and_units_wait_for_the_take():
 # --------------------------------------------------------------------------- faults
 
 
-def _lose_at(step, unit_pred=lambda i: isinstance(i, S.RunUnit)):
+def _lose_at(step, unit_pred=lambda i: isinstance(i, M.RunUnit)):
     fired = []
 
     def fail(ins):
         if not fired and getattr(ins, "step", None) == step and unit_pred(ins):
             fired.append(ins)
-            return S.WorkerLost(ins, OSError("Unable to contact Actor's worker"))
+            return M.WorkerLost(ins, OSError("Unable to contact Actor's worker"))
         return None
 
     return fail, fired
@@ -251,11 +252,11 @@ def _lose_at(step, unit_pred=lambda i: isinstance(i, S.RunUnit)):
 
 def _recover_loop(sim, fail):
     sim.run(fail=fail)
-    while isinstance(sim.outcome, S.Recover):
+    while isinstance(sim.outcome, M.Recover):
         sim.outcome = None
         sim.flight.clear()  # the executor waits for (and drops) abandoned work
         state = sim.checkpoints[max(sim.checkpoints)]
-        sim.feed(S.Recovered(copy.deepcopy(state)))
+        sim.feed(M.Recovered(copy.deepcopy(state)))
         while sim.flight and sim.outcome is None:
             sim.step_once(fail)
 
@@ -269,7 +270,7 @@ def test_a_lost_worker_recovers_from_the_checkpoint_and_matches_an_uninterrupted
     fail, fired = _lose_at(3)
     _recover_loop(sim, fail)
     assert fired and sim.s.recoveries == 1
-    assert isinstance(sim.outcome, S.Finish)
+    assert isinstance(sim.outcome, M.Finish)
     assert history(sim.s) == history(ref.s)
     # step 3 was recorded once it finished (after the recovery), every step in order
     assert sorted({s for s, _ in sim.records}) == list(range(5))
@@ -280,20 +281,20 @@ def test_a_lost_rollout_is_regenerated_with_the_same_version():
     ref = Sim(make(K2, 6, checkpoint_every=2, max_recoveries=2), "fifo")
     ref.run()
     sim = Sim(make(K2, 6, checkpoint_every=2, max_recoveries=2), "fifo")
-    fail, fired = _lose_at(4, lambda i: isinstance(i, S.Rollout))
+    fail, fired = _lose_at(4, lambda i: isinstance(i, M.Rollout))
     _recover_loop(sim, fail)
-    assert fired and isinstance(sim.outcome, S.Finish)
+    assert fired and isinstance(sim.outcome, M.Finish)
     assert history(sim.s) == history(ref.s)
 
 
 def test_results_of_abandoned_work_are_ignored_while_recovering():
     sim = Sim(make(K1, 4, checkpoint_every=1, max_recoveries=1), "fifo")
-    sim.feed(S.Start())
-    while not any(isinstance(i, S.RunUnit) and i.step == 1 for i in sim.flight):
+    sim.feed(M.Start())
+    while not any(isinstance(i, M.RunUnit) and i.step == 1 for i in sim.flight):
         sim.step_once()
     late = [i for i in sim.flight]
-    sim.feed(S.WorkerLost(late[0], OSError("gone")))
-    assert isinstance(sim.outcome, S.Recover) and not sim.s.in_flight
+    sim.feed(M.WorkerLost(late[0], OSError("gone")))
+    assert isinstance(sim.outcome, M.Recover) and not sim.s.in_flight
     assert sim.s.handle(*(i.done(sim.result(i)) for i in late[1:])) == []
     sim.s.validate()
 
@@ -303,7 +304,7 @@ def test_without_a_checkpoint_store_or_retries_a_lost_worker_fails_the_run():
         sim = Sim(make(SYNC_DP, 3, **kw), "fifo")
         fail, _ = _lose_at(1)
         sim.run(fail=fail)
-        assert isinstance(sim.outcome, S.Fail) and sim.outcome.kind == "worker_lost"
+        assert isinstance(sim.outcome, M.Fail) and sim.outcome.kind == "worker_lost"
         assert "step 1" in sim.outcome.reason
 
 
@@ -311,12 +312,12 @@ def test_out_of_memory_is_reported_with_the_unit_and_not_retried():
     sim = Sim(make(SYNC_DP, 3, checkpoint_every=1, max_recoveries=5), "fifo")
 
     def fail(ins):
-        if isinstance(ins, S.RunUnit) and ins.unit == "train_actor" and ins.step == 1:
-            return S.OutOfMemory(ins, MemoryError("CUDA out of memory"))
+        if isinstance(ins, M.RunUnit) and ins.unit == "train_actor" and ins.step == 1:
+            return M.OutOfMemory(ins, MemoryError("CUDA out of memory"))
         return None
 
     sim.run(fail=fail)
-    assert isinstance(sim.outcome, S.Fail) and sim.outcome.kind == "oom"
+    assert isinstance(sim.outcome, M.Fail) and sim.outcome.kind == "oom"
     assert "'train_actor' of step 1" in sim.outcome.reason and sim.s.recoveries == 0
 
 
@@ -332,11 +333,11 @@ def test_a_run_stopped_after_step_n_and_resumed_equals_an_uninterrupted_one(case
     first.run(stop_after_checkpoint=stop)  # the process dies right after the checkpoint
     state = copy.deepcopy(first.checkpoints[stop])
     second = Sim(make(case, 5, checkpoint_every=1), 12)
-    second.run(S.Start(state))
-    assert isinstance(second.outcome, S.Finish)
+    second.run(M.Start(state))
+    assert isinstance(second.outcome, M.Finish)
     # no second "before" evaluation, and nothing before the checkpoint is redone
-    assert not [i for i in second.emitted if isinstance(i, S.Evaluate) and i.when == "before"]
-    assert min(i.step for i in second.emitted if isinstance(i, S.RunUnit)) == stop
+    assert not [i for i in second.emitted if isinstance(i, M.Evaluate) and i.when == "before"]
+    assert min(i.step for i in second.emitted if isinstance(i, M.RunUnit)) == stop
     assert history(second.s) == history(ref.s)
     assert [s for s, _ in second.records] == list(range(stop, 5))
 
@@ -358,17 +359,17 @@ def test_the_checkpoint_state_holds_produced_samples_and_their_rollout_metrics()
 
 def test_an_event_nobody_asked_for_is_refused():
     s = make(SYNC_DP, 2)
-    s.handle(S.Start())
-    with pytest.raises(S.SchedulerError, match="no such instruction"):
-        s.handle(S.UnitFinished(0, "generate", {}))
-    with pytest.raises(S.SchedulerError, match="Start while"):
-        s.handle(S.Start())
+    s.handle(M.Start())
+    with pytest.raises(M.SchedulerError, match="no such instruction"):
+        s.handle(M.UnitFinished(0, "generate", {}))
+    with pytest.raises(M.SchedulerError, match="Start while"):
+        s.handle(M.Start())
 
 
 def test_zero_steps_evaluates_and_finishes():
     sim = Sim(make(K1, 0), "fifo")
     sim.run()
-    assert isinstance(sim.outcome, S.Finish) and not sim.records
+    assert isinstance(sim.outcome, M.Finish) and not sim.records
 
 
 def test_the_stimulus_log_replays_to_the_same_state():
