@@ -27,6 +27,8 @@ def prefect_server(tmp_path_factory):
             "PREFECT_SERVER_SERVICES_SCHEDULER_MIN_RUNS": "1",
             "PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS": "3",
             "PREFECT_LOGGING_LEVEL": "WARNING",
+            # a 503 (SQLite busy) is logged with its traceback, so a failure names its cause
+            "PREFECT_API_LOG_RETRYABLE_ERRORS": "true",
         },
     )
     srv.start(timeout=120)

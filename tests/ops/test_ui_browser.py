@@ -55,6 +55,50 @@ def _new_run(api, dep_id: str, known: set[str], page, tmp_path: Path, timeout: f
     )
 
 
+def _is_create(response) -> bool:
+    return response.request.method == "POST" and response.url.endswith("/create_flow_run")
+
+
+def _submit(page, server, attempts: int = 3):
+    """Click Submit and return the server's answer to the UI's create-flow-run request.
+
+    A busy SQLite server answers 503 ("database is locked": a read transaction that must
+    upgrade to a write while another connection writes fails at once, whatever the busy
+    timeout). Prefect's own client retries those; its UI shows "Oops. Something went wrong."
+    (on any 5xx of any request, e.g. the parameter validation before the create) and the user
+    clicks Submit again, so the test does too, at most ``attempts`` times. A 4xx, or the same
+    failure every time, fails the test with every failed API answer and the server's log."""
+    failed: list[str] = []
+
+    def note(response) -> None:
+        if "/api/" in response.url and response.status >= 400:
+            failed.append(f"{response.request.method} {response.url} -> {response.status}")
+
+    page.on("response", note)
+    tries = []
+    for attempt in range(attempts):
+        submit = page.get_by_role("button", name="Submit")
+        submit.wait_for(timeout=30_000)
+        try:
+            with page.expect_response(_is_create, timeout=45_000) as info:
+                submit.click()
+        except Exception as exc:  # noqa: BLE001 - playwright's TimeoutError: no request sent
+            tries.append(f"no create_flow_run request ({type(exc).__name__})")
+        else:
+            resp = info.value
+            if resp.ok:
+                page.remove_listener("response", note)
+                return resp
+            tries.append(f"{resp.status} {resp.text()[:300]}")
+            if resp.status < 500:
+                break
+        time.sleep(1.0 + attempt)
+    raise AssertionError(
+        f"Submit did not create a flow run: {tries}; failed API answers: {failed}; "
+        f"server log:\n{server.log_tail(3000)}"
+    )
+
+
 def test_run_from_the_form_shows_pictures(api, served, prefect_server, tmp_path):
     from rpeg.infra.ui_screenshot import browser
 
@@ -71,9 +115,7 @@ def test_run_from_the_form_shows_pictures(api, served, prefect_server, tmp_path)
         _field(page, "Learning rate").fill("0.0002")
         _shot(page, "prefect-run-form.png", tmp_path)
         t0 = time.perf_counter()
-        submit = page.get_by_role("button", name="Submit")
-        submit.wait_for(timeout=30_000)
-        submit.click()
+        _submit(page, prefect_server)
         run = _new_run(api, dep["id"], known, page, tmp_path)
         assert (run["parameters"]["steps"], run["parameters"]["lr"]) == (3, 0.0002)
         # the deployment's other defaults stay (parameters merge)
