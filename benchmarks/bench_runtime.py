@@ -16,6 +16,14 @@ ranks): steps/s and peak RSS per rank. Weight sync of ``dask_async_k1``: measure
 prediction for the same plan on the ``local-cpu`` profile. ``--layouts ''`` skips them.
 Streaming: the same k=0 plan (generator on worker 0, trainer on worker 1) with and without a
 streaming rollout unit (the trainer's log-prob passes run on each chunk as it is generated).
+
+    python benchmarks/bench_runtime.py --configs configs/builtin.yaml,configs/sharded-cpu.yaml
+
+runs shipped configs as they are instead (their own workload, cluster and plan): the
+single-process trainer (what ``rpeg train --local`` runs) and the Prefect + Dask runtime
+(what ``rpeg train`` runs), interleaved over ``--rounds`` in one process with one cluster
+of as many workers as the largest config needs, and prints ``CONFIG <file>: local X s,
+prefect+dask Y s, ratio Y/X`` per config.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -103,6 +112,53 @@ def _predicted_sync_s(cfg) -> float:
     return float(sum(c.time_s for c in pred.stages.values() if "sync_weights" in c.kinds))
 
 
+def _configs_main(a) -> dict:
+    """Shipped configs as they are: single-process trainer vs Prefect + Dask, interleaved."""
+    from prefect.testing.utilities import prefect_test_harness
+    from rpeg.flows.train import run_train
+    from rpeg.infra import start_cluster
+
+    from rpeg.config import RunConfig
+    from rpeg.runtime.local_trainer import LocalTrainer
+
+    tmp = tempfile.mkdtemp(prefix="rpeg-bench-")
+    paths = [x for x in a.configs.split(",") if x]
+    cfgs = {p: RunConfig.from_yaml(p).with_overrides({"runtime.steps": a.steps}) for p in paths}
+    workers = max(c.cluster.n_workers or 2 for c in cfgs.values())
+    times: dict[str, dict[str, list[float]]] = {p: {"local": [], "dask": []} for p in paths}
+    t_all = time.perf_counter()
+    with prefect_test_harness(server_startup_timeout=120), start_cluster(n_workers=workers) as cl:
+        for r in range(a.rounds):
+            for p in paths if r % 2 == 0 else reversed(paths):
+                modes = ("local", "dask") if r % 2 == 0 else ("dask", "local")
+                for mode in modes:
+                    c = cfgs[p].with_overrides({"runtime.output_dir": f"{tmp}/{mode}{r}-{len(p)}"})
+                    if mode == "local":
+                        t = LocalTrainer(c)
+                        hist = [t.step() for _ in range(a.steps)]
+                    else:
+                        hist = run_train(c, progress=False, _cluster=cl, _with_extra=True)[
+                            "_extra"
+                        ]["history"]
+                    times[p][mode] += [h["step_s"] for h in hist[1:]]  # step 0 left out
+    out = {"configs": {}, "load_avg": os.getloadavg(), "wall_s": time.perf_counter() - t_all}
+    for p in paths:
+        loc, dsk = (statistics.median(times[p][m]) for m in ("local", "dask"))
+        out["configs"][p] = {"local_s": loc, "dask_s": dsk, "ratio": dsk / loc, "steps": times[p]}
+        print(
+            f"CONFIG {p}: local {loc:.3f} s, prefect+dask {dsk:.3f} s per step, "
+            f"ratio {dsk / loc:.2f} ({len(times[p]['dask'])} steps each)"
+        )
+    print(
+        "SUMMARY "
+        + " ".join(f"{Path(p).stem}/local={v['ratio']:.2f}" for p, v in out["configs"].items())
+    )
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
@@ -111,7 +167,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved A/B rounds")
     ap.add_argument("--json", default=None)
     ap.add_argument("--layouts", default="ddp_dp2,fsdp_dp2,tp2", help="comma list; '' = none")
+    ap.add_argument("--configs", default="", help="comma list of config files (see above)")
     a = ap.parse_args(argv)
+    if a.configs:
+        return _configs_main(a)
     from prefect.testing.utilities import prefect_test_harness
     from rpeg.flows.train import run_train
     from rpeg.infra import start_cluster

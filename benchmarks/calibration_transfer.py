@@ -4,7 +4,9 @@ machine? (issue 13, item 5.)
 Each argument is ``RUN_DIR:CONFIG`` (a run's output folder, with timeline.json and
 metrics.jsonl, and the YAML it ran). The first is calibrated on (into a temporary specs dir,
 nothing of the user's is touched); every run is predicted with the shipped constants and
-with the fitted ones, against its measured median step (first step left out).
+with the fitted ones, against its measured median step (first step left out), at its
+measured prompt and response lengths (``rpeg.perf.fit.measured_workload``: the benchmark
+judges the rates, not the length guess of a config that leaves the mean prompt unstated).
 
     rpeg train configs/builtin.yaml --steps 6      # and the sharded / async configs
     python benchmarks/calibration_transfer.py runs/builtin:configs/builtin.yaml \\
@@ -40,12 +42,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["RPEG_SPECS_DIR"] = tmp
         try:
             run, graph, plan, wl, measured = cases[0]
-            values, _ = fit.fit(fit.predictor(graph, plan, wl), measured)
+            values, _ = fit.fit(fit.predictor(graph, plan, wl, measured), measured)
             fit.write(plan.cluster, values, f"calibration_transfer on {run}")
             print(f"calibrated on {run}: " + ", ".join(f"{k}={v:.3g}" for k, v in values.items()))
             errs = {"before": [], "after": []}
             for run, graph, plan, wl, measured in cases:
-                pred = fit.predictor(graph, plan, wl)
+                pred = fit.predictor(graph, plan, wl, measured)
                 before = pred(SHIPPED).step_s
                 after = pred(machine_calibration(plan.cluster)).step_s
                 m = measured.step_s

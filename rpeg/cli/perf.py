@@ -349,7 +349,13 @@ def calibrate_run(
     graph, plan = resolve(None, cfg)
     wl = Workload.from_config(cfg.workload)
     measured = fit.read_run(run_dir, skip=skip)
-    values, lines = fit.fit(fit.predictor(graph, plan, wl), measured)
+    values, lines = fit.fit(fit.predictor(graph, plan, wl, measured), measured)
+    at = fit.measured_workload(wl, measured)
+    if at is not wl:
+        typer.echo(
+            f"lengths: measured {at.mean_prompt_tokens:.4g} prompt + "
+            f"{at.mean_response_tokens:.4g} response tokens per sample"
+        )
     for line in lines:
         typer.echo(line)
     path = fit.write(plan.cluster, values, f"rpeg calibrate {run_dir}", out)

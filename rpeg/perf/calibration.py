@@ -105,6 +105,9 @@ class Calibration:
     train_eff_scale: float = 1.0
     fwd_eff_scale: float = 1.0
     fitted_step_overhead_s: float | None = None
+    # and the measured host work per sample of its rule-reward units (overrides the cluster's
+    # ``runtime.host_per_sample_ms`` and ``host_per_sample_s``)
+    fitted_host_per_sample_s: float | None = None
     # vLLM V1 default max_num_seqs on >= 70 GB GPUs (engine concurrency cap per replica).
     max_num_seqs: int = 1024
     # Share of activation memory kept per token and layer, in bytes per hidden unit, for
@@ -145,7 +148,13 @@ def _read(path: str, mtime: float) -> dict[str, dict[str, Any]]:
     return clusters if isinstance(clusters, dict) else {}
 
 
-_FITTED = ("gen_eff_scale", "train_eff_scale", "fwd_eff_scale", "fitted_step_overhead_s")
+_FITTED = (
+    "gen_eff_scale",
+    "train_eff_scale",
+    "fwd_eff_scale",
+    "fitted_step_overhead_s",
+    "fitted_host_per_sample_s",
+)
 
 
 def machine_calibration(cluster: str, base: Calibration = DEFAULT) -> Calibration:

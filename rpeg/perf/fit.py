@@ -7,6 +7,8 @@ after the first (warm-up), the fit sets, relative to the shipped constants:
 
 * ``gen_eff_scale`` / ``train_eff_scale`` / ``fwd_eff_scale``: predicted / measured time of
   the generation, training and forward-only units (the achieved share of the modelled rate);
+* ``fitted_host_per_sample_s``: the measured rule-reward units' seconds per sample (the host
+  work of scoring; GPU stacks that detokenise long traces pay ms, rpeg's CPU runtime us);
 * ``fitted_step_overhead_s``: measured step minus the step predicted with those scales and no
   step overhead (what the runtime spends outside the units), at least 0.
 
@@ -40,6 +42,27 @@ class MeasuredRun:
     unit_s: dict[str, float]  # unit (stage) name -> median seconds per step
     step_s: float  # median measured step
     steps: int  # steps used
+    # medians over the same steps of what the batch held: prompt + response tokens of the
+    # step's batch (``num_tokens``) and its mean response length (``response_length``)
+    tokens_per_step: float | None = None
+    response_tokens: float | None = None
+
+
+def measured_workload(workload: Any, measured: MeasuredRun) -> Any:
+    """``workload`` with the run's measured mean response and prompt lengths in place of
+    what the config states or leaves to the prior (a config that caps prompts at 32 tokens
+    and says nothing of their mean is priced at 32; the built-in task's prompts are ~6).
+    Fitting efficiencies against the wrong token count would bake the length error into the
+    scales, which then do not transfer to a run with other lengths."""
+    r = measured.response_tokens
+    if r is None or r <= 0:
+        return workload
+    change: dict[str, float] = {"mean_response_tokens": r}
+    if measured.tokens_per_step and workload.samples:
+        prompt = measured.tokens_per_step / workload.samples - r
+        if prompt > 0:
+            change["mean_prompt_tokens"] = prompt
+    return replace(workload, **change)
 
 
 def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
@@ -74,19 +97,33 @@ def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
         unit[int(r["step"])] = unit.get(int(r["step"]), 0.0) + d_s
     if not step_s:
         raise RunDataError([Problem(str(mj), "no step with a step_s")])
+
+    def med(key: str) -> float | None:
+        xs = [
+            float(h[key])
+            for i, h in enumerate(hist)
+            if isinstance(h.get(key), (int, float)) and int(h.get("step", i)) in keep
+        ]
+        return statistics.median(xs) if xs else None
+
     return MeasuredRun(
         unit_s={k: statistics.median(v.values()) for k, v in per.items()},
         step_s=statistics.median(step_s),
         steps=len(step_s),
+        tokens_per_step=med("num_tokens"),
+        response_tokens=med("response_length"),
     )
 
 
-def predictor(graph: Any, plan: Any, workload: Any) -> Any:
+def predictor(graph: Any, plan: Any, workload: Any, measured: MeasuredRun | None = None) -> Any:
     """``calib -> StepPrediction`` for a run's plan, on its cluster sized to the plan's devices
-    (a run config names the cluster and how many of its devices it uses)."""
+    (a run config names the cluster and how many of its devices it uses); with ``measured``,
+    at the run's measured lengths (:func:`measured_workload`)."""
     from rpeg import specs
     from rpeg.perf.pricing import predict
 
+    if measured is not None:
+        workload = measured_workload(workload, measured)
     cl = specs.cluster(plan.cluster, num_devices=max(plan.num_devices, 1))
     return lambda cal: predict(graph, plan, workload, cluster=cl, calib=cal)
 
@@ -131,6 +168,10 @@ def fit(
     for cls, (p, m) in sums.items():
         if m > 0 and p > 0:
             out[f"{cls}_eff_scale"] = min(max(p / m, SCALE_RANGE[0]), SCALE_RANGE[1])
+    host = _host_per_sample(predict_fn, base, measured)
+    if host is not None:
+        out["fitted_host_per_sample_s"] = host
+        lines.append(f"rule reward: {1e3 * host:.4g} ms of host work per sample")
     scaled = replace(base, **out, fitted_step_overhead_s=0.0)
     rest = measured.step_s - predict_fn(scaled).step_s
     out["fitted_step_overhead_s"] = max(0.0, rest)
@@ -139,6 +180,22 @@ def fit(
         f"outside the units {out['fitted_step_overhead_s']:.4g} s"
     )
     return out, lines
+
+
+def _host_per_sample(predict_fn: Any, base: Calibration, measured: MeasuredRun) -> float | None:
+    """Seconds of host work per sample from the measured rule-reward units: the units whose
+    predicted time grows with the per-sample host cost (priced at 1 s and 2 s per sample, the
+    difference is the unit's sample count). A reward model's forward does not grow with it;
+    a reward fused into generation is left to the generation scale."""
+    one = predict_fn(replace(base, fitted_host_per_sample_s=1.0)).stages
+    two = predict_fn(replace(base, fitted_host_per_sample_s=2.0)).stages
+    samples = spent = 0.0
+    for name, st in one.items():
+        n = two[name].time_s - st.time_s
+        if st.kinds == ("reward",) and n >= 1.0 and name in measured.unit_s:
+            samples += n
+            spent += measured.unit_s[name]
+    return spent / samples if samples else None
 
 
 def write(cluster: str, values: dict[str, float], source: str, path: Path | None = None) -> Path:

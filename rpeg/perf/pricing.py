@@ -85,7 +85,7 @@ def _price_unit(
             parts.append(weight_sync_cost(c, sname, u, gen_plan, train_plan))
         elif kind == "reward":  # rule reward: host work per sample (scoring, detokenising)
             sc = StageCost(sname, (kind,), format_devices(u.devices), u.num_devices)
-            sc.time_s = c.N * c.calib.host_per_sample_s
+            sc.time_s = c.N * c.host_per_sample_s
             parts.append(sc)
         else:  # advantage: negligible on the accelerator
             parts.append(StageCost(sname, (kind,), format_devices(u.devices), u.num_devices))

@@ -148,6 +148,9 @@ class UnitContext:
         self.step_overhead_s = _pick(cluster.step_overhead_s, calib.step_overhead_s)
         if calib.fitted_step_overhead_s is not None:  # measured on this machine
             self.step_overhead_s = calib.fitted_step_overhead_s
+        self.host_per_sample_s = _pick(cluster.host_per_sample_s, calib.host_per_sample_s)
+        if calib.fitted_host_per_sample_s is not None:  # measured on this machine
+            self.host_per_sample_s = calib.fitted_host_per_sample_s
 
 
 def _pick(override: float | None, default: float) -> float:

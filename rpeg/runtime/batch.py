@@ -143,7 +143,10 @@ class RolloutBatch:
 
     @staticmethod
     def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
-        """Join batches, re-padding prompts (left) and responses (right)."""
+        """Join batches, re-padding prompts (left) and responses (right). Group ids name a
+        prompt's samples within one batch (every generation call numbers its prompts from
+        0), so each part's ids are shifted past the previous parts': the joined batch keeps
+        one id per prompt group (DAPO's group filter reads them)."""
         if len(batches) == 1:
             return batches[0]
         p = max(b.prompt_ids.shape[1] for b in batches)
@@ -164,6 +167,8 @@ class RolloutBatch:
                     kw[f.name] = torch.cat(
                         [torch.nn.functional.pad(v, (0, r - v.shape[1])) for v in vals], dim=0
                     )
+            elif f.name == "group_ids":
+                kw[f.name] = torch.cat(_distinct_groups(vals), dim=0)
             elif f.name in SAMPLE_FIELDS:
                 kw[f.name] = None if any(v is None for v in vals) else torch.cat(vals, dim=0)
             elif f.name in TEXT_FIELDS:
@@ -180,3 +185,13 @@ class RolloutBatch:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutBatch:
         return cls(**data)
+
+
+def _distinct_groups(ids: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Group-id tensors shifted so no two parts share an id (order and grouping kept)."""
+    out, offset = [], 0
+    for v in ids:
+        out.append(v + offset)
+        if v.numel():
+            offset = int(out[-1].max()) + 1
+    return out

@@ -53,6 +53,9 @@ class ClusterSpec:
     # copies a state dict in process, far cheaper than a GPU stack's per-tensor collective +
     # engine load
     refit_tensor_s: float | None = None
+    # host work per sample of a rule reward (overrides Calibration.host_per_sample_s): rpeg's
+    # CPU runtime scores short arithmetic answers in the rank, no detokenising of long traces
+    host_per_sample_s: float | None = None
 
     @property
     def num_devices(self) -> int:
@@ -155,7 +158,7 @@ def parse_clusters(
             if up:
                 up.done()
             rt = c.sub("runtime")
-            disp = hlat = sov = refit = None
+            disp = hlat = sov = refit = hps = None
             reuse = False
             if rt:
                 disp = rt.num("dispatch_ms", lo=0, hi=100000, default=None, unit="ms")
@@ -163,6 +166,7 @@ def parse_clusters(
                 sov = rt.num("step_overhead_s", lo=0, hi=100000, default=None, unit="s")
                 reuse = rt.flag("reuses_rollout_logprobs", False)
                 refit = rt.num("refit_tensor_ms", lo=0, hi=100000, default=None, unit="ms")
+                hps = rt.num("host_per_sample_ms", lo=0, hi=100000, default=None, unit="ms")
                 rt.done()
             source = c.text("source", default="")
             c.done()
@@ -196,6 +200,7 @@ def parse_clusters(
                 step_overhead_s=None if sov is None else float(sov),
                 reuses_rollout_logprobs=bool(reuse),
                 refit_tensor_s=None if refit is None else float(refit) / 1e3,
+                host_per_sample_s=None if hps is None else float(hps) / 1e3,
             )
     if problems:
         raise SpecError(problems, title="invalid cluster catalog")

@@ -17,12 +17,12 @@ from rpeg.perf.pricing import predict
 CONFIG = "configs/builtin.yaml"
 
 
-def _write_run(run, pred, factor=2.0, extra=0.5, steps=4):
+def _write_run(run, pred, factor=2.0, extra=0.5, steps=4, fixed=None):
     recs, hist = [], []
     for step in range(steps):
         t = 0.0
         for name, st in pred.stages.items():
-            d = st.time_s * factor
+            d = (fixed or {}).get(name, st.time_s * factor)
             recs.append(
                 {
                     "stage": name,
@@ -65,6 +65,31 @@ def test_fit_recovers_the_scales_and_the_overhead(tmp_path, case):
     assert scaled.step_s == pytest.approx(measured.step_s, rel=1e-6)
 
 
+def test_fit_measures_the_rule_rewards_host_cost_per_sample(tmp_path, case):
+    """The reward unit of the built-in config scores 128 samples; measured at 12.8 ms, the fit
+    says 0.1 ms per sample, and the calibrated prediction prices the unit at that plus its
+    dispatch (the generation, forward and training scales are fitted as before)."""
+    cfg, graph, plan, wl = case
+    samples = wl.samples
+    assert samples == 128
+    base = predict(graph, plan, wl, calib=SHIPPED)
+    _write_run(tmp_path / "run", base, fixed={"reward": 0.0128})
+    measured = fit.read_run(tmp_path / "run")
+    values, lines = fit.fit(lambda cal: predict(graph, plan, wl, calib=cal), measured)
+    assert values["fitted_host_per_sample_s"] == pytest.approx(1e-4, rel=1e-6)
+    assert any("0.1 ms of host work per sample" in x for x in lines)
+    cal = SHIPPED.__class__(**{**SHIPPED.__dict__, **values})
+    st = predict(graph, plan, wl, calib=cal).stages["reward"]
+    assert st.time_s - st.detail["dispatch_s"] == pytest.approx(0.0128, rel=1e-6)
+    # a run without a separate reward unit (fused into generation) fits no host cost
+    fused = {k: v for k, v in measured.unit_s.items() if k != "reward"}
+    values, _ = fit.fit(
+        lambda cal: predict(graph, plan, wl, calib=cal),
+        fit.MeasuredRun(unit_s=fused, step_s=measured.step_s, steps=measured.steps),
+    )
+    assert "fitted_host_per_sample_s" not in values
+
+
 def test_cli_calibrate_then_default_predictions_use_it(tmp_path, case, capsys):
     cfg, graph, plan, wl = case
     base = predict(graph, plan, wl, calib=SHIPPED)
@@ -93,3 +118,26 @@ def test_cli_calibrate_then_default_predictions_use_it(tmp_path, case, capsys):
 def test_run_folder_without_timeline_is_named(tmp_path):
     with pytest.raises(fit.RunDataError, match="timeline.json"):
         fit.read_run(tmp_path)
+
+
+def test_fit_prices_the_run_at_its_measured_lengths(tmp_path, case):
+    """A config that caps prompts at 32 tokens and states no mean is priced at 32-token
+    prompts; the run's metrics say what the batches held (num_tokens per step, mean
+    response length), and the fit prices the run at those lengths."""
+    cfg, graph, plan, wl = case
+    assert wl.mean_prompt_tokens == 32 and wl.mean_response_tokens is None
+    base = predict(graph, plan, wl, calib=SHIPPED)
+    hist = _write_run(tmp_path / "run", base)
+    for i, h in enumerate(hist):  # 128 samples of 6 prompt + 3 response tokens (+ noise)
+        h.update(num_tokens=128 * 9 + (i % 2) * 8, response_length=3.0 + 0.1 * (i % 2))
+    (tmp_path / "run" / "metrics.jsonl").write_text("\n".join(json.dumps(h) for h in hist))
+    measured = fit.read_run(tmp_path / "run")
+    at = fit.measured_workload(wl, measured)
+    # medians over steps 1-3 (step 0 left out): tokens 1160, response 3.1
+    assert at.mean_response_tokens == pytest.approx(3.1)
+    assert at.mean_prompt_tokens == pytest.approx(1160 / 128 - 3.1)
+    shorter = fit.predictor(graph, plan, wl, measured)(SHIPPED)
+    assert shorter.stages["train_actor"].time_s < 0.5 * base.stages["train_actor"].time_s
+    # a run folder without those metrics keeps the config's workload
+    bare = fit.MeasuredRun(unit_s=measured.unit_s, step_s=measured.step_s, steps=3)
+    assert fit.measured_workload(wl, bare) is wl
