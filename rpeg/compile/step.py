@@ -62,7 +62,7 @@ class TaskSpec:
     after: list[str] = field(default_factory=list)
     concurrent_with: list[str] = field(default_factory=list)
     micro_batch_size: int = 1
-    # streaming: samples flow on in chunks of ``stream_chunk_prompts`` prompt groups
+    # streaming: finished samples flow on, ``stream_chunk_prompts`` prompt groups at a time
     stream_chunk_prompts: int = 0
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 
 import torch
@@ -29,7 +29,12 @@ from rpeg.runtime.algorithms import (
     value_loss,
 )
 from rpeg.runtime.batch import SAMPLE_FIELDS, TOKEN_FIELDS, RolloutBatch
-from rpeg.runtime.engines.base import GenerationEngine, GenerationOutput, SamplingParams
+from rpeg.runtime.engines.base import (
+    GenerationEngine,
+    GenerationOutput,
+    SamplingParams,
+    generate_in_groups,
+)
 from rpeg.runtime.engines.torch_engine import TorchEngine
 from rpeg.runtime.micro_batches import plan_micro_batches
 from rpeg.runtime.model_io import ActorCritic, CriticModel, LogprobRequest, lm_logprobs
@@ -359,6 +364,23 @@ class PolicyWorker:
                 params or self.sampling_params(),
                 seed=seed,
                 max_new_tokens=max_new_tokens,
+            )
+
+    def generate_in_groups(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        groups: Sequence[Sequence[int]],
+        min_groups: int = 1,
+        seed: int | None = None,
+    ) -> Iterator[tuple[list[int], GenerationOutput]]:
+        """:meth:`generate`, releasing finished groups of rows as they finish
+        (:func:`rpeg.runtime.engines.base.generate_in_groups`)."""
+        model = getattr(self.engine, "model", None)
+        with gathered_blocks(model) if isinstance(model, torch.nn.Module) else nullcontext():
+            yield from generate_in_groups(
+                self.engine, prompt_ids, params, groups=groups, min_groups=min_groups, seed=seed
             )
 
     # --- forward passes -------------------------------------------------------------------

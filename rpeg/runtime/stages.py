@@ -15,8 +15,9 @@ the generator lives.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -56,9 +57,60 @@ def generate_stage(
     t0 = time.perf_counter()
     params = params or worker.sampling_params()
     prompts = [ex.prompt(prompt_template) for ex in examples]
-    ids = worker.encode_prompts(prompts)
-    rep_ids = [x for x in ids for _ in range(samples_per_prompt)]
+    rep_ids = [x for x in worker.encode_prompts(prompts) for _ in range(samples_per_prompt)]
     out = worker.generate(rep_ids, params, seed=seed)
+    return _rollout_batch(worker, examples, prompts, rep_ids, out, samples_per_prompt, params, t0)
+
+
+def generate_chunks(
+    worker: PolicyWorker,
+    examples: Sequence[Example],
+    samples_per_prompt: int,
+    *,
+    min_prompts: int = 1,
+    prompt_template: str = "{question}",
+    params: SamplingParams | None = None,
+    seed: int | None = None,
+) -> Iterator[tuple[RolloutBatch, Metrics]]:
+    """:func:`generate_stage` as a stream: one decode of the whole batch (the same samples
+    as :func:`generate_stage` with the same seed), yielding a batch of the prompts whose
+    samples have all finished, ``min_prompts`` or more at a time, while the others decode.
+    Each chunk's ``generate_s`` is the time since the previous one (they sum to the decode)."""
+    t0 = time.perf_counter()
+    params = params or worker.sampling_params()
+    prompts = [ex.prompt(prompt_template) for ex in examples]
+    ids = worker.encode_prompts(prompts)
+    k = samples_per_prompt
+    rep_ids = [x for x in ids for _ in range(k)]
+    groups = [list(range(i * k, (i + 1) * k)) for i in range(len(examples))]
+    for idx, out in worker.generate_in_groups(
+        rep_ids, params, groups=groups, min_groups=min_prompts, seed=seed
+    ):
+        batch, m = _rollout_batch(
+            worker,
+            [examples[i] for i in idx],
+            [prompts[i] for i in idx],
+            [rep_ids[r] for i in idx for r in groups[i]],
+            out,
+            k,
+            params,
+            t0,
+        )
+        t0 = time.perf_counter()
+        yield batch, m
+
+
+def _rollout_batch(
+    worker: PolicyWorker,
+    examples: Sequence[Example],
+    prompts: Sequence[str],
+    rep_ids: Sequence[Sequence[int]],
+    out: Any,
+    samples_per_prompt: int,
+    params: SamplingParams,
+    t0: float,
+) -> tuple[RolloutBatch, Metrics]:
+    """The rollout batch of ``examples`` from the engine's ``out`` for their ``rep_ids``."""
     p_ids, p_mask = left_pad(rep_ids, worker.tokenizer.pad_token_id)
     mask = out.mask
     texts = worker.tokenizer.batch_decode(
@@ -199,6 +251,22 @@ STAGE_KINDS = (
     "train_actor",
     "train_critic",
 )
+
+
+def run_generate_chunks(
+    ctx: StageContext, examples: Sequence[Example], *, seed: int | None, min_prompts: int
+) -> Iterator[tuple[RolloutBatch, Metrics]]:
+    """The ``generate`` stage of :func:`run_stage` as a stream of finished prompt groups
+    (:func:`generate_chunks`): what a streaming unit runs its later stages on."""
+    c = ctx.config
+    return generate_chunks(
+        ctx.actor,
+        examples,
+        c.workload.samples_per_prompt,
+        min_prompts=min_prompts,
+        prompt_template=c.task.prompt_template,
+        seed=seed,
+    )
 
 
 def run_stage(

@@ -260,8 +260,8 @@ class RankActor:
 
         ``micro_batch_size``: the compiled unit's samples per forward call (overrides the
         workload's for this unit). ``stream_chunk`` > 0 (a streaming unit that starts with
-        generation): generate ``stream_chunk`` prompts at a time and run the unit's later
-        stages on each chunk as soon as it exists."""
+        generation): one decode, the unit's later stages run on every ``stream_chunk`` prompts
+        whose samples have finished, while the rest decode (:meth:`_run_streamed`)."""
         t0 = time.perf_counter()
         self._hook_forwards()
         f0 = self._forwards
@@ -292,21 +292,25 @@ class RankActor:
             batch_bytes=0 if batch is None else int(tensor_bytes(batch)),
         )
 
-    def _run_stages(self, step, kinds, examples, seed, batch_key=None):
+    def _stage_context(self):
         from rpeg.runtime import stages as S
 
-        c = self.config
-        key = step if batch_key is None else batch_key
-        m: dict[str, Any] = {}
-        spans: list[tuple[str, float, float]] = []
-        ctx = S.StageContext(
-            c,
+        return S.StageContext(
+            self.config,
             actor=self.actor,
             reference=self.reference,
             critic=self.critic,
             rewards=self.rewards,
             reduce=self.reduce,
         )
+
+    def _run_stages(self, step, kinds, examples, seed, batch_key=None):
+        from rpeg.runtime import stages as S
+
+        key = step if batch_key is None else batch_key
+        m: dict[str, Any] = {}
+        spans: list[tuple[str, float, float]] = []
+        ctx = self._stage_context()
         for kind in kinds:
             ts = time.time()
             batch = self.store.get(key)
@@ -320,22 +324,30 @@ class RankActor:
         return m, spans
 
     def _run_streamed(self, step, kinds, examples, chunk):
-        """Streaming: every chunk of prompts runs through all the unit's stages, chunk after
-        chunk, so the later stages (reward) start before generation of the step ends."""
+        """Streaming: one decode of the rank's prompts; each time ``chunk`` prompts have all
+        their samples finished they run through the unit's later stages (reward) and are
+        offered to a streaming consumer (:meth:`chunk`) while the decode goes on. The samples
+        are those of the unstreamed unit (same seed, same decode); rows come in the order
+        their prompts finished."""
+        from rpeg.runtime import stages as S
         from rpeg.runtime.actors.dataplane import concat_rows
 
         parts, spans, per = [], [], []
-        base = gen_seed(self.config, step, self.gen_layout.dp_index(self.rank))
-        for i in range(0, len(examples), chunk):
+        seed = gen_seed(self.config, step, self.gen_layout.dp_index(self.rank))
+        t_gen = t_last = time.time()
+        for i, (b, gm) in enumerate(
+            S.run_generate_chunks(self._stage_context(), examples, seed=seed, min_prompts=chunk)
+        ):
+            t_last = time.time()  # this chunk's samples are done decoding
             key = ("chunk", step, i)
-            m, sp = self._run_stages(
-                step, kinds, examples[i : i + chunk], base + i * 1_000_003, key
-            )
+            self.store[key] = b
+            m, sp = self._run_stages(step, kinds[1:], None, seed, key)
             b = self.store.pop(key)
             parts.append(b)
             self._chunks.setdefault(step, []).append(b)  # for a streaming consumer
-            per.append((m, b.size))
+            per.append(({**gm, **m}, b.size))
             spans.extend(sp)
+        spans.insert(0, ("generate", t_gen, t_last))
         self._chunks_done.add(step)
         self.store[step] = concat_rows(parts)
         return _weighted(per), spans

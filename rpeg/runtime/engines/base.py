@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -90,3 +90,44 @@ def refresh_engine(
         engine.policy_version = policy_version
     else:
         engine.update_weights(weights, policy_version)
+
+
+def generate_in_groups(
+    engine: GenerationEngine,
+    prompt_ids: Sequence[Sequence[int]],
+    params: SamplingParams,
+    *,
+    groups: Sequence[Sequence[int]],
+    min_groups: int = 1,
+    seed: int | None = None,
+    max_new_tokens: Sequence[int] | None = None,
+) -> Iterator[tuple[list[int], GenerationOutput]]:
+    """``(group indices, their output)`` as groups of rows finish: an engine with a
+    ``generate_streaming`` (the torch engine) releases them during the decode, at least
+    ``min_groups`` at a time; any other engine (vLLM's offline ``LLM.generate`` returns when
+    the whole batch is done) releases every group at once at the end."""
+    stream = getattr(engine, "generate_streaming", None)
+    if stream is not None:
+        yield from stream(
+            prompt_ids,
+            params,
+            groups=groups,
+            min_groups=min_groups,
+            seed=seed,
+            max_new_tokens=max_new_tokens,
+        )
+        return
+    out = engine.generate(prompt_ids, params, seed=seed, max_new_tokens=max_new_tokens)
+    rows = torch.as_tensor([r for g in groups for r in g], dtype=torch.long)
+    yield (
+        list(range(len(groups))),
+        GenerationOutput(
+            response_ids=out.response_ids[rows],
+            logprobs=out.logprobs[rows],
+            lengths=out.lengths[rows],
+            finished=out.finished[rows],
+            policy_version=out.policy_version,
+            stats=dict(out.stats),
+            logprobs_exact=out.logprobs_exact,
+        ),
+    )

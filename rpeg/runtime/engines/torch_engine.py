@@ -3,7 +3,9 @@
 Prompts are left-padded; the attention mask marks padding, position ids are
 ``cumsum(mask) - 1`` so every prompt starts at position 0 whatever its padding. Prefill runs
 once, then one token per step through ``past_key_values``. Finished rows keep decoding pad
-tokens (masked out) until all rows finish or the longest cap is hit.
+tokens (masked out) until all rows finish or the longest cap is hit;
+:meth:`TorchEngine.generate_streaming` runs the same decode and hands out finished prompt
+groups while the rest go on (what a streaming rollout unit consumes).
 
 Sharded models (rpeg.runtime.sharding): a tensor-parallel model runs as is -- every rank of a
 TP group holds its shard and runs the same decode with the same sampling seed, so all agree
@@ -15,7 +17,8 @@ stepping until every rank is done.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -114,7 +117,6 @@ class TorchEngine:
         new_past = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         return out.logits[:, -1, :].float(), new_past
 
-    @torch.no_grad()
     def generate(
         self,
         prompt_ids: Sequence[Sequence[int]],
@@ -124,6 +126,75 @@ class TorchEngine:
         max_new_tokens: Sequence[int] | None = None,
     ) -> GenerationOutput:
         t0 = time.perf_counter()
+        *_, last = self._decode(prompt_ids, params, seed, max_new_tokens)  # run to the end
+        return self._output(last, None, t0)
+
+    def generate_streaming(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        groups: Sequence[Sequence[int]],
+        min_groups: int = 1,
+        seed: int | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> Iterator[tuple[list[int], GenerationOutput]]:
+        """The same decode as :meth:`generate` (same seed, same tokens), releasing finished
+        work early: ``groups`` partitions the rows (a prompt's samples); as soon as
+        ``min_groups`` groups have every row finished (or the last ones are), yields
+        ``(group indices, their output)``, rows in the order of the groups' rows, while the
+        batch goes on decoding the rest. Continuous batching's early return, in a static
+        batch: nothing is decoded twice."""
+        t0 = time.perf_counter()
+        owner = torch.empty(len(prompt_ids), dtype=torch.long)
+        for g, rows in enumerate(groups):
+            owner[list(rows)] = g
+        pending = torch.ones(len(groups), dtype=torch.bool)
+        st = None
+        for st in self._decode(prompt_ids, params, seed, max_new_tokens):
+            left = torch.zeros(len(groups)).index_add_(0, owner, (~st.done.cpu()).float())
+            ready = pending & (left == 0)
+            n = int(ready.sum())
+            if n and (n >= min_groups or n == int(pending.sum())):
+                pending &= ~ready
+                idx = ready.nonzero().squeeze(-1).tolist()
+                yield idx, self._output(st, [r for g in idx for r in groups[g]], t0)
+        if st is not None and bool(pending.any()):  # the loop ended: whatever is left
+            idx = pending.nonzero().squeeze(-1).tolist()
+            yield idx, self._output(st, [r for g in idx for r in groups[g]], t0)
+
+    def _output(self, st: _Decode, rows: list[int] | None, t0: float) -> GenerationOutput:
+        """The output of ``rows`` (all when None) from a decode state: responses cut to the
+        longest of them, on the CPU (copies: the decode goes on writing its buffers)."""
+        sel = slice(None) if rows is None else torch.as_tensor(rows, dtype=torch.long)
+        lengths = st.lengths.cpu()[sel]
+        r = int(lengths.max()) if lengths.numel() else 0
+        dt = time.perf_counter() - t0
+        ntok = int(lengths.sum())
+        return GenerationOutput(
+            response_ids=st.out_ids.cpu()[sel][:, :r].clone(),
+            logprobs=st.out_lp.cpu()[sel][:, :r].clone(),
+            lengths=lengths.clone(),
+            finished=st.finished.cpu()[sel].clone(),
+            policy_version=self.policy_version,
+            stats={
+                "gen_s": dt,
+                "gen_tokens": float(ntok),
+                "gen_tokens_per_s": ntok / max(dt, 1e-9),
+                "decode_steps": float(st.steps),
+            },
+        )
+
+    @torch.no_grad()
+    def _decode(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None,
+        max_new_tokens: Sequence[int] | None,
+    ) -> Iterator[_Decode]:
+        """Prefill, then one token per step; yields the state before the first step and
+        after every step (its ``done`` rows no longer change)."""
         dev = self.device
         b = len(prompt_ids)
         caps = torch.as_tensor(
@@ -141,68 +212,71 @@ class TorchEngine:
             gen.seed()
         was_training = self.model.training
         self.model.eval()
-
-        ids, mask = left_pad(prompt_ids, self.pad_id, dev)
-        pos = positions_from_mask(mask)
-        out_ids = torch.full((b, r_max), self.pad_id, dtype=torch.long, device=dev)
-        out_lp = torch.zeros((b, r_max), dtype=torch.float32, device=dev)
-        lengths = torch.zeros(b, dtype=torch.long, device=dev)
-        done = caps <= 0
-        finished = torch.zeros(b, dtype=torch.bool, device=dev)
-        past = None
-        if self.use_cache:
-            from transformers import DynamicCache
-
-            past = DynamicCache()
-        logits, past = self._forward(ids, mask, pos, past)
-        full_ids, full_mask = ids, mask
-        last_pos = pos[:, -1:]
-        steps = 0
-        for t in range(r_max):
-            if self._finished(done):
-                break
-            steps += 1
-            greedy = params.temperature == 0
-            scaled = logits if greedy else logits / params.temperature
-            logp_all = scaled.log_softmax(-1)
-            if greedy:
-                tok = scaled.argmax(-1)
-            else:
-                filt = filter_logits(scaled, params.top_k, params.top_p)
-                tok = torch.multinomial(filt.softmax(-1), 1, generator=gen).squeeze(-1)
-            lp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
-            active = ~done
-            tok = torch.where(active, tok, torch.full_like(tok, self.pad_id))
-            out_ids[:, t] = tok
-            out_lp[:, t] = torch.where(active, lp, torch.zeros_like(lp))
-            lengths += active.long()
-            hit_stop = active & torch.isin(tok, stop)
-            finished |= hit_stop
-            done = done | hit_stop | (lengths >= caps)
-            if self._finished(done):
-                break
-            full_mask = torch.cat([full_mask, torch.ones_like(full_mask[:, :1])], dim=1)
-            last_pos = last_pos + 1
+        try:
+            ids, mask = left_pad(prompt_ids, self.pad_id, dev)
+            pos = positions_from_mask(mask)
+            st = _Decode(
+                out_ids=torch.full((b, r_max), self.pad_id, dtype=torch.long, device=dev),
+                out_lp=torch.zeros((b, r_max), dtype=torch.float32, device=dev),
+                lengths=torch.zeros(b, dtype=torch.long, device=dev),
+                finished=torch.zeros(b, dtype=torch.bool, device=dev),
+                done=caps <= 0,
+            )
+            past = None
             if self.use_cache:
-                logits, past = self._forward(tok[:, None], full_mask, last_pos, past)
-            else:
-                full_ids = torch.cat([full_ids, tok[:, None]], dim=1)
-                logits, _ = self._forward(full_ids, full_mask, positions_from_mask(full_mask), None)
-        if was_training:
-            self.model.train()
-        r = int(lengths.max()) if b else 0
-        dt = time.perf_counter() - t0
-        ntok = int(lengths.sum())
-        return GenerationOutput(
-            response_ids=out_ids[:, :r].cpu(),
-            logprobs=out_lp[:, :r].cpu(),
-            lengths=lengths.cpu(),
-            finished=finished.cpu(),
-            policy_version=self.policy_version,
-            stats={
-                "gen_s": dt,
-                "gen_tokens": float(ntok),
-                "gen_tokens_per_s": ntok / max(dt, 1e-9),
-                "decode_steps": float(steps),
-            },
-        )
+                from transformers import DynamicCache
+
+                past = DynamicCache()
+            logits, past = self._forward(ids, mask, pos, past)
+            full_ids, full_mask = ids, mask
+            last_pos = pos[:, -1:]
+            yield st
+            for t in range(r_max):
+                if self._finished(st.done):
+                    break
+                st.steps += 1
+                greedy = params.temperature == 0
+                scaled = logits if greedy else logits / params.temperature
+                logp_all = scaled.log_softmax(-1)
+                if greedy:
+                    tok = scaled.argmax(-1)
+                else:
+                    filt = filter_logits(scaled, params.top_k, params.top_p)
+                    tok = torch.multinomial(filt.softmax(-1), 1, generator=gen).squeeze(-1)
+                lp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
+                active = ~st.done
+                tok = torch.where(active, tok, torch.full_like(tok, self.pad_id))
+                st.out_ids[:, t] = tok
+                st.out_lp[:, t] = torch.where(active, lp, torch.zeros_like(lp))
+                st.lengths += active.long()
+                hit_stop = active & torch.isin(tok, stop)
+                st.finished |= hit_stop
+                st.done = st.done | hit_stop | (st.lengths >= caps)
+                yield st
+                if self._finished(st.done):
+                    break
+                full_mask = torch.cat([full_mask, torch.ones_like(full_mask[:, :1])], dim=1)
+                last_pos = last_pos + 1
+                if self.use_cache:
+                    logits, past = self._forward(tok[:, None], full_mask, last_pos, past)
+                else:
+                    full_ids = torch.cat([full_ids, tok[:, None]], dim=1)
+                    logits, _ = self._forward(
+                        full_ids, full_mask, positions_from_mask(full_mask), None
+                    )
+        finally:
+            if was_training:
+                self.model.train()
+
+
+@dataclass
+class _Decode:
+    """The decode loop's buffers: ``[B, R_max]`` tokens and sampling log-probs, ``[B]``
+    lengths, stop-token flags and done flags (stopped or capped), steps taken."""
+
+    out_ids: torch.Tensor
+    out_lp: torch.Tensor
+    lengths: torch.Tensor
+    finished: torch.Tensor
+    done: torch.Tensor
+    steps: int = 0

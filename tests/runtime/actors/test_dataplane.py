@@ -236,6 +236,19 @@ def test_micro_batch_size_sets_the_number_of_forward_calls(tmp_path, dask_cluste
     assert calls == {1: 4.0, 4: 1.0}  # 4 samples: one call per sample vs one for all
 
 
+# Streaming hands out prompt groups as their samples finish. A random-init model never stops
+# before the cap and a fully warmed-up one always answers in 2-3 tokens: either way every
+# group ends at the same step and there is nothing to stream. Five supervised warm-up steps
+# (cached) leave lengths of 2-17 tokens (mean ~4), a long tail as RL responses have.
+STREAMING = {
+    "cluster.num_devices": 1,
+    "workload.num_prompts": 16,
+    "workload.samples_per_prompt": 2,
+    "workload.max_response_tokens": 32,
+    "optim.warmup_sft_steps": 5,
+}
+
+
 @pytest.mark.slow
 def test_a_streaming_unit_rewards_chunks_before_generation_ends(tmp_path, dask_cluster):
     from rpeg.compile import resolve
@@ -243,13 +256,13 @@ def test_a_streaming_unit_rewards_chunks_before_generation_ends(tmp_path, dask_c
     from rpeg.plan import colocated_plan
     from rpeg.runtime.actors.driver import DistributedRun
 
-    cfg = _cfg(tmp_path, **{"cluster.num_devices": 1, "workload.num_prompts": 4})
+    cfg = _cfg(tmp_path, **STREAMING)
     graph, _ = resolve(None, cfg)
     g = fuse(graph, ["generate", "reward"], streaming=True, name="rollout")
     plan = colocated_plan(g, num_devices=1, micro_batch_size=4).with_inline_graph(to_dict(g))
     compiled = compile_plan(plan, cfg)
     t = compiled.task("rollout")
-    assert t.streaming and t.stream_chunk_prompts == 1  # a quarter of 4 prompts
+    assert t.streaming and t.stream_chunk_prompts == 4  # a quarter of 16 prompts
     run = DistributedRun(cfg, compiled, dask_cluster)
     run.start_actors()
     try:
@@ -258,7 +271,7 @@ def test_a_streaming_unit_rewards_chunks_before_generation_ends(tmp_path, dask_c
             batch = run.groups[t.group][0].get_batch(0).result()
     finally:
         run.close()
-    assert m["stream_chunks"] == 4.0 and batch.size == 4 * cfg.workload.samples_per_prompt
+    assert m["stream_chunks"] >= 2.0 and batch.size == 16 * cfg.workload.samples_per_prompt
     assert batch.rewards is not None and batch.rewards.shape[0] == batch.size
     spans = [s for s in run.timeline.stage_spans if s["unit"] == "rollout"]
     gen_end = max(s["end_s"] for s in spans if s["stage"] == "generate")
@@ -323,7 +336,7 @@ def test_streaming_across_groups_overlaps_log_probs_with_generation(tmp_path, da
     from rpeg.plan import disaggregated_plan
     from rpeg.runtime.actors.driver import DistributedRun
 
-    cfg = _cfg(tmp_path, **{"cluster.num_devices": 2, "workload.num_prompts": 4})
+    cfg = _cfg(tmp_path, **{**STREAMING, "cluster.num_devices": 2})
     graph, _ = resolve(None, cfg)
     g = fuse(graph, ["generate", "reward"], streaming=True, name="rollout")
     plan = disaggregated_plan(g, gen_devices=1, train_devices=1, micro_batch_size=4)
@@ -343,11 +356,11 @@ def test_streaming_across_groups_overlaps_log_probs_with_generation(tmp_path, da
             batch = run.groups[compiled.trainer_group][0].get_batch(0).result()
     finally:
         run.close()
-    assert batch.size == 4 * cfg.workload.samples_per_prompt
+    assert batch.size == 16 * cfg.workload.samples_per_prompt
     assert batch.ref_logprobs is not None and batch.advantages is not None
     assert run.data_plane_metrics(0)["driver_bytes"] == 0.0
     spans = run.timeline.stage_spans
     gen_end = max(s["end_s"] for s in spans if s["stage"] == "generate")
     ref = [s for s in spans if s["stage"] == "ref_logprob"]
-    assert len(ref) == 4  # one pass per streamed chunk (one prompt each)
+    assert len(ref) >= 2  # one pass per streamed chunk (prompts released as they finish)
     assert min(s["start_s"] for s in ref) < gen_end  # started before generation ended
