@@ -242,7 +242,18 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
         fl += n_steps * f1
         by += n_steps * b1
         comm += n_steps * cm
-        sc.detail.update(batch=b_eff, decode_steps=n_steps)
+        # the weight update of every step interrupts the b_eff live sequences: their KV cache
+        # (old weights) is dropped and prompt + partial response re-prefilled on resume
+        # (AReaL's interruptible rollout, Fu et al. 2025 Sec. 4; aborted-and-resumed requests
+        # after a prefix-cache reset in verl's fully-async partial rollout). A live
+        # sequence's context is P + E[L^2]/(2E[L]) (length-biased, uniform progress).
+        re_tok = b_eff * ctx
+        re_fl = costs.forward_flops(m, re_tok, b_eff * ctx * ctx) / replica
+        re_gemm = 2.0 * min(re_tok, 8192) * m.hidden * max(m.ffn_hidden, m.attn_width) / tp
+        t_re = re_fl / (c.peak_flops * gpu.matmul_eff(re_gemm) * cal.train_eff_factor)
+        t += t_re
+        fl += re_fl
+        sc.detail.update(batch=b_eff, decode_steps=n_steps, reprefill_s=t_re, live_context=ctx)
     else:
         lmax = L.expected_max(c.N)
         bulk = 0.0

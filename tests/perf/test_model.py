@@ -63,6 +63,30 @@ def test_staleness_overlaps_pools_and_partial_rollout_removes_the_tail():
     assert partial.stages["generate"].time_s < async_.stages["generate"].time_s
 
 
+def test_partial_rollout_re_prefills_the_interrupted_sequences():
+    """Every step's weight update interrupts the live sequences; resuming re-prefills prompt +
+    partial response (the KV cache was computed with the old weights). Hand-worked: b live
+    sequences of context c cost the forward FLOPs 2 N b c + L (d_qk + d_v) b c^2 per replica
+    (tp = 1 here), at the GPU's matmul efficiency for the prefill GEMM x train_eff_factor;
+    a rollout without partial rollout decodes to the end and re-prefills nothing."""
+    from rpeg.perf.calibration import SHIPPED
+
+    g1 = builders.build("grpo", use_reference=True, staleness=1)
+    kw = dict(num_nodes=2, gen_devices=8, train_devices=8, model="llama3.1-8b")
+    partial = predict(g1, disaggregated_plan(g1, "dgx-h100", partial_rollout=True, **kw), WL)
+    d = partial.stages["generate"].detail
+    m, gpu = specs.model("llama3.1-8b"), specs.gpu("h100-sxm")
+    b, c = d["batch"], d["live_context"]
+    assert WL.mean_prompt_tokens < c < WL.mean_prompt_tokens + WL.max_response_tokens
+    flops = 2 * m.matmul_params * b * c + m.layers * (m.attn_width + m.v_width) * b * c * c
+    gemm = 2.0 * 8192 * m.hidden * max(m.ffn_hidden, m.attn_width)  # b * c > 8192 tokens
+    rate = gpu.bf16_dense_tflops * 1e12 * gpu.matmul_eff(gemm) * SHIPPED.train_eff_factor
+    assert d["reprefill_s"] == pytest.approx(flops / rate, rel=1e-6)
+    assert 0 < d["reprefill_s"] < 0.5 * partial.stages["generate"].time_s
+    async_ = predict(g1, disaggregated_plan(g1, "dgx-h100", partial_rollout=False, **kw), WL)
+    assert "reprefill_s" not in async_.stages["generate"].detail
+
+
 def test_infeasible_memory_carries_numbers():
     g = builders.build("grpo", use_reference=True)
     plan = colocated_plan(g, "dgx-h100", num_nodes=1, model="deepseek-v3")
