@@ -75,7 +75,8 @@ def generate_chunks(
     """:func:`generate_stage` as a stream: one decode of the whole batch (the same samples
     as :func:`generate_stage` with the same seed), yielding a batch of the prompts whose
     samples have all finished, ``min_prompts`` or more at a time, while the others decode.
-    Each chunk's ``generate_s`` is the time since the previous one (they sum to the decode)."""
+    Each chunk's ``generate_s`` is the decode time since the previous release (they sum to
+    the decode; what the consumer does with a chunk is not counted)."""
     t0 = time.perf_counter()
     params = params or worker.sampling_params()
     prompts = [ex.prompt(prompt_template) for ex in examples]
@@ -96,8 +97,8 @@ def generate_chunks(
             params,
             t0,
         )
-        t0 = time.perf_counter()
         yield batch, m
+        t0 = time.perf_counter()  # the consumer's work on the chunk is not decode time
 
 
 def _rollout_batch(

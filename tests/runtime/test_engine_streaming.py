@@ -58,8 +58,7 @@ def test_min_groups_batches_the_releases(tiny):
             rep, p, groups=groups, min_groups=2, seed=7, max_new_tokens=_caps()
         )
     )
-    sizes = [len(idx) for idx, _ in chunks]
-    assert sum(sizes) == 4 and all(n >= 2 for n in sizes)  # two at a time (the last: the rest)
+    assert [len(idx) for idx, _ in chunks] == [2, 2]  # two at a time
 
 
 class _WholeBatchOnly:
@@ -82,9 +81,28 @@ class _WholeBatchOnly:
 
 
 def test_an_engine_without_streaming_releases_everything_at_the_end():
-    groups = [[2, 3], [0, 1]]  # rows need not be in order
-    (idx, out), *rest = list(
-        generate_in_groups(_WholeBatchOnly(), [[1]] * 4, SamplingParams(), groups=groups)
-    )
-    assert not rest and idx == [0, 1]
-    assert out.response_ids[:, 0].tolist() == [2, 3, 0, 1] and out.policy_version == 5
+    groups = [[2, 3], [0, 1], [4, 5]]  # rows need not be in order
+    eng = _WholeBatchOnly()
+    chunks = list(generate_in_groups(eng, [[1]] * 6, SamplingParams(), groups=groups))
+    assert [idx for idx, _ in chunks] == [[0], [1], [2]]  # one release per group
+    assert chunks[1][1].response_ids[:, 0].tolist() == [0, 1]
+    two = list(generate_in_groups(eng, [[1]] * 6, SamplingParams(), groups=groups, min_groups=2))
+    assert [idx for idx, _ in two] == [[0, 1], [2]]  # ceil(3 / 2) releases, the last the rest
+    assert two[0][1].response_ids[:, 0].tolist() == [2, 3, 0, 1] and two[0][1].policy_version == 5
+
+
+def test_the_release_count_is_fixed_whatever_finishes_when(tiny):
+    """ceil(groups / min_groups) releases: ranks of a data-parallel group that run a forward
+    (a collective) per chunk must agree on how many chunks there are."""
+    rep, groups = _rows()
+    p = SamplingParams(max_new_tokens=9, temperature=1.0)
+    eng = _engine(tiny)
+    for caps in (_caps(), [9] * len(rep), [1] * len(rep)):  # staggered, all at the cap, at once
+        for m, want in ((1, 4), (3, 2), (4, 1), (8, 1)):
+            chunks = list(
+                eng.generate_streaming(
+                    rep, p, groups=groups, min_groups=m, seed=7, max_new_tokens=caps
+                )
+            )
+            assert len(chunks) == want, (caps[0], m)
+            assert sorted(g for idx, _ in chunks for g in idx) == [0, 1, 2, 3]

@@ -324,14 +324,22 @@ class RankActor:
         return m, spans
 
     def _run_streamed(self, step, kinds, examples, chunk):
-        """Streaming: one decode of the rank's prompts; each time ``chunk`` prompts have all
-        their samples finished they run through the unit's later stages (reward) and are
-        offered to a streaming consumer (:meth:`chunk`) while the decode goes on. The samples
-        are those of the unstreamed unit (same seed, same decode); rows come in the order
-        their prompts finished."""
+        """Streaming: one decode of the rank's prompts; each time ``chunk`` more prompts have
+        all their samples finished they run through the unit's later stages and are offered
+        to a streaming consumer (:meth:`chunk`) while the decode goes on. The samples are
+        those of the unstreamed unit (same seed, same decode); rows come in the order their
+        prompts finished; every rank releases ``ceil(prompts / chunk)`` chunks.
+
+        Ranks of a data-parallel group finish their prompts at different decode steps, so a
+        stage that runs collectives (a forward's micro-batch agreement, FSDP gathers, batch
+        statistics) cannot run between decode steps: with dp > 1 only the unit's leading rule
+        rewards run per chunk, the rest once on the joined batch after the decode."""
         from rpeg.runtime import stages as S
         from rpeg.runtime.actors.dataplane import concat_rows
 
+        later = list(kinds[1:])
+        n_local = len(later) if self.reduce.world_size == 1 else _leading(later, "reward")
+        per_chunk, after = later[:n_local], later[n_local:]
         parts, spans, per = [], [], []
         seed = gen_seed(self.config, step, self.gen_layout.dp_index(self.rank))
         t_gen = t_last = time.time()
@@ -341,7 +349,7 @@ class RankActor:
             t_last = time.time()  # this chunk's samples are done decoding
             key = ("chunk", step, i)
             self.store[key] = b
-            m, sp = self._run_stages(step, kinds[1:], None, seed, key)
+            m, sp = self._run_stages(step, per_chunk, None, seed, key)
             b = self.store.pop(key)
             parts.append(b)
             self._chunks.setdefault(step, []).append(b)  # for a streaming consumer
@@ -350,7 +358,12 @@ class RankActor:
         spans.insert(0, ("generate", t_gen, t_last))
         self._chunks_done.add(step)
         self.store[step] = concat_rows(parts)
-        return _weighted(per), spans
+        out = _weighted(per)
+        if after:
+            m, sp = self._run_stages(step, after, None, seed)
+            out.update(m)
+            spans.extend(sp)
+        return out, spans
 
     async def chunk(self, step: int, i: int, timeout_s: float = 600.0) -> Any:
         """Chunk ``i`` of a streaming unit's rows of ``step`` as soon as it exists (None after
@@ -703,6 +716,14 @@ class RankActor:
         if self.pg_ready and dist.is_initialized():
             dist.destroy_process_group()
             self.pg_ready = False
+
+
+def _leading(kinds: list[str], kind: str) -> int:
+    """How many of ``kinds``, from the first, are ``kind``."""
+    n = 0
+    while n < len(kinds) and kinds[n] == kind:
+        n += 1
+    return n
 
 
 def _weighted(per: list[tuple[dict[str, Any], int]]) -> dict[str, float]:

@@ -102,10 +102,11 @@ def generate_in_groups(
     seed: int | None = None,
     max_new_tokens: Sequence[int] | None = None,
 ) -> Iterator[tuple[list[int], GenerationOutput]]:
-    """``(group indices, their output)`` as groups of rows finish: an engine with a
-    ``generate_streaming`` (the torch engine) releases them during the decode, at least
-    ``min_groups`` at a time; any other engine (vLLM's offline ``LLM.generate`` returns when
-    the whole batch is done) releases every group at once at the end."""
+    """``(group indices, their output)`` as groups of rows finish, ``min_groups`` at a time
+    (the last release: the rest), always ``ceil(len(groups) / min_groups)`` releases: an
+    engine with a ``generate_streaming`` (the torch engine) releases them during the decode;
+    any other engine (vLLM's offline ``LLM.generate`` returns when the whole batch is done)
+    releases them all at the end."""
     stream = getattr(engine, "generate_streaming", None)
     if stream is not None:
         yield from stream(
@@ -118,16 +119,19 @@ def generate_in_groups(
         )
         return
     out = engine.generate(prompt_ids, params, seed=seed, max_new_tokens=max_new_tokens)
-    rows = torch.as_tensor([r for g in groups for r in g], dtype=torch.long)
-    yield (
-        list(range(len(groups))),
-        GenerationOutput(
-            response_ids=out.response_ids[rows],
-            logprobs=out.logprobs[rows],
-            lengths=out.lengths[rows],
-            finished=out.finished[rows],
-            policy_version=out.policy_version,
-            stats=dict(out.stats),
-            logprobs_exact=out.logprobs_exact,
-        ),
-    )
+    m = max(1, min_groups)
+    for i in range(0, len(groups), m):
+        take = list(range(i, min(i + m, len(groups))))
+        rows = torch.as_tensor([r for g in take for r in groups[g]], dtype=torch.long)
+        yield (
+            take,
+            GenerationOutput(
+                response_ids=out.response_ids[rows],
+                logprobs=out.logprobs[rows],
+                lengths=out.lengths[rows],
+                finished=out.finished[rows],
+                policy_version=out.policy_version,
+                stats=dict(out.stats),
+                logprobs_exact=out.logprobs_exact,
+            ),
+        )

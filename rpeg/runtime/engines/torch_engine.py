@@ -140,28 +140,34 @@ class TorchEngine:
         max_new_tokens: Sequence[int] | None = None,
     ) -> Iterator[tuple[list[int], GenerationOutput]]:
         """The same decode as :meth:`generate` (same seed, same tokens), releasing finished
-        work early: ``groups`` partitions the rows (a prompt's samples); as soon as
-        ``min_groups`` groups have every row finished (or the last ones are), yields
-        ``(group indices, their output)``, rows in the order of the groups' rows, while the
-        batch goes on decoding the rest. Continuous batching's early return, in a static
-        batch: nothing is decoded twice."""
+        work early: ``groups`` partitions the rows (a prompt's samples); every time
+        ``min_groups`` more groups have every row finished, yields ``(group indices, their
+        output)`` (rows in the order of the groups' rows) while the batch goes on decoding
+        the rest; the last release holds what is left. Always ``ceil(len(groups) /
+        min_groups)`` releases, whatever finishes when: ranks that must run the same
+        collectives per release (data-parallel forwards on each chunk) agree on the count.
+        Continuous batching's early return, in a static batch: nothing is decoded twice."""
         t0 = time.perf_counter()
+        m = max(1, min_groups)
         owner = torch.empty(len(prompt_ids), dtype=torch.long)
         for g, rows in enumerate(groups):
             owner[list(rows)] = g
-        pending = torch.ones(len(groups), dtype=torch.bool)
+        waiting = torch.ones(len(groups), dtype=torch.bool)  # not finished yet
+        ready: list[int] = []  # finished, not yet released (in the order they finished)
         st = None
         for st in self._decode(prompt_ids, params, seed, max_new_tokens):
             left = torch.zeros(len(groups)).index_add_(0, owner, (~st.done.cpu()).float())
-            ready = pending & (left == 0)
-            n = int(ready.sum())
-            if n and (n >= min_groups or n == int(pending.sum())):
-                pending &= ~ready
-                idx = ready.nonzero().squeeze(-1).tolist()
-                yield idx, self._output(st, [r for g in idx for r in groups[g]], t0)
-        if st is not None and bool(pending.any()):  # the loop ended: whatever is left
-            idx = pending.nonzero().squeeze(-1).tolist()
-            yield idx, self._output(st, [r for g in idx for r in groups[g]], t0)
+            done_now = waiting & (left == 0)
+            waiting &= ~done_now
+            ready += done_now.nonzero().squeeze(-1).tolist()
+            while len(ready) >= m:
+                take, ready = ready[:m], ready[m:]
+                yield take, self._output(st, [r for g in take for r in groups[g]], t0)
+        if st is not None:  # the decode ended: every group is finished
+            ready += waiting.nonzero().squeeze(-1).tolist()
+            while ready:
+                take, ready = ready[:m], ready[m:]
+                yield take, self._output(st, [r for g in take for r in groups[g]], t0)
 
     def _output(self, st: _Decode, rows: list[int] | None, t0: float) -> GenerationOutput:
         """The output of ``rows`` (all when None) from a decode state: responses cut to the

@@ -280,6 +280,43 @@ def test_a_streaming_unit_rewards_chunks_before_generation_ends(tmp_path, dask_c
 
 
 @pytest.mark.slow
+def test_a_streaming_unit_with_a_forward_on_two_data_parallel_ranks(tmp_path, dask_cluster):
+    """dp = 2: the ranks finish their prompts at different decode steps, so the unit's
+    forward (reference log-probs: a collective per call) runs once on the joined batch while
+    the rule reward still runs per chunk; both ranks release the same number of chunks."""
+    from rpeg.compile import resolve
+    from rpeg.ir import fuse, to_dict
+    from rpeg.plan import colocated_plan
+    from rpeg.runtime.actors.driver import DistributedRun
+
+    cfg = _cfg(tmp_path, **{**STREAMING, "cluster.num_devices": 2})
+    graph, _ = resolve(None, cfg)
+    g = fuse(graph, ["generate", "reward", "ref_logprob"], streaming=True, name="rollout")
+    plan = colocated_plan(g, num_devices=2, micro_batch_size=4).with_inline_graph(to_dict(g))
+    compiled = compile_plan(plan, cfg)
+    t = compiled.task("rollout")
+    assert t.streaming and t.stream_chunk_prompts == 2  # a quarter of a rank's 8 prompts
+    run = DistributedRun(cfg, compiled, dask_cluster)
+    run.start_actors()
+    try:
+        m = run.run_unit(0, "rollout")
+        with run.client.as_current():
+            batches = [a.get_batch(0).result() for a in run.groups[t.group]]
+    finally:
+        run.close()
+    assert m["stream_chunks"] == 4.0  # ceil(8 / 2) on each rank
+    for b in batches:
+        assert b.size == 8 * cfg.workload.samples_per_prompt
+        assert b.rewards is not None and b.ref_logprobs is not None
+        assert len(set(b.group_ids.tolist())) == 8  # groups kept apart across chunks
+    spans = [s for s in run.timeline.stage_spans if s["unit"] == "rollout" and s["rank"] == 0]
+    gen_end = max(s["end_s"] for s in spans if s["stage"] == "generate")
+    assert min(s["start_s"] for s in spans if s["stage"] == "reward") < gen_end
+    ref = [s for s in spans if s["stage"] == "ref_logprob"]
+    assert len(ref) == 1 and ref[0]["start_s"] >= gen_end  # once, after the decode
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["fsdp_dp2", "tp2"])
 def test_weight_sync_from_a_sharded_trainer(tmp_path, layout):
     """The trainer on two ranks (FSDP2 dp=2, or tp=2), the generator on a third: after a
