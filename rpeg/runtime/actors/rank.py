@@ -13,6 +13,7 @@ index trains on its shard of the step's prompts; the tp ranks of one index share
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -711,8 +712,14 @@ class RankActor:
         return float(sum(float(v.double().sum()) for v in full_state_dict(self.actor.lm).values()))
 
     def close(self) -> None:
+        """Leave the group's default process group and shut the weight-sync group down
+        (NCCL communicators are not freed by dropping the object)."""
         import torch.distributed as dist
 
+        pg, self._sync_pg = self._sync_pg, None
+        if pg is not None:
+            with contextlib.suppress(Exception):  # a peer already gone: nothing left to free
+                pg.shutdown()
         if self.pg_ready and dist.is_initialized():
             dist.destroy_process_group()
             self.pg_ready = False
