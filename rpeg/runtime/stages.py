@@ -56,8 +56,7 @@ def generate_stage(
     (groups contiguous), with prompt/response ids, masks, sampling log-probs and policy version."""
     t0 = time.perf_counter()
     params = params or worker.sampling_params()
-    prompts = [ex.prompt(prompt_template) for ex in examples]
-    rep_ids = [x for x in worker.encode_prompts(prompts) for _ in range(samples_per_prompt)]
+    prompts, rep_ids = _prompt_rows(worker, examples, samples_per_prompt, prompt_template)
     out = worker.generate(rep_ids, params, seed=seed)
     return _rollout_batch(worker, examples, prompts, rep_ids, out, samples_per_prompt, params, t0)
 
@@ -79,10 +78,8 @@ def generate_chunks(
     the decode; what the consumer does with a chunk is not counted)."""
     t0 = time.perf_counter()
     params = params or worker.sampling_params()
-    prompts = [ex.prompt(prompt_template) for ex in examples]
-    ids = worker.encode_prompts(prompts)
     k = samples_per_prompt
-    rep_ids = [x for x in ids for _ in range(k)]
+    prompts, rep_ids = _prompt_rows(worker, examples, k, prompt_template)
     groups = [list(range(i * k, (i + 1) * k)) for i in range(len(examples))]
     for idx, out in worker.generate_in_groups(
         rep_ids, params, groups=groups, min_groups=min_prompts, seed=seed
@@ -99,6 +96,16 @@ def generate_chunks(
         )
         yield batch, m
         t0 = time.perf_counter()  # the consumer's work on the chunk is not decode time
+
+
+def _prompt_rows(
+    worker: PolicyWorker, examples: Sequence[Example], samples_per_prompt: int, template: str
+) -> tuple[list[str], list[list[int]]]:
+    """The prompts' texts and their token ids repeated ``samples_per_prompt`` times (groups
+    contiguous): the rows of a rollout."""
+    prompts = [ex.prompt(template) for ex in examples]
+    rep_ids = [x for x in worker.encode_prompts(prompts) for _ in range(samples_per_prompt)]
+    return prompts, rep_ids
 
 
 def _rollout_batch(

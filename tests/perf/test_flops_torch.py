@@ -21,13 +21,7 @@ transformers = pytest.importorskip("transformers")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from rpeg.perf import costs  # noqa: E402
-from rpeg.specs.hf import entry_from_hf  # noqa: E402
-from rpeg.specs.models import parse_models  # noqa: E402
-
-
-def _spec(cfg, name="m"):
-    entry = entry_from_hf(cfg.to_dict())
-    return parse_models([({"models": {name: entry}}, "test")])[name]
+from tests.perf.hf_configs import catalog_spec, deepseek_v3_small, qwen3_moe_small  # noqa: E402
 
 
 def _expected_forward(spec, tokens):
@@ -56,7 +50,7 @@ def test_dense_gqa_qwen2_7b_real_shape_on_meta():
     cfg._attn_implementation = "sdpa"
     with torch.device("meta"):
         model = transformers.Qwen2ForCausalLM(cfg)
-    spec = _spec(cfg)
+    spec = catalog_spec(cfg)
     T = 2048
     ids = torch.zeros(1, T, dtype=torch.long, device="meta")
     fwd = _count(model, ids)
@@ -71,25 +65,9 @@ def test_dense_gqa_qwen2_7b_real_shape_on_meta():
 
 def test_moe_qwen3_moe_router_and_top_k_experts():
     torch.manual_seed(0)
-    cfg = transformers.Qwen3MoeConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        vocab_size=512,
-        num_experts=8,
-        num_experts_per_tok=2,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        tie_word_embeddings=False,
-    )
-    cfg._attn_implementation = "eager"
-    cfg._experts_implementation = "eager"  # per-expert linears torch can count
+    cfg = qwen3_moe_small()
     model = transformers.Qwen3MoeForCausalLM(cfg).eval()
-    spec = _spec(cfg)
+    spec = catalog_spec(cfg)
     assert spec.moe is not None and spec.moe.top_k == 2
     T = 64
     ids = torch.randint(0, cfg.vocab_size, (1, T))
@@ -98,31 +76,9 @@ def test_moe_qwen3_moe_router_and_top_k_experts():
 
 def test_mla_moe_deepseek_v3_shared_expert_and_dense_first_layers():
     torch.manual_seed(0)
-    cfg = transformers.DeepseekV3Config(
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=3,
-        first_k_dense_replace=1,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=64,
-        kv_lora_rank=32,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=16,
-        v_head_dim=32,
-        vocab_size=512,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
-        tie_word_embeddings=False,
-    )
-    cfg._attn_implementation = "eager"
-    cfg._experts_implementation = "eager"
+    cfg = deepseek_v3_small()
     model = transformers.DeepseekV3ForCausalLM(cfg).eval()
-    spec = _spec(cfg)
+    spec = catalog_spec(cfg)
     assert spec.mla is not None and spec.moe.first_dense_layers == 1
     T = 64
     ids = torch.randint(0, cfg.vocab_size, (1, T))

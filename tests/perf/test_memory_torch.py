@@ -26,21 +26,16 @@ from torch.distributed._tools.mem_tracker import MemTracker  # noqa: E402
 from rpeg.ir import builders  # noqa: E402
 from rpeg.perf import Workload, predict  # noqa: E402
 from rpeg.plan import UnitPlan, colocated_plan  # noqa: E402
-from rpeg.specs.hf import entry_from_hf  # noqa: E402
-from rpeg.specs.models import parse_models  # noqa: E402
+from tests.perf.hf_configs import (  # noqa: E402
+    catalog_spec,
+    deepseek_v3_small,
+    qwen3_moe_small,
+    qwen25_05b_two_layers,
+)
 
 
 def test_training_state_matches_memtracker():
-    cfg = transformers.Qwen2Config(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=2,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    )
-    cfg._attn_implementation = "sdpa"
+    cfg = qwen25_05b_two_layers()
     with FakeTensorMode():
         model = transformers.Qwen2ForCausalLM(cfg)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
@@ -54,7 +49,7 @@ def test_training_state_matches_memtracker():
     by = {str(k).split(".")[-1]: v for k, v in snap.items()}
     torch_state = by["PARAM"] + by["GRAD"] + by["OPT"]
 
-    spec = parse_models([({"models": {"q": entry_from_hf(cfg.to_dict())}}, "test")])["q"]
+    spec = catalog_spec(cfg, "q")
     g = builders.build("grpo", use_reference=False)
     plan = colocated_plan(g, "dgx-h100", num_devices=1, model="qwen2.5-0.5b-instruct")
     wl = Workload(
@@ -70,74 +65,12 @@ def test_training_state_matches_memtracker():
     assert ours == pytest.approx(torch_state, rel=5e-3)
 
 
-def _qwen_05b_two_layers():
-    cfg = transformers.Qwen2Config(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=2,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    )
-    cfg._attn_implementation = "sdpa"
-    return cfg
-
-
-def _moe_config():
-    cfg = transformers.Qwen3MoeConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        vocab_size=512,
-        num_experts=8,
-        num_experts_per_tok=2,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        tie_word_embeddings=False,
-    )
-    cfg._attn_implementation = "eager"
-    cfg._experts_implementation = "eager"
-    return cfg
-
-
-def _mla_config():
-    cfg = transformers.DeepseekV3Config(
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=64,
-        num_hidden_layers=3,
-        first_k_dense_replace=1,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=64,
-        kv_lora_rank=32,
-        qk_nope_head_dim=32,
-        qk_rope_head_dim=16,
-        v_head_dim=32,
-        vocab_size=512,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        n_group=1,
-        topk_group=1,
-        tie_word_embeddings=False,
-    )
-    cfg._attn_implementation = "eager"
-    cfg._experts_implementation = "eager"
-    return cfg
-
-
 # (config, model class, fake tensors?): MoE routing is data-dependent (``nonzero``), which
 # FakeTensorMode refuses, so the small MoE configs run on real tensors (a few MB)
 FAMILIES = {
-    "dense-gqa": (_qwen_05b_two_layers, "Qwen2ForCausalLM", True),
-    "moe": (_moe_config, "Qwen3MoeForCausalLM", False),
-    "mla-moe": (_mla_config, "DeepseekV3ForCausalLM", False),
+    "dense-gqa": (qwen25_05b_two_layers, "Qwen2ForCausalLM", True),
+    "moe": (qwen3_moe_small, "Qwen3MoeForCausalLM", False),
+    "mla-moe": (deepseek_v3_small, "DeepseekV3ForCausalLM", False),
 }
 
 
@@ -181,7 +114,7 @@ def test_fsdp_sharded_training_state_matches_fsdpmemtracker(family):
     assert by["UNSHARDED_PARAM"] == 0 and by["UNSHARDED_GRAD"] == 0  # resharded after use
     torch_state = by["SHARDED_PARAM"] + by["SHARDED_GRAD"] + by["OPT"]
 
-    spec = parse_models([({"models": {"q": entry_from_hf(cfg.to_dict())}}, "test")])["q"]
+    spec = catalog_spec(cfg, "q")
     g = builders.build("grpo", use_reference=False)
     plan = colocated_plan(g, "dgx-h100", num_devices=dp, model="qwen2.5-0.5b-instruct")
     units = {
