@@ -325,46 +325,10 @@ class RankActor:
         return m, spans
 
     def _run_streamed(self, step, kinds, examples, chunk):
-        """Streaming: one decode of the rank's prompts; each time ``chunk`` more prompts have
-        all their samples finished they run through the unit's later stages and are offered
-        to a streaming consumer (:meth:`chunk`) while the decode goes on. The samples are
-        those of the unstreamed unit (same seed, same decode); rows come in the order their
-        prompts finished; every rank releases ``ceil(prompts / chunk)`` chunks.
+        from rpeg.runtime.actors import streaming
 
-        Ranks of a data-parallel group finish their prompts at different decode steps, so a
-        stage that runs collectives (a forward's micro-batch agreement, FSDP gathers, batch
-        statistics) cannot run between decode steps: with dp > 1 only the unit's leading rule
-        rewards run per chunk, the rest once on the joined batch after the decode."""
-        from rpeg.runtime import stages as S
-        from rpeg.runtime.actors.dataplane import concat_rows
-
-        later = list(kinds[1:])
-        n_local = len(later) if self.reduce.world_size == 1 else _leading(later, "reward")
-        per_chunk, after = later[:n_local], later[n_local:]
-        parts, spans, per = [], [], []
         seed = gen_seed(self.config, step, self.gen_layout.dp_index(self.rank))
-        t_gen = t_last = time.time()
-        for i, (b, gm) in enumerate(
-            S.run_generate_chunks(self._stage_context(), examples, seed=seed, min_prompts=chunk)
-        ):
-            t_last = time.time()  # this chunk's samples are done decoding
-            key = ("chunk", step, i)
-            self.store[key] = b
-            m, sp = self._run_stages(step, per_chunk, None, seed, key)
-            b = self.store.pop(key)
-            parts.append(b)
-            self._chunks.setdefault(step, []).append(b)  # for a streaming consumer
-            per.append(({**gm, **m}, b.size))
-            spans.extend(sp)
-        spans.insert(0, ("generate", t_gen, t_last))
-        self._chunks_done.add(step)
-        self.store[step] = concat_rows(parts)
-        out = _weighted(per)
-        if after:
-            m, sp = self._run_stages(step, after, None, seed)
-            out.update(m)
-            spans.extend(sp)
-        return out, spans
+        return streaming.produce(self, step, kinds, examples, chunk, seed)
 
     async def chunk(self, step: int, i: int, timeout_s: float = 600.0) -> Any:
         """Chunk ``i`` of a streaming unit's rows of ``step`` as soon as it exists (None after
@@ -383,27 +347,9 @@ class RankActor:
             await asyncio.sleep(0.002)
 
     def _consume_stream(self, step, kinds, producer):
-        """The consumer side of streaming across groups: run ``kinds`` on each chunk of the
-        producer rank's rows as it arrives (while the producer generates the next)."""
-        from rpeg.runtime.actors.dataplane import concat_rows, tensor_bytes
+        from rpeg.runtime.actors import streaming
 
-        parts, spans, per = [], [], []
-        i = 0
-        while True:
-            b = producer.chunk(step, i).result()
-            if b is None:
-                break
-            self.received_bytes += tensor_bytes(b)
-            key = ("stream", step, i)
-            self.store[key] = b
-            m, sp = self._run_stages(step, kinds, None, 0, key)
-            b = self.store.pop(key)
-            parts.append(b)
-            per.append((m, b.size))
-            spans.extend(sp)
-            i += 1
-        self.store[step] = concat_rows(parts)
-        return _weighted(per), spans
+        return streaming.consume(self, step, kinds, producer)
 
     def _micro_batch(self, size: int | None):
         """Context: every role's workload uses ``size`` samples per forward call."""
@@ -723,33 +669,6 @@ class RankActor:
         if self.pg_ready and dist.is_initialized():
             dist.destroy_process_group()
             self.pg_ready = False
-
-
-def _leading(kinds: list[str], kind: str) -> int:
-    """How many of ``kinds``, from the first, are ``kind``."""
-    n = 0
-    while n < len(kinds) and kinds[n] == kind:
-        n += 1
-    return n
-
-
-def _weighted(per: list[tuple[dict[str, Any], int]]) -> dict[str, float]:
-    """Metrics of a streamed unit from its chunks: times summed, maxima maxed, the rest
-    averaged weighted by the chunk's samples."""
-    out: dict[str, float] = {}
-    total = sum(n for _, n in per) or 1
-    for key in {k for m, _ in per for k in m}:
-        vals = [(m[key], n) for m, n in per if key in m and isinstance(m[key], int | float)]
-        if not vals:
-            continue
-        if key.endswith("_s") or key.endswith("_errors"):
-            out[key] = float(sum(v for v, _ in vals))
-        elif key.endswith("_max"):
-            out[key] = float(max(v for v, _ in vals))
-        else:
-            out[key] = float(sum(v * n for v, n in vals) / total)
-    out["stream_chunks"] = float(len(per))
-    return out
 
 
 def _merge_fields(batch: Any, parts: list[dict[str, torch.Tensor]]) -> Any:

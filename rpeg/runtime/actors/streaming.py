@@ -1,0 +1,103 @@
+"""Streaming units on a rank (docs/runtime.md "Streaming"): the producer side, one decode
+releasing finished prompt groups chunk by chunk, and the consumer side, a trainer rank
+running its first unit on each chunk of its generator rank as it arrives. Functions of the
+:class:`~rpeg.runtime.actors.rank.RankActor` they run in (its store, stages and chunk list);
+the actor's ``chunk`` method hands the chunks out."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def produce(rank: Any, step: int, kinds: list[str], examples: Any, chunk: int, seed: int):
+    """One decode of the rank's prompts; each time ``chunk`` more prompts have all their
+    samples finished they run through the unit's later stages and are offered to a streaming
+    consumer while the decode goes on. The samples are those of the unstreamed unit (the
+    rank's generation ``seed``, same decode); rows come in the order their prompts finished; every rank releases
+    ``ceil(prompts / chunk)`` chunks.
+
+    Ranks of a data-parallel group finish their prompts at different decode steps, so a stage
+    that runs collectives (a forward's micro-batch agreement, FSDP gathers, batch statistics)
+    cannot run between decode steps: with dp > 1 only the unit's leading rule rewards run per
+    chunk, the rest once on the joined batch after the decode. -> (metrics, spans)."""
+    from rpeg.runtime import stages as S
+    from rpeg.runtime.actors.dataplane import concat_rows
+
+    later = list(kinds[1:])
+    n_local = len(later) if rank.reduce.world_size == 1 else leading(later, "reward")
+    per_chunk, after = later[:n_local], later[n_local:]
+    parts, spans, per = [], [], []
+    t_gen = t_last = time.time()
+    for i, (b, gm) in enumerate(
+        S.run_generate_chunks(rank._stage_context(), examples, seed=seed, min_prompts=chunk)
+    ):
+        t_last = time.time()  # this chunk's samples are done decoding
+        key = ("chunk", step, i)
+        rank.store[key] = b
+        m, sp = rank._run_stages(step, per_chunk, None, seed, key)
+        b = rank.store.pop(key)
+        parts.append(b)
+        rank._chunks.setdefault(step, []).append(b)  # for a streaming consumer
+        per.append(({**gm, **m}, b.size))
+        spans.extend(sp)
+    spans.insert(0, ("generate", t_gen, t_last))
+    rank._chunks_done.add(step)
+    rank.store[step] = concat_rows(parts)
+    out = weighted(per)
+    if after:
+        m, sp = rank._run_stages(step, after, None, seed)
+        out.update(m)
+        spans.extend(sp)
+    return out, spans
+
+
+def consume(rank: Any, step: int, kinds: list[str], producer: Any):
+    """The consumer side of streaming across groups: run ``kinds`` on each chunk of the
+    producer rank's rows as it arrives (while the producer generates the next)."""
+    from rpeg.runtime.actors.dataplane import concat_rows, tensor_bytes
+
+    parts, spans, per = [], [], []
+    i = 0
+    while True:
+        b = producer.chunk(step, i).result()
+        if b is None:
+            break
+        rank.received_bytes += tensor_bytes(b)
+        key = ("stream", step, i)
+        rank.store[key] = b
+        m, sp = rank._run_stages(step, kinds, None, 0, key)
+        b = rank.store.pop(key)
+        parts.append(b)
+        per.append((m, b.size))
+        spans.extend(sp)
+        i += 1
+    rank.store[step] = concat_rows(parts)
+    return weighted(per), spans
+
+
+def leading(kinds: list[str], kind: str) -> int:
+    """How many of ``kinds``, from the first, are ``kind``."""
+    n = 0
+    while n < len(kinds) and kinds[n] == kind:
+        n += 1
+    return n
+
+
+def weighted(per: list[tuple[dict[str, Any], int]]) -> dict[str, float]:
+    """Metrics of a streamed unit from its chunks: times summed, maxima maxed, the rest
+    averaged weighted by the chunk's samples."""
+    out: dict[str, float] = {}
+    total = sum(n for _, n in per) or 1
+    for key in {k for m, _ in per for k in m}:
+        vals = [(m[key], n) for m, n in per if key in m and isinstance(m[key], int | float)]
+        if not vals:
+            continue
+        if key.endswith("_s") or key.endswith("_errors"):
+            out[key] = float(sum(v for v, _ in vals))
+        elif key.endswith("_max"):
+            out[key] = float(max(v for v, _ in vals))
+        else:
+            out[key] = float(sum(v * n for v, n in vals) / total)
+    out["stream_chunks"] = float(len(per))
+    return out
