@@ -258,6 +258,43 @@ def generate_case(cfg, layout, mesh, gen_layout, gen_mesh, rank: int) -> dict:
     return {"tokens": greedy(w, mine), "rows": mine, "shared": w.engine.model is w.lm}
 
 
+def mlp_reference(seed: int = 0):
+    """A column-wise -> row-wise pair's dense twin: (module, input) on one process."""
+    g = torch.Generator().manual_seed(seed)
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(8, 12, bias=True), torch.nn.GELU(), torch.nn.Linear(12, 8, bias=True)
+    )
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    return mlp, torch.randn(5, 8, generator=g)
+
+
+def tensor_parallel_case(mesh, rank: int) -> dict:
+    """tp_all_reduce on each rank's own tensor; the MLP split column-wise then row-wise:
+    output, input gradient, full parameter gradients and the parameters' placements."""
+    from rpeg.runtime.tensor_parallel import shard_linear, tp_all_reduce
+
+    tp = mesh["tp"]
+    mine = torch.randn(3, 7, generator=torch.Generator().manual_seed(100 + rank))
+    summed = tp_all_reduce(mine.clone(), tp.get_group())
+    mlp, x = mlp_reference()
+    shard_linear(mlp[0], "colwise", tp)
+    shard_linear(mlp[2], "rowwise", tp)
+    x = x.clone().requires_grad_(True)
+    y = mlp(x)
+    (y * torch.arange(8.0)).sum().backward()
+    return {
+        "mine": mine,
+        "summed": summed,
+        "y": y.detach(),
+        "x_grad": x.grad,
+        "grads": {n: p.grad.full_tensor() for n, p in mlp.named_parameters()},
+        "placements": {n: str(p.placements) for n, p in mlp.named_parameters()},
+        "local_shapes": {n: list(p.to_local().shape) for n, p in mlp.named_parameters()},
+    }
+
+
 def body(rank: int, world: int, port: int, cases: list, q) -> None:
     """Run ``cases`` (``(name, kind, kwargs)``) in order on this rank; results to ``q``."""
     import torch.distributed as dist
@@ -274,6 +311,8 @@ def body(rank: int, world: int, port: int, cases: list, q) -> None:
             elif kind == "forward":
                 lay = Layout(**kw["layout"])
                 res = forward_case(kw["model_type"], lay, build_mesh(lay))
+            elif kind == "tensor_parallel":
+                res = tensor_parallel_case(build_mesh(Layout(**kw["layout"])), rank)
             elif kind == "generate":
                 lay = Layout(**kw["layout"])
                 gen = Layout(**kw.get("gen", kw["layout"]))

@@ -209,3 +209,19 @@ def test_shard_checkpoint_round_trip_in_one_process(tmp_path, where):
     for i in s_w:
         assert torch.equal(s_w[i]["exp_avg_sq"], s_v[i]["exp_avg_sq"])
     assert torch.equal(w.generator.get_state(), v.generator.get_state())
+
+
+def test_gradient_buckets_keep_order_dtype_and_size():
+    from rpeg.runtime.sharding import grad_buckets
+
+    f32 = [torch.zeros(n) for n in (3, 4, 2, 10)]  # 12, 16, 8, 40 bytes
+    half = torch.zeros(2, dtype=torch.float16)
+    got = grad_buckets([f32[0], f32[1], half, f32[2], f32[3]], bucket_bytes=30)
+    shapes = [[(t.numel(), t.dtype) for t in b] for b in got]
+    assert shapes == [
+        [(3, torch.float32), (4, torch.float32)],  # 28 <= 30
+        [(2, torch.float16)],  # a dtype change starts a bucket
+        [(2, torch.float32)],
+        [(10, torch.float32)],  # 8 + 40 > 30; larger than a bucket: its own
+    ]
+    assert grad_buckets([], 30) == []

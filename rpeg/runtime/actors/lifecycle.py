@@ -57,20 +57,25 @@ class ActorSet:
             self.n_workers = len(workers)
         k = int(self.compiled.buffer["max_staleness"])
         t0 = time.perf_counter()
-        self.placement = {}
+        self.placement = {
+            (g.name, rank): workers[dev % len(workers)]
+            for g in self.compiled.actor_groups
+            for rank, dev in enumerate(g.devices)
+        }
+        slots = self._cpu_slots()
         with self.client.as_current():
             futs = {}
             for g in self.compiled.actor_groups:
                 gd = {**g.to_dict(), "max_staleness": k}
-                for rank, dev in enumerate(g.devices):
-                    addr = workers[dev % len(workers)]
-                    self.placement[(g.name, rank)] = addr
+                for rank in range(g.world_size):
+                    addr = self.placement[(g.name, rank)]
                     futs[(g.name, rank)] = self.client.submit(
                         RankActor,
                         cy,
                         gd,
                         rank,
                         self.async_rollout,
+                        cpu_slot=slots.get(addr),
                         actor=True,
                         workers=[addr],
                         allow_other_workers=False,
@@ -88,6 +93,21 @@ class ActorSet:
         for g in self.groups.values():
             g.join_process_group()
         self.start_s = time.perf_counter() - t0
+
+    def _cpu_slots(self) -> dict[str, tuple[int, int]]:
+        """Each used worker's ``(slot, workers of this run on its host)``, workers in
+        placement order, hosts by the workers' own host names (network namespaces of one
+        machine share one); {} when ``runtime.cpu_binding`` is ``none``
+        (rpeg.runtime.cpu_binding)."""
+        if self.config.runtime.cpu_binding == "none":
+            return {}
+        import socket
+
+        from rpeg.runtime.cpu_binding import worker_slots
+
+        used = list(dict.fromkeys(self.placement.values()))
+        hosts = self.client.run(socket.gethostname, workers=used)
+        return dict(zip(used, worker_slots([hosts[a] for a in used]), strict=True))
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Tear down every rank's process group and drop the handles."""

@@ -48,7 +48,13 @@ class RankActor:
     """One rank of an actor group. Methods are the stage kinds; called through Dask."""
 
     def __init__(
-        self, config_yaml: str, group: dict[str, Any], rank: int, async_rollout: bool = False
+        self,
+        config_yaml: str,
+        group: dict[str, Any],
+        rank: int,
+        async_rollout: bool = False,
+        *,
+        cpu_slot: tuple[int, int] | None = None,
     ):
         self.config = RunConfig.from_yaml(config_yaml)  # torch threads: set by build_roles
         from rpeg.runtime.actors import serializers
@@ -67,6 +73,11 @@ class RankActor:
         from rpeg.runtime.actors.rendezvous import rank_device
 
         self.device = rank_device(group, rank)
+        self.cpu_cores: list[int] = []  # this worker's cores (rpeg.runtime.cpu_binding)
+        if cpu_slot is not None and self.device.type == "cpu":
+            from rpeg.runtime.cpu_binding import HOST_CORES, bind_process, core_block
+
+            self.cpu_cores = bind_process(core_block(HOST_CORES, *cpu_slot))
         self.received_bytes = 0  # tensor bytes pulled from other actors (data plane)
         self._chunks: dict[int, list[Any]] = {}  # streamed chunks of a step (producer side)
         self._chunks_done: set[int] = set()
@@ -215,6 +226,7 @@ class RankActor:
             "dp_index": lay.dp_index(self.rank),
             "tp_index": lay.tp_index(self.rank),
             "device": str(self.device),
+            "cpu_cores": list(self.cpu_cores),
             "dtype": lay.dtype,
             "param_bytes_per_rank": {**local, "total": sum(local.values())},
             "full_param_bytes": {**full, "total": sum(full.values())},
