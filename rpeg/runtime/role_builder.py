@@ -164,12 +164,10 @@ def greedy_accuracy(
     examples: list[Example],
     rewards: RewardSet,
     prompt_template: str,
-    all_done: Callable[..., Any] | None = None,
 ) -> float:
     """Greedy accuracy of the actor's *current* weights on ``examples`` (a fraction in
     [0, 1]; NaN without examples), even when its generator lags behind: generation runs on
-    a torch engine over the actor's own model. ``all_done``: the engine's stop test when the
-    ranks of a sharded group must step together."""
+    a torch engine over the actor's own model."""
     from rpeg.runtime import stages
     from rpeg.runtime.engines.torch_engine import TorchEngine
 
@@ -177,8 +175,6 @@ def greedy_accuracy(
         return float("nan")
     w = copy.copy(actor)
     w.engine = TorchEngine(actor.lm, tokenizer.pad_token_id, tokenizer.eos_token_id)
-    if all_done is not None:
-        w.engine.all_done = all_done
     batch, _ = stages.generate_stage(
         w,
         examples,

@@ -173,22 +173,6 @@ def _value_loss(
     )
 
 
-def _dp_reduce(mesh) -> RankReduce:
-    from rpeg.runtime.parallel import process_group_reduce
-
-    return process_group_reduce(mesh.get_group("dp"))
-
-
-def ranks_all_done(reduce: RankReduce) -> Callable[[bool], bool]:
-    """``all_done(local_done)``: True once every rank of ``reduce``'s group is done (the
-    decode loop of an FSDP-sharded model must run the same number of forwards on each)."""
-
-    def all_done(local: bool) -> bool:
-        return int(reduce.max(torch.tensor([0 if local else 1], dtype=torch.long))[0]) == 0
-
-    return all_done
-
-
 def _role_state(module, optimizer, shards) -> tuple[dict, dict | None]:
     if shards is not None and shards.layout.sharded:
         from rpeg.runtime.sharding import full_role_state
@@ -300,11 +284,8 @@ class PolicyWorker:
         self.reduce = reduce
         if self.optimizer is not None:
             self.optimizer = self._make_optimizer()
-        if isinstance(eng, TorchEngine):
-            if eng.model is not self.lm:
-                shard_roles(eng.model, eng.model, gen_layout, gen_mesh)
-            if gen_layout.fsdp and gen_layout.dp > 1:
-                eng.all_done = ranks_all_done(reduce if not own else _dp_reduce(gen_mesh))
+        if isinstance(eng, TorchEngine) and eng.model is not self.lm:
+            shard_roles(eng.model, eng.model, gen_layout, gen_mesh)
 
     # --- generation -----------------------------------------------------------------------
     def encode_prompts(

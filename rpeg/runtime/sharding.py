@@ -55,6 +55,13 @@ TP_PLAN: dict[str, str] = {
     "mlp.down_proj": "rowwise",
 }
 
+#: norm of a decoder block -> the column-wise linears that read only its output (HF Llama /
+#: Qwen2 / Qwen3): their input gradient is summed over tp once (rpeg.runtime.tensor_parallel)
+TP_SHARED_INPUTS: dict[str, tuple[str, ...]] = {
+    "input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -158,7 +165,7 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
     """Split every decoder block of ``module`` over the 1-D ``tp_mesh`` (in place): the
     :data:`TP_PLAN` linears become :mod:`rpeg.runtime.tensor_parallel` column/row-wise
     linears (DTensor parameters, plain activations)."""
-    from rpeg.runtime.tensor_parallel import shard_linear
+    from rpeg.runtime.tensor_parallel import copy_once_after, shard_linear
 
     if tp_mesh.size() == 1:
         return
@@ -166,6 +173,11 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
         for name, style in TP_PLAN.items():
             if _has(layer, name):
                 shard_linear(layer.get_submodule(name), style, tp_mesh)
+        for norm, consumers in TP_SHARED_INPUTS.items():
+            if _has(layer, norm) and all(_has(layer, c) for c in consumers):
+                copy_once_after(
+                    layer.get_submodule(norm), [layer.get_submodule(c) for c in consumers]
+                )
 
 
 def _has(module: nn.Module, dotted: str) -> bool:
@@ -192,23 +204,28 @@ def apply_fsdp(module: nn.Module, dp_mesh, extra_roots: Iterable[nn.Module] = ()
 
 @contextlib.contextmanager
 def gathered_blocks(module: nn.Module) -> Iterator[None]:
-    """While inside, FSDP2 decoder blocks of ``module`` stay unsharded after their first
-    forward (``set_reshard_after_forward(False)``), so a decode loop gathers each block once,
-    not once per token; they are resharded on exit. A no-op for a model without FSDP."""
+    """While inside, every FSDP2 unit of ``module`` (its decoder blocks and the root:
+    embeddings, final norm, LM head) stays unsharded after its first forward
+    (``set_reshard_after_forward(False)``), so a decode loop gathers each unit once, not once
+    per token, and after the first forward runs no collective over dp: ranks with different
+    prompts stop at their own lengths. They are resharded on exit. A no-op for a model
+    without FSDP."""
     from torch.distributed.fsdp import FSDPModule
 
     try:
-        blocks = [b for b in decoder_layers(module) if isinstance(b, FSDPModule)]
+        units = [b for b in decoder_layers(module) if isinstance(b, FSDPModule)]
     except TypeError:
-        blocks = []
-    for b in blocks:
-        b.set_reshard_after_forward(False, recurse=False)
+        units = []
+    if isinstance(module, FSDPModule):
+        units.append(module)
+    for u in units:
+        u.set_reshard_after_forward(False, recurse=False)
     try:
         yield
     finally:
-        for b in blocks:
-            b.reshard()
-            b.set_reshard_after_forward(True, recurse=False)
+        for u in units:
+            u.reshard()
+            u.set_reshard_after_forward(True, recurse=False)
 
 
 # --- one role ------------------------------------------------------------------------------

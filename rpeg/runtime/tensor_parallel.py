@@ -98,11 +98,40 @@ def _tp_group(weight: torch.Tensor) -> Any:
 
 
 class ColwiseLinear(nn.Linear):
-    """``nn.Linear`` whose weight and bias are ``Shard(0)`` DTensors: local output features."""
+    """``nn.Linear`` whose weight and bias are ``Shard(0)`` DTensors: local output features.
+    ``input_copied``: its input already went through :class:`_CopyToTP` (a
+    :class:`CopyToTPHook` on the norm that feeds it and its siblings)."""
+
+    input_copied = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = _CopyToTP.apply(x, _tp_group(self.weight))
+        if not self.input_copied:
+            x = _CopyToTP.apply(x, _tp_group(self.weight))
         return F.linear(x, _local(self.weight), _local(self.bias))
+
+
+class CopyToTPHook:
+    """Forward hook of a norm whose output feeds several column-wise linears (q/k/v after
+    ``input_layernorm``, gate/up after ``post_attention_layernorm``): applies
+    :class:`_CopyToTP` once to that output, so backward sums the consumers' partial input
+    gradients in one all-reduce instead of one per linear (2 per block instead of 5).
+    ``linear``: one of the consumers (its weight's mesh names the group)."""
+
+    def __init__(self, linear: ColwiseLinear):
+        self.linear = linear
+
+    def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return _CopyToTP.apply(output, _tp_group(self.linear.weight))
+
+
+def copy_once_after(norm: nn.Module, consumers: list[nn.Module]) -> None:
+    """Let ``norm``'s output be the one copy into the tp region for ``consumers`` (column-wise
+    linears that read only that output)."""
+    if not consumers or not all(isinstance(c, ColwiseLinear) for c in consumers):
+        raise TypeError("copy_once_after needs column-wise linears (shard_linear them first)")
+    norm.register_forward_hook(CopyToTPHook(consumers[0]))
+    for c in consumers:
+        c.input_copied = True
 
 
 class RowwiseLinear(nn.Linear):

@@ -234,16 +234,17 @@ def forward_case(model_type: str, layout, mesh) -> dict:
     return {"logits": family_logits(model_type, m)}
 
 
-def greedy(worker, prompts):
+def greedy(worker, prompts, cap: int = 6):
     from rpeg.runtime.engines.base import SamplingParams
 
-    out = worker.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.0), seed=0)
+    out = worker.generate(prompts, SamplingParams(max_new_tokens=cap, temperature=0.0), seed=0)
     return [row[: int(n)].tolist() for row, n in zip(out.response_ids, out.lengths, strict=True)]
 
 
-def generate_case(cfg, layout, mesh, gen_layout, gen_mesh, rank: int) -> dict:
+def generate_case(cfg, layout, mesh, gen_layout, gen_mesh, rank: int, caps=None) -> dict:
     """Greedy decode of this rank's generation dp index's prompts at ``gen_layout`` (on the
-    training shards when it equals ``layout``, else on the engine's own copy)."""
+    training shards when it equals ``layout``, else on the engine's own copy); ``caps``:
+    new tokens per rank (default 6)."""
     from rpeg.runtime.parallel import LOCAL, process_group_reduce
 
     m, tok = model()
@@ -255,7 +256,8 @@ def generate_case(cfg, layout, mesh, gen_layout, gen_mesh, rank: int) -> dict:
     mine = PROMPTS[d * per : (d + 1) * per]
     if gen_layout.tp == 1 and rank == 0:  # dp ranks: rank 0 decodes one row more
         mine = mine + [[1, 2]]
-    return {"tokens": greedy(w, mine), "rows": mine, "shared": w.engine.model is w.lm}
+    cap = (caps or {}).get(rank, 6)
+    return {"tokens": greedy(w, mine, cap), "rows": mine, "shared": w.engine.model is w.lm}
 
 
 def mlp_reference(seed: int = 0):
@@ -268,6 +270,29 @@ def mlp_reference(seed: int = 0):
         for p in mlp.parameters():
             p.copy_(torch.randn(p.shape, generator=g))
     return mlp, torch.randn(5, 8, generator=g)
+
+
+class GatedMLP(torch.nn.Module):
+    """norm -> gate, up (both read the norm's output) -> down: a decoder block's MLP."""
+
+    def __init__(self, seed: int = 1):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.norm = torch.nn.LayerNorm(8)
+        self.gate = torch.nn.Linear(8, 12, bias=False)
+        self.up = torch.nn.Linear(8, 12, bias=False)
+        self.down = torch.nn.Linear(12, 8, bias=False)
+        with torch.no_grad():
+            for p in (self.gate.weight, self.up.weight, self.down.weight):
+                p.copy_(torch.randn(p.shape, generator=g) / 3)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+def gated_input(seed: int = 2):
+    return torch.randn(5, 8, generator=torch.Generator().manual_seed(seed))
 
 
 def tensor_parallel_case(mesh, rank: int) -> dict:
@@ -284,7 +309,20 @@ def tensor_parallel_case(mesh, rank: int) -> dict:
     x = x.clone().requires_grad_(True)
     y = mlp(x)
     (y * torch.arange(8.0)).sum().backward()
+    from rpeg.runtime.tensor_parallel import copy_once_after
+
+    gm = GatedMLP()
+    shard_linear(gm.gate, "colwise", tp)
+    shard_linear(gm.up, "colwise", tp)
+    shard_linear(gm.down, "rowwise", tp)
+    copy_once_after(gm.norm, [gm.gate, gm.up])
+    gx = gated_input().requires_grad_(True)
+    (gm(gx) * torch.arange(8.0)).sum().backward()
     return {
+        "gated_x_grad": gx.grad,
+        "gated_grads": {
+            n: p.grad.full_tensor() for n, p in gm.named_parameters() if "norm" not in n
+        },
         "mine": mine,
         "summed": summed,
         "y": y.detach(),
@@ -318,7 +356,7 @@ def body(rank: int, world: int, port: int, cases: list, q) -> None:
                 gen = Layout(**kw.get("gen", kw["layout"]))
                 mesh = build_mesh(lay)
                 gen_mesh = mesh if gen == lay else build_mesh(gen)
-                res = generate_case(cfg, lay, mesh, gen, gen_mesh, rank)
+                res = generate_case(cfg, lay, mesh, gen, gen_mesh, rank, kw.get("caps"))
             else:
                 a, b = Layout(**kw["saved"]), Layout(**kw["resumed"])
                 res = resume_case(cfg, a, b, build_mesh(a), build_mesh(b), rank, kw["url"])

@@ -151,15 +151,23 @@ def test_checkpoint_saved_at_fsdp_dp2_resumes_at_tp2(tmp_path):
 @pytest.mark.slow
 def test_generation_on_shards_equals_single_process():
     """Greedy decode on tp=2 shards, on fsdp dp=2 shards (ranks with different prompts and
-    row counts step together) and on an engine copy at tp=2 beside fsdp dp=2 training."""
+    row counts), on fsdp dp=2 shards whose ranks decode 6 and 3 tokens (after the first
+    forward the gathered units run no collective, so the rank done first just stops) and on
+    an engine copy at tp=2 beside fsdp dp=2 training."""
     m, tok = C.model()
     single = C.policy(C.config(), m, tok)
     cases = [
         ("tp2", "generate", {"layout": {"tp": 2}}),
         ("fsdp", "generate", {"layout": {"dp": 2, "fsdp": True}}),
         ("fsdp_gen_tp2", "generate", {"layout": {"dp": 2, "fsdp": True}, "gen": {"tp": 2}}),
+        ("fsdp_uneven", "generate", {"layout": {"dp": 2, "fsdp": True}, "caps": {1: 3}}),
     ]
     out = C.spawn(2, cases, port=29691)
+    uneven = out.pop("fsdp_uneven")
+    for r, cap in ((0, 6), (1, 3)):
+        rows = uneven[r]["rows"]
+        assert uneven[r]["tokens"] == C.greedy(single, rows, cap), r
+        assert max(len(t) for t in uneven[r]["tokens"]) == cap  # the ranks' loops differ
     for name in ("tp2", "fsdp", "fsdp_gen_tp2"):
         for r, res in out[name].items():
             ref = {

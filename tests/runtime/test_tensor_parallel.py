@@ -49,6 +49,19 @@ def test_a_split_mlp_equals_its_dense_twin_forward_and_backward(two_ranks):
     }
 
 
+def test_one_copy_after_a_shared_norm_sums_both_consumers_gradients(two_ranks):
+    """gate and up read the norm's output: one f on it (backward: one all-reduce of the sum of
+    both partial gradients) gives the dense input and weight gradients."""
+    gm, x = C.GatedMLP(), C.gated_input().requires_grad_(True)
+    (gm(x) * torch.arange(8.0)).sum().backward()
+    for r in (0, 1):
+        got = two_ranks[r]
+        torch.testing.assert_close(got["gated_x_grad"], x.grad, atol=1e-5, rtol=1e-5)
+        for n in ("gate.weight", "up.weight", "down.weight"):
+            want = gm.get_parameter(n).grad
+            torch.testing.assert_close(got["gated_grads"][n], want, atol=1e-5, rtol=1e-5, msg=n)
+
+
 def test_shard_linear_refuses_what_it_cannot_split():
     from rpeg.runtime.tensor_parallel import shard_linear
 
@@ -56,3 +69,7 @@ def test_shard_linear_refuses_what_it_cannot_split():
         shard_linear(torch.nn.Linear(2, 2), "diagonal", None)
     with pytest.raises(TypeError, match="needs an nn.Linear, got Conv1d"):
         shard_linear(torch.nn.Conv1d(2, 2, 1), "colwise", None)
+    from rpeg.runtime.tensor_parallel import copy_once_after
+
+    with pytest.raises(TypeError, match="column-wise linears"):
+        copy_once_after(torch.nn.LayerNorm(2), [torch.nn.Linear(2, 2)])

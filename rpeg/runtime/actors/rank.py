@@ -558,18 +558,12 @@ class RankActor:
     def evaluate(self) -> float:
         from rpeg.runtime.role_builder import greedy_accuracy
 
-        all_done = None
-        if self.layout.fsdp and self.layout.dp > 1:  # FSDP forwards: the ranks step together
-            from rpeg.runtime.roles import ranks_all_done
-
-            all_done = ranks_all_done(self.reduce)
         return greedy_accuracy(
             self.actor,
             self.tokenizer,
             self.heldout,
             self.rewards,
             self.config.task.prompt_template,
-            all_done,
         )
 
     # ---------------------------------------------------------------- checkpoints

@@ -9,15 +9,16 @@ groups while the rest go on (what a streaming rollout unit consumes).
 
 Sharded models (rpeg.runtime.sharding): a tensor-parallel model runs as is -- every rank of a
 TP group holds its shard and runs the same decode with the same sampling seed, so all agree
-on every token. Under FSDP every forward is a collective over the dp ranks, which decode
-different prompts: ``all_done`` (set by the worker) makes a rank whose rows are finished keep
-stepping until every rank is done.
+on every token. Under FSDP the first forward gathers every unit, a collective over the dp
+ranks, which decode different prompts; callers hold the units gathered for the whole loop
+(``rpeg.runtime.sharding.gathered_blocks``, as ``PolicyWorker.generate`` does), so the later
+forwards are local and each rank stops at its own longest row.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -83,8 +84,6 @@ class TorchEngine:
         self.eos_id = eos_id
         self.use_cache = use_cache
         self.policy_version = policy_version
-        #: ``all_done(local_done) -> bool`` over the ranks that must step together (FSDP)
-        self.all_done: Callable[[bool], bool] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -94,8 +93,7 @@ class TorchEngine:
         return p._local_tensor.device if isinstance(p, DTensor) else p.device
 
     def _finished(self, done: torch.Tensor) -> bool:
-        local = bool(done.all())
-        return local if self.all_done is None else self.all_done(local)
+        return bool(done.all())
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], policy_version: int) -> None:
         """Load full weights (a sharded engine model takes its shard of each)."""
