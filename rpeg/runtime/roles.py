@@ -151,6 +151,32 @@ def minibatch_updates(
     return {k: v / max(steps, 1) for k, v in sums.items()}
 
 
+def adamw(params, **options) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` with the multi-tensor (``foreach``) update on every device where
+    it can run: on CPU torch defaults to one update per parameter tensor in a Python loop
+    (measured on rpeg-tiny, one process, one thread: 13.7 ms per step, 8.1 ms with
+    ``foreach``). Not where one parameter group mixes DTensors and plain tensors (tensor
+    parallelism without FSDP: split blocks beside replicated embeddings), which foreach
+    kernels refuse."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
+    groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+    kinds = [{isinstance(p, DTensor) for p in g["params"]} for g in groups]
+    return _AdamW(params, foreach=all(len(k) <= 1 for k in kinds), **options)
+
+
+class _AdamW(torch.optim.AdamW):
+    """AdamW that keeps its own ``foreach`` when it loads a state dict: a checkpoint saved
+    by another layout (sharding.load_full_role_state) carries that layout's choice."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        keep = [g.get("foreach") for g in self.param_groups]
+        super().load_state_dict(state_dict)
+        for g, f in zip(self.param_groups, keep, strict=True):
+            g["foreach"] = f
+
+
 def _role_configs(
     algorithm: AlgorithmConfig | None, optim: OptimConfig | None, workload: WorkloadConfig | None
 ) -> tuple[AlgorithmConfig, OptimConfig, WorkloadConfig]:
@@ -250,9 +276,7 @@ class PolicyWorker:
                     "lr": self.optim_cfg.critic_lr,
                 }
             )
-        return torch.optim.AdamW(
-            groups, weight_decay=self.optim_cfg.weight_decay, betas=(0.9, 0.99)
-        )
+        return adamw(groups, weight_decay=self.optim_cfg.weight_decay, betas=(0.9, 0.99))
 
     @property
     def device(self) -> torch.device:
@@ -550,7 +574,7 @@ class CriticWorker:
         self.algorithm, self.optim_cfg, self.workload = _role_configs(algorithm, optim, workload)
         self.reduce = reduce
         self.module = CriticModel(lm)
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = adamw(
             self.module.parameters(),
             lr=self.optim_cfg.critic_lr,
             weight_decay=self.optim_cfg.weight_decay,
@@ -572,7 +596,7 @@ class CriticWorker:
             self.module, self.module.trunk, layout, mesh, heads=[self.module.value_head]
         )
         self.reduce = reduce
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = adamw(
             self.module.parameters(),
             lr=self.optim_cfg.critic_lr,
             weight_decay=self.optim_cfg.weight_decay,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -303,34 +304,51 @@ class Shards:
 def grad_norm_and_clip(params: Iterable[nn.Parameter], max_norm: float) -> float:
     """Global L2 norm of the gradients (plain tensors and DTensors of any mesh), then scale
     them by ``min(1, max_norm / (norm + 1e-6))`` -- ``torch.nn.utils.clip_grad_norm_``'s rule.
-    A DTensor's norm is reduced over its mesh (one collective per mesh), so every rank of the
-    group must call this in the same order."""
+
+    Plain gradients (replicated on every rank) count once. A DTensor's squared norm is its
+    local shard's, divided by how many ranks of its mesh replicate it (``Replicate`` dims),
+    summed over the mesh by one scalar all-reduce per mesh dimension
+    (:func:`rpeg.runtime.tensor_parallel.tp_all_reduce`); per-tensor norms come from one
+    ``_foreach_norm``. So every rank of the group must call this in the same order."""
     from torch.distributed.tensor import DTensor
+
+    from rpeg.runtime.tensor_parallel import tp_all_reduce
 
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0.0
-    plain = [g for g in grads if not isinstance(g, DTensor)]
+    plain = [g.detach() for g in grads if not isinstance(g, DTensor)]
     by_mesh: dict[int, list] = {}
     for g in grads:
         if isinstance(g, DTensor):
             by_mesh.setdefault(id(g.device_mesh), []).append(g)
     sq = torch.zeros((), dtype=torch.float64)
-    if plain:  # one foreach norm (what clip_grad_norm_ computes), not a float64 copy per grad
-        sq += torch.nn.utils.get_total_norm(plain, 2.0).detach().double().cpu() ** 2
+    if plain:
+        sq += torch.stack(torch._foreach_norm(plain)).double().pow(2).sum().cpu()
     for group in by_mesh.values():
-        n = torch.nn.utils.get_total_norm(group, 2.0)
-        if isinstance(n, DTensor):
-            n = n.full_tensor()
-        sq += n.detach().double().cpu() ** 2
+        mesh = group[0].device_mesh
+        local = [g._local_tensor.detach() for g in group]
+        norms = torch.stack(torch._foreach_norm(local)).double()
+        rep = torch.tensor(
+            [
+                math.prod(mesh.size(d) for d, pl in enumerate(g.placements) if pl.is_replicate())
+                for g in group
+            ],
+            dtype=torch.float64,
+            device=norms.device,
+        )
+        part = (norms.pow(2) / rep).sum().reshape(1)  # on the grads' device (NCCL needs it)
+        for dim in range(mesh.ndim):
+            if mesh.size(dim) > 1:
+                part = tp_all_reduce(part, mesh.get_group(dim))
+        sq += part[0].cpu()
     total = float(sq.sqrt())
     coef = min(1.0, max_norm / (total + 1e-6))
     if coef < 1.0:
         if plain:
-            torch._foreach_mul_([g.detach() for g in plain], coef)
+            torch._foreach_mul_(plain, coef)
         for group in by_mesh.values():
-            for g in group:
-                g.detach().mul_(coef)
+            torch._foreach_mul_([g._local_tensor.detach() for g in group], coef)
     return total
 
 
