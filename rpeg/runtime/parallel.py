@@ -35,6 +35,25 @@ class RankReduce:
 LOCAL = RankReduce()
 
 
+def pair_exchange(t: torch.Tensor, group) -> torch.Tensor | None:
+    """The other rank's ``t`` when ``group`` is a gloo pair (one ``isend`` / ``recv``), else
+    None. Gloo's ``all_reduce`` runs on its worker threads: on the 2-core CI machine a third of
+    small all-reduces came back after a scheduler tick (~4 ms; median 0.27-0.54 ms), the
+    exchange in 0.14 ms (p90 0.17 ms). Sums built from it are bit-identical on both ranks
+    (``own + other``: IEEE addition commutes)."""
+    import torch.distributed as dist
+
+    if dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
+        return None
+    peer = 1 - dist.get_group_rank(group, dist.get_rank())
+    t = t.contiguous()
+    other = torch.empty_like(t)
+    send = dist.isend(t, group=group, group_dst=peer)
+    dist.recv(other, group=group, group_src=peer)
+    send.wait()
+    return other
+
+
 def process_group_reduce(group=None) -> RankReduce:
     """A :class:`RankReduce` over a ``torch.distributed`` process group (default: world)."""
     import torch.distributed as dist
@@ -43,6 +62,10 @@ def process_group_reduce(group=None) -> RankReduce:
     nccl = dist.get_backend(group) == "nccl"
 
     def _reduce(t: torch.Tensor, op) -> torch.Tensor:
+        if not nccl:
+            other = pair_exchange(t, group)
+            if other is not None:
+                return t + other if op == dist.ReduceOp.SUM else torch.maximum(t, other)
         x = t.to(torch.device("cuda", torch.cuda.current_device())) if nccl else t.clone()
         dist.all_reduce(x, op=op, group=group)
         return x.to(t.device) if nccl else x

@@ -23,10 +23,10 @@ forward against 7.8 ms for the whole model in one process; the plain split here 
 10.7-17.7 ms (docs/runtime.md, "Tensor parallelism without DTensor activations").
 
 :func:`tp_all_reduce` is the sum: ``dist.all_reduce`` on NCCL and on groups larger than two;
-on a gloo pair, one ``isend``/``recv`` exchange and a local add, because gloo's
-``all_reduce`` runs on its worker threads and came back after a scheduler tick (~4 ms) in a
-third of calls here (median 0.27-0.54 ms against 0.14 ms for the exchange). Both ranks
-compute ``own + other`` and IEEE addition commutes, so the two results are bit-identical.
+on a gloo pair, one ``isend``/``recv`` exchange and a local add
+(:func:`rpeg.runtime.parallel.pair_exchange`: gloo's ``all_reduce`` came back after a
+scheduler tick in a third of small calls here); both ranks compute ``own + other`` and IEEE
+addition commutes, so the two results are bit-identical.
 """
 
 from __future__ import annotations
@@ -45,15 +45,12 @@ def tp_all_reduce(t: torch.Tensor, group: Any) -> torch.Tensor:
     """Sum ``t`` (contiguous) over ``group`` in place and return it."""
     import torch.distributed as dist
 
-    n = dist.get_world_size(group)
-    if n == 1:
+    from rpeg.runtime.parallel import pair_exchange
+
+    if dist.get_world_size(group) == 1:
         return t
-    if n == 2 and dist.get_backend(group) == "gloo":
-        me = dist.get_group_rank(group, dist.get_rank())
-        other = torch.empty_like(t)
-        send = dist.isend(t, group=group, group_dst=1 - me)
-        dist.recv(other, group=group, group_src=1 - me)
-        send.wait()
+    other = pair_exchange(t, group)
+    if other is not None:
         return t.add_(other)
     dist.all_reduce(t, group=group)
     return t
