@@ -43,6 +43,7 @@ def pair_exchange(t: torch.Tensor, group) -> torch.Tensor | None:
     (``own + other``: IEEE addition commutes)."""
     import torch.distributed as dist
 
+    group = group if group is not None else dist.group.WORLD
     if dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
         return None
     peer = 1 - dist.get_group_rank(group, dist.get_rank())

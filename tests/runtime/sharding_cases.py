@@ -318,7 +318,12 @@ def tensor_parallel_case(mesh, rank: int) -> dict:
     copy_once_after(gm.norm, [gm.gate, gm.up])
     gx = gated_input().requires_grad_(True)
     (gm(gx) * torch.arange(8.0)).sum().backward()
+    from rpeg.runtime.parallel import process_group_reduce
+
+    world = process_group_reduce()  # the default group: the pair exchange path
     return {
+        "reduce_sum": world.sum(torch.tensor([rank + 1.0, 0.5])),
+        "reduce_max": world.max(torch.tensor([5 * rank, 7 - rank])),
         "gated_x_grad": gx.grad,
         "gated_grads": {
             n: p.grad.full_tensor() for n, p in gm.named_parameters() if "norm" not in n

@@ -21,6 +21,12 @@ def test_the_pairwise_sum_is_the_sum_and_bit_identical_on_both_ranks(two_ranks):
         torch.testing.assert_close(two_ranks[r]["summed"], want, atol=0, rtol=0)
 
 
+def test_rank_reduce_over_a_gloo_pair_sums_and_maxes(two_ranks):
+    for r in (0, 1):
+        assert two_ranks[r]["reduce_sum"].tolist() == [3.0, 1.0]
+        assert two_ranks[r]["reduce_max"].tolist() == [5, 7]
+
+
 def test_a_split_mlp_equals_its_dense_twin_forward_and_backward(two_ranks):
     mlp, x = C.mlp_reference()
     x = x.clone().requires_grad_(True)
