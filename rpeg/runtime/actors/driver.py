@@ -371,6 +371,7 @@ class DistributedRun:
             if not ranks:
                 continue
             per_rank[g.name] = [i["param_bytes_per_rank"]["total"] for i, _ in ranks]
+            layout[g.name]["cpu_cores"] = [i.get("cpu_cores", []) for i, _ in ranks]
             full = max(full, ranks[0][0]["full_param_bytes"]["total"])
             peak[g.name] = [m for _, m in ranks]
         return {

@@ -345,6 +345,14 @@ def test_weight_sync_from_a_sharded_trainer(tmp_path, layout):
         run = DistributedRun(cfg, compiled, cl)
         run.start_actors()
         try:
+            # runtime.cpu_binding "spread": each worker on its own cores of this host
+            from rpeg.runtime.cpu_binding import HOST_CORES
+
+            with run.client.as_current():
+                cores = [a.layout_info().result()["cpu_cores"] for a in run.groups[g.name]]
+            assert all(c and set(c) <= set(HOST_CORES) for c in cores)
+            if len(HOST_CORES) >= 2:
+                assert cores[0] != cores[1]  # the trainer's two ranks never share a core
             run.sync_weights(-1)
             run.rollout(0)
             run.take(0)
