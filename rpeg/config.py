@@ -252,11 +252,12 @@ class RuntimeConfig(Section):
     resume: bool = False
     output_dir: str = Field("runs/latest", description="metrics, plots, summaries")
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
-    cpu_binding: Literal["spread", "none"] = Field(
-        "spread",
+    cpu_binding: Literal["auto", "spread", "none"] = Field(
+        "auto",
         description="distributed, CPU ranks: spread = bind each worker process of the run to "
         "its own cores (its slot among the run's workers on that host; rpeg.runtime."
-        "cpu_binding), none = leave placement to the OS scheduler",
+        "cpu_binding); auto = spread only where the run has more workers on a host than the "
+        "host has cores; none = leave placement to the OS scheduler",
     )
     engine: Literal["auto", "torch", "vllm"] = Field(
         "auto",

@@ -7,7 +7,13 @@ import os
 
 import pytest
 
-from rpeg.runtime.cpu_binding import HOST_CORES, bind_process, core_block, worker_slots
+from rpeg.runtime.cpu_binding import (
+    HOST_CORES,
+    bind_process,
+    core_block,
+    should_bind,
+    worker_slots,
+)
 
 
 def test_core_blocks_split_a_host_or_share_it_round_robin():
@@ -21,6 +27,13 @@ def test_core_blocks_split_a_host_or_share_it_round_robin():
         core_block(cores, 2, 2)
     with pytest.raises(ValueError, match="no cores"):
         core_block([], 0, 1)
+
+
+def test_auto_binds_only_an_oversubscribed_host():
+    assert should_bind("auto", 4, 2) and not should_bind("auto", 2, 2)
+    assert should_bind("spread", 1, 8) and not should_bind("none", 16, 2)
+    with pytest.raises(ValueError, match="allowed auto, spread, none"):
+        should_bind("numa", 2, 2)
 
 
 def test_worker_slots_count_per_host_in_worker_order():

@@ -75,9 +75,10 @@ class RankActor:
         self.device = rank_device(group, rank)
         self.cpu_cores: list[int] = []  # this worker's cores (rpeg.runtime.cpu_binding)
         if cpu_slot is not None and self.device.type == "cpu":
-            from rpeg.runtime.cpu_binding import HOST_CORES, bind_process, core_block
+            from rpeg.runtime.cpu_binding import HOST_CORES, bind_process, core_block, should_bind
 
-            self.cpu_cores = bind_process(core_block(HOST_CORES, *cpu_slot))
+            if should_bind(self.config.runtime.cpu_binding, cpu_slot[1], len(HOST_CORES)):
+                self.cpu_cores = bind_process(core_block(HOST_CORES, *cpu_slot))
         self.received_bytes = 0  # tensor bytes pulled from other actors (data plane)
         self._chunks: dict[int, list[Any]] = {}  # streamed chunks of a step (producer side)
         self._chunks_done: set[int] = set()

@@ -327,7 +327,10 @@ def test_weight_sync_from_a_sharded_trainer(tmp_path, layout):
     from rpeg.plan import disaggregated_plan
     from rpeg.runtime.actors.driver import DistributedRun
 
-    cfg = _cfg(tmp_path, **{"runtime.max_staleness": 1, "cluster.num_devices": 3})
+    cfg = _cfg(
+        tmp_path,
+        **{"runtime.max_staleness": 1, "cluster.num_devices": 3, "runtime.cpu_binding": "spread"},
+    )
     tp = 2 if layout == "tp2" else 1
     plan = disaggregated_plan(
         bound_async(build("grpo"), 1), gen_devices=1, train_devices=2, tp=tp, builder=None
@@ -345,7 +348,8 @@ def test_weight_sync_from_a_sharded_trainer(tmp_path, layout):
         run = DistributedRun(cfg, compiled, cl)
         run.start_actors()
         try:
-            # runtime.cpu_binding "spread": each worker on its own cores of this host
+            # runtime.cpu_binding "spread": each worker on its own cores of this host, whatever
+            # its core count ("auto" would bind only more workers than cores)
             from rpeg.runtime.cpu_binding import HOST_CORES
 
             with run.client.as_current():
