@@ -61,7 +61,10 @@ class _SumOverTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y: torch.Tensor, group: Any) -> torch.Tensor:
-        return tp_all_reduce(y.contiguous(), group)
+        if not y.is_contiguous():
+            return tp_all_reduce(y.contiguous(), group)
+        ctx.mark_dirty(y)  # summed in place: the linear's fresh output, saved by no backward
+        return tp_all_reduce(y, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
