@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -105,3 +106,31 @@ def concat_rows(parts: Sequence[object]) -> object:
     from rpeg.runtime.batch import RolloutBatch
 
     return parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))
+
+
+def merge_fields(batch: Any, parts: list[dict[str, Any]]) -> Any:
+    """``batch`` with the fields of ``parts`` (row slices in order) it lacks; token fields
+    padded or cut to the batch's response width."""
+    if not parts:
+        return batch
+    import torch
+
+    from rpeg.runtime.batch import TOKEN_FIELDS
+
+    width = batch.response_ids.shape[1]
+    new = {}
+    for f in parts[0]:
+        if getattr(batch, f) is not None:
+            continue
+        cols = []
+        for p in parts:
+            t = p[f]
+            if f in TOKEN_FIELDS:
+                t = (
+                    t[:, :width]
+                    if t.shape[1] >= width
+                    else torch.nn.functional.pad(t, (0, width - t.shape[1]))
+                )
+            cols.append(t)
+        new[f] = torch.cat(cols, dim=0)
+    return batch.replace(**new) if new else batch

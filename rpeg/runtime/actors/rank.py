@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from rpeg.config import RunConfig
+from rpeg.runtime.actors.memory import peak_rss, reset_peak_rss
 from rpeg.runtime.engines.base import refresh_engine
 
 
@@ -38,10 +39,10 @@ def gen_seed(config: RunConfig, step: int, rank: int) -> int:
 
 
 def process_group_backend(device: torch.device) -> str:
-    """NCCL for models that live on a CUDA device, gloo otherwise: the collectives run on the
-    tensors' device, and NCCL refuses CPU tensors. The runtime keeps its roles on the CPU
-    today (no per-rank GPU placement yet, docs/runtime.md), so a GPU machine runs gloo."""
-    return "nccl" if device.type == "cuda" else "gloo"
+    """The process-group backend for a model on ``device`` (rpeg.runtime.sharding's rule)."""
+    from rpeg.runtime.sharding import process_group_backend as backend_for
+
+    return backend_for(device.type)
 
 
 class RankActor:
@@ -82,7 +83,7 @@ class RankActor:
         self.received_bytes = 0  # tensor bytes pulled from other actors (data plane)
         self._chunks: dict[int, list[Any]] = {}  # streamed chunks of a step (producer side)
         self._chunks_done: set[int] = set()
-        _reset_peak_rss()
+        reset_peak_rss()
         self._forwards = 0
         self._hooked: set[int] = set()
         self._sync_pg = None
@@ -422,7 +423,7 @@ class RankActor:
         resharding its own batch). Returns the tensor bytes received."""
         import asyncio
 
-        from rpeg.runtime.actors.dataplane import concat_rows, tensor_bytes
+        from rpeg.runtime.actors.dataplane import concat_rows, merge_fields, tensor_bytes
 
         got = await asyncio.gather(*[a.rows(step, s, e, fields) for a, s, e in sources])
         nbytes = sum(tensor_bytes(g) for g in got)
@@ -430,7 +431,7 @@ class RankActor:
         if fields is None:
             new = concat_rows(got) if got else None
         else:
-            new = _merge_fields(self.store[step], got)
+            new = merge_fields(self.store[step], got)
         if stage:
             self.incoming[step] = new
         else:
@@ -448,7 +449,7 @@ class RankActor:
         """Peak memory of this rank since the actor started: the process's peak resident set
         (``VmHWM``, reset when the actor is created: a worker process outlives its actors),
         and the CUDA allocator's peak on a GPU rank."""
-        out: dict[str, Any] = {"device": str(self.device), "peak_rss_bytes": _peak_rss()}
+        out: dict[str, Any] = {"device": str(self.device), "peak_rss_bytes": peak_rss()}
         if self.device.type == "cuda":
             out["peak_device_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
         return out
@@ -474,14 +475,6 @@ class RankActor:
 
         return pack(self.actor.get_weights(), bucket_bytes), int(self.actor.policy_version)
 
-    def load_weight_buckets(self, buckets: list[Any], version: int) -> int:
-        from rpeg.runtime.actors.weight_sync import unpack
-
-        weights = unpack(buckets)
-        self.actor.set_weights(weights, policy_version=version)
-        refresh_engine(self.actor.engine, self.actor.lm, weights, version)  # vLLM: loads them
-        return version
-
     # ---------------------------------------------------------------- weight sync by collective
     def sync_rendezvous(self) -> str:
         """Trainer rank 0: a TCPStore for the weight-sync group (source + every generator)."""
@@ -499,53 +492,36 @@ class RankActor:
         from rpeg.runtime.actors.rendezvous import join_store, standalone_group
 
         store = self._sync_store if sync_rank == 0 else join_store(address, timeout_s)
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        backend = process_group_backend(self.device)
         self._sync_pg = standalone_group(store, "weight-sync", sync_rank, size, backend, timeout_s)
         return True
 
     def send_weights(self, bucket_bytes: int) -> dict[str, float]:
         """Trainer ranks: gather the full weights (a collective when sharded); rank 0 packs
         them into ``bucket_bytes`` buckets and broadcasts each over the weight-sync group."""
-        from rpeg.runtime.actors.rendezvous import broadcast
-        from rpeg.runtime.actors.weight_sync import pack
+        from rpeg.runtime.actors.weight_sync import broadcast_weights
 
         t0 = time.perf_counter()
         full = self.actor.get_weights()
         if self._sync_pg is None:  # not a member (trainer rank > 0)
             return {"version": float(self.actor.policy_version)}
-        version = torch.tensor([int(self.actor.policy_version)], dtype=torch.long)
-        dev = self.device
-        broadcast(self._sync_pg, version.to(dev))
-        nbytes = 0
-        buckets = pack(full, bucket_bytes)
-        for b in buckets:
-            flat = b.flat.to(dev)
-            broadcast(self._sync_pg, flat)
-            nbytes += b.nbytes
+        v = int(self.actor.policy_version)
+        nbytes, n = broadcast_weights(self._sync_pg, full, v, bucket_bytes, self.device)
         return {
             "weight_sync_bytes": float(nbytes),
-            "buckets": float(len(buckets)),
+            "buckets": float(n),
             "weight_sync_send_s": time.perf_counter() - t0,
-            "version": float(self.actor.policy_version),
+            "version": float(v),
         }
 
     def recv_weights(self, bucket_bytes: int) -> int:
         """Generator ranks: receive the broadcast buckets (layout from this rank's own full
         parameter shapes: same names, dtypes and order as the sender's) and load them; a
         tensor-parallel generator keeps its own slice (``set_weights`` reshards)."""
-        from rpeg.runtime.actors.rendezvous import broadcast
-        from rpeg.runtime.actors.weight_sync import layout, unpack
+        from rpeg.runtime.actors.weight_sync import receive_weights
 
-        version = torch.zeros(1, dtype=torch.long, device=self.device)
-        broadcast(self._sync_pg, version, root=0)
         meta = {k: (tuple(v.shape), v.dtype) for k, v in self.actor.lm.state_dict().items()}
-        buckets = layout(meta, bucket_bytes)
-        for b in buckets:
-            flat = b.flat.to(self.device)
-            broadcast(self._sync_pg, flat, root=0)
-            b.flat = flat.cpu() if flat.device.type != "cpu" else flat
-        v = int(version.item())
-        weights = unpack(buckets)
+        weights, v = receive_weights(self._sync_pg, meta, bucket_bytes, self.device)
         self.actor.set_weights(weights, policy_version=v)
         refresh_engine(self.actor.engine, self.actor.lm, weights, v)  # vLLM: loads them
         return v
@@ -568,60 +544,20 @@ class RankActor:
         )
 
     # ---------------------------------------------------------------- checkpoints
-    def _unwrapped(self, worker):
-        class _Ctx:
-            def __enter__(s):
-                s.ddp = worker.module
-                if (
-                    hasattr(s.ddp, "module")
-                    and s.ddp.__class__.__name__ == "DistributedDataParallel"
-                ):
-                    worker.module = s.ddp.module
-                return worker
-
-            def __exit__(s, *exc):
-                worker.module = s.ddp
-
-        return _Ctx()
-
     def state_bytes(self) -> bytes:
         """Weights, optimizers, RNG states and policy/engine versions of this rank."""
-        st: dict[str, Any] = {"rank": self.rank, "group": self.group["name"]}
-        for name in ("actor", "reference", "critic"):
-            wk = getattr(self, name)
-            if wk is None:
-                continue
-            with self._unwrapped(wk) as w:
-                st[name] = w.state_dict()
-        if self.actor is not None:
-            st["engine_version"] = int(self.actor.engine.policy_version)
-            if getattr(self.actor.engine, "model", self.actor.lm) is not self.actor.lm:
-                from rpeg.runtime.sharding import full_state_dict
+        from rpeg.runtime.actors.checkpoint import rank_state_bytes
 
-                st["engine_weights"] = full_state_dict(self.actor.engine.model)
-        from rpeg.runtime.actors.checkpoint import dumps
-
-        return dumps(st)  # a data-only state file (safetensors + JSON), no pickle
+        return rank_state_bytes(self.rank, self.group["name"], self._roles())
 
     def load_state_bytes(self, data: bytes) -> int:
-        from rpeg.runtime.actors.checkpoint import loads
+        from rpeg.runtime.actors.checkpoint import load_rank_state_bytes
 
-        st = loads(data)
-        for name in ("actor", "reference", "critic"):
-            wk = getattr(self, name)
-            if wk is None or name not in st:
-                continue
-            with self._unwrapped(wk) as w:
-                w.load_state_dict(st[name])
-        if self.actor is not None:
-            eng = self.actor.engine
-            if "engine_weights" in st and getattr(eng, "model", None) is not self.actor.lm:
-                eng.update_weights(st["engine_weights"], st["engine_version"])
-            if hasattr(eng, "model"):
-                eng.policy_version = st.get("engine_version", self.actor.policy_version)
-            else:  # vLLM: its weights are not in checkpoints; it restarts from the actor's
-                eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
+        load_rank_state_bytes(data, self._roles())
         return self.policy_version()
+
+    def _roles(self) -> dict[str, Any]:
+        return {"actor": self.actor, "reference": self.reference, "critic": self.critic}
 
     def save_shards(self, url: str) -> str:
         """Write this rank's shards of the trainable roles (weights, optimizer state) and the
@@ -676,51 +612,3 @@ class RankActor:
         if self.pg_ready and dist.is_initialized():
             dist.destroy_process_group()
             self.pg_ready = False
-
-
-def _merge_fields(batch: Any, parts: list[dict[str, torch.Tensor]]) -> Any:
-    """``batch`` with the fields of ``parts`` (row slices in order) it lacks; token fields
-    padded or cut to the batch's response width."""
-    if not parts:
-        return batch
-    width = batch.response_ids.shape[1]
-    from rpeg.runtime.batch import TOKEN_FIELDS
-
-    new = {}
-    for f in parts[0]:
-        if getattr(batch, f) is not None:
-            continue
-        cols = []
-        for p in parts:
-            t = p[f]
-            if f in TOKEN_FIELDS:
-                t = (
-                    t[:, :width]
-                    if t.shape[1] >= width
-                    else torch.nn.functional.pad(t, (0, width - t.shape[1]))
-                )
-            cols.append(t)
-        new[f] = torch.cat(cols, dim=0)
-    return batch.replace(**new) if new else batch
-
-
-def _reset_peak_rss() -> None:
-    """Reset this process's peak RSS (``VmHWM``; Linux ``clear_refs`` value 5)."""
-    import contextlib
-
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-
-
-def _peak_rss() -> int:
-    """Peak RSS in bytes (``VmHWM``; ``ru_maxrss`` where /proc is missing)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -3,8 +3,9 @@
 ``pack`` flattens tensors (grouped by dtype, in name order) into buckets of at most
 ``bucket_bytes`` (a tensor larger than a bucket gets a bucket of its own); ``unpack`` restores
 them bit-exactly. Each bucket is one contiguous tensor, so it moves as one broadcast over the
-weight-sync process group (trainer rank 0 -> every generator rank, ``RankActor.send_weights``
-/ ``recv_weights``) instead of one message per parameter. ``layout`` gives a receiver the same
+weight-sync process group (trainer rank 0 -> every generator rank: :func:`broadcast_weights`
+/ :func:`receive_weights`, called by ``RankActor.send_weights`` / ``recv_weights``) instead of
+one message per parameter. ``layout`` gives a receiver the same
 buckets, empty, from its own model's full shapes.
 """
 
@@ -109,3 +110,32 @@ def unpack(buckets: list[Bucket]) -> dict[str, torch.Tensor]:
 
 def total_bytes(buckets: list[Bucket]) -> int:
     return sum(b.nbytes for b in buckets)
+
+
+def broadcast_weights(pg, full: dict[str, torch.Tensor], version: int, bucket_bytes: int, device):
+    """Sender side of a sync over the weight-sync group ``pg`` (rank 0): the policy version,
+    then ``full`` packed in ``bucket_bytes`` buckets, one broadcast each, from ``device``.
+    -> (bytes sent, buckets)."""
+    from rpeg.runtime.actors.rendezvous import broadcast
+
+    broadcast(pg, torch.tensor([version], dtype=torch.long).to(device))
+    buckets = pack(full, bucket_bytes)
+    for b in buckets:
+        broadcast(pg, b.flat.to(device))
+    return total_bytes(buckets), len(buckets)
+
+
+def receive_weights(pg, meta, bucket_bytes: int, device) -> tuple[dict[str, torch.Tensor], int]:
+    """Receiver side of :func:`broadcast_weights`: the buckets laid out from this rank's own
+    full shapes ``meta`` (same names, dtypes and order as the sender's) -> (weights on the
+    CPU, policy version)."""
+    from rpeg.runtime.actors.rendezvous import broadcast
+
+    version = torch.zeros(1, dtype=torch.long, device=device)
+    broadcast(pg, version, root=0)
+    buckets = layout(meta, bucket_bytes)
+    for b in buckets:
+        flat = b.flat.to(device)
+        broadcast(pg, flat, root=0)
+        b.flat = flat.cpu() if flat.device.type != "cpu" else flat
+    return unpack(buckets), int(version.item())
