@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
 
 import torch
@@ -28,7 +28,7 @@ from rpeg.runtime.algorithms import (
     policy_loss,
     value_loss,
 )
-from rpeg.runtime.batch import SAMPLE_FIELDS, TOKEN_FIELDS, RolloutBatch
+from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.engines.base import (
     GenerationEngine,
     GenerationOutput,
@@ -36,65 +36,10 @@ from rpeg.runtime.engines.base import (
     generate_in_groups,
 )
 from rpeg.runtime.engines.torch_engine import TorchEngine
-from rpeg.runtime.micro_batches import plan_micro_batches
 from rpeg.runtime.model_io import ActorCritic, CriticModel, LogprobRequest, lm_logprobs
 from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.sharding import gathered_blocks
-
-
-def _loss_count(b: RolloutBatch, aggregation: str) -> float:
-    """What a mini-batch loss averages over: response tokens (token_mean) or sequences."""
-    return float(b.response_mask.sum()) if aggregation == "token_mean" else float(b.size)
-
-
-def _mini_total(mini: RolloutBatch, aggregation: str, reduce: RankReduce) -> float:
-    """The mini-batch's loss count over every data-parallel rank (called once per mini-batch,
-    in the same order on every rank)."""
-    t = reduce.sum(torch.tensor([_loss_count(mini, aggregation)], dtype=torch.float64))
-    return max(float(t[0]), 1.0)
-
-
-def _micro_weight(micro: RolloutBatch, total: float, aggregation: str, reduce: RankReduce) -> float:
-    """Weight of a micro-batch's loss so that accumulating micro-batches (and DDP's average of
-    gradients over ``world_size`` ranks) equals one loss over the whole global mini-batch."""
-    return reduce.world_size * _loss_count(micro, aggregation) / total
-
-
-def _grad_norm_and_clip(params, max_norm: float, shards=None) -> float:
-    params = [p for p in params if p.grad is not None]
-    if shards is not None:
-        # replicas' gradients averaged over dp, then a norm over DTensors (collectives)
-        shards.sync_grads()
-        return shards.clip_grads(params, max_norm)
-    if not params:
-        return 0.0
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-
-
-def _max_tokens(workload: WorkloadConfig) -> int | None:
-    """The token budget of a micro-batch (``workload.max_tokens_per_micro_batch``; None: off)."""
-    return getattr(workload, "max_tokens_per_micro_batch", None) or None
-
-
-def micro_batches(
-    batch: RolloutBatch, workload: WorkloadConfig, reduce: RankReduce
-) -> list[tuple[list[int], RolloutBatch, bool]]:
-    """``(rows, micro-batch, real)`` of ``batch`` (:func:`plan_micro_batches`); an empty part
-    becomes the batch's first row marked ``real=False``: run for the collectives, weighted 0."""
-    parts = plan_micro_batches(batch, workload.micro_batch_size, _max_tokens(workload), reduce)
-    return [(ix, batch.select(ix), True) if ix else ([], batch.select([0]), False) for ix in parts]
-
-
-def on_device(b: RolloutBatch, device: torch.device) -> RolloutBatch:
-    """``b`` with its tensor fields on ``device`` (a no-op on the CPU)."""
-    if device.type == "cpu":
-        return b
-    kw = {}
-    for name in (*TOKEN_FIELDS, *SAMPLE_FIELDS, "prompt_ids", "prompt_mask"):
-        v = getattr(b, name)
-        if isinstance(v, torch.Tensor):
-            kw[name] = v.to(device, non_blocking=True)
-    return b.replace(**kw)
+from rpeg.runtime.updates import adamw, micro_batches, minibatch_updates, on_device
 
 
 def module_device(module) -> torch.device:
@@ -104,77 +49,6 @@ def module_device(module) -> torch.device:
     if p is None:
         return torch.device("cpu")
     return p._local_tensor.device if isinstance(p, DTensor) else p.device
-
-
-def minibatch_updates(
-    role: PolicyWorker | CriticWorker,
-    batch: RolloutBatch,
-    micro_loss: Callable[[RolloutBatch], tuple[torch.Tensor, dict[str, float]]],
-    *,
-    grad_norm_key: str = "grad_norm",
-) -> dict[str, float]:
-    """The updates of one trainable ``role`` (its module, optimizer, algorithm, workload,
-    gradient clip, shuffling generator, rank reduce and shards) on ``batch``:
-    ``algorithm.ppo_epochs`` passes over ``batch`` in ``workload.train_minibatches``
-    shuffled mini-batches, one optimizer step each, accumulating micro-batches
-    (:func:`micro_batches`: ``workload.micro_batch_size`` samples or the token budget
-    ``workload.max_tokens_per_micro_batch``). ``micro_loss(micro) -> (loss, metrics)``; each
-    micro-batch loss is weighted so that accumulation (and the average of gradients over
-    data-parallel ranks) equals one loss over the global mini-batch. ``shards``
-    (:class:`rpeg.runtime.sharding.Shards`): average replicated gradients over dp and clip
-    over DTensors. Returns the metrics averaged over optimizer steps, with the gradient norm
-    (before clipping) under ``grad_norm_key``."""
-    module, optimizer = role.module, role.optimizer
-    algorithm, workload, reduce = role.algorithm, role.workload, role.reduce
-    generator, grad_clip, shards = role.generator, role.optim_cfg.grad_clip, role.shards
-    module.train()
-    sums: dict[str, float] = {}
-    steps = 0
-    agg = algorithm.loss_aggregation
-    for _ in range(algorithm.ppo_epochs):
-        for mini in batch.split(workload.train_minibatches, generator=generator):
-            optimizer.zero_grad(set_to_none=True)
-            stats: dict[str, float] = {}
-            total = _mini_total(mini, agg, reduce)
-            for _, micro, real in micro_batches(mini, workload, reduce):
-                w = _micro_weight(micro, total, agg, reduce) if real else 0.0
-                loss, m = micro_loss(micro)
-                (loss * w).backward()
-                for k, v in m.items():
-                    stats[k] = stats.get(k, 0.0) + w * v
-            stats[grad_norm_key] = _grad_norm_and_clip(module.parameters(), grad_clip, shards)
-            optimizer.step()
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v
-            steps += 1
-    module.eval()
-    return {k: v / max(steps, 1) for k, v in sums.items()}
-
-
-def adamw(params, **options) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` with the multi-tensor (``foreach``) update on every device where
-    it can run: on CPU torch defaults to one update per parameter tensor in a Python loop
-    (measured on rpeg-tiny, one process, one thread: 13.7 ms per step, 8.1 ms with
-    ``foreach``). Not where one parameter group mixes DTensors and plain tensors (tensor
-    parallelism without FSDP: split blocks beside replicated embeddings), which foreach
-    kernels refuse."""
-    from torch.distributed.tensor import DTensor
-
-    params = list(params)
-    groups = params if params and isinstance(params[0], dict) else [{"params": params}]
-    kinds = [{isinstance(p, DTensor) for p in g["params"]} for g in groups]
-    return _AdamW(params, foreach=all(len(k) <= 1 for k in kinds), **options)
-
-
-class _AdamW(torch.optim.AdamW):
-    """AdamW that keeps its own ``foreach`` when it loads a state dict: a checkpoint saved
-    by another layout (sharding.load_full_role_state) carries that layout's choice."""
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        keep = [g.get("foreach") for g in self.param_groups]
-        super().load_state_dict(state_dict)
-        for g, f in zip(self.param_groups, keep, strict=True):
-            g["foreach"] = f
 
 
 def _role_configs(
