@@ -14,8 +14,10 @@ sampling seed); the ``dp`` indices see different shards of the batch.
   reshapes with ``view(..., -1, head_dim)`` and ``reshape(..., -1)`` (transformers 5.x), so
   with local activations each rank simply runs ``heads / tp`` heads; embeddings, norms and
   the LM head stay replicated.
-* :func:`apply_fsdp` -- ``fully_shard`` per decoder block plus the root over the ``dp`` mesh
-  (composes with TP: parameters become 2-D DTensors).
+* :func:`apply_fsdp` -- ``fully_shard`` per group of consecutive decoder blocks holding at
+  least :data:`FSDP_UNIT_BYTES` (one block each at 7B scale; the whole trunk of a small
+  model), plus the root, over the ``dp`` mesh (composes with TP: parameters become 2-D
+  DTensors).
 * :func:`shard_roles` / :class:`Shards` -- what a rank does to one role (actor, reference,
   critic) and the collective helpers the training loop needs afterwards: gradient
   averaging for replicated parameters, gradient-norm clipping over DTensors.
@@ -191,16 +193,66 @@ def _has(module: nn.Module, dotted: str) -> bool:
 
 
 # --- FSDP2 ---------------------------------------------------------------------------------
-def apply_fsdp(module: nn.Module, dp_mesh, extra_roots: Iterable[nn.Module] = ()) -> None:
-    """``fully_shard`` each decoder block, then ``module`` (the root: embeddings, final norm,
-    LM head), then each of ``extra_roots`` (value heads that live beside the LM)."""
+#: least parameter bytes (this rank's, before FSDP) of one FSDP unit: consecutive decoder
+#: blocks are grouped until they reach it, blocks left over join the root. Every unit costs
+#: an all-gather in forward, one in backward and a reduce-scatter per micro-batch, plus its
+#: hooks; at rpeg-tiny's size (4 blocks of 4 MiB) per-block units were 232 ms per optimizer
+#: step on 4 CPU ranks vs 158 ms for one unit (docs/runtime.md "FSDP units"). The price is
+#: the transient memory of one gathered unit. 25 MiB is DDP's bucket (Li et al. 2020,
+#: arXiv:2006.15704); any block of a 0.5B+ model in bf16 is past it, so those keep one unit
+#: per block as torchtitan wraps them.
+FSDP_UNIT_BYTES = 25 * 2**20
+
+
+def _local_bytes(module: nn.Module) -> int:
+    from torch.distributed.tensor import DTensor
+
+    n = 0
+    for p in module.parameters():
+        t = p._local_tensor if isinstance(p, DTensor) else p
+        n += t.numel() * t.element_size()
+    return n
+
+
+def fsdp_units(blocks: list[nn.Module], unit_bytes: int | None = None) -> list[list[nn.Module]]:
+    """``blocks`` cut, in order, into groups of at least ``unit_bytes`` (default
+    :data:`FSDP_UNIT_BYTES`) parameter bytes each; a tail under it is left out (it joins the
+    root unit)."""
+    unit_bytes = FSDP_UNIT_BYTES if unit_bytes is None else unit_bytes
+    units: list[list[nn.Module]] = []
+    cur: list[nn.Module] = []
+    size = 0
+    for b in blocks:
+        cur.append(b)
+        size += _local_bytes(b)
+        if size >= unit_bytes:
+            units.append(cur)
+            cur, size = [], 0
+    return units
+
+
+def apply_fsdp(
+    module: nn.Module,
+    dp_mesh,
+    extra_roots: Iterable[nn.Module] = (),
+    unit_bytes: int | None = None,
+) -> None:
+    """``fully_shard`` each group of decoder blocks of :func:`fsdp_units`, then ``module``
+    (the root: embeddings, final norm, LM head, blocks in no group), then each of
+    ``extra_roots`` (value heads that live beside the LM). Every unit, the root too,
+    reshards after forward (FSDP2 keeps a root gathered from forward to backward by default;
+    here the root may hold the whole trunk of a small model, and a rank holds only its shard
+    between stages -- what the summary's parameter bytes and the planner's memory assume);
+    the root's extra all-gather in backward cost ~5 ms of ~205 per optimizer step at
+    rpeg-tiny on 4 CPU ranks."""
     from torch.distributed.fsdp import fully_shard
 
-    for layer in decoder_layers(module):
-        fully_shard(layer, mesh=dp_mesh)
-    fully_shard(module, mesh=dp_mesh)
-    for m in extra_roots:
-        fully_shard(m, mesh=dp_mesh)
+    from rpeg.runtime.pair_channel import use_pair_comms
+
+    units = [u if len(u) > 1 else u[0] for u in fsdp_units(decoder_layers(module), unit_bytes)]
+    for m in [*units, module, *extra_roots]:
+        fully_shard(m, mesh=dp_mesh, reshard_after_forward=True)
+        use_pair_comms(m[0] if isinstance(m, list) else m, dp_mesh)
 
 
 @contextlib.contextmanager
@@ -209,8 +261,8 @@ def gathered_blocks(module: nn.Module) -> Iterator[None]:
     embeddings, final norm, LM head) stays unsharded after its first forward
     (``set_reshard_after_forward(False)``), so a decode loop gathers each unit once, not once
     per token, and after the first forward runs no collective over dp: ranks with different
-    prompts stop at their own lengths. They are resharded on exit. A no-op for a model
-    without FSDP."""
+    prompts stop at their own lengths. They are resharded on exit (and reshard after
+    every forward again). A no-op for a model without FSDP."""
     from torch.distributed.fsdp import FSDPModule
 
     try:

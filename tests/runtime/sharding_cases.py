@@ -174,7 +174,18 @@ def train_case(cfg, layout, mesh, rank: int, role: str = "actor") -> dict:
     local = param_bytes_local(w.module)
     m = w.train_step(b)
     weights = full_state_dict(w.module)
-    return {"metrics": m, "weights": weights, "local": local, "full": full}
+    from torch.distributed.fsdp import FSDPModule
+
+    units = len({id(x._get_fsdp_state()) for x in w.module.modules() if isinstance(x, FSDPModule)})
+    return {
+        "metrics": m,
+        "weights": weights,
+        "local": local,
+        "full": full,
+        "local_after": param_bytes_local(w.module),  # every FSDP unit resharded after the step
+        "fsdp_units": units,
+        "layers": w.module.config.num_hidden_layers if role != "critic" else 0,
+    }
 
 
 def resume_case(cfg, saved, resumed, mesh_a, mesh_b, rank: int, url: str) -> dict:
@@ -346,8 +357,13 @@ def body(rank: int, world: int, port: int, cases: list, q) -> None:
 
     try:
         _init(rank, world, port)
+        import rpeg.runtime.sharding as sharding
+
+        default_unit = sharding.FSDP_UNIT_BYTES
         for name, kind, kw in cases:
             cfg = config(**kw.get("over", {}))
+            # 1 byte: one FSDP unit per decoder block (what models past FSDP_UNIT_BYTES get)
+            sharding.FSDP_UNIT_BYTES = kw.get("fsdp_unit_bytes", default_unit)
             if kind == "train":
                 lay = Layout(**kw["layout"])
                 res = train_case(cfg, lay, build_mesh(lay), rank, kw.get("role", "actor"))

@@ -62,12 +62,22 @@ def test_layout_problems_name_what_tp_does_not_divide():
 def test_two_rank_layouts_equal_single_process(reference):
     ref, ref_w = reference
     cases = [(n, "train", {"layout": lay}) for n, lay in LAYOUTS_2.items()]
+    # the test model is one FSDP unit at the default size; this case has one per block
+    cases.append(
+        ("fsdp_per_block", "train", {"layout": LAYOUTS_2["fsdp_dp2"], "fsdp_unit_bytes": 1})
+    )
     out = C.spawn(2, cases, port=29611)
-    for name, lay in LAYOUTS_2.items():
+    for name, lay in [*LAYOUTS_2.items(), ("fsdp_per_block", LAYOUTS_2["fsdp_dp2"])]:
         _check(ref, ref_w, out[name], lay["dp"], lay["tp"])
     # what a rank holds: fsdp dp=2 about half, tp=2 the blocks halved (embeddings replicated)
     full = out["fsdp_dp2"][0]["full"]
     assert out["fsdp_dp2"][0]["local"] <= 0.55 * full
+    assert out["fsdp_per_block"][0]["local"] <= 0.55 * full
+    for name in ("fsdp_dp2", "fsdp_per_block"):
+        assert out[name][0]["local_after"] == out[name][0]["local"], name
+    # a model under FSDP_UNIT_BYTES is one unit (the root); 1 byte: a unit per block + root
+    assert out["fsdp_dp2"][0]["fsdp_units"] == 1
+    assert out["fsdp_per_block"][0]["fsdp_units"] == out["fsdp_per_block"][0]["layers"] + 1
     assert out["tp2"][0]["local"] < 0.75 * full
     assert out["dp2_replicas"][0]["local"] == full
 
@@ -233,3 +243,35 @@ def test_gradient_buckets_keep_order_dtype_and_size():
         [(10, torch.float32)],  # 8 + 40 > 30; larger than a bucket: its own
     ]
     assert grad_buckets([], 30) == []
+
+
+def test_fsdp_units_group_blocks_up_to_the_size():
+    from torch import nn
+
+    from rpeg.runtime.sharding import fsdp_units
+
+    blocks = [nn.Linear(32, 32, bias=False) for _ in range(5)]  # 4096 bytes each
+    ids = [[blocks.index(b) for b in u] for u in fsdp_units(blocks, unit_bytes=8192)]
+    assert ids == [[0, 1], [2, 3]]  # block 4 (under the size) joins the root
+    assert [[blocks.index(b) for b in u] for u in fsdp_units(blocks, 1)] == [[i] for i in range(5)]
+    assert fsdp_units(blocks, 10**9) == []  # a small model: one unit, the root
+
+
+def test_adamw_step_equals_torch_adamw():
+    """The optimizer's own step (local tensors of DTensor parameters) on plain tensors is
+    torch's AdamW, bit for bit, weight decay included."""
+    from rpeg.runtime.updates import adamw
+
+    g = torch.Generator().manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(5, 3, generator=g)), torch.nn.Parameter(torch.randn(4))]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    a = adamw(ours, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99))
+    b = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), foreach=False)
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=g) for p in ours]
+        for p, q, gr in zip(ours, theirs, grads, strict=True):
+            p.grad, q.grad = gr.clone(), gr.clone()
+        a.step()
+        b.step()
+    for p, q in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7)

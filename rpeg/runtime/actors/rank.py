@@ -605,10 +605,13 @@ class RankActor:
         (NCCL communicators are not freed by dropping the object)."""
         import torch.distributed as dist
 
+        from rpeg.runtime.pair_channel import close_pair_channels
+
         pg, self._sync_pg = self._sync_pg, None
         if pg is not None:
             with contextlib.suppress(Exception):  # a peer already gone: nothing left to free
                 pg.shutdown()
         if self.pg_ready and dist.is_initialized():
+            close_pair_channels()
             dist.destroy_process_group()
             self.pg_ready = False

@@ -1,0 +1,285 @@
+"""A direct byte channel between the two ranks of a same-host process-group pair.
+
+Every sum of a tensor-parallel pair (two per decoder block forward, two in backward) and the
+pair reductions of data-parallel statistics are one exchange of a tensor with the other
+rank (:func:`rpeg.runtime.parallel.pair_exchange`). Over gloo that exchange is handed to
+gloo's device thread on each side, which must be scheduled to move the bytes and then
+wake the calling thread: with more ranks than cores (4 ranks of ``configs/sharded-cpu.yaml``
+on the 2-core CI machine) those hand-offs wait for a core. Measured there, 4 ranks, two
+pairs, a 16 KiB exchange between small matmuls (``/tmp``-style micro-benchmark recorded in
+docs/runtime.md "Same-host pair channel"): gloo 2.3 ms wall / 0.56 ms CPU per iteration,
+this channel 0.76 ms / 0.155 ms; an exchange alone 308 us vs 20 us.
+
+:class:`PairChannel` is a connected Unix stream socket (Linux abstract namespace: no file,
+scoped to the network namespace, so ranks in different namespaces -- the multi-host tests'
+"hosts" -- never share one). The calling thread sends and receives itself, interleaved
+without blocking, so two ranks sending large tensors to each other at once cannot deadlock
+on full socket buffers. Both ranks of a pair must call :func:`pair_channel` (the first call
+on a group is a collective that opens the channel, or agrees there is none) and then every
+:meth:`PairChannel.exchange` in the same order -- the contract of any collective.
+
+Safety: the channel carries raw tensor bytes of the size and dtype the receiver already
+expects; nothing received is unpickled or executed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import socket
+import sys
+import threading
+import zlib
+from typing import Any
+
+import torch
+
+#: seconds an exchange waits for the other rank before raising
+PAIR_TIMEOUT_S = 600.0
+#: seconds the listening rank waits for the other to connect (it got the name just before)
+_CONNECT_TIMEOUT_S = 60.0
+
+_NAME_BYTES = 40  # "rpeg-pair-" + 24 hex digits + padding, sent as a fixed-size uint8 tensor
+
+# group -> its channel (None: the pair is not on one host, or not a gloo pair); the group is
+# held so that its id cannot be reused while cached; close_pair_channels() clears it
+_CHANNELS: dict[int, tuple[Any, PairChannel | None]] = {}
+_LOCK = threading.Lock()
+
+
+class PairChannel:
+    """One end of a connected stream socket to the other rank of a pair."""
+
+    def __init__(self, sock: socket.socket, peer: int, timeout_s: float = PAIR_TIMEOUT_S):
+        sock.setblocking(False)
+        self.sock = sock
+        self.peer = peer
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+
+    def exchange(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Send ``t`` (a CPU tensor) and return the other rank's tensor of the same shape and
+        dtype (received into ``out``, contiguous, when given)."""
+        t = t.contiguous()
+        if out is None:
+            out = torch.empty_like(t)
+        elif not (out.is_contiguous() and out.dtype == t.dtype and out.numel() == t.numel()):
+            raise ValueError("exchange: out must be contiguous, of the tensor's dtype and size")
+        if t.numel() == 0:
+            return out
+        send = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        recv = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+        with self._lock:
+            try:
+                self._move(send, recv)
+            except (BrokenPipeError, ConnectionResetError) as e:
+                raise ConnectionError(
+                    f"pair channel: rank {self.peer} closed the connection mid-exchange ({e})"
+                ) from e
+        return out
+
+    def _move(self, send: memoryview, recv: memoryview) -> None:
+        n = len(send)
+        sent = got = 0
+        sock = self.sock
+        while sent < n or got < n:
+            moved = False
+            if sent < n:
+                try:
+                    sent += sock.send(send[sent:])
+                    moved = True
+                except BlockingIOError:
+                    pass
+            if got < n:
+                try:
+                    k = sock.recv_into(recv[got:])
+                except BlockingIOError:
+                    k = -1
+                if k == 0:
+                    raise ConnectionError(
+                        f"pair channel: rank {self.peer} closed the connection mid-exchange"
+                    )
+                if k > 0:
+                    got += k
+                    moved = True
+            if not moved:
+                r, w, _ = select.select(
+                    [sock] if got < n else [], [sock] if sent < n else [], [], self.timeout_s
+                )
+                if not r and not w:
+                    raise TimeoutError(
+                        f"pair channel: rank {self.peer} sent nothing for {self.timeout_s:.0f} s"
+                    )
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def host_key() -> int:
+    """This process's host, as a signed 63-bit number: the host name, the kernel's boot id
+    and the network namespace (ranks that share all three can reach each other's abstract
+    Unix sockets)."""
+    parts = [socket.gethostname()]
+    for path in ("/proc/sys/kernel/random/boot_id",):
+        try:
+            with open(path) as f:
+                parts.append(f.read().strip())
+        except OSError:
+            parts.append("")
+    try:
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino))
+    except OSError:
+        parts.append("")
+    text = "\n".join(parts).encode()
+    return (zlib.crc32(text) << 31) ^ zlib.adler32(text)
+
+
+def pair_channel(group) -> PairChannel | None:
+    """The channel of ``group`` (a 2-rank gloo process group whose ranks share a host), opened
+    on first use -- a collective: both ranks call it -- or None (other groups, other hosts,
+    not Linux)."""
+    key = id(group)
+    hit = _CHANNELS.get(key)
+    if hit is not None:
+        return hit[1]
+    with _LOCK:
+        hit = _CHANNELS.get(key)
+        if hit is None:
+            hit = (group, _open(group))
+            _CHANNELS[key] = hit
+    return hit[1]
+
+
+def close_pair_channels() -> None:
+    """Close every channel of this process (before its process groups are destroyed)."""
+    with _LOCK:
+        for _, ch in _CHANNELS.values():
+            if ch is not None:
+                ch.close()
+        _CHANNELS.clear()
+
+
+class PairAllGather:
+    """FSDP2's all-gather (``FSDPModule.set_custom_all_gather``) over the pair channel of a
+    2-rank data-parallel group on one host; any other group: ``all_gather_single``."""
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        import torch.distributed as dist
+
+        ch = pair_channel(group) if input_tensor.device.type == "cpu" else None
+        if ch is None:
+            return dist.all_gather_single(
+                output_tensor, input_tensor, group=group, async_op=async_op
+            )
+        n = input_tensor.numel()
+        me = dist.get_group_rank(group, dist.get_rank())
+        out = output_tensor.view(-1)
+        ch.exchange(input_tensor, out=out[(1 - me) * n : (2 - me) * n])
+        mine = out[me * n : (me + 1) * n]
+        if mine.data_ptr() != input_tensor.data_ptr():  # FSDP copies the input into place
+            mine.copy_(input_tensor.reshape(-1))
+        return None  # done: FSDP waits on no work
+
+
+class PairReduceScatter:
+    """FSDP2's reduce-scatter (``FSDPModule.set_custom_reduce_scatter``) of a sum or mean over
+    the pair channel (each rank sends the other's half, adds what it receives to its own);
+    other groups and ops: ``reduce_scatter_single``."""
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        import torch.distributed as dist
+
+        ch = pair_channel(group) if input_tensor.device.type == "cpu" else None
+        if ch is None or op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            return dist.reduce_scatter_single(
+                output=output_tensor, input=input_tensor, group=group, op=op, async_op=async_op
+            )
+        n = output_tensor.numel()
+        me = dist.get_group_rank(group, dist.get_rank())
+        flat = input_tensor.reshape(-1)
+        got = ch.exchange(flat[(1 - me) * n : (2 - me) * n])
+        torch.add(
+            flat[me * n : (me + 1) * n].view_as(output_tensor),
+            got.view_as(output_tensor),
+            out=output_tensor,
+        )
+        if op == dist.ReduceOp.AVG:
+            output_tensor.div_(2)
+        return None
+
+
+def use_pair_comms(fsdp_module, dp_mesh) -> None:
+    """Route ``fsdp_module``'s all-gathers and reduce-scatters over the pair channel when its
+    data-parallel mesh is a 2-rank gloo group (the channel itself opens only on one host)."""
+    import torch.distributed as dist
+
+    group = dp_mesh.get_group()
+    if dp_mesh.device_type != "cpu" or dist.get_world_size(group) != 2:
+        return
+    if dist.get_backend(group) != "gloo":
+        return
+    fsdp_module.set_custom_all_gather(PairAllGather())
+    fsdp_module.set_custom_reduce_scatter(PairReduceScatter())
+
+
+def _gloo_swap(t: torch.Tensor, group, peer: int) -> torch.Tensor:
+    import torch.distributed as dist
+
+    other = torch.empty_like(t)
+    send = dist.isend(t, group=group, group_dst=peer)
+    dist.recv(other, group=group, group_src=peer)
+    send.wait()
+    return other
+
+
+def _open(group) -> PairChannel | None:
+    """Agree over ``group`` (gloo) whether both ranks share a host; if so, the lower rank
+    listens on a fresh abstract socket name, sends it, the higher connects; both confirm."""
+    import torch.distributed as dist
+
+    if dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
+        return None
+    me = dist.get_group_rank(group, dist.get_rank())
+    peer = 1 - me
+    linux = sys.platform.startswith("linux")
+    mine = torch.tensor([host_key(), int(linux)], dtype=torch.int64)
+    theirs = _gloo_swap(mine, group, peer)
+    if not (linux and bool(theirs[1]) and int(theirs[0]) == int(mine[0])):
+        return None
+    listener = sock = None
+    name = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
+    try:
+        if me == 0:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            raw = ("rpeg-pair-" + secrets.token_hex(12)).encode()
+            listener.bind(b"\0" + raw)
+            listener.listen(1)
+            listener.settimeout(_CONNECT_TIMEOUT_S)
+            name[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            dist.send(name, group=group, group_dst=peer)
+            sock, _ = listener.accept()
+        else:
+            dist.recv(name, group=group, group_src=peer)
+            raw = bytes(name.tolist()).rstrip(b"\0")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(_CONNECT_TIMEOUT_S)
+            sock.connect(b"\0" + raw)
+        ok = 1
+    except OSError:
+        ok = 0
+    finally:
+        if listener is not None:
+            listener.close()
+    both = _gloo_swap(torch.tensor([ok], dtype=torch.int64), group, peer)
+    if not (ok and int(both[0])):
+        if sock is not None:
+            sock.close()
+        return None
+    return PairChannel(sock, peer=dist.get_global_rank(group, peer))

@@ -1,0 +1,179 @@
+"""The same-host pair channel (rpeg.runtime.pair_channel): exact bytes both ways, no deadlock
+on tensors larger than the socket buffers, gloo when the ranks are not on one host, a clear
+error when the other rank goes away. Two spawned gloo ranks per test."""
+
+from __future__ import annotations
+
+import io
+import traceback
+
+import torch
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+
+
+def _tensors(rank: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(rank)
+    return [
+        torch.randn(3, 5, generator=g),
+        torch.randn(4096, 1024, generator=g),  # 16 MiB: past any socket buffer, both ways
+        torch.randn(7, generator=g).to(torch.bfloat16),
+        torch.arange(11, dtype=torch.int64) * (rank + 1),
+        torch.empty(0, 3),
+        torch.randn(6, 4, generator=g).t(),  # not contiguous
+    ]
+
+
+def _put(q, rank: int, res: dict) -> None:
+    buf = io.BytesIO()
+    torch.save(res, buf)  # bytes: shared-memory tensors die with this process
+    q.put((rank, buf.getvalue()))
+
+
+def _exchange_body(rank: int, port: int, q) -> None:
+    import torch.distributed as dist
+
+    from rpeg.runtime import pair_channel as pc
+    from rpeg.runtime.parallel import pair_exchange
+
+    try:
+        _init(rank, 2, port)
+        ch = pc.pair_channel(dist.group.WORLD)
+        got = [ch.exchange(t) for t in _tensors(rank)] if ch is not None else None
+        sums = [t + pair_exchange(t, None) for t in _tensors(rank)[:3]]
+        pc.close_pair_channels()
+        dist.destroy_process_group()
+        _put(q, rank, {"opened": ch is not None, "got": got, "sums": sums})
+    except Exception:
+        q.put((rank, traceback.format_exc()))
+
+
+def _fallback_body(rank: int, port: int, q) -> None:
+    import torch.distributed as dist
+
+    from rpeg.runtime import pair_channel as pc
+    from rpeg.runtime.parallel import pair_exchange
+
+    try:
+        _init(rank, 2, port)
+        if rank == 1:  # as if on another host
+            pc.host_key = lambda: -1
+        t = _tensors(rank)[0]
+        other = pair_exchange(t, None)
+        opened = pc.pair_channel(dist.group.WORLD) is not None
+        dist.destroy_process_group()
+        _put(q, rank, {"opened": opened, "other": other})
+    except Exception:
+        q.put((rank, traceback.format_exc()))
+
+
+def _fsdp_comms_body(rank: int, port: int, q) -> None:
+    import torch.distributed as dist
+
+    from rpeg.runtime.pair_channel import PairAllGather, PairReduceScatter
+
+    try:
+        _init(rank, 2, port)
+        world = dist.group.WORLD
+        x = _tensors(rank)[0].reshape(-1)
+        ours, gloo = torch.empty(2 * x.numel()), torch.empty(2 * x.numel())
+        assert PairAllGather()(ours, x, world) is None
+        dist.all_gather_single(gloo, x, group=world)
+        res = {"gather": (ours, gloo)}
+        for name, op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG)):
+            big = _tensors(rank)[1].reshape(-1)[:1000].clone()
+            o, g = torch.empty(500), torch.empty(500)
+            PairReduceScatter()(o, big, world, op)
+            dist.reduce_scatter_single(g, big.clone(), group=world, op=dist.ReduceOp.SUM)
+            res[name] = (o, g / 2 if op == dist.ReduceOp.AVG else g)
+        dist.destroy_process_group()
+        _put(q, rank, res)
+    except Exception:
+        q.put((rank, traceback.format_exc()))
+
+
+def _peer_gone_body(rank: int, port: int, q) -> None:
+    import torch.distributed as dist
+
+    from rpeg.runtime import pair_channel as pc
+
+    try:
+        _init(rank, 2, port)
+        ch = pc.pair_channel(dist.group.WORLD)
+        ch.exchange(torch.ones(4))
+        if rank == 1:
+            ch.close()
+            q.put((rank, {"closed": True}))
+            return
+        try:
+            ch.exchange(torch.ones(1 << 20))
+            q.put((rank, {"error": None}))
+        except ConnectionError as e:
+            q.put((rank, {"error": str(e)}))
+    except Exception:
+        q.put((rank, traceback.format_exc()))
+
+
+def _run(body, port: int) -> dict:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=body, args=(r, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    out = {}
+    try:
+        for _ in procs:
+            rank, res = q.get(timeout=120)
+            if isinstance(res, str):
+                raise AssertionError(f"rank {rank} failed:\n{res}")
+            out[rank] = (
+                torch.load(io.BytesIO(res), weights_only=True) if isinstance(res, bytes) else res
+            )
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return out
+
+
+def test_exchange_moves_exact_bytes_both_ways():
+    out = _run(_exchange_body, 29731)
+    assert out[0]["opened"] and out[1]["opened"]
+    for me, peer in ((0, 1), (1, 0)):
+        for got, sent in zip(out[me]["got"], _tensors(peer), strict=True):
+            assert got.dtype == sent.dtype and got.shape == sent.shape
+            assert torch.equal(got, sent)
+    # sums through pair_exchange: the true sum, bit-identical on both ranks
+    for a, b, x, y in zip(out[0]["sums"], out[1]["sums"], _tensors(0), _tensors(1), strict=False):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, x + y, rtol=0, atol=0)
+
+
+def test_fsdp_all_gather_and_reduce_scatter_equal_gloo():
+    out = _run(_fsdp_comms_body, 29761)
+    for r in (0, 1):
+        for name in ("gather", "sum", "avg"):
+            ours, gloo = out[r][name]
+            torch.testing.assert_close(ours, gloo, rtol=0, atol=1e-6, msg=f"rank {r} {name}")
+
+
+def test_ranks_on_different_hosts_use_gloo():
+    out = _run(_fallback_body, 29741)
+    assert not out[0]["opened"] and not out[1]["opened"]
+    assert torch.equal(out[0]["other"], _tensors(1)[0])
+    assert torch.equal(out[1]["other"], _tensors(0)[0])
+
+
+def test_peer_gone_is_a_connection_error():
+    out = _run(_peer_gone_body, 29751)
+    assert out[1] == {"closed": True}
+    assert out[0]["error"] is not None and "closed the connection" in out[0]["error"]
