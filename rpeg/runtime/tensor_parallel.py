@@ -91,6 +91,13 @@ def _local(p: torch.Tensor | None) -> torch.Tensor | None:
     return p.to_local() if isinstance(p, DTensor) else p
 
 
+def _shard(p: torch.Tensor | None) -> torch.Tensor | None:
+    """The rank's shard of a DTensor parameter without autograd (for no-grad forwards)."""
+    from torch.distributed.tensor import DTensor
+
+    return p._local_tensor if isinstance(p, DTensor) else p
+
+
 def _tp_group(weight: torch.Tensor) -> Any:
     """The tp process group of a parameter (its DTensor mesh; 2-D ``(dp, tp)``: the tp dim)."""
     mesh = weight.device_mesh
@@ -105,6 +112,8 @@ class ColwiseLinear(nn.Linear):
     input_copied = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():  # decode, log-probs: no autograd functions to run
+            return F.linear(x, _shard(self.weight), _shard(self.bias))
         if not self.input_copied:
             x = _CopyToTP.apply(x, _tp_group(self.weight))
         return F.linear(x, _local(self.weight), _local(self.bias))
@@ -121,6 +130,8 @@ class CopyToTPHook:
         self.linear = linear
 
     def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return output  # f is the identity forward; only its backward sums
         return _CopyToTP.apply(output, _tp_group(self.linear.weight))
 
 
@@ -139,6 +150,9 @@ class RowwiseLinear(nn.Linear):
     ``Replicate()`` one: partial outputs summed over tp, then the bias."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            y = tp_all_reduce(F.linear(x, _shard(self.weight)), _tp_group(self.weight))
+            return y if self.bias is None else y + _shard(self.bias)
         y = _SumOverTP.apply(F.linear(x, _local(self.weight)), _tp_group(self.weight))
         return y if self.bias is None else y + _local(self.bias)
 
