@@ -41,6 +41,7 @@ PAIR_TIMEOUT_S = 600.0
 _CONNECT_TIMEOUT_S = 60.0
 
 _NAME_BYTES = 40  # "rpeg-pair-" + 24 hex digits + padding, sent as a fixed-size uint8 tensor
+_TOKEN_BYTES = 16  # the secret the connecting rank sends first (another local process cannot)
 
 # group -> its channel (None: the pair is not on one host, or not a gloo pair); the group is
 # held so that its id cannot be reused while cached; close_pair_channels() clears it
@@ -239,9 +240,35 @@ def _gloo_swap(t: torch.Tensor, group, peer: int) -> torch.Tensor:
     return other
 
 
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        part = sock.recv(n - len(buf))
+        if not part:
+            break
+        buf += part
+    return buf
+
+
+def _accept_peer(listener: socket.socket, token: bytes) -> socket.socket:
+    """The first connection that sends ``token`` (others are closed); ``OSError`` (a
+    timeout) if none comes within the listener's timeout."""
+    while True:
+        conn, _ = listener.accept()
+        conn.settimeout(_CONNECT_TIMEOUT_S)
+        try:
+            if secrets.compare_digest(_recv_exact(conn, len(token)), token):
+                return conn
+        except OSError:
+            pass
+        conn.close()
+
+
 def _open(group) -> PairChannel | None:
     """Agree over ``group`` (gloo) whether both ranks share a host; if so, the lower rank
-    listens on a fresh abstract socket name, sends it, the higher connects; both confirm."""
+    listens on a fresh abstract socket name and sends it with a random token over the group,
+    the higher connects and sends the token first (the listener serves only that
+    connection); both confirm over the group."""
     import torch.distributed as dist
 
     if dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
@@ -254,23 +281,26 @@ def _open(group) -> PairChannel | None:
     if not (linux and bool(theirs[1]) and int(theirs[0]) == int(mine[0])):
         return None
     listener = sock = None
-    name = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
+    msg = torch.zeros(_NAME_BYTES + _TOKEN_BYTES, dtype=torch.uint8)
     try:
         if me == 0:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             raw = ("rpeg-pair-" + secrets.token_hex(12)).encode()
+            token = secrets.token_bytes(_TOKEN_BYTES)
             listener.bind(b"\0" + raw)
-            listener.listen(1)
+            listener.listen(4)
             listener.settimeout(_CONNECT_TIMEOUT_S)
-            name[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-            dist.send(name, group=group, group_dst=peer)
-            sock, _ = listener.accept()
+            msg[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            msg[_NAME_BYTES:] = torch.frombuffer(bytearray(token), dtype=torch.uint8)
+            dist.send(msg, group=group, group_dst=peer)  # over the group: only the peer has it
+            sock = _accept_peer(listener, token)
         else:
-            dist.recv(name, group=group, group_src=peer)
-            raw = bytes(name.tolist()).rstrip(b"\0")
+            dist.recv(msg, group=group, group_src=peer)
+            data = bytes(msg.tolist())
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(_CONNECT_TIMEOUT_S)
-            sock.connect(b"\0" + raw)
+            sock.connect(b"\0" + data[:_NAME_BYTES].rstrip(b"\0"))
+            sock.sendall(data[_NAME_BYTES:])
         ok = 1
     except OSError:
         ok = 0

@@ -177,3 +177,33 @@ def test_peer_gone_is_a_connection_error():
     out = _run(_peer_gone_body, 29751)
     assert out[1] == {"closed": True}
     assert out[0]["error"] is not None and "closed the connection" in out[0]["error"]
+
+
+def test_listener_takes_only_the_connection_that_sends_the_token():
+    """Another local process that finds the abstract name first is closed, not served."""
+    import secrets
+    import socket
+
+    from rpeg.runtime.pair_channel import _accept_peer
+
+    name = b"\0rpeg-pair-test-" + secrets.token_hex(6).encode()
+    token = secrets.token_bytes(16)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(name)
+    listener.listen(4)
+    listener.settimeout(5)
+    stranger, peer = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    try:
+        stranger.connect(name)
+        stranger.sendall(b"x" * 16)
+        peer.connect(name)
+        peer.sendall(token)
+        conn = _accept_peer(listener, token)
+        conn.sendall(b"hello")
+        assert peer.recv(5) == b"hello"
+        stranger.settimeout(5)
+        assert stranger.recv(5) == b""  # closed by the listener
+        conn.close()
+    finally:
+        for s in (listener, stranger, peer):
+            s.close()
