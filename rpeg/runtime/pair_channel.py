@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-#: seconds an exchange waits for the other rank before raising
+#: seconds an exchange waits for the other rank before raising, where the group's own
+#: timeout (what its gloo collectives wait) cannot be read
 PAIR_TIMEOUT_S = 600.0
 #: seconds the listening rank waits for the other to connect (it got the name just before)
 _CONNECT_TIMEOUT_S = 60.0
@@ -312,4 +313,12 @@ def _open(group) -> PairChannel | None:
         if sock is not None:
             sock.close()
         return None
-    return PairChannel(sock, peer=dist.get_global_rank(group, peer))
+    return PairChannel(sock, peer=dist.get_global_rank(group, peer), timeout_s=_timeout_s(group))
+
+
+def _timeout_s(group) -> float:
+    """The group's collective timeout (its gloo backend's options), else PAIR_TIMEOUT_S."""
+    try:
+        return float(group._get_backend(torch.device("cpu")).options._timeout.total_seconds())
+    except Exception:  # a private attribute: absent in another torch, keep the default
+        return PAIR_TIMEOUT_S

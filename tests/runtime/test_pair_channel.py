@@ -10,11 +10,17 @@ import traceback
 import torch
 
 
-def _init(rank: int, world: int, port: int) -> None:
+def _init(rank: int, world: int, port: int, timeout_s: float = 120.0) -> None:
+    import datetime
+
     import torch.distributed as dist
 
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout_s),
     )
 
 
@@ -120,6 +126,30 @@ def _peer_gone_body(rank: int, port: int, q) -> None:
         q.put((rank, traceback.format_exc()))
 
 
+def _silent_peer_body(rank: int, port: int, q) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    from rpeg.runtime import pair_channel as pc
+
+    try:
+        _init(rank, 2, port, timeout_s=2.0)
+        ch = pc.pair_channel(dist.group.WORLD)
+        if rank == 1:
+            time.sleep(6)  # alive, sends nothing
+            q.put((rank, {"slept": True}))
+            return
+        t0 = time.monotonic()
+        try:
+            ch.exchange(torch.ones(4))
+            q.put((rank, {"error": None}))
+        except TimeoutError as e:
+            q.put((rank, {"error": str(e), "waited": time.monotonic() - t0, "limit": ch.timeout_s}))
+    except Exception:
+        q.put((rank, traceback.format_exc()))
+
+
 def _run(body, port: int) -> dict:
     import torch.multiprocessing as mp
 
@@ -177,6 +207,13 @@ def test_peer_gone_is_a_connection_error():
     out = _run(_peer_gone_body, 29751)
     assert out[1] == {"closed": True}
     assert out[0]["error"] is not None and "closed the connection" in out[0]["error"]
+
+
+def test_silent_peer_times_out_at_the_groups_timeout():
+    out = _run(_silent_peer_body, 29771)
+    assert out[0]["limit"] == 2.0  # read from the process group, not the module default
+    assert "sent nothing for 2 s" in out[0]["error"]
+    assert 1.5 < out[0]["waited"] < 5.5
 
 
 def test_listener_takes_only_the_connection_that_sends_the_token():
