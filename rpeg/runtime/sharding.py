@@ -197,7 +197,7 @@ def _has(module: nn.Module, dotted: str) -> bool:
 #: blocks are grouped until they reach it, blocks left over join the root. Every unit costs
 #: an all-gather in forward, one in backward and a reduce-scatter per micro-batch, plus its
 #: hooks; at rpeg-tiny's size (4 blocks of 4 MiB) per-block units were 232 ms per optimizer
-#: step on 4 CPU ranks vs 158 ms for one unit (docs/runtime.md "FSDP units"). The price is
+#: step on 4 CPU ranks vs 158 ms for one unit (docs/runtime.md "Shards"). The price is
 #: the transient memory of one gathered unit. 25 MiB is DDP's bucket (Li et al. 2020,
 #: arXiv:2006.15704); any block of a 0.5B+ model in bf16 is past it, so those keep one unit
 #: per block as torchtitan wraps them.

@@ -61,23 +61,27 @@ def test_layout_problems_name_what_tp_does_not_divide():
 
 def test_two_rank_layouts_equal_single_process(reference):
     ref, ref_w = reference
+    fsdp = LAYOUTS_2["fsdp_dp2"]
     cases = [(n, "train", {"layout": lay}) for n, lay in LAYOUTS_2.items()]
-    # the test model is one FSDP unit at the default size; this case has one per block
-    cases.append(
-        ("fsdp_per_block", "train", {"layout": LAYOUTS_2["fsdp_dp2"], "fsdp_unit_bytes": 1})
-    )
+    # the test model is one FSDP unit at the default size; 1 byte: one unit per block; just
+    # over one block's bytes: units of two blocks (fully_shard of a list)
+    block = sum(p.numel() * p.element_size() for p in C.model()[0].model.layers[0].parameters())
+    units = {"fsdp_per_block": 1, "fsdp_two_blocks": block + 1}
+    for name, size in units.items():
+        cases.append((name, "train", {"layout": fsdp, "fsdp_unit_bytes": size}))
     out = C.spawn(2, cases, port=29611)
-    for name, lay in [*LAYOUTS_2.items(), ("fsdp_per_block", LAYOUTS_2["fsdp_dp2"])]:
+    for name, lay in [*LAYOUTS_2.items(), *((n, fsdp) for n in units)]:
         _check(ref, ref_w, out[name], lay["dp"], lay["tp"])
     # what a rank holds: fsdp dp=2 about half, tp=2 the blocks halved (embeddings replicated)
     full = out["fsdp_dp2"][0]["full"]
-    assert out["fsdp_dp2"][0]["local"] <= 0.55 * full
-    assert out["fsdp_per_block"][0]["local"] <= 0.55 * full
-    for name in ("fsdp_dp2", "fsdp_per_block"):
-        assert out[name][0]["local_after"] == out[name][0]["local"], name
-    # a model under FSDP_UNIT_BYTES is one unit (the root); 1 byte: a unit per block + root
-    assert out["fsdp_dp2"][0]["fsdp_units"] == 1
-    assert out["fsdp_per_block"][0]["fsdp_units"] == out["fsdp_per_block"][0]["layers"] + 1
+    for name in ("fsdp_dp2", *units):
+        assert out[name][0]["local"] <= 0.55 * full, name
+        assert out[name][0]["local_after"] == out[name][0]["local"], name  # resharded
+    layers = out["fsdp_per_block"][0]["layers"]
+    assert layers == 2
+    assert out["fsdp_dp2"][0]["fsdp_units"] == 1  # the root only
+    assert out["fsdp_per_block"][0]["fsdp_units"] == layers + 1
+    assert out["fsdp_two_blocks"][0]["fsdp_units"] == 2  # both blocks, then the root
     assert out["tp2"][0]["local"] < 0.75 * full
     assert out["dp2_replicas"][0]["local"] == full
 
