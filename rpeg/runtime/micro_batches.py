@@ -15,6 +15,10 @@ fewer samples than parts gets empty parts, which the caller runs as a zero-weigh
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
 import torch
 
 from rpeg.runtime.batch import RolloutBatch
@@ -90,3 +94,21 @@ def plan_micro_batches(
         p, r = _lengths(batch)
         return _balanced(p, r, k)
     return [c.tolist() for c in torch.tensor_split(torch.arange(n), k)]
+
+
+@contextlib.contextmanager
+def micro_batch_size_of(workers: Iterable[Any], size: int | None) -> Iterator[None]:
+    """While inside, every worker's (role's) workload uses ``size`` samples per forward call
+    (a compiled unit's ``micro_batch_size``); their own workloads come back on exit. ``size``
+    None or 0, or a worker that is None or has no workload: left as is."""
+    saved = []
+    if size:
+        for wk in workers:
+            if wk is not None and getattr(wk, "workload", None) is not None:
+                saved.append((wk, wk.workload))
+                wk.workload = wk.workload.model_copy(update={"micro_batch_size": int(size)})
+    try:
+        yield
+    finally:
+        for wk, w in saved:
+            wk.workload = w

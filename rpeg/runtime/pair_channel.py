@@ -162,12 +162,16 @@ def close_pair_channels() -> None:
         _CHANNELS.clear()
 
 
-class PairAllGather:
-    """FSDP2's all-gather (``FSDPModule.set_custom_all_gather``) over the pair channel of a
-    2-rank data-parallel group on one host; any other group: ``all_gather_single``."""
+class _FreshBuffers:
+    """FSDP2's ``Comm.allocate``: a new tensor per call (its default allocator's choice)."""
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
+
+
+class PairAllGather(_FreshBuffers):
+    """FSDP2's all-gather (``FSDPModule.set_custom_all_gather``) over the pair channel of a
+    2-rank data-parallel group on one host; any other group: ``all_gather_single``."""
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         import torch.distributed as dist
@@ -187,13 +191,10 @@ class PairAllGather:
         return None  # done: FSDP waits on no work
 
 
-class PairReduceScatter:
+class PairReduceScatter(_FreshBuffers):
     """FSDP2's reduce-scatter (``FSDPModule.set_custom_reduce_scatter``) of a sum or mean over
     the pair channel (each rank sends the other's half, adds what it receives to its own);
     other groups and ops: ``reduce_scatter_single``."""
-
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
         import torch.distributed as dist
@@ -231,16 +232,6 @@ def use_pair_comms(fsdp_module, dp_mesh) -> None:
     fsdp_module.set_custom_reduce_scatter(PairReduceScatter())
 
 
-def _gloo_swap(t: torch.Tensor, group, peer: int) -> torch.Tensor:
-    import torch.distributed as dist
-
-    other = torch.empty_like(t)
-    send = dist.isend(t, group=group, group_dst=peer)
-    dist.recv(other, group=group, group_src=peer)
-    send.wait()
-    return other
-
-
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
@@ -272,13 +263,15 @@ def _open(group) -> PairChannel | None:
     connection); both confirm over the group."""
     import torch.distributed as dist
 
+    from rpeg.runtime.parallel import gloo_swap
+
     if dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
         return None
     me = dist.get_group_rank(group, dist.get_rank())
     peer = 1 - me
     linux = sys.platform.startswith("linux")
     mine = torch.tensor([host_key(), int(linux)], dtype=torch.int64)
-    theirs = _gloo_swap(mine, group, peer)
+    theirs = gloo_swap(mine, group, peer)
     if not (linux and bool(theirs[1]) and int(theirs[0]) == int(mine[0])):
         return None
     listener = sock = None
@@ -308,7 +301,7 @@ def _open(group) -> PairChannel | None:
     finally:
         if listener is not None:
             listener.close()
-    both = _gloo_swap(torch.tensor([ok], dtype=torch.int64), group, peer)
+    both = gloo_swap(torch.tensor([ok], dtype=torch.int64), group, peer)
     if not (ok and int(both[0])):
         if sock is not None:
             sock.close()

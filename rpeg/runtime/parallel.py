@@ -54,8 +54,14 @@ def pair_exchange(t: torch.Tensor, group) -> torch.Tensor | None:
             return channel.exchange(t)
     if dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
         return None
-    t = t.contiguous()
-    peer = 1 - dist.get_group_rank(group, dist.get_rank())
+    return gloo_swap(t.contiguous(), group, 1 - dist.get_group_rank(group, dist.get_rank()))
+
+
+def gloo_swap(t: torch.Tensor, group, peer: int) -> torch.Tensor:
+    """``t`` sent to group rank ``peer`` and the peer's tensor of the same shape received
+    (one gloo ``isend`` / ``recv``)."""
+    import torch.distributed as dist
+
     other = torch.empty_like(t)
     send = dist.isend(t, group=group, group_dst=peer)
     dist.recv(other, group=group, group_src=peer)

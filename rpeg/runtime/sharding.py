@@ -204,16 +204,6 @@ def _has(module: nn.Module, dotted: str) -> bool:
 FSDP_UNIT_BYTES = 25 * 2**20
 
 
-def _local_bytes(module: nn.Module) -> int:
-    from torch.distributed.tensor import DTensor
-
-    n = 0
-    for p in module.parameters():
-        t = p._local_tensor if isinstance(p, DTensor) else p
-        n += t.numel() * t.element_size()
-    return n
-
-
 def fsdp_units(blocks: list[nn.Module], unit_bytes: int | None = None) -> list[list[nn.Module]]:
     """``blocks`` cut, in order, into groups of at least ``unit_bytes`` (default
     :data:`FSDP_UNIT_BYTES`) parameter bytes each; a tail under it is left out (it joins the
@@ -224,7 +214,7 @@ def fsdp_units(blocks: list[nn.Module], unit_bytes: int | None = None) -> list[l
     size = 0
     for b in blocks:
         cur.append(b)
-        size += _local_bytes(b)
+        size += param_bytes_local(b)
         if size >= unit_bytes:
             units.append(cur)
             cur, size = [], 0

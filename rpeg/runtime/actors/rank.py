@@ -24,6 +24,7 @@ import torch
 from rpeg.config import RunConfig
 from rpeg.runtime.actors.memory import peak_rss, reset_peak_rss
 from rpeg.runtime.engines.base import refresh_engine
+from rpeg.runtime.micro_batches import micro_batch_size_of
 
 
 def gen_seed(config: RunConfig, step: int, rank: int) -> int:
@@ -280,7 +281,8 @@ class RankActor:
         t0 = time.perf_counter()
         self._hook_forwards()
         f0 = self._forwards
-        with self._micro_batch(micro_batch_size):
+        roles = (self.actor, self.reference, self.critic)
+        with micro_batch_size_of(roles, micro_batch_size):
             if stream_from is not None:
                 m, spans = self._consume_stream(step, kinds, stream_from)
             elif stream_chunk and kinds and kinds[0] == "generate" and examples:
@@ -364,28 +366,6 @@ class RankActor:
         from rpeg.runtime.actors import streaming
 
         return streaming.consume(self, step, kinds, producer)
-
-    def _micro_batch(self, size: int | None):
-        """Context: every role's workload uses ``size`` samples per forward call."""
-        import contextlib
-
-        rank = self
-
-        @contextlib.contextmanager
-        def ctx():
-            saved = []
-            if size:
-                for wk in (rank.actor, rank.reference, rank.critic):
-                    if wk is not None and getattr(wk, "workload", None) is not None:
-                        saved.append((wk, wk.workload))
-                        wk.workload = wk.workload.model_copy(update={"micro_batch_size": int(size)})
-            try:
-                yield
-            finally:
-                for wk, w in saved:
-                    wk.workload = w
-
-        return ctx()
 
     def _hook_forwards(self) -> None:
         """Count forward calls of every role's module (the observable of micro_batch_size)."""
