@@ -232,6 +232,18 @@ def use_pair_comms(fsdp_module, dp_mesh) -> None:
     fsdp_module.set_custom_reduce_scatter(PairReduceScatter())
 
 
+def gloo_swap(t: torch.Tensor, group, peer: int) -> torch.Tensor:
+    """``t`` sent to group rank ``peer`` and the peer's tensor of the same shape received
+    (one gloo ``isend`` / ``recv``)."""
+    import torch.distributed as dist
+
+    other = torch.empty_like(t)
+    send = dist.isend(t, group=group, group_dst=peer)
+    dist.recv(other, group=group, group_src=peer)
+    send.wait()
+    return other
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = b""
     while len(buf) < n:
@@ -262,8 +274,6 @@ def _open(group) -> PairChannel | None:
     the higher connects and sends the token first (the listener serves only that
     connection); both confirm over the group."""
     import torch.distributed as dist
-
-    from rpeg.runtime.parallel import gloo_swap
 
     if dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
         return None

@@ -45,7 +45,7 @@ def pair_exchange(t: torch.Tensor, group) -> torch.Tensor | None:
     (``own + other``: IEEE addition commutes)."""
     import torch.distributed as dist
 
-    from rpeg.runtime.pair_channel import pair_channel
+    from rpeg.runtime.pair_channel import gloo_swap, pair_channel
 
     group = group if group is not None else dist.group.WORLD
     if t.device.type == "cpu":
@@ -55,18 +55,6 @@ def pair_exchange(t: torch.Tensor, group) -> torch.Tensor | None:
     if dist.get_world_size(group) != 2 or dist.get_backend(group) != "gloo":
         return None
     return gloo_swap(t.contiguous(), group, 1 - dist.get_group_rank(group, dist.get_rank()))
-
-
-def gloo_swap(t: torch.Tensor, group, peer: int) -> torch.Tensor:
-    """``t`` sent to group rank ``peer`` and the peer's tensor of the same shape received
-    (one gloo ``isend`` / ``recv``)."""
-    import torch.distributed as dist
-
-    other = torch.empty_like(t)
-    send = dist.isend(t, group=group, group_dst=peer)
-    dist.recv(other, group=group, group_src=peer)
-    send.wait()
-    return other
 
 
 def process_group_reduce(group=None) -> RankReduce:
