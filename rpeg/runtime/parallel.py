@@ -57,6 +57,30 @@ def pair_exchange(t: torch.Tensor, group) -> torch.Tensor | None:
     return gloo_swap(t.contiguous(), group, 1 - dist.get_group_rank(group, dist.get_rank()))
 
 
+def pair_sum_(t: torch.Tensor, group) -> bool:
+    """``t`` += the other rank's ``t`` (contiguous, in place) when ``group`` is a gloo pair
+    (False otherwise: nothing done). On one host the peer's bytes are added straight from
+    the pair channel's shared memory; the sum is bit-identical on both ranks."""
+    from rpeg.runtime.pair_channel import pair_channel
+
+    if t.device.type == "cpu":
+        channel = pair_channel(group if group is not None else _world())
+        if channel is not None:
+            channel.exchange_sum(t, t, t)
+            return True
+    other = pair_exchange(t, group)
+    if other is None:
+        return False
+    t.add_(other)
+    return True
+
+
+def _world():
+    import torch.distributed as dist
+
+    return dist.group.WORLD
+
+
 def process_group_reduce(group=None) -> RankReduce:
     """A :class:`RankReduce` over a ``torch.distributed`` process group (default: world)."""
     import torch.distributed as dist

@@ -23,10 +23,10 @@ forward against 7.8 ms for the whole model in one process; the plain split here 
 10.7-17.7 ms (docs/runtime.md, "Tensor parallelism without DTensor activations").
 
 :func:`tp_all_reduce` is the sum: ``dist.all_reduce`` on NCCL and on groups larger than two;
-on a gloo pair, one ``isend``/``recv`` exchange and a local add
-(:func:`rpeg.runtime.parallel.pair_exchange`: gloo's ``all_reduce`` came back after a
-scheduler tick in a third of small calls here); both ranks compute ``own + other`` and IEEE
-addition commutes, so the two results are bit-identical.
+on a gloo pair, one exchange and a local add (:func:`rpeg.runtime.parallel.pair_sum_`: over
+the pair channel's shared memory on one host, else one gloo ``isend``/``recv``; gloo's
+``all_reduce`` came back after a scheduler tick in a third of small calls here); both ranks
+compute ``own + other`` and IEEE addition commutes, so the two results are bit-identical.
 """
 
 from __future__ import annotations
@@ -45,13 +45,10 @@ def tp_all_reduce(t: torch.Tensor, group: Any) -> torch.Tensor:
     """Sum ``t`` (contiguous) over ``group`` in place and return it."""
     import torch.distributed as dist
 
-    from rpeg.runtime.parallel import pair_exchange
+    from rpeg.runtime.parallel import pair_sum_
 
-    if dist.get_world_size(group) == 1:
+    if dist.get_world_size(group) == 1 or pair_sum_(t, group):
         return t
-    other = pair_exchange(t, group)
-    if other is not None:
-        return t.add_(other)
     dist.all_reduce(t, group=group)
     return t
 
@@ -88,7 +85,39 @@ def _local(p: torch.Tensor | None) -> torch.Tensor | None:
     """The rank's shard of a DTensor parameter (differentiable), or a plain tensor as is."""
     from torch.distributed.tensor import DTensor
 
-    return p.to_local() if isinstance(p, DTensor) else p
+    return _LocalShard.apply(p) if isinstance(p, DTensor) else p
+
+
+class _LocalShard(torch.autograd.Function):
+    """What ``DTensor.to_local()`` gives (the rank's shard, differentiable), with a cheaper
+    backward: the gradient's DTensor takes the parameter's spec (same placements; its local
+    strides checked equal) instead of recomputing the global shape and strides and entering
+    autograd again through ``DTensor.from_local``. Measured at rpeg-tiny, tp=2, 32 rows x 14
+    tokens per optimizer step: 88.8 -> 85.5 ms of CPU per rank."""
+
+    @staticmethod
+    def forward(ctx, p):
+        t = p._local_tensor
+        ctx.spec, ctx.stride = p._spec, t.stride()
+        ctx.set_materialize_grads(False)
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import copy
+
+        from torch.distributed.tensor import DTensor
+
+        if grad is None:
+            return None
+        spec = ctx.spec
+        if grad.stride() != ctx.stride:
+            grad = grad.contiguous()
+        if grad.stride() != ctx.stride:  # a layout the spec does not describe: the long way
+            return DTensor.from_local(
+                grad, spec.mesh, spec.placements, shape=spec.shape, stride=spec.stride
+            )
+        return DTensor(grad, copy.copy(spec), requires_grad=False)
 
 
 def _shard(p: torch.Tensor | None) -> torch.Tensor | None:

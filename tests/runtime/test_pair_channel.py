@@ -244,3 +244,61 @@ def test_listener_takes_only_the_connection_that_sends_the_token():
     finally:
         for s in (listener, stranger, peer):
             s.close()
+
+
+def _channel_pair():
+    import socket
+
+    from rpeg.runtime.pair_channel import PairChannel
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    return PairChannel(a, peer=1, timeout_s=20), PairChannel(b, peer=0, timeout_s=20)
+
+
+def _both(fa, fb):
+    """Run ``fa`` and ``fb`` at once (the two ends of an exchange); their results or errors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        ja, jb = pool.submit(fa), pool.submit(fb)
+        return [j.exception() or j.result() for j in (ja, jb)]
+
+
+def test_shared_memory_regions_grow_and_chunk(monkeypatch):
+    """Chunks of CHUNK_BYTES through two alternating regions that grow on demand (fds passed
+    over the socket): exact bytes for every size and dtype in any order of sizes, and sums
+    added straight from the peer's region."""
+    from rpeg.runtime import pair_channel as pc
+
+    monkeypatch.setattr(pc, "CHUNK_BYTES", 1000)
+    ca, cb = _channel_pair()
+    g = torch.Generator().manual_seed(0)
+    sizes = [10, 1000, 3, 5000, 251, 5000, 1]  # over, under and at the chunk; regions regrow
+    try:
+        for n in sizes:
+            for dtype in (torch.float32, torch.bfloat16, torch.int64):
+                x = (torch.randn(n, generator=g) * 100).to(dtype)
+                y = (torch.randn(n, generator=g) * 100).to(dtype)
+                gx, gy = _both(lambda x=x: ca.exchange(x), lambda y=y: cb.exchange(y))
+                assert torch.equal(gx, y) and torch.equal(gy, x)
+            x, y = torch.randn(n, generator=g), torch.randn(n, generator=g)
+            sx, sy = x.clone(), y.clone()
+            _both(lambda: ca.exchange_sum(sx, sx, sx), lambda: cb.exchange_sum(sy, sy, sy))
+            assert torch.equal(sx, sy) and torch.equal(sx, x + y)
+            half = torch.zeros(n)  # send one tensor, add to another, into a third
+            _both(lambda: ca.exchange_sum(x, y, half), lambda: cb.exchange_sum(y, x, y.clone()))
+            assert torch.equal(half, y + y)
+    finally:
+        ca.close()
+        cb.close()
+
+
+def test_exchanges_of_different_sizes_are_an_error_on_both_ranks():
+    ca, cb = _channel_pair()
+    try:
+        ea, eb = _both(lambda: ca.exchange(torch.ones(4)), lambda: cb.exchange(torch.ones(5)))
+        assert isinstance(ea, ValueError) and "sent 20 bytes where this rank sent 16" in str(ea)
+        assert isinstance(eb, ValueError) and "sent 16 bytes where this rank sent 20" in str(eb)
+    finally:
+        ca.close()
+        cb.close()

@@ -27,6 +27,7 @@ from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
 from rpeg.runtime.actors.lifecycle import ActorSet
 from rpeg.runtime.actors.proxies import broadcast_weights, join_sync_group
 from rpeg.runtime.actors.recorder import TimelineRecorder
+from rpeg.runtime.actors.unit_chains import step_chains, unit_layout
 from rpeg.runtime.actors.unit_result import reduce_results
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,10 @@ class DistributedRun:
         self.pulled_bytes: dict[int, int] = {}  # step -> tensor bytes moved actor to actor
         self.slot_examples: dict[int, list[Any]] = {}
         self._streamed: dict[tuple[int, str], dict[str, float]] = {}  # units run on chunks
+        # chains of units issued as one call per rank (unit_chains): head -> its units, and
+        # the results of the later units of a chain that ran, until the scheduler asks
+        self._chains = {c[0]: c for c in step_chains(compiled) if len(c) > 1}
+        self._chained: dict[tuple[int, str], dict[str, float]] = {}
         self.timeline = TimelineRecorder()
         self._lock = threading.Lock()
         self.actors = ActorSet(
@@ -175,6 +180,7 @@ class DistributedRun:
             self.payloads.clear()
             self.holdings.clear()
             self._streamed.clear()
+            self._chained.clear()
             self.slot_examples.clear()
         self.actors.recreate(timeout_s)
         self._synced_once = False
@@ -202,10 +208,7 @@ class DistributedRun:
 
     def _layout(self, task: Any) -> tuple[int, int]:
         """(dp, tp) the ranks of ``task``'s group run it at (generation: gen_tp)."""
-        g = self.compiled.group(task.group)
-        if "generate" in task.kinds:
-            return g.world_size // g.gen_tp, g.gen_tp
-        return g.dp, g.tp
+        return unit_layout(self.compiled.group(task.group), task)
 
     def pull(self, step: int, src: Any, dst: str, fields: list[str] | None = None) -> int:
         """``dst``'s ranks fetch their rows of ``src`` (a Holding) from its actors directly;
@@ -277,6 +280,10 @@ class DistributedRun:
         done = self._streamed.pop((step, task_name), None)
         if done is not None:  # ran on the rollout's chunks already (streaming across groups)
             return done
+        with self._lock:
+            done = self._chained.pop((step, task_name), None)
+        if done is not None:  # ran in its chain's call already
+            return done
         t0 = time.perf_counter()
         self.timeline.start_step(step)
         per_rank = None
@@ -290,19 +297,60 @@ class DistributedRun:
             per_rank = [(None,)] * g.world_size
         extra = (task.micro_batch_size, task.stream_chunk_prompts if task.streaming else 0)
         per_rank = [(*p, *extra) for p in per_rank]
+        chain = self._chains.get(task_name)
+        if chain is not None:
+            return self._run_chain(step, chain, per_rank, t0)
         return self._finish_unit(step, task, per_rank, t0)
+
+    def _run_chain(
+        self, step: int, chain: tuple[str, ...], head_args: list[tuple], t0: float
+    ) -> dict[str, float]:
+        """The units of ``chain`` in one call per rank (``head_args``: the first unit's
+        per-rank arguments; the others take theirs from the plan); records each unit as
+        :meth:`_finish_unit` does and keeps the later units' metrics for the scheduler."""
+        tasks = [self.compiled.task(n) for n in chain]
+        n = len(head_args)
+        per_rank = [
+            [head_args[r]] + [(None, t.micro_batch_size, 0) for t in tasks[1:]] for r in range(n)
+        ]
+        res = self.group(tasks[0].group).run_units(
+            step, [(t.stages, t.kinds) for t in tasks], per_rank
+        )
+        t1 = time.perf_counter()
+        tl = self.timeline
+
+        def clock(wall: float) -> float:  # a rank's wall clock on the driver's perf clock
+            return tl.origin + (wall - tl.origin_wall)
+
+        outs = []
+        start = t0
+        for i, t in enumerate(tasks):
+            unit_res = [r[i] for r in res]
+            spans = [sp for u in unit_res for sp in u.spans]
+            end = t1 if i == len(tasks) - 1 or not spans else clock(max(sp.end for sp in spans))
+            outs.append(self._record_unit(step, t, unit_res, start, max(end, start)))
+            start = max(end, start)
+        with self._lock:
+            for t, out in zip(tasks[1:], outs[1:], strict=True):
+                self._chained[(step, t.name)] = out
+        return outs[0]
 
     def _finish_unit(
         self, step: int, task: Any, per_rank: list[tuple], t0: float | None = None
     ) -> dict[str, float]:
         """Issue the unit on every rank of its group; record the rows it leaves, its spans."""
+        t0 = time.perf_counter() if t0 is None else t0
+        res = self.group(task.group).run_unit(step, task.stages, task.kinds, per_rank)
+        return self._record_unit(step, task, res, t0, time.perf_counter())
+
+    def _record_unit(
+        self, step: int, task: Any, res: list[Any], t0: float, t1: float
+    ) -> dict[str, float]:
+        """The rows ``task`` left on its group, its spans and timeline record; its metrics."""
         from rpeg.runtime.actors.dataplane import Holding
 
         g = self.compiled.group(task.group)
         dp, tp = self._layout(task)
-        t0 = time.perf_counter() if t0 is None else t0
-        res = self.group(task.group).run_unit(step, task.stages, task.kinds, per_rank)
-        t1 = time.perf_counter()
         rows = [r.rows for r in res]
         nbytes = [r.batch_bytes for r in res]
         if rows and rows[0] is not None:
@@ -333,6 +381,8 @@ class DistributedRun:
             self.holdings.pop((g, step), None)
         with self._lock:
             self.slot_examples.pop(step, None)
+            for key in [k for k in self._chained if k[0] == step]:
+                del self._chained[key]
 
     def data_plane_metrics(self, step: int) -> dict[str, float]:
         """Bytes of the step: through the flow process, of the batch, actor to actor."""

@@ -135,6 +135,21 @@ class RankGroup:
         """Every rank runs the unit (``per_rank[r]``: rank r's extra arguments)."""
         return self._all(lambda r, a: a.run_unit(step, stages, kinds, *per_rank[r]))
 
+    def run_units(
+        self,
+        step: int,
+        units: Sequence[tuple[list[str], list[str]]],
+        per_rank: Sequence[Sequence[tuple]],
+    ) -> list[list[Any]]:
+        """Every rank runs ``units`` (``(stages, kinds)`` each, a chain:
+        rpeg.runtime.actors.unit_chains) back to back in one call; ``per_rank[r][i]``: rank
+        r's extra arguments of unit i. Per rank, the units' results in order."""
+        return self._all(
+            lambda r, a: a.run_units(
+                step, [(s, k, *per_rank[r][i]) for i, (s, k) in enumerate(units)]
+            )
+        )
+
     # ---------------------------------------------------------------- state
     def state_bytes(self) -> list[bytes]:
         return self._all(lambda r, a: a.state_bytes())

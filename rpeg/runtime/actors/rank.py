@@ -309,6 +309,12 @@ class RankActor:
             batch_bytes=0 if batch is None else int(tensor_bytes(batch)),
         )
 
+    def run_units(self, step: int, units: list[tuple]) -> list[Any]:
+        """Several units of ``step`` back to back in one call (a chain of the driver's:
+        rpeg.runtime.actors.unit_chains): ``units[i]`` = the arguments of :meth:`run_unit`
+        after ``step``. Their results in order; the first failure ends the call."""
+        return [self.run_unit(step, *u) for u in units]
+
     def _stage_context(self):
         from rpeg.runtime import stages as S
 
