@@ -56,7 +56,13 @@ def worker_environ(torch_threads: int = 1) -> dict[str, Any]:
     return env
 
 
-def configure_dask(torch_threads: int = 1) -> None:
+def configure_dask(torch_threads: int = 1, *, profile: bool = False) -> None:
+    """Dask settings of the run's LocalCluster (workers inherit them). ``profile``: keep the
+    workers' sampling profiler (``distributed.worker.profile``: every 10 ms, on the worker's
+    event-loop thread, it walks every thread's Python stack), which only the dashboard shows.
+    Off, a rank of ``configs/sharded-cpu.yaml`` on the 2-core machine spent 3.8% instead of
+    9.6% of its CPU time on that thread (``perf``), and the step took 0.887 s instead of 1.020
+    s (median, 12 steps x 2 interleaved runs each)."""
     import dask
 
     dask.config.set(
@@ -71,6 +77,7 @@ def configure_dask(torch_threads: int = 1) -> None:
             "distributed.scheduler.allowed-failures": 0,
             "distributed.worker.memory.terminate": False,
             "distributed.logging.distributed": "error",
+            "distributed.worker.profile.enabled": profile,
         }
     )
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -217,7 +224,7 @@ def start_cluster(
     if dashboard_address is None and dashboard:
         dashboard_address = "127.0.0.1:0"
     device_type = device_type or getattr(cc, "device_type", None) or "cpu"
-    configure_dask(torch_threads)
+    configure_dask(torch_threads, profile=dashboard_address is not None)  # its page is there
     from distributed import Client, LocalCluster
 
     from rpeg.runtime.actors import serializers
