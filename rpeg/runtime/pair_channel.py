@@ -314,7 +314,9 @@ class PairReduceScatter(_FreshBuffers):
         n = output_tensor.numel()
         me = dist.get_group_rank(group, dist.get_rank())
         flat = input_tensor.reshape(-1)
-        ch.exchange_sum(flat[(1 - me) * n : (2 - me) * n], flat[me * n : (me + 1) * n], output_tensor)
+        ch.exchange_sum(
+            flat[(1 - me) * n : (2 - me) * n], flat[me * n : (me + 1) * n], output_tensor
+        )
         if op == dist.ReduceOp.AVG:
             output_tensor.div_(2)
         return None

@@ -283,11 +283,17 @@ def test_shared_memory_regions_grow_and_chunk(monkeypatch):
                 assert torch.equal(gx, y) and torch.equal(gy, x)
             x, y = torch.randn(n, generator=g), torch.randn(n, generator=g)
             sx, sy = x.clone(), y.clone()
-            _both(lambda: ca.exchange_sum(sx, sx, sx), lambda: cb.exchange_sum(sy, sy, sy))
+            _both(
+                lambda sx=sx: ca.exchange_sum(sx, sx, sx),
+                lambda sy=sy: cb.exchange_sum(sy, sy, sy),
+            )
             assert torch.equal(sx, sy) and torch.equal(sx, x + y)
-            half = torch.zeros(n)  # send one tensor, add to another, into a third
-            _both(lambda: ca.exchange_sum(x, y, half), lambda: cb.exchange_sum(y, x, y.clone()))
-            assert torch.equal(half, y + y)
+            out = torch.zeros(n)  # send one tensor, add to another, into a third
+            _both(
+                lambda x=x, y=y, out=out: ca.exchange_sum(x, y, out),
+                lambda x=x, y=y: cb.exchange_sum(y, x, y.clone()),
+            )
+            assert torch.equal(out, y + y)
     finally:
         ca.close()
         cb.close()

@@ -119,8 +119,9 @@ def test_local_cluster_listens_on_loopback_only(dashboard):
 def test_workers_sample_their_stacks_only_for_a_dashboard(dashboard):
     """Dask's worker profiler (a stack walk of every thread each 10 ms, ~6% of a rank's CPU
     here) runs only where its page can be seen."""
-    from rpeg.config import ClusterConfig
     from rpeg.infra.cluster import start_cluster
+
+    from rpeg.config import ClusterConfig
 
     with start_cluster(n_workers=1, dashboard=dashboard, cluster_config=ClusterConfig()) as cl:
         got = cl.client.run(lambda dask_worker: sorted(dask_worker.periodic_callbacks))

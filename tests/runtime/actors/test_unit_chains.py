@@ -73,7 +73,7 @@ def test_every_unit_is_in_exactly_one_chain_in_order():
         assert [n for c in chains for n in c] == [u.name for u in units]
         for c in chains:  # each member waits for the one before it, on the head's group
             by = {u.name: u for u in units}
-            for a, b in zip(c, c[1:]):
+            for a, b in zip(c, c[1:], strict=False):
                 assert a in by[b].waits and by[a].group == by[b].group
 
 
@@ -131,8 +131,8 @@ def test_a_chained_step_equals_the_unit_by_unit_step(tmp_path, dask_cluster):
         for name in calls:
             real = getattr(type(group), name)
 
-            def counted(self, *a, _real=real, _name=name, **k):
-                calls[_name] += 1
+            def counted(self, *a, _real=real, _name=name, _calls=calls, **k):
+                _calls[_name] += 1
                 return _real(self, *a, **k)
 
             setattr(group, name, counted.__get__(group))
@@ -157,5 +157,5 @@ def test_a_chained_step_equals_the_unit_by_unit_step(tmp_path, dask_cluster):
     assert calls1 == {"run_unit": 0, "run_units": 2}
     assert calls0 == {"run_unit": 2 * len(names), "run_units": 0}
     assert [r.stage for r in rec1] == names
-    for a, b in zip(rec1, rec1[1:]):
+    for a, b in zip(rec1, rec1[1:], strict=False):
         assert a.start_s <= a.end_s <= b.start_s <= b.end_s
