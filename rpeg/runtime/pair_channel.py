@@ -140,11 +140,14 @@ class PairChannel:
         region = self._mine[slot]
         grown = region is None or region.size < n
         if grown:
-            region = self._mine[slot] = _Region.create(max(n, 2 * (region.size if region else 0)))
+            old, region = region, _Region.create(max(n, 2 * (region.size if region else 0)))
+            self._mine[slot] = region
+            if old is not None:
+                old.close()  # the peer keeps its own mapping until it adopts the new one
         region.bytes[:n].copy_(piece)
         head = n.to_bytes(8, "little") + (region.size if grown else 0).to_bytes(8, "little")
         if grown:
-            socket.send_fds(self.sock, [head], [region.fd])
+            region.send_fd(self.sock, head)
         else:
             self.sock.sendall(head)
         got, size, fds = self._recv_header()
@@ -156,7 +159,9 @@ class PairChannel:
         if size:
             if not fds:
                 raise ConnectionError(f"pair channel: rank {self.peer} sent no region")
-            self._theirs[slot] = _Region.adopt(fds[0], size)
+            old, self._theirs[slot] = self._theirs[slot], _Region.adopt(fds[0], size)
+            if old is not None:
+                old.close()
         theirs = self._theirs[slot]
         if theirs is None or theirs.size < n:
             raise ConnectionError(f"pair channel: rank {self.peer} sent no region of {n} bytes")
@@ -188,14 +193,15 @@ class PairChannel:
 
 
 class _Region:
-    """A shared-memory region: an anonymous ``memfd`` mapped here (the peer maps the same
-    file from the descriptor it was sent)."""
+    """A shared-memory region mapped here: an anonymous ``memfd``, whose descriptor is kept
+    only until it has been handed to the peer (``send_fd``); the peer maps the same file from
+    the descriptor it got and closes that (``adopt``). A mapping outlives its descriptor."""
 
     def __init__(self, fd: int, size: int):
-        self.fd = fd
         self.size = size
         self._map = mmap.mmap(fd, size)
         self.bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+        self.fd: int | None = fd
 
     @classmethod
     def create(cls, size: int) -> _Region:
@@ -212,17 +218,30 @@ class _Region:
         try:
             if os.fstat(fd).st_size < size:
                 raise ConnectionError(f"pair channel: a peer region of {size} bytes is short")
-            return cls(fd, size)
-        except BaseException:
+            region = cls(fd, size)
+        finally:
             os.close(fd)
-            raise
+        region.fd = None
+        return region
+
+    def send_fd(self, sock: socket.socket, head: bytes) -> None:
+        """``head`` with this region's descriptor attached; the descriptor is closed here."""
+        try:
+            socket.send_fds(sock, [head], [self.fd])
+        finally:
+            self._close_fd()
+
+    def _close_fd(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
 
     def close(self) -> None:
         self.bytes = None
         with contextlib.suppress(BufferError, ValueError):
             self._map.close()
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        self._close_fd()
 
 
 def host_key() -> int:

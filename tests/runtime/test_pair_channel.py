@@ -264,6 +264,18 @@ def _both(fa, fb):
         return [j.exception() or j.result() for j in (ja, jb)]
 
 
+def _region_fds() -> int:
+    """Open descriptors of this process on pair-channel regions (mmaps hold one each)."""
+    import contextlib
+    import os
+
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:rpeg-pair")
+    return n
+
+
 def test_shared_memory_regions_grow_and_chunk(monkeypatch):
     """Chunks of CHUNK_BYTES through two alternating regions that grow on demand (fds passed
     over the socket): exact bytes for every size and dtype in any order of sizes, and sums
@@ -271,6 +283,7 @@ def test_shared_memory_regions_grow_and_chunk(monkeypatch):
     from rpeg.runtime import pair_channel as pc
 
     monkeypatch.setattr(pc, "CHUNK_BYTES", 1000)
+    assert _region_fds() == 0
     ca, cb = _channel_pair()
     g = torch.Generator().manual_seed(0)
     sizes = [10, 1000, 3, 5000, 251, 5000, 1]  # over, under and at the chunk; regions regrow
@@ -294,9 +307,11 @@ def test_shared_memory_regions_grow_and_chunk(monkeypatch):
                 lambda x=x, y=y: cb.exchange_sum(y, x, y.clone()),
             )
             assert torch.equal(out, y + y)
+            assert _region_fds() <= 8  # 2 regions per end and direction; replaced ones freed
     finally:
         ca.close()
         cb.close()
+    assert _region_fds() == 0
 
 
 def test_exchanges_of_different_sizes_are_an_error_on_both_ranks():
