@@ -100,6 +100,7 @@ class DistributedRun:
         # the results of the later units of a chain that ran, until the scheduler asks
         self._chains = {c[0]: c for c in step_chains(compiled) if len(c) > 1}
         self._chained: dict[tuple[int, str], dict[str, float]] = {}
+        self._tails: dict[tuple[int, str], tuple[str, ...]] = {}  # a streamed head's rest
         self.timeline = TimelineRecorder()
         self._lock = threading.Lock()
         self.actors = ActorSet(
@@ -181,6 +182,7 @@ class DistributedRun:
             self.holdings.clear()
             self._streamed.clear()
             self._chained.clear()
+            self._tails.clear()
             self.slot_examples.clear()
         self.actors.recreate(timeout_s)
         self._synced_once = False
@@ -277,11 +279,16 @@ class DistributedRun:
         task = self.compiled.task(task_name)
         g = self.compiled.group(task.group)
         dp, tp = self._layout(task)
+        chain = self._chains.get(task_name)
         done = self._streamed.pop((step, task_name), None)
         if done is not None:  # ran on the rollout's chunks already (streaming across groups)
+            if chain is not None and len(chain) > 2:  # the rest of its chain still goes as one
+                with self._lock:
+                    self._tails[(step, chain[1])] = chain[1:]
             return done
         with self._lock:
             done = self._chained.pop((step, task_name), None)
+            chain = self._tails.pop((step, task_name), chain)
         if done is not None:  # ran in its chain's call already
             return done
         t0 = time.perf_counter()
@@ -297,7 +304,6 @@ class DistributedRun:
             per_rank = [(None,)] * g.world_size
         extra = (task.micro_batch_size, task.stream_chunk_prompts if task.streaming else 0)
         per_rank = [(*p, *extra) for p in per_rank]
-        chain = self._chains.get(task_name)
         if chain is not None:
             return self._run_chain(step, chain, per_rank, t0)
         return self._finish_unit(step, task, per_rank, t0)
@@ -381,8 +387,9 @@ class DistributedRun:
             self.holdings.pop((g, step), None)
         with self._lock:
             self.slot_examples.pop(step, None)
-            for key in [k for k in self._chained if k[0] == step]:
-                del self._chained[key]
+            for kept in (self._chained, self._tails):
+                for key in [k for k in kept if k[0] == step]:
+                    del kept[key]
 
     def data_plane_metrics(self, step: int) -> dict[str, float]:
         """Bytes of the step: through the flow process, of the batch, actor to actor."""

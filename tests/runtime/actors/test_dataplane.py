@@ -398,13 +398,24 @@ def test_streaming_across_groups_overlaps_log_probs_with_generation(tmp_path, da
         run.driver_bytes.clear()
         m = dict(run.rollout(0))
         m.update(run.take(0))
-        for t in compiled.tasks_in("train"):
-            if "sync_weights" not in t.kinds:
-                m.update(run.run_unit(0, t.name))
+        trainer = run.group(compiled.trainer_group)
+        calls = []
+        for name in ("run_unit", "run_units"):
+            real = getattr(trainer, name)
+            setattr(
+                trainer, name, lambda *a, _r=real, _n=name, **k: calls.append(_n) or _r(*a, **k)
+            )
+        train_units = [t.name for t in compiled.tasks_in("train") if "sync_weights" not in t.kinds]
+        for name in train_units:
+            m.update(run.run_unit(0, name))
         with run.client.as_current():
             batch = run.groups[compiled.trainer_group][0].get_batch(0).result()
     finally:
         run.close()
+    # the streamed first unit ran on the chunks; the rest of its chain went in one call
+    head = train_units[0]
+    assert len(run._chains[head]) == len(train_units) > 2
+    assert calls == ["run_units"]
     assert batch.size == 16 * cfg.workload.samples_per_prompt
     assert batch.ref_logprobs is not None and batch.advantages is not None
     assert run.data_plane_metrics(0)["driver_bytes"] == 0.0
