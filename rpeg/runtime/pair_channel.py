@@ -119,11 +119,11 @@ class PairChannel:
         """Send ``t``'s bytes; ``take(offset, peer bytes)`` for every chunk received."""
         src = t.reshape(-1).view(torch.uint8)
         n = src.numel()
+        step = max(16, CHUNK_BYTES - CHUNK_BYTES % 16)  # whole elements of any dtype
         with self._lock:
             try:
-                for a in range(0, n, CHUNK_BYTES):
-                    piece = src[a : a + CHUNK_BYTES]
-                    take(a, self._swap_chunk(piece))
+                for a in range(0, n, step):
+                    take(a, self._swap_chunk(src[a : a + step]))
             except (BrokenPipeError, ConnectionResetError) as e:
                 raise ConnectionError(
                     f"pair channel: rank {self.peer} closed the connection mid-exchange ({e})"

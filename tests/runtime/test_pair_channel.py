@@ -282,7 +282,7 @@ def test_shared_memory_regions_grow_and_chunk(monkeypatch):
     added straight from the peer's region."""
     from rpeg.runtime import pair_channel as pc
 
-    monkeypatch.setattr(pc, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(pc, "CHUNK_BYTES", 1001)  # cut to whole elements: 992-byte chunks
     assert _region_fds() == 0
     ca, cb = _channel_pair()
     g = torch.Generator().manual_seed(0)
