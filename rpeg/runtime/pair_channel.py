@@ -402,10 +402,10 @@ def _open(group) -> PairChannel | None:
         return None
     me = dist.get_group_rank(group, dist.get_rank())
     peer = 1 - me
-    linux = sys.platform.startswith("linux") and hasattr(os, "memfd_create")
-    mine = torch.tensor([host_key(), int(linux)], dtype=torch.int64)
+    able = sys.platform.startswith("linux") and hasattr(os, "memfd_create")  # abstract + memfd
+    mine = torch.tensor([host_key(), int(able)], dtype=torch.int64)
     theirs = gloo_swap(mine, group, peer)
-    if not (linux and bool(theirs[1]) and int(theirs[0]) == int(mine[0])):
+    if not (able and bool(theirs[1]) and int(theirs[0]) == int(mine[0])):
         return None
     listener = sock = None
     msg = torch.zeros(_NAME_BYTES + _TOKEN_BYTES, dtype=torch.uint8)

@@ -45,3 +45,56 @@ def run_summary(
         "heldout_acc_before": acc_before,
         "heldout_acc_after": acc_after,
     }
+
+
+def distributed_summary(
+    groups: Sequence[Any],
+    rank_info: Mapping[str, Sequence[tuple[Mapping[str, Any], Any]]],
+    sync_log: Sequence[Mapping[str, float]],
+    hist: Sequence[Mapping[str, float]],
+) -> dict[str, Any]:
+    """Run-summary fields of the distributed runtime: per-step medians of the bytes through
+    the flow process, of the batch and moved actor to actor, the weight syncs' median bytes
+    and seconds (the initial sync, step -1, only when there is no other), and each actor
+    group's layout (``groups``: the compiled step's) with what its ranks hold (``rank_info``:
+    per group, each rank's ``(layout_info, memory_info)``)."""
+
+    def med(key: str) -> float:
+        vals = [h[key] for h in hist if key in h]
+        return float(statistics.median(vals)) if vals else 0.0
+
+    syncs = [x for x in sync_log if x["step"] >= 0] or list(sync_log)
+    layout, per_rank, full, peak = {}, {}, 0, {}
+    for g in groups:
+        layout[g.name] = {
+            "dp": g.dp,
+            "tp": g.tp,
+            "fsdp": g.fsdp,
+            "gen_tp": g.gen_tp,
+            "devices": list(g.devices),
+            "device_type": g.device_type,
+            "dtype": g.dtype,
+            "roles": list(g.roles),
+        }
+        ranks = rank_info.get(g.name)
+        if not ranks:
+            continue
+        per_rank[g.name] = [i["param_bytes_per_rank"]["total"] for i, _ in ranks]
+        layout[g.name]["cpu_cores"] = [i.get("cpu_cores", []) for i, _ in ranks]
+        full = max(full, ranks[0][0]["full_param_bytes"]["total"])
+        peak[g.name] = [m for _, m in ranks]
+
+    def sync_median(key: str) -> float:
+        return float(statistics.median([x[key] for x in syncs])) if syncs else 0.0
+
+    return {
+        "layout": layout,
+        "param_bytes_per_rank": per_rank,
+        "full_param_bytes": full,
+        "peak_memory": peak,
+        "driver_bytes_per_step": med("driver_bytes"),
+        "batch_bytes_per_step": med("batch_bytes"),
+        "actor_to_actor_bytes_per_step": med("actor_to_actor_bytes"),
+        "weight_sync_bytes": sync_median("weight_sync_bytes"),
+        "weight_sync_s": sync_median("weight_sync_s"),
+    }

@@ -31,6 +31,7 @@ compute ``own + other`` and IEEE addition commutes, so the two results are bit-i
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -104,8 +105,6 @@ class _LocalShard(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        import copy
-
         from torch.distributed.tensor import DTensor
 
         if grad is None:

@@ -27,7 +27,7 @@ from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
 from rpeg.runtime.actors.lifecycle import ActorSet
 from rpeg.runtime.actors.proxies import broadcast_weights, join_sync_group
 from rpeg.runtime.actors.recorder import TimelineRecorder
-from rpeg.runtime.actors.unit_chains import step_chains, unit_layout
+from rpeg.runtime.actors.unit_chains import arrives_by_take, step_chains, unit_layout
 from rpeg.runtime.actors.unit_result import reduce_results
 
 log = logging.getLogger(__name__)
@@ -245,8 +245,8 @@ class DistributedRun:
         srcs = []
         for d in task.depends_on:
             dt = self.compiled.task(d)
-            if self.async_rollout and dt.phase == "rollout" and task.phase == "train":
-                continue  # arrived through the staleness buffer (take)
+            if arrives_by_take(self.compiled, task, dt):
+                continue
             g = dt.group
             if g not in srcs:
                 srcs.append(g)
@@ -323,11 +323,7 @@ class DistributedRun:
             step, [(t.stages, t.kinds) for t in tasks], per_rank
         )
         t1 = time.perf_counter()
-        tl = self.timeline
-
-        def clock(wall: float) -> float:  # a rank's wall clock on the driver's perf clock
-            return tl.origin + (wall - tl.origin_wall)
-
+        clock = self.timeline.perf_of_wall
         outs = []
         start = t0
         for i, t in enumerate(tasks):
@@ -401,51 +397,13 @@ class DistributedRun:
             }
 
     def summary_extras(self, hist: list[dict[str, float]]) -> dict[str, Any]:
-        """Run-summary fields of the data plane and the layout: per-step medians of the bytes
-        through the flow process and of the batch, weight-sync bytes and seconds, and each
-        group's layout (dp, tp, fsdp, devices) with what its ranks hold."""
-        import statistics
+        """Run-summary fields of the data plane and the layout
+        (:func:`rpeg.runtime.summary.distributed_summary`)."""
+        from rpeg.runtime.summary import distributed_summary
 
-        def med(key: str) -> float:
-            vals = [h[key] for h in hist if key in h]
-            return float(statistics.median(vals)) if vals else 0.0
-
-        syncs = [x for x in self.sync_log if x["step"] >= 0] or self.sync_log
-        info = self._rank_info()
-        layout, per_rank, full, peak = {}, {}, 0, {}
-        for g in self.compiled.actor_groups:
-            layout[g.name] = {
-                "dp": g.dp,
-                "tp": g.tp,
-                "fsdp": g.fsdp,
-                "gen_tp": g.gen_tp,
-                "devices": list(g.devices),
-                "device_type": g.device_type,
-                "dtype": g.dtype,
-                "roles": list(g.roles),
-            }
-            ranks = info.get(g.name)
-            if not ranks:
-                continue
-            per_rank[g.name] = [i["param_bytes_per_rank"]["total"] for i, _ in ranks]
-            layout[g.name]["cpu_cores"] = [i.get("cpu_cores", []) for i, _ in ranks]
-            full = max(full, ranks[0][0]["full_param_bytes"]["total"])
-            peak[g.name] = [m for _, m in ranks]
-        return {
-            "layout": layout,
-            "param_bytes_per_rank": per_rank,
-            "full_param_bytes": full,
-            "peak_memory": peak,
-            "driver_bytes_per_step": med("driver_bytes"),
-            "batch_bytes_per_step": med("batch_bytes"),
-            "actor_to_actor_bytes_per_step": med("actor_to_actor_bytes"),
-            "weight_sync_bytes": float(statistics.median([x["weight_sync_bytes"] for x in syncs]))
-            if syncs
-            else 0.0,
-            "weight_sync_s": float(statistics.median([x["weight_sync_s"] for x in syncs]))
-            if syncs
-            else 0.0,
-        }
+        return distributed_summary(
+            self.compiled.actor_groups, self._rank_info(), self.sync_log, hist
+        )
 
     # ---------------------------------------------------------------- async rollout
     def rollout(self, step: int) -> dict[str, float]:

@@ -40,6 +40,11 @@ class TimelineRecorder:
                     }
                 )
 
+    def perf_of_wall(self, wall: float) -> float:
+        """A wall-clock time (``time.time()``, e.g. a rank's span) on this recorder's
+        ``perf_counter`` clock."""
+        return self.origin + (wall - self.origin_wall)
+
     def start_step(self, step: int) -> None:
         """The origin of ``step``'s records: its first unit (a rollout may run steps ahead)."""
         with self._lock:

@@ -84,21 +84,26 @@ def unit_layout(group: Any, task: Any) -> tuple[int, int]:
     return group.dp, group.tp
 
 
+def arrives_by_take(compiled: Any, task: Any, dep: Any) -> bool:
+    """Whether ``dep``'s rows reach ``task`` through the staleness buffer (an async plan's
+    rollout unit feeding a train unit: ``take`` moved them), not by a pull before it runs."""
+    async_rollout = compiled.rollout_group != compiled.trainer_group
+    return async_rollout and dep.phase == "rollout" and task.phase == "train"
+
+
 def step_chains(compiled: Any) -> list[tuple[str, ...]]:
     """The chains of a compiled step's units that the step scheduler issues
     (:class:`rpeg.runtime.actors.scheduler.StepPlan`; an async plan's rollout units run
     inside its rollouts and are not among them)."""
     from rpeg.runtime.actors.scheduler import StepPlan
 
-    async_rollout = compiled.rollout_group != compiled.trainer_group
     units = []
     for u in StepPlan.from_compiled(compiled).units:
         t = compiled.task(u.name)
         reads = []
         for d in t.depends_on:
             dt = compiled.task(d)
-            arrived = async_rollout and dt.phase == "rollout" and t.phase == "train"  # take
-            if dt.group != t.group and not arrived:
+            if dt.group != t.group and not arrives_by_take(compiled, t, dt):
                 reads.append(d)
         lay = unit_layout(compiled.group(t.group), t)
         units.append(ChainUnit(u.name, t.group, lay, u.deps, tuple(reads), bool(t.streaming)))
