@@ -238,9 +238,10 @@ class _Region:
             self.fd = None
 
     def close(self) -> None:
-        self.bytes = None
-        with contextlib.suppress(BufferError, ValueError):
-            self._map.close()
+        """Drop this region: unmapped once no tensor views it (a tensor from
+        ``torch.frombuffer`` holds the mapping object, not a buffer export, so an explicit
+        ``mmap.close()`` would unmap memory a live view still points at)."""
+        self.bytes = self._map = None
         self._close_fd()
 
 
