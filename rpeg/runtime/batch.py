@@ -12,7 +12,7 @@ import torch
 from rpeg.runtime.engines.torch_engine import positions_from_mask
 
 #: per-sample tensor fields: ``[B]``
-SAMPLE_FIELDS = ("policy_version", "group_ids", "rewards", "correct")
+SAMPLE_FIELDS = ("policy_version", "group_ids", "rewards", "correct", "sample_index")
 #: per-token tensor fields: ``[B, R]``
 TOKEN_FIELDS = (
     "response_ids",
@@ -36,7 +36,9 @@ class RolloutBatch:
     Written by generate: prompt_ids/prompt_mask ``[B,P]`` (left-padded), response_ids /
     response_mask ``[B,R]`` (right-padded), sample_logprobs ``[B,R]`` (behaviour policy),
     policy_version ``[B]`` (weights version that sampled each row), group_ids ``[B]``,
-    prompts / responses / reference_answers (text).
+    prompts / responses / reference_answers (text), sample_index ``[B]`` (each row's position
+    in its step's whole rollout, whatever rank holds it: what layout-invariant mini-batches
+    are drawn from, rpeg.runtime.updates.minibatch_rows; None for batches built otherwise).
     Written later: rewards ``[B]`` and correct ``[B]`` (reward), old_logprobs and
     ref_logprobs ``[B,R]`` (log-prob stages), values ``[B,R]`` (critic), advantages
     ``[B,R]`` and returns ``[B,R]`` (advantage stage).
@@ -59,6 +61,7 @@ class RolloutBatch:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    sample_index: torch.Tensor | None = None
     temperature: float = 1.0
 
     # --- derived ----------------------------------------------------------------------------

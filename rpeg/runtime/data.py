@@ -34,6 +34,16 @@ class Example:
         return self.solution or self.answer
 
 
+@dataclass(frozen=True)
+class PromptShard:
+    """The prompts of one step a data-parallel rank generates for: ``examples``, prompts
+    ``first .. first + len(examples) - 1`` of the step's batch (their rows are sampled from
+    the seeds those positions have in the whole batch: engines.row_sampling)."""
+
+    first: int
+    examples: tuple[Example, ...]
+
+
 # --- synthetic sources ---------------------------------------------------------------------
 def _rng(seed: int, index: int, salt: int) -> random.Random:
     return random.Random((seed * 1_000_003 + index) * 31 + salt)

@@ -22,6 +22,7 @@ from rpeg.runtime.actors.checkpoint import (
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import DataCursor, Example
 from rpeg.runtime.engines.choice import resolve_engine
+from rpeg.runtime.engines.row_sampling import rollout_seed
 from rpeg.runtime.engines.torch_engine import TorchEngine
 from rpeg.runtime.role_builder import all_roles, build_roles, greedy_accuracy
 
@@ -90,7 +91,7 @@ class LocalTrainer:
                     ctx,
                     None,
                     examples=self.cursor.next(c.workload.num_prompts),
-                    seed=c.runtime.seed * 100_003 + self.step_index,
+                    seed=rollout_seed(c.runtime.seed, self.step_index),
                 )
             else:
                 batch, sm = stages.run_stage(kind, ctx, batch)

@@ -51,14 +51,20 @@ def generate_stage(
     prompt_template: str = "{question}",
     params: SamplingParams | None = None,
     seed: int | None = None,
+    first_row: int = 0,
 ) -> tuple[RolloutBatch, Metrics]:
     """Sample ``samples_per_prompt`` responses per example -> a batch of ``len(examples)*K`` rows
-    (groups contiguous), with prompt/response ids, masks, sampling log-probs and policy version."""
+    (groups contiguous), with prompt/response ids, masks, sampling log-probs and policy version.
+    ``first_row``: the first row's position in the step's whole rollout (a data-parallel
+    rank's part of it); rows are numbered from there (``sample_index``)."""
     t0 = time.perf_counter()
     params = params or worker.sampling_params()
     prompts, rep_ids = _prompt_rows(worker, examples, samples_per_prompt, prompt_template)
     out = worker.generate(rep_ids, params, seed=seed)
-    return _rollout_batch(worker, examples, prompts, rep_ids, out, samples_per_prompt, params, t0)
+    index = first_row + torch.arange(len(rep_ids))
+    return _rollout_batch(
+        worker, examples, prompts, rep_ids, out, samples_per_prompt, params, t0, index
+    )
 
 
 def generate_chunks(
@@ -70,6 +76,7 @@ def generate_chunks(
     prompt_template: str = "{question}",
     params: SamplingParams | None = None,
     seed: int | None = None,
+    first_row: int = 0,
 ) -> Iterator[tuple[RolloutBatch, Metrics]]:
     """:func:`generate_stage` as a stream: one decode of the whole batch (the same samples
     as :func:`generate_stage` with the same seed), yielding a batch of the prompts whose
@@ -84,15 +91,17 @@ def generate_chunks(
     for idx, out in worker.generate_in_groups(
         rep_ids, params, groups=groups, min_groups=min_prompts, seed=seed
     ):
+        rows = [r for i in idx for r in groups[i]]
         batch, m = _rollout_batch(
             worker,
             [examples[i] for i in idx],
             [prompts[i] for i in idx],
-            [rep_ids[r] for i in idx for r in groups[i]],
+            [rep_ids[r] for r in rows],
             out,
             k,
             params,
             t0,
+            first_row + torch.as_tensor(rows, dtype=torch.long),
         )
         yield batch, m
         t0 = time.perf_counter()  # the consumer's work on the chunk is not decode time
@@ -117,8 +126,10 @@ def _rollout_batch(
     samples_per_prompt: int,
     params: SamplingParams,
     t0: float,
+    sample_index: torch.Tensor,
 ) -> tuple[RolloutBatch, Metrics]:
-    """The rollout batch of ``examples`` from the engine's ``out`` for their ``rep_ids``."""
+    """The rollout batch of ``examples`` from the engine's ``out`` for their ``rep_ids``
+    (rows ``sample_index`` of the step's rollout)."""
     p_ids, p_mask = left_pad(rep_ids, worker.tokenizer.pad_token_id)
     mask = out.mask
     texts = worker.tokenizer.batch_decode(
@@ -137,6 +148,7 @@ def _rollout_batch(
         prompts=[p for p in prompts for _ in range(samples_per_prompt)],
         responses=texts,
         reference_answers=[ex.answer for ex in examples for _ in range(samples_per_prompt)],
+        sample_index=sample_index.to(torch.long),
         temperature=params.temperature if params.temperature > 0 else 1.0,
     )
     lengths = out.lengths.float()
@@ -262,7 +274,12 @@ STAGE_KINDS = (
 
 
 def run_generate_chunks(
-    ctx: StageContext, examples: Sequence[Example], *, seed: int | None, min_prompts: int
+    ctx: StageContext,
+    examples: Sequence[Example],
+    *,
+    seed: int | None,
+    min_prompts: int,
+    first_row: int = 0,
 ) -> Iterator[tuple[RolloutBatch, Metrics]]:
     """The ``generate`` stage of :func:`run_stage` as a stream of finished prompt groups
     (:func:`generate_chunks`): what a streaming unit runs its later stages on."""
@@ -274,6 +291,7 @@ def run_generate_chunks(
         min_prompts=min_prompts,
         prompt_template=c.task.prompt_template,
         seed=seed,
+        first_row=first_row,
     )
 
 
@@ -284,11 +302,13 @@ def run_stage(
     *,
     examples: Sequence[Example] | None = None,
     seed: int | None = None,
+    first_row: int = 0,
 ) -> tuple[RolloutBatch, Metrics]:
     """Run the stage ``kind`` (an IR stage kind, not ``sync_weights``) on ``batch``.
 
     ``generate`` ignores ``batch`` and samples ``config.workload.samples_per_prompt``
-    responses for each of ``examples`` with ``seed``.
+    responses for each of ``examples`` with ``seed``, numbering the rows from ``first_row``
+    (a rank's part of the step's rollout).
     """
     c = ctx.config
     a, w = c.algorithm, c.workload
@@ -299,6 +319,7 @@ def run_stage(
             w.samples_per_prompt,
             prompt_template=c.task.prompt_template,
             seed=seed,
+            first_row=first_row,
         )
     if batch is None:
         raise ValueError(f"stage {kind!r} needs a batch (run generate first)")

@@ -26,11 +26,43 @@ def _loss_count(b: RolloutBatch, aggregation: str) -> float:
     return float(b.response_mask.sum()) if aggregation == "token_mean" else float(b.size)
 
 
-def _mini_total(mini: RolloutBatch, aggregation: str, reduce: RankReduce) -> float:
-    """The mini-batch's loss count over every data-parallel rank (called once per mini-batch,
-    in the same order on every rank)."""
-    t = reduce.sum(torch.tensor([_loss_count(mini, aggregation)], dtype=torch.float64))
-    return max(float(t[0]), 1.0)
+def _mini_total(
+    mini: RolloutBatch | None, aggregation: str, reduce: RankReduce
+) -> tuple[float, int]:
+    """The mini-batch's loss count and rows over every data-parallel rank (one all-reduce,
+    once per mini-batch, in the same order on every rank); ``mini`` None: this rank holds
+    none of its rows."""
+    mine = (0.0, 0) if mini is None else (_loss_count(mini, aggregation), mini.size)
+    t = reduce.sum(torch.tensor(mine, dtype=torch.float64))
+    return max(float(t[0]), 1.0), int(t[1])
+
+
+def minibatch_rows(
+    batch: RolloutBatch, n: int, generator: torch.Generator | None, reduce: RankReduce
+) -> list[list[int]]:
+    """Row indices of ``batch`` in each of ``n`` mini-batches, the same partition of the
+    step's rollout on every layout: a random permutation (``generator``; None: in order) of
+    the rollout's row positions ``0 .. R-1`` (``batch.sample_index``; ``R`` agreed over the
+    data-parallel group), cut into ``n`` near-equal chunks; each rank takes the rows of a
+    chunk it holds. The single process (``R`` = its batch) gets ``batch.split``'s
+    mini-batches; a data-parallel rank a share of each chunk, possibly none. Every rank gets
+    the same number of lists. A batch without ``sample_index``, or holding a position twice
+    (rows of several steps), is split on its own rows."""
+    idx = batch.sample_index
+    if idx is None or idx.unique().numel() != idx.numel():
+        return [m.tolist() for m in _chunks(batch.size, n, generator)]
+    here = torch.tensor([int(idx.max()) + 1 if idx.numel() else 0], dtype=torch.long)
+    r = int(reduce.max(here)[0])
+    where = torch.full((r,), -1, dtype=torch.long)
+    where[idx] = torch.arange(batch.size)
+    return [where[c][where[c] >= 0].tolist() for c in _chunks(r, n, generator)]
+
+
+def _chunks(size: int, n: int, generator: torch.Generator | None) -> list[torch.Tensor]:
+    if generator is None:
+        return [c for c in torch.tensor_split(torch.arange(size), n) if len(c)]
+    order = torch.randperm(size, generator=generator)
+    return [c for c in torch.tensor_split(order, n) if len(c)]
 
 
 def _micro_weight(micro: RolloutBatch, total: float, aggregation: str, reduce: RankReduce) -> float:
@@ -86,7 +118,8 @@ def minibatch_updates(
     """The updates of one trainable ``role`` (its module, optimizer, algorithm, workload,
     gradient clip, shuffling generator, rank reduce and shards) on ``batch``:
     ``algorithm.ppo_epochs`` passes over ``batch`` in ``workload.train_minibatches``
-    shuffled mini-batches, one optimizer step each, accumulating micro-batches
+    shuffled mini-batches (:func:`minibatch_rows`: the same on every layout), one optimizer
+    step each, accumulating micro-batches
     (:func:`micro_batches`: ``workload.micro_batch_size`` samples or the token budget
     ``workload.max_tokens_per_micro_batch``). ``micro_loss(micro) -> (loss, metrics)``; each
     micro-batch loss is weighted so that accumulation (and the average of gradients over
@@ -102,12 +135,16 @@ def minibatch_updates(
     steps = 0
     agg = algorithm.loss_aggregation
     for _ in range(algorithm.ppo_epochs):
-        for mini in batch.split(workload.train_minibatches, generator=generator):
+        for rows in minibatch_rows(batch, workload.train_minibatches, generator, reduce):
+            mini = batch.select(rows) if rows else None
+            total, n_rows = _mini_total(mini, agg, reduce)
+            if not n_rows:  # no rank holds a row of this chunk (filtered groups)
+                continue
             optimizer.zero_grad(set_to_none=True)
             stats: dict[str, float] = {}
-            total = _mini_total(mini, agg, reduce)
-            for _, micro, real in micro_batches(mini, workload, reduce):
-                w = _micro_weight(micro, total, agg, reduce) if real else 0.0
+            # a rank without rows of the chunk runs one of its rows at weight 0 (collectives)
+            for _, micro, real in micro_batches(mini or batch.select([0]), workload, reduce):
+                w = _micro_weight(micro, total, agg, reduce) if real and mini else 0.0
                 loss, m = micro_loss(micro)
                 (loss * w).backward()
                 for k, v in m.items():

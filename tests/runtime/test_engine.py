@@ -68,6 +68,33 @@ def test_deterministic_under_seed(tiny):
     assert not torch.equal(a.response_ids, c.response_ids)
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=12),
+        SamplingParams(max_new_tokens=12, temperature=0.7, top_k=20, top_p=0.9),
+    ],
+)
+def test_a_split_batch_samples_what_the_whole_batch_samples(tiny, params):
+    # row i is sampled from seed + i: two ranks with halves of the prompts (the second one
+    # seeded with its first row's index) draw the single process's tokens
+    eng = _engine(tiny)
+    prompts = PROMPTS * 3
+    whole = eng.generate(prompts, params, seed=1000)
+    parts = [
+        eng.generate(prompts[:5], params, seed=1000),
+        eng.generate(prompts[5:], params, seed=1005),
+    ]
+    for i, (out, row) in enumerate(
+        [(parts[0], r) for r in range(5)] + [(parts[1], r) for r in range(7)]
+    ):
+        n = int(whole.lengths[i])
+        assert int(out.lengths[row]) == n
+        assert torch.equal(out.response_ids[row, :n], whole.response_ids[i, :n])
+    # the same prompt in another row of the batch gets another sample stream
+    assert not all(torch.equal(whole.response_ids[i], whole.response_ids[i + 4]) for i in range(4))
+
+
 def test_stop_tokens_and_per_sample_caps(tiny):
     eng = _engine(tiny)
     greedy = eng.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0))

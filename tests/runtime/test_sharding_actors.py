@@ -79,14 +79,14 @@ def _all(ranks, method, *args, per_rank=None):
 
 
 def test_tp2_ranks_decode_the_same_rows_and_train(tmp_path, cluster):
-    from rpeg.runtime.data import build_task_data
+    from rpeg.runtime.data import PromptShard, build_task_data
 
     cfg = _config(tmp_path)
     with cluster.client.as_current():
         ranks = _start(cluster, cfg, _group("tp", dp=1, tp=2, fsdp=False))
         try:
             cursor, _ = build_task_data(cfg.task)
-            ex = cursor.next(cfg.workload.num_prompts)
+            ex = PromptShard(0, tuple(cursor.next(cfg.workload.num_prompts)))
             ms = [u.metrics for u in _all(ranks, "run_unit", 0, KINDS, KINDS, ex)]
             b0, b1 = _all(ranks, "get_batch", 0)
             assert torch.equal(b0.response_ids, b1.response_ids)  # same seed, same shards
@@ -106,7 +106,7 @@ def test_tp2_ranks_decode_the_same_rows_and_train(tmp_path, cluster):
 
 def test_fsdp_dp2_ranks_step_together_train_sync_and_evaluate(tmp_path, cluster):
     from rpeg.runtime.actors.weight_sync import unpack
-    from rpeg.runtime.data import build_task_data
+    from rpeg.runtime.data import PromptShard, build_task_data
 
     cfg = _config(tmp_path)
     with cluster.client.as_current():
@@ -114,7 +114,8 @@ def test_fsdp_dp2_ranks_step_together_train_sync_and_evaluate(tmp_path, cluster)
         try:
             cursor, _ = build_task_data(cfg.task)
             ex = cursor.next(cfg.workload.num_prompts)
-            res = _all(ranks, "run_unit", 0, KINDS, KINDS, per_rank=[(ex[:1],), (ex[1:],)])
+            halves = [(PromptShard(0, tuple(ex[:1])),), (PromptShard(1, tuple(ex[1:])),)]
+            res = _all(ranks, "run_unit", 0, KINDS, KINDS, per_rank=halves)
             ms = [u.metrics for u in res]
             assert ms[0]["grad_norm"] == pytest.approx(ms[1]["grad_norm"], rel=1e-6)
             info = _all(ranks, "layout_info")
@@ -143,7 +144,8 @@ def test_fsdp_dp2_ranks_step_together_train_sync_and_evaluate(tmp_path, cluster)
             assert _all(ranks, "load_shards", url) == [1, 1]
             assert _all(ranks, "param_checksum") == [pytest.approx(saved, rel=1e-9)] * 2
             assert _all(ranks, "engine_version") == [1, 1]
-            ms = [u.metrics for u in _all(ranks, "run_unit", 1, KINDS, KINDS, ex)]  # trains on
+            whole = PromptShard(0, tuple(ex))
+            ms = [u.metrics for u in _all(ranks, "run_unit", 1, KINDS, KINDS, whole)]  # trains on
             assert ms[0]["grad_norm"] == pytest.approx(ms[1]["grad_norm"], rel=1e-6)
             assert _all(ranks, "policy_version") == [2, 2]
             assert _all(ranks, "load_state_bytes", per_rank=[(b,) for b in state]) == [1, 1]

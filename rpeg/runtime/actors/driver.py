@@ -29,6 +29,7 @@ from rpeg.runtime.actors.proxies import broadcast_weights, join_sync_group
 from rpeg.runtime.actors.recorder import TimelineRecorder
 from rpeg.runtime.actors.unit_chains import arrives_by_take, step_chains, unit_layout
 from rpeg.runtime.actors.unit_result import reduce_results
+from rpeg.runtime.data import PromptShard
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,16 @@ def shard(items: Sequence[Any], n: int) -> list[list[Any]]:
         m = k + (1 if j < r else 0)
         out.append(list(items[i : i + m]))
         i += m
+    return out
+
+
+def prompt_shards(examples: Sequence[Any], n: int) -> list[PromptShard]:
+    """Whole prompts per data-parallel index (:func:`shard`), each with its first prompt's
+    position in the step's batch (what its rows' sampling seeds come from)."""
+    out, first = [], 0
+    for part in shard(examples, n):
+        out.append(PromptShard(first=first, examples=tuple(part)))
+        first += len(part)
     return out
 
 
@@ -295,9 +306,8 @@ class DistributedRun:
         self.timeline.start_step(step)
         per_rank = None
         if "generate" in task.kinds:
-            ex = self.examples_for(step)
-            shards = shard(ex, dp)  # whole prompts per dp index; tp replicas share one
-            per_rank = [(shards[r // tp],) for r in range(g.world_size)]
+            shards = prompt_shards(self.examples_for(step), dp)
+            per_rank = [(shards[r // tp],) for r in range(g.world_size)]  # tp replicas share
         else:
             self._merge_inputs(step, task)
         if per_rank is None:

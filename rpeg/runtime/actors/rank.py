@@ -23,14 +23,19 @@ import torch
 
 from rpeg.config import RunConfig
 from rpeg.runtime.actors.memory import peak_rss, reset_peak_rss
+from rpeg.runtime.data import PromptShard
 from rpeg.runtime.engines.base import refresh_engine
+from rpeg.runtime.engines.row_sampling import rollout_seed
 from rpeg.runtime.micro_batches import micro_batch_size_of
 
 
-def gen_seed(config: RunConfig, step: int, rank: int) -> int:
-    """Generation seed of ``step`` on data-parallel index ``rank`` (0 = the single-process
-    trainer's; the tp ranks of one dp index share it: they decode the same rows)."""
-    return config.runtime.seed * 100_003 + step + rank * 7_919
+def rollout_start(config: RunConfig, step: int, prompts: PromptShard | None) -> tuple[int, int]:
+    """``(seed, first row)`` of the rank generating ``prompts`` of ``step``: its first row's
+    position in the step's whole rollout and that row's sampling seed, so every layout (and
+    the single-process trainer: row 0) samples and numbers each row alike; the tp ranks of
+    one dp index share them."""
+    first = 0 if prompts is None else prompts.first * config.workload.samples_per_prompt
+    return rollout_seed(config.runtime.seed, step, first), first
 
 
 # Data parallelism: batch-wide statistics (advantage whitening, the loss normalizer of a
@@ -267,13 +272,14 @@ class RankActor:
         step: int,
         stages: list[str],
         kinds: list[str],
-        examples: Any = None,
+        prompts: PromptShard | None = None,
         micro_batch_size: int | None = None,
         stream_chunk: int = 0,
         stream_from: Any = None,
     ) -> Any:
         """Run the stages of one execution unit back to back on this rank's batch of ``step``.
 
+        ``prompts``: this rank's prompts of the step, for a unit that generates.
         ``micro_batch_size``: the compiled unit's samples per forward call (overrides the
         workload's for this unit). ``stream_chunk`` > 0 (a streaming unit that starts with
         generation): one decode, the unit's later stages run on every ``stream_chunk`` prompts
@@ -285,15 +291,12 @@ class RankActor:
         with micro_batch_size_of(roles, micro_batch_size):
             if stream_from is not None:
                 m, spans = self._consume_stream(step, kinds, stream_from)
-            elif stream_chunk and kinds and kinds[0] == "generate" and examples:
-                m, spans = self._run_streamed(step, kinds, examples, stream_chunk)
+            elif stream_chunk and kinds and kinds[0] == "generate" and prompts:
+                m, spans = self._run_streamed(step, kinds, prompts, stream_chunk)
             else:
-                m, spans = self._run_stages(
-                    step,
-                    kinds,
-                    examples,
-                    gen_seed(self.config, step, self.gen_layout.dp_index(self.rank)),
-                )
+                examples = None if prompts is None else prompts.examples
+                seed, first = rollout_start(self.config, step, prompts)
+                m, spans = self._run_stages(step, kinds, examples, seed, first_row=first)
         from rpeg.runtime.actors.dataplane import tensor_bytes
         from rpeg.runtime.actors.unit_result import Span, UnitResult
 
@@ -327,7 +330,7 @@ class RankActor:
             reduce=self.reduce,
         )
 
-    def _run_stages(self, step, kinds, examples, seed, batch_key=None):
+    def _run_stages(self, step, kinds, examples, seed, batch_key=None, first_row=0):
         from rpeg.runtime import stages as S
 
         key = step if batch_key is None else batch_key
@@ -340,17 +343,19 @@ class RankActor:
             if kind == "sync_weights":
                 m.update(self._sync_local())
             else:
-                batch, sm = S.run_stage(kind, ctx, batch, examples=examples, seed=seed)
+                batch, sm = S.run_stage(
+                    kind, ctx, batch, examples=examples, seed=seed, first_row=first_row
+                )
                 m.update(sm)
             self.store[key] = batch
             spans.append((kind, ts, time.time()))
         return m, spans
 
-    def _run_streamed(self, step, kinds, examples, chunk):
+    def _run_streamed(self, step, kinds, prompts: PromptShard, chunk):
         from rpeg.runtime.actors import streaming
 
-        seed = gen_seed(self.config, step, self.gen_layout.dp_index(self.rank))
-        return streaming.produce(self, step, kinds, examples, chunk, seed)
+        seed, first = rollout_start(self.config, step, prompts)
+        return streaming.produce(self, step, kinds, prompts.examples, chunk, seed, first)
 
     async def chunk(self, step: int, i: int, timeout_s: float = 600.0) -> Any:
         """Chunk ``i`` of a streaming unit's rows of ``step`` as soon as it exists (None after

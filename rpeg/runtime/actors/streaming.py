@@ -10,12 +10,14 @@ import time
 from typing import Any
 
 
-def produce(rank: Any, step: int, kinds: list[str], examples: Any, chunk: int, seed: int):
+def produce(
+    rank: Any, step: int, kinds: list[str], examples: Any, chunk: int, seed: int, first_row: int
+):
     """One decode of the rank's prompts; each time ``chunk`` more prompts have all their
     samples finished they run through the unit's later stages and are offered to a streaming
     consumer while the decode goes on. The samples are those of the unstreamed unit (the
-    rank's generation ``seed``, same decode); rows come in the order their prompts finished; every rank releases
-    ``ceil(prompts / chunk)`` chunks.
+    rank's generation ``seed``, rows numbered from ``first_row``, same decode); rows come in
+    the order their prompts finished; every rank releases ``ceil(prompts / chunk)`` chunks.
 
     Ranks of a data-parallel group finish their prompts at different decode steps, so a stage
     that runs collectives (a forward's micro-batch agreement, FSDP gathers, batch statistics)
@@ -30,7 +32,9 @@ def produce(rank: Any, step: int, kinds: list[str], examples: Any, chunk: int, s
     parts, spans, per = [], [], []
     t_gen = t_last = time.time()
     for i, (b, gm) in enumerate(
-        S.run_generate_chunks(rank._stage_context(), examples, seed=seed, min_prompts=chunk)
+        S.run_generate_chunks(
+            rank._stage_context(), examples, seed=seed, min_prompts=chunk, first_row=first_row
+        )
     ):
         t_last = time.time()  # this chunk's samples are done decoding
         key = ("chunk", step, i)

@@ -55,6 +55,9 @@ REDUCTIONS: dict[str, Callable[[Sequence[float]], float]] = {
     "weight_sync_s": max,
     "gen_tokens_per_s": max,
     "train_tokens_per_s": max,
+    # maxima of the step's rows: the largest of the ranks' (not their mean)
+    "response_length_max": max,
+    "staleness_max": max,
     "num_tokens": sum,
 }
 

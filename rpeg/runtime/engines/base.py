@@ -58,7 +58,10 @@ class GenerationEngine(Protocol):
     """Batched sampling from the current policy weights.
 
     ``max_new_tokens`` may be one int per prompt (a per-sample response cap) overriding
-    ``params.max_new_tokens``. ``seed`` makes sampling reproducible.
+    ``params.max_new_tokens``. ``seed`` makes sampling reproducible: prompt ``i`` is sampled
+    from its own stream seeded ``seed + i``, whatever else is in the batch, so a batch split
+    into parts (the first row of each part seeded with its global index: ``row_sampling.
+    rollout_seed``) samples what the whole batch samples.
     """
 
     policy_version: int

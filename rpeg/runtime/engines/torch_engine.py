@@ -9,7 +9,9 @@ groups while the rest go on (what a streaming rollout unit consumes).
 
 Sharded models (rpeg.runtime.sharding): a tensor-parallel model runs as is -- every rank of a
 TP group holds its shard and runs the same decode with the same sampling seed, so all agree
-on every token. Under FSDP the first forward gathers every unit, a collective over the dp
+on every token. Row ``i`` samples from its own stream, seeded ``seed + i``
+(:mod:`rpeg.runtime.engines.row_sampling`): a batch split over ranks samples what the whole
+batch does. Under FSDP the first forward gathers every unit, a collective over the dp
 ranks, which decode different prompts; callers hold the units gathered for the whole loop
 (``rpeg.runtime.sharding.gathered_blocks``, as ``PolicyWorker.generate`` does), so the later
 forwards are local and each rank stops at its own longest row.
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rpeg.runtime.engines.base import GenerationOutput, SamplingParams
+from rpeg.runtime.engines.row_sampling import row_keys, row_uniforms, sample_rows
 
 
 def left_pad(
@@ -209,11 +212,9 @@ class TorchEngine:
         stop = torch.as_tensor(
             sorted({self.eos_id, *params.stop_token_ids}), dtype=torch.long, device=dev
         )
-        gen = torch.Generator(device=dev)
-        if seed is not None:
-            gen.manual_seed(seed)
-        else:
-            gen.seed()
+        if seed is None:  # a fresh stream, reproducible under torch.manual_seed
+            seed = int(torch.randint(0, 1 << 62, (1,)))
+        keys = row_keys(seed, b, dev)  # row i samples from seed + i (engines.row_sampling)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -246,7 +247,7 @@ class TorchEngine:
                     tok = scaled.argmax(-1)
                 else:
                     filt = filter_logits(scaled, params.top_k, params.top_p)
-                    tok = torch.multinomial(filt.softmax(-1), 1, generator=gen).squeeze(-1)
+                    tok = sample_rows(filt.softmax(-1), row_uniforms(keys, t))
                 lp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
                 active = ~st.done
                 tok = torch.where(active, tok, torch.full_like(tok, self.pad_id))

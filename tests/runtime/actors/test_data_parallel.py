@@ -4,7 +4,8 @@ The same rollout batch (generated once) goes to a 1-rank actor and, split into w
 groups, to a 2-rank group. After the advantage and training units: the advantages agree
 (REINFORCE++ and PPO whiten over the whole batch, not per rank), the gradient norm after DDP
 averaging equals the single-process one (loss normalised by the global token count) and the
-updated weights agree.
+updated weights agree. Two ranks generating half of the prompts each sample the single rank's
+responses (per-row sampling seeds).
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def _weights(actor):
 
 @pytest.mark.parametrize("algo", ["reinforce_pp", "ppo"])
 def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_config, algo):
-    from rpeg.runtime.actors.driver import shard_groups
+    from rpeg.runtime.actors.driver import prompt_shards, shard_groups
     from rpeg.runtime.actors.rank import RankActor
     from rpeg.runtime.batch import RolloutBatch
+    from rpeg.runtime.data import PromptShard
 
     cfg = make_config(
         tmp_path,
@@ -74,8 +76,19 @@ def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_conf
             from rpeg.runtime.data import build_task_data
 
             cursor, _ = build_task_data(cfg.task)
-            one.run_unit(0, kinds, kinds, cursor.next(cfg.workload.num_prompts)).result()
+            ex = cursor.next(cfg.workload.num_prompts)
+            one.run_unit(0, kinds, kinds, PromptShard(0, tuple(ex))).result()
             batch = one.get_batch(0).result()
+            # each rank generating half of the prompts samples the single rank's responses
+            gen = ["generate"]
+            halves = zip(two, prompt_shards(ex, 2), strict=True)
+            for p in [a.run_unit(0, gen, gen, s) for a, s in halves]:
+                p.result()
+            halves = RolloutBatch.concat([a.get_batch(0).result() for a in two])
+            lengths = batch.response_mask.sum(-1)
+            assert torch.equal(halves.response_mask.sum(-1), lengths)
+            for i, n in enumerate(lengths.tolist()):
+                assert torch.equal(halves.response_ids[i, :n], batch.response_ids[i, :n])
             idx = shard_groups(batch.size, 2, cfg.workload.samples_per_prompt)
             # unequal token counts per rank are what makes per-rank normalisation wrong
             for a, i in zip(two, idx, strict=True):

@@ -57,6 +57,9 @@ def test_rank_metrics_reduce_by_the_table():
     assert "_spans" not in got and "_pid" not in got
     assert reduce_results([a]) == {"unit_s": 1.0, "train_s": 0.5, "kl": 0.2, "num_tokens": 10.0}
     assert REDUCTIONS["num_tokens"] is sum
+    # a batch maximum is the largest rank's: ranks whose longest responses are 16 and 4
+    long, short = (UnitResult({"response_length_max": v, "response_length": 3.0}) for v in (16, 4))
+    assert reduce_results([long, short])["response_length_max"] == 16
 
 
 def test_run_summary_by_hand():
