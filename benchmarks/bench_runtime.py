@@ -25,10 +25,11 @@ runs shipped configs as they are instead (their own workload, cluster and plan):
 single-process trainer (what ``rpeg train --local`` runs) and the Prefect + Dask runtime
 (what ``rpeg train`` runs), interleaved over ``--rounds`` in one process with one cluster
 of as many workers as the largest config needs, and prints per config the median step of
-each (``ratio`` = Dask / local) and the mean step (``total time ratio``: the same steps of
-the same seeds, so the ratio of the runs' total step time). Both matter: the built-in task's
-first steps (many samples running to the length cap) take twice the later ones, and the
-runtimes differ most there.
+each (``ratio`` = Dask / local) and the mean step (``total time ratio``: the ratio of the
+runs' total step time). Runs are layout-invariant (docs/runtime.md "Layout-invariant
+runs"): both runtimes sample the same responses and train on the same mini-batches, so the
+two time the same workload step by step; the line says at how many steps the mean response
+length agreed.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ def _configs_main(a) -> dict:
     cfgs = {p: RunConfig.from_yaml(p).with_overrides({"runtime.steps": a.steps}) for p in paths}
     workers = max(c.cluster.n_workers or 2 for c in cfgs.values())
     times: dict[str, dict[str, list[float]]] = {p: {"local": [], "dask": []} for p in paths}
+    lengths: dict[str, dict[str, list[float]]] = {p: {"local": [], "dask": []} for p in paths}
     t_all = time.perf_counter()
     with prefect_test_harness(server_startup_timeout=120), start_cluster(n_workers=workers) as cl:
         for r in range(a.rounds):
@@ -154,6 +156,7 @@ def _configs_main(a) -> dict:
                             "_extra"
                         ]["history"]
                     times[p][mode] += [h["step_s"] for h in hist[1:]]  # step 0 left out
+                    lengths[p][mode] += [h["response_length"] for h in hist[1:]]
     out = {"configs": {}, "load_avg": os.getloadavg(), "wall_s": time.perf_counter() - t_all}
     for p in paths:
         loc, dsk = (statistics.median(times[p][m]) for m in ("local", "dask"))
@@ -166,11 +169,17 @@ def _configs_main(a) -> dict:
             "dask_mean_s": tot_d,
             "total_ratio": tot_d / tot_l,
             "steps": times[p],
+            # layout-invariant runs (docs/runtime.md): the same responses step by step
+            "same_response_length_steps": sum(
+                abs(x - y) < 1e-9
+                for x, y in zip(lengths[p]["local"], lengths[p]["dask"], strict=True)
+            ),
         }
         print(
             f"CONFIG {p}: local {loc:.3f} s, prefect+dask {dsk:.3f} s per step (median), "
             f"ratio {dsk / loc:.2f}; mean {tot_l:.3f} vs {tot_d:.3f} s, total time ratio "
-            f"{tot_d / tot_l:.2f} ({len(times[p]['dask'])} steps each)"
+            f"{tot_d / tot_l:.2f} ({len(times[p]['dask'])} steps each; the same mean response "
+            f"length at {out['configs'][p]['same_response_length_steps']} of them)"
         )
     print(
         "SUMMARY "

@@ -205,6 +205,7 @@ def start_cluster(
     dashboard: bool = False,
     dashboard_address: str | None = None,
     device_type: str | None = None,
+    direct_to_workers: bool | None = None,
     cluster_config: Any = None,
 ) -> Cluster:
     """A LocalCluster of ``n_workers`` processes, or a client of the scheduler at ``address``.
@@ -213,7 +214,10 @@ def start_cluster(
     arguments leave unset: ``worker_memory`` (default ``"auto"``: the machine's memory, or
     its cgroup limit, split over the workers), ``dashboard_address`` (default: no dashboard;
     ``dashboard=True`` alone binds ``127.0.0.1`` on a free port, never every interface),
-    the TLS files for a ``tls://`` address, and ``device_type``: ``"cuda"`` starts a
+    the TLS files for a ``tls://`` address, ``direct_to_workers`` (default True: the
+    client calls workers -- the ranks' actors -- directly; Dask's own default routes every
+    actor call through the scheduler, two more hops: a small call 0.7-0.8 -> 0.5 ms, a
+    64 MiB argument 45 -> 19-27 ms here, docs/runtime.md), and ``device_type``: ``"cuda"`` starts a
     dask-cuda ``LocalCUDACluster`` with one worker per visible GPU (each pinned to its
     device through ``CUDA_VISIBLE_DEVICES``), ``"cpu"`` a plain LocalCluster."""
     cc = cluster_config
@@ -224,6 +228,8 @@ def start_cluster(
     if dashboard_address is None and dashboard:
         dashboard_address = "127.0.0.1:0"
     device_type = device_type or getattr(cc, "device_type", None) or "cpu"
+    if direct_to_workers is None:
+        direct_to_workers = getattr(cc, "direct_to_workers", True)
     configure_dask(torch_threads, profile=dashboard_address is not None)  # its page is there
     from distributed import Client, LocalCluster
 
@@ -233,7 +239,13 @@ def start_cluster(
     logging.getLogger("distributed").setLevel(logging.ERROR)
     if address:
         security = security_for(cc, address)
-        client = Client(address, timeout="60s", set_as_default=False, security=security)
+        client = Client(
+            address,
+            timeout="60s",
+            set_as_default=False,
+            security=security,
+            direct_to_workers=direct_to_workers,
+        )
         with contextlib.suppress(Exception):
             client.register_plugin(_preload_plugin())
         client.run(serializers.register)
@@ -260,7 +272,7 @@ def start_cluster(
             env={"OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)},
             **common,
         )
-    client = Client(local, set_as_default=False)
+    client = Client(local, set_as_default=False, direct_to_workers=direct_to_workers)
     client.run(serializers.register)
     return Cluster(client=client, local=local, address=local.scheduler_address, owned=True)
 

@@ -223,6 +223,12 @@ class ClusterConfig(Section):
         description="Dask dashboard, e.g. 127.0.0.1:8787; None = no dashboard. Naming a "
         "non-loopback interface exposes it without authentication",
     )
+    direct_to_workers: bool = Field(
+        True,
+        description="the driver calls the ranks' actors on their workers directly (false: "
+        "through the scheduler, for workers the driver's machine cannot reach; each call then "
+        "takes two more hops)",
+    )
     tls_ca_file: str | None = Field(None, description="CA bundle for a tls:// scheduler")
     tls_cert_file: str | None = Field(None, description="client certificate (tls://)")
     tls_key_file: str | None = Field(None, description="client private key (tls://)")

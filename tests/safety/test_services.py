@@ -130,6 +130,22 @@ def test_workers_sample_their_stacks_only_for_a_dashboard(dashboard):
     assert ("profile" in callbacks) is dashboard
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_actor_calls_go_to_the_workers_directly_unless_configured_otherwise(direct):
+    """Dask's default routes every client -> actor call through the scheduler
+    (``distributed.actor.ProxyRPC``: two more hops per unit call); with
+    ``cluster.direct_to_workers`` (default True) the client calls the worker."""
+    from rpeg.infra.cluster import start_cluster
+
+    from rpeg.config import ClusterConfig
+
+    assert ClusterConfig().direct_to_workers is True
+    cfg = ClusterConfig(direct_to_workers=direct)
+    with start_cluster(n_workers=1, cluster_config=cfg) as cl:
+        assert cl.client.direct_to_workers is direct
+        assert cl.client.submit(sum, [1, 2]).result() == 3
+
+
 def test_no_dashboard_unless_asked(tmp_path):
     """In a fresh process: once any dashboard ran in a process, later schedulers there serve
     its pages too (Dask keeps the routes), so this looks at a process of its own."""

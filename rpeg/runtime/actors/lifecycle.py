@@ -52,7 +52,7 @@ class ActorSet:
         from rpeg.runtime.actors.rank import RankActor
 
         cy = self.config.to_yaml()
-        workers = list(workers) if workers else self.cluster.workers
+        workers = list(workers) if workers else self.listed_workers()
         if self.n_workers is None:
             self.n_workers = len(workers)
         k = int(self.compiled.buffer["max_staleness"])
@@ -93,6 +93,22 @@ class ActorSet:
         for g in self.groups.values():
             g.join_process_group()
         self.start_s = time.perf_counter() - t0
+
+    def listed_workers(self, timeout_s: float = 90.0) -> list[str]:
+        """The scheduler's workers; while it lists none (a cluster whose workers are still
+        starting, or restarting after a previous run's recovery), wait up to ``timeout_s``
+        for them instead of placing ranks on nothing."""
+        workers = self.cluster.workers
+        if workers:
+            return workers
+        try:
+            return self._wait_live(timeout_s)
+        except TimeoutError as e:
+            raise RuntimeError(
+                f"no Dask worker joined the scheduler within {timeout_s:.0f} s; the plan "
+                f"needs {max(self.compiled.num_devices, 1)} (cluster.n_workers, or start "
+                "workers against cluster.address)"
+            ) from e
 
     def _cpu_slots(self) -> dict[str, tuple[int, int]]:
         """Each used worker's ``(slot, workers of this run on its host)``, workers in
