@@ -284,6 +284,11 @@ class RankActor:
         workload's for this unit). ``stream_chunk`` > 0 (a streaming unit that starts with
         generation): one decode, the unit's later stages run on every ``stream_chunk`` prompts
         whose samples have finished, while the rest decode (:meth:`_run_streamed`)."""
+        if prompts is not None and not isinstance(prompts, PromptShard):
+            raise TypeError(
+                f"run_unit: prompts must be a PromptShard (driver.prompt_shards), "
+                f"got {type(prompts).__name__}"
+            )
         t0 = time.perf_counter()
         self._hook_forwards()
         f0 = self._forwards
