@@ -131,12 +131,7 @@ class RolloutBatch:
 
     def split(self, n: int, generator: torch.Generator | None = None) -> list[RolloutBatch]:
         """``n`` near-equal mini-batches (shuffled when a generator is given)."""
-        order = (
-            torch.randperm(self.size, generator=generator)
-            if generator is not None
-            else torch.arange(self.size)
-        )
-        return [self.select(chunk) for chunk in torch.tensor_split(order, n) if len(chunk)]
+        return [self.select(chunk) for chunk in chunk_order(self.size, n, generator)]
 
     def micro_batches(self, size: int) -> list[RolloutBatch]:
         return [
@@ -188,6 +183,13 @@ class RolloutBatch:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RolloutBatch:
         return cls(**data)
+
+
+def chunk_order(size: int, n: int, generator: torch.Generator | None) -> list[torch.Tensor]:
+    """Indices ``0 .. size-1`` in ``n`` near-equal, non-empty chunks: a permutation drawn from
+    ``generator``, or in order without one (how mini-batches are cut)."""
+    order = torch.arange(size) if generator is None else torch.randperm(size, generator=generator)
+    return [c for c in torch.tensor_split(order, n) if len(c)]
 
 
 def _distinct_groups(ids: Sequence[torch.Tensor]) -> list[torch.Tensor]:

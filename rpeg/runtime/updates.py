@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rpeg.config import WorkloadConfig
-from rpeg.runtime.batch import SAMPLE_FIELDS, TOKEN_FIELDS, RolloutBatch
+from rpeg.runtime.batch import SAMPLE_FIELDS, TOKEN_FIELDS, RolloutBatch, chunk_order
 from rpeg.runtime.micro_batches import plan_micro_batches
 from rpeg.runtime.parallel import RankReduce
 
@@ -50,19 +50,12 @@ def minibatch_rows(
     (rows of several steps), is split on its own rows."""
     idx = batch.sample_index
     if idx is None or idx.unique().numel() != idx.numel():
-        return [m.tolist() for m in _chunks(batch.size, n, generator)]
+        return [m.tolist() for m in chunk_order(batch.size, n, generator)]
     here = torch.tensor([int(idx.max()) + 1 if idx.numel() else 0], dtype=torch.long)
     r = int(reduce.max(here)[0])
     where = torch.full((r,), -1, dtype=torch.long)
     where[idx] = torch.arange(batch.size)
-    return [where[c][where[c] >= 0].tolist() for c in _chunks(r, n, generator)]
-
-
-def _chunks(size: int, n: int, generator: torch.Generator | None) -> list[torch.Tensor]:
-    if generator is None:
-        return [c for c in torch.tensor_split(torch.arange(size), n) if len(c)]
-    order = torch.randperm(size, generator=generator)
-    return [c for c in torch.tensor_split(order, n) if len(c)]
+    return [where[c][where[c] >= 0].tolist() for c in chunk_order(r, n, generator)]
 
 
 def _micro_weight(micro: RolloutBatch, total: float, aggregation: str, reduce: RankReduce) -> float:

@@ -27,6 +27,7 @@ from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
 from rpeg.runtime.actors.lifecycle import ActorSet
 from rpeg.runtime.actors.proxies import broadcast_weights, join_sync_group
 from rpeg.runtime.actors.recorder import TimelineRecorder
+from rpeg.runtime.actors.row_shards import prompt_shards, shard_groups
 from rpeg.runtime.actors.unit_chains import arrives_by_take, step_chains, unit_layout
 from rpeg.runtime.actors.unit_result import reduce_results
 from rpeg.runtime.data import PromptShard
@@ -34,36 +35,11 @@ from rpeg.runtime.data import PromptShard
 log = logging.getLogger(__name__)
 
 
-def shard(items: Sequence[Any], n: int) -> list[list[Any]]:
-    """Contiguous, near-equal shards (groups of samples stay together)."""
-    k, r = divmod(len(items), n)
-    out, i = [], 0
-    for j in range(n):
-        m = k + (1 if j < r else 0)
-        out.append(list(items[i : i + m]))
-        i += m
-    return out
-
-
-def prompt_shards(examples: Sequence[Any], n: int) -> list[PromptShard]:
-    """Whole prompts per data-parallel index (:func:`shard`), each with its first prompt's
-    position in the step's batch (what its rows' sampling seeds come from)."""
-    out, first = [], 0
-    for part in shard(examples, n):
-        out.append(PromptShard(first=first, examples=tuple(part)))
-        first += len(part)
-    return out
-
-
-def shard_groups(size: int, n: int, group_size: int) -> list[list[int]]:
-    """Sample indices of ``n`` shards made of whole groups of ``group_size`` contiguous
-    samples (GRPO/RLOO groups are never split across ranks)."""
-    if group_size <= 1 or size % group_size:
-        return shard(list(range(size)), n)
-    return [
-        [g * group_size + j for g in gs for j in range(group_size)]
-        for gs in shard(list(range(size // group_size)), n)
-    ]
+def unit_args(task: Any, prompts: PromptShard | None = None) -> tuple:
+    """``task``'s arguments of ``RankActor.run_unit`` after (step, stages, kinds): a rank's
+    prompts (units that generate; tp replicas share their dp index's), the compiled
+    micro-batch size, and the streaming chunk (0: not streaming)."""
+    return (prompts, task.micro_batch_size, task.stream_chunk_prompts if task.streaming else 0)
 
 
 #: fields a unit takes from a dependency on another group (the rows it holds lack them)
@@ -304,16 +280,12 @@ class DistributedRun:
             return done
         t0 = time.perf_counter()
         self.timeline.start_step(step)
-        per_rank = None
         if "generate" in task.kinds:
             shards = prompt_shards(self.examples_for(step), dp)
-            per_rank = [(shards[r // tp],) for r in range(g.world_size)]  # tp replicas share
+            per_rank = [unit_args(task, shards[r // tp]) for r in range(g.world_size)]
         else:
             self._merge_inputs(step, task)
-        if per_rank is None:
-            per_rank = [(None,)] * g.world_size
-        extra = (task.micro_batch_size, task.stream_chunk_prompts if task.streaming else 0)
-        per_rank = [(*p, *extra) for p in per_rank]
+            per_rank = [unit_args(task)] * g.world_size
         if chain is not None:
             return self._run_chain(step, chain, per_rank, t0)
         return self._finish_unit(step, task, per_rank, t0)
@@ -326,9 +298,7 @@ class DistributedRun:
         :meth:`_finish_unit` does and keeps the later units' metrics for the scheduler."""
         tasks = [self.compiled.task(n) for n in chain]
         n = len(head_args)
-        per_rank = [
-            [head_args[r]] + [(None, t.micro_batch_size, 0) for t in tasks[1:]] for r in range(n)
-        ]
+        per_rank = [[head_args[r]] + [unit_args(t) for t in tasks[1:]] for r in range(n)]
         res = self.group(tasks[0].group).run_units(
             step, [(t.stages, t.kinds) for t in tasks], per_rank
         )

@@ -23,25 +23,15 @@ import torch
 
 from rpeg.config import RunConfig
 from rpeg.runtime.actors.memory import peak_rss, reset_peak_rss
+from rpeg.runtime.actors.row_shards import rollout_start
 from rpeg.runtime.data import PromptShard
 from rpeg.runtime.engines.base import refresh_engine
-from rpeg.runtime.engines.row_sampling import rollout_seed
 from rpeg.runtime.micro_batches import micro_batch_size_of
-
-
-def rollout_start(config: RunConfig, step: int, prompts: PromptShard | None) -> tuple[int, int]:
-    """``(seed, first row)`` of the rank generating ``prompts`` of ``step``: its first row's
-    position in the step's whole rollout and that row's sampling seed, so every layout (and
-    the single-process trainer: row 0) samples and numbers each row alike; the tp ranks of
-    one dp index share them."""
-    first = 0 if prompts is None else prompts.first * config.workload.samples_per_prompt
-    return rollout_seed(config.runtime.seed, step, first), first
-
 
 # Data parallelism: batch-wide statistics (advantage whitening, the loss normalizer of a
 # mini-batch) span every rank's shard. After joining the process group, the trainable workers
 # get a ``rpeg.runtime.parallel.RankReduce`` that all-reduces over the group, and the advantage
-# stage is given the same; GRPO/RLOO groups are never split (driver.shard_groups).
+# stage is given the same; GRPO/RLOO groups are never split (row_shards.shard_groups).
 
 
 def process_group_backend(device: torch.device) -> str:
@@ -286,7 +276,7 @@ class RankActor:
         whose samples have finished, while the rest decode (:meth:`_run_streamed`)."""
         if prompts is not None and not isinstance(prompts, PromptShard):
             raise TypeError(
-                f"run_unit: prompts must be a PromptShard (driver.prompt_shards), "
+                f"run_unit: prompts must be a PromptShard (row_shards.prompt_shards), "
                 f"got {type(prompts).__name__}"
             )
         t0 = time.perf_counter()

@@ -38,8 +38,8 @@ def _weights(actor):
 
 @pytest.mark.parametrize("algo", ["reinforce_pp", "ppo"])
 def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_config, algo):
-    from rpeg.runtime.actors.driver import prompt_shards, shard_groups
     from rpeg.runtime.actors.rank import RankActor
+    from rpeg.runtime.actors.row_shards import prompt_shards, shard_groups
     from rpeg.runtime.batch import RolloutBatch
     from rpeg.runtime.data import PromptShard
 
