@@ -373,6 +373,8 @@ def problems_from_pydantic(exc: ValidationError) -> list[Problem]:
             msg = f"got {err.get('input')!r}; allowed: {ctx['expected']}"
         elif err["type"] == "extra_forbidden":
             msg = "unknown field"
+        elif err["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
         elif err["type"].startswith(("greater", "less")):
             msg = f"{msg} (got {err.get('input')!r})"
         out.append(Problem(loc, msg))

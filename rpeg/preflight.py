@@ -59,11 +59,16 @@ def preflight(
     cluster_devices: int | None = None,
     local: bool = False,
     compile_plan: bool = True,
+    output_files: dict[str, str | None] | None = None,
 ) -> Any:
     """Check everything; raise ConfigError listing all problems. Returns the compiled step
     (None with ``local`` or ``compile_plan=False``). ``cluster_devices``: the devices of an
-    existing cluster (None = a LocalCluster on this machine)."""
+    existing cluster (None = a LocalCluster on this machine). ``output_files``: files the
+    command writes at the end (``{"--summary-json": path}``), checked writable now."""
     problems: list[Problem] = []
+    for where, path in (output_files or {}).items():
+        if path:
+            problems += check_file_writable(path, where)
     problems += check_model(config)
     problems += check_task(config)
     problems += check_places(config)
@@ -156,6 +161,13 @@ def check_places(config: RunConfig) -> list[Problem]:
             out += list(exc.problems)
     out += check_resumable(rt)
     return out
+
+
+def check_file_writable(path: str, where: str) -> list[Problem]:
+    """Can the file ``path`` be written (its folder created if missing)?"""
+    if os.path.isdir(path):
+        return [Problem(where, f"{path!r} is a folder; name a file")]
+    return _check_dir_writable(os.path.dirname(os.path.abspath(path)), where)
 
 
 def _check_dir_writable(path: str, where: str) -> list[Problem]:

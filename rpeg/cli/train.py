@@ -114,7 +114,12 @@ def register(app: typer.Typer) -> None:
         # one validation pass before anything starts: every problem at once, exit 2
         from rpeg.preflight import preflight
 
-        preflight(cfg, local=local, cluster_devices=None if cluster is None else 10**6)
+        preflight(
+            cfg,
+            local=local,
+            cluster_devices=None if cluster is None else 10**6,
+            output_files={"--summary-json": summary_json},
+        )
         cfg = _with_run_id(cfg, quiet)
         from rpeg.infra.lifeline import start_lifeline
 

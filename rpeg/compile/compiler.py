@@ -313,6 +313,50 @@ def model_shape(config: Any) -> dict[str, int]:
     return out
 
 
+def _policy_model(config: Any) -> Any:
+    """The policy's catalog spec: the model folder's ``config.json`` when it is a local path,
+    else the catalog entry of ``model.name``; None when neither can be read."""
+    import os
+
+    from rpeg import specs
+    from rpeg.specs.hf import entry_from_hf
+    from rpeg.specs.models import parse_models
+
+    m = config.model
+    try:
+        if m.path and os.path.isfile(os.path.join(m.path, "config.json")):
+            with open(os.path.join(m.path, "config.json")) as fh:
+                entry = entry_from_hf(json.load(fh))
+            return parse_models([({"models": {"policy": entry}}, m.path)])["policy"]
+        return specs.model(m.name)
+    except Exception:  # noqa: BLE001 -- an unreadable or unknown model: nothing to size
+        return None
+
+
+def _keeps_gathered(config: Any, up: Any, dtype: str) -> bool:
+    """The training unit ``up``'s ``reshard_after_forward`` resolved: an explicit bool as
+    given; ``auto`` by the performance model's rule (:func:`rpeg.perf.units.keeps_gathered`:
+    the gathered extra fits a share of the cluster's device memory), resharding (the
+    memory-safe choice) when the model or cluster cannot be sized."""
+    from rpeg import specs
+    from rpeg.perf.units import gathered_extra_gb, keeps_gathered, params_per_device
+
+    setting = up.reshard_after_forward
+    if setting != "auto":
+        return not setting
+    model = _policy_model(config)
+    try:
+        device_gb = specs.cluster(config.cluster.name).gpu.usable_hbm_gb
+    except Exception:  # noqa: BLE001
+        return False
+    if model is None:
+        return False
+    dp = max(1, up.num_devices // (up.tp * up.pp))
+    wbytes = 4.0 if dtype == "float32" else 2.0
+    extra = gathered_extra_gb(params_per_device(model, up.tp, up.pp, up.ep), wbytes, dp)
+    return keeps_gathered(setting, extra, device_gb)
+
+
 def _device_type(config: Any) -> str:
     try:
         from rpeg import specs
@@ -367,6 +411,7 @@ def _group_layouts(
         g.gen_tp = plan.units[gen[0]].tp if gen else g.tp
         g.device_type = dev
         g.dtype = dtype
+        g.reshard_after_forward = not (g.fsdp and g.dp > 1 and _keeps_gathered(config, up, dtype))
         g.backend = "nccl" if dev == "cuda" else "gloo"
         for n in units:
             t = plan.units[n].tp
@@ -448,6 +493,14 @@ def check_step(step: CompiledStep) -> None:
             )
         if g.fsdp and not g.trainable:
             ps.append(Problem(f"{where}.fsdp", "FSDP needs a trainable role in the group"))
+        if not isinstance(g.reshard_after_forward, bool):
+            ps.append(
+                Problem(
+                    f"{where}.reshard_after_forward",
+                    f"{g.reshard_after_forward!r}: must be true or false (a compiled step "
+                    "holds the resolved setting)",
+                )
+            )
     for i, t in enumerate(step.tasks):
         where = f"tasks[{i}] ({t.name})"
         if t.group not in gnames:

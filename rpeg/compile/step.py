@@ -37,6 +37,9 @@ class ActorGroupSpec:
     tp: int = 1
     fsdp: bool = False
     gen_tp: int = 1
+    # FSDP training: free each block's gathered parameters after its forward (False: keep
+    # them gathered until backward; the plan's reshard_after_forward, "auto" resolved here)
+    reshard_after_forward: bool = True
     device_type: str = "cpu"  # "cpu" or "cuda"
     dtype: str = "float32"  # the plan's precision on the device (bf16 on GPU)
 

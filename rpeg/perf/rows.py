@@ -229,6 +229,8 @@ class RowCase:
                 recompute=lay.recompute,
                 seq_packing=self.packing,
                 offload=self.colocated,
+                # published FSDP / ZeRO-3 runs (verl, OpenRLHF defaults) reshard after forward
+                reshard_after_forward=True,
             )
         except ValueError as exc:
             raise Unpredictable(f"layout: {_one_line(exc)}") from None

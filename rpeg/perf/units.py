@@ -304,21 +304,58 @@ def _dense_expert_split(m: ModelSpec) -> tuple[float, float]:
     return float(m.matmul_params - expert), float(expert)
 
 
+#: ``reshard_after_forward: auto`` keeps an FSDP training unit's parameters gathered from
+#: forward to backward when the extra memory (the rank's unsharded parameters less its own
+#: shard) is at most this share of a device's memory
+GATHERED_MEMORY_SHARE = 0.10
+
+
+def params_per_device(m: ModelSpec, tp: int, pp: int, ep: int) -> float:
+    """Parameters one rank of a ``tp x pp`` (``ep`` for experts) layout holds unsharded."""
+    expert_all = m.moe_layers * m.moe.experts * m.expert_params if m.moe else 0
+    return (m.params - expert_all) / (tp * pp) + expert_all / (ep * pp)
+
+
+def gathered_extra_gb(params_dev: float, wbytes: float, dp: int) -> float:
+    """GB a rank holds beyond its FSDP shard while its whole unsharded layout stays
+    gathered: ``params_dev * wbytes * (1 - 1/dp)``."""
+    return params_dev * wbytes * (1.0 - 1.0 / max(1, dp)) / GB
+
+
+def keeps_gathered(setting: bool | str, extra_gb: float, device_gb: float) -> bool:
+    """Whether an FSDP training pass keeps its parameters gathered from forward to backward
+    (``UnitPlan.reshard_after_forward`` false; ``auto``: the extra fits
+    :data:`GATHERED_MEMORY_SHARE` of ``device_gb``). Only meaningful for dp > 1."""
+    if setting == "auto":
+        return extra_gb <= GATHERED_MEMORY_SHARE * device_gb
+    return not setting
+
+
+def _fsdp_dp(u: UnitPlan) -> int:
+    return max(1, u.num_devices // (u.tp * u.pp)) if u.engine == "fsdp" else 1
+
+
+def unit_keeps_gathered(c: UnitContext, u: UnitPlan) -> bool:
+    """:func:`keeps_gathered` for a training unit priced in ``c``."""
+    dp = _fsdp_dp(u)
+    if dp <= 1:
+        return False
+    p_dev = params_per_device(c.model, u.tp, u.pp, u.ep)
+    return keeps_gathered(
+        u.reshard_after_forward, gathered_extra_gb(p_dev, c.wbytes, dp), c.gpu.usable_hbm_gb
+    )
+
+
 def _train_state_per_device(c: UnitContext, u: UnitPlan, trainable: bool) -> dict[str, float]:
-    m = c.model
-    n = u.num_devices
-    if m.moe:
-        expert_all = m.moe_layers * m.moe.experts * m.expert_params
-    else:
-        expert_all = 0
-    dense = m.params - expert_all
-    p_dev = dense / (u.tp * u.pp) + expert_all / (u.ep * u.pp)
+    p_dev = params_per_device(c.model, u.tp, u.pp, u.ep)
     fsdp = u.engine == "fsdp"
-    dp = max(1, n // (u.tp * u.pp))
+    dp = max(1, u.num_devices // (u.tp * u.pp))
     out = {"weights": p_dev * c.wbytes / GB / (dp if fsdp else 1)}
     if trainable:
         out["gradients"] = p_dev * 2.0 / GB / (dp if fsdp else 1)
         out["optimizer"] = p_dev * 12.0 / dp / GB  # fp32 master + Adam m, v (distributed)
+        if unit_keeps_gathered(c, u):
+            out["gathered_weights"] = gathered_extra_gb(p_dev, c.wbytes, dp)
     return out
 
 
@@ -432,11 +469,15 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
             p_bytes, dp, link.bytes_per_s, link.latency_s, cal.nccl_bus_eff
         )
         if u.engine == "fsdp":
-            # FSDP re-gathers parameters for every micro-batch (fwd + bwd), overlapped with compute
+            # FSDP gathers parameters for every micro-batch (forward, and again in backward
+            # unless they stay gathered) and reduce-scatters its gradients, overlapped with
+            # compute
+            collectives = 2 if "gathered_weights" in state else 3
+            sc.detail["fsdp_collectives_per_micro_batch"] = float(collectives)
             fs = (
                 n_micro
                 / max(1, c.wl.train_minibatches)
-                * 3
+                * collectives
                 * costs.gather_time(
                     p_bytes * dp, dp, link.bytes_per_s, link.latency_s, cal.nccl_bus_eff
                 )

@@ -157,11 +157,26 @@ class UnitPlan(_Base):
         0.8, gt=0.0, le=1.0, description="generation: KV-cache budget share"
     )
     seq_packing: bool = True
+    reshard_after_forward: bool | Literal["auto"] = Field(
+        "auto",
+        description="FSDP training: true frees each block's gathered parameters after its "
+        "forward and gathers them again in backward (ZeRO-3, two all-gathers per "
+        "micro-batch); false keeps them gathered from forward to backward (one all-gather, "
+        "the rank's whole unsharded shard resident during the pass); auto = false when that "
+        "extra fits rpeg.perf.units.GATHERED_MEMORY_SHARE of a device's memory",
+    )
 
     @field_validator("devices", mode="before")
     @classmethod
     def _devices(cls, v: Any) -> tuple[int, ...]:
         return parse_devices(v)
+
+    @field_validator("reshard_after_forward", mode="before")
+    @classmethod
+    def _reshard(cls, v: Any) -> bool | str:
+        if isinstance(v, bool) or v == "auto":
+            return v
+        raise ValueError(f"got {v!r}; allowed: true, false, auto")
 
     @property
     def num_devices(self) -> int:

@@ -70,6 +70,7 @@ def distributed_summary(
             "dp": g.dp,
             "tp": g.tp,
             "fsdp": g.fsdp,
+            "reshard_after_forward": g.reshard_after_forward,
             "gen_tp": g.gen_tp,
             "devices": list(g.devices),
             "device_type": g.device_type,

@@ -10,6 +10,7 @@ gradients over data-parallel ranks, equals one loss over the global mini-batch
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -118,12 +119,22 @@ def minibatch_updates(
     micro-batch loss is weighted so that accumulation (and the average of gradients over
     data-parallel ranks) equals one loss over the global mini-batch. ``shards``
     (:class:`rpeg.runtime.sharding.Shards`): average replicated gradients over dp and clip
-    over DTensors. Returns the metrics averaged over optimizer steps, with the gradient norm
-    (before clipping) under ``grad_norm_key``."""
+    over DTensors, and the pass's FSDP gathering (:meth:`Shards.training_pass`). Returns the
+    metrics averaged over optimizer steps, with the gradient norm (before clipping) under
+    ``grad_norm_key``."""
+    module, shards = role.module, role.shards
+    module.train()
+    with shards.training_pass(module) if shards is not None else contextlib.nullcontext():
+        sums, steps = _updates(role, batch, micro_loss, grad_norm_key)
+    module.eval()
+    return {k: v / max(steps, 1) for k, v in sums.items()}
+
+
+def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], int]:
+    """:func:`minibatch_updates`' loop: the metric sums and the optimizer steps taken."""
     module, optimizer = role.module, role.optimizer
     algorithm, workload, reduce = role.algorithm, role.workload, role.reduce
     generator, grad_clip, shards = role.generator, role.optim_cfg.grad_clip, role.shards
-    module.train()
     sums: dict[str, float] = {}
     steps = 0
     agg = algorithm.loss_aggregation
@@ -147,8 +158,7 @@ def minibatch_updates(
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
-    module.eval()
-    return {k: v / max(steps, 1) for k, v in sums.items()}
+    return sums, steps
 
 
 def adamw(params, **options) -> torch.optim.AdamW:

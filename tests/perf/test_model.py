@@ -118,3 +118,44 @@ def test_tiny_model_on_local_cpu_is_feasible():
     )
     p = predict(g, plan, wl)
     assert p.step_s > 0 and p.num_devices == 2
+
+
+def _fsdp_train(model: str, setting):
+    """A disaggregated GRPO plan whose 8 trainer GPUs run FSDP (dp 8) with the given
+    ``reshard_after_forward``."""
+    g = builders.build("grpo", use_reference=False)
+    plan = disaggregated_plan(
+        g, "dgx-h100", num_nodes=2, gen_devices=8, train_devices=8, model=model
+    )
+    units = {
+        n: (
+            u.model_copy(update={"engine": "fsdp", "reshard_after_forward": setting})
+            if n == "train_actor"
+            else u
+        )
+        for n, u in plan.units.items()
+    }
+    return g, plan.model_copy(update={"units": units})
+
+
+@pytest.mark.parametrize(
+    ("model", "setting", "gathered"),
+    [
+        # auto: the extra is params * 2 B * (1 - 1/8) against 10% of an H100's 85.5 GB
+        ("qwen2.5-1.5b-instruct", "auto", True),  # 1.54e9 * 2 * 7/8 = 2.7 GB
+        ("llama3.1-8b", "auto", False),  # 8.03e9 * 2 * 7/8 = 14.1 GB
+        ("llama3.1-8b", False, True),  # asked for: priced (and memory-checked) as asked
+        ("qwen2.5-1.5b-instruct", True, False),
+    ],
+)
+def test_fsdp_parameters_kept_gathered_cost_memory_and_save_a_gather(model, setting, gathered):
+    g, plan = _fsdp_train(model, setting)
+    st = predict(g, plan, WL).stages["train_actor"]
+    n = specs.model(model).params
+    if gathered:
+        assert st.memory_gb["gathered_weights"] == pytest.approx(n * 2 * 7 / 8 / 1e9)
+        assert st.detail["fsdp_collectives_per_micro_batch"] == 2
+    else:
+        assert "gathered_weights" not in st.memory_gb
+        assert st.detail["fsdp_collectives_per_micro_batch"] == 3
+    assert st.memory_gb["weights"] == pytest.approx(n * 2 / 8 / 1e9)

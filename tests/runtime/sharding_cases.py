@@ -172,7 +172,9 @@ def train_case(cfg, layout, mesh, rank: int, role: str = "actor") -> dict:
         b = with_old_logprobs(batch(0).select(rows), w)
     full = param_bytes_full(w.module)
     local = param_bytes_local(w.module)
+    gathers = _count_all_gathers()
     m = w.train_step(b)
+    all_gathers = gathers.stop()
     weights = full_state_dict(w.module)
     from torch.distributed.fsdp import FSDPModule
 
@@ -185,7 +187,31 @@ def train_case(cfg, layout, mesh, rank: int, role: str = "actor") -> dict:
         "local_after": param_bytes_local(w.module),  # every FSDP unit resharded after the step
         "fsdp_units": units,
         "layers": w.module.config.num_hidden_layers if role != "critic" else 0,
+        "all_gathers": all_gathers,  # FSDP unit all-gathers during the training step
     }
+
+
+class _count_all_gathers:
+    """Counts FSDP's parameter all-gathers (its pair-channel all-gather: a 2-rank dp group on
+    this host) until :meth:`stop`."""
+
+    def __init__(self):
+        from rpeg.runtime.pair_channel import PairAllGather
+
+        self.n = 0
+        self._orig = PairAllGather.__call__
+
+        def counted(this, *a, **kw):
+            self.n += 1
+            return self._orig(this, *a, **kw)
+
+        PairAllGather.__call__ = counted
+
+    def stop(self) -> int:
+        from rpeg.runtime.pair_channel import PairAllGather
+
+        PairAllGather.__call__ = self._orig
+        return self.n
 
 
 def resume_case(cfg, saved, resumed, mesh_a, mesh_b, rank: int, url: str) -> dict:

@@ -69,8 +69,11 @@ def test_two_rank_layouts_equal_single_process(reference):
     units = {"fsdp_per_block": 1, "fsdp_two_blocks": block + 1}
     for name, size in units.items():
         cases.append((name, "train", {"layout": fsdp, "fsdp_unit_bytes": size}))
+    # the same units kept gathered from forward to backward (reshard_after_forward false)
+    gathered = {**fsdp, "reshard_after_forward": False}
+    cases.append(("fsdp_gathered", "train", {"layout": gathered, "fsdp_unit_bytes": 1}))
     out = C.spawn(2, cases, port=29611)
-    for name, lay in [*LAYOUTS_2.items(), *((n, fsdp) for n in units)]:
+    for name, lay in [*LAYOUTS_2.items(), *((n, fsdp) for n in [*units, "fsdp_gathered"])]:
         _check(ref, ref_w, out[name], lay["dp"], lay["tp"])
     # what a rank holds: fsdp dp=2 about half, tp=2 the blocks halved (embeddings replicated)
     full = out["fsdp_dp2"][0]["full"]
@@ -82,6 +85,12 @@ def test_two_rank_layouts_equal_single_process(reference):
     assert out["fsdp_dp2"][0]["fsdp_units"] == 1  # the root only
     assert out["fsdp_per_block"][0]["fsdp_units"] == layers + 1
     assert out["fsdp_two_blocks"][0]["fsdp_units"] == 2  # both blocks, then the root
+    # each unit gathered in forward and again in backward, for each of the rank's
+    # micro-batches (4 rows, micro_batch_size 2); kept gathered: once per micro-batch
+    units_n, micro = layers + 1, C.ROWS // 2 // 2
+    assert out["fsdp_per_block"][0]["all_gathers"] == 2 * units_n * micro
+    assert out["fsdp_gathered"][0]["all_gathers"] == units_n * micro
+    assert out["fsdp_gathered"][0]["local_after"] == out["fsdp_gathered"][0]["local"]
     assert out["tp2"][0]["local"] < 0.75 * full
     assert out["dp2_replicas"][0]["local"] == full
 

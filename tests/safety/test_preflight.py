@@ -75,6 +75,22 @@ def test_local_run_is_checked_the_same_way(tmp_path, capsys):
     assert code == 2 and "(2 problems)" in err, err
 
 
+@pytest.mark.parametrize("target", ["blocker/summary.json", "folder"])
+def test_an_unwritable_summary_file_is_refused_before_training(
+    tmp_path, capsys, no_services, target
+):
+    from rpeg.cli import main
+
+    (tmp_path / "blocker").write_text("x")  # a file where a folder would have to be
+    (tmp_path / "folder").mkdir()
+    path = str(tmp_path / target)
+    code = main(["train", "--quiet", "--out", str(tmp_path / "out"), "--summary-json", path])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "  - --summary-json: " in err, err
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()  # nothing ran
+
+
 def test_machine_limits_and_numbers(tmp_path, capsys, no_services):
     from rpeg.cli import main
     from rpeg.preflight import check_machine, machine_device_limit
