@@ -299,7 +299,7 @@ def _train(
         rlog.info(
             "starting %d actors in %d group(s); models load now", n, len(compiled.actor_groups)
         )
-        run.start_actors()
+        run.start_actors_retrying(c.runtime.step_retries, warn=rlog.warning)
         rlog.info("actors ready in %.1f s", run.actor_start_s)
         state = run.restore() if c.runtime.resume else None
         if state is not None:

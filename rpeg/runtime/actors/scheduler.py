@@ -390,7 +390,12 @@ class StepScheduler:
             self.phase = "recovering"
             self.in_flight.clear()
             return [Recover(f"{what}: worker lost ({_err(ev.error)})")]
-        why = "no checkpoint store" if not self.checkpoint_every else "no retries left"
+        why = (
+            "not recovered: no checkpoint store (set runtime.checkpoint_url, e.g. "
+            "file:///tmp/rpeg-ckpt, and the run recovers from its last checkpoint)"
+            if not self.checkpoint_every
+            else f"not recovered: all {self.max_recoveries} retries used (runtime.step_retries)"
+        )
         return self._fail(
             Fail("worker_lost", f"{what}: worker lost ({_err(ev.error)}); {why}", ev.error)
         )

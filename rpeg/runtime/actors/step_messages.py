@@ -18,6 +18,14 @@ class OutOfMemoryFailure(RpegError):
     """A unit ran out of memory (reported with the unit, never retried)."""
 
 
+class WorkerLostFailure(RpegError):
+    """A worker was lost and the run could not recover (no checkpoint store, or no retry
+    left); the worker's own error is its ``__cause__``. Exit code 1: a runtime failure, not
+    bad input."""
+
+    exit_code = 1
+
+
 # --------------------------------------------------------------------------- instructions
 
 
@@ -137,10 +145,13 @@ class Fail:
     error: BaseException | None = None
 
     def exception(self) -> BaseException:
-        """What the executor raises: a lost worker's own error (no retry left), an
+        """What the executor raises: a :class:`WorkerLostFailure` naming the unit, why it
+        was not recovered and the worker's error (chained as its cause), an
         :class:`OutOfMemoryFailure` naming the unit, or a :class:`SchedulerError`."""
-        if self.kind == "worker_lost" and self.error is not None:
-            return self.error
+        if self.kind == "worker_lost":
+            exc = WorkerLostFailure(self.reason)
+            exc.__cause__ = self.error
+            return exc
         if self.kind == "oom":
             return OutOfMemoryFailure(self.reason)
         return SchedulerError(self.reason)

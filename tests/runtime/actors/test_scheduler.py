@@ -306,6 +306,13 @@ def test_without_a_checkpoint_store_or_retries_a_lost_worker_fails_the_run():
         sim.run(fail=fail)
         assert isinstance(sim.outcome, M.Fail) and sim.outcome.kind == "worker_lost"
         assert "step 1" in sim.outcome.reason
+        # what the run raises says why it was not recovered and what to set; the worker's
+        # own error is its cause; exit code 1 (a runtime failure, not bad input)
+        exc = sim.outcome.exception()
+        assert isinstance(exc, M.WorkerLostFailure) and exc.exit_code == 1
+        assert exc.__cause__ is sim.outcome.error
+        want = "runtime.checkpoint_url" if not kw else "runtime.step_retries"
+        assert want in str(exc), str(exc)
 
 
 def test_out_of_memory_is_reported_with_the_unit_and_not_retried():
