@@ -169,9 +169,46 @@ def source_family(source: str) -> str:
     return source.split()[0] if source else "?"
 
 
+#: columns a row cannot be predicted without (the rest have priors or are solved)
+REQUIRED_COLUMNS = ("case_id", "model", "gpu")
+
+
 def read_rows(path: str | Path | None = None) -> list[dict[str, str]]:
-    with open(path or default_data(), newline="") as fh:
-        return list(csv.DictReader(fh))
+    """The rows of a CSV in the shipped data set's schema; a file that is not one (not UTF-8
+    text, no rows, required columns missing) is a ConfigError naming the file and what is
+    missing."""
+    from rpeg.errors import ConfigError, Problem
+
+    where = str(path or default_data())
+    try:
+        with open(path or default_data(), newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            header = list(reader.fieldnames or [])
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [Problem(where, f"not UTF-8 CSV text ({exc.reason})")], title="invalid data set"
+        ) from None
+    except csv.Error as exc:
+        raise ConfigError(
+            [Problem(where, f"not a readable CSV file: {exc}")], title="invalid data set"
+        ) from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    problems = []
+    if missing:
+        problems.append(
+            Problem(
+                where,
+                f"missing column(s) {', '.join(missing)}; a data set needs "
+                f"{', '.join(REQUIRED_COLUMNS)} (schema: the shipped published_runs.csv, "
+                "docs/perf-model.md)",
+            )
+        )
+    elif not rows:
+        problems.append(Problem(where, "no rows under the header"))
+    if problems:
+        raise ConfigError(problems, title="invalid data set")
+    return rows
 
 
 def _other(r: dict[str, str], key: str) -> float | None:

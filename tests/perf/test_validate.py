@@ -183,3 +183,25 @@ def test_cli_specs_lists(capsys):
     assert main(["specs"]) == 0
     out = capsys.readouterr().out
     assert "h100-sxm" in out and "dgx-h100" in out and "deepseek-v3" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"a,b\n1,2\n", "missing column(s) case_id, model, gpu"),
+        (b"case_id,model,gpu,num_gpus\n", "no rows under the header"),
+        (b"\x7fELF\x02\x01\x01\x00\xff\xfe\x00\x00", "not UTF-8 CSV text"),
+    ],
+)
+def test_a_file_that_is_not_a_data_set_is_refused_with_what_is_missing(
+    tmp_path, capsys, content, message
+):
+    from rpeg.cli import main
+
+    path = tmp_path / "runs.csv"
+    path.write_bytes(content)
+    code = main(["validate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"  - {path}: {message}" in err, err
+    assert "Traceback" not in err
