@@ -74,6 +74,7 @@ def preflight(
     problems += check_places(config)
     if not local:
         problems += check_machine(config, cluster_devices=cluster_devices)
+        problems += check_scheduler_reachable(config.cluster.address)
     compiled = None
     if compile_plan and not local:
         from rpeg.compile import compile_plan as _compile
@@ -195,6 +196,37 @@ def _check_dir_writable(path: str, where: str) -> list[Problem]:
 
 
 # ------------------------------------------------------------------------------ machine
+#: seconds the preflight waits for an existing scheduler's port to accept a connection
+SCHEDULER_PROBE_S = 5.0
+
+
+def check_scheduler_reachable(address: str | None) -> list[Problem]:
+    """A ``tcp://`` or ``tls://`` scheduler address whose port accepts no connection (nothing
+    listening, an unknown host, no route within :data:`SCHEDULER_PROBE_S`) is a problem now,
+    not a 60 s connect timeout after the flow started. Only the TCP port is probed: the
+    Dask handshake (and TLS) happen when the run connects."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if not address or not re.match(r"^(tcp|tls)://", address):
+        return []
+    try:
+        parts = urlsplit(address)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if not host or not port:
+        return [
+            Problem("cluster.address", f"{address!r}: expected tcp://host:port or tls://host:port")
+        ]
+    try:
+        socket.create_connection((host, port), timeout=SCHEDULER_PROBE_S).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        return [Problem("cluster.address", f"no scheduler answers at {address}: {why}")]
+    return []
+
+
 def check_machine(config: RunConfig, *, cluster_devices: int | None = None) -> list[Problem]:
     cc = config.cluster
     out: list[Problem] = []

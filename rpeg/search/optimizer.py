@@ -36,11 +36,14 @@ from rpeg.search.inputs import config_from_kwargs, load_config
 from rpeg.search.problem import PlanProblem, default_space, problem_from_config, search_space
 from rpeg.search.result import Candidate, SearchResult
 from rpeg.search.space import (
+    POOL_GEN_KINDS,
     Counts,
     Placement,
     SearchSpace,
     SpaceOptions,
     Structure,
+    layout_class,
+    unit_kinds,
 )
 
 
@@ -58,14 +61,24 @@ class SearchOptions:
 
 
 def space_size(space: SearchSpace, ev: Evaluator) -> int:
-    """Number of full plans in the product space (every split, every unit layout)."""
+    """Number of full plans in the product space (every split, every unit layout). Counted
+    from each unit's layout class and pool size (what ``Evaluator.candidates`` depends on),
+    without building the cells: a 100k-device cluster has 12.5k node-aligned splits."""
     total = 0
     for st, g in space.structures():
+        units = [
+            (layout_class(kinds, sig), bool(kinds & POOL_GEN_KINDS))
+            for _, kinds, sig in unit_kinds(g)
+        ]
         for pl in space.placements(st):
-            c = ev.cell(st, g, pl)
             prod = 1
-            for n, _, _ in c.units:
-                prod *= max(1, len(ev.candidates(c, n)))
+            for cls, gen in units:
+                n = (
+                    pl.num_devices
+                    if pl.colocated
+                    else (pl.gen_devices if gen else pl.train_devices)
+                )
+                prod *= max(1, len(space.layouts(cls, n)))
             total += prod
     return total
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from rpeg.ir import Graph, GraphError, bound_async, fuse, share_actor_critic
@@ -101,6 +102,15 @@ class Structure:
         return g
 
 
+@lru_cache(maxsize=256)
+def _pools(n: int, gen: int) -> dict[str, tuple[int, ...]]:
+    """The device pools of a placement (cached: the search asks for them per cell, and a
+    pool of 100k devices is a 100k-tuple). Callers must not mutate the result."""
+    if gen == 0:
+        return {"all": tuple(range(n))}
+    return {"gen": tuple(range(gen)), "train": tuple(range(gen, n))}
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where units run. ``gen_devices`` = 0 means colocated on ``num_devices``."""
@@ -120,12 +130,7 @@ class Placement:
         return self.num_devices - self.gen_devices
 
     def pools(self) -> dict[str, tuple[int, ...]]:
-        if self.colocated:
-            return {"all": tuple(range(self.num_devices))}
-        return {
-            "gen": tuple(range(self.gen_devices)),
-            "train": tuple(range(self.gen_devices, self.num_devices)),
-        }
+        return _pools(self.num_devices, self.gen_devices)
 
     def describe(self) -> str:
         if self.colocated:

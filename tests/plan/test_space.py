@@ -72,3 +72,30 @@ def test_none_class_has_one_layout_and_space_size_is_the_product():
     ev = Evaluator(prob, s)
     # 1 structure x (1 colocated + 1 split) placements x one layout per unit
     assert space_size(s, ev) == 2
+
+
+def test_space_size_counts_what_the_cells_offer():
+    # counted without building cells; must equal the product of each cell's candidates
+    prob = gh200_problem(gpus=16, k=1)
+    s = _space(prob, max_staleness=1)
+    ev = Evaluator(prob, s)
+    by_cells = 0
+    for st, g in s.structures():
+        for pl in s.placements(st):
+            c = ev.cell(st, g, pl)
+            prod = 1
+            for name, _, _ in c.units:
+                prod *= max(1, len(ev.candidates(c, name)))
+            by_cells += prod
+    assert by_cells > 100  # a real space: several splits, structures and layouts
+    assert space_size(s, ev) == by_cells
+
+
+def test_a_device_count_past_the_limit_is_refused_with_the_limit():
+    import pytest
+
+    from rpeg.config import MAX_DEVICES, RunConfig
+    from rpeg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"cluster.num_devices.*{MAX_DEVICES}"):
+        RunConfig.from_dict({"cluster": {"num_devices": 10**9}})

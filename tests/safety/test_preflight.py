@@ -172,3 +172,24 @@ def test_config_error_keeps_its_problems_across_the_dask_boundary():
         client.submit(fail, pure=False).result()
     assert ei.value.problems == (Problem("a.b", "first"), Problem("c", "second"))
     assert ei.value.title == "t"
+
+
+def test_a_scheduler_address_nothing_listens_on_is_refused_at_once():
+    import socket
+
+    from rpeg.preflight import check_scheduler_reachable
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert check_scheduler_reachable(f"tcp://127.0.0.1:{port}") == []
+    # the same port once nobody listens there: refused
+    probs = check_scheduler_reachable(f"tcp://127.0.0.1:{port}")
+    assert [p.where for p in probs] == ["cluster.address"]
+    assert "no scheduler answers at" in probs[0].what and "refused" in probs[0].what
+    assert check_scheduler_reachable("tcp://127.0.0.1")[0].what.endswith(
+        "expected tcp://host:port or tls://host:port"
+    )
+    assert check_scheduler_reachable(None) == []
+    assert check_scheduler_reachable("inproc://x") == []  # not a TCP address: not probed
