@@ -10,10 +10,12 @@ CLI prints it and exits 2, without a traceback):
 * the task: every reward name registered, the data file (every bad row, up to
   :data:`rpeg.runtime.data.MAX_ROW_PROBLEMS`, e.g. a JSONL line ``[1,2]``), the prompt
   template's placeholders;
-* places: ``runtime.output_dir`` and ``runtime.checkpoint_url`` writable, ``--resume`` /
-  ``--resume-from`` pointing at a usable checkpoint;
+* places: ``runtime.output_dir``, ``runtime.checkpoint_url`` and files the command writes
+  at the end (``--summary-json``) writable, ``--resume`` / ``--resume-from`` pointing at a
+  usable checkpoint;
 * the machine: local device and worker counts against the CPUs (or GPUs) here, a
-  ``tls://`` scheduler with its certificate files, the dashboard address and worker memory;
+  ``tls://`` scheduler with its certificate files, an existing scheduler's port accepting
+  connections (:func:`check_scheduler_reachable`), the dashboard address and worker memory;
 * the plan: the compiled step (:func:`rpeg.compile.compile_plan`), whose problems join the
   list.
 
