@@ -354,7 +354,7 @@ class Shards:
         rank's whole unsharded shard is resident during the pass (the plan's choice,
         ``reshard_after_forward``). Measured at ``configs/sharded-cpu.yaml`` (rpeg-tiny,
         tp=2 x fsdp dp=2 on 2 cores): the train stage 0.566 -> 0.483 s, the same gradients
-        (docs/runtime.md "FSDP: gathered from forward to backward")."""
+        (docs/runtime.md "Shards", the FSDP2 item)."""
         lay = self.layout
         if lay.fsdp and lay.dp > 1 and not lay.reshard_after_forward:
             return gathered_blocks(module)
