@@ -279,6 +279,7 @@ def _train(
     from rpeg.runtime.actors import scheduler as S
     from rpeg.runtime.actors import step_messages as M
     from rpeg.runtime.actors.driver import DistributedRun
+    from rpeg.runtime.actors.failures import start_with_retries
 
     t_start = time.perf_counter()
     c, compiled, cl, owned = _setup(config, cluster_address, resume, cluster)
@@ -299,7 +300,7 @@ def _train(
         rlog.info(
             "starting %d actors in %d group(s); models load now", n, len(compiled.actor_groups)
         )
-        run.start_actors_retrying(c.runtime.step_retries, warn=rlog.warning)
+        start_with_retries(run, c.runtime.step_retries, warn=rlog.warning)
         rlog.info("actors ready in %.1f s", run.actor_start_s)
         state = run.restore() if c.runtime.resume else None
         if state is not None:

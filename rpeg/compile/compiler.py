@@ -288,13 +288,10 @@ def model_shape(config: Any) -> dict[str, int]:
     """Heads, kv heads and MLP width of the run's policy: the model folder's ``config.json``
     when it is a local path, else the catalog entry of ``model.name`` (with the built-in tiny
     model's ``tiny_shape`` overrides)."""
-    import os
-
     m = config.model
     keys = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
-    if m.path and os.path.isfile(os.path.join(m.path, "config.json")):
-        with open(os.path.join(m.path, "config.json")) as fh:
-            cfg = json.load(fh)
+    cfg = _config_json(m)
+    if cfg is not None:
         return {k: int(cfg[k]) for k in keys if isinstance(cfg.get(k), int)}
     out: dict[str, int] = {}
     try:
@@ -313,20 +310,28 @@ def model_shape(config: Any) -> dict[str, int]:
     return out
 
 
+def _config_json(m: Any) -> dict | None:
+    """The HF ``config.json`` of ``model.path`` when it is a local folder holding one."""
+    import os
+
+    if not (m.path and os.path.isfile(os.path.join(m.path, "config.json"))):
+        return None
+    with open(os.path.join(m.path, "config.json")) as fh:
+        return json.load(fh)
+
+
 def _policy_model(config: Any) -> Any:
     """The policy's catalog spec: the model folder's ``config.json`` when it is a local path,
     else the catalog entry of ``model.name``; None when neither can be read."""
-    import os
-
     from rpeg import specs
     from rpeg.specs.hf import entry_from_hf
     from rpeg.specs.models import parse_models
 
     m = config.model
     try:
-        if m.path and os.path.isfile(os.path.join(m.path, "config.json")):
-            with open(os.path.join(m.path, "config.json")) as fh:
-                entry = entry_from_hf(json.load(fh))
+        cfg = _config_json(m)
+        if cfg is not None:
+            entry = entry_from_hf(cfg)
             return parse_models([({"models": {"policy": entry}}, m.path)])["policy"]
         return specs.model(m.name)
     except Exception:  # noqa: BLE001 -- an unreadable or unknown model: nothing to size

@@ -107,33 +107,12 @@ class DistributedRun:
         self._synced_once = False
         self._init_weight_sync()
 
-    def start_actors_retrying(self, retries: int, warn: Any = None) -> int:
-        """:meth:`start_actors`; a worker lost while the actors start (a ``worker_lost``
-        error, :func:`rpeg.runtime.actors.failures.classify`) restarts the survivors and
-        starts every actor again on the live workers, up to ``retries`` times (nothing has
-        been trained yet, so there is nothing to restore). ``warn(message)`` hears each
-        retry. Returns the retries used."""
-        from rpeg.runtime.actors.failures import classify
-
-        for attempt in range(retries + 1):
-            try:
-                if attempt == 0:
-                    self.start_actors()
-                else:
-                    self.actors.recreate()
-                    self._synced_once = False
-                    self._init_weight_sync()
-                return attempt
-            except Exception as exc:
-                if classify(exc) != "worker_lost" or attempt == retries:
-                    raise
-                if warn is not None:
-                    warn(
-                        f"a worker was lost while the actors started ({type(exc).__name__}: "
-                        f"{exc}); starting them again ({attempt + 1} of {retries})"
-                    )
-                self.abandon()
-        raise AssertionError("unreachable")
+    def restart_actors(self, timeout_s: float = 90.0) -> None:
+        """Every actor started again on the live workers (after :meth:`abandon`), then the
+        weight-sync group; the generators get the weights at the next sync."""
+        self.actors.recreate(timeout_s)
+        self._synced_once = False
+        self._init_weight_sync()
 
     @property
     def groups(self) -> dict[str, list[Any]]:
@@ -199,9 +178,7 @@ class DistributedRun:
             self._chained.clear()
             self._tails.clear()
             self.slot_examples.clear()
-        self.actors.recreate(timeout_s)
-        self._synced_once = False
-        self._init_weight_sync()
+        self.restart_actors(timeout_s)
         state = self.restore()
         if state is None:
             raise RuntimeError(

@@ -9,11 +9,14 @@
   never retried (the same step would run out of memory again).
 * ``None``: anything else (a bug, bad data, a storage error such as a full disk or a
   permission denied, which carry an errno): raised as it is.
+
+:func:`start_with_retries`: a worker lost while a run's actors start is retried the way a
+lost worker mid-run is (abandon, start again on the live workers), without a checkpoint.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 Kind = Literal["worker_lost", "oom"]
 
@@ -62,3 +65,28 @@ def classify(exc: BaseException) -> Kind | None:
     if type(exc) is OSError and exc.errno is None:
         return "worker_lost"
     return None
+
+
+def start_with_retries(run: Any, retries: int, warn: Any = None) -> int:
+    """``run.start_actors()`` (a :class:`rpeg.runtime.actors.driver.DistributedRun`); a
+    worker lost while the actors start (:func:`classify`: ``worker_lost``) restarts the
+    survivors (``run.abandon()``) and starts every actor again on the live workers
+    (``run.restart_actors()``), up to ``retries`` times -- nothing has trained yet, so there
+    is nothing to restore. ``warn(message)`` hears each retry. Returns the retries used."""
+    for attempt in range(retries + 1):
+        try:
+            if attempt == 0:
+                run.start_actors()
+            else:
+                run.restart_actors()
+            return attempt
+        except Exception as exc:
+            if classify(exc) != "worker_lost" or attempt == retries:
+                raise
+            if warn is not None:
+                warn(
+                    f"a worker was lost while the actors started ({type(exc).__name__}: "
+                    f"{exc}); starting them again ({attempt + 1} of {retries})"
+                )
+            run.abandon()
+    raise AssertionError("unreachable")

@@ -1,27 +1,32 @@
 """A worker lost while the actors start: the survivors are restarted and every actor is
 started again on the live workers, up to ``runtime.step_retries`` times
-(``DistributedRun.start_actors_retrying``; the process side -- ``abandon``, ``recreate`` -- is
-the one recovery uses, tested with real workers in test_runtime.py)."""
+(``failures.start_with_retries`` driving ``DistributedRun.restart_actors``; the process side
+-- ``abandon``, ``recreate`` -- is the one recovery uses, tested with real workers in
+test_runtime.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from rpeg.runtime.actors.driver import DistributedRun
+from rpeg.runtime.actors.failures import start_with_retries
 
 
 class _Actors:
     def __init__(self, log, fail_recreates):
         self.log, self.fail = log, list(fail_recreates)
 
-    def recreate(self):
+    def recreate(self, timeout_s):
         self.log.append("recreate")
         if self.fail:
             raise self.fail.pop(0)
 
 
 class _Run:
-    """What ``start_actors_retrying`` drives: start, abandon, recreate, the sync group."""
+    """What ``start_with_retries`` drives: start, abandon, and the real ``restart_actors``
+    over a recorded ``recreate`` and sync group."""
+
+    restart_actors = DistributedRun.restart_actors
 
     def __init__(self, first, fail_recreates=()):
         self.log: list[str] = []
@@ -43,7 +48,7 @@ class _Run:
 
 def _start(run, retries):
     warned: list[str] = []
-    used = DistributedRun.start_actors_retrying(run, retries, warn=warned.append)
+    used = start_with_retries(run, retries, warn=warned.append)
     return used, warned
 
 
