@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     out = tempfile.mkdtemp(prefix="rpeg-bound-")
     cfg = _config(a.config, out)
-    group = compile_plan(None, cfg).group(compile_plan(None, cfg).trainer_group)
+    step = compile_plan(None, cfg)
+    group = step.group(step.trainer_group)
     layout = {
         "dp": group.dp,
         "tp": group.tp,

@@ -407,4 +407,6 @@ def read_text_or_path(text_or_path: str | Path) -> tuple[str, str]:
     p = Path(s)
     if not p.exists():
         raise ConfigError([Problem(s, "file not found")])
+    if p.is_dir():
+        raise ConfigError([Problem(s, "is a folder; expected a YAML file")])
     return p.read_text(), s

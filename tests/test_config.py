@@ -69,6 +69,9 @@ def test_malformed_yaml_and_missing_file(tmp_path):
         RunConfig.from_yaml("model: [unclosed\n")
     with pytest.raises(ConfigError, match="file not found"):
         RunConfig.from_yaml(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="is a folder") as info:
+        RunConfig.from_yaml(tmp_path)
+    assert info.value.problems[0].where == str(tmp_path)
     with pytest.raises(ConfigError, match="mapping"):
         RunConfig.from_yaml("- a\n- b\n")
 

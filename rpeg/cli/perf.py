@@ -34,6 +34,8 @@ def validate(
     from rpeg.errors import ConfigError, Problem
     from rpeg.perf.published import validate_csv
 
+    if csv_path is not None and csv_path.is_dir():
+        raise ConfigError([Problem(str(csv_path), "is a folder; expected a CSV file")])
     if csv_path is not None and not csv_path.is_file():
         raise ConfigError([Problem(str(csv_path), "file not found")])
     rep = validate_csv(csv_path)

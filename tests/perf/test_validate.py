@@ -148,6 +148,11 @@ def test_cli_validate_missing_file_exit_2(tmp_path, capsys):
     assert "file not found" in capsys.readouterr().err
 
 
+def test_cli_validate_a_folder_exit_2(tmp_path, capsys):
+    assert main(["validate", str(tmp_path)]) == 2
+    assert "is a folder; expected a CSV file" in capsys.readouterr().err
+
+
 def test_cli_predict_with_gantt(tmp_path, capsys):
     from rpeg.ir import builders
     from rpeg.plan import colocated_plan
