@@ -340,7 +340,9 @@ def load_config(path: str) -> RunConfig:
                 title="run config not found",
             )
         path = str(p)
-    return RunConfig.from_yaml(path)
+    from rpeg.preflight import load_config
+
+    return load_config(path)
 
 
 def _explain(err: dict[str, Any], model: type[BaseModel]) -> Problem:

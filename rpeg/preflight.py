@@ -20,7 +20,8 @@ CLI prints it and exits 2, without a traceback):
   list.
 
 The config's own schema (types, ranges, finite numbers, unknown keys) is validated when it is
-loaded (:meth:`RunConfig.from_dict`), also all at once. This module imports no torch, dask or
+loaded (:meth:`RunConfig.from_dict`), also all at once; :func:`load_config` adds an inline
+plan's problems to those, so a config with both kinds lists both. This module imports no torch, dask or
 prefect at module level; its checks are cheap reads (the data file is read once).
 """
 
@@ -53,6 +54,43 @@ def machine_device_limit(device_type: str = "cpu") -> int:
     except AttributeError:  # pragma: no cover - not Linux
         cpus = os.cpu_count() or 1
     return max(4, cpus)
+
+
+def load_config(source: str | None) -> RunConfig:
+    """The run config at ``source`` (a path, an fsspec URL or YAML text; None: the defaults).
+    When it has problems and its ``plan`` section is inline, the plan's own problems (its
+    schema and layout rules, as ``plan.<field>``) join them in the one error: otherwise a
+    user would fix the config and only then learn of the plan's."""
+    if source is None:
+        return RunConfig()
+    try:
+        return RunConfig.from_yaml(source)
+    except ConfigError as exc:
+        extra = _inline_plan_problems(source)
+        if not extra:
+            raise
+        raise ConfigError([*exc.problems, *extra], title=exc.title) from None
+
+
+def _inline_plan_problems(source: str) -> list[Problem]:
+    """Problems of the inline ``plan`` mapping of the YAML at ``source`` ([] if none)."""
+    import yaml
+
+    from rpeg.config import read_text_or_path
+    from rpeg.plan import Plan
+
+    try:
+        data = yaml.safe_load(read_text_or_path(source)[0])
+    except (ConfigError, yaml.YAMLError):
+        return []
+    plan = data.get("plan") if isinstance(data, dict) else None
+    if not isinstance(plan, dict):
+        return []
+    try:
+        Plan.from_dict(plan)
+    except ConfigError as exc:
+        return [Problem(f"plan.{p.where}", p.what) for p in exc.problems]
+    return []
 
 
 def preflight(

@@ -124,7 +124,6 @@ def predict(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Predict one RL step of a plan: per-stage time, memory, comm; step time, throughput, MFU."""
-    from rpeg.config import RunConfig
     from rpeg.perf import Workload, predict_plan
     from rpeg.perf.timeline import gantt as draw
     from rpeg.plan import Plan
@@ -141,7 +140,9 @@ def predict(
                 "predicting the built-in task's workload",
                 err=True,
             )
-    cfg = RunConfig.from_yaml(config) if config else RunConfig()
+    from rpeg.preflight import load_config
+
+    cfg = load_config(None if config is None else str(config))
     from rpeg.perf import build_graph
     from rpeg.perf.interval import Unknowns, predict_interval
 
@@ -337,7 +338,6 @@ def calibrate_run(
     """Fit this machine's efficiencies and fixed costs from a measured run; later
     predictions on the run's cluster use them."""
     from rpeg.compile.sources import resolve
-    from rpeg.config import RunConfig
     from rpeg.errors import ConfigError, Problem
     from rpeg.perf import fit
     from rpeg.perf.prediction import Workload
@@ -347,7 +347,9 @@ def calibrate_run(
         raise ConfigError(
             [Problem("--config", f"{config} not found: pass the run's YAML with --config")]
         )
-    cfg = RunConfig.from_yaml(config)
+    from rpeg.preflight import load_config
+
+    cfg = load_config(str(config))
     graph, plan = resolve(None, cfg)
     wl = Workload.from_config(cfg.workload)
     measured = fit.read_run(run_dir, skip=skip)

@@ -86,9 +86,9 @@ def register(app: typer.Typer) -> None:
         the distributed runtime) to the output dir. Bad input (a plan that needs more devices
         than the cluster has, an unknown role, an unwritable checkpoint URL) is refused before
         any actor starts (exit 2)."""
-        from rpeg.config import RunConfig
+        from rpeg.preflight import load_config
 
-        cfg = RunConfig.from_yaml(config) if config else RunConfig()
+        cfg = load_config(config)
         overrides: dict = {}
         if steps is not None:
             overrides["runtime.steps"] = steps

@@ -75,6 +75,34 @@ def test_local_run_is_checked_the_same_way(tmp_path, capsys):
     assert code == 2 and "(2 problems)" in err, err
 
 
+def test_config_and_inline_plan_problems_are_reported_together(tmp_path, capsys, no_services):
+    """A schema problem in the run config no longer hides the inline plan's: both kinds --
+    the plan's schema (an unknown field) and its layout rules (tp over 4 devices) -- come
+    in the one error, the plan's under ``plan.``."""
+    from rpeg.cli import main
+    from rpeg.preflight import load_config
+
+    plan = {"cluster": "local-cpu", "model": "rpeg-tiny", "units": {}}
+    cfg = {"workload": {"num_prompts": -3}, "plan": plan}
+    plan["units"] = {"generate": {"devices": "0-3", "tp": 2, "bogus": 1}}
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, cfg))
+    assert [p.where for p in info.value.problems] == [
+        "workload.num_prompts",
+        "plan.units.generate.bogus",
+    ]
+    plan["units"] = {"generate": {"devices": "0-3", "tp": 3}}
+    code = main(["train", _write(tmp_path, cfg), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "(2 problems)" in err, err
+    assert "  - plan.units.generate: tp*pp*cp=3 must divide the 4 devices" in err, err
+    # a valid config is loaded as it is; a broken one without an inline plan is unchanged
+    assert load_config(_write(tmp_path, {"workload": {"num_prompts": 4}})).workload.num_prompts == 4
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, {"workload": {"num_prompts": -3}}))
+    assert [p.where for p in info.value.problems] == ["workload.num_prompts"]
+
+
 @pytest.mark.parametrize("target", ["blocker/summary.json", "folder"])
 def test_an_unwritable_summary_file_is_refused_before_training(
     tmp_path, capsys, no_services, target
