@@ -1,7 +1,10 @@
 """A run is the same run on any layout: two data-parallel ranks (FSDP training) sample the
 single-process trainer's responses, draw its mini-batches and so reach its weights, step
 after step (per-row sampling seeds, rpeg.runtime.engines.row_sampling; mini-batches as a
-partition of the step's rollout, rpeg.runtime.updates.minibatch_rows)."""
+partition of the step's rollout, rpeg.runtime.updates.minibatch_rows). So do two ranks whose
+generation layout differs from their training layout on the same devices (generation at
+dp=2 then training at tp=2: each rank pulls the other's rows before training; generation at
+tp=2 then FSDP at dp=2: each rank keeps its half of the rows both hold)."""
 
 from __future__ import annotations
 
@@ -12,11 +15,19 @@ pytestmark = pytest.mark.slow
 UNITS = ("generate", "reward", "ref_logprob", "old_logprob", "advantage", "train_actor")
 
 
-def _config(tmp_path):
+#: (generation tp, training tp) of the two ranks: the generation layout, then the one of
+#: every later unit (tp=1 over two devices: FSDP over dp=2)
+LAYOUTS = {"fsdp_dp2": (1, 1), "gen_dp2_train_tp2": (1, 2), "gen_tp2_train_fsdp_dp2": (2, 1)}
+
+
+def _config(tmp_path, gen_tp: int = 1, train_tp: int = 1):
     from tests.runtime.actors.conftest import tiny_config
 
-    units = {u: {"devices": "0-1"} for u in (*UNITS, "sync_weights")}
-    units["train_actor"]["engine"] = "fsdp"
+    units = {u: {"devices": "0-1", "tp": train_tp} for u in (*UNITS, "sync_weights")}
+    units["reward"] = {"devices": "0-1"}
+    units["generate"]["tp"] = gen_tp
+    if train_tp == 1:
+        units["train_actor"]["engine"] = "fsdp"
     return tiny_config(
         tmp_path,
         **{
@@ -40,13 +51,15 @@ def _rows(batch):
     return [batch.response_ids[i, : int(k)].tolist() for i, k in enumerate(n)]
 
 
-def test_two_fsdp_ranks_run_the_single_process_run(tmp_path, dask_cluster):
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_two_ranks_run_the_single_process_run(tmp_path, dask_cluster, layout):
     from rpeg.compile import compile_plan
     from rpeg.runtime.actors.driver import DistributedRun
     from rpeg.runtime.batch import RolloutBatch
     from rpeg.runtime.local_trainer import LocalTrainer
 
-    cfg = _config(tmp_path)
+    gen_tp, train_tp = LAYOUTS[layout]
+    cfg = _config(tmp_path, gen_tp, train_tp)
     local = LocalTrainer(cfg)
     want = []
     for _ in range(3):
@@ -57,14 +70,20 @@ def test_two_fsdp_ranks_run_the_single_process_run(tmp_path, dask_cluster):
     run = DistributedRun(cfg, compiled, dask_cluster)
     run.start_actors()
     group = run.group(compiled.trainer_group)
-    assert len(group) == 2
+    spec = compiled.group(compiled.trainer_group)
+    assert len(group) == 2 and (spec.gen_tp, spec.tp) == (gen_tp, train_tp)
     got = []
     try:
         for step in range(3):
             m = {}
             for t in compiled.tasks:
                 m.update(run.run_unit(step, t.name))
-            batch = RolloutBatch.concat(group.get_batch(step))
+            held = group.get_batch(step)  # a rank per tp index of a dp index holds its rows
+            batch = RolloutBatch.concat(held[:: spec.tp])
+            assert batch.size == cfg.workload.samples_per_step
+            # rows move rank to rank (the group's staged pull + commit) only when the
+            # generation layout differs from the training one
+            assert (run.pulled_bytes.get(step, 0) > 0) == (gen_tp != train_tp), run.pulled_bytes
             got.append((_rows(batch), m["grad_norm"], m["reward_mean"]))
             run.release(step)
     finally:
