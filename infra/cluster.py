@@ -261,17 +261,23 @@ def start_cluster(
     else:  # the scheduler's HTTP server (health, metrics) still runs: on loopback
         common["dashboard_address"] = "127.0.0.1:0"
         common["scheduler_kwargs"] = {"dashboard": False}
-    if device_type == "cuda":
-        local = _local_cuda_cluster(common, torch_threads)
-    else:
-        local = LocalCluster(
-            n_workers=n_workers,
-            processes=True,
-            resources={"device": 1},
-            worker_class="distributed.Nanny",
-            env={"OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)},
-            **common,
-        )
+    from rpeg.infra.interrupts import services_ignore_sigint
+
+    with services_ignore_sigint():  # Ctrl-C reaches the command, which closes the workers
+        if device_type == "cuda":
+            local = _local_cuda_cluster(common, torch_threads)
+        else:
+            local = LocalCluster(
+                n_workers=n_workers,
+                processes=True,
+                resources={"device": 1},
+                worker_class="distributed.Nanny",
+                env={
+                    "OMP_NUM_THREADS": str(torch_threads),
+                    "MKL_NUM_THREADS": str(torch_threads),
+                },
+                **common,
+            )
     client = Client(local, set_as_default=False, direct_to_workers=direct_to_workers)
     client.run(serializers.register)
     return Cluster(client=client, local=local, address=local.scheduler_address, owned=True)

@@ -6,7 +6,8 @@ new command in. Command modules import heavy libraries (torch, prefect, dask) in
 command functions, so ``rpeg --help`` stays fast.
 
 Any :class:`rpeg.errors.RpegError` becomes its message on stderr and exit code 2; a
-traceback is shown only with ``--debug``.
+traceback is shown only with ``--debug``. Ctrl-C ends a command with exit code 130
+(``rpeg train`` first says what it kept: rpeg.infra.interrupts).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     try:
-        app(args=args, prog_name="rpeg", standalone_mode=False)
+        # non-standalone typer returns (not raises) an exit status: typer.Exit(n), and 130
+        # for Ctrl-C; the commands themselves return None
+        code = app(args=args, prog_name="rpeg", standalone_mode=False)
     except RpegError as exc:
         if debug:
             raise
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             f"error: {type(exc).__name__}: {exc}\n(run with --debug for the traceback)", err=True
         )
         return 1
-    return 0
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

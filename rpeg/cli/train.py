@@ -36,6 +36,22 @@ def _with_run_id(cfg, quiet: bool):
     return cfg
 
 
+#: the exit status of a command stopped by SIGINT (the shells' 128 + 2)
+INTERRUPTED_EXIT = 130
+
+
+def _interrupted(cfg) -> typer.Exit:
+    """Ctrl-C: say what was kept and how to go on; exit 130."""
+    rt = cfg.runtime
+    if rt.checkpoint_url:
+        where = f"{rt.checkpoint_url.rstrip('/')}/{rt.run_id}/"
+        kept = f"checkpoints of run {rt.run_id} in {where}; `rpeg train ... --resume` continues"
+    else:
+        kept = "no checkpoints (runtime.checkpoint_url is not set)"
+    typer.echo(f"interrupted: {kept}; metrics so far in {rt.output_dir}/", err=True)
+    return typer.Exit(INTERRUPTED_EXIT)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
@@ -128,20 +144,28 @@ def register(app: typer.Typer) -> None:
             from rpeg.runtime.local_trainer import LocalTrainer
 
             log = (lambda s: None) if quiet else (lambda s: typer.echo(s))
-            summary = LocalTrainer(cfg, log=log).run()
+            try:
+                summary = LocalTrainer(cfg, log=log).run()
+            except KeyboardInterrupt:
+                raise _interrupted(cfg) from None
             _echo_summary(summary, out_dir, "metrics.jsonl, reward_curve.png")
         else:
             # quiet Prefect console logs (the progress bar is the live view); set before import
             os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
             from rpeg.flows.train import run_train
+            from rpeg.infra.interrupts import start_ephemeral_api
 
-            summary = run_train(
-                cfg,
-                cluster_address=cluster,
-                resume=resume,
-                summary_json=None,
-                progress=not quiet,
-            )
+            start_ephemeral_api()  # now, so that Ctrl-C leaves it up for the flow's crash record
+            try:
+                summary = run_train(
+                    cfg,
+                    cluster_address=cluster,
+                    resume=resume,
+                    summary_json=None,
+                    progress=not quiet,
+                )
+            except KeyboardInterrupt:
+                raise _interrupted(cfg) from None
             _echo_summary(summary, out_dir, "metrics.jsonl, timeline.json, compiled_step.yaml")
         if summary_json:
             p = Path(summary_json)

@@ -282,3 +282,70 @@ def test_kill_9_takes_the_prefect_server_and_dask_workers_with_it(tmp_path):
     finally:
         cmd.kill()
         _kill_if_same(kids)
+
+
+#: the ``rpeg`` script, run by this interpreter
+_RPEG = "import sys; from rpeg.cli import main; sys.exit(main())"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_rpeg_train_promptly_with_exit_130_and_takes_its_services(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the whole process group) during ``rpeg train``: the
+    command, not its services, takes it -- no worker tracebacks, the Prefect API still up for
+    the flow's crash record (it used to die first: ~80 s of retries, then ``ConnectError``,
+    exit 1) -- says what it kept, exits 130 within seconds, and leaves nothing running."""
+    import yaml
+
+    out = tmp_path / "out"
+    cfg = {
+        "workload": {"num_prompts": 4, "samples_per_prompt": 2, "max_response_tokens": 8},
+        "task": {"heldout_size": 4},
+        "optim": {"warmup_sft_steps": 0},
+        "runtime": {"steps": 500, "output_dir": str(out)},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
+    env.pop("PREFECT_API_URL", None)
+    cmd = subprocess.Popen(
+        [sys.executable, "-c", _RPEG, "train", str(tmp_path / "run.yaml"), "--quiet"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's job has
+    )
+    kids: dict[int, float] = {}
+    try:
+        deadline = time.monotonic() + 240
+        metrics = out / "metrics.jsonl"
+        while time.monotonic() < deadline and cmd.poll() is None:
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.5)
+        assert cmd.poll() is None, cmd.communicate()[0][-3000:]
+        for c in psutil.Process(cmd.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                kids[c.pid] = c.create_time()
+        assert any(
+            "uvicorn" in " ".join(psutil.Process(p).cmdline()) for p in kids if psutil.pid_exists(p)
+        ), "the ephemeral API server was not started as a child"
+        t = time.monotonic()
+        os.killpg(cmd.pid, signal.SIGINT)
+        text = cmd.communicate(timeout=60)[0]
+        took = time.monotonic() - t
+        assert cmd.returncode == 130, text[-3000:]
+        assert took < 30, (took, text[-3000:])
+        assert "interrupted: no checkpoints" in text, text[-3000:]
+        for bad in ("Traceback", "KeyboardInterrupt", "ConnectError", "Error logging to API"):
+            assert bad not in text, (bad, text[-3000:])
+        left = []
+        for pid, started in kids.items():
+            if not _wait_gone(pid, 20, started):
+                with contextlib.suppress(psutil.Error):
+                    left.append(" ".join(psutil.Process(pid).cmdline())[:100])
+        assert not left, f"still running after Ctrl-C: {left}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(cmd.pid, signal.SIGKILL)
+        _kill_if_same(kids)
