@@ -37,3 +37,32 @@ def test_help_does_not_import_heavy_libraries():
 
 def test_unknown_command_is_a_usage_error(capsys):
     assert main(["no-such-command"]) == 2
+
+
+def test_console_leaves_out_the_traceback_of_known_errors_only():
+    """Prefect's console logs an RpegError (e.g. a full disk at a checkpoint) by its message
+    alone; any other exception keeps its traceback; the record is unchanged for the
+    handlers after (Prefect's API log handler)."""
+    import logging
+    import sys
+
+    from rpeg.cli.train import _NoTracebackForKnownErrors
+    from rpeg.errors import ConfigError
+
+    fmt = _NoTracebackForKnownErrors(logging.Formatter("%(levelname)s %(message)s"))
+
+    def record(exc):
+        try:
+            raise exc
+        except Exception:
+            info = sys.exc_info()
+        return logging.LogRecord(
+            "prefect.task_runs", logging.ERROR, __file__, 1, "failed", (), info
+        )
+
+    known = record(ConfigError(["disk full"]))
+    assert fmt.format(known) == "ERROR failed"
+    assert known.exc_info is not None and known.exc_info[0] is ConfigError  # restored
+    assert "Traceback" in logging.Formatter().format(known)  # the next handler still sees it
+    other = fmt.format(record(ValueError("boom")))
+    assert other.startswith("ERROR failed") and "Traceback" in other and "ValueError: boom" in other
