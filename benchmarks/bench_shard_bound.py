@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import socket
 import statistics
 import sys
@@ -137,11 +138,17 @@ def _run(mode: str, n: int, args: tuple) -> tuple[float, float]:
     procs = [ctx.Process(target=_child, args=(i, n, mode, args, q)) for i in range(n)]
     for p in procs:
         p.start()
-    got = [q.get(timeout=900) for _ in procs]
+    got = []
+    while len(got) < len(procs):
+        try:
+            got.append(q.get(timeout=5))
+        except queue.Empty:
+            if any(p.exitcode for p in procs):  # a rank died: the others wait on it forever
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"{mode}: a process failed (its traceback is above)") from None
     for p in procs:
         p.join()
-    if any(p.exitcode for p in procs):
-        raise RuntimeError(f"{mode}: a process failed")
     return max(g[1] for g in got), statistics.fmean(g[2] for g in got)
 
 

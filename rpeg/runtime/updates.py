@@ -11,6 +11,7 @@ gradients over data-parallel ranks, equals one loss over the global mini-batch
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,9 @@ from rpeg.config import WorkloadConfig
 from rpeg.runtime.batch import SAMPLE_FIELDS, TOKEN_FIELDS, RolloutBatch, chunk_order
 from rpeg.runtime.micro_batches import plan_micro_batches
 from rpeg.runtime.parallel import RankReduce
+
+#: metric: the share of a step's optimizer updates skipped for a non-finite gradient norm
+SKIPPED_UPDATES = "skipped_update_frac"
 
 
 def _loss_count(b: RolloutBatch, aggregation: str) -> float:
@@ -121,7 +125,9 @@ def minibatch_updates(
     (:class:`rpeg.runtime.sharding.Shards`): average replicated gradients over dp and clip
     over DTensors, and the pass's FSDP gathering (:meth:`Shards.training_pass`). Returns the
     metrics averaged over optimizer steps, with the gradient norm (before clipping) under
-    ``grad_norm_key``."""
+    ``grad_norm_key``; an update whose gradient norm is not finite is skipped (its gradients
+    dropped, the weights and optimizer state untouched) and counted in
+    :data:`SKIPPED_UPDATES`."""
     module, shards = role.module, role.shards
     module.train()
     with shards.training_pass(module) if shards is not None else contextlib.nullcontext():
@@ -153,8 +159,17 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
                 (loss * w).backward()
                 for k, v in m.items():
                     stats[k] = stats.get(k, 0.0) + w * v
-            stats[grad_norm_key] = _grad_norm_and_clip(module.parameters(), grad_clip, shards)
-            optimizer.step()
+            gn = _grad_norm_and_clip(module.parameters(), grad_clip, shards)
+            stats[grad_norm_key] = gn
+            # an inf/nan gradient (an overflow, a bad sample) would make every weight nan for
+            # good: skip that update, as verl's actors do; the norm is reduced over the
+            # group, so every rank skips the same one
+            skip = not math.isfinite(gn)
+            stats[SKIPPED_UPDATES] = float(skip)
+            if skip:
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                optimizer.step()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1

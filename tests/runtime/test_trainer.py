@@ -226,3 +226,36 @@ def test_run_stage_names_the_allowed_kinds(tiny):
         stages.run_stage("sync_weights", ctx, object())
     with pytest.raises(ValueError, match="needs a batch"):
         stages.run_stage("reward", ctx, None)
+
+
+def test_an_update_with_a_non_finite_gradient_is_skipped_not_applied(tiny):
+    """A nan advantage in one row makes its mini-batch's gradient nan: that optimizer update
+    is skipped (verl's actors do the same), the other one applies, every weight stays finite;
+    with every row nan nothing changes at all."""
+    from rpeg.runtime.updates import SKIPPED_UPDATES
+
+    cfg = _cfg()  # 16 rows in 2 mini-batches
+    w = _worker(tiny, cfg)
+    batch, _ = _rollout(w, cfg)
+    batch, _ = stages.behaviour_as_old(batch)
+    batch, _ = stages.advantage_stage(batch, cfg.algorithm, cfg.workload.samples_per_prompt)
+    batch = batch.replace(advantages=torch.ones_like(batch.advantages) * batch.response_mask)
+    one_bad = batch.advantages.clone()
+    one_bad[3] = float("nan")
+    before = copy.deepcopy(w.lm.state_dict())
+    _, m = stages.train_actor_stage(w, batch.replace(advantages=one_bad))
+    assert m[SKIPPED_UPDATES] == 0.5, m
+    after = w.lm.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values())
+    assert any(not torch.equal(before[k], v) for k, v in after.items())
+
+    w2 = _worker(tiny, cfg)
+    before = copy.deepcopy(w2.lm.state_dict())
+    all_bad = torch.full_like(batch.advantages, float("nan"))
+    _, m = stages.train_actor_stage(w2, batch.replace(advantages=all_bad))
+    assert m[SKIPPED_UPDATES] == 1.0 and m["grad_norm"] != m["grad_norm"]  # nan, reported
+    assert all(torch.equal(before[k], v) for k, v in w2.lm.state_dict().items())
+    assert not w2.optimizer.state  # no moment was fed a nan
+    _, m = stages.train_actor_stage(w2, batch)  # and the next clean step trains as usual
+    assert m[SKIPPED_UPDATES] == 0.0
+    assert all(torch.isfinite(v).all() for v in w2.lm.state_dict().values())
