@@ -34,7 +34,13 @@ def local_train(
     """Single-process training with checkpoints in the store format (a ``trainer.pt`` part);
     ``on_step(step, total, metrics)`` after each step (default: the progress artifact and the
     step's log line)."""
-    from rpeg.runtime.actors.checkpoint import CheckpointStore, dumps, loads
+    from rpeg.runtime.actors.checkpoint import (
+        TRAINER_PART,
+        CheckpointStore,
+        dumps,
+        loads,
+        model_identity,
+    )
     from rpeg.runtime.local_trainer import LocalTrainer
 
     t0 = time.perf_counter()
@@ -49,7 +55,7 @@ def local_train(
         got = store.latest()
         if got is not None:
             meta, parts = got
-            if "trainer.pt" not in parts:
+            if TRAINER_PART not in parts:
                 from rpeg.errors import ConfigError, Problem
 
                 raise ConfigError(
@@ -60,7 +66,7 @@ def local_train(
                         )
                     ]
                 )
-            state = loads(parts["trainer.pt"])
+            state = loads(parts[TRAINER_PART])
             tr.load_state_dict(state["trainer"])
             history = list(state.get("history", []))
             acc_before = state.get("heldout_acc_before")
@@ -83,7 +89,8 @@ def local_train(
                 "history": history,
                 "heldout_acc_before": acc_before,
             }
-            store.save(tr.step_index, {"trainer.pt": dumps(state)}, meta={"engine": "local"})
+            meta = {"engine": "local", "model": model_identity(config.model)}
+            store.save(tr.step_index, {TRAINER_PART: dumps(state)}, meta=meta)
     acc_after = tr.evaluate()
     from rpeg.runtime.summary import run_summary
 

@@ -111,7 +111,7 @@ def preflight(
             problems += check_file_writable(path, where)
     problems += check_model(config)
     problems += check_task(config)
-    problems += check_places(config)
+    problems += check_places(config, local)
     if not local:
         problems += check_machine(config, cluster_devices=cluster_devices)
         problems += check_scheduler_reachable(config.cluster.address)
@@ -190,7 +190,7 @@ def check_task(config: RunConfig) -> list[Problem]:
 
 
 # ------------------------------------------------------------------------------ places
-def check_places(config: RunConfig) -> list[Problem]:
+def check_places(config: RunConfig, local: bool | None = None) -> list[Problem]:
     from rpeg.runtime.actors.checkpoint import check_resumable, check_writable
 
     rt = config.runtime
@@ -200,7 +200,7 @@ def check_places(config: RunConfig) -> list[Problem]:
             check_writable(rt.checkpoint_url)
         except ProblemsError as exc:
             out += list(exc.problems)
-    out += check_resumable(rt)
+    out += check_resumable(rt, config.model, local)
     return out
 
 

@@ -13,11 +13,13 @@ from pathlib import Path
 from rpeg.config import RunConfig
 from rpeg.runtime import stages
 from rpeg.runtime.actors.checkpoint import (
+    TRAINER_PART,
     CheckpointError,
     CheckpointStore,
     dumps,
     find_checkpoint,
     loads,
+    model_identity,
 )
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import DataCursor, Example
@@ -25,9 +27,6 @@ from rpeg.runtime.engines.choice import resolve_engine
 from rpeg.runtime.engines.row_sampling import rollout_seed
 from rpeg.runtime.engines.torch_engine import TorchEngine
 from rpeg.runtime.role_builder import all_roles, build_roles, greedy_accuracy
-
-#: the local trainer's checkpoint part (the same name the retrain flow's local engine uses)
-TRAINER_PART = "trainer.pt"
 
 
 class LocalTrainer:
@@ -203,7 +202,11 @@ class LocalTrainer:
             "history": self.history,
             "heldout_acc_before": acc_before,
         }
-        info = store.save(self.step_index, {TRAINER_PART: dumps(state)}, meta={"engine": "local"})
+        info = store.save(
+            self.step_index,
+            {TRAINER_PART: dumps(state)},
+            meta={"engine": "local", "model": model_identity(self.config.model)},
+        )
         self.log(f"checkpoint step {self.step_index}: {info.path}")
 
     def _restore(self, store: CheckpointStore | None) -> float | None:

@@ -264,3 +264,32 @@ def test_a_crafted_state_tree_cannot_name_other_classes():
             from rpeg.runtime.actors.state_file import loads as raw_loads
 
             raw_loads(data)
+
+
+def test_resume_refuses_another_models_checkpoint_and_the_other_runtimes_parts(tmp_path):
+    """Checked before anything starts: a checkpoint records the model it holds (its folders
+    and the built-in shape); resuming it with another model, or with the runtime that did not
+    write it, names the difference -- it used to fail after the model was built (and for
+    the tiny model warmed up) with torch's list of unexpected state-dict keys."""
+    from rpeg.runtime.actors.checkpoint import TRAINER_PART, model_identity
+
+    url = str(tmp_path / "ck")
+    four = RunConfig().model
+    two = four.model_copy(update={"tiny_shape": {"num_hidden_layers": 2}})
+    st = CheckpointStore(url, run_id="run-a")
+    st.save(2, {"g0-rank0.pt": dumps({}), "driver.pt": dumps({})}, {"model": model_identity(four)})
+    rt = RunConfig().runtime.model_copy(update={"checkpoint_url": url, "resume": True})
+    assert check_resumable(rt, four, local=False) == []
+    problems = check_resumable(rt, two, local=False)
+    assert [p.where for p in problems] == ["model"]
+    assert "model.tiny_shape={} (this config: {'num_hidden_layers': 2})" in problems[0].what
+    assert [p.where for p in check_resumable(rt, four, local=True)] == ["--local"]
+    # a single-process trainer's checkpoint, resumed by the distributed runtime
+    st.save(4, {TRAINER_PART: dumps({})}, {"model": model_identity(four)})
+    assert check_resumable(rt, four, local=True) == []
+    assert [p.where for p in check_resumable(rt, four, local=False)] == ["--resume"]
+    # --resume-from a step folder is checked the same way; a marker without a model passes
+    rf = rt.model_copy(update={"resume": False, "resume_from": st.step_url(4)})
+    assert [p.where for p in check_resumable(rf, two, local=True)] == ["model"]
+    st.save(6, {TRAINER_PART: dumps({})})
+    assert check_resumable(rt, two, local=True) == []

@@ -463,9 +463,78 @@ def _complete_any(fs: Any, root: str) -> bool:
     return any(_state(fs, step_url(root, s)) == "complete" for s in _list_steps(fs, root))
 
 
-def check_resumable(runtime: Any) -> list[Problem]:
+#: the one part of a single-process trainer's checkpoint (the distributed runtime writes one
+#: part per rank and ``driver.pt``)
+TRAINER_PART = "trainer.pt"
+
+#: the model fields whose change changes the weights' names or shapes (``model.name`` only
+#: names the catalog entry the planner prices: the weights come from ``path`` or the shape)
+MODEL_IDENTITY_FIELDS = ("path", "critic_path", "tiny_shape")
+
+
+def model_identity(model: Any) -> dict[str, Any]:
+    """What fixes a run's weight names and shapes (a ``ModelConfig``'s folders and the
+    built-in model's shape overrides): written into every checkpoint's commit marker and
+    compared on resume (:func:`check_resumable`)."""
+    out = {f: getattr(model, f, None) for f in MODEL_IDENTITY_FIELDS}
+    out["tiny_shape"] = dict(out["tiny_shape"] or {})
+    return out
+
+
+def _newest_complete_meta(fs: Any, root: str) -> dict[str, Any] | None:
+    """The commit marker of the newest complete step under ``root`` (a run's folder or one
+    step's), None if there is none."""
+    steps = [root] if _STEP_RE.search(root) else [step_url(root, s) for s in _list_steps(fs, root)]
+    for d in reversed(steps):
+        if _state(fs, d) == "complete":
+            with fs.open(f"{d}/{COMMIT}", "rb") as fh:
+                return json.loads(fh.read())
+    return None
+
+
+def _mismatches(meta: dict[str, Any], model: Any, local: bool | None) -> list[Problem]:
+    """Why the checkpoint of ``meta`` cannot continue as this run: another model (when the
+    marker records one), or the other runtime's parts."""
+    where = f"checkpoint step {meta.get('step')} of run {meta.get('run_id')}"
+    out = []
+    saved = meta.get("model")
+    if model is not None and isinstance(saved, dict):
+        mine = model_identity(model)
+        diff = [f for f in MODEL_IDENTITY_FIELDS if saved.get(f) != mine[f]]
+        if diff:
+            said = ", ".join(f"model.{f}={saved.get(f)!r} (this config: {mine[f]!r})" for f in diff)
+            out.append(
+                Problem(
+                    "model",
+                    f"{where} holds another model's weights: {said}; resume with the run's "
+                    "model settings, or start a new run (no --resume, or a new runtime.run_id)",
+                )
+            )
+    files = set(meta.get("files", {}))
+    if local is True and files and TRAINER_PART not in files:
+        out.append(
+            Problem(
+                "--local",
+                f"{where} was written by the distributed runtime (no {TRAINER_PART}); "
+                "resume it without --local",
+            )
+        )
+    if local is False and TRAINER_PART in files:
+        out.append(
+            Problem(
+                "--resume",
+                f"{where} was written by the single-process trainer ({TRAINER_PART}); "
+                "resume it with --local",
+            )
+        )
+    return out
+
+
+def check_resumable(runtime: Any, model: Any = None, local: bool | None = None) -> list[Problem]:
     """Problems with ``--resume`` / ``--resume-from`` before anything starts (cheap: the
-    commit markers and part sizes are read, the checksums at restore time)."""
+    commit markers and part sizes are read, the checksums at restore time). With ``model``
+    (the run's ``ModelConfig``) and ``local`` (which runtime resumes), the newest complete
+    checkpoint must hold that model's weights and the parts that runtime reads."""
     if not (runtime.resume or runtime.resume_from):
         return []
     if not runtime.checkpoint_url and not runtime.resume_from:
@@ -487,7 +556,8 @@ def check_resumable(runtime: Any) -> list[Problem]:
                     f"no usable checkpoint at {runtime.resume_from}; found: {found}",
                 )
             ]
-        return []
+        meta = _newest_complete_meta(fs, root)
+        return [] if meta is None else _mismatches(meta, model, local)
     try:
         run_id = resolve_run_id(runtime)
     except ConfigError as exc:
@@ -502,7 +572,8 @@ def check_resumable(runtime: Any) -> list[Problem]:
                 f"found: {found}",
             )
         ]
-    return []
+    meta = _newest_complete_meta(fs, root.rstrip("/"))
+    return [] if meta is None else _mismatches(meta, model, local)
 
 
 # --------------------------------------------------------------------------- one rank's state

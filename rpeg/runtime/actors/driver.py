@@ -546,7 +546,13 @@ class DistributedRun:
                 "scheduler": state,
             }
         parts["driver.pt"] = checkpoint_dumps(driver)
-        meta = {"policy_version": step_done, "staleness": self.k}
+        from rpeg.runtime.actors.checkpoint import model_identity
+
+        meta = {
+            "policy_version": step_done,
+            "staleness": self.k,
+            "model": model_identity(self.config.model),
+        }
         info = self.store.save(step_done, parts, meta)
         return {
             "checkpoint_s": time.perf_counter() - t0,
