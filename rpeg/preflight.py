@@ -7,6 +7,7 @@ CLI prints it and exits 2, without a traceback):
 * the model: ``model.name`` in the catalog (the names are listed), the built-in tiny
   model unless ``model.path`` is set, ``model.path`` / ``critic_path`` folders that exist
   and hold a ``config.json``;
+* the algorithm: a group baseline (GRPO, RLOO) with at least 2 samples per prompt;
 * the task: every reward name registered, the data file (every bad row, up to
   :data:`rpeg.runtime.data.MAX_ROW_PROBLEMS`, e.g. a JSONL line ``[1,2]``), the prompt
   template's placeholders;
@@ -110,6 +111,7 @@ def preflight(
         if path:
             problems += check_file_writable(path, where)
     problems += check_model(config)
+    problems += check_algorithm(config)
     problems += check_task(config)
     problems += check_places(config, local)
     if not local:
@@ -165,6 +167,28 @@ def _check_model_folder(url: str, where: str) -> list[Problem]:
             return [Problem(where, f"{url!r} holds no config.json (not a Hugging Face model)")]
     except Exception as exc:  # noqa: BLE001 - any failure to look is a problem to report
         return [Problem(where, f"{url!r} cannot be read: {type(exc).__name__}: {exc}")]
+    return []
+
+
+# ------------------------------------------------------------------------------ algorithm
+#: algorithms whose advantage compares a sample with the other samples of its prompt
+GROUP_BASELINES = ("grpo", "rloo")
+
+
+def check_algorithm(config: RunConfig) -> list[Problem]:
+    """A group baseline needs a group: GRPO's advantage with one sample per prompt is 0 for
+    every sample (the run would train on its KL and entropy terms alone), RLOO's has no
+    other sample to leave out (verl refuses GRPO with ``rollout.n`` = 1 likewise)."""
+    a, k = config.algorithm.name, config.workload.samples_per_prompt
+    if a in GROUP_BASELINES and k < 2:
+        return [
+            Problem(
+                "workload.samples_per_prompt",
+                f"{a} needs at least 2 samples per prompt (got {k}): its advantage compares "
+                "each sample with the other samples of its prompt; or use algorithm.name "
+                "reinforce_pp or ppo, which need no group",
+            )
+        ]
     return []
 
 

@@ -221,3 +221,26 @@ def test_a_scheduler_address_nothing_listens_on_is_refused_at_once():
     )
     assert check_scheduler_reachable(None) == []
     assert check_scheduler_reachable("inproc://x") == []  # not a TCP address: not probed
+
+
+@pytest.mark.parametrize(
+    ("algo", "k", "refused"),
+    [("grpo", 1, True), ("rloo", 1, True), ("grpo", 2, False), ("reinforce_pp", 1, False)],
+)
+def test_a_group_baseline_needs_a_group(algo, k, refused, tmp_path, capsys):
+    """GRPO with one sample per prompt trained on zero advantages without a word; RLOO
+    raised a bare ValueError after the model was built. Both are refused up front."""
+    from rpeg.preflight import check_algorithm
+
+    cfg = RunConfig().with_overrides(
+        {"algorithm.name": algo, "workload.samples_per_prompt": k, "workload.train_minibatches": 1}
+    )
+    problems = check_algorithm(cfg)
+    assert [p.where for p in problems] == (["workload.samples_per_prompt"] if refused else [])
+    if refused:
+        assert f"{algo} needs at least 2 samples per prompt (got 1)" in problems[0].what
+        from rpeg.cli import main
+
+        over = {"algorithm": {"name": algo}, "workload": {"samples_per_prompt": 1}}
+        assert main(["train", _write(tmp_path, over), "--local", "--quiet"]) == 2
+        assert "workload.samples_per_prompt" in capsys.readouterr().err
