@@ -46,10 +46,10 @@ def test_console_leaves_out_the_traceback_of_known_errors_only():
     import logging
     import sys
 
-    from rpeg.cli.train import _NoTracebackForKnownErrors
+    from rpeg.cli.console import NoTracebackForKnownErrors
     from rpeg.errors import ConfigError
 
-    fmt = _NoTracebackForKnownErrors(logging.Formatter("%(levelname)s %(message)s"))
+    fmt = NoTracebackForKnownErrors(logging.Formatter("%(levelname)s %(message)s"))
 
     def record(exc):
         try:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 from pathlib import Path
 
@@ -35,38 +34,6 @@ def _with_run_id(cfg, quiet: bool):
             f"run id {cfg.runtime.run_id}: checkpoints in {rt.checkpoint_url.rstrip('/')}/{cfg.runtime.run_id}/"
         )
     return cfg
-
-
-class _NoTracebackForKnownErrors(logging.Formatter):
-    """A console formatter that leaves out the traceback of an :class:`RpegError` (bad input,
-    a full disk, a lost worker that could not be recovered): its message says what is wrong
-    and the command prints it once more at the end; other errors keep theirs. Prefect's
-    task and flow loggers would otherwise print each such error with two tracebacks."""
-
-    def __init__(self, inner: logging.Formatter):
-        super().__init__()
-        self.inner = inner
-
-    def format(self, record: logging.LogRecord) -> str:
-        from rpeg.errors import RpegError
-
-        if not (record.exc_info and isinstance(record.exc_info[1], RpegError)):
-            return self.inner.format(record)
-        saved = record.exc_info, record.exc_text
-        record.exc_info = record.exc_text = None  # other handlers see the record unchanged
-        try:
-            return self.inner.format(record)
-        finally:
-            record.exc_info, record.exc_text = saved
-
-
-def _console_without_known_tracebacks() -> None:
-    """Wrap the formatter of Prefect's console handler (on the root logger) once."""
-    for h in logging.getLogger().handlers:
-        if type(h).__name__ == "PrefectConsoleHandler" and not isinstance(
-            h.formatter, _NoTracebackForKnownErrors
-        ):
-            h.setFormatter(_NoTracebackForKnownErrors(h.formatter or logging.Formatter()))
 
 
 #: the exit status of a command stopped by SIGINT (the shells' 128 + 2)
@@ -190,7 +157,9 @@ def register(app: typer.Typer) -> None:
 
             start_ephemeral_api()  # now, so that Ctrl-C leaves it up for the flow's crash record
             if not os.environ.get("RPEG_DEBUG"):
-                _console_without_known_tracebacks()
+                from rpeg.cli.console import console_without_known_tracebacks
+
+                console_without_known_tracebacks()
             try:
                 summary = run_train(
                     cfg,
