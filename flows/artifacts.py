@@ -139,6 +139,54 @@ def _run_logger() -> Any:
         return log
 
 
+#: seconds the artifact calls stay off after the Prefect API did not answer (then one call
+#: tries again); each call makes one attempt, without the client's retries
+API_PAUSE_S = 30.0
+_API_DOWN: dict[str, float] = {}  # API URL -> monotonic time until which calls are skipped
+
+
+def _api(what: str, fn, *args, **kwargs) -> Any:
+    """An artifact call to the Prefect API: one attempt; an API that does not answer pauses
+    these calls for :data:`API_PAUSE_S` and is said once. Measured (the ephemeral API killed
+    at step ~10 of a 60-step run): with the client's 5 retries each publish waited ~73 s, so
+    the last step's metrics reached metrics.jsonl ~50 min after training ended."""
+    import time
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    url = str(PREFECT_API_URL.value())
+    now = time.monotonic()
+    if now < _API_DOWN.get(url, 0.0):
+        return None
+    try:
+        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}):
+            out = fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - artifacts never fail a run
+        if not _unreachable(exc):
+            log.warning("could not publish %s artifact: %s: %s", what, type(exc).__name__, exc)
+            return None
+        if url not in _API_DOWN:
+            log.warning(
+                "the Prefect API does not answer (%s: %s): artifacts paused, tried again every "
+                "%.0f s; metrics.jsonl and checkpoints are still written",
+                type(exc).__name__,
+                exc,
+                API_PAUSE_S,
+            )
+        _API_DOWN[url] = now + API_PAUSE_S
+        return None
+    if _API_DOWN.pop(url, None) is not None:
+        log.warning("the Prefect API answers again: artifacts resumed")
+    return out
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """A failure to reach the API at all (no connection, a timeout), not an answer."""
+    import httpx
+
+    return isinstance(exc, httpx.TransportError | OSError | TimeoutError)
+
+
 def _safe(what: str, fn, *args, **kwargs) -> Any:
     try:
         return fn(*args, **kwargs)
@@ -198,11 +246,11 @@ def publish_step(
     with _LOCK:
         aid = _PROGRESS.get((rid, k))
         if aid is None:
-            aid = _safe("progress", create_progress_artifact, progress=pct, key=k, description=desc)
+            aid = _api("progress", create_progress_artifact, progress=pct, key=k, description=desc)
             if aid is not None:
                 _PROGRESS[(rid, k)] = aid
             return aid
-    return _safe(
+    return _api(
         "progress", update_progress_artifact, artifact_id=aid, progress=pct, description=desc
     )
 
@@ -245,7 +293,7 @@ def publish_metrics_table(
                 v = None if math.isnan(v) else float(f"{v:.4g}")
             row[c] = v
         rows.append(row)
-    return _safe(
+    return _api(
         "table",
         create_table_artifact,
         table=rows,
@@ -289,7 +337,7 @@ def publish_markdown(
         return None
     from prefect.artifacts import create_markdown_artifact
 
-    return _safe(
+    return _api(
         "markdown", create_markdown_artifact, markdown=markdown, key=key, description=description
     )
 

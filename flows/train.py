@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -420,7 +421,39 @@ def rl_train(
     )
     _artifacts("publish_results", s, cfg.runtime.output_dir)
     s.pop("_extra", None)
+    _FINISHED[threading.get_ident()] = s  # a sync flow runs in its caller's thread
     return s
+
+
+#: the summary of the flow body that returned last, by thread (run_train takes its own back
+#: when Prefect could not record the flow run's final state)
+_FINISHED: dict[int, dict[str, Any]] = {}
+
+
+def _finished_despite_api(call: Any) -> dict[str, Any]:
+    """``call()`` (a flow run); if it raises because the Prefect API stopped answering *after*
+    the flow body returned, the body's summary with a warning instead: training finished and
+    wrote its outputs, only the run's final state is missing from the API (the UI shows it
+    Running). Measured: the ephemeral API killed mid-run; all 60 steps, the metrics and the
+    summary were done, then ``error: ConnectError`` and exit 1 after ~60 s of retries."""
+    import httpx
+
+    me = threading.get_ident()
+    _FINISHED.pop(me, None)
+    try:
+        return call()
+    except (httpx.TransportError, OSError) as exc:
+        if me not in _FINISHED:
+            raise
+        logging.getLogger("rpeg.flows.train").warning(
+            "training finished, but the Prefect API stopped answering (%s: %s): this flow "
+            "run's final state was not recorded",
+            type(exc).__name__,
+            exc,
+        )
+        return _FINISHED[me]
+    finally:
+        _FINISHED.pop(me, None)
 
 
 def run_train(
@@ -441,12 +474,14 @@ def run_train(
     address = cluster_address or config.cluster.address
     validate_before_start(config, cluster_devices=10**6 if address else None)
     if _cluster is None and _fault_hook is None and not _with_extra:
-        return rl_train(
-            config=config.model_dump(mode="json"),
-            cluster_address=cluster_address,
-            resume=resume,
-            summary_json=summary_json,
-            progress=progress,
+        return _finished_despite_api(
+            lambda: rl_train(
+                config=config.model_dump(mode="json"),
+                cluster_address=cluster_address,
+                resume=resume,
+                summary_json=summary_json,
+                progress=progress,
+            )
         )
 
     @flow(name="train", persist_result=False, log_prints=False)

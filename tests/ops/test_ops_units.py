@@ -500,3 +500,62 @@ def test_run_names_read_like_the_job(monkeypatch):
 
     monkeypatch.setattr(launch, "_param", broken)
     assert launch.train_run_name() == "train-3fa2c1"  # a name never fails the run
+
+
+# ---------------------------------------------------------------------- a lost Prefect API
+def test_artifact_calls_try_once_and_pause_while_the_api_does_not_answer(monkeypatch, caplog):
+    """With the client's 5 retries each step's artifact waited ~73 s on a dead API (the
+    last metrics line came ~50 min after training ended); now one attempt, then a pause."""
+    import httpx
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
+    from rpeg.flows import artifacts as art
+
+    monkeypatch.setattr(art, "_API_DOWN", {})
+    calls = []
+
+    def dead(**kw):
+        calls.append(PREFECT_CLIENT_MAX_RETRIES.value())
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    with caplog.at_level("WARNING", logger="rpeg.flows.artifacts"):
+        assert art._api("progress", dead, progress=1.0) is None
+        assert art._api("progress", dead, progress=2.0) is None  # paused: not even tried
+    assert calls == [0]  # one attempt, no client retries
+    assert sum("does not answer" in r.getMessage() for r in caplog.records) == 1
+    # the pause ends: tried again, and an answering API resumes the calls
+    for url in art._API_DOWN:
+        art._API_DOWN[url] = 0.0
+    assert art._api("progress", lambda **kw: "id-1", progress=3.0) == "id-1"
+    assert not art._API_DOWN and "answers again" in caplog.records[-1].getMessage()
+    # an error that is an answer (not a lost connection) is logged, never pauses
+    assert art._api("markdown", lambda **kw: 1 / 0) is None and not art._API_DOWN
+
+
+def test_a_run_that_finished_is_not_failed_by_the_api_dying_at_its_end():
+    """The flow body returned (outputs written), then Prefect could not record the final
+    state: run_train returns the summary; an error before the body returned still raises."""
+    import threading
+
+    import httpx
+    from rpeg.flows import train as ft
+
+    def finished_then_api_lost():
+        ft._FINISHED[threading.get_ident()] = {"steps": 3}
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    assert ft._finished_despite_api(finished_then_api_lost) == {"steps": 3}
+    assert not ft._FINISHED
+
+    def lost_mid_run():
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    with pytest.raises(httpx.ConnectError):
+        ft._finished_despite_api(lost_mid_run)
+
+    def other_error():
+        ft._FINISHED[threading.get_ident()] = {"steps": 3}
+        raise ValueError("not the API")
+
+    with pytest.raises(ValueError):
+        ft._finished_despite_api(other_error)
+    assert not ft._FINISHED
