@@ -140,14 +140,17 @@ def _run_logger() -> Any:
 
 
 #: seconds the artifact calls stay off after the Prefect API did not answer (then one call
-#: tries again); each call makes one attempt, without the client's retries
+#: tries again)
 API_PAUSE_S = 30.0
+#: the client's retries for an artifact call (Prefect's default, 5, waits ~1 min on a dead
+#: API); one still rides out a single 503 / 429 of a busy server
+API_RETRIES = 1
 _API_DOWN: dict[str, float] = {}  # API URL -> monotonic time until which calls are skipped
 
 
 def _api(what: str, fn, *args, **kwargs) -> Any:
-    """An artifact call to the Prefect API: one attempt; an API that does not answer pauses
-    these calls for :data:`API_PAUSE_S` and is said once. Measured (the ephemeral API killed
+    """An artifact call to the Prefect API with :data:`API_RETRIES` retries; an API that does
+    not answer pauses these calls for :data:`API_PAUSE_S` and is said once. Measured (the ephemeral API killed
     at step ~10 of a 60-step run): with the client's 5 retries each publish waited ~73 s, so
     the last step's metrics reached metrics.jsonl ~50 min after training ended."""
     import time
@@ -159,7 +162,7 @@ def _api(what: str, fn, *args, **kwargs) -> Any:
     if now < _API_DOWN.get(url, 0.0):
         return None
     try:
-        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: 0}):
+        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: API_RETRIES}):
             out = fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - artifacts never fail a run
         if not _unreachable(exc):
