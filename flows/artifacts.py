@@ -155,14 +155,14 @@ def _api(what: str, fn, *args, **kwargs) -> Any:
     the last step's metrics reached metrics.jsonl ~50 min after training ended."""
     import time
 
-    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+    from prefect.settings import PREFECT_API_URL
 
     url = str(PREFECT_API_URL.value())
     now = time.monotonic()
     if now < _API_DOWN.get(url, 0.0):
         return None
     try:
-        with temporary_settings(updates={PREFECT_CLIENT_MAX_RETRIES: API_RETRIES}):
+        with _few_retries():
             out = fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - artifacts never fail a run
         if not _unreachable(exc):
@@ -181,6 +181,29 @@ def _api(what: str, fn, *args, **kwargs) -> Any:
     if _API_DOWN.pop(url, None) is not None:
         log.warning("the Prefect API answers again: artifacts resumed")
     return out
+
+
+# current settings object -> (it, its copy with API_RETRIES): Prefect's temporary_settings
+# rebuilds the whole Settings model on every entry (pydantic-settings re-reads the
+# environment), which cost more of the flow process than the artifact call itself
+_RETRY_SETTINGS: dict[int, tuple[Any, Any]] = {}
+
+
+def _few_retries():
+    """A settings context whose client makes :data:`API_RETRIES` retries (built once per
+    settings object)."""
+    import prefect.context
+    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
+
+    ctx = prefect.context.get_settings_context()
+    got = _RETRY_SETTINGS.get(id(ctx.settings))
+    if got is None or got[0] is not ctx.settings:  # the original is held: its id stays its own
+        got = (
+            ctx.settings,
+            ctx.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: API_RETRIES}),
+        )
+        _RETRY_SETTINGS[id(ctx.settings)] = got
+    return prefect.context.SettingsContext(profile=ctx.profile, settings=got[1])
 
 
 def _unreachable(exc: BaseException) -> bool:

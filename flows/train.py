@@ -57,6 +57,11 @@ def _artifacts(fn: str, *args: Any, **kwargs: Any) -> Any:
         return None
 
 
+#: progress-bar redraws per second (rich's default, 10, took ~0.05 of a core in the flow
+#: process on a terminal -- CPU the ranks share -- for a bar that moves once per step)
+REFRESH_PER_S = 2
+
+
 class _Progress:
     def __init__(self, total: int, enabled: bool):
         self.enabled = enabled
@@ -79,6 +84,7 @@ class _Progress:
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 transient=False,
+                refresh_per_second=REFRESH_PER_S,
             )
             self.t = self.p.add_task("rl", total=total, reward=0.0, tps=0.0)
             self.p.start()
