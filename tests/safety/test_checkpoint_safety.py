@@ -282,7 +282,7 @@ def test_resume_refuses_another_models_checkpoint_and_the_other_runtimes_parts(t
     assert check_resumable(rt, four, local=False) == []
     problems = check_resumable(rt, two, local=False)
     assert [p.where for p in problems] == ["model"]
-    assert "model.tiny_shape={} (this config: {'num_hidden_layers': 2})" in problems[0].what
+    assert "policy tiny_shape={} (this config: {'num_hidden_layers': 2})" in problems[0].what
     assert [p.where for p in check_resumable(rt, four, local=True)] == ["--local"]
     # a single-process trainer's checkpoint, resumed by the distributed runtime
     st.save(4, {TRAINER_PART: dumps({})}, {"model": model_identity(four)})
@@ -293,3 +293,27 @@ def test_resume_refuses_another_models_checkpoint_and_the_other_runtimes_parts(t
     assert [p.where for p in check_resumable(rf, two, local=True)] == ["model"]
     st.save(6, {TRAINER_PART: dumps({})})
     assert check_resumable(rt, two, local=True) == []
+
+
+def test_a_moved_model_folder_resumes_another_architecture_does_not(tmp_path):
+    """The marker records a model folder's architecture (its config.json), not its path."""
+    from rpeg.runtime.actors.checkpoint import model_identity
+
+    def folder(name, layers):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(
+            json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": layers})
+        )
+        return str(d)
+
+    base = RunConfig().model
+    a = base.model_copy(update={"path": folder("a", 4)})
+    moved = base.model_copy(update={"path": folder("b", 4)})
+    other = base.model_copy(update={"path": folder("c", 2)})
+    url = str(tmp_path / "ck")
+    CheckpointStore(url, run_id="run-a").save(2, {"x.pt": dumps({})}, {"model": model_identity(a)})
+    rt = RunConfig().runtime.model_copy(update={"checkpoint_url": url, "resume": True})
+    assert check_resumable(rt, moved) == []
+    (p,) = check_resumable(rt, other)
+    assert p.where == "model" and "policy num_hidden_layers=4 (this config: 2)" in p.what

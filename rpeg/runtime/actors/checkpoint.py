@@ -38,6 +38,7 @@ import re
 import time
 import uuid
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -467,17 +468,41 @@ def _complete_any(fs: Any, root: str) -> bool:
 #: part per rank and ``driver.pt``)
 TRAINER_PART = "trainer.pt"
 
-#: the model fields whose change changes the weights' names or shapes (``model.name`` only
-#: names the catalog entry the planner prices: the weights come from ``path`` or the shape)
-MODEL_IDENTITY_FIELDS = ("path", "critic_path", "tiny_shape")
+#: Hugging Face ``config.json`` keys that fix a decoder's weight names and shapes
+ARCHITECTURE_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
+
+
+def _architecture(path: str | None, tiny_shape: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A model folder's architecture (its ``config.json``'s :data:`ARCHITECTURE_KEYS`; the
+    path itself when unreadable), or the built-in model's shape overrides."""
+    if not path:
+        return {"tiny_shape": dict(tiny_shape or {})}
+    try:
+        with fsspec.open(f"{path.rstrip('/')}/config.json", "r") as fh:
+            cfg = json.load(fh)
+        return {k: cfg[k] for k in ARCHITECTURE_KEYS if k in cfg}
+    except (OSError, ValueError):
+        return {"path": path}
 
 
 def model_identity(model: Any) -> dict[str, Any]:
-    """What fixes a run's weight names and shapes (a ``ModelConfig``'s folders and the
-    built-in model's shape overrides): written into every checkpoint's commit marker and
-    compared on resume (:func:`check_resumable`)."""
-    out = {f: getattr(model, f, None) for f in MODEL_IDENTITY_FIELDS}
-    out["tiny_shape"] = dict(out["tiny_shape"] or {})
+    """What fixes a run's weight names and shapes -- the policy's architecture (a model
+    folder's ``config.json`` or the built-in model's ``tiny_shape``) and the critic's when it
+    has its own folder -- not where the folders are (a moved folder resumes): written into
+    every checkpoint's commit marker and compared on resume (:func:`check_resumable`)."""
+    out = {"policy": _architecture(model.path, getattr(model, "tiny_shape", None))}
+    if getattr(model, "critic_path", None):
+        out["critic"] = _architecture(model.critic_path, None)
     return out
 
 
@@ -500,9 +525,16 @@ def _mismatches(meta: dict[str, Any], model: Any, local: bool | None) -> list[Pr
     saved = meta.get("model")
     if model is not None and isinstance(saved, dict):
         mine = model_identity(model)
-        diff = [f for f in MODEL_IDENTITY_FIELDS if saved.get(f) != mine[f]]
+        diff = []
+        for role in sorted(set(mine) | set(saved)):
+            was, now = saved.get(role) or {}, mine.get(role) or {}
+            diff += [
+                f"{role} {k}={was.get(k)!r} (this config: {now.get(k)!r})"
+                for k in sorted(set(was) | set(now))
+                if was.get(k) != now.get(k)
+            ]
         if diff:
-            said = ", ".join(f"model.{f}={saved.get(f)!r} (this config: {mine[f]!r})" for f in diff)
+            said = ", ".join(diff)
             out.append(
                 Problem(
                     "model",
