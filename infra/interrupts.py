@@ -63,14 +63,14 @@ def services_ignore_sigint() -> Iterator[None]:
 
 def start_ephemeral_api() -> bool:
     """Start Prefect's ephemeral API server now, in a session of its own (the terminal's
-    Ctrl-C does not reach it); True if this call started it (False: an API URL is set, or
-    it already runs)."""
+    Ctrl-C does not reach it); True if this call started it (False: an API URL is set,
+    ephemeral mode is off, or it already runs)."""
     try:
         import prefect.server.api.server as server_module
         from prefect.settings import PREFECT_API_URL
     except ImportError:  # another Prefect layout: it starts its own server as before
         return False
-    if PREFECT_API_URL.value():
+    if PREFECT_API_URL.value() or not _ephemeral_allowed():
         return False
     server = server_module.SubprocessASGIServer()
     if getattr(server, "running", False):
@@ -84,6 +84,16 @@ def start_ephemeral_api() -> bool:
         if real is not None:
             server_module.subprocess = real
     return True
+
+
+def _ephemeral_allowed() -> bool:
+    """Prefect's ``server.ephemeral.enabled`` (a user who turned it off gets Prefect's own
+    "no API URL" error, not a server started for them)."""
+    try:
+        from prefect.settings import PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+    except ImportError:
+        return True
+    return bool(PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value())
 
 
 class _OwnSession:
