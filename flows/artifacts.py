@@ -53,6 +53,8 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from rpeg.flows.api_calls import api_call
+
 log = logging.getLogger("rpeg.flows.artifacts")
 
 # metrics shown in the per-step log line and the table, in this order, when present
@@ -139,80 +141,6 @@ def _run_logger() -> Any:
         return log
 
 
-#: seconds the artifact calls stay off after the Prefect API did not answer (then one call
-#: tries again)
-API_PAUSE_S = 30.0
-#: the client's retries for an artifact call (Prefect's default, 5, waits ~1 min on a dead
-#: API); one still rides out a single 503 / 429 of a busy server
-API_RETRIES = 1
-_API_DOWN: dict[str, float] = {}  # API URL -> monotonic time until which calls are skipped
-
-
-def _api(what: str, fn, *args, **kwargs) -> Any:
-    """An artifact call to the Prefect API with :data:`API_RETRIES` retries; an API that does
-    not answer pauses these calls for :data:`API_PAUSE_S` and is said once. Measured (the ephemeral API killed
-    at step ~10 of a 60-step run): with the client's 5 retries each publish waited ~73 s, so
-    the last step's metrics reached metrics.jsonl ~50 min after training ended."""
-    import time
-
-    from prefect.settings import PREFECT_API_URL
-
-    url = str(PREFECT_API_URL.value())
-    now = time.monotonic()
-    if now < _API_DOWN.get(url, 0.0):
-        return None
-    try:
-        with _few_retries():
-            out = fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - artifacts never fail a run
-        if not _unreachable(exc):
-            log.warning("could not publish %s artifact: %s: %s", what, type(exc).__name__, exc)
-            return None
-        if url not in _API_DOWN:
-            log.warning(
-                "the Prefect API does not answer (%s: %s): artifacts paused, tried again every "
-                "%.0f s; metrics.jsonl and checkpoints are still written",
-                type(exc).__name__,
-                exc,
-                API_PAUSE_S,
-            )
-        _API_DOWN[url] = now + API_PAUSE_S
-        return None
-    if _API_DOWN.pop(url, None) is not None:
-        log.warning("the Prefect API answers again: artifacts resumed")
-    return out
-
-
-# current settings object -> (it, its copy with API_RETRIES): Prefect's temporary_settings
-# rebuilds the whole Settings model on every entry (pydantic-settings re-reads the
-# environment), which cost more of the flow process than the artifact call itself
-_RETRY_SETTINGS: dict[int, tuple[Any, Any]] = {}
-
-
-def _few_retries():
-    """A settings context whose client makes :data:`API_RETRIES` retries (built once per
-    settings object)."""
-    import prefect.context
-    from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
-
-    ctx = prefect.context.get_settings_context()
-    got = _RETRY_SETTINGS.get(id(ctx.settings))
-    if got is None or got[0] is not ctx.settings:  # the original is held: its id stays its own
-        got = (
-            ctx.settings,
-            ctx.settings.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: API_RETRIES}),
-        )
-        _RETRY_SETTINGS[id(ctx.settings)] = got
-    return prefect.context.SettingsContext(profile=ctx.profile, settings=got[1])
-
-
-def _unreachable(exc: BaseException) -> bool:
-    """A failure to reach the API at all (no connection, a timeout), not an answer."""
-    import httpx
-
-    return isinstance(exc, httpx.TransportError | OSError | TimeoutError)
-
-
 def _safe(what: str, fn, *args, **kwargs) -> Any:
     try:
         return fn(*args, **kwargs)
@@ -272,11 +200,13 @@ def publish_step(
     with _LOCK:
         aid = _PROGRESS.get((rid, k))
         if aid is None:
-            aid = _api("progress", create_progress_artifact, progress=pct, key=k, description=desc)
+            aid = api_call(
+                "progress", create_progress_artifact, progress=pct, key=k, description=desc
+            )
             if aid is not None:
                 _PROGRESS[(rid, k)] = aid
             return aid
-    return _api(
+    return api_call(
         "progress", update_progress_artifact, artifact_id=aid, progress=pct, description=desc
     )
 
@@ -319,7 +249,7 @@ def publish_metrics_table(
                 v = None if math.isnan(v) else float(f"{v:.4g}")
             row[c] = v
         rows.append(row)
-    return _api(
+    return api_call(
         "table",
         create_table_artifact,
         table=rows,
@@ -363,7 +293,7 @@ def publish_markdown(
         return None
     from prefect.artifacts import create_markdown_artifact
 
-    return _api(
+    return api_call(
         "markdown", create_markdown_artifact, markdown=markdown, key=key, description=description
     )
 

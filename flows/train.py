@@ -442,14 +442,14 @@ def _finished_despite_api(call: Any) -> dict[str, Any]:
     wrote its outputs, only the run's final state is missing from the API (the UI shows it
     Running). Measured: the ephemeral API killed mid-run; all 60 steps, the metrics and the
     summary were done, then ``error: ConnectError`` and exit 1 after ~60 s of retries."""
-    import httpx
+    from rpeg.flows.api_calls import unreachable
 
     me = threading.get_ident()
     _FINISHED.pop(me, None)
     try:
         return call()
-    except (httpx.TransportError, OSError) as exc:
-        if me not in _FINISHED:
+    except Exception as exc:
+        if me not in _FINISHED or not unreachable(exc):
             raise
         logging.getLogger("rpeg.flows.train").warning(
             "training finished, but the Prefect API stopped answering (%s: %s): this flow "

@@ -508,7 +508,7 @@ def test_artifact_calls_try_once_and_pause_while_the_api_does_not_answer(monkeyp
     last metrics line came ~50 min after training ended); now one retry, then a pause."""
     import httpx
     from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
-    from rpeg.flows import artifacts as art
+    from rpeg.flows import api_calls as art
 
     monkeypatch.setattr(art, "_API_DOWN", {})
     calls = []
@@ -518,17 +518,17 @@ def test_artifact_calls_try_once_and_pause_while_the_api_does_not_answer(monkeyp
         raise httpx.ConnectError("[Errno 111] Connection refused")
 
     with caplog.at_level("WARNING", logger="rpeg.flows.artifacts"):
-        assert art._api("progress", dead, progress=1.0) is None
-        assert art._api("progress", dead, progress=2.0) is None  # paused: not even tried
+        assert art.api_call("progress", dead, progress=1.0) is None
+        assert art.api_call("progress", dead, progress=2.0) is None  # paused: not even tried
     assert calls == [art.API_RETRIES]  # the client's retries cut to one
     assert sum("does not answer" in r.getMessage() for r in caplog.records) == 1
     # the pause ends: tried again, and an answering API resumes the calls
     for url in art._API_DOWN:
         art._API_DOWN[url] = 0.0
-    assert art._api("progress", lambda **kw: "id-1", progress=3.0) == "id-1"
+    assert art.api_call("progress", lambda **kw: "id-1", progress=3.0) == "id-1"
     assert not art._API_DOWN and "answers again" in caplog.records[-1].getMessage()
     # an error that is an answer (not a lost connection) is logged, never pauses
-    assert art._api("markdown", lambda **kw: 1 / 0) is None and not art._API_DOWN
+    assert art.api_call("markdown", lambda **kw: 1 / 0) is None and not art._API_DOWN
 
 
 def test_a_run_that_finished_is_not_failed_by_the_api_dying_at_its_end():
