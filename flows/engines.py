@@ -39,8 +39,8 @@ def local_train(
         CheckpointStore,
         dumps,
         loads,
-        model_identity,
     )
+    from rpeg.runtime.actors.checkpoint_identity import local_meta
     from rpeg.runtime.local_trainer import LocalTrainer
 
     t0 = time.perf_counter()
@@ -89,8 +89,7 @@ def local_train(
                 "history": history,
                 "heldout_acc_before": acc_before,
             }
-            meta = {"engine": "local", "model": model_identity(config.model)}
-            store.save(tr.step_index, {TRAINER_PART: dumps(state)}, meta=meta)
+            store.save(tr.step_index, {TRAINER_PART: dumps(state)}, meta=local_meta(config.model))
     acc_after = tr.evaluate()
     from rpeg.runtime.summary import run_summary
 

@@ -19,8 +19,8 @@ from rpeg.runtime.actors.checkpoint import (
     dumps,
     find_checkpoint,
     loads,
-    model_identity,
 )
+from rpeg.runtime.actors.checkpoint_identity import local_meta
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import DataCursor, Example
 from rpeg.runtime.engines.choice import resolve_engine
@@ -205,7 +205,7 @@ class LocalTrainer:
         info = store.save(
             self.step_index,
             {TRAINER_PART: dumps(state)},
-            meta={"engine": "local", "model": model_identity(self.config.model)},
+            meta=local_meta(self.config.model),
         )
         self.log(f"checkpoint step {self.step_index}: {info.path}")
 

@@ -546,7 +546,7 @@ class DistributedRun:
                 "scheduler": state,
             }
         parts["driver.pt"] = checkpoint_dumps(driver)
-        from rpeg.runtime.actors.checkpoint import model_identity
+        from rpeg.runtime.actors.checkpoint_identity import model_identity
 
         meta = {
             "policy_version": step_done,
