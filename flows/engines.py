@@ -34,13 +34,8 @@ def local_train(
     """Single-process training with checkpoints in the store format (a ``trainer.pt`` part);
     ``on_step(step, total, metrics)`` after each step (default: the progress artifact and the
     step's log line)."""
-    from rpeg.runtime.actors.checkpoint import (
-        TRAINER_PART,
-        CheckpointStore,
-        dumps,
-        loads,
-    )
-    from rpeg.runtime.actors.checkpoint_identity import local_meta
+    from rpeg.runtime.actors.checkpoint import CheckpointStore, dumps, loads
+    from rpeg.runtime.actors.checkpoint_identity import TRAINER_PART, local_meta
     from rpeg.runtime.local_trainer import LocalTrainer
 
     t0 = time.perf_counter()

@@ -13,14 +13,13 @@ from pathlib import Path
 from rpeg.config import RunConfig
 from rpeg.runtime import stages
 from rpeg.runtime.actors.checkpoint import (
-    TRAINER_PART,
     CheckpointError,
     CheckpointStore,
     dumps,
     find_checkpoint,
     loads,
 )
-from rpeg.runtime.actors.checkpoint_identity import local_meta
+from rpeg.runtime.actors.checkpoint_identity import TRAINER_PART, local_meta
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import DataCursor, Example
 from rpeg.runtime.engines.choice import resolve_engine

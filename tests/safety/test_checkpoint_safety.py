@@ -271,7 +271,7 @@ def test_resume_refuses_another_models_checkpoint_and_the_other_runtimes_parts(t
     and the built-in shape); resuming it with another model, or with the runtime that did not
     write it, names the difference -- it used to fail after the model was built (and for
     the tiny model warmed up) with torch's list of unexpected state-dict keys."""
-    from rpeg.runtime.actors.checkpoint import TRAINER_PART, model_identity
+    from rpeg.runtime.actors.checkpoint_identity import TRAINER_PART, model_identity
 
     url = str(tmp_path / "ck")
     four = RunConfig().model
@@ -297,7 +297,7 @@ def test_resume_refuses_another_models_checkpoint_and_the_other_runtimes_parts(t
 
 def test_a_moved_model_folder_resumes_another_architecture_does_not(tmp_path):
     """The marker records a model folder's architecture (its config.json), not its path."""
-    from rpeg.runtime.actors.checkpoint import model_identity
+    from rpeg.runtime.actors.checkpoint_identity import model_identity
 
     def folder(name, layers):
         d = tmp_path / name

@@ -44,11 +44,7 @@ from typing import Any
 import fsspec
 
 from rpeg.errors import ConfigError, Problem, RpegError
-from rpeg.runtime.actors.checkpoint_identity import (  # noqa: F401 - re-exported
-    TRAINER_PART,
-    mismatches,
-    model_identity,
-)
+from rpeg.runtime.actors.checkpoint_identity import mismatches
 from rpeg.runtime.actors.state_file import StateFileError
 from rpeg.runtime.actors.state_file import dumps as _state_dumps
 from rpeg.runtime.actors.state_file import loads as _state_loads
