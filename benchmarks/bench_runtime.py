@@ -26,7 +26,7 @@ single-process trainer (what ``rpeg train --local`` runs) and the Prefect + Dask
 (what ``rpeg train`` runs), interleaved over ``--rounds`` in one process with one cluster
 of as many workers as the largest config needs, and prints per config the median step of
 each (``ratio`` = Dask / local) and the mean step (``total time ratio``: the ratio of the
-runs' total step time). Runs are layout-invariant (docs/runtime.md "Layout-invariant
+runs' total step time). Runs are layout-invariant (docs/parallelism.md "Layout-invariant
 runs"): both runtimes sample the same responses and train on the same mini-batches, so the
 two time the same workload step by step; the line says at how many steps the mean response
 length agreed.
@@ -173,7 +173,7 @@ def _configs_main(a) -> dict:
             "paired_median_ratio": statistics.median(
                 d / max(x, 1e-9) for x, d in zip(times[p]["local"], times[p]["dask"], strict=True)
             ),
-            # layout-invariant runs (docs/runtime.md): the same responses step by step
+            # layout-invariant runs (docs/parallelism.md): the same responses step by step
             "same_response_length_steps": sum(
                 abs(x - y) < 1e-9
                 for x, y in zip(lengths[p]["local"], lengths[p]["dask"], strict=True)

@@ -3,7 +3,7 @@
     python benchmarks/shard_bytes.py
 
 Spawns 2 or 4 CPU processes per layout (gloo) and prints (rank, local bytes, share of the
-full parameter bytes); the numbers are in docs/runtime.md ("Shards").
+full parameter bytes); the numbers are in docs/parallelism.md ("Shards").
 """
 
 import os

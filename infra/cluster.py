@@ -42,7 +42,7 @@ def worker_environ(torch_threads: int = 1) -> dict[str, Any]:
     fresh mmap + page faults + munmap. PyTorch allocates such tensors on every op: measured here,
     a 256x256 @ 256x1024 fp32 matmul takes 2.05 ms with the variable vs 1.47 ms without, and the
     built-in run's stages take 1.7-1.9x longer in a Dask actor than in one process
-    (docs/runtime.md). The variable is unset unless the user's own environment sets it.
+    (docs/measurements.md). The variable is unset unless the user's own environment sets it.
     """
     import dask
 
@@ -217,7 +217,7 @@ def start_cluster(
     the TLS files for a ``tls://`` address, ``direct_to_workers`` (default True: the
     client calls workers -- the ranks' actors -- directly; Dask's own default routes every
     actor call through the scheduler, two more hops: a small call 0.7-0.8 -> 0.5 ms, a
-    64 MiB argument 45 -> 19-27 ms here, docs/runtime.md), and ``device_type``: ``"cuda"`` starts a
+    64 MiB argument 45 -> 19-27 ms here, docs/runtime.md "Multi-node recipe"), and ``device_type``: ``"cuda"`` starts a
     dask-cuda ``LocalCUDACluster`` with one worker per visible GPU (each pinned to its
     device through ``CUDA_VISIBLE_DEVICES``), ``"cpu"`` a plain LocalCluster."""
     cc = cluster_config

@@ -9,8 +9,8 @@ flow's thread pool (``pool``), not as Prefect task runs: there are several per s
 for the built-in config), each a few ms of actor work at small shapes, and a task run costs
 6-10 ms in the flow process plus Prefect-server CPU that competes with the actors for the
 cores; measured on the built-in config at one rank, the actor's own stages took 0.30 s per
-step with a task run per unit against 0.175 s with direct calls (docs/runtime.md, "Flow
-overhead"). The UI shows each step through its progress artifact and log line; the units'
+step with a task run per unit against 0.175 s with direct calls (docs/measurements.md;
+docs/step.md "Flow dispatch"). The UI shows each step through its progress artifact and log line; the units'
 spans are in the measured timeline. Rollouts, weight syncs, checkpoints and evaluations stay
 task runs (one or two per step, coarse). Without a ``pool`` every instruction is a Prefect
 task run (the dispatch before; ``benchmarks/bench_dispatch.py`` compares the two).

@@ -20,7 +20,7 @@ Why not ``parallelize_module``: its styles wrap every activation in a DTensor an
 op through DTensor's sharding propagation and functional collectives. At ``rpeg-tiny``'s
 shape on this CPU (one decode forward of 64 rows, two gloo ranks) that was 28 ms per
 forward against 7.8 ms for the whole model in one process; the plain split here is
-10.7-17.7 ms (docs/runtime.md, "Tensor parallelism without DTensor activations").
+10.7-17.7 ms (docs/measurements.md; docs/parallelism.md "Shards").
 
 :func:`tp_all_reduce` is the sum: ``dist.all_reduce`` on NCCL and on groups larger than two;
 on a gloo pair, one exchange and a local add (:func:`rpeg.runtime.parallel.pair_sum_`: over

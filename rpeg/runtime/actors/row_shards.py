@@ -1,7 +1,7 @@
 """How a step's rows are split over the data-parallel indices of a group: contiguous,
 near-equal shards of whole prompts (their samples, GRPO/RLOO groups, stay together), each
 generating rank told where its prompts start in the step's batch (the position its rows'
-sampling seeds and mini-batch membership come from: docs/runtime.md "Layout-invariant runs")."""
+sampling seeds and mini-batch membership come from: docs/parallelism.md "Layout-invariant runs")."""
 
 from __future__ import annotations
 
