@@ -201,7 +201,7 @@ def _has(module: nn.Module, dotted: str) -> bool:
 #: blocks are grouped until they reach it, blocks left over join the root. Every unit costs
 #: an all-gather in forward, one in backward and a reduce-scatter per micro-batch, plus its
 #: hooks; at rpeg-tiny's size (4 blocks of 4 MiB) per-block units were 232 ms per optimizer
-#: step on 4 CPU ranks vs 158 ms for one unit (docs/runtime.md "Shards"). The price is
+#: step on 4 CPU ranks vs 158 ms for one unit (docs/measurements.md). The price is
 #: the transient memory of one gathered unit. 25 MiB is DDP's bucket (Li et al. 2020,
 #: arXiv:2006.15704); any block of a 0.5B+ model in bf16 is past it, so those keep one unit
 #: per block as torchtitan wraps them.
@@ -354,7 +354,7 @@ class Shards:
         rank's whole unsharded shard is resident during the pass (the plan's choice,
         ``reshard_after_forward``). Measured at ``configs/sharded-cpu.yaml`` (rpeg-tiny,
         tp=2 x fsdp dp=2 on 2 cores): the train stage 0.566 -> 0.483 s, the same gradients
-        (docs/runtime.md "Shards", the FSDP2 item)."""
+        (docs/parallelism.md "Shards", the FSDP2 item)."""
         lay = self.layout
         if lay.fsdp and lay.dp > 1 and not lay.reshard_after_forward:
             return gathered_blocks(module)

@@ -5,7 +5,7 @@ sync and clipping, the optimizer step -- what ``PolicyWorker.train_step`` and
 
 Every micro-batch loss is weighted so that accumulating micro-batches, and averaging the
 gradients over data-parallel ranks, equals one loss over the global mini-batch
-(:func:`_micro_weight`; docs/runtime.md "Data parallelism").
+(:func:`_micro_weight`; docs/parallelism.md "Data parallelism").
 """
 
 from __future__ import annotations
