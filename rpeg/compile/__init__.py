@@ -1,9 +1,11 @@
-"""Plan -> Prefect flow wiring.
+"""Plan -> CompiledStep: the program the runtime executes (docs/runtime.md "Compile").
 
-``compile_plan(plan_or_graph, config)`` returns a :class:`CompiledStep` (plain data: actor
-groups, ordered tasks with dependencies and concurrency, weight sync, staleness buffer) that
-serializes to YAML/JSON; :func:`rpeg.flows.train.rl_train` executes it. Pure: no torch,
-dask or prefect here.
+``compile_plan(plan_or_graph, config)`` resolves the run graph (``sources.resolve``), checks
+units, roles, devices and layouts (``compiler.check_step``) and returns a
+:class:`CompiledStep` (plain data: actor groups with their layouts, ordered execution units
+with dependencies and concurrency, weight sync, staleness buffer) that serializes to
+YAML/JSON; :func:`rpeg.flows.train.rl_train` executes it. No torch, dask or prefect here;
+the layout check reads the model folder's ``config.json`` when ``model.path`` is one.
 """
 
 from rpeg.compile.compiler import check_step, compile_step
