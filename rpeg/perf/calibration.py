@@ -25,14 +25,14 @@ class Calibration:
     # Fixed engine time per decode step (scheduler, sampling, detokenisation, launch) in s.
     decode_step_overhead_s: float = 0.004
     # Engine host time per live sequence per decode step (scheduler bookkeeping, sampler
-    # and detokeniser per request), s. docs/perf-model.md, "Fixed and per-sample costs".
+    # and detokeniser per request), s. docs/perf-model.md, "Calibration constants".
     decode_seq_overhead_s: float = 1e-5
     # Non-GEMM share of a training/forward micro-batch: achieved MFU = GEMM efficiency (size
     # curve of the GPU) x this factor (attention kernels, norms, optimizer, packing, launch).
     train_eff_factor: float = 0.70
     # fp8 GEMMs (Transformer Engine / vLLM fp8): achieved share of the fp8 peak relative to
     # what bf16 GEMMs of the same size reach of theirs (per-tensor scaling, casts, amax
-    # reductions); 0.7 x 2 = 1.4x bf16. docs/perf-model.md, "fp8".
+    # reductions); 0.7 x 2 = 1.4x bf16. docs/perf-model.md, "Equations" (prefill).
     fp8_gemm_eff: float = 0.7
     # Extra factor for forward-only passes (logprobs): short kernels, no overlap of comm.
     forward_eff_factor: float = 0.60
@@ -83,7 +83,7 @@ class Calibration:
     response_median_reasoning: float = 6000.0
     response_median_instruct: float = 700.0
     # Host work per sample on the step's critical path (reward scoring, detokenisation,
-    # batch marshalling in the driver), s. See docs/perf-model.md, "Per-sample host cost".
+    # batch marshalling in the driver), s. See docs/perf-model.md, "Calibration constants".
     host_per_sample_s: float = 0.002
     # fp32 vocabulary passes per token of the log-prob computation (memory-bound, not in the
     # GEMM FLOPs): forward writes the logits and reads them for the log-sum-exp and the

@@ -202,7 +202,7 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
     L = c.lengths
     # a live sequence's mean context (length-biased: P + E[L^2]/(2E[L])) is what each decode
     # step reads; admission keeps room for a whole average sequence (P + E[L]), which also
-    # stands for vLLM's preemptions at a full cache (docs/perf-model.md, "KV-bound batch")
+    # stands for vLLM's preemptions at a full cache (docs/perf-model.md, "Equations")
     live_ctx = c.P + L.second_moment() / (2 * L.mean)
     b_kv = kv_tokens / (c.P + L.mean)
     b_max = max(1.0, min(cal.max_num_seqs, b_kv))
