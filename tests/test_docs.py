@@ -20,7 +20,7 @@ MAX_LINES = 500  # issue 27: docs/runtime.md under 500; reference docs aim at ~4
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 # docs/x.md "Section", docs/x.md, "Section", docs/x.md ("Section"); the quote may wrap lines
-SECTION_REF = re.compile(r'docs/([\w-]+)\.md,?\s*\(?"([^"]+)"')
+SECTION_REF = re.compile(r'docs/([\w-]+)\.md(?:,?\s+\(?|\s*\()"([^"]+)"')
 DOC_REF = re.compile(r"(?<![\w/.])docs/([\w-]+)\.md")
 REPO_PATH = re.compile(
     r"`((?:rpeg|tests|benchmarks|configs|scripts|flows|tasks|infra|constraints|docs)/[\w./-]+?)"
