@@ -2,9 +2,8 @@
 
 :class:`StalenessState` is a **pure** state machine, ``handle(event) -> [instruction]``; no
 threads, no clocks, no I/O. The step scheduler (:mod:`rpeg.runtime.actors.scheduler`) owns
-one and feeds it from the events of the run; every property test drives it directly. (The
-thread-safe blocking queue that wrapped it is gone: nothing waits on the buffer any more,
-the scheduler only asks for what it knows is there.)
+one and feeds it from the events of the run; every property test drives it directly.
+Nothing blocks on the buffer: the scheduler only asks for what it knows is there.
 
 Model. Samples are numbered in the order generation is *admitted* (``index``); the samples
 of training step ``s`` are the slot ``[s*B, (s+1)*B)`` (``B`` = samples per step). Policy
