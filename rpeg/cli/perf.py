@@ -24,92 +24,30 @@ def register(app: typer.Typer) -> None:
 def validate(
     csv_path: Path | None = typer.Argument(
         None,
-        help="CSV in the schema of the shipped data set (default: the published runs that "
-        "ship with rpeg, rpeg/perf/data/published_runs.csv)",
+        help="CSV in the schema of the shipped data sets (default: both published-run sets "
+        "that ship with rpeg, rpeg/perf/data/published_runs.csv and published_runs2.csv)",
     ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Predict every row with a measured step time and report the error, the interval
-    coverage and the per-stage errors; rows that cannot be predicted are listed with why."""
+    """Predict every row with a measured step time, in-sample and leave-one-source-out
+    (every fitted quantity refitted without the source being scored), and report the error,
+    the range coverage and the share predicted per data set, pooled, per source, per
+    system and per stage; rows that cannot be predicted are listed with why."""
     from rpeg.errors import ConfigError, Problem
-    from rpeg.perf.published import validate_csv
+    from rpeg.perf import loso
+    from rpeg.perf.loso_report import lines, to_json
 
     if csv_path is not None and csv_path.is_dir():
         raise ConfigError([Problem(str(csv_path), "is a folder; expected a CSV file")])
     if csv_path is not None and not csv_path.is_file():
         raise ConfigError([Problem(str(csv_path), "file not found")])
-    rep = validate_csv(csv_path)
+    paths = {csv_path.stem: csv_path} if csv_path is not None else loso.default_datasets()
+    scored, refused = loso.run(paths)
     if as_json:
-        out = {
-            "rows": [
-                {
-                    "case_id": r.case_id,
-                    "predicted_step_s": r.predicted_step_s,
-                    "predicted_low_s": r.predicted_low_s,
-                    "predicted_high_s": r.predicted_high_s,
-                    "measured_step_s": r.measured_step_s,
-                    "inside": r.inside,
-                    "solved": r.solved,
-                    "unknown": list(r.unknown),
-                    "stages": {
-                        k: {"predicted_s": p, "measured_s": m} for k, (p, m) in r.stages.items()
-                    },
-                }
-                for r in rep.compared
-            ],
-            "mape": rep.mape,
-            "max_ape": rep.max_ape,
-            "coverage": rep.coverage,
-            "median_width": rep.median_width,
-            "by_source": {
-                k: {"mape": v[0], "max_ape": v[1], "n": v[2]}
-                for k, v in rep.by_source_max().items()
-            },
-            "stage_errors": {
-                k: {"mape": v[0], "max_ape": v[1], "n": v[2]} for k, v in rep.stage_errors().items()
-            },
-            "throughput_rows": [
-                {"case_id": c, "predicted_tokens_per_s": p, "measured_tokens_per_s": m}
-                for c, p, m in rep.throughput_rows()
-            ],
-            "throughput_by_source": {
-                k: {"mean_abs_error": v[0], "max_abs_error": v[1], "n": v[2]}
-                for k, v in rep.throughput_by_source().items()
-            },
-            "skipped": [{"case_id": r.case_id, "reason": r.reason} for r in rep.not_predicted],
-        }
-        typer.echo(json.dumps(out, indent=1))
+        typer.echo(json.dumps(to_json(scored, refused, list(paths)), indent=1))
         return
-    typer.echo(
-        f"{'case':46s} {'predicted_s':>11s} {'range_s':>15s} {'measured_s':>10s} {'error':>8s}"
-    )
-    for r in rep.compared:
-        rng = f"{r.predicted_low_s:.0f}-{r.predicted_high_s:.0f}" if r.predicted_low_s else ""
-        mark = "" if r.inside is None else (" " if r.inside else " (outside range)")
-        typer.echo(
-            f"{r.case_id:46s} {r.predicted_step_s:11.1f} {rng:>15s} {r.measured_step_s:10.1f} "
-            f"{100 * r.error:+7.1f}%{mark}"
-        )
-        if r.solved:
-            typer.echo(f"{'':46s}   solved: " + ", ".join(f"{k}={v}" for k, v in r.solved.items()))
-        for st, (p, m) in r.stages.items():
-            typer.echo(f"{'':46s}   {st}: {p:.1f} s vs {m:.1f} s ({100 * (p - m) / m:+.0f}%)")
-    for case, p, m in rep.throughput_rows():
-        typer.echo(
-            f"{case:46s} throughput tok/s predicted {p:,.0f} measured {m:,.0f} ({100 * (p - m) / m:+.0f}%)"
-        )
-    for r in rep.not_predicted:
-        typer.echo(f"{r.case_id:46s} not predicted: {r.reason}")
-    for src, (mape, mx, n) in rep.by_source_max().items():
-        typer.echo(f"  {src}: MAPE={mape:.1f}% max={mx:.1f}% n={n}")
-    for src, (mean, mx, n) in rep.throughput_by_source().items():
-        typer.echo(f"  {src}: throughput-only rows, mean error={mean:.0f}% max={mx:.0f}% n={n}")
-    for st, (mape, mx, n) in rep.stage_errors().items():
-        typer.echo(f"  stage {st}: MAPE={mape:.1f}% max={mx:.1f}% n={n}")
-    typer.echo(
-        f"MAPE={rep.mape:.1f}% max={rep.max_ape:.1f}% n={len(rep.compared)} "
-        f"coverage={100 * rep.coverage:.0f}% median_width={100 * rep.median_width:.0f}%"
-    )
+    for line in lines(scored, refused, list(paths)):
+        typer.echo(line)
 
 
 def predict(

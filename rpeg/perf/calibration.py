@@ -41,6 +41,11 @@ class Calibration:
     # latency (Megatron-Core MoE).
     layer_overhead_s: float = 0.0002
     moe_layer_overhead_s: float = 0.003
+    # MoE training without expert parallelism on an FSDP trainer (HF modules: a Python loop
+    # over the experts, each a host sync for its token index plus ~8 small kernels forward,
+    # at ~5-10 us a launch and ~30 us a sync): per expert per MoE layer per micro-batch per
+    # pass, s. Megatron-Core's grouped GEMM (and any EP layout) does not pay it.
+    moe_expert_loop_s: float = 0.0001
     # Weight refit trainer -> rollout engine: fixed cost per weight tensor of the HF layout
     # (layout conversion, per-tensor gather/broadcast or IPC handle, engine-side load), s.
     # ~1 ms: a Python-driven collective + vLLM load_weights call per tensor. Dominates for

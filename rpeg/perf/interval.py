@@ -40,7 +40,7 @@ class Unknowns:
     def of(cls, names: Any) -> Unknowns:
         s = set(names)
         return cls(
-            response_length="avg_gen_len" in s,
+            response_length="avg_gen_len" in s or "max_gen_len" in s,
             prompt_length="avg_prompt_len" in s,
             gpu_memory_utilization="gpu_memory_utilization" in s,
             recompute="act_ckpt" in s,

@@ -26,6 +26,10 @@ class Workload:
     precision: str = "bf16"
     max_prompt_tokens: int | None = None
     max_seq_tokens: int | None = None  # packing budget; None = prompt cap + response cap
+    # what the policy was trained to emit (base/instruct/reasoning) when it differs from the
+    # catalog model's ``kind`` (a base checkpoint of a reasoning family): picks the
+    # response-length prior; None = the model's own kind
+    response_kind: str | None = None
 
     @classmethod
     def from_config(cls, w: Any) -> Workload:

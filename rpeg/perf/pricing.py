@@ -309,14 +309,19 @@ def predict(
             timeline.append(_rec(stages[uname], t, t + d))
             t += d
         step = t
-    extra = sum(offload_s.values()) + c.step_overhead_s
-    step += extra
+    # fixed costs after the units, each a named record so that the Gantt ends at the step
+    off = sum(offload_s.values())
+    group = timeline[0].device_group if timeline else "all"
     if offload_s:
+        timeline.append(TimelineRecord("offload/reload", group, step, step + off, kind="offload"))
+    step += off
+    if c.step_overhead_s > 0:
         timeline.append(
             TimelineRecord(
-                "offload/reload", timeline[0].device_group, step - extra, step, kind="offload"
+                "step overhead", group, step, step + c.step_overhead_s, kind="step_overhead"
             )
         )
+    step += c.step_overhead_s
 
     ndev = plan.num_devices
     useful = sum(s.flops for s in stages.values())

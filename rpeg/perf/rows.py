@@ -34,7 +34,17 @@ PRIORS: dict[str, Any] = {
     "seq_packing": True,
     "streaming": False,
     "reuse_rollout_logprobs": False,
+    # Response cap where neither max_gen_len nor max_seq_len is published: the budgets of
+    # public RL recipes of the model's kind (reasoning: DAPO/DeepScaleR/AReaL 16-32k, here
+    # 32,768; base/instruct: GSM8K/MATH recipes 1-4k, here 4,096). With max_seq_len the cap
+    # is the budget minus the prompt (the engine never runs past it).
+    "max_gen_len": {"reasoning": 32768, "base": 4096, "instruct": 4096},
+    # No precision published: bf16 (every RL recipe of the shipped sets that states one).
+    "precision": "bf16",
 }
+
+#: what a model was trained to emit (``model_kind`` column; blank = the catalog's kind)
+MODEL_KINDS = ("base", "instruct", "reasoning")
 
 
 class Unpredictable(ValueError):
@@ -199,6 +209,8 @@ class RowCase:
     packing: bool
     workload: Workload
     unknown: tuple[str, ...]
+    # the executing system (``system`` column; rpeg.perf.systems), '' = not stated
+    system: str = ""
 
     def plan(self, lay: Layout) -> Plan:
         """The plan of this row with every layout field set (``lay``)."""
@@ -329,11 +341,20 @@ def read_case(r: dict[str, str]) -> RowCase:
     if prompt is None:
         unknown.append("avg_prompt_len")
         prompt = PRIORS["avg_prompt_len"]
-    cap = _int(r, "max_gen_len")
+    kind = (r.get("model_kind") or "").strip().lower() or None
+    if kind is not None and kind not in MODEL_KINDS:
+        raise Unpredictable(f"model_kind={kind!r}; allowed: {', '.join(MODEL_KINDS)} or blank")
+    max_seq = _float(r, "max_seq_len")
+    cap_cell = _opt_int(r, "max_gen_len")
+    if cap_cell is None:
+        # unpublished: the length budget bounds it, else the prior of the model's kind
+        unknown.append("max_gen_len")
+        cap = int(max_seq) if max_seq else PRIORS["max_gen_len"][kind or model.kind]
+    else:
+        cap = cap_cell
     explicit = _opt_int(r, "gen_cap")
     if explicit is not None:
         cap = min(cap, explicit)
-    max_seq = _float(r, "max_seq_len")
     if max_seq:
         # an engine never runs a sequence past its length budget (vLLM max_model_len):
         # the response cap is at most the budget minus the prompt
@@ -343,7 +364,9 @@ def read_case(r: dict[str, str]) -> RowCase:
     mean = _float(r, "avg_gen_len")
     if mean is None:
         unknown.append("avg_gen_len")
-    prec = ((r.get("precision") or "bf16").split() or ["bf16"])[0].lower()
+    if not (r.get("precision") or "").strip():
+        unknown.append("precision")
+    prec = ((r.get("precision") or PRIORS["precision"]).split() or ["bf16"])[0].lower()
     if prec not in ("bf16", "fp16", "fp8", "fp32"):
         raise Unpredictable(f"precision={prec!r}; allowed: bf16, fp16, fp8, fp32")
     wl = Workload(
@@ -355,6 +378,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         train_minibatches=_int(r, "train_minibatches", 1),
         precision=prec,
         max_seq_tokens=int(max_seq) if max_seq else None,
+        response_kind=kind,
     )
     layout = Layout(
         gen_gpus=gen_n,
@@ -387,6 +411,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         packing=packing,
         workload=wl,
         unknown=tuple(unknown),
+        system=(r.get("system") or "").strip().lower(),
     )
 
 

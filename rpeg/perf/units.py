@@ -127,10 +127,11 @@ class UnitContext:
         cap = float(wl.max_response_tokens)
         mean = wl.mean_response_tokens
         if mean is None:
-            mean = prior_mean(model.kind, cap, calib)
+            kind = wl.response_kind or model.kind
+            mean = prior_mean(kind, cap, calib)
             self.assumptions.append(
                 f"mean response length unpublished: assumed {mean:.0f} tokens (prior of "
-                f"{model.kind} models at a {cap:.0f}-token cap)"
+                f"{kind} models at a {cap:.0f}-token cap)"
             )
         self.lengths = LengthDist(mean, cap, calib.length_sigma)
         self.N = wl.samples
@@ -415,6 +416,13 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         cal.moe_layer_overhead_s * m.moe_layers
     )
     t_comp += n_micro_dev * passes * per_layer / pp
+    if m.moe and ep == 1 and u.engine == "fsdp":
+        # FSDP trainers run the HF modules, whose MoE block loops over the experts in
+        # Python (one host sync + ~8 small kernels per expert hit), unlike Megatron's
+        # grouped GEMM: a fixed cost per expert per MoE layer per micro-batch and pass
+        loop = n_micro_dev * passes * cal.moe_expert_loop_s * m.moe.experts * m.moe_layers
+        t_comp += loop / pp
+        sc.detail["moe_expert_loop_s"] = loop / pp
     # pipeline bubble per mini-batch
     mbs_per_minibatch = (
         max(1.0, tok_rank / c.wl.train_minibatches / tok_mb)

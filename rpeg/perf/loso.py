@@ -1,0 +1,469 @@
+"""Leave-one-source-out (LOSO) validation of the performance model with system factors.
+
+A *source* is one publication, report or issue thread (the ``source`` column). Every fitted
+quantity -- here the per-system factors of :mod:`rpeg.perf.systems` and the pooled factors
+an unknown system falls back to -- is fitted without the source being scored, and the range
+of each scored row comes from the LOSO residuals of comparable rows of *other* sources
+(conformal-style), widened by the inputs the row leaves unknown. Nothing is fitted per source
+or per model; the analytical constants (rpeg.perf.calibration) are shared by all rows.
+
+Mechanics: each row is priced once per point of a grid of (gen_eff, train_eff) factors with
+its layout solved at the shipped constants; the fit minimises the squared log errors of the
+step times (and of the published generation/training stage times, which separate the two
+factors) over that grid, bilinearly interpolated in log space, with each source weighted
+``1/sqrt(rows)`` and each system's factors shrunk towards the pooled ones (``SHRINK``
+pseudo-weight), the pooled ones towards 1. Throughput-only rows are reported, not fitted
+(their token counts rest on unpublished lengths).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rpeg.ir.graph import GraphError
+from rpeg.perf.calibration import SHIPPED, Calibration
+from rpeg.perf.interval import Unknowns, predict_interval
+from rpeg.perf.pricing import predict
+from rpeg.perf.rows import Unpredictable, _float, _number, read_case, unknown_names
+from rpeg.perf.systems import POOLED, UNKNOWN_WIDEN, SystemParams, normalise
+from rpeg.plan.schema import InfeasiblePlan
+from rpeg.specs import SpecError
+
+#: factor grid each row is priced on (time = modelled / factor)
+GRID = tuple(2 ** (k * 2 / 3) for k in range(-3, 4))  # 0.25 .. 4
+_LG = np.log(np.array(GRID))
+#: fine grid the objective is minimised on (log space, interpolated)
+_FINE = np.linspace(_LG[0], _LG[-1], 49)
+#: pseudo-weight pulling a system's log factors to the pooled ones (pooled: to 0)
+SHRINK = 20.0
+#: weight of a published stage time relative to a step time
+STAGE_WEIGHT = 0.5
+#: target miscoverage of a range (split conformal over comparable LOSO residuals)
+ALPHA = 0.2
+#: log half-width when no residual is available (a factor of e^0.5 = 1.65 either way)
+NO_RESIDUALS = 0.5
+#: fewest other-source residuals of a system before its own spread is used
+MIN_COMPARABLE = 6
+#: the calibration whose interval carries only the row's unknown inputs
+_UNKNOWN_ONLY = replace(
+    SHIPPED,
+    decode_uncertainty=0.0,
+    compute_uncertainty=0.0,
+    comm_uncertainty=0.0,
+    fixed_cost_factor=1.0,
+)
+
+
+@dataclass
+class Priced:
+    """One row priced on the factor grid."""
+
+    case_id: str
+    source: str
+    system: str
+    dataset: str
+    measured_s: float | None
+    measured_tput: float | None
+    step: np.ndarray  # [gen, train] grid of predicted step seconds
+    tokens_per_step: float
+    stage_pred: dict[str, float]  # at factors 1: generate / train_actor seconds
+    stage_meas: dict[str, float]
+    unknown_lo: float  # log width of the unknown-inputs-only interval, down / up
+    unknown_hi: float
+    unknown: tuple[str, ...] = ()
+    solved: dict[str, Any] = field(default_factory=dict)  # blank layout fields -> chosen
+
+    def log_pred(self, lg: float, lt: float) -> float:
+        return float(_interp(self.step, lg, lt))
+
+
+@dataclass
+class Scored:
+    """A row's in-sample and LOSO predictions and ranges."""
+
+    case_id: str
+    source: str
+    system: str
+    dataset: str
+    measured_s: float | None
+    reason: str = ""
+    pred_in: float | None = None
+    lo_in: float | None = None
+    hi_in: float | None = None
+    pred_loso: float | None = None
+    lo_loso: float | None = None
+    hi_loso: float | None = None
+    system_fitted: bool = True  # False: the system had no rows outside this source
+    stages: dict[str, tuple[float, float]] = field(default_factory=dict)  # LOSO pred, meas
+    tput: tuple[float, float] | None = None  # LOSO predicted, measured tokens/s
+    unknown: tuple[str, ...] = ()
+    solved: dict[str, Any] = field(default_factory=dict)
+
+
+def _interp(step: np.ndarray, lg: Any, lt: Any) -> Any:
+    """Log of the step at (log gen, log train) factors: bilinear in the inverse factors
+    (each unit's time is proportional to 1/factor, so a sum of units is exact and a max of
+    pools piecewise exact) between the grid points."""
+    lg, lt = np.clip(lg, _LG[0], _LG[-1]), np.clip(lt, _LG[0], _LG[-1])
+    i = np.clip(np.searchsorted(_LG, lg) - 1, 0, len(_LG) - 2)
+    j = np.clip(np.searchsorted(_LG, lt) - 1, 0, len(_LG) - 2)
+    inv = np.exp(-_LG)
+    fi = (np.exp(-lg) - inv[i]) / (inv[i + 1] - inv[i])
+    fj = (np.exp(-lt) - inv[j]) / (inv[j + 1] - inv[j])
+    v = (
+        step[i, j] * (1 - fi) * (1 - fj)
+        + step[i + 1, j] * fi * (1 - fj)
+        + step[i, j + 1] * (1 - fi) * fj
+        + step[i + 1, j + 1] * fi * fj
+    )
+    return np.log(v)
+
+
+_FG, _FT = np.meshgrid(_FINE, _FINE, indexing="ij")
+
+
+def _stage_meas(r: dict[str, str]) -> dict[str, float]:
+    out = {}
+    kind = (r.get("measured_gen_kind") or "rollout").strip().lower()
+    gen = _float(r, "measured_gen_s")
+    if gen and kind == "rollout":
+        out["generate"] = gen
+    train = _float(r, "measured_train_s")
+    if train:
+        out["train_actor"] = train
+    return out
+
+
+def price_rows(
+    rows: list[dict[str, str]], dataset: str, calib: Calibration = SHIPPED
+) -> tuple[list[Priced], list[Scored]]:
+    """Every row with a measurement priced on the grid; the rest as Scored with a reason."""
+    from rpeg.perf.published import _throughput
+    from rpeg.perf.solve import solve_layout
+
+    priced, refused = [], []
+    for r in rows:
+        cid, src = r.get("case_id") or "?", r.get("source") or ""
+        system = normalise(r.get("system") or "")
+        try:
+            step = _number(r, "measured_step_s")
+        except Unpredictable as exc:
+            refused.append(Scored(cid, src, system, dataset, None, f"unreadable: {exc}"))
+            continue
+        tput = _throughput(r)
+        if step is None and tput is None:
+            continue  # nothing measured: not a row of the check
+        bad = unknown_names(r)
+        try:
+            if bad:
+                raise Unpredictable(bad)
+            case = read_case(r)
+            lay, base = solve_layout(case, calib)
+            plan = case.plan(lay)
+            grid = np.empty((len(GRID), len(GRID)))
+            for i, g in enumerate(GRID):
+                for j, t in enumerate(GRID):
+                    cal = replace(calib, gen_eff_scale=g, train_eff_scale=t, fwd_eff_scale=t)
+                    grid[i, j] = predict(case.graph, plan, case.workload, calib=cal).step_s
+            lo, hi = predict_interval(
+                case.graph,
+                plan,
+                case.workload,
+                _UNKNOWN_ONLY,
+                Unknowns.of(case.unknown),
+                point=base.step_s,
+            )
+        except (Unpredictable, InfeasiblePlan, SpecError, ValueError, GraphError) as exc:
+            reason = " ".join(str(exc).split())
+            if isinstance(exc, InfeasiblePlan):
+                reason = "model says infeasible: " + reason
+            refused.append(Scored(cid, src, system, dataset, step, reason))
+            continue
+
+        def stage(kind: str, pred: Any = base) -> float:
+            return sum(s.time_s for s in pred.stages.values() if kind in s.kinds)
+
+        priced.append(
+            Priced(
+                case_id=cid,
+                source=src,
+                system=system,
+                dataset=dataset,
+                measured_s=step,
+                measured_tput=tput,
+                step=grid,
+                tokens_per_step=base.tokens_per_step,
+                stage_pred={k: stage(k) for k in ("generate", "train_actor")},
+                stage_meas=_stage_meas(r),
+                unknown_lo=math.log(base.step_s / max(lo, 1e-9)) if lo > 0 else 1.0,
+                unknown_hi=math.log(hi / base.step_s),
+                unknown=case.unknown,
+                solved=dict(lay.solved),
+            )
+        )
+    return priced, refused
+
+
+def _objective(rows: list[Priced], weights: dict[str, float]) -> np.ndarray:
+    """Weighted squared log error of ``rows`` over the fine (gen, train) grid."""
+    obj = np.zeros_like(_FG)
+    for p in rows:
+        w = weights[p.source]
+        obj += w * (math.log(p.measured_s) - _interp(p.step, _FG, _FT)) ** 2
+        for st, m in p.stage_meas.items():
+            pr = p.stage_pred.get(st)
+            if pr:
+                lf = _FG if st == "generate" else _FT
+                obj += STAGE_WEIGHT * w * (math.log(m) - (math.log(pr) - lf)) ** 2
+    return obj
+
+
+def _argmin(obj: np.ndarray) -> tuple[float, float]:
+    i, j = np.unravel_index(int(np.argmin(obj)), obj.shape)
+    return float(_FINE[i]), float(_FINE[j])
+
+
+def fit(rows: list[Priced]) -> dict[str, tuple[float, float]]:
+    """Log (gen, train) factors per system and ``pooled`` from step-time ``rows``."""
+    rows = [p for p in rows if p.measured_s]
+    counts: dict[str, int] = {}
+    for p in rows:
+        counts[p.source] = counts.get(p.source, 0) + 1
+    weights = {s: 1.0 / math.sqrt(n) for s, n in counts.items()}
+    pooled_obj = _objective(rows, weights) + SHRINK * (_FG**2 + _FT**2)
+    pg, pt = _argmin(pooled_obj)
+    out = {POOLED: (pg, pt)}
+    for system in sorted({p.system for p in rows if p.system}):
+        mine = [p for p in rows if p.system == system]
+        obj = _objective(mine, weights) + SHRINK * ((_FG - pg) ** 2 + (_FT - pt) ** 2)
+        out[system] = _argmin(obj)
+    return out
+
+
+def _factors(fitted: dict[str, tuple[float, float]], system: str) -> tuple[float, float, bool]:
+    if system in fitted:
+        return (*fitted[system], True)
+    return (*fitted[POOLED], False)
+
+
+def _range(resid: list[float], widen: float) -> tuple[float, float]:
+    """Split-conformal half-width (log) at miscoverage ``ALPHA``: the
+    ``ceil((n+1)(1-ALPHA))``-th smallest absolute residual of the comparable rows."""
+    if not resid:
+        return -NO_RESIDUALS * widen, NO_RESIDUALS * widen
+    a = np.sort(np.abs(np.array(resid)))
+    k = min(len(a), math.ceil((len(a) + 1) * (1 - ALPHA))) - 1
+    return -float(a[k]) * widen, float(a[k]) * widen
+
+
+def _bounds(p: Priced, pred: float, lo_q: float, hi_q: float) -> tuple[float, float]:
+    """Range: residual quantiles and the unknown inputs' widths, added in quadrature."""
+    down = math.sqrt(lo_q * lo_q + p.unknown_lo**2)
+    up = math.sqrt(hi_q * hi_q + p.unknown_hi**2)
+    return pred * math.exp(-down), pred * math.exp(up)
+
+
+def _comparable(
+    resid: dict[str, float], rows: list[Priced], system: str, exclude: str | None
+) -> tuple[list[float], bool]:
+    same = [resid[p.case_id] for p in rows if p.system == system and p.source != exclude]
+    if system and len(same) >= MIN_COMPARABLE:
+        return same, True
+    return [resid[p.case_id] for p in rows if p.source != exclude], False
+
+
+def score(priced: list[Priced]) -> list[Scored]:
+    """In-sample and leave-one-source-out predictions and ranges for every priced row."""
+    steps = [p for p in priced if p.measured_s]
+    full = fit(steps)
+    out: dict[str, Scored] = {}
+    resid_in: dict[str, float] = {}
+    loso_f: dict[str, tuple[float, float, bool]] = {}
+    for source in sorted({p.source for p in priced}):
+        fold = fit([p for p in steps if p.source != source])
+        for p in priced:
+            if p.source == source:
+                loso_f[p.case_id] = _factors(fold, p.system)
+    resid_loso: dict[str, float] = {}
+    for p in priced:
+        g, t, _ = _factors(full, p.system)
+        lg, lt, known = loso_f[p.case_id]
+        s = Scored(p.case_id, p.source, p.system, p.dataset, p.measured_s)
+        s.pred_in = math.exp(p.log_pred(g, t))
+        s.pred_loso = math.exp(p.log_pred(lg, lt))
+        s.system_fitted = known
+        s.unknown, s.solved = p.unknown, p.solved
+        if p.measured_s:
+            resid_in[p.case_id] = math.log(p.measured_s / s.pred_in)
+            resid_loso[p.case_id] = math.log(p.measured_s / s.pred_loso)
+        for st, m in p.stage_meas.items():
+            if p.stage_pred.get(st):
+                f = lg if st == "generate" else lt
+                s.stages[st] = (p.stage_pred[st] / math.exp(f), m)
+        if p.measured_tput and not p.measured_s:
+            s.tput = (p.tokens_per_step / s.pred_loso, p.measured_tput)
+        out[p.case_id] = s
+    for p in priced:
+        s = out[p.case_id]
+        pool, own = _comparable(resid_in, steps, p.system, None)
+        s.lo_in, s.hi_in = _bounds(p, s.pred_in, *_range(pool, 1.0))
+        pool, own = _comparable(resid_loso, steps, p.system, p.source)
+        widen = 1.0 if (own and s.system_fitted) else UNKNOWN_WIDEN
+        s.lo_loso, s.hi_loso = _bounds(p, s.pred_loso, *_range(pool, widen))
+    return list(out.values())
+
+
+def system_table(priced: list[Priced]) -> dict[str, SystemParams]:
+    """The shipped factors: fitted on all rows, ranges from the LOSO residuals."""
+    steps = [p for p in priced if p.measured_s]
+    full = fit(steps)
+    scored = {s.case_id: s for s in score(priced)}
+    resid = {
+        p.case_id: math.log(p.measured_s / scored[p.case_id].pred_loso)  # type: ignore[operator]
+        for p in steps
+    }
+    table = {}
+    for name, (lg, lt) in full.items():
+        mine = [p for p in steps if p.system == name] if name != POOLED else steps
+        pool, own = _comparable(resid, steps, name if name != POOLED else "", None)
+        lo, hi = _range(pool, 1.0)
+        table[name] = SystemParams(
+            name=name,
+            gen_eff=round(math.exp(lg), 3),
+            train_eff=round(math.exp(lt), 3),
+            resid_lo=round(lo, 3),
+            resid_hi=round(hi, 3),
+            sources=len({p.source for p in mine}),
+            rows=len(mine),
+        )
+    return table
+
+
+# --- summaries --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Summary:
+    """Error figures of a set of rows (percent; coverage and share as fractions)."""
+
+    rows: int  # rows with a measured step time
+    predicted: int
+    mape: float
+    max_ape: float
+    coverage: float
+    median_width: float
+
+    @property
+    def predicted_share(self) -> float:
+        return self.predicted / self.rows if self.rows else float("nan")
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "mape": round(self.mape, 2),
+            "max_ape": round(self.max_ape, 2),
+            "coverage": round(self.coverage, 4),
+            "predicted_share": round(self.predicted_share, 4),
+            "rows": self.rows,
+            "predicted": self.predicted,
+            "median_width": round(self.median_width, 4),
+        }
+
+
+def summarise(scored: list[Scored], loso: bool = True) -> Summary:
+    rows = [s for s in scored if s.measured_s]
+    done = [s for s in rows if (s.pred_loso if loso else s.pred_in)]
+    errs, inside, widths = [], [], []
+    for s in done:
+        p = s.pred_loso if loso else s.pred_in
+        lo, hi = (s.lo_loso, s.hi_loso) if loso else (s.lo_in, s.hi_in)
+        errs.append(abs(p - s.measured_s) / s.measured_s)  # type: ignore[operator]
+        inside.append(lo <= s.measured_s <= hi)  # type: ignore[operator]
+        widths.append((hi - lo) / p)  # type: ignore[operator]
+    nan = float("nan")
+    return Summary(
+        rows=len(rows),
+        predicted=len(done),
+        mape=100 * sum(errs) / len(errs) if errs else nan,
+        max_ape=100 * max(errs) if errs else nan,
+        coverage=sum(inside) / len(inside) if inside else nan,
+        median_width=float(np.median(widths)) if widths else nan,
+    )
+
+
+def by(scored: list[Scored], key: str, loso: bool = True) -> dict[str, Summary]:
+    groups: dict[str, list[Scored]] = {}
+    for s in scored:
+        groups.setdefault(getattr(s, key) or "?", []).append(s)
+    return {k: summarise(v, loso) for k, v in sorted(groups.items())}
+
+
+def stage_errors(scored: list[Scored]) -> dict[str, tuple[float, float, int]]:
+    """stage -> (LOSO MAPE %, max %, rows) over the rows publishing that stage."""
+    out: dict[str, list[float]] = {}
+    for s in scored:
+        for st, (p, m) in s.stages.items():
+            out.setdefault(st, []).append(abs(p - m) / m)
+    return {k: (100 * sum(v) / len(v), 100 * max(v), len(v)) for k, v in sorted(out.items())}
+
+
+def default_datasets() -> dict[str, Path]:
+    """The shipped data sets: label -> path."""
+    from importlib import resources
+
+    base = resources.files("rpeg.perf").joinpath("data")
+    return {
+        "steps_dev": Path(str(base.joinpath("published_runs.csv"))),
+        "steps_dev2": Path(str(base.joinpath("published_runs2.csv"))),
+    }
+
+
+def run(paths: dict[str, Path] | None = None) -> tuple[list[Scored], list[Scored]]:
+    """(scored, refused) over the data sets (default: both shipped ones), LOSO pooled."""
+    from rpeg.perf.published import read_rows
+
+    priced, refused = [], []
+    for label, path in (paths or default_datasets()).items():
+        p, r = price_rows(read_rows(path), label)
+        priced += p
+        refused += r
+    return score(priced), refused
+
+
+def write_table(path: Path | None = None) -> Path:
+    """Fit on both shipped data sets and write ``rpeg/perf/data/systems.yaml``."""
+    import yaml
+
+    from rpeg.perf.published import read_rows
+
+    priced = []
+    for label, p in default_datasets().items():
+        priced += price_rows(read_rows(p), label)[0]
+    table = system_table(priced)
+    path = path or default_datasets()["steps_dev"].with_name("systems.yaml")
+    body = {
+        "systems": {
+            n: {
+                k: getattr(v, k)
+                for k in ("gen_eff", "train_eff", "resid_lo", "resid_hi", "sources", "rows")
+            }
+            for n, v in sorted(table.items())
+        }
+    }
+    header = (
+        "# Fitted by `python -m rpeg.perf.loso --write` on the shipped published runs (both\n"
+        "# data sets). gen_eff/train_eff: achieved share of the modelled rollout / training\n"
+        "# rate; resid_lo/hi: split-conformal log half-width (80%) of the system's rows scored\n"
+        "# leave-one-source-out (the range of a prediction). docs/perf-model.md, 'Systems'.\n"
+    )
+    path.write_text(header + yaml.safe_dump(body, sort_keys=True))
+    return path
+
+
+if __name__ == "__main__":  # pragma: no cover - maintenance entry point
+    import sys
+
+    if "--write" in sys.argv:
+        print(write_table())
