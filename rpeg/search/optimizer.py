@@ -337,7 +337,25 @@ def optimize_problem(
         else {}
     )
     alts = _alternatives(results, best, opt.top_alternatives, pruned)
-    return SearchResult(prob, best, alts, bl, counts, time.perf_counter() - t0, mode, opt.seed)
+    res = SearchResult(prob, best, alts, bl, counts, time.perf_counter() - t0, mode, opt.seed)
+    res.step_range = _step_range(prob, best, calib)
+    return res
+
+
+def _step_range(prob: PlanProblem, best: Candidate, calib: Calibration) -> tuple[float, float]:
+    """The best plan's range (rpeg.perf.interval; the length prior widens it when the
+    workload states no mean response length)."""
+    from rpeg.perf.interval import Unknowns, predict_interval
+
+    wl = prob.workload
+    return predict_interval(
+        best.structure.graph(prob.base),
+        best.plan,
+        wl,
+        calib,
+        Unknowns(response_length=wl.mean_response_tokens is None),
+        point=best.step_s,
+    )
 
 
 def _alternatives(

@@ -87,8 +87,9 @@ def render(result: SearchResult, console: Any = None, files: dict[str, str] | No
     for line in plan_in_words(b, prob.cluster):
         con.print(f"  - {line}")
     t = Table(title="execution units (predicted)")
-    for col in ("unit", "devices", "tp", "pp", "cp", "dp", "mb", "time s", "mem GB/dev"):
+    for col in ("unit", "devices", "tp", "pp", "cp", "dp", "mb", "time s", "ends s", "mem GB/dev"):
         t.add_column(col, justify="right" if col not in ("unit", "devices") else "left")
+    span = {r.stage: f"{r.end_s:.2f}" for r in p.timeline}  # where it ends on the Gantt
     for name, u in b.plan.units.items():
         s = p.stages[name]
         t.add_row(
@@ -100,14 +101,24 @@ def render(result: SearchResult, console: Any = None, files: dict[str, str] | No
             str(u.dp_size),
             str(u.micro_batch_size),
             f"{s.time_s:.2f}",
+            span.get(name, ""),
             f"{s.peak_memory_gb:.1f}",
         )
+    for r in fixed_records(p):  # fixed costs: named rows, so the table adds up to the step
+        t.add_row(
+            r.stage, r.device_group, "", "", "", "", "", f"{r.duration_s:.2f}", span[r.stage], ""
+        )
     con.print(t)
+    rng = ""
+    if result.step_range is not None:
+        lo, hi = result.step_range
+        rng = f" (range {lo:.1f}-{hi:.1f} s)"
     con.print(
-        f"predicted step [bold]{p.step_s:.1f} s[/bold], {p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, "
-        f"MFU {100 * p.mfu:.1f}%, memory per device "
-        + ", ".join(f"{k}: {v:.1f}/{p.capacity_gb:.0f} GB" for k, v in p.device_memory_gb.items())
+        f"predicted step [bold]{p.step_s:.1f} s[/bold]{rng} = end of the Gantt, "
+        f"{p.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU {100 * p.mfu:.1f}%"
     )
+    for line in memory_words(p):
+        con.print(f"  memory {line}")
     bt = Table(title="baselines (same performance model)")
     for col in ("baseline", "plan", "step s", "RPEG speedup"):
         bt.add_column(col)
@@ -142,6 +153,32 @@ def render(result: SearchResult, console: Any = None, files: dict[str, str] | No
     con.print(
         "[dim]All numbers are predictions of the analytical performance model, not measurements.[/dim]"
     )
+
+
+def fixed_records(p: Any) -> list[Any]:
+    """Timeline records of the fixed per-step costs (offload/reload, step overhead)."""
+    return [r for r in p.timeline if r.kind in ("offload", "step_overhead")]
+
+
+def memory_words(p: Any) -> list[str]:
+    """Per device group: the peak per device and what holds it (the largest unit's parts;
+    a rollout engine reserves gpu_memory_utilization x HBM whatever the model's size)."""
+    out = []
+    for group, gb in p.device_memory_gb.items():
+        top = max(
+            (s for s in p.stages.values() if s.devices == group or group.startswith(s.devices)),
+            key=lambda s: s.peak_memory_gb,
+            default=None,
+        )
+        what = ""
+        if top is not None and top.memory_gb:
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in top.memory_gb.items() if v >= 0.05)
+            what = f" (largest: {top.name}: {parts} GB"
+            if "kv_cache" in top.memory_gb:
+                what += "; the engine reserves gpu_memory_utilization x device memory up front"
+            what += ")"
+        out.append(f"{group}: {gb:.1f}/{p.capacity_gb:.0f} GB per device{what}")
+    return out
 
 
 def write_files(result: SearchResult, out: str | Path, *, config: Any = None) -> dict[str, str]:

@@ -79,6 +79,8 @@ class SearchResult:
     search_s: float
     mode: str
     seed: int
+    # the best plan's predicted range (low, high) s; None before it is computed
+    step_range: tuple[float, float] | None = None
 
     @property
     def plan(self) -> Plan:
@@ -95,6 +97,7 @@ class SearchResult:
         return {
             "plan": b.plan.to_dict(),
             "predicted_step_s": b.step_s,
+            "predicted_range_s": list(self.step_range) if self.step_range else None,
             "tokens_per_s_per_gpu": b.prediction.tokens_per_s_per_gpu,
             "mfu": b.prediction.mfu,
             "device_memory_gb": dict(b.prediction.device_memory_gb),
@@ -121,9 +124,12 @@ def why_lost(alt: Candidate, best: Candidate) -> str:
     busy_b = _busy_by_kind(pb)
     diffs = {k: busy_a.get(k, 0.0) - busy_b.get(k, 0.0) for k in set(busy_a) | set(busy_b)}
     k, v = max(diffs.items(), key=lambda kv: kv[1]) if diffs else ("", 0.0)
-    head = f"+{d:.1f} s ({alt.step_s / best.step_s:.2f}x)"
+    nd = 2 if best.step_s < 10 else 1  # CPU-sized steps need the hundredths
+    head = f"+{d:.{nd}f} s ({alt.step_s / best.step_s:.2f}x)"
+    if d <= 0.005 * best.step_s:
+        return f"{head}: same predicted step as the best (within 0.5%); not a real difference"
     if v > 0.05 * max(d, 1e-9) and k:
-        return f"{head}: {k} on the critical path takes {v:+.1f} s"
+        return f"{head}: {k} on the critical path takes {v:+.{nd}f} s"
     return head
 
 
