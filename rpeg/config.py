@@ -109,7 +109,12 @@ class WorkloadConfig(Section):
 
     num_prompts: int = Field(16, ge=1, description="prompts per RL step")
     samples_per_prompt: int = Field(8, ge=1, description="responses sampled per prompt (the group)")
-    max_prompt_tokens: int = Field(32, ge=1)
+    max_prompt_tokens: int = Field(
+        32,
+        ge=1,
+        description="longest prompt in tokens; with a data file and this field unset, "
+        "rpeg train sets it to the longest prompt of the data (after the chat template)",
+    )
     mean_prompt_tokens: float | None = Field(
         None, gt=0, description="for the performance model; None = max_prompt_tokens"
     )
@@ -149,11 +154,46 @@ class WorkloadConfig(Section):
 class TaskConfig(Section):
     """Where prompts and reference answers come from, and how responses are rewarded."""
 
-    kind: Literal["arithmetic", "countdown", "jsonl", "parquet"] = "arithmetic"
-    url: str | None = Field(
-        None, description="fsspec URL of a JSONL/Parquet file (question, answer)"
+    kind: Literal["arithmetic", "countdown", "jsonl", "parquet", "hf"] = Field(
+        "arithmetic",
+        description="arithmetic | countdown: built-in synthetic tasks; jsonl | parquet: a "
+        "file; hf: a Hugging Face datasets folder (save_to_disk) or a folder of "
+        "parquet/jsonl files (rpeg.runtime.datasets)",
     )
-    prompt_template: str = "{question}"
+    url: str | None = Field(
+        None,
+        description="fsspec URL of the JSONL/Parquet file or datasets folder; a folder may "
+        "name its split as <folder>#<split> (default: train)",
+    )
+    prompt_key: str | None = Field(
+        None,
+        description="column holding the prompt: text, or a list of chat messages "
+        "({role, content}; verl and TRL conversational data). None = question, problem or "
+        "prompt, the first present",
+    )
+    answer_key: str | None = Field(
+        None,
+        description="dotted path of the reference answer in a row, e.g. "
+        "reward_model.ground_truth (verl). None = answer or solution (GSM8K: the text "
+        "after ####)",
+    )
+    system_prompt: str | None = Field(
+        None, description="a system message put before every prompt that has none"
+    )
+    chat_template: str = Field(
+        "auto",
+        description="auto = apply the tokenizer's chat template (with the generation prompt) "
+        "when it has one; none = the prompt text as is; or the path of a Jinja template file",
+    )
+    overlong: Literal["filter", "truncate", "error"] = Field(
+        "filter",
+        description="prompts longer than workload.max_prompt_tokens (counted after the chat "
+        "template): filter = drop them and say how many; truncate = keep their last tokens; "
+        "error = refuse the run",
+    )
+    prompt_template: str = Field(
+        "{question}", description="text prompts: the text given to the model ({question})"
+    )
     difficulty: int = Field(1, ge=1, le=5, description="synthetic tasks: 1 = easiest")
     rewards: list[str] = Field(
         default_factory=lambda: ["exact_numeric"], description="built-in reward names"
@@ -175,7 +215,7 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _url_for_files(self) -> TaskConfig:
-        if self.kind in ("jsonl", "parquet") and not self.url:
+        if self.kind in ("jsonl", "parquet", "hf") and not self.url:
             raise ValueError(f"kind={self.kind!r} needs url (an fsspec URL)")
         return self
 
@@ -348,22 +388,34 @@ class RunConfig(Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
     def with_overrides(self, overrides: dict[str, Any]) -> RunConfig:
-        """Apply dotted overrides such as ``{"runtime.steps": 5}``, validating all at once."""
-        data = self.model_dump(mode="json")
+        """Apply dotted overrides such as ``{"runtime.steps": 5}``, validating all at once.
+        Fields left at their defaults stay unset (``model_fields_set``): a default that
+        follows the data (``workload.max_prompt_tokens``) still can."""
+        data = self.model_dump(mode="json", exclude_unset=True)
+        full = self.model_dump(mode="json")
         problems: list[Problem] = []
         for dotted, value in overrides.items():
-            node = data
+            node, known = data, full
             parts = dotted.split(".")
+    log_samples_every: int = Field(
+        1,
+        ge=0,
+        description="write the step's samples (prompt, response, reference answer, rewards, "
+        "advantage, length, policy version) to <output_dir>/samples.jsonl every this many "
+        "steps and print a few; 0 = never",
+    )
             for part in parts[:-1]:
-                if not isinstance(node, dict) or part not in node:
+                if not isinstance(known, dict) or part not in known:
                     problems.append(Problem(dotted, f"unknown section {part!r}"))
                     break
-                node = node[part]
+                if not isinstance(node.get(part), dict):
+                    node[part] = {}  # a section left at its defaults: set only what is named
+                node, known = node[part], known[part]
             else:
                 node[parts[-1]] = value
         if problems:
-            raise ConfigError(problems)
-        return RunConfig.from_dict(data, source="overrides")
+            raise ConfigError(problems, title="invalid overrides")
+        return out
 
 
 def _title(source: str) -> str:
@@ -410,3 +462,7 @@ def read_text_or_path(text_or_path: str | Path) -> tuple[str, str]:
     if p.is_dir():
         raise ConfigError([Problem(s, "is a folder; expected a YAML file")])
     return p.read_text(), s
+        try:
+            out = RunConfig.from_dict(data, source="overrides")
+        except ConfigError as exc:
+            raise ConfigError(problems + list(exc.problems), title="invalid overrides") from None

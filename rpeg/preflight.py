@@ -208,8 +208,10 @@ def check_task(config: RunConfig) -> list[Problem]:
     if not t.rewards:
         out.append(Problem("task.rewards", "at least one reward is needed"))
     out += check_template(t.prompt_template)
-    if t.kind in ("jsonl", "parquet") and t.url:
-        out += check_examples(t.url, t.kind)
+    if t.kind in ("jsonl", "parquet", "hf") and t.url:
+        from rpeg.runtime.datasets.files import RowKeys
+
+        out += check_examples(t.url, t.kind, keys=RowKeys.from_task(t))
     return out
 
 

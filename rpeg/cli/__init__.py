@@ -24,6 +24,8 @@ COMMAND_MODULES: list[str] = [
     "rpeg.cli.perf",
     "rpeg.cli.deploy",
     "rpeg.cli.plan",
+    "rpeg.cli.config_cmd",
+    "rpeg.cli.export",
 ]
 
 app = typer.Typer(

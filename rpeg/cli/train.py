@@ -58,6 +58,12 @@ def register(app: typer.Typer) -> None:
         config: str | None = typer.Argument(
             None, help="run config YAML (path or fsspec URL); none = the built-in task"
         ),
+        overrides: list[str] | None = typer.Argument(
+            None,
+            help="dotted overrides after the config, e.g. algorithm.kl_coef=0.01 "
+            "runtime.steps=2 (values read as YAML; validated like the file)",
+            show_default=False,
+        ),
         local: bool = typer.Option(
             False, "--local", help="run in this process with the single-process reference trainer"
         ),
@@ -102,9 +108,9 @@ def register(app: typer.Typer) -> None:
         the distributed runtime) to the output dir. Bad input (a plan that needs more devices
         than the cluster has, an unknown role, an unwritable checkpoint URL) is refused before
         any actor starts (exit 2)."""
-        from rpeg.preflight import load_config
+        from rpeg.cli.overrides import load_with_overrides
 
-        cfg = load_config(config)
+        cfg = load_with_overrides(config, overrides)
         overrides: dict = {}
         if steps is not None:
             overrides["runtime.steps"] = steps
@@ -127,6 +133,16 @@ def register(app: typer.Typer) -> None:
             from rpeg.errors import RpegError
 
             raise RpegError("--local and --cluster exclude each other")
+        # the data's prompts as the model gets them (chat template), measured once: the
+        # default max_prompt_tokens fits them; overlong ones are counted (task.overlong)
+        from rpeg.errors import ConfigError
+        from rpeg.runtime.datasets.fit import fit_prompt_lengths
+
+        data_error = None
+        try:
+            cfg = fit_prompt_lengths(cfg, log=None if quiet else typer.echo)
+        except ConfigError as exc:  # bad rows are listed with every other problem below
+            data_error = exc
         # one validation pass before anything starts: every problem at once, exit 2
         from rpeg.preflight import preflight
 
@@ -136,6 +152,8 @@ def register(app: typer.Typer) -> None:
             cluster_devices=None if cluster is None else 10**6,
             output_files={"--summary-json": summary_json},
         )
+        if data_error is not None:
+            raise data_error
         cfg = _with_run_id(cfg, quiet)
         from rpeg.infra.lifeline import start_lifeline
 

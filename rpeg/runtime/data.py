@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,13 +20,33 @@ from rpeg.runtime.rewards import parse_rational
 
 
 @dataclass(frozen=True)
+class ChatMessage:
+    """One message of a chat prompt (verl's and TRL's ``{role, content}``)."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
 class Example:
-    question: str
+    question: str  # the prompt's text (chat data: the last user message)
     answer: str  # the reference answer handed to rewards
     solution: str = ""  # a worked target for supervised warm-up ("" = use answer)
+    messages: tuple[ChatMessage, ...] = ()  # chat data: the prompt's messages
+    system_prompt: str = ""  # task.system_prompt (put before prompts without one)
+    rendered: str = ""  # the exact prompt text (chat template applied); "" = not rendered
 
     def prompt(self, template: str = "{question}") -> str:
-        return template.format(question=self.question)
+        """The text the model gets: the rendered prompt when there is one
+        (rpeg.runtime.datasets.prompts), else ``template`` filled with the question."""
+        if self.rendered:
+            return self.rendered
+        if not self.messages and not self.system_prompt:
+            return template.format(question=self.question)
+        texts = [m.content for m in self.messages] or [template.format(question=self.question)]
+        has_system = any(m.role == "system" for m in self.messages)
+        head = [self.system_prompt] if self.system_prompt and not has_system else []
+        return "\n\n".join(head + texts)
 
     @property
     def target(self) -> str:
@@ -146,100 +165,30 @@ class CountdownSource:
         )
 
 
-# --- files ---------------------------------------------------------------------------------
-def gsm8k_final_answer(answer: str) -> str:
-    """GSM8K: the final answer follows ``####``."""
-    return (
-        answer.rsplit("####", 1)[1].strip().replace(",", "") if "####" in answer else answer.strip()
-    )
+# --- files (rpeg.runtime.datasets.files) -------------------------------------------------
+from rpeg.runtime.datasets.files import (  # noqa: E402  (re-exported: the data API in one place)
+    MAX_ROW_PROBLEMS,
+    RowKeys,
+    check_examples,
+    gsm8k_final_answer,
+    load_examples,
+)
 
-
-#: bad rows reported per data file (the rest are counted)
-MAX_ROW_PROBLEMS = 20
-
-
-def _row_problem(row: Any) -> str | None:
-    """Why ``row`` is not an example, or None."""
-    if not isinstance(row, dict):
-        return (
-            f"a row must be a JSON object with 'question' and 'answer' (got {type(row).__name__})"
-        )
-    q = row.get("question", row.get("problem", row.get("prompt")))
-    a = row.get("answer", row.get("solution"))
-    if q is None or a is None:
-        return f"row needs 'question' and 'answer' fields (got {sorted(map(str, row))})"
-    if not isinstance(q, str) or not isinstance(a, str | int | float):
-        return "'question' must be text and 'answer' text or a number"
-    return None
-
-
-def _row_to_example(row: dict[str, Any], where: str) -> Example:
-    why = _row_problem(row)
-    if why:
-        raise ConfigError([Problem(where, why)])
-    q = row.get("question", row.get("problem", row.get("prompt")))
-    a = str(row.get("answer", row.get("solution")))
-    return Example(str(q), gsm8k_final_answer(a), solution=a)
-
-
-def _read_rows(url: str, kind: str, problems: list[Problem], limit: int) -> list[tuple[int, Any]]:
-    """(line number, row) of every parsable row; every bad line (up to ``limit``) becomes a
-    problem, the rest are counted in one more."""
-    import fsspec
-
-    bad: list[tuple[int, str]] = []  # (line, what), reported in line order
-
-    def note(line: int, what: str) -> None:
-        bad.append((line, what))
-
-    rows: list[tuple[int, Any]] = []
-    if kind == "parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            problems.append(
-                Problem(
-                    "task.url", "reading Parquet needs pyarrow (pip install pyarrow), or use JSONL"
-                )
-            )
-            return []
-        with fsspec.open(url, "rb") as fh:
-            rows = list(enumerate(pq.read_table(fh).to_pylist(), start=1))
-    else:
-        with fsspec.open(url, "r") as fh:
-            for i, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append((i, json.loads(line)))
-                except ValueError as exc:
-                    note(i, f"not valid JSON: {exc}")
-    for i, row in rows:
-        why = _row_problem(row)
-        if why:
-            note(i, why)
-    bad.sort()
-    problems += [Problem(f"{url}:{i}", what) for i, what in bad[:limit]]
-    if len(bad) > limit:
-        problems.append(Problem(url, f"... and {len(bad) - limit} more bad rows"))
-    return rows
-
-
-def check_examples(
-    url: str, kind: str | None = None, limit: int = MAX_ROW_PROBLEMS
-) -> list[Problem]:
-    """Every problem with a data file (missing, empty, each bad row up to ``limit``)."""
-    problems: list[Problem] = []
-    kind = kind or ("parquet" if url.endswith(".parquet") else "jsonl")
-    try:
-        rows = _read_rows(url, kind, problems, limit)
-    except FileNotFoundError:
-        return [Problem("task.url", f"file {url!r} not found")]
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return [Problem("task.url", f"{url!r} cannot be read: {type(exc).__name__}: {exc}")]
-    if not rows and not problems:
-        problems.append(Problem("task.url", f"{url!r} holds no examples"))
-    return problems
+__all__ = [
+    "MAX_ROW_PROBLEMS",
+    "ArithmeticSource",
+    "ChatMessage",
+    "CountdownSource",
+    "DataCursor",
+    "Example",
+    "PromptShard",
+    "RowKeys",
+    "build_task_data",
+    "check_examples",
+    "check_template",
+    "gsm8k_final_answer",
+    "load_examples",
+]
 
 
 def check_template(template: str, where: str = "task.prompt_template") -> list[Problem]:
@@ -254,22 +203,6 @@ def check_template(template: str, where: str = "task.prompt_template") -> list[P
     if bad:
         return [Problem(where, f"unknown placeholder(s) {bad}; allowed: {{question}}")]
     return []
-
-
-def load_examples(url: str, kind: str | None = None) -> list[Example]:
-    """Read a JSONL or Parquet file (local path or fsspec URL) into examples; every bad row
-    (up to :data:`MAX_ROW_PROBLEMS`) is reported at once."""
-    kind = kind or ("parquet" if url.endswith(".parquet") else "jsonl")
-    problems: list[Problem] = []
-    try:
-        rows = _read_rows(url, kind, problems, MAX_ROW_PROBLEMS)
-    except FileNotFoundError:
-        raise ConfigError([Problem("task.url", f"file {url!r} not found")]) from None
-    if problems:
-        raise ConfigError(problems, title=f"invalid data file {url}")
-    if not rows:
-        raise ConfigError([Problem("task.url", f"{url!r} holds no examples")])
-    return [_row_to_example(r, f"{url}:{i}") for i, r in rows]
 
 
 # --- the cursor ----------------------------------------------------------------------------
@@ -330,8 +263,18 @@ class DataCursor:
         self._order = None
 
 
-def build_task_data(task) -> tuple[DataCursor, list[Example]]:
-    """(training cursor, held-out examples) for a :class:`rpeg.config.TaskConfig`."""
+def build_task_data(
+    task, tokenizer: Any = None, max_prompt_tokens: int | None = None, log: Any = None
+) -> tuple[DataCursor, list[Example]]:
+    """(training cursor, held-out examples) for a :class:`rpeg.config.TaskConfig`.
+
+    With the policy's ``tokenizer`` every prompt is rendered as the model gets it
+    (``task.chat_template``, ``task.system_prompt``: rpeg.runtime.datasets.prompts) and a
+    file's prompts over ``max_prompt_tokens`` are handled per ``task.overlong`` (filtered,
+    truncated, or an error); ``log`` gets one line saying what was done."""
+    from rpeg.runtime.datasets.prompts import RenderedSource, prompt_format, render_examples
+
+    fmt = prompt_format(task, tokenizer) if tokenizer is not None else None
     if task.kind in ("arithmetic", "countdown"):
         cls = ArithmeticSource if task.kind == "arithmetic" else CountdownSource
         held_src = cls(task.difficulty, task.seed, salt=99_991)
@@ -345,8 +288,22 @@ def build_task_data(task) -> tuple[DataCursor, list[Example]]:
                 seen.add(ex.question)
                 heldout.append(ex)
         train = cls(task.difficulty, task.seed, exclude=seen)
+        if fmt is not None and (fmt.chat or task.system_prompt):
+            rendered = RenderedSource(train, tokenizer, fmt)
+            heldout = [rendered.render(ex) for ex in heldout]
+            return DataCursor(rendered, seed=task.seed), heldout
         return DataCursor(train, seed=task.seed), heldout
-    examples = load_examples(task.url, task.kind)
+    examples = load_examples(task.url, task.kind, RowKeys.from_task(task))
+    if fmt is not None:
+        examples, report = render_examples(
+            examples,
+            tokenizer,
+            fmt,
+            max_prompt_tokens=max_prompt_tokens,
+            overlong=task.overlong,
+        )
+        if log is not None:
+            log(report.line(max_prompt_tokens or report.longest))
     k = min(task.heldout_size, len(examples) // 2)
     rng = random.Random(task.seed)
     idx = list(range(len(examples)))

@@ -138,6 +138,10 @@ class LocalTrainer:
             acc_before = self.evaluate()
         else:
             self.log(f"resumed at step {self.step_index} (run {getattr(store, 'run_id', '')})")
+        if not (rt.resume or rt.resume_from):  # a new run's samples start a new file
+            from rpeg.runtime.samples import SAMPLES_FILE
+
+            (out / SAMPLES_FILE).unlink(missing_ok=True)
         self.log(f"held-out greedy accuracy before RL: {acc_before:.3f}")
         with open(out / "metrics.jsonl", "w") as fh:
             fh.writelines(json.dumps(h) + "\n" for h in self.history)
@@ -160,6 +164,7 @@ class LocalTrainer:
         from rpeg.runtime.summary import run_summary
 
         summary = run_summary(
+                self._log_samples(int(m["step"]), out)
             self.history,
             wall_s=time.perf_counter() - t0 + float(self.warmup_info.get("warmup_s", 0.0)),
             acc_before=acc_before,
@@ -176,6 +181,23 @@ class LocalTrainer:
             "actor": self.actor.state_dict(),
             "critic": self.critic.state_dict() if self.critic is not None else None,
             "cursor": self.cursor.state_dict(),
+    def close(self) -> None:
+        """Stop the generation engine's own processes (vLLM's engine core; nothing for the
+        torch engine). The CLI calls it when a run ends, fails or is interrupted."""
+        from rpeg.runtime.engines.vllm import shutdown_engine
+
+        shutdown_engine(self.actor.engine)
+
+    def _log_samples(self, step: int, out: Path) -> None:
+        """samples.jsonl (+ a few printed) every ``runtime.log_samples_every`` steps."""
+        from rpeg.runtime import samples as S
+
+        if S.log_step(step, self.config.runtime.log_samples_every):
+            got = S.samples_from_batch(self.last_batch, step)
+            S.append_samples(out, got)
+            for line in S.sample_lines(got):
+                self.log(line)
+
             "engine_version": eng.policy_version,
         }
         if isinstance(eng, TorchEngine) and eng.model is not self.actor.lm:

@@ -47,7 +47,7 @@ def build_policy(config: RunConfig, log: Callable[[str], None] | None = None):
     if warmup_steps:
         from rpeg.runtime.warmup import cached_warmup
 
-        cursor, _ = build_task_data(config.task)
+        cursor, _ = build_task_data(config.task, tok, config.workload.max_prompt_tokens)
         t = config.task
         model, info = cached_warmup(
             model,
@@ -55,7 +55,8 @@ def build_policy(config: RunConfig, log: Callable[[str], None] | None = None):
             cursor.source if not cursor.finite else list(cursor.source),
             key_parts={
                 "model": key_model,
-                "task": [t.kind, t.url, t.difficulty, t.seed, t.heldout_size, t.prompt_template],
+                "task": [t.kind, t.url, t.difficulty, t.seed, t.heldout_size, t.prompt_template]
+                + ([t.prompt_key, t.answer_key, t.system_prompt, t.chat_template] if t.url else []),
             },
             steps=warmup_steps,
             lr=o.warmup_sft_lr,
@@ -121,7 +122,6 @@ def build_roles(
     torch.set_num_threads(c.runtime.torch_threads)
     random.seed(c.runtime.seed)
     rewards = RewardSet.from_task(c.task)
-    cursor, heldout = build_task_data(c.task)
     model, tok, info = build_policy(c, log)
     if place is not None:
         place(model)
@@ -129,6 +129,7 @@ def build_roles(
     ppo = a.name == "ppo"
     if "reference" in roles:
         out.reference = PolicyWorker(
+    cursor, heldout = build_task_data(c.task, tok, c.workload.max_prompt_tokens)
             copy.deepcopy(model), tok, workload=c.workload, trainable=False
         )
     if "actor" in roles:

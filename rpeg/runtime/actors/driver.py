@@ -73,7 +73,12 @@ class DistributedRun:
         check_step(compiled)  # a hand-edited compiled step is refused before any actor starts
         self.k = compiled.max_staleness
         self.async_rollout = compiled.rollout_group != compiled.trainer_group
-        self.cursor, _ = build_task_data(config.task)
+        from rpeg.runtime.datasets.fit import task_tokenizer
+
+        # the prompts exactly as the ranks' policy gets them (chat template, length policy)
+        self.cursor, _ = build_task_data(
+            config.task, task_tokenizer(config), config.workload.max_prompt_tokens
+        )
         # step -> Holding (metadata: which ranks hold the rows) of async rollouts in flight;
         # the tensors stay on the rollout actors until the trainer pulls them
         self.payloads: dict[int, Any] = {}
@@ -98,6 +103,13 @@ class DistributedRun:
             CheckpointStore.for_run(config.runtime) if config.runtime.checkpoint_url else None
         )
         self.sync_log: list[dict[str, float]] = []
+        self.logged_samples: list[list[Any]] = []  # rpeg.runtime.samples rows, per logged step
+        if not (config.runtime.resume or config.runtime.resume_from):  # a new run: a new file
+            from pathlib import Path
+
+            from rpeg.runtime.samples import SAMPLES_FILE
+
+            Path(config.runtime.output_dir, SAMPLES_FILE).unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- actors
     def start_actors(self, workers: Sequence[str] | None = None) -> None:
@@ -356,9 +368,23 @@ class DistributedRun:
         self.timeline.add(
             step, task.name, format_devices(tuple(g.devices)), t0, t1, kind="+".join(task.kinds)
         )
+        self._write_samples([s for u in res for s in u.samples])
         out = reduce_results(res)
         out[f"unit_s/{task.name}"] = out.get("unit_s", t1 - t0)
         return out
+
+    def _write_samples(self, got: list[Any]) -> None:
+        """A logged step's rows from its advantage unit -> samples.jsonl (+ a few printed)."""
+        if not got:
+            return
+        from rpeg.runtime import samples as SM
+
+        rows = SM.merge(got)
+        with self._lock:
+            SM.append_samples(self.config.runtime.output_dir, rows)
+            self.logged_samples.append(rows)
+        for line in SM.sample_lines(rows):
+            print(line, flush=True)
 
     def release(self, step: int) -> None:
         """Drop the step's rows on every group that holds them, and its prompts."""

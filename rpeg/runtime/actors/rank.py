@@ -310,12 +310,18 @@ class RankActor:
     def run_units(self, step: int, units: list[tuple]) -> list[Any]:
         """Several units of ``step`` back to back in one call (a chain of the driver's:
         rpeg.runtime.actors.unit_chains): ``units[i]`` = the arguments of :meth:`run_unit`
+        from rpeg.runtime import samples as SM
         after ``step``. Their results in order; the first failure ends the call."""
         return [self.run_unit(step, *u) for u in units]
 
     def _stage_context(self):
         from rpeg.runtime import stages as S
 
+        logged = (
+            batch is not None
+            and "advantage" in kinds
+            and SM.log_step(step, self.config.runtime.log_samples_every)
+        )
         return S.StageContext(
             self.config,
             actor=self.actor,
@@ -323,6 +329,7 @@ class RankActor:
             critic=self.critic,
             rewards=self.rewards,
             reduce=self.reduce,
+            samples=SM.samples_from_batch(batch, step) if logged else (),
         )
 
     def _run_stages(self, step, kinds, examples, seed, batch_key=None, first_row=0):

@@ -34,6 +34,7 @@ class UnitResult:
     num_tokens: float | None = None
     rows: int | None = None
     batch_bytes: int = 0
+    samples: tuple = ()  # rpeg.runtime.samples.Sample rows of a logged step's advantage unit
 
 
 def _mean(vals: Sequence[float]) -> float:

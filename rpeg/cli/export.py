@@ -1,0 +1,37 @@
+"""``rpeg export CHECKPOINT --out DIR``: a checkpoint's policy as a Hugging Face folder."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("export")
+    def export(
+        checkpoint: str = typer.Argument(
+            ..., help="a step folder, a run folder, or a checkpoint URL holding one run"
+        ),
+        out: str = typer.Option(..., "--out", help="the Hugging Face folder to write"),
+        model: str | None = typer.Option(
+            None,
+            "--model",
+            help="the model folder the run trained (config.json, tokenizer); "
+            "default: --config's model.path, or the built-in tiny model",
+        ),
+        config: str | None = typer.Option(
+            None, "--config", help="the run's config (for its model.path)"
+        ),
+        dtype: str | None = typer.Option(
+            None, "--dtype", help="float32 | bfloat16 | float16 (default: as trained)"
+        ),
+    ) -> None:
+        """Write the checkpoint's policy as an HF folder (config.json, model.safetensors,
+        tokenizer files) that transformers' AutoModelForCausalLM and vLLM load."""
+        from rpeg.runtime.export import export_checkpoint
+
+        if model is None and config is not None:
+            from rpeg.preflight import load_config
+
+            model = load_config(config).model.path
+        where = export_checkpoint(checkpoint, out, model_path=model, dtype=dtype, log=typer.echo)
+        typer.echo(f"exported {where} to {out}")

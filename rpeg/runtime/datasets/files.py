@@ -1,0 +1,294 @@
+"""Rows of a data file and the examples they make.
+
+Formats (``task.kind``): ``jsonl`` (one JSON object a line), ``parquet`` and ``hf`` (a
+folder written by ``datasets.Dataset.save_to_disk`` -- Arrow stream files -- or a folder of
+``*.parquet`` / ``*.jsonl`` files as ``load_dataset`` reads them; ``<folder>#<split>`` picks a
+split sub-folder or the files whose names start with the split, default ``train``).
+
+Columns (:class:`RowKeys`): GSM8K (``question``, ``answer`` with the final answer after
+``####``) by default; verl (``prompt`` = chat messages, ``reward_model.ground_truth``) and
+TRL conversational data (``prompt`` = messages) with ``task.prompt_key`` /
+``task.answer_key``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rpeg.errors import ConfigError, Problem
+
+#: bad rows reported per data file (the rest are counted)
+MAX_ROW_PROBLEMS = 20
+#: prompt columns tried in order when task.prompt_key is not set
+DEFAULT_PROMPT_KEYS = ("question", "problem", "prompt")
+#: answer columns tried in order when task.answer_key is not set
+DEFAULT_ANSWER_KEYS = ("answer", "solution")
+
+
+@dataclass(frozen=True)
+class RowKeys:
+    """Where a row keeps its prompt and its reference answer."""
+
+    prompt_key: str | None = None
+    answer_key: str | None = None
+    system_prompt: str | None = None
+
+    @classmethod
+    def from_task(cls, task: Any) -> RowKeys:
+        return cls(
+            getattr(task, "prompt_key", None),
+            getattr(task, "answer_key", None),
+            getattr(task, "system_prompt", None),
+        )
+
+
+def gsm8k_final_answer(answer: str) -> str:
+    """GSM8K: the final answer follows ``####``."""
+    return (
+        answer.rsplit("####", 1)[1].strip().replace(",", "") if "####" in answer else answer.strip()
+    )
+
+
+_MISSING = object()
+
+
+def dotted_get(row: Any, path: str) -> Any:
+    """``row["a"]["b"]`` for ``"a.b"`` (a JSON-encoded text on the way is decoded: verl's
+    ``extra_info`` is sometimes a string); :data:`_MISSING` when absent."""
+    node = row
+    for part in path.split("."):
+        if isinstance(node, str):
+            try:
+                node = json.loads(node)
+            except ValueError:
+                return _MISSING
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _first(row: dict, names: tuple[str, ...]) -> tuple[str | None, Any]:
+    for n in names:
+        if n in row and row[n] is not None:
+            return n, row[n]
+    return None, _MISSING
+
+
+def _messages_problem(value: list) -> str | None:
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            return f"message {i} must be {{role, content}} with text content (got {m!r:.60})"
+        if m.get("role") not in ("system", "user", "assistant", "tool"):
+            return (
+                f"message {i} role must be system, user, assistant or tool (got {m.get('role')!r})"
+            )
+    if not value:
+        return "holds no messages"
+    return None
+
+
+def row_problem(row: Any, keys: RowKeys = RowKeys()) -> str | None:
+    """Why ``row`` is not an example, or None."""
+    pk = f"'{keys.prompt_key}'" if keys.prompt_key else "'question'"
+    ak = f"'{keys.answer_key}'" if keys.answer_key else "'answer'"
+    if not isinstance(row, dict):
+        return f"a row must be a JSON object with {pk} and {ak} (got {type(row).__name__})"
+    hint = f"columns: {sorted(map(str, row))}; set task.prompt_key / task.answer_key"
+    if keys.prompt_key:
+        q = dotted_get(row, keys.prompt_key)
+        if q is _MISSING or q is None:
+            return f"row has no {pk} ({hint})"
+    else:
+        _, q = _first(row, DEFAULT_PROMPT_KEYS)
+    if keys.answer_key:
+        a = dotted_get(row, keys.answer_key)
+        if a is _MISSING or a is None:
+            return f"row has no {ak} ({hint})"
+    else:
+        _, a = _first(row, DEFAULT_ANSWER_KEYS)
+    if q is _MISSING or a is _MISSING:
+        return f"row needs 'question' and 'answer' fields ({hint})"
+    if isinstance(q, list):
+        why = _messages_problem(q)
+        if why:
+            return f"prompt {why}"
+    elif not isinstance(q, str):
+        return f"prompt {pk} must be text or a list of chat messages (got {type(q).__name__})"
+    if not isinstance(a, str | int | float) or isinstance(a, bool):
+        return f"answer {ak} must be text or a number (got {type(a).__name__})"
+    return None
+
+
+def row_to_example(row: dict[str, Any], where: str, keys: RowKeys = RowKeys()):
+    """The :class:`rpeg.runtime.data.Example` of a row (``ConfigError`` naming ``where``)."""
+    from rpeg.runtime.data import ChatMessage, Example
+
+    why = row_problem(row, keys)
+    if why:
+        raise ConfigError([Problem(where, why)])
+    q = dotted_get(row, keys.prompt_key) if keys.prompt_key else _first(row, DEFAULT_PROMPT_KEYS)[1]
+    a = dotted_get(row, keys.answer_key) if keys.answer_key else _first(row, DEFAULT_ANSWER_KEYS)[1]
+    a = str(a)
+    messages: tuple = ()
+    if isinstance(q, list):
+        messages = tuple(ChatMessage(str(m["role"]), m["content"]) for m in q)
+        users = [m.content for m in messages if m.role == "user"]
+        question = users[-1] if users else messages[-1].content
+    else:
+        question = q
+    if keys.system_prompt and messages and messages[0].role != "system":
+        messages = (ChatMessage("system", keys.system_prompt), *messages)
+    return Example(
+        question,
+        gsm8k_final_answer(a),
+        solution=a,
+        messages=messages,
+        system_prompt=keys.system_prompt or "",
+    )
+
+
+# --- reading ------------------------------------------------------------------------------
+def _split_of(url: str) -> tuple[str, str]:
+    if "#" in url:
+        base, split = url.rsplit("#", 1)
+        return base, split or "train"
+    return url, "train"
+
+
+def _hf_files(url: str) -> list[tuple[str, str]]:
+    """(fsspec URL, kind) of the files of a ``datasets`` folder's split."""
+    import fsspec
+
+    base, split = _split_of(url)
+    fs, root = fsspec.core.url_to_fs(base)
+    if not fs.isdir(root):
+        raise FileNotFoundError(base)
+    root = root.rstrip("/")
+    sub = f"{root}/{split}"
+    if fs.isdir(sub):  # DatasetDict.save_to_disk: one folder per split
+        root = sub
+    files = sorted(fs.find(root))
+    proto = base.split("://", 1)[0] + "://" if "://" in base else ""
+
+    def kind(p: str) -> str | None:
+        for ext, k in ((".arrow", "arrow"), (".parquet", "parquet"), (".jsonl", "jsonl")):
+            if p.endswith(ext):
+                return k
+        return None
+
+    found = [(p, kind(p)) for p in files if kind(p)]
+    named = [(p, k) for p, k in found if p.rsplit("/", 1)[-1].startswith(split)]
+    if named and len(named) < len(found):  # load_dataset's data/<split>-00000-of-00001.parquet
+        found = named
+    return [(proto + p if proto and not p.startswith(proto) else p, k) for p, k in found]
+
+
+def _table_rows(url: str, kind: str) -> list[Any]:
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with fsspec.open(url, "rb") as fh:
+        if kind == "parquet":
+            return pq.read_table(fh).to_pylist()
+        data = fh.read()
+    try:  # save_to_disk writes the Arrow IPC stream format
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_all().to_pylist()
+    except pa.ArrowInvalid:
+        return pa.ipc.open_file(pa.py_buffer(data)).read_all().to_pylist()
+
+
+def read_rows(
+    url: str, kind: str, problems: list[Problem], limit: int, keys: RowKeys = RowKeys()
+) -> list[tuple[int, Any]]:
+    """(line or row number, row) of every parsable row; every bad one (up to ``limit``)
+    becomes a problem, the rest are counted in one more."""
+    import fsspec
+
+    bad: list[tuple[int, str]] = []  # (line, what), reported in line order
+    rows: list[tuple[int, Any]] = []
+    if kind in ("parquet", "hf"):
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            problems.append(
+                Problem("task.url", f"reading {kind} needs pyarrow (pip install pyarrow)")
+            )
+            return []
+    if kind == "hf":
+        files = _hf_files(url)
+        if not files:
+            problems.append(
+                Problem("task.url", f"{url!r} holds no .arrow, .parquet or .jsonl files")
+            )
+            return []
+        n = 0
+        for f, k in files:
+            got = read_rows(f, k, problems, limit, keys) if k == "jsonl" else None
+            items = [r for _, r in got] if got is not None else _table_rows(f, k)
+            rows += [(n + i, r) for i, r in enumerate(items, start=1)]
+            n += len(items)
+        if any(k == "jsonl" for _, k in files):
+            return rows  # their rows were checked file by file
+    elif kind == "parquet":
+        rows = list(enumerate(_table_rows(url, "parquet"), start=1))
+    else:
+        with fsspec.open(url, "r") as fh:
+            for i, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((i, json.loads(line)))
+                except ValueError as exc:
+                    bad.append((i, f"not valid JSON: {exc}"))
+    for i, row in rows:
+        why = row_problem(row, keys)
+        if why:
+            bad.append((i, why))
+    bad.sort()
+    problems += [Problem(f"{url}:{i}", what) for i, what in bad[:limit]]
+    if len(bad) > limit:
+        problems.append(Problem(url, f"... and {len(bad) - limit} more bad rows"))
+    return rows
+
+
+def file_kind(url: str, kind: str | None) -> str:
+    if kind in ("jsonl", "parquet", "hf"):
+        return kind
+    return "parquet" if url.endswith(".parquet") else "jsonl"
+
+
+def check_examples(
+    url: str, kind: str | None = None, limit: int = MAX_ROW_PROBLEMS, keys: RowKeys = RowKeys()
+) -> list[Problem]:
+    """Every problem with a data file (missing, empty, each bad row up to ``limit``)."""
+    problems: list[Problem] = []
+    kind = file_kind(url, kind)
+    try:
+        rows = read_rows(url, kind, problems, limit, keys)
+    except FileNotFoundError:
+        return [Problem("task.url", f"file {url!r} not found")]
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return [Problem("task.url", f"{url!r} cannot be read: {type(exc).__name__}: {exc}")]
+    if not rows and not problems:
+        problems.append(Problem("task.url", f"{url!r} holds no examples"))
+    return problems
+
+
+def load_examples(url: str, kind: str | None = None, keys: RowKeys = RowKeys()) -> list:
+    """Read a data file (local path or fsspec URL) into examples; every bad row (up to
+    :data:`MAX_ROW_PROBLEMS`) is reported at once."""
+    kind = file_kind(url, kind)
+    problems: list[Problem] = []
+    try:
+        rows = read_rows(url, kind, problems, MAX_ROW_PROBLEMS, keys)
+    except FileNotFoundError:
+        raise ConfigError([Problem("task.url", f"file {url!r} not found")]) from None
+    if problems:
+        raise ConfigError(problems, title=f"invalid data file {url}")
+    if not rows:
+        raise ConfigError([Problem("task.url", f"{url!r} holds no examples")])
+    return [row_to_example(r, f"{url}:{i}", keys) for i, r in rows]

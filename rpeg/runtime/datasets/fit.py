@@ -1,0 +1,67 @@
+"""Before a run starts: the prompts as the model will get them, measured once.
+
+:func:`fit_prompt_lengths` renders every prompt of a data file with the policy's tokenizer
+(chat template applied), sets ``workload.max_prompt_tokens`` to the longest when the user
+did not set it, and otherwise counts what ``task.overlong`` will filter or truncate (or
+refuses the run for ``error``), saying so in one line; it warns when the tokenizer has a
+chat template that ``task.chat_template: none`` leaves unused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+FILE_KINDS = ("jsonl", "parquet", "hf")
+
+
+def task_tokenizer(config: Any):
+    """The policy's tokenizer: ``model.path``'s, or the built-in tiny model's."""
+    if config.model.path:
+        from rpeg.runtime.model_io import load_tokenizer
+
+        return load_tokenizer(config.model.path)
+    from rpeg.runtime.tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+def fit_prompt_lengths(config: Any, log: Callable[[str], None] | None = None):
+    """``config`` with ``workload.max_prompt_tokens`` fitted to the data when unset (see the
+    module doc); ConfigError for unreadable data or, with ``task.overlong: error``, for
+    prompts over the limit."""
+    from rpeg.runtime.datasets.files import RowKeys, load_examples
+    from rpeg.runtime.datasets.prompts import prompt_format, render_examples
+
+    from rpeg.runtime.data import check_template
+
+    say = log or (lambda s: None)
+    t, w = config.task, config.workload
+    if check_template(t.prompt_template):
+        return config  # the preflight names the template's problem
+    if t.kind not in FILE_KINDS and not config.model.path:
+        return config  # the built-in tokenizer has no chat template; synthetic prompts fit
+    tok = task_tokenizer(config)
+    fmt = prompt_format(t, tok)
+    if fmt.unused:
+        say(
+            "warning: the model's tokenizer has a chat template and task.chat_template is "
+            "none: prompts go to the model as plain text"
+        )
+    if t.kind not in FILE_KINDS:
+        if fmt.chat:
+            say(f"prompts: {fmt.describe()}")
+        return config
+    examples = load_examples(t.url, t.kind, RowKeys.from_task(t))
+    user_set = "max_prompt_tokens" in w.model_fields_set
+    limit = w.max_prompt_tokens if user_set else None
+    _, report = render_examples(examples, tok, fmt, max_prompt_tokens=limit, overlong=t.overlong)
+    if not user_set:
+        config = config.with_overrides({"workload.max_prompt_tokens": report.longest})
+        say(
+            f"{report.line(report.longest)}; workload.max_prompt_tokens = {report.longest} "
+            "(the longest prompt; set it to filter or truncate longer ones)"
+        )
+    else:
+        say(report.line(w.max_prompt_tokens))
+    return config

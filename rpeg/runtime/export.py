@@ -1,0 +1,125 @@
+"""A checkpoint as a Hugging Face model folder (``rpeg export``).
+
+The policy's weights of a checkpoint -- the single-process trainer's ``trainer.pt`` or a
+distributed run's rank states -- are loaded into the model's own ``transformers`` class and
+written with ``save_pretrained`` (``config.json``, ``model.safetensors``) together with the
+tokenizer's files, so ``AutoModelForCausalLM.from_pretrained`` and vLLM load the trained
+weights. ``config.json`` and the tokenizer come from the model folder the run trained
+(``model.path``, given as ``model_path``) or, for the built-in tiny model, from the shape the
+checkpoint's commit marker records. Checkpoint parts are read with the state-file reader
+(safetensors + JSON): nothing in them is executed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from rpeg.errors import ConfigError, Problem
+from rpeg.runtime.actors.checkpoint import CheckpointError, find_checkpoint, loads
+from rpeg.runtime.actors.checkpoint_identity import TRAINER_PART
+
+#: key prefixes of a policy module that are not the causal LM's own (the shared value head)
+_WRAPPER_PREFIX = "lm."
+_VALUE_HEAD_PREFIX = "value_head."
+
+
+def policy_weights(parts: Mapping[str, bytes]) -> dict[str, torch.Tensor]:
+    """The actor's full weights (LM parameter names) in a checkpoint's parts."""
+    if TRAINER_PART in parts:
+        state = loads(parts[TRAINER_PART])["trainer"]["actor"]
+        return lm_weights(state["module"])
+    for name in sorted(parts):  # rank states: rank 0 of the actor's trainer group first
+        if not name.endswith(".pt") or name == "driver.pt":
+            continue
+        try:
+            st = loads(parts[name])
+        except CheckpointError:
+            continue
+        actor = st.get("actor") if isinstance(st, dict) else None
+        if isinstance(actor, dict) and isinstance(actor.get("module"), dict):
+            return lm_weights(actor["module"])
+    raise CheckpointError(
+        f"no policy weights in the checkpoint (parts {sorted(parts)}); a checkpoint written "
+        "as torch.distributed shards is exported by resuming it for 0 steps"
+    )
+
+
+def lm_weights(module_state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """A policy module's state as the causal LM's own names (an actor-critic's ``lm.``
+    prefix removed, its value head left out)."""
+    keys = list(module_state)
+    wrapped = keys and all(
+        k.startswith(_WRAPPER_PREFIX) or k.startswith(_VALUE_HEAD_PREFIX) for k in keys
+    )
+    out = {}
+    for k, v in module_state.items():
+        if wrapped:
+            if k.startswith(_VALUE_HEAD_PREFIX):
+                continue
+            k = k[len(_WRAPPER_PREFIX) :]
+        out[k] = v
+    return out
+
+
+def _model_and_tokenizer(meta: Mapping[str, Any], model_path: str | None):
+    """A fresh model of the checkpoint's architecture and its tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rpeg.runtime.model_io import _fetch_folder, load_tokenizer
+
+    if model_path:
+        local = _fetch_folder(model_path, "--model")
+        cfg = AutoConfig.from_pretrained(local)
+        return AutoModelForCausalLM.from_config(cfg), load_tokenizer(model_path, "--model")
+    policy = (meta.get("model") or {}).get("policy") or {}
+    if "tiny_shape" not in policy:
+        raise ConfigError(
+            [
+                Problem(
+                    "--model",
+                    "the checkpoint was trained from a model folder: name it (--model PATH, "
+                    "or --config with its run config) for config.json and the tokenizer",
+                )
+            ]
+        )
+    from rpeg.runtime.model_io import create_tiny
+
+    model, tok = create_tiny(seed=0, **dict(policy["tiny_shape"]))
+    return model, tok
+
+
+def export_checkpoint(
+    checkpoint: str,
+    out: str,
+    *,
+    model_path: str | None = None,
+    dtype: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> str:
+    """Write the policy of ``checkpoint`` (a step folder, a run folder, or a checkpoint URL
+    holding one run) to the HF folder ``out``; returns the step folder it came from."""
+    from rpeg.runtime.model_io import save_pretrained, torch_dtype
+
+    got = find_checkpoint(checkpoint)
+    if got is None:
+        raise CheckpointError(f"no complete checkpoint at {checkpoint}")
+    meta, parts = got
+    weights = policy_weights(parts)
+    model, tok = _model_and_tokenizer(meta, model_path)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise CheckpointError(
+            f"the checkpoint's weights do not fit the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]} (is --model the folder the run trained?)"
+        )
+    if dtype:
+        model = model.to(torch_dtype(dtype))
+    save_pretrained(model, tok, out)
+    where = f"step {meta.get('step')} of run {meta.get('run_id')}"
+    if log:
+        log(f"{where}: {sum(p.numel() for p in model.parameters()):,} parameters")
+    return where

@@ -1,0 +1,120 @@
+"""Samples a person can read: ``samples.jsonl`` in the output folder.
+
+Every ``runtime.log_samples_every`` steps (counted from 1, as the console counts) the step's
+rows are appended as :class:`Sample` lines -- the prompt as the model got it (chat template
+applied), the response as the rewards saw it (decoded without special tokens), the
+reference answer, the reward, whether it was correct, the advantage, the response length
+in tokens and the policy version that sampled it -- and a few are printed. Both runtimes
+write the same lines: the single-process trainer from its batch, the distributed one from
+the rows each data-parallel rank returns with its advantage unit (rows of tensor-parallel
+peers are the same rows, kept once by ``index``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+#: rows a rank (or the single-process trainer) logs per logged step, whole groups first
+MAX_SAMPLE_ROWS = 64
+#: samples printed per logged step
+PRINTED_SAMPLES = 2
+SAMPLES_FILE = "samples.jsonl"
+
+
+@dataclass(frozen=True)
+class Sample:
+    step: int  # 1-based, as the console counts
+    index: int  # the row's position in the step's rollout
+    prompt: str
+    response: str
+    reference_answer: str
+    reward: float
+    correct: float
+    advantage: float  # the row's advantage (the mean over its response tokens)
+    length: int  # response tokens
+    policy_version: int
+
+
+def log_step(step: int, every: int) -> bool:
+    """Is 0-based ``step`` a step whose samples are logged (every ``every``, from 1)?"""
+    return every > 0 and (step + 1) % every == 0
+
+
+def samples_from_batch(batch: Any, step: int, limit: int = MAX_SAMPLE_ROWS) -> tuple[Sample, ...]:
+    """The first ``limit`` rows of ``batch`` (0-based ``step``) as samples."""
+    n = min(batch.size, limit)
+    if n == 0:
+        return ()
+    lengths = batch.response_lengths[:n].tolist()
+    mask = batch.response_mask[:n].float()
+    adv = [0.0] * n
+    if batch.advantages is not None:
+        adv = ((batch.advantages[:n].float() * mask).sum(1) / mask.sum(1).clamp(min=1)).tolist()
+    rew = batch.rewards[:n].tolist() if batch.rewards is not None else [0.0] * n
+    cor = batch.correct[:n].tolist() if batch.correct is not None else [0.0] * n
+    idx = batch.sample_index[:n].tolist() if batch.sample_index is not None else list(range(n))
+    ver = batch.policy_version[:n].tolist()
+    return tuple(
+        Sample(
+            step=step + 1,
+            index=int(idx[i]),
+            prompt=batch.prompts[i],
+            response=batch.responses[i],
+            reference_answer=batch.reference_answers[i],
+            reward=float(rew[i]),
+            correct=float(cor[i]),
+            advantage=float(adv[i]),
+            length=int(lengths[i]),
+            policy_version=int(ver[i]),
+        )
+        for i in range(n)
+    )
+
+
+def merge(samples: Iterable[Sample]) -> list[Sample]:
+    """One sample per row (tensor-parallel peers return the same rows), in row order."""
+    seen: dict[tuple[int, int], Sample] = {}
+    for s in samples:
+        seen.setdefault((s.step, s.index), s)
+    return [seen[k] for k in sorted(seen)]
+
+
+def append_samples(out_dir: str | Path, samples: Sequence[Sample]) -> Path:
+    """Append ``samples`` to ``<out_dir>/samples.jsonl``; the path."""
+    path = Path(out_dir) / SAMPLES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fh.writelines(json.dumps(asdict(s)) + "\n" for s in samples)
+    return path
+
+
+def read_samples(path: str | Path) -> list[Sample]:
+    with open(path) as fh:
+        return [Sample(**json.loads(line)) for line in fh if line.strip()]
+
+
+def _short(text: str, n: int = 80) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= n else "..." + text[-(n - 3) :]
+
+
+def sample_lines(samples: Sequence[Sample], n: int = PRINTED_SAMPLES) -> list[str]:
+    """A few samples as console lines."""
+    return [
+        f"  sample step {s.step} #{s.index}: reward {s.reward:.2f} adv {s.advantage:+.2f} "
+        f"| prompt {_short(s.prompt)!r} | response {_short(s.response)!r} "
+        f"| answer {s.reference_answer!r}"
+        for s in samples[:n]
+    ]
+
+
+def table_rows(samples: Sequence[Sample], n: int = 16) -> list[dict[str, Any]]:
+    """Rows of a table artifact (text shortened)."""
+    return [
+        {**asdict(s), "prompt": _short(s.prompt, 200), "response": _short(s.response, 200)}
+        for s in samples[:n]
+    ]
