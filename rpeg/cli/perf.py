@@ -15,6 +15,7 @@ def register(app: typer.Typer) -> None:
         help="Hardware and model catalogs.", no_args_is_help=False, invoke_without_command=True
     )
     specs_app.callback(invoke_without_command=True)(specs_list)
+    specs_app.command("list")(specs_list_cmd)
     specs_app.command("calibrate")(specs_calibrate)
     specs_app.command("add-model")(specs_add_model)
     app.add_typer(specs_app, name="specs")
@@ -60,6 +61,14 @@ def predict(
     ),
     gantt: Path | None = typer.Option(None, "--gantt", help="write a Gantt chart (.png or .svg)"),
     as_json: bool = typer.Option(False, "--json"),
+    system: str = typer.Option(
+        "rpeg",
+        "--system",
+        help="the system that executes the plan: rpeg (this machine's calibration, "
+        "`rpeg calibrate`) or a published one (verl-fsdp, verl-megatron, nemo-rl-megatron, "
+        "areal, slime-megatron, ...; docs/perf-model.md 'Systems'); unknown names take the "
+        "pooled factors with a wider range",
+    ),
 ) -> None:
     """Predict one RL step of a plan: per-stage time, memory, comm; step time, throughput, MFU."""
     from rpeg.perf import Workload, predict_plan
@@ -82,17 +91,25 @@ def predict(
 
     cfg = load_config(None if config is None else str(config))
     from rpeg.perf import build_graph
+    from rpeg.perf.calibration import DEFAULT, SHIPPED
     from rpeg.perf.interval import Unknowns, predict_interval
+    from rpeg.perf.systems import normalise, system_params, widen
 
     wl = Workload.from_config(cfg.workload)
-    pred = predict_plan(plan, wl, algorithm=cfg.algorithm)
+    sysname = normalise(system) or "rpeg"
+    params = None if sysname == "rpeg" else system_params(sysname)
+    calib = DEFAULT if params is None else params.calibration(SHIPPED)
+    pred = predict_plan(plan, wl, algorithm=cfg.algorithm, calib=calib)
     low, high = predict_interval(
         build_graph(plan, cfg.algorithm),
         plan,
         wl,
+        calib,
         unknown=Unknowns(response_length=wl.mean_response_tokens is None),
         point=pred.step_s,
     )
+    if params is not None:  # the system's leave-one-source-out spread
+        low, high = widen(pred.step_s, low, high, params)
     if gantt:
         draw(
             pred.timeline,
@@ -102,7 +119,13 @@ def predict(
     if as_json:
         typer.echo(
             json.dumps(
-                {**pred.to_dict(), "predicted_low_s": low, "predicted_high_s": high}, indent=1
+                {
+                    **pred.to_dict(),
+                    "predicted_low_s": low,
+                    "predicted_high_s": high,
+                    "system": sysname,
+                },
+                indent=1,
             )
         )
         return
@@ -115,9 +138,16 @@ def predict(
             f"{sum(s.comm_s.values()):8.3f} {s.peak_memory_gb:8.2f}"
         )
     typer.echo(
-        f"step={pred.step_s:.3f}s (range {low:.3f}-{high:.3f}s) tokens/s/GPU={pred.tokens_per_s_per_gpu:,.1f} MFU={100 * pred.mfu:.1f}% "
-        f"devices={pred.num_devices}"
+        f"step={pred.step_s:.3f}s (range {low:.3f}-{high:.3f}s, "
+        f"-{100 * (1 - low / pred.step_s):.0f}%/+{100 * (high / pred.step_s - 1):.0f}%) "
+        f"tokens/s/GPU={pred.tokens_per_s_per_gpu:,.1f} MFU={100 * pred.mfu:.1f}% "
+        f"devices={pred.num_devices} system={sysname}"
     )
+    if params is not None:
+        typer.echo(
+            f"system {sysname}: rollout x{params.gen_eff:.2f}, training x{params.train_eff:.2f} "
+            f"of the modelled rate ({params.rows} published rows, {params.sources} sources)"
+        )
     for a in pred.assumptions:
         typer.echo(f"assumption: {a}")
     if gantt:
@@ -128,7 +158,17 @@ def specs_list(ctx: typer.Context) -> None:
     """List the GPU, cluster and model catalogs."""
     if ctx.invoked_subcommand:
         return
+    _print_catalogs()
+
+
+def specs_list_cmd() -> None:
+    """List the GPU, cluster and model catalogs (same as `rpeg specs`)."""
+    _print_catalogs()
+
+
+def _print_catalogs() -> None:
     from rpeg import specs
+    from rpeg.specs.models import format_params
 
     typer.echo("GPUs:")
     for g in specs.gpus().values():
@@ -146,7 +186,8 @@ def specs_list(ctx: typer.Context) -> None:
             typer.echo(f"  {m.name:32s} (not costed: {m.unsupported[:50]})")
         else:
             typer.echo(
-                f"  {m.name:32s} {m.params / 1e9:8.2f} B params, {m.active_params / 1e9:7.2f} B active"
+                f"  {m.name:32s} {format_params(m.params):>9s} params, "
+                f"{format_params(m.active_params):>9s} active, {m.kind}"
             )
 
 
@@ -259,7 +300,11 @@ def specs_add_model(
     path, entry = add_model(from_hf, name, kind=kind, out=out)
     specs.reload()
     m = specs.model(name) if out is None else None
-    size = f": {m.params / 1e9:.2f} B params, {m.active_params / 1e9:.2f} B active" if m else ""
+    from rpeg.specs.models import format_params
+
+    size = (
+        f": {format_params(m.params)} params, {format_params(m.active_params)} active" if m else ""
+    )
     typer.echo(f"{name} ({entry['family']}, {entry['kind']}){size} -> {path}")
 
 

@@ -110,5 +110,12 @@ def system_params(name: str, table: dict[str, SystemParams] | None = None) -> Sy
     )
 
 
+def widen(point: float, low: float, high: float, p: SystemParams) -> tuple[float, float]:
+    """The wider of a range and the system's LOSO residual spread around ``point``."""
+    import math
+
+    return min(low, point * math.exp(p.resid_lo)), max(high, point * math.exp(p.resid_hi))
+
+
 #: how much wider the range of a system with no fitted rows is than the pooled one
 UNKNOWN_WIDEN = 1.5

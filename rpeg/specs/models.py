@@ -242,3 +242,12 @@ def parse_models(sources: list[tuple[dict[str, Any], str]]) -> dict[str, ModelSp
     if problems:
         raise SpecError(problems, title="invalid model catalog")
     return out
+
+
+def format_params(n: float) -> str:
+    """A parameter count in the unit that shows it: 350 K, 7.6 M, 1.54 B, 671 B."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{n:.0f}"

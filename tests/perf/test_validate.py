@@ -141,6 +141,16 @@ def test_cli_validate_default_table_and_json(capsys):
     )
     assert 0.0 <= data["coverage"] <= 1.0 and data["mape"] > 0
     assert "train_actor" in data["stage_errors"]
+    # leave-one-source-out is the headline: pooled and per shipped data set
+    assert {"mape", "max_ape", "coverage", "predicted_share"} <= set(data["loso"])
+    assert set(data["datasets"]) == {"steps_dev", "steps_dev2"}
+    for ds in data["datasets"].values():
+        assert ds["loso"]["rows"] >= 30 and 0 < ds["loso"]["predicted_share"] <= 1
+    assert data["loso"]["predicted_share"] >= 0.95
+    assert data["loso"]["coverage"] >= 0.8
+    assert data["in_sample"]["rows"] == data["loso"]["rows"]
+    assert "NeMo-RL performance summary v0.4" in data["by_source"]
+    assert "verl-fsdp" in data["by_system"]
 
 
 def test_cli_validate_missing_file_exit_2(tmp_path, capsys):
@@ -188,6 +198,18 @@ def test_cli_specs_lists(capsys):
     assert main(["specs"]) == 0
     out = capsys.readouterr().out
     assert "h100-sxm" in out and "dgx-h100" in out and "deepseek-v3" in out
+    assert main(["specs", "list"]) == 0
+    assert capsys.readouterr().out == out
+    assert "0.00 B" not in out  # small models in units that show them
+
+
+def test_parameter_counts_print_in_units_that_show_them():
+    from rpeg.specs.models import format_params
+
+    assert format_params(350_000) == "350 K"
+    assert format_params(7.62e6) == "7.62 M"
+    assert format_params(1.544e9) == "1.54 B"
+    assert format_params(671e9) == "671 B"
 
 
 @pytest.mark.parametrize(
