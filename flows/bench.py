@@ -1,0 +1,185 @@
+"""``rpeg bench``: run the chosen plan and the planner's baseline plans for a few steps
+through the real runtime and lay predicted beside measured step time and speedup.
+
+Each plan runs as its own ``rpeg train CONFIG --steps N`` process (the same path a user
+runs, one at a time so they do not share the machine), writes ``metrics.jsonl`` in its own
+folder, and is measured by the median step after ``skip`` warm-up steps
+(:func:`rpeg.perf.fit.read_run`). The prediction is shown twice: at the config's workload
+(what the planner priced) and at the lengths the run actually produced (the config may
+state no mean response length; the model then assumes the prior), so a length-prior miss
+is not mistaken for a rate miss. The table is also a Prefect markdown artifact when a
+Prefect run is active (:func:`bench_flow`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BenchEntry:
+    """One plan to run: its name, the run config that runs it, and what it was priced at."""
+
+    name: str
+    description: str
+    config_path: Path
+    predicted_s: float
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    name: str
+    description: str
+    predicted_s: float
+    measured_s: float | None
+    predicted_at_measured_s: float | None = None  # priced at the run's own lengths
+    steps: int = 0
+    error: str = ""
+
+    @property
+    def error_pct(self) -> float | None:
+        p = self.predicted_at_measured_s or self.predicted_s
+        return None if not self.measured_s else 100.0 * (p - self.measured_s) / self.measured_s
+
+
+#: runs one config for ``steps`` steps into ``out``; returns (exit code, last output lines)
+Runner = Callable[[Path, int, Path], tuple[int, str]]
+
+
+def subprocess_runner(config: Path, steps: int, out: Path) -> tuple[int, str]:
+    """``rpeg train CONFIG --steps N --out OUT --quiet`` in a child process."""
+    entry = "import sys; from rpeg.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", entry, "train", str(config)]
+    cmd += ["--steps", str(steps), "--out", str(out), "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+    return proc.returncode, tail
+
+
+def run_entries(
+    entries: list[BenchEntry],
+    steps: int,
+    out: Path,
+    *,
+    skip: int = 1,
+    reprice: Callable[[BenchEntry, Any], float | None] | None = None,
+    runner: Runner = subprocess_runner,
+) -> list[BenchResult]:
+    """Run each entry in turn and measure it; a run that fails is a row with its error."""
+    from rpeg.perf.fit import RunDataError, read_run
+
+    results = []
+    for e in entries:
+        run_dir = out / e.name
+        code, tail = runner(e.config_path, steps, run_dir)
+        if code != 0:
+            results.append(
+                BenchResult(
+                    e.name, e.description, e.predicted_s, None, error=f"exit {code}: {tail}"
+                )
+            )
+            continue
+        try:
+            measured = read_run(run_dir, skip=skip)
+        except (RunDataError, OSError) as exc:
+            results.append(BenchResult(e.name, e.description, e.predicted_s, None, error=str(exc)))
+            continue
+        again = reprice(e, measured) if reprice is not None else None
+        results.append(
+            BenchResult(
+                e.name,
+                e.description,
+                e.predicted_s,
+                measured.step_s,
+                predicted_at_measured_s=again,
+                steps=measured.steps,
+            )
+        )
+    return results
+
+
+def speedups(results: list[BenchResult], chosen: str) -> dict[str, tuple[float, float | None]]:
+    """name -> (predicted, measured) speedup of ``chosen`` over it (>1: chosen is faster)."""
+    base = next((r for r in results if r.name == chosen), None)
+    out: dict[str, tuple[float, float | None]] = {}
+    if base is None:
+        return out
+    bp = base.predicted_at_measured_s or base.predicted_s
+    for r in results:
+        p = r.predicted_at_measured_s or r.predicted_s
+        m = r.measured_s / base.measured_s if r.measured_s and base.measured_s else None
+        out[r.name] = (p / bp, m)
+    return out
+
+
+def order_agrees(results: list[BenchResult], separation: float = 0.15) -> bool | None:
+    """Whether the measured order equals the predicted order over the plans the model
+    separates by at least ``separation`` (relative); None with fewer than two such plans."""
+    ok = [r for r in results if r.measured_s]
+    ok.sort(key=lambda r: r.predicted_at_measured_s or r.predicted_s)
+    kept = []
+    for r in ok:
+        p = r.predicted_at_measured_s or r.predicted_s
+        if not kept or p >= (kept[-1][0]) * (1 + separation):
+            kept.append((p, r))
+    if len(kept) < 2:
+        return None
+    meas = [r.measured_s for _, r in kept]
+    return all(a < b for a, b in zip(meas, meas[1:], strict=False))
+
+
+def table(results: list[BenchResult], chosen: str) -> list[str]:
+    """The side-by-side table as markdown lines."""
+    sp = speedups(results, chosen)
+    lines = [
+        "| plan | predicted s | predicted at measured lengths s | measured s | error "
+        "| predicted speedup of chosen | measured speedup of chosen |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        pa = f"{r.predicted_at_measured_s:.3f}" if r.predicted_at_measured_s else "-"
+        ms = f"{r.measured_s:.3f}" if r.measured_s else f"failed ({r.error[:60]})"
+        err = f"{r.error_pct:+.0f}%" if r.error_pct is not None else "-"
+        ps, mspd = sp.get(r.name, (math.nan, None))
+        lines.append(
+            f"| {r.name}: {r.description} | {r.predicted_s:.3f} | {pa} | {ms} | {err} "
+            f"| {ps:.2f}x | {'-' if mspd is None else f'{mspd:.2f}x'} |"
+        )
+    errs = [abs(r.error_pct) for r in results if r.error_pct is not None]
+    if errs:
+        lines.append("")
+        lines.append(
+            f"mean |error| {statistics.mean(errs):.0f}% over {len(errs)} plans; "
+            f"order of plans separated by >= 15%: "
+            + {True: "as predicted", False: "differs", None: "n/a (fewer than 2)"}[
+                order_agrees(results)
+            ]
+        )
+    return lines
+
+
+def bench_flow(
+    entries: list[BenchEntry], steps: int, out: Path, skip: int, chosen: str, reprice: Any
+) -> list[BenchResult]:
+    """The runs as a Prefect flow: the table becomes a markdown artifact of the flow run."""
+    from prefect import flow
+    from rpeg.flows.artifacts import artifact_key, publish_markdown
+
+    @flow(name="rpeg-bench", log_prints=False)
+    def _bench() -> list[BenchResult]:
+        res = run_entries(entries, steps, out, skip=skip, reprice=reprice)
+        publish_markdown(
+            "# rpeg bench\n\n" + "\n".join(table(res, chosen)) + "\n",
+            key=artifact_key("rpeg-bench"),
+            description="predicted vs measured step time and speedup",
+        )
+        return res
+
+    return _bench()
