@@ -90,7 +90,7 @@ def forward_flops(model: ModelSpec, tokens: float, seq_sq_sum: float) -> float:
 
 
 def attn_fwd_flops(model: ModelSpec, seq_sq_sum: float) -> float:
-    return model.layers * (model.attn_width + model.v_width) * seq_sq_sum
+    return model.full_attn_layers * (model.attn_width + model.v_width) * seq_sq_sum
 
 
 def attn_passes(passes: float, train: bool, calib: Calibration) -> float:
@@ -155,6 +155,8 @@ def decode_step_time(
     shards = tp * pp
     w = weight_bytes_read(model, batch, wbytes) / shards
     kv = kv_cache_bytes(model, batch * context, tp, kvbytes) / pp
+    # hybrid linear attention: each live sequence's fixed state is read (and written) per step
+    kv += batch * model.linear_state_bytes(kvbytes) / (tp * pp)
     nbytes = w + kv
     w_exp = 0.0
     if model.moe:

@@ -30,6 +30,8 @@ class Workload:
     # catalog model's ``kind`` (a base checkpoint of a reasoning family): picks the
     # response-length prior; None = the model's own kind
     response_kind: str | None = None
+    # LM image tokens per sample for a model with a vision tower; None = the model's prior
+    image_tokens: float | None = None
 
     @classmethod
     def from_config(cls, w: Any) -> Workload:

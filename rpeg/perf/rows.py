@@ -43,6 +43,9 @@ PRIORS: dict[str, Any] = {
     "precision": "bf16",
 }
 
+#: precision cells meaning fp32-master mixed precision with bf16/fp16 compute
+AMP_NAMES = ("amp", "mixed", "bf16-mixed", "fp32-master", "mixed-precision")
+
 #: what a model was trained to emit (``model_kind`` column; blank = the catalog's kind)
 MODEL_KINDS = ("base", "instruct", "reasoning")
 
@@ -73,6 +76,9 @@ _CLUSTER_FOR_GPU = {
     "gh200": "gh200-alps",
     "gh200-144g": "gh200-144g-quad",
     "a100-80g": "dgx-a100",
+    "a100-40g": "dgx-a100-40g",
+    "a800": "a800-cluster",
+    "b200": "dgx-b200",
     "mi300x": "mi300x-cluster",
     "cpu": "local-cpu",
 }
@@ -102,17 +108,53 @@ def _cluster_for(gpu: str, gpus_per_node: int | None) -> str:
     )
 
 
+# Names a data set may use for a catalog GPU (lower-cased, spaces as dashes).
+GPU_ALIASES = {
+    "h100": "h100-sxm",
+    "h100-80g": "h100-sxm",
+    "h100-sxm5": "h100-sxm",
+    "a100": "a100-80g",
+    "a100-80gb": "a100-80g",
+    "a100-40gb": "a100-40g",
+    "a800-80g": "a800",
+    "a800-80gb": "a800",
+    "h800-80g": "h800",
+    "h200-141g": "h200",
+    "mi300": "mi300x",
+}
+
+
+def _key(name: str) -> str:
+    """Catalog key of a name as written: no organisation prefix, lower case, dashes."""
+    n = (name or "").strip().split("/")[-1].lower()
+    return "-".join(n.replace("_", " ").split())
+
+
+def model_name(r: dict[str, str]) -> str:
+    """The catalog model a row names (``Qwen/Qwen2.5-7B-Instruct`` -> ``qwen2.5-7b-instruct``)."""
+    return _key(r.get("model") or "")
+
+
+def gpu_name(r: dict[str, str]) -> str:
+    """The catalog GPU a row names (``H100`` -> ``h100-sxm``, ``A800-80GB`` -> ``a800``)."""
+    k = _key(r.get("gpu") or "")
+    return GPU_ALIASES.get(k, k)
+
+
 def unknown_names(r: dict[str, str]) -> str:
     """'' or the reason a row names a model or GPU the catalogs do not hold."""
     from rpeg import specs
 
     bad = []
-    if (r.get("model") or "") not in specs.models():
+    if model_name(r) not in specs.models():
         bad.append(
             f"unknown model {r.get('model')!r} (add it: rpeg specs add-model --from-hf config.json)"
         )
-    if (r.get("gpu") or "") not in specs.gpus():
-        bad.append(f"unknown GPU {r.get('gpu')!r} (add it to the user gpus.yaml)")
+    if gpu_name(r) not in specs.gpus():
+        bad.append(
+            f"unknown GPU {r.get('gpu')!r} (add it to the user gpus.yaml; catalog: "
+            f"{', '.join(sorted(specs.gpus()))})"
+        )
     return "; ".join(bad)
 
 
@@ -274,7 +316,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     from rpeg import specs
     from rpeg.ir import builders
 
-    model = specs.model(r["model"])
+    model = specs.model(model_name(r))
     if model.unsupported:
         raise Unpredictable(f"model {model.name}: {model.unsupported}")
     unknown: list[str] = []
@@ -336,7 +378,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     streaming = prior("streaming") and not colocated and staleness == 0
     reuse = prior("reuse_rollout_logprobs")
     gpn = _number(r, "gpus_per_node")
-    cluster_name = _cluster_for(r["gpu"], int(gpn) if gpn else None)
+    cluster_name = _cluster_for(gpu_name(r), int(gpn) if gpn else None)
     prompt = _float(r, "avg_prompt_len")
     if prompt is None:
         unknown.append("avg_prompt_len")
@@ -367,8 +409,15 @@ def read_case(r: dict[str, str]) -> RowCase:
     if not (r.get("precision") or "").strip():
         unknown.append("precision")
     prec = ((r.get("precision") or PRIORS["precision"]).split() or ["bf16"])[0].lower()
+    if prec in AMP_NAMES:
+        # fp32 master weights, bf16 autocast compute: priced as bf16 compute with the same
+        # 16 B/parameter of training state (fp32 weights 4 + grads 4 + Adam 8 = bf16 2 +
+        # 2 + fp32 master and Adam 12)
+        prec = "bf16"
     if prec not in ("bf16", "fp16", "fp8", "fp32"):
-        raise Unpredictable(f"precision={prec!r}; allowed: bf16, fp16, fp8, fp32")
+        raise Unpredictable(
+            f"precision={prec!r}; allowed: bf16, fp16, fp8, fp32, amp (mixed, fp32 master)"
+        )
     wl = Workload(
         num_prompts=_int(r, "num_prompts"),
         samples_per_prompt=_int(r, "samples_per_prompt"),
@@ -379,7 +428,10 @@ def read_case(r: dict[str, str]) -> RowCase:
         precision=prec,
         max_seq_tokens=int(max_seq) if max_seq else None,
         response_kind=kind,
+        image_tokens=_float(r, "image_tokens"),
     )
+    if model.vision is not None and wl.image_tokens is None:
+        unknown.append("image_tokens")  # the model's prior (rpeg.perf.units)
     layout = Layout(
         gen_gpus=gen_n,
         train_gpus=train_n,

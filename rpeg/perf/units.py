@@ -136,6 +136,21 @@ class UnitContext:
         self.lengths = LengthDist(mean, cap, calib.length_sigma)
         self.N = wl.samples
         self.P = wl.mean_prompt_tokens
+        # a vision tower: the images' LM tokens are part of every sample's prompt, and the
+        # tower runs once per image patch in every pass that runs the model
+        self.vision_fwd_flops = 0.0
+        if model.vision is not None:
+            img = wl.image_tokens
+            if img is None:
+                img = float(model.vision.image_tokens)
+                self.assumptions.append(
+                    f"image tokens per sample unpublished: assumed {img:.0f} (prior of "
+                    f"{model.name})"
+                )
+            self.P += img
+            self.vision_fwd_flops = (
+                2.0 * model.vision.params * img * model.vision.patch_merge * self.N
+            )
         self.R = self.lengths.mean
         self.tokens = self.N * (self.P + self.R)
         # sum over sequences of (P + L)^2 for attention terms
@@ -228,6 +243,7 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
     # prefill of all prompts (compute-bound)
     pf_tokens = S * c.P
     pf_flops = costs.forward_flops(m, pf_tokens, S * c.P * c.P) / replica
+    pf_flops += c.vision_fwd_flops / c.N * S / replica  # the vision tower on S samples' images
     gemm = 2.0 * min(pf_tokens, 8192) * m.hidden * max(m.ffn_hidden, m.attn_width) / tp
     t_pf = pf_flops / (c.peak_flops * gpu.matmul_eff(gemm) * cal.train_eff_factor)
     t += t_pf
@@ -391,7 +407,8 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     peak = c.peak_flops * n
     # flash-attention backward recomputes the scores: 5 s^2 matmuls vs 2 in the forward
     attn = costs.attn_fwd_flops(m, c.seq_sq) * costs.attn_passes(passes, train, cal)
-    dense_flops = passes * 2.0 * dense_p * c.tokens
+    dense_flops = passes * 2.0 * dense_p * c.tokens + passes * c.vision_fwd_flops
+    flops += passes * c.vision_fwd_flops
     t_dense = dense_flops / (peak * eff_dense * factor)
     # fused attention kernels reach their own share of the peak (not the GEMM curve's)
     t_dense += attn / (peak * (cal.attn_eff or eff_dense * factor))
@@ -463,8 +480,9 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     # context parallel: K/V exchange per layer (ring), bandwidth term only
     if cp > 1:
         lvl, bw, alpha = costs.group_link(c.cluster, first, cp, tp)
-        kvb = tok_dev * m.kv_bytes_per_token(2.0) / m.layers * (cp - 1)
-        comm[lvl] = comm.get(lvl, 0.0) + n_micro * passes * m.layers / pp * (
+        full = max(1, m.full_attn_layers)  # linear-attention layers exchange no K/V
+        kvb = tok_dev * m.kv_bytes_per_token(2.0) / full * (cp - 1)
+        comm[lvl] = comm.get(lvl, 0.0) + n_micro * passes * full / pp * (
             kvb / (bw * cal.nccl_bus_eff)
         )
     # data parallel gradient reduce-scatter + parameter all-gather per optimizer step

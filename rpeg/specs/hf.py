@@ -1,7 +1,10 @@
 """A catalog model entry from a Hugging Face ``config.json`` (pure: reads JSON, runs nothing).
 
 ``entry_from_hf(config)`` maps the fields of the common decoder families (Llama, Mistral,
-Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V2/V3) onto the catalog's fields;
+Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V2/V3), the hybrid linear-attention ones
+(Qwen3-Next, Qwen3.5: Gated DeltaNet layers, gated full attention every N layers, MTP
+layers) and the Qwen-VL vision-language ones (a vision tower's parameters from its
+``vision_config``) onto the catalog's fields;
 ``add_model`` writes it into the user's ``models.yaml`` (``rpeg specs add-model``). Every
 field it cannot find is reported at once (SpecError).
 """
@@ -29,12 +32,50 @@ _FAMILIES = {
     "qwen3_moe": ("qwen3", False, True),
     "deepseek_v2": ("deepseek", False, False),
     "deepseek_v3": ("deepseek", False, False),
+    # hybrid Gated DeltaNet + gated attention (linear layers, a full layer every N)
+    "qwen3_next": ("qwen3-next", False, True),
+    "qwen3_5": ("qwen3.5", False, True),
+    "qwen3_5_text": ("qwen3.5", False, True),
+    "qwen3_5_moe": ("qwen3.5", False, True),
+    "qwen3_5_moe_text": ("qwen3.5", False, True),
+    # vision-language: the LM fields sit at the top (Qwen2-VL/2.5-VL) or in text_config
+    "qwen2_vl": ("qwen2", True, False),
+    "qwen2_5_vl": ("qwen2", True, False),
+    "qwen3_vl": ("qwen3", False, True),
+    "qwen3_vl_moe": ("qwen3", False, True),
 }
+#: families whose full-attention layers gate their output (a second query-sized projection)
+_GATED = ("qwen3-next", "qwen3.5")
+
+
+def _vision_params(v: dict[str, Any], lm_hidden: int) -> tuple[int, int]:
+    """(parameters, ViT patches per LM token) of a Qwen-VL-style vision tower: ``depth``
+    blocks of attention (qkv + proj with biases, 4h^2) and an MLP (SwiGLU 3hf for
+    ``silu``, else 2hf), the patch embedding (channels x temporal x patch^2 x h), and the
+    patch merger (LayerNorm'd MLP from m^2 h to m^2 h to the LM width)."""
+    h = int(v.get("hidden_size") or v.get("embed_dim") or 0)
+    depth = int(v.get("depth") or v.get("num_hidden_layers") or 0)
+    f = int(v.get("intermediate_size") or h * float(v.get("mlp_ratio") or 4))
+    mlp = (3 if str(v.get("hidden_act", "")).startswith("silu") else 2) * h * f
+    block = 4 * h * h + 4 * h + mlp + 4 * h  # attention + biases + MLP + 2 norms
+    patch = int(v.get("patch_size") or 14)
+    embed = int(v.get("in_chans") or v.get("in_channels") or 3)
+    embed *= int(v.get("temporal_patch_size") or 1) * patch * patch * h
+    m = int(v.get("spatial_merge_size") or 2)
+    out = int(v.get("out_hidden_size") or lm_hidden)
+    merger = (m * m * h) * (m * m * h) + (m * m * h) * out
+    return depth * block + embed + merger, m * m
 
 
 def entry_from_hf(cfg: dict[str, Any], *, kind: str = "instruct", source: str = "") -> dict:
     """The catalog entry (models.yaml mapping) of an HF decoder config."""
     problems: list[Problem] = []
+    vision_cfg = cfg.get("vision_config") if isinstance(cfg.get("vision_config"), dict) else None
+    if isinstance(cfg.get("text_config"), dict):
+        # multimodal and hybrid checkpoints nest the LM's fields; the top names the family
+        top_type = cfg.get("model_type", "")
+        cfg = {**cfg, **cfg["text_config"]}
+        cfg["model_type"] = top_type if top_type in _FAMILIES else cfg.get("model_type", "")
     mt = cfg.get("model_type", "")
     if mt not in _FAMILIES:
         problems.append(
@@ -94,6 +135,29 @@ def entry_from_hf(cfg: dict[str, Any], *, kind: str = "instruct", source: str = 
         }
         e["head_dim"] = e["mla"]["qk_nope_dim"] + e["mla"]["qk_rope_dim"]
         e["kv_heads"] = heads
+    if cfg.get("linear_num_value_heads"):
+        layers = int(e["layers"] or 0)
+        types = cfg.get("layer_types") or []
+        full = sum(1 for t in types if t == "full_attention")
+        interval = cfg.get("full_attention_interval") or (layers // full if full else 0)
+        if not interval:
+            problems.append(Problem("full_attention_interval", "missing (nor layer_types)"))
+        e["linear_attn"] = {
+            "full_attention_interval": int(interval or 1),
+            "key_heads": int(req("linear_num_key_heads")),
+            "value_heads": int(req("linear_num_value_heads")),
+            "key_head_dim": int(req("linear_key_head_dim")),
+            "value_head_dim": int(req("linear_value_head_dim")),
+            "conv_kernel": int(cfg.get("linear_conv_kernel_dim") or 4),
+        }
+    if family in _GATED and cfg.get("attn_output_gate", True):
+        e["gated_attention"] = True
+    mtp = cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers")
+    if mtp:
+        e["mtp_layers"] = int(mtp)
+    if vision_cfg:
+        params, merge = _vision_params(vision_cfg, int(hidden or 0))
+        e["vision"] = {"params": int(params), "patch_merge": merge}
     if source:
         e["source"] = source
     if problems:

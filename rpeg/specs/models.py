@@ -31,6 +31,32 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class LinearAttnSpec:
+    """Hybrid linear attention (Gated DeltaNet, as in Qwen3-Next / Qwen3.5): every
+    ``full_attention_interval``-th layer is (gated) full attention with a KV cache; the others
+    keep a fixed-size state per sequence (``value_heads`` x ``key_head_dim`` x
+    ``value_head_dim``) plus a short causal-conv window, whatever the context length."""
+
+    full_attention_interval: int
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A vision tower in front of the LM (ViT + patch merger, as in Qwen2.5-VL): its
+    parameters, the ViT patches behind one LM image token (2x2 spatial merge = 4), and the
+    LM image tokens per sample assumed when a workload does not state them."""
+
+    params: int
+    patch_merge: int = 4
+    image_tokens: int = 1024
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     family: str
@@ -55,6 +81,14 @@ class ModelSpec:
     published_active_params_b: float | None = None
     unsupported: str = ""
     source: str = ""
+    linear_attn: LinearAttnSpec | None = None
+    # full-attention layers gate their output with a sigmoid of a second query-sized
+    # projection (Qwen3-Next "gated attention"): q projection twice as wide
+    gated_attention: bool = False
+    vision: VisionSpec | None = None
+    # multi-token-prediction layers (DeepSeek-V3, Qwen3-Next): not part of ``params``; RL
+    # recipes train without them; an engine may use them to draft speculative tokens
+    mtp_layers: int = 0
 
     # --- per-layer parameter counts ---------------------------------------------------
     @cached_property
@@ -75,11 +109,63 @@ class ModelSpec:
         q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
         p = h * q + 2 * h * kv + q * h
+        if self.gated_attention:
+            p += h * q  # the output gate's projection
         if self.qkv_bias:
             p += q + 2 * kv
         if self.qk_norm:
             p += 2 * self.head_dim
         return p
+
+    @property
+    def full_attn_layers(self) -> int:
+        """Layers with softmax attention over the whole context (a KV cache)."""
+        if self.linear_attn is None:
+            return self.layers
+        return self.layers // self.linear_attn.full_attention_interval
+
+    @property
+    def linear_layers(self) -> int:
+        return self.layers - self.full_attn_layers
+
+    @cached_property
+    def linear_attn_params(self) -> int:
+        """One Gated DeltaNet layer: q/k/v/z and b/a input projections, causal conv over
+        q/k/v, per-head decay (A_log, dt_bias), gated norm, output projection."""
+        la = self.linear_attn
+        if la is None:
+            return 0
+        qk = la.key_heads * la.key_head_dim
+        v = la.value_heads * la.value_head_dim
+        h = self.hidden
+        return (
+            h * (2 * qk + 2 * v)  # in_proj_qkvz
+            + h * 2 * la.value_heads  # in_proj_ba
+            + (2 * qk + v) * la.conv_kernel  # depthwise conv1d
+            + 2 * la.value_heads  # A_log, dt_bias
+            + la.value_head_dim  # gated RMSNorm
+            + v * h  # out_proj
+        )
+
+    @property
+    def linear_flops_per_token(self) -> float:
+        """Recurrent-state FLOPs per token of all linear layers (delta-rule update of the
+        key x value state and its readout: ~3 state-sized multiply-adds per head)."""
+        la = self.linear_attn
+        if la is None:
+            return 0.0
+        return self.linear_layers * 6.0 * la.value_heads * la.key_head_dim * la.value_head_dim
+
+    def linear_state_bytes(self, bytes_per_value: float = 2.0) -> float:
+        """Fixed per-sequence state of all linear layers (recurrent state + conv window)."""
+        la = self.linear_attn
+        if la is None:
+            return 0.0
+        state = la.value_heads * la.key_head_dim * la.value_head_dim
+        conv = (2 * la.key_heads * la.key_head_dim + la.value_heads * la.value_head_dim) * (
+            la.conv_kernel - 1
+        )
+        return self.linear_layers * (state + conv) * bytes_per_value
 
     @cached_property
     def dense_mlp_params(self) -> int:
@@ -111,26 +197,49 @@ class ModelSpec:
         return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
 
     @cached_property
+    def mixer_params(self) -> int:
+        """Attention (and linear-attention) parameters of all layers."""
+        return (
+            self.full_attn_layers * self.attn_params + self.linear_layers * self.linear_attn_params
+        )
+
+    @property
+    def vision_params(self) -> int:
+        return self.vision.params if self.vision else 0
+
+    @cached_property
     def params(self) -> int:
-        """Total parameters (embeddings included, MTP excluded)."""
+        """Total parameters (embeddings and vision tower included, MTP excluded)."""
         norms = self.layers * 2 * self.hidden + self.hidden
         return (
-            self.embedding_params + self.layers * self.attn_params + self._mlp_params(False) + norms
+            self.embedding_params
+            + self.mixer_params
+            + self._mlp_params(False)
+            + norms
+            + self.vision_params
         )
 
     @cached_property
     def active_params(self) -> int:
-        """Parameters touched per token (top-k routed + shared experts)."""
+        """Parameters touched per token (top-k routed + shared experts; vision included)."""
         norms = self.layers * 2 * self.hidden + self.hidden
         return (
-            self.embedding_params + self.layers * self.attn_params + self._mlp_params(True) + norms
+            self.embedding_params
+            + self.mixer_params
+            + self._mlp_params(True)
+            + norms
+            + self.vision_params
         )
 
     @cached_property
     def matmul_params(self) -> int:
-        """Active parameters that take part in matmuls (the input lookup table does not)."""
+        """Matmul work per LM token in parameter units (2 FLOPs each): the active LM
+        parameters (the input lookup table and the vision tower excluded: the tower runs
+        per image patch, rpeg.perf.units) plus the linear layers' state FLOPs / 2."""
         lookup = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return self.active_params - lookup
+        return int(
+            self.active_params - lookup - self.vision_params + self.linear_flops_per_token / 2
+        )
 
     @property
     def attn_width(self) -> int:
@@ -147,7 +256,7 @@ class ModelSpec:
             per_layer = self.mla.kv_lora_rank + self.mla.qk_rope_dim
         else:
             per_layer = 2 * self.kv_heads * self.head_dim
-        return self.layers * per_layer * bytes_per_value
+        return self.full_attn_layers * per_layer * bytes_per_value
 
     @cached_property
     def hf_tensors(self) -> int:
@@ -170,7 +279,7 @@ class ModelSpec:
     def attn_flops_fwd(self, context: float) -> float:
         """Forward attention-score FLOPs for one new token attending to ``context`` tokens
         (QK^T and AV, 2 FLOPs per multiply-add): 2 * L * context * (d_qk + d_v)."""
-        return 2.0 * self.layers * context * (self.attn_width + self.v_width)
+        return 2.0 * self.full_attn_layers * context * (self.attn_width + self.v_width)
 
 
 def parse_models(sources: list[tuple[dict[str, Any], str]]) -> dict[str, ModelSpec]:
@@ -221,6 +330,31 @@ def parse_models(sources: list[tuple[dict[str, Any], str]]) -> dict[str, ModelSp
                 moe.done()
                 if kw["moe"].top_k > kw["moe"].experts:
                     problems.append(Problem(f"{moe.where}.top_k", "must be <= experts"))
+            la = c.sub("linear_attn")
+            if la:
+                kw["linear_attn"] = LinearAttnSpec(
+                    full_attention_interval=la.num(
+                        "full_attention_interval", lo=1, hi=1000, integer=True
+                    ),
+                    key_heads=la.num("key_heads", lo=1, hi=1024, integer=True),
+                    value_heads=la.num("value_heads", lo=1, hi=1024, integer=True),
+                    key_head_dim=la.num("key_head_dim", lo=1, hi=4096, integer=True),
+                    value_head_dim=la.num("value_head_dim", lo=1, hi=4096, integer=True),
+                    conv_kernel=la.num("conv_kernel", lo=1, hi=64, integer=True, default=4),
+                )
+                la.done()
+            vis = c.sub("vision")
+            if vis:
+                kw["vision"] = VisionSpec(
+                    params=vis.num("params", lo=1, hi=10**12, integer=True),
+                    patch_merge=vis.num("patch_merge", lo=1, hi=64, integer=True, default=4),
+                    image_tokens=vis.num(
+                        "image_tokens", lo=0, hi=10**6, integer=True, default=1024
+                    ),
+                )
+                vis.done()
+            kw["gated_attention"] = c.flag("gated_attention")
+            kw["mtp_layers"] = c.num("mtp_layers", lo=0, hi=64, integer=True, default=0)
             mla = c.sub("mla")
             if mla:
                 kw["mla"] = MLASpec(
