@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_vllm import FakeLLM, check_wire, shard
 
 from rpeg.config import RunConfig
 from rpeg.errors import ConfigError, RpegError
@@ -20,11 +21,15 @@ from rpeg.runtime.engines.choice import (
 )
 from rpeg.runtime.engines.vllm import (
     VLLMEngine,
-    WeightLoaderExtension,
     hf_weight_names,
     sampling_kwargs,
     to_generation_output,
-    weight_buckets,
+)
+from rpeg.runtime.engines.vllm_transfer import (
+    BucketPlan,
+    pack_bucket,
+    plan_buckets,
+    unpack_bucket,
 )
 from rpeg.runtime.model_io import ActorCritic, create_tiny
 
@@ -81,90 +86,39 @@ def test_hf_names_strip_compile_fsdp_and_checkpoint_wrappers():
         hf_weight_names({"lm.x.weight": t, "x.weight": t}, tie_word_embeddings=False)
 
 
-def test_weight_buckets_bound_the_bytes_in_flight():
+def test_plan_buckets_bound_the_bytes_and_keep_one_dtype_each():
     f = torch.zeros  # float32: 4 bytes an element
-    named = [("a", f(10)), ("b", f(10)), ("c", f(30)), ("d", f(5))]
-    got = [[n for n, _ in b] for b in weight_buckets(named, bucket_bytes=80)]
-    assert got == [["a", "b"], ["c"], ["d"]]  # 40+40; 120 alone (over the cap); 20
-    assert [[n for n, _ in b] for b in weight_buckets(named, bucket_bytes=10**6)] == [
-        ["a", "b", "c", "d"]
+    named = [("a", f(10)), ("b", f(10)), ("c", f(30)), ("d", f(5)), ("e", f(3).double())]
+    # offsets are rounded up to 16 elements: b starts at 16, so a+b take 26 elements (104 B)
+    plan = plan_buckets(named, bucket_bytes=104)
+    got = [[e.name for e in b.entries] for b in plan]
+    assert got == [["a", "b"], ["c"], ["d"], ["e"]]  # 104; 120 alone; 20; a new dtype
+    assert [b.dtype for b in plan] == ["float32"] * 3 + ["float64"]
+    assert [(e.offset, e.numel) for e in plan[0].entries] == [(0, 10), (16, 10)]
+    assert plan[0].numel == 26 and plan[0].nbytes == 104
+    assert [[e.name for e in b.entries] for b in plan_buckets(named, 103)][:2] == [["a"], ["b"]]
+    assert [[e.name for e in b.entries] for b in plan_buckets(named, 10**6)] == [
+        ["a", "b", "c", "d"],
+        ["e"],
     ]
 
 
+def test_a_bucket_round_trips_through_its_wire_form():
+    named = [("w", torch.arange(6.0).view(2, 3)), ("b", torch.tensor([7.0, 8.0]))]
+    (plan,) = plan_buckets(named, 1 << 20)
+    wire = plan.to_wire()
+    check_wire(wire)  # plain lists: what vLLM's msgpack carries
+    back = BucketPlan.from_wire(wire)
+    assert back == plan
+    flat = pack_bucket(back, dict(named))
+    out = dict(unpack_bucket(back, flat))
+    assert out["w"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert out["b"].tolist() == [7.0, 8.0]
+    with pytest.raises(RpegError, match="unknown dtype"):
+        BucketPlan.from_wire(["tensor", 1, []])
+
+
 # --------------------------------------------------------------------------- a fake vLLM
-_COL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens")  # split rows
-_ROW = ("o_proj", "down_proj")  # split columns
-
-
-def _shard(name: str, full: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
-    if any(k in name for k in _COL):
-        return full.chunk(tp, dim=0)[rank]
-    if any(k in name for k in _ROW):
-        return full.chunk(tp, dim=1)[rank]
-    return full
-
-
-class FakeShardModel(torch.nn.Module):
-    """One tensor-parallel rank's model, loading full HF tensors as vLLM's loaders do: each
-    rank keeps its slice (rows of column-parallel layers, columns of row-parallel ones)."""
-
-    def __init__(self, rank: int, tp: int, names: list[str]):
-        super().__init__()
-        self.rank, self.tp = rank, tp
-        self.loaded: dict[str, torch.Tensor] = {}
-        self.dummy = torch.nn.Parameter(torch.zeros(1))
-        self.names = set(names)
-
-    def load_weights(self, weights):
-        for name, full in weights:
-            assert name in self.names, f"rank {self.rank}: unknown weight {name}"
-            self.loaded[name] = _shard(name, full, self.rank, self.tp).clone()
-        return set(self.loaded)
-
-
-class FakeWorker(WeightLoaderExtension):
-    def __init__(self, model):
-        self.model_runner = SimpleNamespace(model=model)
-
-
-class FakeLLM:
-    """The methods of ``vllm.LLM`` the engine calls, over ``tp`` fake workers."""
-
-    def __init__(self, tp: int, names: list[str], *, drop_rank: int | None = None):
-        self.workers = [FakeWorker(FakeShardModel(r, tp, names)) for r in range(tp)]
-        self.drop_rank = drop_rank
-        self.calls: list[tuple] = []
-
-    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
-        assert isinstance(method, str)  # by name: no pickled callables
-        self.calls.append(("rpc", method, len(args[0])))
-        return [
-            getattr(w, method)(*args, **(kwargs or {}))
-            for r, w in enumerate(self.workers)
-            if r != self.drop_rank
-        ]
-
-    def reset_prefix_cache(self):
-        self.calls.append(("reset_prefix_cache",))
-
-    def sleep(self, level=1):
-        self.calls.append(("sleep", level))
-
-    def wake_up(self, tags=None):
-        self.calls.append(("wake_up", tuple(tags) if tags else None))
-
-    def generate(self, prompts, params, use_tqdm=True):
-        self.calls.append(("generate", prompts, params))
-        outs = []
-        for p, sp in zip(prompts, params, strict=True):
-            n = min(sp["max_tokens"], 3)
-            toks = [p["prompt_token_ids"][-1] + 1 + j for j in range(n)]
-            lps = [{t: SimpleNamespace(logprob=-0.5 * (j + 1))} for j, t in enumerate(toks)]
-            c = SimpleNamespace(token_ids=toks, logprobs=lps, finish_reason="length")
-            outs.append(SimpleNamespace(outputs=[c]))
-        return outs
-
-
 def _engine(llm, tp, **kw):
     return VLLMEngine(
         llm,
@@ -173,8 +127,17 @@ def _engine(llm, tp, **kw):
         tensor_parallel_size=tp,
         tie_word_embeddings=True,
         sampling_params_cls=dict,
+        timeout_s=60.0,
         **kw,
     )
+
+
+def test_the_fake_refuses_tensors_as_rpc_arguments_like_vllms_engine_core():
+    llm = FakeLLM(1, [])
+    with pytest.raises(TypeError, match="Tensor cannot cross"):
+        llm.collective_rpc("rpeg_receive_weights", args=([("w", torch.zeros(2))],))
+    with pytest.raises(TypeError, match="kwargs"):
+        llm.collective_rpc("x", kwargs={"t": torch.zeros(1)})
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -184,31 +147,67 @@ def test_update_reaches_every_tp_rank_with_its_shard(tiny, tp):
     names = [n for n, _ in model.named_parameters()]
     llm = FakeLLM(tp, names)
     eng = _engine(llm, tp, bucket_bytes=64 * 1024)
-    eng.update_weights(sd, policy_version=7)
-    assert eng.policy_version == 7
-    rpcs = [c for c in llm.calls if c[0] == "rpc"]
-    assert len(rpcs) > 1 and {c[1] for c in rpcs} == {"rpeg_load_weights"}  # bucketed
-    assert sum(c[2] for c in rpcs) == len(names)
-    assert llm.calls[-1] == ("reset_prefix_cache",)  # after the last bucket
+    try:
+        eng.update_weights(sd, policy_version=7)
+        eng.update_weights(sd, policy_version=8)  # the group is set up once
+    finally:
+        eng.shutdown()
+    assert eng.policy_version == 8
+    rpcs = [c[1] for c in llm.calls if c[0] == "rpc"]
+    assert rpcs == [
+        "rpeg_join_update_group",
+        "rpeg_receive_weights",
+        "rpeg_receive_weights",
+        "rpeg_leave_update_group",
+    ]
+    plan = [BucketPlan.from_wire(w) for w in llm.calls[1][2][0]]
+    assert len(plan) > 1  # bucketed: 64 KiB each at most (a larger tensor alone)
+    assert all(b.nbytes <= 64 * 1024 or len(b.entries) == 1 for b in plan)
+    assert sorted(e.name for b in plan for e in b.entries) == sorted(names)
+    assert eng.last_update.buckets == len(plan)
+    assert eng.last_update.nbytes == sum(b.nbytes for b in plan)
+    assert eng.last_update.tensors == len(names)
+    assert ("reset_prefix_cache",) in llm.calls
     for r, w in enumerate(llm.workers):
         loaded = w.model_runner.model.loaded
         assert set(loaded) == set(names)
         for n in names:
-            full = sd[f"lm.{n}"]
-            assert torch.equal(loaded[n], _shard(n, full, r, tp))
+            assert torch.equal(loaded[n], shard(n, sd[f"lm.{n}"], r, tp))
     if tp == 2:  # the two ranks hold different halves of a column-parallel weight
         q = "model.layers.0.self_attn.q_proj.weight"
         a, b = (w.model_runner.model.loaded[q] for w in llm.workers)
         assert torch.equal(torch.cat([a, b]), sd[f"lm.{q}"])
+    assert llm.shut_down and eng.llm is None
 
 
 def test_update_that_misses_a_rank_is_an_error(tiny):
     model, _ = tiny
     names = [n for n, _ in model.named_parameters()]
     eng = _engine(FakeLLM(2, names, drop_rank=1), 2)
-    with pytest.raises(RpegError, match="reached 1 of 2 vLLM workers"):
-        eng.update_weights(model.state_dict(), policy_version=1)
+    try:
+        with pytest.raises(RpegError, match="reached 1 of 2 vLLM workers"):
+            eng.update_weights(model.state_dict(), policy_version=1)
+    finally:
+        eng.shutdown()
     assert eng.policy_version == 0
+
+
+def test_a_worker_failing_mid_update_is_raised_not_waited_for(tiny):
+    """A worker that stops receiving (its loader failed on the first bucket) must not leave
+    the sender in the next broadcast until the group's timeout."""
+    import time
+
+    model, _ = tiny
+    names = [n for n, _ in model.named_parameters()]
+    llm = FakeLLM(1, names, fail_on=names[0])
+    eng = _engine(llm, 1, bucket_bytes=4096)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RpegError, match="cannot load weight"):
+            eng.update_weights(model.state_dict(), policy_version=1)
+    finally:
+        eng.shutdown()
+    assert time.monotonic() - t0 < 30 and eng.policy_version == 0
 
 
 def test_requests_carry_each_samples_seed_and_cap():
@@ -273,7 +272,11 @@ def test_sleep_then_update_wakes_weights_only_and_generate_the_rest(tiny):
     eng = _engine(llm, 1, sleep_mode=True)
     eng.sleep()
     eng.sleep()  # already asleep: one call
-    eng.update_weights(model.state_dict(), policy_version=1)
+    try:
+        eng.update_weights(model.state_dict(), policy_version=1)
+    finally:
+        eng.shutdown()
+    eng.llm = llm  # (shut down: the fake still answers generate)
     eng.generate([[3]], SamplingParams(max_new_tokens=1))
     eng.wake_up()  # awake: no call
     kinds = [c[:2] for c in llm.calls if c[0] in ("sleep", "wake_up", "generate")]
@@ -283,8 +286,9 @@ def test_sleep_then_update_wakes_weights_only_and_generate_the_rest(tiny):
         ("wake_up", ("kv_cache",)),
         ("generate", [{"prompt_token_ids": [3]}]),
     ]
-    with pytest.raises(RpegError, match="without sleep mode"):
-        _engine(FakeLLM(1, []), 1).sleep()
+    awake = FakeLLM(1, [])
+    _engine(awake, 1).sleep()  # no sleep mode (a CPU platform): stays awake, no call
+    assert awake.calls == []
 
 
 # --------------------------------------------------------------------------- the choice
@@ -309,6 +313,7 @@ def test_declared_engine_from_config_and_plan():
         ("auto", "cuda", True, 2, "torch"),
         ("torch", "cuda", True, 1, "torch"),
         ("vllm", "cuda", True, 1, "vllm"),
+        ("vllm", "cpu", True, 1, "vllm"),  # vLLM's CPU build installed
     ],
 )
 def test_resolve_engine(declared, device, avail, tp, want):
@@ -316,22 +321,38 @@ def test_resolve_engine(declared, device, avail, tp, want):
     assert got == want
 
 
-def test_explicit_vllm_without_cuda_or_package_lists_both_problems():
+def test_explicit_vllm_without_the_package_names_the_install_command():
     with pytest.raises(ConfigError) as e:
-        resolve_engine("vllm", device_type="cpu", vllm_available=False)
-    msgs = " | ".join(str(p) for p in e.value.problems)
-    assert "needs CUDA" in msgs and "not installed" in msgs
-    assert all(p.where == "runtime.engine" for p in e.value.problems)
+        resolve_engine("vllm", device_type="cpu", gen_tp=2, vllm_available=False)
+    msgs = [str(p) for p in e.value.problems]
+    assert len(msgs) == 2 and all(p.where == "runtime.engine" for p in e.value.problems)
+    assert "not installed" in msgs[0] and "bash scripts/vllm_env.sh DIR" in msgs[0]
+    assert "tp=2" in msgs[1]
+    with pytest.raises(ConfigError, match=r"pip install 'rpeg\[gpu\]'"):
+        resolve_engine("vllm", device_type="cuda", vllm_available=False)
 
 
-def test_check_engine_before_start():
+def test_untested_vllm_versions_are_named_in_a_warning():
+    from rpeg.runtime.engines.choice import vllm_version_warning
+
+    assert vllm_version_warning("0.32.0") is None
+    assert vllm_version_warning("0.32.1+cpu") is None
+    w = vllm_version_warning("0.30.2")
+    assert w is not None and "0.30.2" in w and "0.32.x" in w
+
+
+def test_check_engine_before_start(monkeypatch):
     from rpeg.compile import compile_plan
+    from rpeg.runtime.engines import choice
 
+    monkeypatch.setattr(choice, "vllm_importable", lambda: False)
     cfg = RunConfig()
     assert check_engine(cfg, compile_plan(None, cfg)) == "torch"  # the CPU default
     cfg = RunConfig().with_overrides({"runtime.engine": "vllm"})
     with pytest.raises(ConfigError, match="runtime.engine"):
         check_engine(cfg, compile_plan(None, cfg))
+    monkeypatch.setattr(choice, "vllm_importable", lambda: True)  # vLLM's CPU build
+    assert check_engine(cfg, compile_plan(None, cfg)) == "vllm"
     with pytest.raises(ConfigError, match="runtime.engine: got 'sglang'"):
         RunConfig().with_overrides({"runtime.engine": "sglang"})
 
@@ -379,24 +400,28 @@ def test_build_engine_torch_is_a_private_copy(tiny):
     assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
 
 
-def test_local_trainer_refuses_vllm_on_cpu():
+def test_local_trainer_without_vllm_names_the_install_command(monkeypatch):
+    from rpeg.runtime.engines import choice
     from rpeg.runtime.local_trainer import LocalTrainer
 
+    monkeypatch.setattr(choice, "vllm_importable", lambda: False)
     cfg = RunConfig().with_overrides({"runtime.engine": "vllm", "optim.warmup_sft_steps": 0})
-    with pytest.raises(ConfigError, match="vllm needs CUDA devices"):
+    with pytest.raises(ConfigError, match="scripts/vllm_env.sh DIR"):
         LocalTrainer(cfg)
 
 
-def test_engine_problems_lists_what_check_engine_raises():
+def test_engine_problems_lists_what_check_engine_raises(monkeypatch):
     from rpeg.compile import compile_plan
+    from rpeg.runtime.engines import choice
     from rpeg.runtime.engines.choice import engine_problems
 
+    monkeypatch.setattr(choice, "vllm_importable", lambda: False)
     ok = RunConfig()
     assert engine_problems(ok, compile_plan(None, ok)) == []
     bad = RunConfig().with_overrides({"runtime.engine": "vllm"})
     got = engine_problems(bad, compile_plan(None, bad))
     assert got and all(p.where == "runtime.engine" for p in got)
-    assert any("needs CUDA" in p.what for p in got)
+    assert any("not installed" in p.what for p in got)
 
 
 def test_refresh_engine_after_a_weight_receive(tiny):
@@ -410,6 +435,9 @@ def test_refresh_engine_after_a_weight_receive(tiny):
     names = [n for n, _ in model.named_parameters()]
     llm = FakeLLM(1, names)
     own = _engine(llm, 1)
-    refresh_engine(own, model, model.state_dict(), 5)  # holds its own weights: loads them
+    try:
+        refresh_engine(own, model, model.state_dict(), 5)  # its own weights: loads them
+    finally:
+        own.shutdown()
     assert own.policy_version == 5
     assert set(llm.workers[0].model_runner.model.loaded) == set(names)

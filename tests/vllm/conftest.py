@@ -1,0 +1,27 @@
+"""Tests against the real vLLM: they run in the vLLM environment (``bash scripts/vllm_env.sh
+DIR``; ``.ci/run`` builds it at .ci-vllm-env and runs ``DIR/bin/python -m pytest tests/vllm``).
+
+In any other Python (the main environment has no vLLM: its pins clash with prefect's) the
+files here are not collected at all, so ``pytest`` there neither imports nor skips them one by
+one. Engines are expensive (one ``vllm.LLM`` takes 20-100 s to start on the 2-core CI machine),
+so the fixtures build as few as the tests need and share them per module.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["test_*.py"]
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (the default fraction fails here)
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _threads():
+    import torch
+
+    torch.set_num_threads(1)
