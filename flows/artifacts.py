@@ -258,6 +258,25 @@ def publish_metrics_table(
     )
 
 
+def publish_samples(
+    rows: Sequence[Mapping[str, Any]], step: int, *, key: str | None = None
+) -> UUID | None:
+    """A table of a logged step's samples (rpeg.runtime.samples.table_rows: prompt, response,
+    reference answer, reward, advantage, length, policy version), replaced at every logged
+    step under one key (the newest samples; all of them are in samples.jsonl)."""
+    if not in_prefect_run() or not rows:
+        return None
+    from prefect.artifacts import create_table_artifact
+
+    return api_call(
+        "table",
+        create_table_artifact,
+        table=[dict(r) for r in rows],
+        key=key or _default_key("samples"),
+        description=f"samples of step {step} (all logged samples: samples.jsonl)",
+    )
+
+
 def location_text(url: str) -> str:
     """A checkpoint or file location as markdown text: the path (or URL) in code font, and a
     link only for http(s) URLs (a browser opens no ``file://`` link from an http page)."""
@@ -449,7 +468,7 @@ def results_markdown(
     out = Path(out_dir) if out_dir is not None else None
     heldout = (summary.get("heldout_acc_before"), summary.get("heldout_acc_after"))
     lines = ["# Run summary", ""]
-    lines += curve_section(history, heldout, out and out / "curve.png")
+    lines += curve_section(history, heldout, out and out / "reward_curve.png")  # as --local
     meas, pred = list(measured or []), list(predicted or [])
     if meas or pred:
         lines += timeline_section(meas, pred, out and out / "timeline.png")

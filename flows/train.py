@@ -63,10 +63,17 @@ REFRESH_PER_S = 2
 
 
 class _Progress:
+    """A bar on a terminal; one line per step when stdout is not one (a log file, SLURM, CI),
+    where a bar shows nothing until the end."""
+
     def __init__(self, total: int, enabled: bool):
+        import sys
+
         self.enabled = enabled
         self.p = None
-        if enabled:
+        self.total = total
+        self.lines = enabled and not sys.stdout.isatty()
+        if enabled and not self.lines:
             from rich.progress import (
                 BarColumn,
                 Progress,
@@ -90,6 +97,13 @@ class _Progress:
             self.p.start()
 
     def update(self, done: int, m: dict[str, float]) -> None:
+        if self.lines:
+            print(
+                f"step {done}/{self.total}: reward {m.get('reward_mean', 0.0):.3f} "
+                f"acc {m.get('accuracy', 0.0):.3f} len {m.get('response_length', 0.0):.1f} "
+                f"{m.get('step_s', 0.0):.2f}s {m.get('tokens_per_s', 0.0):.0f} tok/s",
+                flush=True,
+            )
         if self.p is not None:
             self.p.update(
                 self.t,
@@ -107,14 +121,10 @@ class _Metrics:
     """metrics.jsonl (+ TensorBoard when installed); a rewritten step replaces its line."""
 
     def __init__(self, out: Path):
-        self.path = out / "metrics.jsonl"
-        self.tb = None
-        try:  # optional
-            from torch.utils.tensorboard import SummaryWriter
+        from rpeg.runtime.tensorboard_log import ScalarLog
 
-            self.tb = SummaryWriter(str(out / "tb"))
-        except Exception:  # noqa: BLE001
-            self.tb = None
+        self.path = out / "metrics.jsonl"
+        self.tb = ScalarLog(out)  # <out>/tb, as the local trainer's
 
     def write_all(self, metrics: dict[int, dict[str, float]]) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -124,14 +134,10 @@ class _Metrics:
         os.replace(tmp, self.path)
 
     def scalar(self, step: int, m: dict[str, float]) -> None:
-        if self.tb is not None:
-            for k, v in m.items():
-                if isinstance(v, int | float):
-                    self.tb.add_scalar(k, v, step)
+        self.tb.add(step + 1, m)  # the console's count
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        self.tb.close()
 
 
 class _Sink:
@@ -150,6 +156,8 @@ class _Sink:
         self.checkpoint_url = checkpoint_url
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpeg-sink")
         self._pending: list[Any] = []
+        self.samples_from: list[Any] | None = None  # the driver's logged samples, per step
+        self._samples_seen = 0
 
     def record(self, ins: Any, history: dict[int, dict[str, float]]) -> None:
         import contextvars
@@ -171,6 +179,12 @@ class _Sink:
             if ins.checkpoint == self.steps:  # one artifact per run: the final checkpoint
                 _artifacts("publish_checkpoint", where, ins.checkpoint)
         _artifacts("publish_step", ins.step + 1, self.steps, ins.metrics)
+        got = self.samples_from
+        if got is not None and len(got) > self._samples_seen:  # a logged step's samples
+            from rpeg.runtime.samples import table_rows
+
+            self._samples_seen = len(got)
+            _artifacts("publish_samples", table_rows(got[-1]), got[-1][0].step)
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
@@ -301,6 +315,7 @@ def _train(
         max_recoveries=c.runtime.step_retries,
     )
     sink = _Sink(out, c.runtime.steps, progress, run.checkpoint_url)
+    sink.samples_from = run.logged_samples  # samples.jsonl's rows -> a Prefect table artifact
     rlog = run_logger()
     try:
         n = sum(len(g.devices) for g in compiled.actor_groups)
@@ -324,7 +339,10 @@ def _train(
                 cl.close()
         finally:
             sink.close()  # waits for the last records; raises a failed write's error
-    return _finish(run, sched, out, summary_json, time.perf_counter() - t_start, checksums)
+    summary = _finish(run, sched, out, summary_json, time.perf_counter() - t_start, checksums)
+    # steps run by this call (the summary's steps count the resumed run's from its start)
+    summary["steps_run"] = summary["steps"] - (int(state["step"]) if state is not None else 0)
+    return summary
 
 
 def _setup(config: RunConfig, cluster_address: Any, resume: bool, cluster: Any):
@@ -475,10 +493,24 @@ def run_train(
 ) -> dict[str, Any]:
     """Run :func:`rl_train` on Prefect's ephemeral API; return the summary dict (same keys as
     the single-process trainer's). Bad input is refused before any actor starts."""
+    from rpeg.runtime.datasets.fit import fit_prompt_lengths
+    from rpeg.runtime.main_guard import protect_unguarded_main
+
+    # a script without `if __name__ == "__main__":` is not re-run by the spawned workers
+    protect_unguarded_main(log=print if progress else None)
+    from rpeg.errors import ConfigError
+
+    data_error = None
+    try:  # the data's prompts measured once: max_prompt_tokens fits them unless set
+        config = fit_prompt_lengths(config, log=print if progress else None)
+    except ConfigError as exc:  # bad rows are listed with every other problem below
+        data_error = exc
     # fail fast, before Prefect or Dask start; against an existing cluster the device count
     # is checked once connected (still before any actor starts)
     address = cluster_address or config.cluster.address
     validate_before_start(config, cluster_devices=10**6 if address else None)
+    if data_error is not None:
+        raise data_error
     if _cluster is None and _fault_hook is None and not _with_extra:
         return _finished_despite_api(
             lambda: rl_train(

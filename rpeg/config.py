@@ -305,6 +305,13 @@ class RuntimeConfig(Section):
     keep_last: int = Field(3, ge=1)
     resume: bool = False
     output_dir: str = Field("runs/latest", description="metrics, plots, summaries")
+    log_samples_every: int = Field(
+        1,
+        ge=0,
+        description="write the step's samples (prompt, response, reference answer, rewards, "
+        "advantage, length, policy version) to <output_dir>/samples.jsonl every this many "
+        "steps and print a few; 0 = never",
+    )
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
     cpu_binding: Literal["auto", "spread", "none"] = Field(
         "auto",
@@ -397,13 +404,6 @@ class RunConfig(Section):
         for dotted, value in overrides.items():
             node, known = data, full
             parts = dotted.split(".")
-    log_samples_every: int = Field(
-        1,
-        ge=0,
-        description="write the step's samples (prompt, response, reference answer, rewards, "
-        "advantage, length, policy version) to <output_dir>/samples.jsonl every this many "
-        "steps and print a few; 0 = never",
-    )
             for part in parts[:-1]:
                 if not isinstance(known, dict) or part not in known:
                     problems.append(Problem(dotted, f"unknown section {part!r}"))
@@ -413,6 +413,10 @@ class RunConfig(Section):
                 node, known = node[part], known[part]
             else:
                 node[parts[-1]] = value
+        try:
+            out = RunConfig.from_dict(data, source="overrides")
+        except ConfigError as exc:
+            raise ConfigError(problems + list(exc.problems), title="invalid overrides") from None
         if problems:
             raise ConfigError(problems, title="invalid overrides")
         return out
@@ -462,7 +466,3 @@ def read_text_or_path(text_or_path: str | Path) -> tuple[str, str]:
     if p.is_dir():
         raise ConfigError([Problem(s, "is a folder; expected a YAML file")])
     return p.read_text(), s
-        try:
-            out = RunConfig.from_dict(data, source="overrides")
-        except ConfigError as exc:
-            raise ConfigError(problems + list(exc.problems), title="invalid overrides") from None

@@ -11,8 +11,9 @@ import typer
 
 
 def _echo_summary(summary: dict, out_dir: Path, extra: str = "") -> None:
+    n, total = summary.get("steps_run", summary["steps"]), summary["steps"]
     typer.echo(
-        f"done: {summary['steps']} steps in {summary['wall_s']:.1f}s "
+        f"done: {n} steps{'' if n == total else f' (now {total} in all)'} in {summary['wall_s']:.1f}s "
         f"(median step {summary['median_step_s']:.2f}s); reward {summary['reward_first10']:.3f} -> "
         f"{summary['reward_last10']:.3f}; held-out greedy accuracy {summary['heldout_acc_before']:.3f} -> "
         f"{summary['heldout_acc_after']:.3f}; outputs in {out_dir}/ ({extra})"
@@ -139,8 +140,9 @@ def register(app: typer.Typer) -> None:
         from rpeg.runtime.datasets.fit import fit_prompt_lengths
 
         data_error = None
-        try:
-            cfg = fit_prompt_lengths(cfg, log=None if quiet else typer.echo)
+        try:  # (the distributed runtime's run_train does this itself)
+            if local:
+                cfg = fit_prompt_lengths(cfg, log=None if quiet else typer.echo)
         except ConfigError as exc:  # bad rows are listed with every other problem below
             data_error = exc
         # one validation pass before anything starts: every problem at once, exit 2

@@ -133,16 +133,20 @@ class LocalTrainer:
         out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         store = CheckpointStore.for_run(rt) if rt.checkpoint_url else None
-        acc_before = self._restore(store) if (rt.resume or rt.resume_from) else None
-        if acc_before is None:
-            acc_before = self.evaluate()
-        else:
-            self.log(f"resumed at step {self.step_index} (run {getattr(store, 'run_id', '')})")
         if not (rt.resume or rt.resume_from):  # a new run's samples start a new file
             from rpeg.runtime.samples import SAMPLES_FILE
 
             (out / SAMPLES_FILE).unlink(missing_ok=True)
+        acc_before = self._restore(store) if (rt.resume or rt.resume_from) else None
+        resumed_at = self.step_index  # steps_run: this call's steps (after a resume: fewer)
+        if acc_before is None:
+            acc_before = self.evaluate()
+        else:
+            self.log(f"resumed at step {self.step_index} (run {getattr(store, 'run_id', '')})")
         self.log(f"held-out greedy accuracy before RL: {acc_before:.3f}")
+        from rpeg.runtime.tensorboard_log import ScalarLog
+
+        tb = ScalarLog(out)  # <out>/tb, as the distributed runtime's
         with open(out / "metrics.jsonl", "w") as fh:
             fh.writelines(json.dumps(h) + "\n" for h in self.history)
             fh.flush()
@@ -150,6 +154,7 @@ class LocalTrainer:
                 m = self.step()
                 fh.write(json.dumps(m) + "\n")
                 fh.flush()
+                tb.add(self.step_index, m)
                 if store is not None and (
                     self.step_index % rt.checkpoint_every == 0 or self.step_index == steps
                 ):
@@ -159,34 +164,21 @@ class LocalTrainer:
                     f"len {m['response_length']:.1f} kl {m.get('kl', 0.0):.4f} clip {m.get('clip_frac', 0.0):.3f} "
                     f"{m['step_s']:.2f}s"
                 )
+                self._log_samples(int(m["step"]), out)
+        tb.close()
         acc_after = self.evaluate()
         self.log(f"held-out greedy accuracy after RL: {acc_after:.3f}")
         from rpeg.runtime.summary import run_summary
 
         summary = run_summary(
-                self._log_samples(int(m["step"]), out)
             self.history,
             wall_s=time.perf_counter() - t0 + float(self.warmup_info.get("warmup_s", 0.0)),
             acc_before=acc_before,
             acc_after=acc_after,
         )
         plot_rewards(self.history, out / "reward_curve.png", acc_before, acc_after)
+        summary["steps_run"] = self.step_index - resumed_at
         return summary
-
-    # --- checkpoints ----------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        eng = self.actor.engine
-        st = {
-            "step": self.step_index,
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict() if self.critic is not None else None,
-            "cursor": self.cursor.state_dict(),
-    def close(self) -> None:
-        """Stop the generation engine's own processes (vLLM's engine core; nothing for the
-        torch engine). The CLI calls it when a run ends, fails or is interrupted."""
-        from rpeg.runtime.engines.vllm import shutdown_engine
-
-        shutdown_engine(self.actor.engine)
 
     def _log_samples(self, step: int, out: Path) -> None:
         """samples.jsonl (+ a few printed) every ``runtime.log_samples_every`` steps."""
@@ -198,6 +190,14 @@ class LocalTrainer:
             for line in S.sample_lines(got):
                 self.log(line)
 
+    # --- checkpoints ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        eng = self.actor.engine
+        st = {
+            "step": self.step_index,
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict() if self.critic is not None else None,
+            "cursor": self.cursor.state_dict(),
             "engine_version": eng.policy_version,
         }
         if isinstance(eng, TorchEngine) and eng.model is not self.actor.lm:

@@ -142,6 +142,11 @@ def test_local_trainer_on_verl_data_samples_and_export(user_files, tmp_path):
         q = r["prompt"].split("\n", 1)[1].split("<|im_end|>")[0]
         assert r["reference_answer"] == answers[q]
     assert all(r["policy_version"] == 1 for r in rows)  # sampled by the weights after step 1
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "out" / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward_mean")] == [1, 2, 3]  # as the console
     out = tmp_path / "hf"
     export_checkpoint(str(tmp_path / "ckpt"), str(out), model_path=user_files["model"])
     hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()

@@ -474,7 +474,7 @@ def test_results_page_embeds_both_pictures_and_saves_them(tmp_path):
     assert (
         md.index("## Reward and accuracy") < md.index("## Step timeline") < md.index("## Numbers")
     )
-    for name in ("curve.png", "timeline.png"):
+    for name in ("reward_curve.png", "timeline.png"):  # the names --local uses too
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
         assert f"`{tmp_path / name}`" in md
     assert "| train_actor | 2 |" in md and "| generate | 1.5 |" in md  # seconds per stage

@@ -91,8 +91,8 @@ class RankActor:
     # ---------------------------------------------------------------- construction
     def _build(self, async_rollout: bool) -> None:
         """The group's roles (rpeg.runtime.role_builder, as the local trainer builds them),
-        on this rank's device, computing in the plan's dtype; they are sharded by the
-        group's layout in init_process_group, once the process group exists."""
+        on this rank's device in the plan's dtype; they are sharded by the group's layout in
+        init_process_group, once the process group exists."""
         from rpeg.runtime.engines.choice import rank_engine
         from rpeg.runtime.model_io import torch_dtype
         from rpeg.runtime.role_builder import build_roles
@@ -121,10 +121,7 @@ class RankActor:
             # vLLM holds its own weights; with torch and k>0 colocated: a lagging copy
             lagging_engine=trainable and self.k > 0 and not async_rollout,
             colocated=trainable,
-            place=lambda m: m.to(device=self.device),  # built there: nothing to move
-            device=self.device,
-            # fp32 masters for trainable roles, compute in the plan's dtype (rpeg.runtime.precision)
-            compute_dtype=torch_dtype(self.layout.dtype),
+            place=lambda m: m.to(device=self.device, dtype=torch_dtype(self.layout.dtype)),
         )
         self.rewards, self.heldout = built.rewards, built.heldout
         self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
@@ -295,12 +292,18 @@ class RankActor:
                 examples = None if prompts is None else prompts.examples
                 seed, first = rollout_start(self.config, step, prompts)
                 m, spans = self._run_stages(step, kinds, examples, seed, first_row=first)
+        from rpeg.runtime import samples as SM
         from rpeg.runtime.actors.dataplane import tensor_bytes
         from rpeg.runtime.actors.unit_result import Span, UnitResult
 
         batch = self.store.get(step)
         m["unit_s"] = time.perf_counter() - t0
         m["forward_calls"] = float(self._forwards - f0)
+        logged = (
+            batch is not None
+            and "advantage" in kinds
+            and SM.log_step(step, self.config.runtime.log_samples_every)
+        )
         return UnitResult(
             metrics=m,
             spans=tuple(Span(*sp) for sp in spans),
@@ -308,23 +311,18 @@ class RankActor:
             num_tokens=None if batch is None else float(batch.num_tokens),
             rows=None if batch is None else int(batch.size),
             batch_bytes=0 if batch is None else int(tensor_bytes(batch)),
+            samples=SM.samples_from_batch(batch, step) if logged else (),
         )
 
     def run_units(self, step: int, units: list[tuple]) -> list[Any]:
         """Several units of ``step`` back to back in one call (a chain of the driver's:
         rpeg.runtime.actors.unit_chains): ``units[i]`` = the arguments of :meth:`run_unit`
-        from rpeg.runtime import samples as SM
         after ``step``. Their results in order; the first failure ends the call."""
         return [self.run_unit(step, *u) for u in units]
 
     def _stage_context(self):
         from rpeg.runtime import stages as S
 
-        logged = (
-            batch is not None
-            and "advantage" in kinds
-            and SM.log_step(step, self.config.runtime.log_samples_every)
-        )
         return S.StageContext(
             self.config,
             actor=self.actor,
@@ -332,7 +330,6 @@ class RankActor:
             critic=self.critic,
             rewards=self.rewards,
             reduce=self.reduce,
-            samples=SM.samples_from_batch(batch, step) if logged else (),
         )
 
     def _run_stages(self, step, kinds, examples, seed, batch_key=None, first_row=0):
@@ -493,18 +490,16 @@ class RankActor:
         return True
 
     def send_weights(self, bucket_bytes: int) -> dict[str, float]:
-        """Trainer ranks: gather the full weights one tensor at a time (a collective when
-        sharded) into ``bucket_bytes`` buckets on this rank's device; rank 0 broadcasts each
-        over the weight-sync group as it fills (GPU: no host copy; the others drop theirs)."""
-        from rpeg.runtime.actors.weight_sync import send_buckets, stream_buckets
+        """Trainer ranks: gather the full weights (a collective when sharded); rank 0 packs
+        them into ``bucket_bytes`` buckets and broadcasts each over the weight-sync group."""
+        from rpeg.runtime.actors.weight_sync import broadcast_weights
 
         t0 = time.perf_counter()
-        v = int(self.actor.policy_version)
-        meta, fetch = self.actor.weight_source()
-        buckets = stream_buckets(meta, fetch, bucket_bytes, self.device)
-        nbytes, n = send_buckets(self._sync_pg, buckets, v, self.device)
+        full = self.actor.get_weights()
         if self._sync_pg is None:  # not a member (trainer rank > 0)
-            return {"version": float(v)}
+            return {"version": float(self.actor.policy_version)}
+        v = int(self.actor.policy_version)
+        nbytes, n = broadcast_weights(self._sync_pg, full, v, bucket_bytes, self.device)
         return {
             "weight_sync_bytes": float(nbytes),
             "buckets": float(n),
