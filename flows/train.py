@@ -314,6 +314,9 @@ def _train(
         checkpoint_every=c.runtime.checkpoint_every if run.store is not None else None,
         max_recoveries=c.runtime.step_retries,
     )
+    from rpeg.runtime.actors.predicted import unit_memory_gib
+
+    sched.predicted_memory_gib = unit_memory_gib(c)  # named if a unit runs out of memory
     sink = _Sink(out, c.runtime.steps, progress, run.checkpoint_url)
     sink.samples_from = run.logged_samples  # samples.jsonl's rows -> a Prefect table artifact
     rlog = run_logger()
@@ -384,7 +387,25 @@ def _setup(config: RunConfig, cluster_address: Any, resume: bool, cluster: Any):
             cluster_config=c.cluster,
         )
         rlog.info("LocalCluster up in %.1f s", time.perf_counter() - t_cl)
+    _check_worker_gpus(c, compiled, cl, owned)
     return c, compiled, cl, owned
+
+
+def _check_worker_gpus(config: RunConfig, compiled: Any, cl: Any, owned: bool) -> None:
+    """A GPU plan: the workers' own GPUs counted against it before any actor starts
+    (rpeg.preflight.check_plan_devices; nvidia-smi and torch asked on every worker)."""
+    from rpeg.infra.devices import cluster_device_views
+
+    from rpeg.errors import ConfigError
+    from rpeg.preflight import check_plan_devices, plan_gpus
+
+    if not plan_gpus(compiled):
+        return
+    problems = check_plan_devices(config, compiled, cluster_device_views(cl.client))
+    if problems:
+        if owned:
+            cl.close()
+        raise ConfigError(problems, title="run refused before anything started")
 
 
 def _finish(

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Does `pip install ".[gpu]"` resolve on a Linux x86-64 GPU machine (vllm + dask-cuda against
-# the core's torch, prefect and dask ranges)? A resolver check with uv (metadata only, no
+# the core's torch, prefect and dask ranges) for Python 3.12, the GPU image's (RPEG_GPU_PYTHON
+# overrides)? A resolver check with uv (metadata only, no
 # sdist builds, nothing installed; uv is fetched into a temp dir when missing): pip's own
 # dry run downloads every candidate vllm wheel (~330 MB each) while it backtracks.
 # Exit 1 with the resolver's explanation when the extra does not resolve; a machine that
@@ -20,7 +21,7 @@ if [[ -z "$uvbin" ]]; then
   fi
 fi
 if timeout "${RPEG_GPU_EXTRA_TIMEOUT_S:-600}" "$uvbin" pip compile --quiet --no-build \
-  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --extra gpu \
+  --python-version "${RPEG_GPU_PYTHON:-3.12}" --python-platform x86_64-manylinux_2_28 --extra gpu \
   pyproject.toml -o "$tmp/gpu.txt" >"$tmp/uv.log" 2>&1; then
   echo "gpu extra resolves: $(grep -E '^(vllm|dask-cuda|torch|dask|prefect)==' "$tmp/gpu.txt" | tr '\n' ' ')"
   exit 0

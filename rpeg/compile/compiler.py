@@ -363,13 +363,12 @@ def _keeps_gathered(config: Any, up: Any, dtype: str) -> bool:
 
 
 def _device_type(config: Any) -> str:
-    try:
-        from rpeg import specs
+    """``cuda`` unless the catalog cluster's device is the CPU. An unknown cluster name is
+    the catalog's error (a SpecError naming the known clusters), never a silent ``cpu``."""
+    from rpeg import specs
 
-        cl = specs.cluster(config.cluster.name)
-        return "cpu" if cl.gpu.name == "cpu" else "cuda"
-    except Exception:  # noqa: BLE001
-        return "cpu"
+    cl = specs.cluster(config.cluster.name)
+    return "cpu" if cl.gpu.name == "cpu" else "cuda"
 
 
 def _dtype(config: Any, device_type: str) -> str:

@@ -66,8 +66,12 @@ class ActorSet:
         with self.client.as_current():
             futs = {}
             for g in self.compiled.actor_groups:
-                gd = {**g.to_dict(), "max_staleness": k}
+                gd = {**g.to_dict(), "max_staleness": k, "collective_timeout_s": timeout_s}
                 for rank in range(g.world_size):
+        gpus = self._gpu_slots()
+        from rpeg.runtime.actors.predicted import collective_timeout_s
+
+        timeout_s = collective_timeout_s(self.config)  # the groups' (rpeg.runtime.actors.predicted)
                     addr = self.placement[(g.name, rank)]
                     futs[(g.name, rank)] = self.client.submit(
                         RankActor,
@@ -81,6 +85,7 @@ class ActorSet:
                         allow_other_workers=False,
                         pure=False,
                     )
+                        gpu_slot=gpus.get(addr),
             self.groups = {
                 g.name: RankGroup(
                     self.client,
@@ -130,6 +135,17 @@ class ActorSet:
         for g in self.groups.values():
             g.close(timeout_s)
         self.groups = {}
+    def _gpu_slots(self) -> dict[str, int]:
+        """Each used worker's own GPU (a local CUDA index) from what the workers see
+        (rpeg.runtime.actors.rendezvous.gpu_slots); {} when no group runs on CUDA."""
+        if not any(g.device_type == "cuda" for g in self.compiled.actor_groups):
+            return {}
+        from rpeg.runtime.actors.rendezvous import gpu_slots, worker_gpus
+
+        used = list(dict.fromkeys(self.placement.values()))
+        views = self.client.run(worker_gpus, workers=used)
+        return gpu_slots({a: views[a] for a in used})
+
 
     # ---------------------------------------------------------------- recovery
     def collective_workers(self) -> set[str]:

@@ -52,6 +52,7 @@ class RankActor:
         async_rollout: bool = False,
         *,
         cpu_slot: tuple[int, int] | None = None,
+        gpu_slot: int | None = None,
     ):
         self.config = RunConfig.from_yaml(config_yaml)  # torch threads: set by build_roles
         from rpeg.runtime.actors import serializers
@@ -69,7 +70,7 @@ class RankActor:
         self.k = int(group.get("max_staleness", 0))
         from rpeg.runtime.actors.rendezvous import rank_device
 
-        self.device = rank_device(group, rank)
+        self.device = rank_device(group, rank, gpu_slot)
         self.cpu_cores: list[int] = []  # this worker's cores (rpeg.runtime.cpu_binding)
         if cpu_slot is not None and self.device.type == "cpu":
             from rpeg.runtime.cpu_binding import HOST_CORES, bind_process, core_block, should_bind
@@ -143,9 +144,19 @@ class RankActor:
         self._store, addr = master_store()
         return addr
 
-    def init_process_group(self, init_method: str, timeout_s: float = 120.0) -> bool:
-        """Join the group's process group and shard the roles by the group's layout
-        (:meth:`_apply_layout`)."""
+    def collective_timeout_s(self) -> float:
+        """The process groups' timeout: the group dict's (set by the lifecycle from the plan's
+        prediction, rpeg.runtime.actors.predicted), else the config's rule without one."""
+        if self.group.get("collective_timeout_s") is not None:
+            return float(self.group["collective_timeout_s"])
+        from rpeg.runtime.actors.predicted import collective_timeout_s
+
+        return collective_timeout_s(self.config)
+
+    def init_process_group(self, init_method: str, timeout_s: float | None = None) -> bool:
+        """Join the group's process group (timeout: :meth:`collective_timeout_s`; on CUDA
+        bound to this rank's GPU with ``device_id``) and shard the roles by the group's
+        layout (:meth:`_apply_layout`)."""
         import datetime
 
         import torch.distributed as dist
@@ -160,7 +171,7 @@ class RankActor:
         store = getattr(self, "_store", None) if self.rank == 0 else None
         dist.init_process_group(
             backend,
-            store=store or join_store(init_method, timeout_s),
+            store=store or join_store(init_method),
             rank=self.rank,
             world_size=self.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
@@ -169,14 +180,20 @@ class RankActor:
         self.pg_ready = True
         return True
 
+        if timeout_s is None:
+            timeout_s = self.collective_timeout_s()
     def _apply_layout(self) -> None:
         """The ``("dp", "tp")`` mesh of the group; every role sharded by the layout
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.set_device(self.device)
         (rpeg.runtime.sharding.shard_roles): tensor parallelism over tp, FSDP2 over dp when
         ``fsdp``, else dp replicas whose gradients are averaged before clipping. A frozen
         reference is sharded like the actor but holds no optimizer. Batch statistics reduce
         over the dp ranks (the tp ranks of one dp index hold the same rows)."""
         from rpeg.runtime.parallel import LOCAL, process_group_reduce
         from rpeg.runtime.sharding import build_mesh
+            device_id=self.device if cuda else None,
 
         lay = self.layout
         if self.device.type == "cuda":
@@ -477,14 +494,16 @@ class RankActor:
         return addr
 
     def join_sync_group(
-        self, address: str, sync_rank: int, size: int, timeout_s: float = 120.0
+        self, address: str, sync_rank: int, size: int, timeout_s: float | None = None
     ) -> bool:
         """Join the weight-sync process group (sync rank 0 = the trainer's rank 0; gloo on
         CPU, NCCL on CUDA). Trainer ranks other than 0 are not members: they only take part
         in gathering the full weights."""
         from rpeg.runtime.actors.rendezvous import join_store, standalone_group
 
-        store = self._sync_store if sync_rank == 0 else join_store(address, timeout_s)
+        if timeout_s is None:
+            timeout_s = self.collective_timeout_s()
+        store = self._sync_store if sync_rank == 0 else join_store(address)
         backend = process_group_backend(self.device)
         self._sync_pg = standalone_group(store, "weight-sync", sync_rank, size, backend, timeout_s)
         return True

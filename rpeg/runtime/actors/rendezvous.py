@@ -1,9 +1,14 @@
 """Where a rank is and how ranks find each other.
 
 * :func:`rank_device` -- the device of a rank from its group's compiled layout
-  (``device_type``): ``cuda:0`` when the worker sees one GPU (dask-cuda's ``LocalCUDACluster``
-  and ``dask cuda worker`` give every worker its own ``CUDA_VISIBLE_DEVICES``), else
-  ``cuda:<plan device index mod visible GPUs>``; ``cpu`` otherwise.
+  (``device_type``) and its worker's GPU slot (:func:`gpu_slots`); ``cpu`` for a CPU group.
+* :func:`worker_gpus` / :func:`gpu_slots` -- which local CUDA index is each worker's own GPU.
+  dask-cuda (``LocalCUDACluster``, ``dask cuda worker``) gives every worker the *full* list of
+  the host's GPUs, rotated so that its own comes first (``CUDA_VISIBLE_DEVICES=2,3,0,1`` for
+  the third of four): its GPU is ``cuda:0``, and a plan device index taken modulo the visible
+  GPUs would put two ranks on one GPU (NCCL: "Duplicate GPU detected"). Plain workers (a
+  LocalCluster, ``dask worker``) all see the same GPUs: each takes the GPU of its slot among
+  the run's workers on its host.
 * :func:`worker_host` -- the host part of the Dask worker's own address (the interface the
   scheduler reaches it on), not ``gethostbyname(gethostname())`` (127.0.1.1 on many hosts).
 * :func:`master_store` / :func:`join_store` -- a ``TCPStore`` on rank 0 bound to port 0: the
@@ -19,15 +24,51 @@
 from __future__ import annotations
 
 import datetime
+import os
 import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 
-def rank_device(group: dict[str, Any], rank: int) -> torch.device:
-    """The device of ``rank`` of ``group`` (a compiled ``ActorGroupSpec`` as a dict)."""
+@dataclass(frozen=True)
+class WorkerGpus:
+    """What one Dask worker sees of the GPUs: its host and its ``CUDA_VISIBLE_DEVICES``
+    (None: unset, every GPU of the host)."""
+
+    host: str
+    visible: str | None
+
+
+def worker_gpus() -> WorkerGpus:
+    """This process's view (run on every worker through ``client.run``)."""
+    return WorkerGpus(socket.gethostname(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def gpu_slots(views: Mapping[str, WorkerGpus]) -> dict[str, int]:
+    """Worker address -> the local CUDA index of that worker's own GPU. ``views``: the run's
+    workers in placement order. On a host whose workers see *different* lists (dask-cuda's
+    rotated lists, or one GPU each) every worker's own GPU is the first of its list: index 0.
+    On a host whose workers all see the same GPUs, worker i of the host (placement order)
+    takes index i."""
+    by_host: dict[str, list[str]] = {}
+    for addr, v in views.items():
+        by_host.setdefault(v.host, []).append(addr)
+    out: dict[str, int] = {}
+    for addrs in by_host.values():
+        shared = len({views[a].visible for a in addrs}) == 1
+        for i, a in enumerate(addrs):
+            out[a] = i if shared else 0
+    return out
+
+
+def rank_device(group: dict[str, Any], rank: int, gpu_slot: int | None = None) -> torch.device:
+    """The device of ``rank`` of ``group`` (a compiled ``ActorGroupSpec`` as a dict) on a
+    worker whose own GPU is local index ``gpu_slot`` (:func:`gpu_slots`; None: one visible
+    GPU is index 0, else the plan's device index modulo the visible GPUs)."""
     if group.get("device_type", "cpu") != "cuda":
         return torch.device("cpu")
     if not torch.cuda.is_available():
@@ -36,8 +77,15 @@ def rank_device(group: dict[str, Any], rank: int) -> torch.device:
             "(start the workers with dask-cuda, or plan for the CPU cluster)"
         )
     n = torch.cuda.device_count()
-    idx = 0 if n == 1 else int(group["devices"][rank]) % n
-    return torch.device("cuda", idx)
+    if gpu_slot is None:
+        return torch.device("cuda", 0 if n == 1 else int(group["devices"][rank]) % n)
+    if gpu_slot >= n:
+        raise RuntimeError(
+            f"group {group.get('name')} rank {rank}: this worker is GPU slot {gpu_slot} of its "
+            f"host but sees {n} GPU(s) (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}): more workers than GPUs on the host"
+        )
+    return torch.device("cuda", gpu_slot)
 
 
 def worker_host() -> str:
@@ -107,8 +155,10 @@ def standalone_group(store: Any, prefix: str, rank: int, size: int, backend: str
 
     st = dist.PrefixStore(prefix, store)
     timeout = datetime.timedelta(seconds=timeout_s)
-    if backend == "nccl":
-        return dist.ProcessGroupNCCL(st, rank, size)
+    if backend == "nccl":  # the timeout travels in the options (NCCL's watchdog reads it)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(st, rank, size, opts)
     return dist.ProcessGroupGloo(st, rank, size, timeout)
 
 

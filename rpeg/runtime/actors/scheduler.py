@@ -162,6 +162,9 @@ class StepScheduler:
         self.trained = False  # every unit of the current step finished
         self.synced = False  # the current step's weight sync finished (or is not needed)
         self.log: list[tuple[Any, list[Any]]] = []  # the stimulus log: (event, instructions)
+        # unit -> predicted peak GiB per device, named when it runs out of memory
+        # (rpeg.runtime.actors.predicted.unit_memory_gib; set by the flow)
+        self.predicted_memory_gib: dict[str, float] = {}
 
     @classmethod
     def from_compiled(cls, compiled: Any, steps: int, **kw: Any) -> StepScheduler:
@@ -401,10 +404,23 @@ class StepScheduler:
         )
 
     def _oom(self, ev: OutOfMemory) -> list[Any]:
+        ins = ev.instruction
+        if isinstance(ins, RunUnit):
+            units = [ins.unit]
+        else:  # a rollout: its generation units
+            units = [u for u in self.predicted_memory_gib if u.startswith("generate")]
+        pred = [(u, self.predicted_memory_gib[u]) for u in units if u in self.predicted_memory_gib]
+        told = (
+            "; the plan predicted "
+            + ", ".join(f"{gib:.2f} GiB per device for {u}" for u, gib in pred)
+            + " (rpeg predict)"
+            if pred
+            else ""
+        )
         return self._fail(
             Fail(
                 "oom",
-                f"{_describe(ev.instruction)} ran out of memory ({_err(ev.error)}); not "
+                f"{_describe(ins)} ran out of memory ({_err(ev.error)}){told}; not "
                 "retried: a smaller micro_batch_size, shorter responses or more devices help",
                 ev.error,
             )
