@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PRELOAD = "rpeg.runtime.actors.serializers"
+LOST_WORKER_TIMEOUT = "600s"  # configure_dask says why
 
 
 def prefect_env() -> None:
@@ -73,7 +74,13 @@ def configure_dask(torch_threads: int = 1, *, profile: bool = False) -> None:
             "distributed.scheduler.work-stealing": False,
             "distributed.admin.tick.limit": "30s",
             "distributed.comm.timeouts.connect": "10s",
-            "distributed.deploy.lost-worker-timeout": "5s",
+            # how long a LocalCluster keeps the nanny of a worker that left the scheduler:
+            # past it the nanny is closed for good. The nanny restarts a killed worker at
+            # once, but the new process registers only after its imports (torch): 5-20 s on
+            # a loaded 2-core machine. At "5s" every replacement that took longer was
+            # closed -- issue 28's "1 of 1 listed workers answer, 4 expected" at k=1. The
+            # run's recovery has its own deadline (rpeg.runtime.actors.recovery).
+            "distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT,
             "distributed.scheduler.allowed-failures": 0,
             "distributed.worker.memory.terminate": False,
             "distributed.logging.distributed": "error",
@@ -82,6 +89,12 @@ def configure_dask(torch_threads: int = 1, *, profile: bool = False) -> None:
     )
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(torch_threads)
+
+
+async def _end_process() -> None:
+    """Run on a worker's event loop (``client.run(..., wait=False)`` takes coroutines only):
+    the process exits at once, as a ``kill -9`` would end it."""
+    os._exit(137)
 
 
 @dataclass
@@ -130,6 +143,35 @@ class Cluster:
                     f"listed workers answer, {expect} expected"
                 )
             time.sleep(0.25 if last else 0.5)
+
+    def answering(self, addrs: list[str], timeout_s: float = 15.0) -> set[str]:
+        """Those of ``addrs`` that answer a ping within ``timeout_s`` (a killed worker the
+        scheduler still lists fails at once; a stopped one never answers: the ping is
+        abandoned after ``timeout_s``)."""
+        from concurrent.futures import ThreadPoolExecutor, wait
+
+        if not addrs:
+            return set()
+        pool = ThreadPoolExecutor(len(addrs), thread_name_prefix="rpeg-ping")
+        futs = {
+            a: pool.submit(self.client.run, os.getpid, workers=[a], on_error="return")
+            for a in addrs
+        }
+        wait(list(futs.values()), timeout=timeout_s)
+        pool.shutdown(wait=False)
+        ok = set()
+        for a, f in futs.items():
+            if f.done() and f.exception() is None and isinstance(f.result().get(a), int):
+                ok.add(a)
+        return ok
+
+    def end_processes(self, addrs: list[str]) -> None:
+        """End these workers' processes at once (``os._exit``, run on each worker's event
+        loop, which answers even while its actor thread is blocked in a collective); their
+        nannies start fresh ones (rpeg.runtime.actors.recovery says why not
+        ``restart_workers``)."""
+        with contextlib.suppress(Exception):
+            self.client.run(_end_process, workers=list(addrs), wait=False)
 
     def worker_pids(self) -> dict[str, int]:
         return self.client.run(os.getpid)

@@ -6,7 +6,10 @@ anything starts (:func:`rpeg.runtime.actors.checkpoint.check_resumable`).
   shape keys, or the built-in model's ``tiny_shape``) and a separate critic's; not where
   the folders are, so a moved folder still resumes.
 * :func:`local_meta` -- the marker fields of a single-process trainer's checkpoint.
-* :func:`mismatches` -- why a marker's checkpoint cannot continue as this run.
+* :func:`run_identity` -- the algorithm, the staleness bound and the layout of the
+  trainable groups (the parts a checkpoint holds), recorded next to the model.
+* :func:`mismatches` -- why a marker's checkpoint cannot continue as this run, unless the
+  change is stated (``--allow-change FIELD``, :data:`CHANGEABLE`).
 """
 
 from __future__ import annotations
@@ -61,19 +64,110 @@ def model_identity(model: Any) -> dict[str, Any]:
     return out
 
 
-def local_meta(model: Any) -> dict[str, Any]:
+#: what ``--allow-change`` may name, and what resuming with that change means
+CHANGEABLE = {
+    "algorithm": "the saved weights and optimizer continue under the new algorithm; a critic "
+    "the checkpoint lacks starts fresh",
+    "staleness": "the saved rollouts in flight are trained at the new bound (those older than "
+    "it are dropped by the step scheduler's admission)",
+    "layout": "the checkpoint is resharded: every rank of a trainable group loads the saved "
+    "rank 0 part of its group (data-parallel replicas only: tp = 1, no fsdp, on both sides)",
+    "model": "the saved weights are loaded into another architecture (only a shape-compatible "
+    "change loads)",
+}
+
+
+def layout_of(groups: Any) -> dict[str, str]:
+    """The trainable groups' layout as the marker records it: ``{group: "dp{D}xtp{T}"}``
+    (``+fsdp`` when sharded) -- what fixes the parts a checkpoint holds."""
+    out = {}
+    for g in groups:
+        if g.trainable:
+            dp = g.dp or g.world_size // max(g.tp, 1)
+            out[g.name] = f"dp{dp}xtp{g.tp}" + ("+fsdp" if g.fsdp else "")
+    return out
+
+
+def run_identity(config: Any, groups: Any = None) -> dict[str, Any]:
+    """The marker fields a resume compares besides the model: ``algorithm`` (its name),
+    ``staleness`` (the bound k) and ``layout`` (:func:`layout_of` the compiled step's
+    groups; ``"local"`` for the single-process trainer)."""
+    return {
+        "algorithm": config.algorithm.name,
+        "staleness": int(config.runtime.max_staleness),
+        "layout": "local" if groups is None else layout_of(groups),
+    }
+
+
+def local_meta(model: Any, config: Any = None) -> dict[str, Any]:
     """The commit-marker fields of a single-process trainer's checkpoint (the local trainer's
-    and the retrain flow's local engine's)."""
-    return {"engine": "local", "model": model_identity(model)}
+    and the retrain flow's local engine's); with ``config``, its :func:`run_identity`."""
+    out: dict[str, Any] = {"engine": "local", "model": model_identity(model)}
+    if config is not None:
+        out.update(run_identity(config))
+    return out
 
 
-def mismatches(meta: dict[str, Any], model: Any, local: bool | None) -> list[Problem]:
-    """Why the checkpoint of ``meta`` cannot continue as this run: another model (when the
-    marker records one), or the other runtime's parts."""
+def replica_layout(layout: Any) -> bool:
+    """Every trainable group data-parallel replicas (tp 1, no fsdp): one rank's part holds
+    the whole group's state."""
+    return isinstance(layout, dict) and all(
+        v.endswith("xtp1") for v in layout.values() if isinstance(v, str)
+    )
+
+
+def identity_mismatches(
+    meta: dict[str, Any], ident: dict[str, Any], allow: tuple[str, ...] = ()
+) -> list[Problem]:
+    """The fields of :func:`run_identity` that differ from the marker's (a marker written
+    before they were recorded has none: nothing to compare), unless allowed. A layout
+    change is refused even when allowed unless both layouts are replicas."""
     where = f"checkpoint step {meta.get('step')} of run {meta.get('run_id')}"
     out = []
+    for field, now in ident.items():
+        if field not in meta or meta[field] == now:
+            continue
+        was = meta[field]
+        if field == "layout" and "local" in (was, now):
+            continue  # the other runtime's parts: mismatches says so
+        if field in allow:
+            if field == "layout" and not (
+                now == "local" or was == "local" or (replica_layout(was) and replica_layout(now))
+            ):
+                out.append(
+                    Problem(
+                        "--allow-change",
+                        f"layout {was} -> {now}: only data-parallel replicas (tp 1, no "
+                        "fsdp) reshard on resume",
+                    )
+                )
+            continue
+        out.append(
+            Problem(
+                "--resume",
+                f"{where} was written with {field} {was!r}, this run has {now!r}; resume with "
+                f"the same {field}, or state the change with --allow-change {field} "
+                f"({CHANGEABLE[field]})",
+            )
+        )
+    return out
+
+
+def mismatches(
+    meta: dict[str, Any],
+    model: Any,
+    local: bool | None,
+    ident: dict[str, Any] | None = None,
+    allow: tuple[str, ...] = (),
+) -> list[Problem]:
+    """Why the checkpoint of ``meta`` cannot continue as this run: another model (when the
+    marker records one), another algorithm, staleness or layout (``ident``:
+    :func:`run_identity`; unless ``allow`` names the field), or the other runtime's
+    parts."""
+    where = f"checkpoint step {meta.get('step')} of run {meta.get('run_id')}"
+    out = [] if ident is None else identity_mismatches(meta, ident, allow)
     saved = meta.get("model")
-    if model is not None and isinstance(saved, dict):
+    if model is not None and isinstance(saved, dict) and "model" not in allow:
         mine = model_identity(model)
         diff = []
         for role in sorted(set(mine) | set(saved)):

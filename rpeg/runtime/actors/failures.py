@@ -5,8 +5,14 @@
   ``StreamClosedError`` underneath), ``ConnectionError``, ``TimeoutError`` (=
   ``asyncio.TimeoutError``), and the bare ``OSError`` an actor handle raises when it cannot
   reach its worker ("Unable to contact Actor's worker": no errno, exact type ``OSError``).
-* ``oom``: ``torch.OutOfMemoryError`` (CUDA) or ``MemoryError``: reported with the unit and
-  never retried (the same step would run out of memory again).
+* a collective that broke because a peer is gone (``torch.distributed.DistNetworkError``,
+  or a ``RuntimeError`` / ``DistBackendError`` whose message is one of the transport's
+  lost-peer messages, :data:`PEER_LOST_MESSAGES`: gloo's "Connection reset by peer" / "Read
+  error" from ``pair.cc``, a timed-out collective, NCCL's aborted communicator or watchdog
+  timeout) is ``worker_lost`` too: the rank that raised it is intact, its peer is not.
+* ``oom``: ``torch.OutOfMemoryError`` (CUDA), ``MemoryError``, or a ``RuntimeError`` with one
+  of CUDA's allocation failures (:data:`CUDA_OOM_MESSAGES`: cuBLAS, NCCL): reported with the
+  unit and the plan's predicted memory, never retried (the same step would run out again).
 * ``None``: anything else (a bug, bad data, a storage error such as a full disk or a
   permission denied, which carry an errno): raised as it is.
 
@@ -54,9 +60,64 @@ class ActorLost(RuntimeError):
     """Raised by the typed proxies when an actor's handle reports its worker gone."""
 
 
+class WorkerStalled(TimeoutError):
+    """A rank's worker did not answer a ping for longer than ``runtime.worker_lost_after_s``
+    (a stopped or hung process): handled as a lost worker (a ``TimeoutError``)."""
+
+
+#: substrings of a collective's error that mean "a peer is gone", not "this rank is wrong"
+#: (gloo's tcp transport, torch's store and c10d, NCCL's abort and watchdog)
+PEER_LOST_MESSAGES = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Connection refused",
+    "Broken pipe",
+    "Read error",
+    "Write error",
+    "pair.cc",
+    "Timed out waiting",
+    "Timed out after",
+    "Socket Timeout",
+    "NCCL communicator was aborted",
+    "Watchdog caught collective operation timeout",
+    "remote process exited",
+    "ProcessGroup is aborted",
+    "process group has been destroyed",
+)
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that broke because a peer is gone (module doc)."""
+    try:
+        from torch.distributed import DistNetworkError
+
+        if isinstance(exc, DistNetworkError):
+            return True
+    except ImportError:  # pragma: no cover - torch is a runtime dependency
+        pass
+    if not isinstance(exc, RuntimeError) or isinstance(exc, ActorLost):
+        return False
+    text = str(exc)
+    return any(m in text for m in PEER_LOST_MESSAGES)
+
+
+#: CUDA allocation failures that reach Python as a plain RuntimeError / DistBackendError
+#: (outside the caching allocator: cuBLAS workspaces, NCCL buffers, a raw cudaMalloc): out of
+#: memory as much as ``torch.OutOfMemoryError``, never a lost peer
+CUDA_OOM_MESSAGES = (
+    "CUDA out of memory",
+    "CUDA error: out of memory",
+    "Cuda failure 'out of memory'",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "cudaErrorMemoryAllocation",
+)
+
+
 def classify(exc: BaseException) -> Kind | None:
     """``"worker_lost"``, ``"oom"`` or None (see the module doc)."""
     if isinstance(exc, _oom_types()):
+        return "oom"
+    if isinstance(exc, RuntimeError) and any(m in str(exc) for m in CUDA_OOM_MESSAGES):
         return "oom"
     if isinstance(exc, (ActorLost, *_lost_types())):
         return "worker_lost"
@@ -64,7 +125,23 @@ def classify(exc: BaseException) -> Kind | None:
     # (a storage error has one: ENOSPC, EACCES, EROFS, ...)
     if type(exc) is OSError and exc.errno is None:
         return "worker_lost"
+    if peer_lost(exc):
+        return "worker_lost"
     return None
+
+
+def first_cause(errors: list[BaseException]) -> BaseException:
+    """Of the errors the ranks of one call raised, the one that says why: a lost worker
+    (the process is gone) first, then any other error (a bug, bad data, out of memory: a
+    peer of that rank fails inside the collective only because of it), then a collective
+    broken by a lost peer. Rank order within each kind."""
+
+    def rank(e: BaseException) -> int:
+        if peer_lost(e):
+            return 2
+        return 0 if classify(e) == "worker_lost" else 1
+
+    return min(errors, key=rank)
 
 
 def start_with_retries(run: Any, retries: int, warn: Any = None) -> int:

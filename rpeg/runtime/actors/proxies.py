@@ -42,6 +42,39 @@ def _classified(name: str):
         raise
 
 
+#: after one rank's call failed, how long the others get to report theirs (a rank blocked
+#: in a collective with a dead peer fails within the transport's timeout, or never)
+PEER_ERRORS_WAIT_S = 15.0
+
+
+def collect(futs: Sequence[Any], timeout_s: float | None = None) -> list[Any]:
+    """Every future's result, in order. When one fails, the others get
+    :data:`PEER_ERRORS_WAIT_S` to fail too and the error that says why is raised
+    (:func:`rpeg.runtime.actors.failures.first_cause`: a lost worker before a bug before a
+    collective broken by a lost peer) -- not simply rank 0's, which is often the survivor
+    whose all-reduce broke when rank 1's process died."""
+    import time
+
+    from rpeg.runtime.actors.failures import first_cause
+
+    out: list[Any] = []
+    for i, f in enumerate(futs):
+        try:
+            out.append(f.result(timeout=timeout_s))
+        except Exception as exc:
+            errors = [exc]
+            deadline = time.monotonic() + PEER_ERRORS_WAIT_S
+            for g in futs[i + 1 :]:
+                try:
+                    g.result(timeout=max(0.1, deadline - time.monotonic()))
+                except TimeoutError:
+                    pass  # still running (blocked in the collective): says nothing
+                except Exception as other:  # noqa: BLE001 - a peer's error, compared below
+                    errors.append(other)
+            raise first_cause(errors)  # noqa: B904 - rank i's own error is its context
+    return out
+
+
 class RankGroup:
     """The ranks of one actor group (``handles[r]`` = rank r's actor)."""
 
@@ -76,7 +109,7 @@ class RankGroup:
         which = range(len(self.handles)) if ranks is None else ranks
         with self.client.as_current(), _classified(self.name):
             futs = [call(r, self.handles[r]) for r in which]
-            out = [f.result(timeout=timeout_s) for f in futs]
+            out = collect(futs, timeout_s)
         if step is not None and self.count_bytes is not None:
             from rpeg.runtime.actors.dataplane import tensor_bytes
 
@@ -187,8 +220,7 @@ def join_sync_group(source: RankGroup, targets: Sequence[RankGroup]) -> None:
     with source.client.as_current(), _classified(source.name):
         pending = [src.join_sync_group(addr, 0, size)]
         pending += [a.join_sync_group(addr, i + 1, size) for i, a in enumerate(members)]
-        for p in pending:
-            p.result()
+        collect(pending)
 
 
 def broadcast_weights(
@@ -200,5 +232,5 @@ def broadcast_weights(
     with source.client.as_current(), _classified(source.name):
         send = [a.send_weights(bucket_bytes) for a in source.handles]
         recv = [a.recv_weights(bucket_bytes) for g in targets for a in g.handles]
-        sent = [f.result() for f in send]
-        return sent, [f.result() for f in recv]
+        done = collect([*send, *recv])
+        return done[: len(send)], done[len(send) :]

@@ -1,0 +1,99 @@
+"""Deterministic fault injection: a rank process ends itself (``os._exit``) at a named
+phase of a named step, so that the recovery of a lost worker is tested at an exact point of
+the run instead of after some wall-clock time.
+
+Set ``RPEG_FAULT_AT`` in the environment the Dask workers start from (a LocalCluster's
+nannies pass the parent's environment on to every worker process they spawn)::
+
+    RPEG_FAULT_AT="group=trainer rank=1 phase=train step=2 once=/tmp/x/fired"
+
+* ``group``/``rank``: the rank that dies (a group name of the compiled step; ``*`` any).
+* ``phase``: ``generate`` (at the start of a unit that generates), ``train`` (at the
+  start of a unit that trains: its data-parallel peers then wait in the gradient
+  all-reduce for a rank that never comes), ``sync`` (a trainer rank about to broadcast, or
+  a generator rank about to receive, the weights), ``checkpoint`` (a rank asked for its
+  state: the checkpoint of that step is never committed).
+* ``step``: for ``generate``/``train`` the unit's step; for ``sync``/``checkpoint`` the
+  rank's policy version at that moment (the number of updates applied so far).
+* ``once``: a file created (exclusively) just before the process ends; while it exists the
+  point does not fire again -- the replacement process (same environment) survives.
+
+Nothing fires without the variable; the check is one ``os.environ`` lookup.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ENV = "RPEG_FAULT_AT"
+PHASES = ("generate", "train", "sync", "checkpoint")
+EXIT_CODE = 137  # what a kill -9 leaves (128 + SIGKILL)
+
+
+@dataclass(frozen=True)
+class FaultPoint:
+    group: str
+    rank: int | None  # None: any rank
+    phase: str
+    step: int
+    once: str
+
+    @classmethod
+    def parse(cls, text: str) -> FaultPoint:
+        """``key=value`` pairs separated by spaces (module doc); a clear ValueError naming
+        the key for anything else."""
+        kv: dict[str, str] = {}
+        for part in text.split():
+            key, sep, value = part.partition("=")
+            if not sep:
+                raise ValueError(f"{ENV}: {part!r} is not key=value")
+            kv[key] = value
+        allowed = {"group", "rank", "phase", "step", "once"}
+        unknown = set(kv) - allowed
+        if unknown:
+            raise ValueError(f"{ENV}: unknown key(s) {sorted(unknown)}; allowed {sorted(allowed)}")
+        missing = allowed - set(kv)
+        if missing:
+            raise ValueError(f"{ENV}: missing {sorted(missing)}")
+        if kv["phase"] not in PHASES:
+            raise ValueError(f"{ENV}: phase {kv['phase']!r}; allowed: {', '.join(PHASES)}")
+        return cls(
+            group=kv["group"],
+            rank=None if kv["rank"] == "*" else int(kv["rank"]),
+            phase=kv["phase"],
+            step=int(kv["step"]),
+            once=kv["once"],
+        )
+
+    def format(self) -> str:
+        rank = "*" if self.rank is None else str(self.rank)
+        return (
+            f"group={self.group} rank={rank} phase={self.phase} step={self.step} once={self.once}"
+        )
+
+    def matches(self, group: str, rank: int, phase: str, step: int) -> bool:
+        return (
+            phase == self.phase
+            and step == self.step
+            and self.group in ("*", group)
+            and (self.rank is None or self.rank == rank)
+        )
+
+
+def fault_point(group: str, rank: int, phase: str, step: int) -> None:
+    """End this process (exit code 137, as a ``kill -9``) if ``RPEG_FAULT_AT`` names this
+    point and its ``once`` file does not exist yet (it is created first)."""
+    text = os.environ.get(ENV)
+    if not text:
+        return
+    point = FaultPoint.parse(text)
+    if not point.matches(group, rank, phase, step):
+        return
+    try:
+        fd = os.open(point.once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, f"{group} {rank} {phase} {step} pid={os.getpid()}\n".encode())
+    os.close(fd)
+    os._exit(EXIT_CODE)
