@@ -188,8 +188,10 @@ def _quiet() -> None:
         pass
 
 
-def load_model(url: str, dtype: str = "float32", where: str = "model.path"):
-    """Load a causal LM (Llama / Qwen2 / Qwen3, safetensors) from a folder or fsspec URL."""
+def load_model(url: str, dtype: str = "float32", where: str = "model.path", device=None):
+    """Load a causal LM (Llama / Qwen2 / Qwen3, safetensors) from a folder or fsspec URL;
+    onto ``device`` when it is not the CPU without a copy in host memory
+    (:func:`load_on_device`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     _quiet()
@@ -208,14 +210,79 @@ def load_model(url: str, dtype: str = "float32", where: str = "model.path"):
                 )
             ]
         )
+    if device is not None and torch.device(device).type != "cpu":
+        return load_on_device(local, cfg, dtype, device, where)
     return AutoModelForCausalLM.from_pretrained(
         local, dtype=torch_dtype(dtype), use_safetensors=True
     )
 
 
-def load_model_and_tokenizer(url: str, dtype: str = "float32", where: str = "model.path"):
+def load_model_and_tokenizer(
+    url: str, dtype: str = "float32", where: str = "model.path", device=None
+):
     local = _fetch_folder(url, where)
-    return load_model(local, dtype, where), load_tokenizer(local, where)
+    return load_model(local, dtype, where, device), load_tokenizer(local, where)
+
+
+def _rebuild_rotary(model, device) -> None:
+    """Recompute the non-persistent buffers (rotary ``inv_freq``) of a model materialised
+    with ``to_empty``: they are not in its checkpoint. Any other non-persistent buffer is
+    refused (its values would be garbage)."""
+    persistent = set(model.state_dict())
+    for name, mod in model.named_modules():
+        own = [b for b, _ in mod.named_buffers(recurse=False)]
+        lost = [b for b in own if (f"{name}.{b}" if name else b) not in persistent]
+        if not lost:
+            continue
+        if not type(mod).__name__.endswith("RotaryEmbedding"):
+            raise TypeError(f"{type(mod).__name__} {name!r} has buffers {lost} not in checkpoints")
+        with torch.device(device):  # transformers builds them with torch.arange
+            fresh = type(mod)(config=getattr(mod, "config", model.config))
+        for b in lost:
+            mod._buffers[b] = fresh._buffers[b]
+
+
+def load_on_device(local: str, cfg, dtype: str, device, where: str = "model.path"):
+    """A causal LM built on the ``meta`` device, materialised on ``device`` (``to_empty``) and
+    filled from its safetensors files read straight onto ``device``: the weights never exist
+    in host memory (``from_pretrained`` reads them there first unless ``accelerate`` places
+    them). Tied weights are tied again; rotary buffers recomputed on ``device``."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    files = sorted(Path(local).glob("*.safetensors"))
+    if not files:
+        raise ConfigError([Problem(where, f"{local!r} has no .safetensors weights")])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype(dtype))
+    model.to_empty(device=device)
+    model.tie_weights()
+    _rebuild_rotary(model, device)
+    own = model.state_dict()
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    with torch.no_grad():
+        for f in files:
+            for k, v in load_file(str(f), device=str(device)).items():
+                if k not in own:
+                    unexpected.append(k)
+                    continue
+                own[k].copy_(v)
+                loaded.add(k)
+    ptrs = {own[k].data_ptr() for k in loaded}
+    missing = [k for k in own if k not in loaded and own[k].data_ptr() not in ptrs]
+    if missing or unexpected:
+        raise ConfigError(
+            [
+                Problem(
+                    where,
+                    f"weights do not match the config: missing {missing[:5]}, "
+                    f"unexpected {unexpected[:5]}",
+                )
+            ]
+        )
+    model.generation_config.pad_token_id = cfg.pad_token_id
+    return model.eval()
 
 
 def save_pretrained(model, tokenizer, url: str) -> None:

@@ -27,19 +27,26 @@ from rpeg.runtime.roles import CriticWorker, PolicyWorker
 ROLE_NAMES = ("actor", "reference", "critic")
 
 
-def build_policy(config: RunConfig, log: Callable[[str], None] | None = None):
+def build_policy(
+    config: RunConfig, log: Callable[[str], None] | None = None, device: torch.device | None = None
+):
     """(model, tokenizer, info): the configured model, or the built-in tiny model; with the
-    supervised warm-up applied (cached) when ``config.warmup_sft_steps`` > 0."""
+    supervised warm-up applied (cached) when ``config.warmup_sft_steps`` > 0. ``device``
+    (not the CPU): a model from ``model.path`` is read straight onto it
+    (``model_io.load_on_device``: no copy in host memory); the tiny model is initialised on
+    the CPU (the same weights on every device for a seed) and warmed up on ``device``."""
     from rpeg.runtime.model_io import TINY_SHAPE, create_tiny, load_model_and_tokenizer
 
     mc = config.model
     torch.manual_seed(config.runtime.seed)
     if mc.path:
-        model, tok = load_model_and_tokenizer(mc.path, mc.dtype)
+        model, tok = load_model_and_tokenizer(mc.path, mc.dtype, device=device)
         key_model = {"path": mc.path}
     else:
         shape = dict(mc.tiny_shape or {})
         model, tok = create_tiny(seed=config.runtime.seed, **shape)
+        if device is not None:
+            model.to(device)  # 4M parameters: warmed up where it will run
         key_model = {"tiny": {**TINY_SHAPE, **shape}, "seed": config.runtime.seed}
     info: dict = {}
     o = config.optim
@@ -64,6 +71,7 @@ def build_policy(config: RunConfig, log: Callable[[str], None] | None = None):
             template=t.prompt_template,
             seed=config.runtime.seed,
             log=log,
+            device=device,
         )
     return model, tok, info
 
@@ -106,6 +114,8 @@ def build_roles(
     colocated: bool = True,
     place: Callable[[torch.nn.Module], Any] | None = None,
     log: Callable[[str], None] | None = None,
+    compute_dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
 ) -> Roles:
     """The task's data and rewards and the ``roles`` (of :data:`ROLE_NAMES`) of one process.
 
@@ -113,7 +123,13 @@ def build_roles(
     a vLLM engine always holds its own weights, a torch one only with ``lagging_engine`` (a
     bounded-staleness generator); ``colocated``: the engine shares its device with
     training (vLLM sleep mode). ``place(model)`` moves the built model before any role
-    copies it (a rank's device and dtype)."""
+    copies it (a rank's device); ``device``: where the model is built
+    (:func:`build_policy`), so ``place`` has nothing to move.
+
+    Precision (rpeg.runtime.precision): trainable roles hold fp32 master weights; frozen ones
+    (the reference, a generator's own copy, an actor that only generates) hold
+    ``compute_dtype``; every forward runs under autocast to ``compute_dtype`` (None: the
+    compiler's rule for ``workload.precision`` on the model's device)."""
     unknown = sorted(set(roles) - set(ROLE_NAMES))
     if unknown:
         raise ValueError(f"roles {unknown}: allowed {', '.join(ROLE_NAMES)}")
@@ -122,21 +138,37 @@ def build_roles(
     torch.set_num_threads(c.runtime.torch_threads)
     random.seed(c.runtime.seed)
     rewards = RewardSet.from_task(c.task)
-    model, tok, info = build_policy(c, log)
+    model, tok, info = build_policy(c, log, device)
     cursor, heldout = build_task_data(c.task, tok, c.workload.max_prompt_tokens)
     if place is not None:
         place(model)
+    from rpeg.runtime.model_io import torch_dtype
+    from rpeg.runtime.precision import MASTER_DTYPE, compute_dtype_name, frozen_dtype
+
+    if compute_dtype is None:
+        dev = next(model.parameters()).device.type
+        compute_dtype = torch_dtype(compute_dtype_name(c.workload.precision, dev, c.model.dtype))
+    frozen = frozen_dtype(compute_dtype)
+    model.to(dtype=MASTER_DTYPE)  # masters (a no-op for the fp32 default)
     out = Roles(rewards, cursor, heldout, tok, info)
     ppo = a.name == "ppo"
     if "reference" in roles:
         out.reference = PolicyWorker(
-            copy.deepcopy(model), tok, workload=c.workload, trainable=False
+            copy.deepcopy(model).to(dtype=frozen),
+            tok,
+            workload=c.workload,
+            trainable=False,
+            compute_dtype=compute_dtype,
         )
     if "actor" in roles:
         engine = None
         kind = engine_kind(model)
         if kind == "vllm" or lagging_engine:  # a generator with its own weights
             engine = build_engine(kind, model, tok, config=c, colocated=colocated)
+            if isinstance(getattr(engine, "model", None), torch.nn.Module):
+                engine.model.to(dtype=frozen)
+        if not actor_trainable:
+            model.to(dtype=frozen)
         out.actor = PolicyWorker(
             model,
             tok,
@@ -147,14 +179,16 @@ def build_roles(
             value_head=ppo and a.share_actor_critic,
             engine=engine,
             seed=c.runtime.seed,
+            compute_dtype=compute_dtype,
         )
     if "critic" in roles:
         out.critic = CriticWorker(
-            copy.deepcopy(model),
+            copy.deepcopy(model).to(dtype=MASTER_DTYPE),
             algorithm=a,
             optim=c.optim,
             workload=c.workload,
             seed=c.runtime.seed,
+            compute_dtype=compute_dtype,
         )
     return out
 
@@ -175,7 +209,12 @@ def greedy_accuracy(
     if not examples:
         return float("nan")
     w = copy.copy(actor)
-    w.engine = TorchEngine(actor.lm, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    w.engine = TorchEngine(
+        actor.lm,
+        tokenizer.pad_token_id,
+        tokenizer.eos_token_id,
+        compute_dtype=getattr(actor, "compute_dtype", torch.float32),
+    )
     batch, _ = stages.generate_stage(
         w,
         examples,

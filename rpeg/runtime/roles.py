@@ -38,6 +38,7 @@ from rpeg.runtime.engines.base import (
 from rpeg.runtime.engines.torch_engine import TorchEngine
 from rpeg.runtime.model_io import ActorCritic, CriticModel, LogprobRequest, lm_logprobs
 from rpeg.runtime.parallel import LOCAL, RankReduce
+from rpeg.runtime.precision import compute, frozen_dtype, loss_scaler_for
 from rpeg.runtime.sharding import gathered_blocks
 from rpeg.runtime.updates import adamw, micro_batches, minibatch_updates, on_device
 
@@ -49,6 +50,20 @@ def module_device(module) -> torch.device:
     if p is None:
         return torch.device("cpu")
     return p._local_tensor.device if isinstance(p, DTensor) else p.device
+
+
+def cuda_rng_states() -> list[torch.Tensor] | None:
+    """Every visible GPU's RNG state (dropout, sampling on the device), None without CUDA."""
+    return torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+
+def restore_cuda_rng(states: list[torch.Tensor] | None) -> None:
+    """Put back :func:`cuda_rng_states` on the GPUs this process sees (a checkpoint from a
+    CPU run, or resumed on one, has nothing to restore)."""
+    if not states or not torch.cuda.is_available():
+        return
+    for i, st in enumerate(states[: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(st, device=i)
 
 
 def _role_configs(
@@ -114,6 +129,7 @@ class PolicyWorker:
         engine: GenerationEngine | None = None,
         seed: int = 0,
         reduce: RankReduce = LOCAL,
+        compute_dtype: torch.dtype = torch.float32,
     ):
         self.algorithm, self.optim_cfg, self.workload = _role_configs(algorithm, optim, workload)
         self.reduce = reduce  # data-parallel loss normalization (rpeg.runtime.parallel)
@@ -125,9 +141,15 @@ class PolicyWorker:
         self.policy_version = 0
         self.generator = torch.Generator().manual_seed(seed)
         self.seed = seed
+        # forwards run under autocast to it (rpeg.runtime.precision); the weights keep the
+        # dtype they were given (fp32 masters for a trainable role: role_builder)
+        self.compute_dtype = compute_dtype
+        self.loss_scaler = loss_scaler_for(compute_dtype) if trainable else None
         self.engine: GenerationEngine = engine or TorchEngine(
             model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id
         )
+        if isinstance(self.engine, TorchEngine):
+            self.engine.compute_dtype = compute_dtype
         self.shards = None  # rpeg.runtime.sharding.Shards once apply_layout ran
         self.optimizer = None
         if trainable:
@@ -175,7 +197,11 @@ class PolicyWorker:
         if own and isinstance(eng, TorchEngine) and eng.model is self.lm:
             # copied before the LM is sharded; synced like the lagging copy (k = 0: every step)
             eng = self.engine = TorchEngine(
-                copy.deepcopy(self.lm), eng.pad_id, eng.eos_id, policy_version=self.policy_version
+                copy.deepcopy(self.lm).to(dtype=frozen_dtype(self.compute_dtype)),
+                eng.pad_id,
+                eng.eos_id,
+                policy_version=self.policy_version,
+                compute_dtype=self.compute_dtype,
             )
         heads = [self.module.value_head] if self.shared_critic else []
         self.shards = shard_roles(self.module, self.lm, layout, mesh, heads=heads)
@@ -282,11 +308,12 @@ class PolicyWorker:
         req = LogprobRequest(
             temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
-        if self.shared_critic:
-            req, values = self.module.logprobs_and_values(ids, mask, pos, labels, req)
-        else:
-            req = lm_logprobs(self.lm, ids, mask, pos, labels, req)
-            values = None
+        with compute(dev.type, self.compute_dtype):
+            if self.shared_critic:
+                req, values = self.module.logprobs_and_values(ids, mask, pos, labels, req)
+            else:
+                req = lm_logprobs(self.lm, ids, mask, pos, labels, req)
+                values = None
         return req.logprobs, req.entropy, values
 
     @torch.no_grad()
@@ -394,12 +421,24 @@ class PolicyWorker:
         return out
 
     # --- weights and checkpoints ----------------------------------------------------------
-    def get_weights(self) -> dict[str, torch.Tensor]:
-        """The full (unsharded) LM weights (what a generation engine needs), detached copies
-        on CPU. Sharded: a collective, every rank of the group calls it."""
+    def get_weights(self, keep_device: bool = False) -> dict[str, torch.Tensor]:
+        """The full (unsharded) LM weights (what a generation engine needs) in the compute
+        dtype (a generator holds that), detached copies on CPU (``keep_device``: left on
+        this rank's GPU, for a sync between GPUs). Sharded: a collective, every rank of the
+        group calls it."""
         from rpeg.runtime.sharding import full_state_dict
 
-        return full_state_dict(self.lm)
+        return full_state_dict(
+            self.lm, dtype=frozen_dtype(self.compute_dtype), keep_device=keep_device
+        )
+
+    def weight_source(self):
+        """``(meta, fetch)`` of the full LM weights in the compute dtype, gathered one tensor
+        at a time on this rank's device (rpeg.runtime.sharding.full_tensor_source): what a
+        weight sync streams into buckets. Sharded: every rank fetches in the same order."""
+        from rpeg.runtime.sharding import full_tensor_source
+
+        return full_tensor_source(self.lm, frozen_dtype(self.compute_dtype))
 
     def set_weights(
         self, weights: Mapping[str, torch.Tensor], policy_version: int | None = None
@@ -415,7 +454,7 @@ class PolicyWorker:
         """Weights (incl. value head), optimizer, RNG states and policy version. Sharded: the
         full weights and name-keyed optimizer state (a collective; any layout loads it)."""
         module, optim = _role_state(self.module, self.optimizer, self.shards)
-        return {
+        out = {
             "module": module,
             "optimizer": optim,
             "generator": self.generator.get_state(),
@@ -423,13 +462,22 @@ class PolicyWorker:
             "python_rng": random.getstate(),
             "policy_version": self.policy_version,
         }
+        cuda = cuda_rng_states()
+        if cuda is not None:
+            out["cuda_rng"] = cuda
+        if self.loss_scaler is not None:
+            out["loss_scaler"] = self.loss_scaler.state_dict()
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         _load_role_state(self.module, self.optimizer, state, self.shards)
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
+        restore_cuda_rng(state.get("cuda_rng"))
         random.setstate(state["python_rng"])
         self.policy_version = int(state["policy_version"])
+        if self.loss_scaler is not None and "loss_scaler" in state:
+            self.loss_scaler.load_state_dict(state["loss_scaler"])
 
 
 class CriticWorker:
@@ -444,9 +492,12 @@ class CriticWorker:
         workload: WorkloadConfig | None = None,
         seed: int = 0,
         reduce: RankReduce = LOCAL,
+        compute_dtype: torch.dtype = torch.float32,
     ):
         self.algorithm, self.optim_cfg, self.workload = _role_configs(algorithm, optim, workload)
         self.reduce = reduce
+        self.compute_dtype = compute_dtype  # as PolicyWorker's
+        self.loss_scaler = loss_scaler_for(compute_dtype)
         self.module = CriticModel(lm)
         self.optimizer = adamw(
             self.module.parameters(),
@@ -479,12 +530,13 @@ class CriticWorker:
     def _values(self, mb: RolloutBatch) -> torch.Tensor:
         r = mb.response_ids.shape[1]
         dev = self.device
-        return self.module(
-            mb.input_ids.to(dev),
-            mb.attention_mask.to(dev),
-            mb.position_ids.to(dev),
-            keep_last=r + 1,
-        ).values[:, :-1]
+        with compute(dev.type, self.compute_dtype):
+            return self.module(
+                mb.input_ids.to(dev),
+                mb.attention_mask.to(dev),
+                mb.position_ids.to(dev),
+                keep_last=r + 1,
+            ).values[:, :-1]
 
     @torch.no_grad()
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:

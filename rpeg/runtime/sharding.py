@@ -230,6 +230,7 @@ def apply_fsdp(
     dp_mesh,
     extra_roots: Iterable[nn.Module] = (),
     unit_bytes: int | None = None,
+    mp_policy=None,
 ) -> None:
     """``fully_shard`` each group of decoder blocks of :func:`fsdp_units`, then ``module``
     (the root: embeddings, final norm, LM head, blocks in no group), then each of
@@ -238,14 +239,17 @@ def apply_fsdp(
     here the root may hold the whole trunk of a small model, and a rank holds only its shard
     between stages -- what the summary's parameter bytes and the planner's memory assume);
     the root's extra all-gather in backward cost ~5 ms of ~205 per optimizer step at
-    rpeg-tiny on 4 CPU ranks."""
+    rpeg-tiny on 4 CPU ranks. ``mp_policy``: FSDP2's ``MixedPrecisionPolicy`` of every unit
+    (:func:`rpeg.runtime.precision.fsdp_policy`: bf16 gathers, fp32 gradient reduction; None:
+    everything in the parameters' dtype)."""
     from torch.distributed.fsdp import fully_shard
 
     from rpeg.runtime.pair_channel import use_pair_comms
 
     units = [u if len(u) > 1 else u[0] for u in fsdp_units(decoder_layers(module), unit_bytes)]
     for m in [*units, module, *extra_roots]:
-        fully_shard(m, mesh=dp_mesh, reshard_after_forward=True)
+        kw = {} if mp_policy is None else {"mp_policy": mp_policy}
+        fully_shard(m, mesh=dp_mesh, reshard_after_forward=True, **kw)
         use_pair_comms(m[0] if isinstance(m, list) else m, dp_mesh)
 
 
@@ -423,7 +427,12 @@ def shard_roles(
     """Shard one role in place: tensor parallelism of ``lm``'s (or a critic trunk's) blocks
     over ``mesh["tp"]``, then FSDP2 over ``mesh["dp"]`` when ``layout.fsdp`` (``heads``: value
     heads beside the LM, each its own FSDP root). ``module`` is what the loss calls (the LM, an
-    actor-critic or a critic); returns the role's :class:`Shards`."""
+    actor-critic or a critic); returns the role's :class:`Shards`. FSDP units gather in
+    ``layout.dtype`` and reduce gradients in fp32 (:func:`rpeg.runtime.precision.fsdp_policy`);
+    replicated gradients are averaged in the parameters' dtype (fp32 masters)."""
+    from rpeg.runtime.model_io import torch_dtype
+    from rpeg.runtime.precision import fsdp_policy
+
     heads = list(heads)
     if layout.tp > 1:
         cfg = getattr(lm, "config", None)
@@ -433,25 +442,61 @@ def shard_roles(
         apply_tensor_parallel(lm, mesh["tp"])
     replicated: list[nn.Parameter] = []
     if layout.fsdp and layout.dp > 1:
-        apply_fsdp(lm, mesh["dp"], extra_roots=heads)
+        apply_fsdp(
+            lm, mesh["dp"], extra_roots=heads, mp_policy=fsdp_policy(torch_dtype(layout.dtype))
+        )
     else:
         replicated = [p for p in module.parameters() if p.requires_grad]
     return Shards(layout=layout, mesh=mesh, replicated=replicated)
 
 
 # --- full weights in and out ---------------------------------------------------------------
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(
+    model: nn.Module, dtype: torch.dtype | None = None, *, keep_device: bool = False
+) -> dict[str, torch.Tensor]:
     """The unsharded state dict of ``model`` on every rank, as detached CPU copies (DTensors
-    are gathered with ``full_tensor``). Collective: every rank of the model's mesh calls it
-    in the same order. Plain (unsharded) models just get copied."""
+    are gathered with ``full_tensor``), floating-point tensors cast to ``dtype`` when given
+    (before the gather: a bf16 gather moves half the bytes of fp32 masters). Collective:
+    every rank of the model's mesh calls it in the same order. Plain (unsharded) models just
+    get copied. ``keep_device``: tensors on a device stay there (weight sync between GPUs:
+    no host round trip; a plain model's unconverted tensors are then detached views of its
+    own, to be read before the next update)."""
     from torch.distributed.tensor import DTensor
 
     out = {}
     for k, v in model.state_dict().items():
+        if dtype is not None and v.is_floating_point() and v.dtype != dtype:
+            v = v.detach().to(dtype)
         if isinstance(v, DTensor):
             v = v.full_tensor()
-        out[k] = v.detach().cpu().clone()
+        if keep_device and v.device.type != "cpu":
+            out[k] = v.detach()
+        else:
+            out[k] = v.detach().cpu().clone()
     return out
+
+
+def full_tensor_source(model: nn.Module, dtype: torch.dtype | None = None):
+    """``(meta, fetch)`` of ``model``'s unsharded state: ``meta[name] = (full shape, dtype)``
+    (floating tensors in ``dtype`` when given) and ``fetch(name)`` -> that full tensor on the
+    model's device (a DTensor gathered then, cast before the gather). For weight sync
+    (rpeg.runtime.actors.weight_sync.stream_buckets): one gathered tensor alive at a time.
+    Every rank of the mesh must fetch the same names in the same order."""
+    from torch.distributed.tensor import DTensor
+
+    state = model.state_dict()
+
+    def target(v: torch.Tensor) -> torch.dtype:
+        return dtype if dtype is not None and v.is_floating_point() else v.dtype
+
+    meta = {k: (tuple(v.shape), target(v)) for k, v in state.items()}
+
+    def fetch(name: str) -> torch.Tensor:
+        v = state[name].detach()
+        v = v.to(target(v))
+        return v.full_tensor() if isinstance(v, DTensor) else v
+
+    return meta, fetch
 
 
 def load_full_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
@@ -487,7 +532,9 @@ def _to_cpu(obj):
 
 def full_role_state(module: nn.Module, optimizer) -> tuple[dict, dict | None]:
     """(full weights, full optimizer state keyed by parameter names) of a sharded role, on
-    CPU: what a layout-independent ``torch.save`` checkpoint holds. Collective."""
+    CPU: what a layout-independent ``torch.save`` checkpoint holds. Collective. The optimizer
+    state is gathered one tensor at a time straight to the host of rank 0 (``cpu_offload``);
+    the other ranks get an empty dict (:func:`load_full_role_state` broadcasts rank 0's)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -495,16 +542,21 @@ def full_role_state(module: nn.Module, optimizer) -> tuple[dict, dict | None]:
 
     osd = None
     if optimizer is not None:
+        # cpu_offload: each gathered tensor goes to the host at once (rank 0 keeps it, the
+        # others drop it), so no device ever holds the whole optimizer state
         osd = _to_cpu(
             get_optimizer_state_dict(
-                module, optimizer, options=StateDictOptions(full_state_dict=True)
+                module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
             )
         )
     return full_state_dict(module), osd
 
 
 def load_full_role_state(module: nn.Module, optimizer, weights: dict, optim: dict | None) -> None:
-    """Load what :func:`full_role_state` returned (from any layout) into a sharded role."""
+    """Load what :func:`full_role_state` returned (from any layout) into a sharded role. The
+    optimizer state is rank 0's, broadcast to the others tensor by tensor (every rank calls
+    this; the others' ``optim`` may be empty)."""
+    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_optimizer_state_dict,
@@ -512,9 +564,8 @@ def load_full_role_state(module: nn.Module, optimizer, weights: dict, optim: dic
 
     load_full_state_dict(module, weights)
     if optimizer is not None and optim is not None:
-        set_optimizer_state_dict(
-            module, optimizer, optim, options=StateDictOptions(full_state_dict=True)
-        )
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=dist.is_initialized())
+        set_optimizer_state_dict(module, optimizer, optim, options=opts)
 
 
 def param_bytes_local(model: nn.Module) -> int:

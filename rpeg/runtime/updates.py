@@ -69,8 +69,15 @@ def _micro_weight(micro: RolloutBatch, total: float, aggregation: str, reduce: R
     return reduce.world_size * _loss_count(micro, aggregation) / total
 
 
-def _grad_norm_and_clip(params, max_norm: float, shards=None) -> float:
+def _grad_norm_and_clip(params, max_norm: float, shards=None, loss_scale: float = 1.0) -> float:
+    """The gradient norm before clipping, gradients averaged over dp and clipped in place;
+    with ``loss_scale`` != 1 (fp16: :class:`rpeg.runtime.precision.LossScaler`) the
+    gradients are first divided by it (an overflow stays inf: the update is skipped)."""
     params = [p for p in params if p.grad is not None]
+    if loss_scale != 1.0:
+        from rpeg.runtime.precision import unscale_
+
+        unscale_(params, 1.0 / loss_scale)
     if shards is not None:
         # replicas' gradients averaged over dp, then a norm over DTensors (collectives)
         shards.sync_grads()
@@ -141,6 +148,7 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
     module, optimizer = role.module, role.optimizer
     algorithm, workload, reduce = role.algorithm, role.workload, role.reduce
     generator, grad_clip, shards = role.generator, role.optim_cfg.grad_clip, role.shards
+    scaler = getattr(role, "loss_scaler", None)  # fp16 compute only (rpeg.runtime.precision)
     sums: dict[str, float] = {}
     steps = 0
     agg = algorithm.loss_aggregation
@@ -152,19 +160,23 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
                 continue
             optimizer.zero_grad(set_to_none=True)
             stats: dict[str, float] = {}
+            scale = 1.0 if scaler is None else scaler.scale
             # a rank without rows of the chunk runs one of its rows at weight 0 (collectives)
             for _, micro, real in micro_batches(mini or batch.select([0]), workload, reduce):
                 w = _micro_weight(micro, total, agg, reduce) if real and mini else 0.0
                 loss, m = micro_loss(micro)
-                (loss * w).backward()
+                (loss * (w * scale)).backward()
                 for k, v in m.items():
                     stats[k] = stats.get(k, 0.0) + w * v
-            gn = _grad_norm_and_clip(module.parameters(), grad_clip, shards)
+            gn = _grad_norm_and_clip(module.parameters(), grad_clip, shards, scale)
             stats[grad_norm_key] = gn
             # an inf/nan gradient (an overflow, a bad sample) would make every weight nan for
             # good: skip that update, as verl's actors do; the norm is reduced over the
-            # group, so every rank skips the same one
+            # group, so every rank skips the same one (and halves the same fp16 loss scale)
             skip = not math.isfinite(gn)
+            if scaler is not None:
+                scaler.update(not skip)
+                stats["loss_scale"] = scale
             stats[SKIPPED_UPDATES] = float(skip)
             if skip:
                 optimizer.zero_grad(set_to_none=True)

@@ -69,6 +69,7 @@ def supervised_warmup(
         opt, lambda s: min(1.0, (s + 1) / max(steps // 10, 1))
     )
     rng = random.Random(seed)
+    dev = next(model.parameters()).device  # the batch goes where the model is
     model.train()
     loss_v = float("nan")
     # a synthetic source is indexable by any integer; a file data set is a finite list
@@ -78,7 +79,7 @@ def supervised_warmup(
     span = size or 10**9
     for step in range(steps):
         exs = [source[rng.randrange(span)] for _ in range(batch_size)]
-        ids, mask, lmask = sft_batch(tokenizer, exs, template)
+        ids, mask, lmask = (t.to(dev) for t in sft_batch(tokenizer, exs, template))
         logits = model(
             input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)
         ).logits
@@ -97,8 +98,9 @@ def supervised_warmup(
     return {"warmup_loss": loss_v, "warmup_s": time.perf_counter() - t0}
 
 
-def cached_warmup(model, tokenizer, source, key_parts: dict, *, log=None, **kw):
-    """Run :func:`supervised_warmup` unless a cached result exists; return (model, info)."""
+def cached_warmup(model, tokenizer, source, key_parts: dict, *, log=None, device=None, **kw):
+    """Run :func:`supervised_warmup` unless a cached result exists; return (model, info). A
+    cached model is read onto ``device`` (None: the CPU)."""
     from rpeg.runtime.model_io import load_model, save_pretrained
 
     key = warmup_key({**key_parts, **{k: v for k, v in kw.items() if k != "log"}})
@@ -106,7 +108,8 @@ def cached_warmup(model, tokenizer, source, key_parts: dict, *, log=None, **kw):
     if (path / "config.json").exists():
         if log:
             log(f"warm-up: cached at {path}")
-        return load_model(str(path)), {"warmup_cached": 1.0, "warmup_path": str(path)}
+        cached = load_model(str(path), device=device)
+        return cached, {"warmup_cached": 1.0, "warmup_path": str(path)}
     info = supervised_warmup(model, tokenizer, source, log=log, **kw)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     save_pretrained(model, tokenizer, str(tmp))

@@ -83,10 +83,19 @@ def with_old_logprobs(b, worker):
     return b.replace(old_logprobs=lp, sample_logprobs=lp)
 
 
+def compute_dtype(cfg) -> torch.dtype:
+    """The compute dtype of ``cfg.workload.precision`` on the CPU (rpeg.runtime.precision)."""
+    from rpeg.runtime.model_io import torch_dtype
+    from rpeg.runtime.precision import compute_dtype_name
+
+    return torch_dtype(compute_dtype_name(cfg.workload.precision, "cpu"))
+
+
 def policy(cfg, m, tok, **kw):
     from rpeg.runtime.roles import PolicyWorker
 
     a = cfg.algorithm
+    kw.setdefault("compute_dtype", compute_dtype(cfg))
     return PolicyWorker(
         m,
         tok,
@@ -109,7 +118,12 @@ def critic(cfg, m):
     from rpeg.runtime.roles import CriticWorker
 
     return CriticWorker(
-        m, algorithm=cfg.algorithm, optim=cfg.optim, workload=cfg.workload, seed=cfg.runtime.seed
+        m,
+        algorithm=cfg.algorithm,
+        optim=cfg.optim,
+        workload=cfg.workload,
+        seed=cfg.runtime.seed,
+        compute_dtype=compute_dtype(cfg),
     )
 
 
@@ -178,8 +192,15 @@ def train_case(cfg, layout, mesh, rank: int, role: str = "actor") -> dict:
     weights = full_state_dict(w.module)
     from torch.distributed.fsdp import FSDPModule
 
-    units = len({id(x._get_fsdp_state()) for x in w.module.modules() if isinstance(x, FSDPModule)})
+    fsdp = [x for x in w.module.modules() if isinstance(x, FSDPModule)]
+    units = len({id(x._get_fsdp_state()) for x in fsdp})
+    policies = {str(x._get_fsdp_state()._mp_policy) for x in fsdp}
     return {
+        "param_dtypes": sorted({str(p.dtype) for p in w.module.parameters()}),
+        "optim_dtypes": sorted(
+            {str(v.dtype) for st in w.optimizer.state.values() for v in st.values() if v.dim()}
+        ),
+        "mp_policies": sorted(policies),
         "metrics": m,
         "weights": weights,
         "local": local,

@@ -90,11 +90,15 @@ def test_a_lagging_engine_holds_its_own_copy_of_the_weights():
 
 def test_place_runs_before_the_roles_copy_the_model():
     cfg = _cfg(**{"algorithm.use_reference": True})
-    built = build_roles(
-        cfg, ("actor", "reference"), engine_kind=_torch, place=lambda m: m.to(torch.float64)
-    )
-    assert next(built.actor.lm.parameters()).dtype == torch.float64
-    assert next(built.reference.lm.parameters()).dtype == torch.float64
+    # place moves the model (a rank's device); its dtype is the precision rule's
+    # (rpeg.runtime.precision), so the mark here is a value every copy must carry
+    def place(m):
+        with torch.no_grad():
+            m.model.embed_tokens.weight.fill_(0.5)
+
+    built = build_roles(cfg, ("actor", "reference"), engine_kind=_torch, place=place)
+    assert bool((built.actor.lm.model.embed_tokens.weight == 0.5).all())
+    assert bool((built.reference.lm.model.embed_tokens.weight == 0.5).all())
 
 
 def test_the_engine_is_asked_only_for_the_actor():

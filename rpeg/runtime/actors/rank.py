@@ -92,8 +92,8 @@ class RankActor:
     # ---------------------------------------------------------------- construction
     def _build(self, async_rollout: bool) -> None:
         """The group's roles (rpeg.runtime.role_builder, as the local trainer builds them),
-        on this rank's device in the plan's dtype; they are sharded by the group's layout in
-        init_process_group, once the process group exists."""
+        on this rank's device, computing in the plan's dtype; they are sharded by the
+        group's layout in init_process_group, once the process group exists."""
         from rpeg.runtime.engines.choice import rank_engine
         from rpeg.runtime.model_io import torch_dtype
         from rpeg.runtime.role_builder import build_roles
@@ -122,7 +122,10 @@ class RankActor:
             # vLLM holds its own weights; with torch and k>0 colocated: a lagging copy
             lagging_engine=trainable and self.k > 0 and not async_rollout,
             colocated=trainable,
-            place=lambda m: m.to(device=self.device, dtype=torch_dtype(self.layout.dtype)),
+            place=lambda m: m.to(device=self.device),  # built there: nothing to move
+            device=self.device,
+            # fp32 masters for trainable roles, compute in the plan's dtype (rpeg.runtime.precision)
+            compute_dtype=torch_dtype(self.layout.dtype),
         )
         self.rewards, self.heldout = built.rewards, built.heldout
         self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
@@ -509,16 +512,18 @@ class RankActor:
         return True
 
     def send_weights(self, bucket_bytes: int) -> dict[str, float]:
-        """Trainer ranks: gather the full weights (a collective when sharded); rank 0 packs
-        them into ``bucket_bytes`` buckets and broadcasts each over the weight-sync group."""
-        from rpeg.runtime.actors.weight_sync import broadcast_weights
+        """Trainer ranks: gather the full weights one tensor at a time (a collective when
+        sharded) into ``bucket_bytes`` buckets on this rank's device; rank 0 broadcasts each
+        over the weight-sync group as it fills (GPU: no host copy; the others drop theirs)."""
+        from rpeg.runtime.actors.weight_sync import send_buckets, stream_buckets
 
         t0 = time.perf_counter()
-        full = self.actor.get_weights()
-        if self._sync_pg is None:  # not a member (trainer rank > 0)
-            return {"version": float(self.actor.policy_version)}
         v = int(self.actor.policy_version)
-        nbytes, n = broadcast_weights(self._sync_pg, full, v, bucket_bytes, self.device)
+        meta, fetch = self.actor.weight_source()
+        buckets = stream_buckets(meta, fetch, bucket_bytes, self.device)
+        nbytes, n = send_buckets(self._sync_pg, buckets, v, self.device)
+        if self._sync_pg is None:  # not a member (trainer rank > 0)
+            return {"version": float(v)}
         return {
             "weight_sync_bytes": float(nbytes),
             "buckets": float(n),

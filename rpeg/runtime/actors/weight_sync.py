@@ -7,10 +7,17 @@ weight-sync process group (trainer rank 0 -> every generator rank: :func:`broadc
 / :func:`receive_weights`, called by ``RankActor.send_weights`` / ``recv_weights``) instead of
 one message per parameter. ``layout`` gives a receiver the same
 buckets, empty, from its own model's full shapes.
+
+Device memory: a bucket is built, broadcast and unpacked on the device the weights live on
+(``pack(..., device=)``, ``layout(..., device=)``, :func:`unpack_views`): between GPU ranks
+the weights never pass through the host (the gathered tensors are concatenated into a bucket
+on the GPU, NCCL broadcasts it, the receiver loads views of its bucket). On the CPU nothing
+changes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -77,34 +84,61 @@ def _entries(meta, names) -> tuple[list[BucketEntry], int]:
 
 
 def pack(
-    tensors: dict[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    tensors: dict[str, torch.Tensor],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    device: torch.device | str = "cpu",
 ) -> list[Bucket]:
+    """``tensors`` flattened into buckets on ``device`` (one copy of each tensor, straight
+    from wherever it lives: no host round trip for GPU tensors packed on their GPU)."""
     meta = {k: (tuple(v.shape), v.dtype) for k, v in tensors.items()}
-    out: list[Bucket] = []
+    return list(stream_buckets(meta, tensors.__getitem__, bucket_bytes, device))
+
+
+def stream_buckets(
+    meta: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    fetch: Callable[[str], torch.Tensor],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    device: torch.device | str = "cpu",
+) -> Iterator[Bucket]:
+    """:func:`pack`'s buckets one at a time, each tensor asked for (``fetch(name)``: e.g.
+    gathered from its shards) only when its bucket is filled -- a sender holds one bucket
+    and one gathered tensor at a time, not the whole model twice. ``fetch`` is called in
+    the same order on every rank (the gathers are collectives)."""
     for dtype, names in _groups(meta, bucket_bytes):
-        entries, _ = _entries(meta, names)
-        flat = torch.cat([tensors[n].detach().reshape(-1).to("cpu") for n in names])
-        out.append(Bucket(dtype, entries, flat))
-    return out
+        entries, n = _entries(meta, names)
+        flat = torch.empty(n, dtype=dtype, device=device)
+        for e in entries:
+            flat[e.offset : e.offset + e.numel].copy_(fetch(e.name).detach().reshape(-1))
+        yield Bucket(dtype, entries, flat)
 
 
 def layout(
-    meta: dict[str, tuple[tuple[int, ...], torch.dtype]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    meta: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    device: torch.device | str = "cpu",
 ) -> list[Bucket]:
-    """Empty buckets with the layout :func:`pack` gives tensors of these shapes and dtypes (the
-    receive buffers of a broadcast: a receiver knows its own model's full shapes)."""
+    """Empty buckets on ``device`` with the layout :func:`pack` gives tensors of these shapes
+    and dtypes (the receive buffers of a broadcast: a receiver knows its own model's full
+    shapes)."""
     out = []
     for dtype, names in _groups(meta, bucket_bytes):
         entries, n = _entries(meta, names)
-        out.append(Bucket(dtype, entries, torch.empty(n, dtype=dtype)))
+        out.append(Bucket(dtype, entries, torch.empty(n, dtype=dtype, device=device)))
     return out
 
 
 def unpack(buckets: list[Bucket]) -> dict[str, torch.Tensor]:
+    """The tensors of ``buckets``, each its own copy (the buckets may be reused)."""
+    return {k: v.clone() for k, v in unpack_views(buckets).items()}
+
+
+def unpack_views(buckets: list[Bucket]) -> dict[str, torch.Tensor]:
+    """The tensors of ``buckets`` as views into them, on the buckets' device (no copy: a
+    received bucket is read once by the loader and then dropped)."""
     out = {}
     for b in buckets:
         for e in b.entries:
-            out[e.name] = b.flat[e.offset : e.offset + e.numel].view(e.shape).clone()
+            out[e.name] = b.flat[e.offset : e.offset + e.numel].view(e.shape)
     return out
 
 
@@ -114,28 +148,50 @@ def total_bytes(buckets: list[Bucket]) -> int:
 
 def broadcast_weights(pg, full: dict[str, torch.Tensor], version: int, bucket_bytes: int, device):
     """Sender side of a sync over the weight-sync group ``pg`` (rank 0): the policy version,
-    then ``full`` packed in ``bucket_bytes`` buckets, one broadcast each, from ``device``.
-    -> (bytes sent, buckets)."""
+    then ``full`` packed in ``bucket_bytes`` buckets on ``device`` (where ``full`` already
+    lives on a GPU: no host copy), one broadcast each. -> (bytes sent, buckets)."""
+    meta = {k: (tuple(v.shape), v.dtype) for k, v in full.items()}
+    buckets = stream_buckets(meta, full.__getitem__, bucket_bytes, device)
+    return send_buckets(pg, buckets, version, device)
+
+
+def send_buckets(pg, buckets: Iterable[Bucket], version: int, device) -> tuple[int, int]:
+    """Broadcast the policy version, then each of ``buckets`` as it comes, from sync rank 0
+    of ``pg`` (on ``device``) -> (bytes sent, buckets). ``pg`` None (a trainer rank that
+    only takes part in the gathers): the buckets are made and dropped."""
     from rpeg.runtime.actors.rendezvous import broadcast
 
-    broadcast(pg, torch.tensor([version], dtype=torch.long).to(device))
-    buckets = pack(full, bucket_bytes)
+    if pg is not None:
+        broadcast(pg, torch.tensor([version], dtype=torch.long, device=device))
+    nbytes = n = 0
     for b in buckets:
-        broadcast(pg, b.flat.to(device))
-    return total_bytes(buckets), len(buckets)
+        if pg is not None:
+            broadcast(pg, b.flat)
+        nbytes += b.nbytes
+        n += 1
+    return nbytes, n
+
+
+def receive_buckets(pg, meta, bucket_bytes: int, device) -> dict[str, torch.Tensor]:
+    """The weight buckets of :func:`send_buckets`, received into buffers on ``device`` laid
+    out from this rank's own full shapes ``meta`` (same names, dtypes and order as the
+    sender's) -> the weights: copies on the CPU, views of the received buckets on a device
+    (loaded from device memory, never through the host)."""
+    from rpeg.runtime.actors.rendezvous import broadcast
+
+    buckets = layout(meta, bucket_bytes, device=device)
+    for b in buckets:
+        broadcast(pg, b.flat, root=0)
+    if torch.device(device).type == "cpu":
+        return unpack(buckets)
+    return unpack_views(buckets)
 
 
 def receive_weights(pg, meta, bucket_bytes: int, device) -> tuple[dict[str, torch.Tensor], int]:
-    """Receiver side of :func:`broadcast_weights`: the buckets laid out from this rank's own
-    full shapes ``meta`` (same names, dtypes and order as the sender's) -> (weights on the
-    CPU, policy version)."""
+    """Receiver side of :func:`broadcast_weights` / :func:`send_buckets` -> (weights on
+    ``device``: :func:`receive_buckets`, policy version)."""
     from rpeg.runtime.actors.rendezvous import broadcast
 
     version = torch.zeros(1, dtype=torch.long, device=device)
     broadcast(pg, version, root=0)
-    buckets = layout(meta, bucket_bytes)
-    for b in buckets:
-        flat = b.flat.to(device)
-        broadcast(pg, flat, root=0)
-        b.flat = flat.cpu() if flat.device.type != "cpu" else flat
-    return unpack(buckets), int(version.item())
+    return receive_buckets(pg, meta, bucket_bytes, device), int(version.item())

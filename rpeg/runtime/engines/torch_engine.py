@@ -80,13 +80,23 @@ class TorchEngine:
     """
 
     def __init__(
-        self, model, pad_id: int, eos_id: int, *, use_cache: bool = True, policy_version: int = 0
+        self,
+        model,
+        pad_id: int,
+        eos_id: int,
+        *,
+        use_cache: bool = True,
+        policy_version: int = 0,
+        compute_dtype: torch.dtype = torch.float32,
     ):
         self.model = model
         self.pad_id = pad_id
         self.eos_id = eos_id
         self.use_cache = use_cache
         self.policy_version = policy_version
+        # every forward runs under autocast to this dtype (rpeg.runtime.precision.compute):
+        # a trainer's fp32 master weights shared with the engine still decode in bf16
+        self.compute_dtype = compute_dtype
 
     @property
     def device(self) -> torch.device:
@@ -106,15 +116,18 @@ class TorchEngine:
         self.policy_version = policy_version
 
     def _forward(self, ids, mask, pos, past):
+        from rpeg.runtime.precision import compute
+
         kw = {_cache_kwarg(self.model): past} if past is not None else {}
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            use_cache=past is not None,
-            logits_to_keep=1,
-            **kw,
-        )
+        with compute(ids.device.type, self.compute_dtype):
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                use_cache=past is not None,
+                logits_to_keep=1,
+                **kw,
+            )
         new_past = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         return out.logits[:, -1, :].float(), new_past
 
