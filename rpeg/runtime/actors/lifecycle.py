@@ -9,11 +9,16 @@ worker sorted by name); a group of several ranks joins a torch.distributed proce
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from rpeg.runtime.actors.proxies import ByteCounter, RankGroup
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 class ActorSet:
@@ -63,15 +68,15 @@ class ActorSet:
             for rank, dev in enumerate(g.devices)
         }
         slots = self._cpu_slots()
+        gpus = self._gpu_slots()
+        from rpeg.runtime.actors.predicted import collective_timeout_s
+
+        timeout_s = collective_timeout_s(self.config)  # the groups' (rpeg.runtime.actors.predicted)
         with self.client.as_current():
             futs = {}
             for g in self.compiled.actor_groups:
                 gd = {**g.to_dict(), "max_staleness": k, "collective_timeout_s": timeout_s}
                 for rank in range(g.world_size):
-        gpus = self._gpu_slots()
-        from rpeg.runtime.actors.predicted import collective_timeout_s
-
-        timeout_s = collective_timeout_s(self.config)  # the groups' (rpeg.runtime.actors.predicted)
                     addr = self.placement[(g.name, rank)]
                     futs[(g.name, rank)] = self.client.submit(
                         RankActor,
@@ -80,12 +85,12 @@ class ActorSet:
                         rank,
                         self.async_rollout,
                         cpu_slot=slots.get(addr),
+                        gpu_slot=gpus.get(addr),
                         actor=True,
                         workers=[addr],
                         allow_other_workers=False,
                         pure=False,
                     )
-                        gpu_slot=gpus.get(addr),
             self.groups = {
                 g.name: RankGroup(
                     self.client,
@@ -130,11 +135,6 @@ class ActorSet:
         hosts = self.client.run(socket.gethostname, workers=used)
         return dict(zip(used, worker_slots([hosts[a] for a in used]), strict=True))
 
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Tear down every rank's process group and drop the handles."""
-        for g in self.groups.values():
-            g.close(timeout_s)
-        self.groups = {}
     def _gpu_slots(self) -> dict[str, int]:
         """Each used worker's own GPU (a local CUDA index) from what the workers see
         (rpeg.runtime.actors.rendezvous.gpu_slots); {} when no group runs on CUDA."""
@@ -146,41 +146,68 @@ class ActorSet:
         views = self.client.run(worker_gpus, workers=used)
         return gpu_slots({a: views[a] for a in used})
 
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Tear down every rank's process group and drop the handles."""
+        for g in self.groups.values():
+            g.close(timeout_s)
+        self.groups = {}
 
     # ---------------------------------------------------------------- recovery
-    def collective_workers(self) -> set[str]:
-        """Workers of ranks that share a collective with another process: a data-parallel
-        group, or a member of a bucketed weight-sync group."""
-        ws = self.compiled.weight_sync
-        sync = (
-            set(ws.get("targets") or []) | {ws.get("source")} if ws["mode"] == "bucketed" else set()
-        )
-        return {
-            addr
-            for (g, _r), addr in self.placement.items()
-            if self.compiled.group(g).world_size > 1 or g in sync
-        }
+    def abandon(self, timeout_s: float = 90.0, failed_groups: frozenset[str] = frozenset()) -> None:
+        """After a lost worker: the recovery state machine (rpeg.runtime.actors.recovery)
+        decides which survivors are kept (their actors closed, the process stays) and which
+        are ended (they share a collective with a broken rank: the process exits, its nanny
+        starts a fresh one), waits for the cluster to be whole again and keeps the workers
+        to start the actors on (:meth:`recreate`). ``failed_groups``: groups whose
+        collective broke (every rank's process may answer: a timed-out collective)."""
+        from rpeg.runtime.actors import recovery as R
 
-    def abandon(self, timeout_s: float = 90.0) -> None:
-        """After a lost worker: a surviving rank may sit in a collective with the dead peer
-        (its one actor thread blocked until the collective's timeout), so the processes of
-        such ranks are restarted (nanny); the other survivors are closed.
-
-        The replacement of the lost worker is awaited first: a ``restart_workers`` issued
-        while the scheduler still waits for it loses both (measured with distributed
-        2026.8: kill one of two workers, restart the other at once, and neither is back
-        after 60 s; with the wait in between both are back in ~3.5 s)."""
-        stuck = self.collective_workers()
-        if stuck:
-            with contextlib.suppress(Exception):
-                self._wait_live(timeout_s)
-            stuck &= set(self.cluster.workers)  # the lost one is gone (new address)
-            if stuck:
-                with contextlib.suppress(Exception):
-                    self.client.restart_workers(sorted(stuck), timeout=60)
-        else:
-            self.close(timeout_s=10.0)
+        need = max(self.compiled.num_devices, 1)
+        expect = max(self.n_workers or need, need)
+        machine = R.Recovery(R.topology_of(self.compiled, self.placement), expect, need, timeout_s)
+        workers = sorted(set(self.placement.values()))
+        todo = machine.handle(R.Lost(frozenset(self._answering(workers)), failed_groups, _now()))
+        self._start_on = None
+        while todo:
+            ins = todo.pop(0)
+            if isinstance(ins, R.CloseActors):
+                self._close_ranks(ins.ranks)
+            elif isinstance(ins, R.EndProcesses):
+                self.cluster.end_processes(list(ins.workers))
+            elif isinstance(ins, R.PollWorkers):
+                time.sleep(0.5)
+                listed = self.cluster.workers
+                seen = R.WorkersSeen(tuple(listed), frozenset(self._answering(listed)), _now())
+                todo.extend(machine.handle(seen))
+            elif isinstance(ins, R.StartActors):
+                self._start_on = list(ins.workers)
+            elif isinstance(ins, R.GiveUp):
+                self.groups = {}
+                raise TimeoutError(ins.reason)
+        self.last_recovery = machine
         self.groups = {}
+
+    def _answering(self, addrs: list[str]) -> set[str]:
+        answering = getattr(self.cluster, "answering", None)
+        if answering is not None:
+            return answering(list(addrs))
+        with contextlib.suppress(Exception):  # a cluster object without it (tests' doubles)
+            res = self.client.run(os.getpid, workers=list(addrs), on_error="return")
+            return {a for a in addrs if isinstance(res.get(a), int)}
+        return set()
+
+    def _close_ranks(self, ranks: Sequence[tuple[str, int]], timeout_s: float = 10.0) -> None:
+        """Close the actors of these (intact) ranks; their processes stay up."""
+        with self.client.as_current():
+            pending = []
+            for name, r in ranks:
+                g = self.groups.get(name)
+                if g is not None:
+                    with contextlib.suppress(Exception):
+                        pending.append(g.handles[r].close())
+            for p in pending:
+                with contextlib.suppress(Exception):
+                    p.result(timeout=timeout_s)
 
     def _wait_live(self, timeout_s: float) -> list[str]:
         need = max(self.compiled.num_devices, 1)
@@ -188,6 +215,9 @@ class ActorSet:
         return self.cluster.live_workers(expect, timeout_s=timeout_s, min_ok=need)
 
     def recreate(self, timeout_s: float = 90.0) -> None:
-        """Wait until the scheduler has dropped the dead worker and the replacement answers
-        (at least the plan's device count), then start every actor on the live workers."""
-        self.start(self._wait_live(timeout_s))
+        """Start every actor on the workers the last :meth:`abandon` waited for (else: wait
+        until the scheduler has dropped the dead worker and at least the plan's device
+        count answers)."""
+        workers = getattr(self, "_start_on", None)
+        self._start_on = None
+        self.start(workers or self._wait_live(timeout_s))

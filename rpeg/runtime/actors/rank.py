@@ -130,6 +130,16 @@ class RankActor:
         self.rewards, self.heldout = built.rewards, built.heldout
         self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
         self.actor, self.reference, self.critic = built.actor, built.reference, built.critic
+        if self.actor is not None:
+            self.actor.max_staleness = self.k  # checked before every optimizer update
+
+    def _fault(self, phase: str, step: int) -> None:
+        """A deterministic fault point (rpeg.runtime.actors.fault_points; off unless
+        ``RPEG_FAULT_AT`` is set)."""
+        if phase:
+            from rpeg.runtime.actors.fault_points import fault_point
+
+            fault_point(self.group["name"], self.rank, phase, step)
 
     def ping(self) -> dict[str, Any]:
         return {
@@ -170,33 +180,33 @@ class RankActor:
             raise RuntimeError("this worker process already hosts a rank of another group")
         from rpeg.runtime.actors.rendezvous import join_store
 
+        if timeout_s is None:
+            timeout_s = self.collective_timeout_s()
         backend = self.group.get("backend") or process_group_backend(self._model_device())
         store = getattr(self, "_store", None) if self.rank == 0 else None
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.set_device(self.device)
         dist.init_process_group(
             backend,
             store=store or join_store(init_method),
             rank=self.rank,
             world_size=self.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=self.device if cuda else None,
         )
         self._apply_layout()
         self.pg_ready = True
         return True
 
-        if timeout_s is None:
-            timeout_s = self.collective_timeout_s()
     def _apply_layout(self) -> None:
         """The ``("dp", "tp")`` mesh of the group; every role sharded by the layout
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.set_device(self.device)
         (rpeg.runtime.sharding.shard_roles): tensor parallelism over tp, FSDP2 over dp when
         ``fsdp``, else dp replicas whose gradients are averaged before clipping. A frozen
         reference is sharded like the actor but holds no optimizer. Batch statistics reduce
         over the dp ranks (the tp ranks of one dp index hold the same rows)."""
         from rpeg.runtime.parallel import LOCAL, process_group_reduce
         from rpeg.runtime.sharding import build_mesh
-            device_id=self.device if cuda else None,
 
         lay = self.layout
         if self.device.type == "cuda":
@@ -224,8 +234,11 @@ class RankActor:
             if wk is not None:
                 out[name] = fn(wk.module)
         eng = self.actor.engine if self.actor is not None else None
-        if eng is not None and getattr(eng, "model", None) is not self.actor.lm:
-            out["engine"] = fn(eng.model)
+        held = getattr(eng, "model", None)
+        if eng is not None and held is None:  # vLLM: its own full copy, in its own process
+            out["engine"] = int(getattr(eng, "param_bytes", 0))
+        elif eng is not None and held is not self.actor.lm:
+            out["engine"] = fn(held)
         return out
 
     def layout_info(self) -> dict[str, Any]:
@@ -299,6 +312,8 @@ class RankActor:
                 f"run_unit: prompts must be a PromptShard (row_shards.prompt_shards), "
                 f"got {type(prompts).__name__}"
             )
+        self._fault("generate" if "generate" in kinds else "", step)
+        self._fault("train" if any(k.startswith("train_") for k in kinds) else "", step)
         t0 = time.perf_counter()
         self._hook_forwards()
         f0 = self._forwards
@@ -479,7 +494,11 @@ class RankActor:
         if wk.policy_version + 1 - eng.policy_version > self.k:
             t0 = time.perf_counter()
             eng.update_weights(wk.get_weights(), wk.policy_version)
-            return {"weight_sync_s": time.perf_counter() - t0}
+            out = {"weight_sync_s": time.perf_counter() - t0}
+            moved = getattr(eng, "last_update", None)  # vLLM: bytes sent to its workers
+            if moved is not None:
+                out["weight_sync_bytes"] = float(moved.nbytes)
+            return out
         return {}
 
     # ---------------------------------------------------------------- weight sync
@@ -537,6 +556,7 @@ class RankActor:
         tensor-parallel generator keeps its own slice (``set_weights`` reshards)."""
         from rpeg.runtime.actors.weight_sync import receive_weights
 
+        self._fault("sync", self.engine_version())
         meta = {k: (tuple(v.shape), v.dtype) for k, v in self.actor.lm.state_dict().items()}
         weights, v = receive_weights(self._sync_pg, meta, bucket_bytes, self.device)
         self.actor.set_weights(weights, policy_version=v)
@@ -565,6 +585,7 @@ class RankActor:
         """Weights, optimizers, RNG states and policy/engine versions of this rank."""
         from rpeg.runtime.actors.checkpoint import rank_state_bytes
 
+        self._fault("checkpoint", self.policy_version())
         return rank_state_bytes(self.rank, self.group["name"], self._roles())
 
     def load_state_bytes(self, data: bytes) -> int:
@@ -584,6 +605,7 @@ class RankActor:
         :meth:`load_shards`. The frozen reference is not written (rebuilt from its source)."""
         from rpeg.runtime.actors import shard_checkpoint as SC
 
+        self._fault("checkpoint", self.policy_version())
         extras = SC.worker_extras(actor=self.actor, critic=self.critic)
         if self.actor is not None:
             extras["engine_version"] = int(self.actor.engine.policy_version)
@@ -605,7 +627,7 @@ class RankActor:
         if self.actor is not None:
             # a lagging engine copy restarts at the loaded weights (lag 0: within any bound k)
             eng = self.actor.engine
-            if eng.model is not self.actor.lm:
+            if getattr(eng, "model", None) is not self.actor.lm:  # vLLM has no .model
                 eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
             eng.policy_version = self.actor.policy_version
         return self.policy_version()
@@ -622,8 +644,11 @@ class RankActor:
         (NCCL communicators are not freed by dropping the object)."""
         import torch.distributed as dist
 
+        from rpeg.runtime.engines.vllm import shutdown_engine
         from rpeg.runtime.pair_channel import close_pair_channels
 
+        if self.actor is not None:  # a vLLM engine's processes and shared memory
+            shutdown_engine(self.actor.engine)
         pg, self._sync_pg = self._sync_pg, None
         if pg is not None:
             with contextlib.suppress(Exception):  # a peer already gone: nothing left to free
