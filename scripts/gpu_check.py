@@ -98,22 +98,23 @@ def _median(xs: list[float]) -> float:
 
 
 def stage_rows(history: list[dict[str, Any]], pred: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per execution unit: measured median seconds and tokens/s (the step's tokens over the
-    unit's time; generation: its own generated tokens/s), and the prediction's."""
+    """Per execution unit: measured median seconds and tokens/s (the step's tokens, prompt and
+    response, over the unit's time, as the prediction counts them; generation also its
+    engine's generated tokens/s), and the prediction's."""
     rows = []
     for name, st in pred["stages"].items():
         secs = [h[f"unit_s/{name}"] for h in history if f"unit_s/{name}" in h]
         tokens = _median([float(h.get("num_tokens", 0.0)) for h in history])
         measured_s = _median(secs) if secs else None
-        if "generate" in st["kinds"]:
-            tps = _median([float(h.get("gen_tokens_per_s", 0.0)) for h in history])
-        else:
-            tps = tokens / measured_s if measured_s else None
+        gen = "generate" in st["kinds"]
         p_s = float(st["time_s"])
         rows.append({
             "stage": name,
             "measured_s": measured_s,
-            "measured_tokens_per_s": tps,
+            "measured_tokens_per_s": tokens / measured_s if measured_s else None,
+            # the engine's own figure: generated (response) tokens per second of decoding
+            "measured_gen_tokens_per_s": _median(
+                [float(h.get("gen_tokens_per_s", 0.0)) for h in history]) if gen else None,
             "predicted_s": p_s,
             "predicted_tokens_per_s": float(pred["tokens_per_step"]) / p_s if p_s > 0 else None,
             "predicted_peak_memory_gib": float(st["peak_memory_gb"]) * 1e9 / 2**30,
