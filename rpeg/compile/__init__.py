@@ -1,4 +1,4 @@
-"""Plan -> CompiledStep: the program the runtime executes (docs/runtime.md "Compile").
+"""Plan -> CompiledStep: the program the runtime executes (docs/compile.md).
 
 ``compile_plan(plan_or_graph, config)`` resolves the run graph (``sources.resolve``), checks
 units, roles, devices and layouts (``compiler.check_step``) and returns a

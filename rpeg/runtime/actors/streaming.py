@@ -1,4 +1,4 @@
-"""Streaming units on a rank (docs/runtime.md "Streaming"): the producer side, one decode
+"""Streaming units on a rank (docs/dataplane.md "Streaming"): the producer side, one decode
 releasing finished prompt groups chunk by chunk, and the consumer side, a trainer rank
 running its first unit on each chunk of its generator rank as it arrives. Functions of the
 :class:`~rpeg.runtime.actors.rank.RankActor` they run in (its store, stages and chunk list);
