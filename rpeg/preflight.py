@@ -114,6 +114,7 @@ def preflight(
     problems += check_algorithm(config)
     problems += check_task(config)
     problems += check_places(config, local)
+    problems += check_generation_engine(config)
     if not local:
         problems += check_machine(config, cluster_devices=cluster_devices)
         problems += check_scheduler_reachable(config.cluster.address)
@@ -135,6 +136,33 @@ def preflight(
                 problems += check_plan_devices(config, compiled, views, per_worker=False)
         raise ConfigError(problems, title="run refused before anything started")
     return compiled
+
+
+def check_generation_engine(config: RunConfig) -> list[Problem]:
+    """``runtime.engine: vllm`` needs vLLM in this Python (on a CPU machine: the environment
+    ``bash scripts/vllm_env.sh DIR`` builds); an untested vLLM release is a warning naming
+    both versions (rpeg.runtime.engines.choice)."""
+    if config.runtime.engine != "vllm":
+        return []
+    import sys
+    import warnings
+
+    from rpeg.runtime.engines.choice import VLLM_INSTALL, vllm_importable, vllm_version_warning
+
+    if not vllm_importable():
+        return [
+            Problem(
+                "runtime.engine",
+                f"vllm is not installed in this Python ({sys.executable}): {VLLM_INSTALL} "
+                "builds a virtual environment with vLLM's CPU build and the project (run "
+                "DIR/bin/rpeg there); on CUDA machines pip install 'rpeg[gpu]'; or use "
+                "runtime.engine: torch",
+            )
+        ]
+    msg = vllm_version_warning()
+    if msg:
+        warnings.warn(msg, stacklevel=2)
+    return []
 
 
 # ------------------------------------------------------------------------------ model

@@ -164,10 +164,13 @@ def register(app: typer.Typer) -> None:
             from rpeg.runtime.local_trainer import LocalTrainer
 
             log = (lambda s: None) if quiet else (lambda s: typer.echo(s))
+            trainer = LocalTrainer(cfg, log=log)
             try:
-                summary = LocalTrainer(cfg, log=log).run()
+                summary = trainer.run()
             except KeyboardInterrupt:
                 raise _interrupted(cfg) from None
+            finally:
+                trainer.close()  # a vLLM engine's processes and shared memory
             _echo_summary(summary, out_dir, "metrics.jsonl, reward_curve.png")
         else:
             # quiet Prefect console logs (the progress bar is the live view); set before import

@@ -6,6 +6,7 @@ The distributed runtime must reproduce what this does; it reuses the workers and
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -112,6 +113,9 @@ class LocalTrainer:
             t0 = time.perf_counter()
             eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
             m["weight_sync_s"] = time.perf_counter() - t0
+            moved = getattr(eng, "last_update", None)  # vLLM: bytes sent to its workers
+            if moved is not None:
+                m["weight_sync_bytes"] = float(moved.nbytes)
 
     # --- evaluation -----------------------------------------------------------------------
     def evaluate(self, examples: list[Example] | None = None) -> float:
@@ -176,9 +180,19 @@ class LocalTrainer:
             acc_before=acc_before,
             acc_after=acc_after,
         )
+        syncs = [h["weight_sync_bytes"] for h in self.history if "weight_sync_bytes" in h]
+        if syncs:  # an engine with weights of its own (vLLM): what each sync moved
+            summary["weight_sync_bytes"] = float(statistics.median(syncs))
         plot_rewards(self.history, out / "reward_curve.png", acc_before, acc_after)
         summary["steps_run"] = self.step_index - resumed_at
         return summary
+
+    def close(self) -> None:
+        """Stop the generation engine's own processes (vLLM's engine core; nothing for the
+        torch engine). The CLI calls it when a run ends, fails or is interrupted."""
+        from rpeg.runtime.engines.vllm import shutdown_engine
+
+        shutdown_engine(self.actor.engine)
 
     def _log_samples(self, step: int, out: Path) -> None:
         """samples.jsonl (+ a few printed) every ``runtime.log_samples_every`` steps."""

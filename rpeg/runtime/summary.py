@@ -86,7 +86,9 @@ def distributed_summary(
         peak[g.name] = [m for _, m in ranks]
 
     def sync_median(key: str) -> float:
-        return float(statistics.median([x[key] for x in syncs])) if syncs else 0.0
+        if not syncs:  # syncs inside a rank (its own vLLM engine) are step metrics
+            return med(key)
+        return float(statistics.median([x[key] for x in syncs]))
 
     return {
         "layout": layout,
