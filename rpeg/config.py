@@ -304,6 +304,12 @@ class RuntimeConfig(Section):
     checkpoint_every: int = Field(10, ge=1)
     keep_last: int = Field(3, ge=1)
     resume: bool = False
+    allow_change: list[Literal["algorithm", "staleness", "layout", "model"]] = Field(
+        default_factory=list,
+        description="with resume: what may differ from the checkpoint's commit marker "
+        "(algorithm, staleness, layout -- resharded, data-parallel replicas only -- or model); "
+        "anything else that differs is refused before the run starts (docs/runtime.md Faults)",
+    )
     output_dir: str = Field("runs/latest", description="metrics, plots, summaries")
     log_samples_every: int = Field(
         1,

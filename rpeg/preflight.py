@@ -126,6 +126,8 @@ def preflight(
             compiled = _compile(None, config, cluster_devices=cluster_devices)
         except ProblemsError as exc:
             problems += list(exc.problems)
+        if compiled is not None and not problems:
+            problems += check_resumed_layout(config, compiled)
     if problems:
         if compiled is not None and config.cluster.address is None and cluster_devices is None:
             # a LocalCluster's workers see this machine's GPUs
@@ -261,8 +263,27 @@ def check_places(config: RunConfig, local: bool | None = None) -> list[Problem]:
             check_writable(rt.checkpoint_url)
         except ProblemsError as exc:
             out += list(exc.problems)
-    out += check_resumable(rt, config.model, local)
+    from rpeg.runtime.actors.checkpoint_identity import run_identity
+
+    ident = run_identity(config)  # staleness and layout: once the plan is compiled
+    if not local:
+        ident.pop("layout")
+        ident.pop("staleness")
+    out += check_resumable(rt, config.model, local, ident)
     return out
+
+
+def check_resumed_layout(config: RunConfig, compiled: Any) -> list[Problem]:
+    """With ``--resume``: the compiled step's staleness bound and trainable layout against
+    the checkpoint's (``--allow-change layout`` reshards data-parallel replicas)."""
+    from rpeg.runtime.actors.checkpoint import check_resumable
+    from rpeg.runtime.actors.checkpoint_identity import layout_of
+
+    ident = {
+        "staleness": int(compiled.max_staleness),
+        "layout": layout_of(compiled.actor_groups),
+    }
+    return check_resumable(config.runtime, None, None, ident)
 
 
 def check_file_writable(path: str, where: str) -> list[Problem]:

@@ -88,6 +88,12 @@ def register(app: typer.Typer) -> None:
             help="start from this checkpoint of any run (a step folder, a run folder, or a "
             "checkpoint URL holding one run); new checkpoints go under this run's id",
         ),
+        allow_change: list[str] = typer.Option(  # noqa: B006 - typer's list default
+            [],
+            "--allow-change",
+            help="with --resume: a field that may differ from the checkpoint (algorithm, "
+            "staleness, layout, model); repeat for several (runtime.allow_change)",
+        ),
         run_id: str | None = typer.Option(
             None, "--run-id", help="checkpoint run id (overrides runtime.run_id)"
         ),
@@ -125,6 +131,8 @@ def register(app: typer.Typer) -> None:
             overrides["runtime.resume_from"] = resume_from
         if run_id is not None:
             overrides["runtime.run_id"] = run_id
+        if allow_change:
+            overrides["runtime.allow_change"] = list(allow_change)
         if cluster is not None:
             overrides["cluster.address"] = cluster
         if overrides:

@@ -240,7 +240,7 @@ class LocalTrainer:
         info = store.save(
             self.step_index,
             {TRAINER_PART: dumps(state)},
-            meta=local_meta(self.config.model),
+            meta=local_meta(self.config.model, self.config),
         )
         self.log(f"checkpoint step {self.step_index}: {info.path}")
 

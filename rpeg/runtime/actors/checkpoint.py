@@ -475,11 +475,16 @@ def _newest_complete_meta(fs: Any, root: str) -> dict[str, Any] | None:
     return None
 
 
-def check_resumable(runtime: Any, model: Any = None, local: bool | None = None) -> list[Problem]:
+def check_resumable(
+    runtime: Any, model: Any = None, local: bool | None = None, ident: Any = None
+) -> list[Problem]:
     """Problems with ``--resume`` / ``--resume-from`` before anything starts (cheap: the
     commit markers and part sizes are read, the checksums at restore time). With ``model``
     (the run's ``ModelConfig``) and ``local`` (which runtime resumes), the newest complete
-    checkpoint must hold that model's weights and the parts that runtime reads."""
+    checkpoint must hold that model's weights and the parts that runtime reads; with
+    ``ident`` (checkpoint_identity.run_identity), the same algorithm, staleness and layout
+    unless ``runtime.allow_change`` names the field."""
+    allow = tuple(getattr(runtime, "allow_change", None) or ())
     if not (runtime.resume or runtime.resume_from):
         return []
     if not runtime.checkpoint_url and not runtime.resume_from:
@@ -502,7 +507,7 @@ def check_resumable(runtime: Any, model: Any = None, local: bool | None = None) 
                 )
             ]
         meta = _newest_complete_meta(fs, root)
-        return [] if meta is None else mismatches(meta, model, local)
+        return [] if meta is None else mismatches(meta, model, local, ident, allow)
     try:
         run_id = resolve_run_id(runtime)
     except ConfigError as exc:
@@ -518,7 +523,7 @@ def check_resumable(runtime: Any, model: Any = None, local: bool | None = None) 
             )
         ]
     meta = _newest_complete_meta(fs, root.rstrip("/"))
-    return [] if meta is None else mismatches(meta, model, local)
+    return [] if meta is None else mismatches(meta, model, local, ident, allow)
 
 
 # --------------------------------------------------------------------------- one rank's state

@@ -572,10 +572,11 @@ class DistributedRun:
                 "scheduler": state,
             }
         parts["driver.pt"] = checkpoint_dumps(driver)
-        from rpeg.runtime.actors.checkpoint_identity import model_identity
+        from rpeg.runtime.actors.checkpoint_identity import model_identity, run_identity
 
         meta = {
             "policy_version": step_done,
+            **run_identity(self.config, self.compiled.actor_groups),
             "staleness": self.k,
             "model": model_identity(self.config.model),
         }
@@ -597,7 +598,7 @@ class DistributedRun:
         for g in self.compiled.actor_groups:
             if g.trainable:
                 self.group(g.name).load_state_bytes(
-                    [parts[f"{g.name}-rank{r}.pt"] for r in range(g.world_size)]
+                    [self._rank_part(parts, g, r) for r in range(g.world_size)]
                 )
         d = checkpoint_loads(parts["driver.pt"])
         self.cursor.load_state_dict(d["cursor"])
@@ -605,6 +606,22 @@ class DistributedRun:
             self.payloads = {int(s): b for s, b in d["payloads"].items()}
             self.slot_examples = {int(s): e for s, e in d["slot_examples"].items()}
         return d["scheduler"]
+
+    def _rank_part(self, parts: dict[str, bytes], g: Any, r: int) -> bytes:
+        """Rank ``r`` of group ``g``'s saved state; after a layout change
+        (``--allow-change layout``, checked in the preflight: data-parallel replicas only)
+        a rank the checkpoint lacks loads its group's rank 0 part -- the replicas are
+        identical -- or, for a renamed group, the rank 0 part of the one trainable group
+        the checkpoint holds."""
+        name = f"{g.name}-rank{r}.pt"
+        if name in parts or "layout" not in self.config.runtime.allow_change:
+            return parts[name]
+        if f"{g.name}-rank0.pt" in parts:
+            return parts[f"{g.name}-rank0.pt"]
+        firsts = sorted(p for p in parts if p.endswith("-rank0.pt"))
+        if len(firsts) != 1:
+            raise KeyError(f"{name}: the checkpoint holds {sorted(parts)}; cannot reshard")
+        return parts[firsts[0]]
 
     # ---------------------------------------------------------------- results
     def evaluate(self) -> float:
