@@ -334,6 +334,15 @@ class RuntimeConfig(Section):
     step_retries: int = Field(
         2, ge=0, description="distributed: recoveries from the last checkpoint after a worker dies"
     )
+    collective_timeout_s: float | None = Field(
+        None,
+        gt=0.0,
+        le=7 * 24 * 3600.0,
+        description="distributed: seconds a rank waits at a collective before its process group "
+        "gives up (NCCL's watchdog then aborts the run); None = the larger of 30 min and 4x "
+        "the step the plan predicts (rpeg.runtime.actors.predicted): a dp rank that finished "
+        "its rollouts early waits for the slowest one at the next collective",
+    )
 
 
 class SearchConfig(Section):
@@ -423,15 +432,6 @@ class RunConfig(Section):
             out = RunConfig.from_dict(data, source="overrides")
         except ConfigError as exc:
             raise ConfigError(problems + list(exc.problems), title="invalid overrides") from None
-    collective_timeout_s: float | None = Field(
-        None,
-        gt=0.0,
-        le=7 * 24 * 3600.0,
-        description="distributed: seconds a rank waits at a collective before its process group "
-        "gives up (NCCL's watchdog then aborts the run); None = the larger of 30 min and 4x "
-        "the step the plan predicts (rpeg.runtime.actors.predicted): a dp rank that finished "
-        "its rollouts early waits for the slowest one at the next collective",
-    )
         if problems:
             raise ConfigError(problems, title="invalid overrides")
         return out
