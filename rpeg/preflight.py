@@ -128,7 +128,6 @@ def preflight(
             problems += list(exc.problems)
         if compiled is not None and not problems:
             problems += check_resumed_layout(config, compiled)
-    if problems:
         if compiled is not None and config.cluster.address is None and cluster_devices is None:
             # a LocalCluster's workers see this machine's GPUs
             from rpeg.infra.devices import device_view
@@ -136,6 +135,7 @@ def preflight(
             if plan_gpus(compiled):
                 views = {"local": device_view()}
                 problems += check_plan_devices(config, compiled, views, per_worker=False)
+    if problems:
         raise ConfigError(problems, title="run refused before anything started")
     return compiled
 
