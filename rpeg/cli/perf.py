@@ -29,6 +29,12 @@ def validate(
         "that ship with rpeg, rpeg/perf/data/published_runs.csv and published_runs2.csv)",
     ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    alone: bool = typer.Option(
+        False,
+        "--alone",
+        help="fit on the given file's sources only (default: the shipped data sets join the "
+        "fit; the file's rows are the ones scored)",
+    ),
 ) -> None:
     """Predict every row with a measured step time, in-sample and leave-one-source-out
     (every fitted quantity refitted without the source being scored), and report the error,
@@ -42,12 +48,20 @@ def validate(
         raise ConfigError([Problem(str(csv_path), "is a folder; expected a CSV file")])
     if csv_path is not None and not csv_path.is_file():
         raise ConfigError([Problem(str(csv_path), "file not found")])
-    paths = {csv_path.stem: csv_path} if csv_path is not None else loso.default_datasets()
+    shipped = loso.default_datasets()
+    if csv_path is None:
+        paths, report = shipped, list(shipped)
+    else:
+        # the file's rows are scored; the shipped sets join the fit (every fitted quantity
+        # still leaves the scored source out) unless --alone
+        label = csv_path.stem if csv_path.stem not in shipped else f"{csv_path.stem} (file)"
+        paths = {label: csv_path, **({} if alone else shipped)}
+        report = [label]
     scored, refused = loso.run(paths)
     if as_json:
-        typer.echo(json.dumps(to_json(scored, refused, list(paths)), indent=1))
+        typer.echo(json.dumps(to_json(scored, refused, report), indent=1))
         return
-    for line in lines(scored, refused, list(paths)):
+    for line in lines(scored, refused, report):
         typer.echo(line)
 
 

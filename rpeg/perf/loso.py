@@ -421,12 +421,16 @@ def default_datasets() -> dict[str, Path]:
 
 
 def run(paths: dict[str, Path] | None = None) -> tuple[list[Scored], list[Scored]]:
-    """(scored, refused) over the data sets (default: both shipped ones), LOSO pooled."""
+    """(scored, refused) over the data sets (default: both shipped ones), LOSO pooled. A
+    row whose case id an earlier data set already holds is left out (the user's copy of a
+    shipped file is scored once)."""
     from rpeg.perf.published import read_rows
 
-    priced, refused = [], []
+    priced, refused, seen = [], [], set()
     for label, path in (paths or default_datasets()).items():
-        p, r = price_rows(read_rows(path), label)
+        rows = [r for r in read_rows(path) if (r.get("case_id") or "?") not in seen]
+        seen |= {r.get("case_id") or "?" for r in rows}
+        p, r = price_rows(rows, label)
         priced += p
         refused += r
     return score(priced), refused

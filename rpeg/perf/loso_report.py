@@ -21,7 +21,10 @@ def _summary_line(label: str, s: Summary) -> str:
 
 
 def lines(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> list[str]:
-    """The human-readable report."""
+    """The human-readable report of the rows of ``datasets`` (other data sets only joined
+    the fit)."""
+    scored = [s for s in scored if s.dataset in datasets]
+    refused = [s for s in refused if s.dataset in datasets]
     out: list[str] = []
     allrows = scored + refused
     for ds in datasets:
@@ -100,7 +103,10 @@ def lines(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> l
 
 
 def to_json(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> dict[str, Any]:
-    """The machine-readable report; ``loso`` / ``in_sample`` are the pooled figures."""
+    """The machine-readable report; ``loso`` / ``in_sample`` are the pooled figures of the
+    rows of ``datasets``."""
+    scored = [s for s in scored if s.dataset in datasets]
+    refused = [s for s in refused if s.dataset in datasets]
     allrows = scored + refused
     pooled_loso, pooled_in = summarise(allrows), summarise(allrows, False)
     stages = stage_errors(scored)

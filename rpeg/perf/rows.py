@@ -130,9 +130,50 @@ def _key(name: str) -> str:
     return "-".join(n.replace("_", " ").split())
 
 
+def _compact(name: str) -> str:
+    return re.sub(r"[-_.\s]", "", name)
+
+
+# checkpoint suffixes of one architecture -> what the checkpoint was trained to emit
+_SUFFIX_KIND = {
+    "base": "base",
+    "instruct": "instruct",
+    "chat": "instruct",
+    "it": "instruct",
+    "thinking": "reasoning",
+}
+
+
+def resolve_model(name: str) -> tuple[str, str | None]:
+    """(catalog model, kind of the checkpoint when the name says it) for a model as written:
+    ``Qwen/Qwen2.5-7B-Instruct`` -> qwen2.5-7b-instruct; ``Qwen3-30B-A3B-Base`` -> the
+    catalog's qwen3-30b-a3b with kind base; ``Qwen3-4B-Instruct-2507`` -> qwen3-4b,
+    instruct; ``Llama-3.1-8B`` -> llama3.1-8b. The name unchanged when nothing matches."""
+    from rpeg import specs
+
+    catalog = specs.models()
+    key = _key(name)
+    if key in catalog:
+        return key, None
+    compact = {_compact(n): n for n in catalog}
+    stem, kind = re.sub(r"-\d{4}$", "", key), None  # release date suffix (-2507)
+    for _ in range(2):
+        if _compact(stem) in compact:
+            return compact[_compact(stem)], kind
+        head, _, last = stem.rpartition("-")
+        if not head or last not in _SUFFIX_KIND:
+            break
+        stem, kind = head, kind or _SUFFIX_KIND[last]
+    if _compact(stem) in compact:
+        return compact[_compact(stem)], kind
+    if _compact(stem + "-instruct") in compact:  # a base checkpoint of a cataloged instruct
+        return compact[_compact(stem + "-instruct")], kind or "base"
+    return key, None
+
+
 def model_name(r: dict[str, str]) -> str:
-    """The catalog model a row names (``Qwen/Qwen2.5-7B-Instruct`` -> ``qwen2.5-7b-instruct``)."""
-    return _key(r.get("model") or "")
+    """The catalog model a row names (see :func:`resolve_model`)."""
+    return resolve_model(r.get("model") or "")[0]
 
 
 def gpu_name(r: dict[str, str]) -> str:
@@ -383,7 +424,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     if prompt is None:
         unknown.append("avg_prompt_len")
         prompt = PRIORS["avg_prompt_len"]
-    kind = (r.get("model_kind") or "").strip().lower() or None
+    kind = (r.get("model_kind") or "").strip().lower() or resolve_model(r["model"])[1]
     if kind is not None and kind not in MODEL_KINDS:
         raise Unpredictable(f"model_kind={kind!r}; allowed: {', '.join(MODEL_KINDS)} or blank")
     max_seq = _float(r, "max_seq_len")

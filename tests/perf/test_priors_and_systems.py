@@ -123,3 +123,26 @@ def test_predict_takes_the_executing_system(tmp_path, capsys):
     assert main(["predict", *args]) == 0
     out = capsys.readouterr().out
     assert "system=rpeg" in out and "range" in out and "%/+" in out
+
+
+@pytest.mark.parametrize(
+    ("written", "catalog", "kind"),
+    [
+        ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b-instruct", None),
+        ("Qwen3-30B-A3B-Base", "qwen3-30b-a3b", "base"),
+        ("Qwen3-4B-Thinking-2507", "qwen3-4b", "reasoning"),
+        ("meta-llama/Llama-3.1-8B", "llama3.1-8b", None),
+        ("Qwen2.5-1.5B", "qwen2.5-1.5b-instruct", "base"),
+        ("llama9-1t", "llama9-1t", None),
+    ],
+)
+def test_model_names_resolve_to_the_catalog_with_the_checkpoints_kind(written, catalog, kind):
+    from rpeg.perf.rows import resolve_model
+
+    assert resolve_model(written) == (catalog, kind)
+
+
+def test_a_base_checkpoint_named_in_the_row_takes_the_base_length_prior():
+    r = dict(BASE, model="Qwen3-32B-Base", avg_gen_len="")
+    case = read_case(r)
+    assert case.model.name == "qwen3-32b" and case.workload.response_kind == "base"
