@@ -126,6 +126,11 @@ class _Metrics:
         self.path = out / "metrics.jsonl"
         self.tb = ScalarLog(out)  # <out>/tb, as the local trainer's
 
+    def append(self, metrics: dict[str, float]) -> None:
+        """One step's line at the end of the file (the common case: the next step)."""
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(metrics) + "\n")
+
     def write_all(self, metrics: dict[int, dict[str, float]]) -> None:
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as fh:
@@ -141,8 +146,9 @@ class _Metrics:
 
 
 class _Sink:
-    """Where a finished step goes: metrics.jsonl (every step's line rewritten, so a step
-    recomputed after a recovery replaces its line), TensorBoard when installed, the progress
+    """Where a finished step goes: metrics.jsonl (the next step's line appended; the first
+    record and a step recomputed after a recovery rewrite the file, so that step replaces
+    its line), TensorBoard when installed, the progress
     bar and the Prefect artifacts. Written by one thread of its own, in order (a record costs
     10-50 ms of file and Prefect API work that the next step need not wait for);
     :meth:`close` waits for every record and raises the first error."""
@@ -156,6 +162,7 @@ class _Sink:
         self.checkpoint_url = checkpoint_url
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpeg-sink")
         self._pending: list[Any] = []
+        self._last = -2  # the step recorded last (-2: none yet: the first record rewrites)
         self.samples_from: list[Any] | None = None  # the driver's logged samples, per step
         self._samples_seen = 0
 
@@ -165,13 +172,24 @@ class _Sink:
         for f in [f for f in self._pending if f.done()]:  # a failed write fails the run here
             self._pending.remove(f)
             f.result()
-        snapshot = {s: dict(m) for s, m in history.items()}
+        # the next step is appended; the first record of this process, or a step recomputed
+        # after a recovery, rewrites the file from the history (issue 28: rewriting it on
+        # every step cost 0.36 s per step at 10k steps and a copy of the history per write)
+        append = ins.step == self._last + 1
+        if append:
+            snapshot = {ins.step: dict(history[ins.step])}
+        else:
+            snapshot = {s: dict(m) for s, m in history.items()}
+        self._last = ins.step
         ctx = contextvars.copy_context()  # the flow run's context: its logger and artifacts
-        self._pending.append(self._writer.submit(ctx.run, self._write, ins, snapshot))
+        self._pending.append(self._writer.submit(ctx.run, self._write, ins, snapshot, append))
 
-    def _write(self, ins: Any, history: dict[int, dict[str, float]]) -> None:
+    def _write(self, ins: Any, history: dict[int, dict[str, float]], append: bool = False) -> None:
         self.metrics.scalar(ins.step, ins.metrics)
-        self.metrics.write_all(history)
+        if append:
+            self.metrics.append(history[ins.step])
+        else:
+            self.metrics.write_all(history)
         self.progress.update(ins.step + 1, ins.metrics)
         if ins.checkpoint is not None:
             where = self.checkpoint_url(ins.checkpoint)

@@ -169,3 +169,62 @@ def test_worker_environ_drops_malloc_trim_unless_the_user_sets_it(monkeypatch):
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == 3
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
     assert worker_environ(1)["MALLOC_TRIM_THRESHOLD_"] == "131072"
+
+
+@pytest.mark.slow
+def test_sbatch_script_starts_a_scheduler_and_a_worker_that_preloads_rpeg(tmp_path):
+    """The script itself, with a stand-in ``srun`` that runs its command on this machine
+    (one task): its scheduler and its worker command start, the worker registers with
+    ``device=1`` and has imported the preload (issue 28: it named a renamed module,
+    rpeg.runtime.dist.serializers, and no worker could start)."""
+    import json
+    import os
+    import signal
+    import time
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    srun.chmod(0o755)
+    sched = tmp_path / "sched.json"
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "RPEG_DASK_INTERFACE": "lo",
+        "RPEG_DASK_SCHEDULER_FILE": str(sched),
+        "SLURM_PROCID": "0",
+    }
+    script = INFRA / "slurm" / "rpeg-dask.sbatch"
+    text = script.read_text().replace("127.0.0.1:8787", "127.0.0.1:0")  # a free port
+    local = tmp_path / "rpeg-dask.sbatch"
+    local.write_text(text)
+    proc = subprocess.Popen(
+        ["bash", str(local)],
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        from distributed import Client
+
+        deadline = time.monotonic() + 240
+        while not (sched.exists() and sched.stat().st_size) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        with Client(scheduler_file=str(sched), timeout="60s") as client:
+            client.wait_for_workers(1, timeout=max(1.0, deadline - time.monotonic()))
+            info = client.scheduler_info()["workers"]
+            [w] = info.values()
+            assert w["name"] == "rank-0" and w["resources"] == {"device": 1}
+            import sys as _sys
+
+            loaded = client.run(lambda: "rpeg.runtime.actors.serializers" in _sys.modules)
+            assert list(loaded.values()) == [True]
+        assert json.loads(sched.read_text())["address"].startswith("tcp://127.0.0.1:")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
