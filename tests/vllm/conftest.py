@@ -14,7 +14,10 @@ import os
 
 import pytest
 
-collect_ignore_glob = [] if importlib.util.find_spec("vllm") else ["test_*.py"]
+# (this folder is itself a namespace package "vllm" once tests/ is on sys.path: real vLLM has
+# an origin, its __init__.py)
+_spec = importlib.util.find_spec("vllm")
+collect_ignore_glob = [] if _spec is not None and _spec.origin else ["test_*.py"]
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (the default fraction fails here)
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

@@ -22,8 +22,11 @@ ENGINES = ("auto", "torch", "vllm")
 
 
 def vllm_importable() -> bool:
-    """Whether ``import vllm`` would find the package (without importing it)."""
-    return importlib.util.find_spec("vllm") is not None
+    """Whether ``import vllm`` would find the package (without importing it). A folder
+    named ``vllm`` without ``__init__.py`` on the path (tests/vllm/ under pytest) is a
+    namespace package, not vLLM: it has no origin."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
 
 
 def declared_engine(config_engine: str, plan_engines: Mapping[str, str]) -> str:
