@@ -397,7 +397,7 @@ class RunConfig(Section):
         """Load from a YAML path, fsspec URL, or a YAML string."""
         text, source = read_text_or_path(text_or_path)
         try:
-            data = yaml.safe_load(text)
+            data = safe_yaml(text, source)
         except yaml.YAMLError as exc:
             raise ConfigError([Problem(source or "yaml", f"not valid YAML: {exc}")]) from None
         if data is not None and not isinstance(data, dict):
@@ -458,6 +458,38 @@ def problems_from_pydantic(exc: ValidationError) -> list[Problem]:
             msg = f"{msg} (got {err.get('input')!r})"
         out.append(Problem(loc, msg))
     return out
+
+
+#: a run config's YAML: at most this many bytes and alias references (``*name``): an alias
+#: expands to its anchor's whole value, so nine levels of ten aliases each are a billion
+#: nodes ("billion laughs") that exhaust memory when anything walks them (issue 28:
+#: ``with_overrides`` -> ``model_dump`` did); a hand-written config uses a handful
+MAX_YAML_BYTES = 16 * 2**20
+MAX_YAML_ALIASES = 100
+
+
+def safe_yaml(text: str, source: str = "") -> Any:
+    """``yaml.safe_load`` of a config with the size and alias limits above (a
+    :class:`ConfigError` naming the limit, before anything is expanded)."""
+    where = source or "yaml"
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(
+            [Problem(where, f"{len(text)} bytes of YAML; a config holds at most {MAX_YAML_BYTES}")]
+        )
+    aliases = sum(
+        isinstance(ev, yaml.AliasEvent) for ev in yaml.parse(text, Loader=yaml.SafeLoader)
+    )
+    if aliases > MAX_YAML_ALIASES:
+        raise ConfigError(
+            [
+                Problem(
+                    where,
+                    f"{aliases} YAML aliases (*name); at most {MAX_YAML_ALIASES} (each expands "
+                    "to its anchor's whole value: write the values out)",
+                )
+            ]
+        )
+    return yaml.safe_load(text)
 
 
 def read_text_or_path(text_or_path: str | Path) -> tuple[str, str]:

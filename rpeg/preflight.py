@@ -77,11 +77,11 @@ def _inline_plan_problems(source: str) -> list[Problem]:
     """Problems of the inline ``plan`` mapping of the YAML at ``source`` ([] if none)."""
     import yaml
 
-    from rpeg.config import read_text_or_path
+    from rpeg.config import read_text_or_path, safe_yaml
     from rpeg.plan import Plan
 
     try:
-        data = yaml.safe_load(read_text_or_path(source)[0])
+        data = safe_yaml(read_text_or_path(source)[0])
     except (ConfigError, yaml.YAMLError):
         return []
     plan = data.get("plan") if isinstance(data, dict) else None
