@@ -58,6 +58,81 @@ class ModelConfig(Section):
     )
 
 
+RolloutCorrectionMode = Literal["none", "token_tis", "seq_tis", "token_mis", "seq_mis", "icepop"]
+
+#: each rollout-correction mode's bounds ``(low, high)`` on the ratio ``pi_train / pi_rollout``
+#: when the config leaves them unset (docs/engine.md "Rollout/trainer mismatch" gives the
+#: sources): TIS truncates at 2 (verl's ``rollout_is_threshold`` default; Yao et al. 2025's
+#: TIS cap), the masked modes keep ``[1/2, 2]`` (verl's rejection bounds: upper = the IS
+#: threshold, lower = its reciprocal), IcePop keeps ``[0.5, 5]``. ``None``: no bound.
+ROLLOUT_CORRECTION_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "none": (None, None),
+    "token_tis": (None, 2.0),
+    "seq_tis": (None, 2.0),
+    "token_mis": (0.5, 2.0),
+    "seq_mis": (0.5, 2.0),
+    "icepop": (0.5, 5.0),
+}
+
+
+class RolloutCorrectionConfig(Section):
+    """How the loss corrects for the gap between the rollout engine's log-probs and the
+    trainer's (rpeg.runtime.algorithms.mismatch). The ratio is ``rho = pi_train /
+    pi_rollout`` = ``exp(old - behaviour)`` per token (``old``: the trainer's log-probs at
+    the weights before the step's update)."""
+
+    mode: RolloutCorrectionMode = Field(
+        "token_tis",
+        description="none; token_tis: loss x min(rho_t, high); seq_tis: x min(prod_t rho_t, "
+        "high); token_mis: x rho_t, tokens with rho_t outside [low, high] dropped; seq_mis: "
+        "x prod rho, sequences whose product leaves [low, high] dropped; icepop: token_mis "
+        "with IcePop's bounds",
+    )
+    low: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="lower ratio bound of the masked modes; None = the mode's default "
+        "(ROLLOUT_CORRECTION_BOUNDS: 0.5)",
+    )
+    high: float | None = Field(
+        None,
+        ge=1.0,
+        description="TIS cap / upper ratio bound of the masked modes; None = the mode's "
+        "default (2.0; icepop 5.0)",
+    )
+    apply_to: Literal["stale", "all"] = Field(
+        "stale",
+        description="stale = correct a step's batch only when it holds samples of an older "
+        "policy version (the engine's numerics alone are not corrected); all = every step",
+    )
+    measure: bool = Field(
+        True,
+        description="recompute the old log-probs with a trainer forward every step so the "
+        "rollout/trainer mismatch (logprob_mismatch_*) is measured; false = only on steps "
+        "that recompute anyway (stale samples, recompute_old_logprobs, apply_to=all)",
+    )
+    mismatch_threshold: float = Field(
+        0.2,
+        gt=0.0,
+        description="logprob_mismatch_frac_over counts tokens with |rho - 1| above this",
+    )
+
+    @model_validator(mode="after")
+    def _bounds_for_mode(self) -> RolloutCorrectionConfig:
+        if self.low is not None and self.mode in ("none", "token_tis", "seq_tis"):
+            raise ValueError(
+                f"low is a bound of the masked modes (token_mis, seq_mis, icepop); "
+                f"mode {self.mode!r} does not use it"
+            )
+        return self
+
+    def bounds(self) -> tuple[float | None, float | None]:
+        """``(low, high)``: the configured bounds, else the mode's defaults."""
+        low, high = ROLLOUT_CORRECTION_BOUNDS[self.mode]
+        return (low if self.low is None else self.low), (high if self.high is None else self.high)
+
+
 class AlgorithmConfig(Section):
     """The RL algorithm and its loss options (DAPO-style options are plain fields)."""
 
@@ -80,10 +155,11 @@ class AlgorithmConfig(Section):
     gamma: float = Field(1.0, gt=0.0, le=1.0, description="PPO/GAE discount")
     gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
     value_clip: float | None = Field(0.2, gt=0.0)
-    off_policy_correction: Literal["none", "tis"] = Field(
-        "tis", description="truncated importance sampling for samples from an older policy"
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="off-policy correction of the rollout engine's samples (TIS, masked IS, "
+        "IcePop) and the mismatch measurement",
     )
-    tis_cap: float = Field(2.0, ge=1.0)
     dynamic_sampling: bool = Field(
         False, description="DAPO: drop groups whose rewards are all equal"
     )
@@ -102,6 +178,19 @@ class AlgorithmConfig(Section):
         description="recompute old log-probs with a forward pass even for on-policy samples "
         "(stale samples always get them recomputed: decoupled PPO's proximal policy)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            old = [k for k in ("off_policy_correction", "tis_cap") if k in data]
+            if old:
+                raise ValueError(
+                    f"{', '.join(old)} replaced by rollout_correction: "
+                    "{mode: token_tis | seq_tis | token_mis | seq_mis | icepop | none, "
+                    "high: <the old tis_cap>}"
+                )
+        return data
 
 
 class WorkloadConfig(Section):

@@ -263,7 +263,7 @@ def compile_step(
         "and": [t.name for t in tasks if t.phase == "train"],
         "max_staleness": k,
         "samples_per_step": config.workload.samples_per_step,
-        "off_policy_correction": config.algorithm.off_policy_correction,
+        "off_policy_correction": config.algorithm.rollout_correction.mode,
     }
     step = CompiledStep(
         pipeline=graph.algorithm,

@@ -58,6 +58,7 @@ class LocalTrainer:
         self.rewards, self.cursor, self.heldout = built.rewards, built.cursor, built.heldout
         self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
         self.actor, self.reference, self.critic = built.actor, built.reference, built.critic
+        self.actor.max_staleness = self.k  # checked before every optimizer update
         self.step_index = 0
         self.history: list[dict[str, float]] = []
 

@@ -23,10 +23,14 @@ from rpeg.config import AlgorithmConfig, OptimConfig, WorkloadConfig
 from rpeg.errors import ConfigError, Problem
 from rpeg.runtime.algorithms import (
     aggregate,
+    check_minibatch,
+    correction_weights,
     kl_penalty,
+    lag_metrics,
     masked_mean,
     policy_loss,
     value_loss,
+    version_lags,
 )
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.engines.base import (
@@ -139,6 +143,10 @@ class PolicyWorker:
         self.module = ActorCritic(model) if value_head else model
         self.shared_critic = value_head
         self.policy_version = 0
+        # the bound k on the version lag of the rows a train step trains on (the trainer
+        # sets it: runtime.max_staleness or the plan's); None = not checked
+        self.max_staleness: int | None = None
+        self._update_lag_max = -1
         self.generator = torch.Generator().manual_seed(seed)
         self.seed = seed
         # forwards run under autocast to it (rpeg.runtime.precision); the weights keep the
@@ -373,8 +381,12 @@ class PolicyWorker:
             )
         a = self.algorithm
         t0 = time.perf_counter()
-        stale = bool((batch.policy_version < self.policy_version).any())
-        use_behaviour = a.off_policy_correction == "tis" and stale
+        rc = a.rollout_correction
+        # stale anywhere in the data-parallel group: every rank corrects alike
+        here = torch.tensor([int(bool((batch.policy_version < self.policy_version).any()))])
+        stale = bool(self.reduce.max(here)[0])
+        correct = rc.mode != "none" and (stale or rc.apply_to == "all")
+        low, high = rc.bounds()
 
         dev = self.device
 
@@ -384,6 +396,16 @@ class PolicyWorker:
                 micro, batch.temperature, with_entropy=True, entropy_grad=a.entropy_coef != 0
             )
             mask = micro.response_mask
+            w, cm = None, {}
+            if correct:  # rpeg.runtime.algorithms.mismatch: TIS, masked IS, IcePop
+                w, cm = correction_weights(
+                    micro.old_logprobs,
+                    micro.sample_logprobs,
+                    mask,
+                    mode=rc.mode,
+                    low=low,
+                    high=high,
+                )
             pg, m = policy_loss(
                 lp,
                 micro.old_logprobs,
@@ -393,9 +415,9 @@ class PolicyWorker:
                 clip_high=a.clip_high,
                 dual_clip=a.dual_clip,
                 aggregation=a.loss_aggregation,
-                behaviour_logprobs=micro.sample_logprobs if use_behaviour else None,
-                tis_cap=a.tis_cap,
+                is_weights=w,
             )
+            m.update(cm)
             loss = pg
             # entropy: from each chunk's log-softmax; differentiated only with a coefficient
             if a.entropy_coef:
@@ -413,12 +435,32 @@ class PolicyWorker:
             m["pg_loss"] = float(pg.detach())
             return loss, m
 
+        self._update_lag_max = -1
         out = minibatch_updates(self, batch, micro_loss)
+        lags = version_lags(self.policy_version, batch.policy_version)
+        out.update(
+            lag_metrics(
+                lags, self.max_staleness, update_lag_max=self._update_lag_max, reduce=self.reduce
+            )
+        )
         self.policy_version += 1
         dt = time.perf_counter() - t0
         out["train_s"] = dt
         out["train_tokens_per_s"] = a.ppo_epochs * batch.num_tokens / max(dt, 1e-9)
         return out
+
+    def before_update(self, update: int, mini: RolloutBatch | None) -> None:
+        """Called by :func:`rpeg.runtime.updates.minibatch_updates` before optimizer update
+        ``update`` of a train step on mini-batch ``mini`` (None: this rank holds none of
+        its rows): every row's version lag is checked against :attr:`max_staleness` over
+        the group (rpeg.runtime.algorithms.lags; a row outside stops the step before it is
+        trained on) and the step's largest update lag kept."""
+        lags = None if mini is None else version_lags(self.policy_version, mini.policy_version)
+        per_step = self.algorithm.ppo_epochs * self.workload.train_minibatches
+        top = check_minibatch(
+            lags, self.max_staleness, update=update, updates_per_step=per_step, reduce=self.reduce
+        )
+        self._update_lag_max = max(self._update_lag_max, top)
 
     # --- weights and checkpoints ----------------------------------------------------------
     def get_weights(self, keep_device: bool = False) -> dict[str, torch.Tensor]:

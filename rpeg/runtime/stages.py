@@ -28,6 +28,7 @@ from rpeg.runtime.algorithms import (
     kl_penalty,
     masked_mean,
     masked_whiten,
+    mismatch_metrics,
     outcome_token_rewards,
     reinforce_pp_advantages,
     rloo_advantages,
@@ -223,14 +224,22 @@ def behaviour_as_old(batch: RolloutBatch) -> tuple[RolloutBatch, Metrics]:
 
 
 def old_logprob_stage(
-    worker: PolicyWorker, batch: RolloutBatch, *, recompute: bool = False
+    worker: PolicyWorker,
+    batch: RolloutBatch,
+    *,
+    recompute: bool = False,
+    mismatch_threshold: float = 0.2,
+    reduce: RankReduce = LOCAL,
 ) -> tuple[RolloutBatch, Metrics]:
     """Fill ``old_logprobs`` ``[B,R]``: the policy before this step's update.
 
     On-policy samples reuse their sampling log-probs unless ``recompute``; samples from an
     older policy version (bounded staleness) always get a forward pass (decoupled PPO's
     proximal policy). With actor-critic sharing one forward fills ``values`` too.
-    Metrics: ``staleness_max`` (policy versions behind, max over the batch).
+    Metrics: ``staleness_max`` (policy versions behind, max over the batch) and, whenever a
+    forward computed them, the rollout/trainer mismatch between them and the engine's
+    sampling log-probs (``logprob_mismatch_*``: rpeg.runtime.algorithms.mismatch, over the
+    data-parallel group with ``reduce``).
     """
     lag = worker.policy_version - batch.policy_version
     m: Metrics = {"staleness_max": float(lag.max())}
@@ -240,12 +249,22 @@ def old_logprob_stage(
         batch = batch.replace(old_logprobs=lp, values=v)
         m.update(old_logprob_s=time.perf_counter() - t0, shared_forward=1.0)
         m["value_mean"] = float(masked_mean(v, batch.response_mask))
-        return batch, m
-    if recompute or bool((lag > 0).any()):
+    elif recompute or bool((lag > 0).any()):
         batch, lm = logprob_stage(worker, batch, "old_logprobs")
+        m.update(lm)
     else:
         batch, lm = behaviour_as_old(batch)
-    return batch, {**m, **lm}
+        return batch, {**m, **lm}
+    m.update(
+        mismatch_metrics(
+            batch.old_logprobs,
+            batch.sample_logprobs,
+            batch.response_mask,
+            threshold=mismatch_threshold,
+            reduce=reduce,
+        )
+    )
+    return batch, m
 
 
 @dataclass
@@ -335,7 +354,14 @@ def run_stage(
             m.update(fm)
         return batch, m
     if kind == "old_logprob":
-        return old_logprob_stage(ctx.actor, batch, recompute=a.recompute_old_logprobs)
+        rc = a.rollout_correction
+        return old_logprob_stage(
+            ctx.actor,
+            batch,
+            recompute=a.recompute_old_logprobs or rc.measure or rc.apply_to == "all",
+            mismatch_threshold=rc.mismatch_threshold,
+            reduce=ctx.reduce,
+        )
     if kind == "ref_logprob":
         return logprob_stage(ctx.reference, batch, "ref_logprobs")
     if kind == "values":

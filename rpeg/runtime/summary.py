@@ -36,7 +36,7 @@ def run_summary(
         history = [history[s] for s in sorted(history)]
     rewards = [float(h.get("reward_mean", 0.0)) for h in history]
     times = [float(h["step_s"]) for h in history if "step_s" in h]
-    return {
+    out = {
         "steps": len(history),
         "wall_s": float(wall_s),
         "median_step_s": statistics.median(times) if times else 0.0,
@@ -45,6 +45,30 @@ def run_summary(
         "heldout_acc_before": acc_before,
         "heldout_acc_after": acc_after,
     }
+    out.update(_mismatch_and_lag(history))
+    return out
+
+
+#: the run summary's rollout/trainer mismatch and lag figures: the mean over the steps that
+#: measured them, the largest for the ``_max`` ones (rpeg.runtime.algorithms.mismatch, lags)
+MISMATCH_SUMMARY_KEYS = (
+    "logprob_mismatch_mean",
+    "logprob_mismatch_k3",
+    "logprob_mismatch_frac_over",
+    "logprob_mismatch_max",
+    "staleness_lag_mean",
+    "staleness_lag_max",
+    "staleness_update_lag_max",
+)
+
+
+def _mismatch_and_lag(history: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key in MISMATCH_SUMMARY_KEYS:
+        vals = [float(h[key]) for h in history if key in h]
+        if vals:
+            out[key] = max(vals) if key.endswith("_max") else _mean(vals)
+    return out
 
 
 def distributed_summary(

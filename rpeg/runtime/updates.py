@@ -158,6 +158,8 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
             total, n_rows = _mini_total(mini, agg, reduce)
             if not n_rows:  # no rank holds a row of this chunk (filtered groups)
                 continue
+            if (check := getattr(role, "before_update", None)) is not None:
+                check(steps, mini)  # the policy's lag check (PolicyWorker.before_update)
             optimizer.zero_grad(set_to_none=True)
             stats: dict[str, float] = {}
             scale = 1.0 if scaler is None else scaler.scale

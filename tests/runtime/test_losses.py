@@ -7,6 +7,7 @@ import torch
 
 from rpeg.runtime.algorithms import (
     aggregate,
+    correction_weights,
     entropy_from_logits,
     kl_penalty,
     policy_loss,
@@ -77,11 +78,11 @@ def test_truncated_importance_sampling():
     # ratio 1 (logp = old), A = 1 -> per-token loss -1 * w = [-2, -0.5] -> mean -1.25
     old = torch.tensor([[L(3.0), L(0.5)]])
     behav = torch.zeros(1, 2)
-    loss, met = policy_loss(
-        old.clone(), old, torch.ones(1, 2), torch.ones(1, 2), behaviour_logprobs=behav, tis_cap=2.0
-    )
+    mask = torch.ones(1, 2)
+    w, wm = correction_weights(old, behav, mask, mode="token_tis", high=2.0)
+    loss, _ = policy_loss(old.clone(), old, torch.ones(1, 2), mask, is_weights=w)
     assert float(loss) == pytest.approx(-1.25, abs=1e-6)
-    assert met["tis_weight_mean"] == pytest.approx(1.25, abs=1e-6)
+    assert wm["correction_weight_mean"] == pytest.approx(1.25, abs=1e-6)
 
 
 def test_kl_estimators():

@@ -127,7 +127,7 @@ def test_stale_samples_use_truncated_importance_sampling(tiny):
     batch, _ = stages.logprob_stage(w, batch, "old_logprobs")
     batch, _ = stages.advantage_stage(batch, cfg.algorithm, cfg.workload.samples_per_prompt)
     _, m = stages.train_actor_stage(w, batch)
-    assert m["tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)  # same weights -> w = 1
+    assert m["correction_weight_mean"] == pytest.approx(1.0, abs=1e-3)  # same weights -> w = 1
 
 
 def test_worker_state_dict_round_trip(tiny):

@@ -12,7 +12,9 @@ A generator holding weights of version ``g`` may generate samples of slot ``s`` 
 ``s - g <= k``: so generation runs ahead of training by at most ``k`` versions, and the
 trainer at version ``v`` never sees a sample older than ``v - k``. ``k = 0`` is synchronous
 on-policy. Samples with ``version < v`` are delivered with ``lag > 0`` so the trainer
-applies the off-policy correction (TIS). Delivery is by slot, so no sample is used twice,
+applies the off-policy correction (``algorithm.rollout_correction``); the trainer checks the
+lag again before every optimizer update, per mini-batch (rpeg.runtime.algorithms.lags), and
+counts it per step (``staleness_lag_<i>``). Delivery is by slot, so no sample is used twice,
 none is skipped, and none is lost (admitted-but-unproduced samples survive a checkpoint as
 reservations to reissue).
 

@@ -1,4 +1,5 @@
-"""RL algorithms as pure tensor functions (advantages, policy/value/KL/entropy losses)."""
+"""RL algorithms as pure tensor functions (advantages, policy/value/KL/entropy losses, the
+rollout/trainer mismatch and its corrections, policy-version lags)."""
 
 from rpeg.runtime.algorithms.advantages import (
     gae_advantages,
@@ -9,6 +10,12 @@ from rpeg.runtime.algorithms.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from rpeg.runtime.algorithms.lags import (
+    StaleSampleError,
+    check_minibatch,
+    lag_metrics,
+    version_lags,
+)
 from rpeg.runtime.algorithms.losses import (
     aggregate,
     chunked_token_logprobs,
@@ -18,20 +25,27 @@ from rpeg.runtime.algorithms.losses import (
     token_logprobs,
     value_loss,
 )
+from rpeg.runtime.algorithms.mismatch import correction_weights, mismatch_metrics
 
 __all__ = [
+    "StaleSampleError",
     "aggregate",
+    "check_minibatch",
     "chunked_token_logprobs",
+    "correction_weights",
     "entropy_from_logits",
     "gae_advantages",
     "grpo_advantages",
     "kl_penalty",
+    "lag_metrics",
     "masked_mean",
     "masked_whiten",
+    "mismatch_metrics",
     "outcome_token_rewards",
     "policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
     "token_logprobs",
     "value_loss",
+    "version_lags",
 ]

@@ -154,8 +154,7 @@ def policy_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     aggregation: str = "token_mean",
-    behaviour_logprobs: torch.Tensor | None = None,
-    tis_cap: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate (PPO, Schulman et al. 2017, arXiv:1707.06347).
 
@@ -163,15 +162,15 @@ def policy_loss(
     -- asymmetric bounds are DAPO's clip-higher (arXiv:2503.14476). Dual-clip (Ye et al. 2020,
     arXiv:1912.09729): for ``A < 0``, ``l = min(l, -A * dual_clip)``.
 
-    Off-policy correction for samples from an older policy version: with ``behaviour_logprobs``
-    (the log-probs the generator sampled with), ``old_logprobs`` plays the proximal policy of
-    decoupled PPO (Hilton et al. 2022, arXiv:2110.00641; AReaL, Fu et al. 2025, arXiv:2505.24298)
-    and each token's loss is weighted by the truncated importance weight
-    ``w = min(exp(old - behaviour), tis_cap)`` (detached; Espeholt et al. 2018 IMPALA / Yao et al.
-    2025 "TIS"). ``tis_cap=None`` leaves ``w`` uncapped.
+    Off-policy correction for samples the rollout engine drew (an older policy version, or
+    other numerics): ``old_logprobs`` plays the proximal policy of decoupled PPO (Hilton et
+    al. 2022, arXiv:2110.00641; AReaL, Fu et al. 2025, arXiv:2505.24298) and each token's
+    loss is multiplied by ``is_weights`` ``[B,T]`` (detached; 0 drops the token), the
+    importance weights of :func:`rpeg.runtime.algorithms.mismatch.correction_weights`
+    (truncated IS: IMPALA, Espeholt et al. 2018; Yao et al. 2025 "TIS"; masked IS; IcePop).
 
     logprobs, old_logprobs, advantages, mask ``[B,T]`` (advantages may be ``[B]`` -> broadcast)
-    -> (scalar loss, metrics: clip_frac, dual_clip_frac, approx_kl, tis_weight_mean).
+    -> (scalar loss, metrics: clip_frac, dual_clip_frac, approx_kl).
     """
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(logprobs)
@@ -188,20 +187,14 @@ def policy_loss(
         use3 = (adv < 0) & (loss3 < loss)
         dual_frac = masked_mean(use3.float(), mask)
         loss = torch.where(adv < 0, torch.minimum(loss, loss3), loss)
-    w_mean = 1.0
-    if behaviour_logprobs is not None:
-        w = torch.exp(old_logprobs.float() - behaviour_logprobs.float()).detach()
-        if tis_cap is not None:
-            w = w.clamp(max=tis_cap)
-        loss = loss * w
-        w_mean = float(masked_mean(w, mask))
+    if is_weights is not None:
+        loss = loss * is_weights.detach().to(loss.dtype)
     out = aggregate(loss, mask, aggregation)
     with torch.no_grad():
         metrics = {
             "clip_frac": float(masked_mean(clipped, mask)),
             "dual_clip_frac": float(dual_frac),
             "approx_kl": float(masked_mean(0.5 * log_ratio**2, mask)),
-            "tis_weight_mean": w_mean,
         }
     return out, metrics
 

@@ -46,6 +46,14 @@ def test_sync_run_reproduces_the_single_process_trainer(
         "reward_last10",
         "heldout_acc_before",
         "heldout_acc_after",
+        # rollout/trainer mismatch and policy-version lags over the run (docs/engine.md)
+        "logprob_mismatch_mean",
+        "logprob_mismatch_k3",
+        "logprob_mismatch_frac_over",
+        "logprob_mismatch_max",
+        "staleness_lag_mean",
+        "staleness_lag_max",
+        "staleness_update_lag_max",
         # the distributed run adds its layout and data plane (docs/runtime.md)
         "layout",
         "param_bytes_per_rank",
