@@ -72,7 +72,7 @@ def _model_and_tokenizer(meta: Mapping[str, Any], model_path: str | None):
 
     if model_path:
         local = _fetch_folder(model_path, "--model")
-        cfg = AutoConfig.from_pretrained(local)
+        cfg = AutoConfig.from_pretrained(local, trust_remote_code=False)
         return AutoModelForCausalLM.from_config(cfg), load_tokenizer(model_path, "--model")
     policy = (meta.get("model") or {}).get("policy") or {}
     if "tiny_shape" not in policy:

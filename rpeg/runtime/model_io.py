@@ -117,7 +117,7 @@ def load_tokenizer(url: str, where: str = "model.path"):
 
     local = _fetch_folder(url, where)
     try:
-        tok = AutoTokenizer.from_pretrained(local)
+        tok = AutoTokenizer.from_pretrained(local, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise ConfigError(
             [Problem(where, f"cannot load a tokenizer from {url!r}: {exc}")]
@@ -200,7 +200,7 @@ def load_model(url: str, dtype: str = "float32", where: str = "model.path", devi
         raise ConfigError(
             [Problem(where, f"{url!r} has no config.json (not a Hugging Face model folder)")]
         )
-    cfg = AutoConfig.from_pretrained(local)
+    cfg = AutoConfig.from_pretrained(local, trust_remote_code=False)  # never run its code
     if cfg.model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(
             [
@@ -213,7 +213,7 @@ def load_model(url: str, dtype: str = "float32", where: str = "model.path", devi
     if device is not None and torch.device(device).type != "cpu":
         return load_on_device(local, cfg, dtype, device, where)
     return AutoModelForCausalLM.from_pretrained(
-        local, dtype=torch_dtype(dtype), use_safetensors=True
+        local, dtype=torch_dtype(dtype), use_safetensors=True, trust_remote_code=False
     )
 
 
