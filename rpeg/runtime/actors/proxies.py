@@ -60,7 +60,8 @@ def collect(futs: Sequence[Any], timeout_s: float | None = None) -> list[Any]:
     out: list[Any] = []
     for i, f in enumerate(futs):
         try:
-            out.append(f.result(timeout=timeout_s))
+            until = None if timeout_s is None else time.monotonic() + timeout_s  # per future
+            out.append(_result_watching(f, futs[i + 1 :], until))
         except Exception as exc:
             errors = [exc]
             deadline = time.monotonic() + PEER_ERRORS_WAIT_S
@@ -73,6 +74,29 @@ def collect(futs: Sequence[Any], timeout_s: float | None = None) -> list[Any]:
                     errors.append(other)
             raise first_cause(errors)  # noqa: B904 - rank i's own error is its context
     return out
+
+
+#: while waiting for one rank, how often the later ranks are looked at for an error
+WATCH_S = 0.5
+
+
+def _result_watching(f: Any, others: Sequence[Any], deadline: float | None) -> Any:
+    """``f``'s result; while it runs, a later rank that already failed is raised at once: a
+    rank blocked in a collective with a peer that ran out of memory (or raised anything)
+    returns only at the collective's timeout (``runtime.collective_timeout_s``, 30 min or
+    more), which the run would otherwise wait out before reporting the peer's error."""
+    import time
+
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        try:
+            return f.result(timeout=WATCH_S if left is None else max(0.001, min(WATCH_S, left)))
+        except TimeoutError:
+            if f.done() or (left is not None and left <= WATCH_S):
+                raise  # f's own TimeoutError, or the caller's timeout passed
+        for g in others:
+            if g.done():
+                g.result(timeout=1.0)  # its error, raised here; a result: keep waiting
 
 
 class RankGroup:
