@@ -196,6 +196,14 @@ class Cluster:
         self.close()
 
 
+def listens_on_all_interfaces(address: str) -> bool:
+    """``":8787"``, ``"8787"``, ``"0.0.0.0:8787"``, ``"[::]:8787"``: a server bound there
+    accepts connections on every interface."""
+    host = address.rpartition(":")[0] if ":" in address else ""
+    host = host.split("://")[-1].strip("[]")
+    return host in ("", "0.0.0.0", "::", "*")
+
+
 def security_for(cluster_config: Any = None, address: str | None = None) -> Any:
     """Dask ``Security`` for a ``tls://`` scheduler (``cluster.tls_*_file``); None otherwise.
 
@@ -269,6 +277,16 @@ def start_cluster(
         dashboard_address = getattr(cc, "dashboard_address", None)
     if dashboard_address is None and dashboard:
         dashboard_address = "127.0.0.1:0"
+    if dashboard_address and listens_on_all_interfaces(dashboard_address):
+        import warnings
+
+        warnings.warn(
+            f"cluster.dashboard_address {dashboard_address!r} listens on every network "
+            "interface: anyone who reaches this machine sees the Dask dashboard (task "
+            "graphs, logs, a profiler). Bind 127.0.0.1:PORT and use ssh -L to view it.",
+            UserWarning,
+            stacklevel=2,
+        )
     device_type = device_type or getattr(cc, "device_type", None) or "cpu"
     if direct_to_workers is None:
         direct_to_workers = getattr(cc, "direct_to_workers", True)
