@@ -492,13 +492,16 @@ class PolicyWorker:
         if policy_version is not None:
             self.policy_version = policy_version
 
-    def state_dict(self) -> dict:
+    def state_dict(self, weights: bool = True) -> dict:
         """Weights (incl. value head), optimizer, RNG states and policy version. Sharded: the
-        full weights and name-keyed optimizer state (a collective; any layout loads it)."""
-        module, optim = _role_state(self.module, self.optimizer, self.shards)
-        out = {
-            "module": module,
-            "optimizer": optim,
+        full weights and name-keyed optimizer state (a collective; any layout loads it).
+        ``weights`` False: RNG states and versions only (the shards are saved apart)."""
+        out = {}
+        if weights:
+            out["module"], out["optimizer"] = _role_state(
+                self.module, self.optimizer, self.shards
+            )
+        out |= {
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),
@@ -512,7 +515,8 @@ class PolicyWorker:
         return out
 
     def load_state_dict(self, state: dict) -> None:
-        _load_role_state(self.module, self.optimizer, state, self.shards)
+        if "module" in state:  # else loaded from the shards (RankActor.load_shards)
+            _load_role_state(self.module, self.optimizer, state, self.shards)
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         restore_cuda_rng(state.get("cuda_rng"))
@@ -612,10 +616,15 @@ class CriticWorker:
         out["critic_train_s"] = time.perf_counter() - t0
         return out
 
-    def state_dict(self) -> dict:
-        module, optim = _role_state(self.module, self.optimizer, self.shards)
-        return {"module": module, "optimizer": optim, "generator": self.generator.get_state()}
+    def state_dict(self, weights: bool = True) -> dict:
+        out: dict = {"generator": self.generator.get_state()}
+        if weights:
+            out["module"], out["optimizer"] = _role_state(
+                self.module, self.optimizer, self.shards
+            )
+        return out
 
     def load_state_dict(self, state: dict) -> None:
-        _load_role_state(self.module, self.optimizer, state, self.shards)
+        if "module" in state:
+            _load_role_state(self.module, self.optimizer, state, self.shards)
         self.generator.set_state(state["generator"])

@@ -201,10 +201,16 @@ class CheckpointStore:
 
     # ---------------------------------------------------------------- write
     def save(
-        self, step: int, parts: dict[str, bytes], meta: dict[str, Any] | None = None
+        self,
+        step: int,
+        parts: dict[str, bytes],
+        meta: dict[str, Any] | None = None,
+        before_commit: Any = None,
     ) -> CheckpointInfo:
         """Write ``parts`` (name -> bytes) then the commit marker; prune old checkpoints.
-        A storage failure removes the partial directory and raises
+        ``before_commit(step_url) -> dict``: called once the parts are written, before the
+        marker (the ranks write their shards into the step's folder then); its dict joins
+        the marker. A storage failure removes the partial directory and raises
         :class:`CheckpointWriteError`."""
         t0 = time.perf_counter()
         d = self._dir(step)
@@ -220,6 +226,8 @@ class CheckpointStore:
                 with self.fs.open(f"{d}/{name}", "wb") as fh:
                     fh.write(data)
                 files[name] = {"sha256": _sha256(data), "bytes": len(data)}
+            if before_commit is not None:
+                meta = {**(meta or {}), **before_commit(self.step_url(step))}
             commit = {
                 **(meta or {}),
                 "format": FORMAT_VERSION,
@@ -322,6 +330,8 @@ def _verify(fs: Any, d: str, run_id: str | None) -> tuple[dict[str, Any], dict[s
         )
     if run_id is not None and meta.get("run_id") != run_id:
         raise CheckpointError(f"{d}: written by run {meta.get('run_id')!r}, not {run_id!r}")
+    # where the checkpoint lies (a group's torch.distributed.checkpoint shards sit inside it)
+    meta["dir_url"] = fs.unstrip_protocol(d)
     parts = {}
     for name, info in meta.get("files", {}).items():
         if "/" in str(name):
@@ -527,16 +537,18 @@ def check_resumable(
 
 
 # --------------------------------------------------------------------------- one rank's state
-def rank_state_bytes(rank: int, group: str, roles: dict[str, Any]) -> bytes:
+def rank_state_bytes(rank: int, group: str, roles: dict[str, Any], light: bool = False) -> bytes:
     """One rank's state file (:func:`dumps`: safetensors + JSON, no pickle): each present role's
     ``state_dict`` (``roles``: actor / reference / critic, None when absent), the actor's
     engine version, and a lagging engine copy's full weights."""
     st: dict[str, Any] = {"rank": rank, "group": group}
     for name, wk in roles.items():
         if wk is not None:
-            st[name] = wk.state_dict()
+            # light: no weights or optimizer state (a sharded group writes those itself:
+            # RankActor.save_shards), RNG states and versions only
+            st[name] = wk.state_dict(weights=False) if light else wk.state_dict()
     actor = roles.get("actor")
-    if actor is not None:
+    if actor is not None and not light:
         st["engine_version"] = int(actor.engine.policy_version)
         if getattr(actor.engine, "model", actor.lm) is not actor.lm:
             from rpeg.runtime.sharding import full_state_dict

@@ -57,6 +57,15 @@ MERGED_FIELDS = (
 #: unit kinds that can consume a streaming rollout chunk by chunk (forward passes only)
 STREAM_CONSUMER_KINDS = frozenset({"ref_logprob", "old_logprob", "values"})
 
+#: a sharded group's shards in a checkpoint's folder: ``<step folder>/<group>.dcp``
+SHARDS_SUFFIX = ".dcp"
+
+
+def _writes_shards(g: Any) -> bool:
+    """A trainable group sharded by FSDP or TP: its ranks write their own shards of the
+    weights and optimizer state at a checkpoint (no rank holds the whole of either)."""
+    return bool(g.trainable) and (g.tp > 1 or (g.fsdp and g.dp > 1))
+
 
 class DistributedRun:
     """Actor groups of a :class:`CompiledStep` on the cluster, and the state of the run."""
@@ -558,9 +567,11 @@ class DistributedRun:
             return {}
         t0 = time.perf_counter()
         parts: dict[str, bytes] = {}
+        sharded = sorted(g.name for g in self.compiled.actor_groups if _writes_shards(g))
         for g in self.compiled.actor_groups:
             if g.trainable:
-                for r, data in enumerate(self.group(g.name).state_bytes()):
+                light = g.name in sharded  # its weights and optimizer: the ranks' shards
+                for r, data in enumerate(self.group(g.name).state_bytes(light)):
                     parts[f"{g.name}-rank{r}.pt"] = data
         in_flight = self.payload_batches()  # rows of produced rollouts, from their actors
         with self._lock:
@@ -580,7 +591,17 @@ class DistributedRun:
             "staleness": self.k,
             "model": model_identity(self.config.model),
         }
-        info = self.store.save(step_done, parts, meta)
+
+        def write_shards(url: str) -> dict[str, Any]:
+            # every rank of a sharded group writes its own shards into the step's folder
+            # (torch.distributed.checkpoint); nothing of them passes through this process
+            for name in sharded:
+                self.group(name).save_shards(f"{url}/{name}{SHARDS_SUFFIX}")
+            return {"sharded_groups": sharded}
+
+        info = self.store.save(
+            step_done, parts, meta, before_commit=write_shards if sharded else None
+        )
         return {
             "checkpoint_s": time.perf_counter() - t0,
             "checkpoint_bytes": float(info.meta["total_bytes"]),
@@ -595,7 +616,10 @@ class DistributedRun:
         if got is None:
             return None
         _meta, parts = got
+        shards = set(_meta.get("sharded_groups", ()))
         for g in self.compiled.actor_groups:
+            if g.trainable and g.name in shards:  # weights and optimizer from the shards
+                self.group(g.name).load_shards(f"{_meta['dir_url']}/{g.name}{SHARDS_SUFFIX}")
             if g.trainable:
                 self.group(g.name).load_state_bytes(
                     [self._rank_part(parts, g, r) for r in range(g.world_size)]

@@ -208,8 +208,15 @@ class RankGroup:
         )
 
     # ---------------------------------------------------------------- state
-    def state_bytes(self) -> list[bytes]:
-        return self._all(lambda r, a: a.state_bytes())
+    def state_bytes(self, light: bool = False) -> list[bytes]:
+        return self._all(lambda r, a: a.state_bytes(light))
+
+    def save_shards(self, url: str) -> list[str]:
+        """Every rank writes its shards to ``url`` (torch.distributed.checkpoint; collective)."""
+        return self._all(lambda r, a: a.save_shards(url))
+
+    def load_shards(self, url: str) -> list[int]:
+        return self._all(lambda r, a: a.load_shards(url))
 
     def load_state_bytes(self, parts: Sequence[bytes]) -> None:
         self._all(lambda r, a: a.load_state_bytes(parts[r]))

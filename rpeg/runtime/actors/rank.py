@@ -581,12 +581,14 @@ class RankActor:
         )
 
     # ---------------------------------------------------------------- checkpoints
-    def state_bytes(self) -> bytes:
-        """Weights, optimizers, RNG states and policy/engine versions of this rank."""
+    def state_bytes(self, light: bool = False) -> bytes:
+        """Weights, optimizers, RNG states and policy/engine versions of this rank (``light``:
+        RNG states and versions only, for a group whose ranks write their shards themselves:
+        :meth:`save_shards`)."""
         from rpeg.runtime.actors.checkpoint import rank_state_bytes
 
         self._fault("checkpoint", self.policy_version())
-        return rank_state_bytes(self.rank, self.group["name"], self._roles())
+        return rank_state_bytes(self.rank, self.group["name"], self._roles(), light)
 
     def load_state_bytes(self, data: bytes) -> int:
         from rpeg.runtime.actors.checkpoint import load_rank_state_bytes
