@@ -132,3 +132,40 @@ def test_mismatch_measured_and_corrections_applied_in_a_train_step(tiny):
     out = w.train_step(b)
     tokens = b.response_mask.sum(-1).float()
     assert out["correction_masked_frac"] == pytest.approx(float(tokens[0] / tokens.sum()), abs=1e-6)
+
+
+class _ShiftedEngine:
+    """The torch engine whose reported log-probs are 0.1 higher on every real token: an engine
+    whose numerics differ from the trainer's (as vLLM's may), seen only through the interface."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @property
+    def policy_version(self):
+        return self.inner.policy_version
+
+    def update_weights(self, state_dict, policy_version):
+        self.inner.update_weights(state_dict, policy_version)
+
+    def generate(self, prompt_ids, params, *, seed=None, max_new_tokens=None):
+        import dataclasses
+
+        out = self.inner.generate(prompt_ids, params, seed=seed, max_new_tokens=max_new_tokens)
+        return dataclasses.replace(out, logprobs=out.logprobs + 0.1 * out.mask)
+
+
+def test_mismatch_follows_the_engine_not_the_trainer(tiny):
+    # r = train - rollout = -0.1 on every token (up to float noise of ~1e-6):
+    # mean |r| = 0.1 ; k3 = exp(-0.1) - 1 + 0.1 = 0.0048374 ; |exp(-0.1) - 1| = 0.095 < 0.2
+    from rpeg.runtime.engines.torch_engine import TorchEngine
+
+    model, tok = tiny
+    lm = copy.deepcopy(model)
+    eng = _ShiftedEngine(TorchEngine(lm, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id))
+    w = PolicyWorker(lm, tok, engine=eng)
+    batch, _ = stages.generate_stage(w, [ArithmeticSource(1)[i] for i in range(2)], 4, seed=0)
+    _, m = stages.old_logprob_stage(w, batch, recompute=True)
+    assert m["logprob_mismatch_mean"] == pytest.approx(0.1, abs=1e-4)
+    assert m["logprob_mismatch_k3"] == pytest.approx(0.0048374, abs=1e-5)
+    assert m["logprob_mismatch_frac_over"] == 0.0
