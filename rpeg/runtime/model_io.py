@@ -254,7 +254,9 @@ def load_on_device(local: str, cfg, dtype: str, device, where: str = "model.path
     if not files:
         raise ConfigError([Problem(where, f"{local!r} has no .safetensors weights")])
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype(dtype))
+        model = AutoModelForCausalLM.from_config(
+            cfg, dtype=torch_dtype(dtype), trust_remote_code=False
+        )
     model.to_empty(device=device)
     model.tie_weights()
     _rebuild_rotary(model, device)
