@@ -60,6 +60,7 @@ def search_space(prob: PlanProblem, options: SpaceOptions | None = None) -> Sear
         num_devices=prob.num_devices,
         max_seq_tokens=prob.max_seq_tokens,
         options=options or default_space(prob),
+        workload=prob.workload,
     )
 
 

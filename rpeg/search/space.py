@@ -245,7 +245,9 @@ class SearchSpace:
         num_devices: int,
         max_seq_tokens: int,
         options: SpaceOptions | None = None,
+        workload: Any = None,
     ):
+        self.workload = workload  # the runtime's data-parallel rules (_prompts_invalid)
         self.base = base
         self.cluster = cluster
         self.model = model
@@ -327,9 +329,32 @@ class SearchSpace:
             if why:
                 self.counts.reject(why)
                 continue
+            why = self._prompts_invalid(cls, lay, n)
+            if why:
+                self.counts.reject(why)
+                continue
             out.append(lay)
         self.counts.layouts += len(out)
         return out
+
+    def _prompts_invalid(self, cls: str, lay: Layout, n: int) -> str:
+        """The runtime's data-parallel rules (rpeg.compile.compiler, the same checks): every
+        data-parallel rank needs a whole prompt group; when dp does not divide the step's
+        prompts, sharded training (FSDP, tp > 1) would hang on unequal batches and a rank
+        with fewer samples than train_minibatches would run fewer updates (a gen unit may
+        be fused with training: held to the same rules)."""
+        w = self.workload
+        if w is None or cls == "none":
+            return ""
+        p = w.num_prompts
+        dp = n // (lay.tp * lay.pp * lay.cp)
+        if dp > p:
+            return "runtime: more data-parallel ranks than prompts"
+        if cls in ("train", "gen") and p % dp:
+            per_rank = (p // dp) * w.samples_per_prompt
+            if lay.tp > 1 or lay.engine == "fsdp" or per_rank < w.train_minibatches:
+                return "runtime: dp does not divide the prompts"
+        return ""
 
     def _invalid(self, lay: Layout, n: int, node: int) -> str:
         m = self.model

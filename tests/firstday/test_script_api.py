@@ -64,10 +64,12 @@ def test_readme_snippet_runs_as_a_script(tmp_path, guarded):
     code = code.replace(
         '{"runtime.steps": 5}', f'{{"runtime.steps": 2, "runtime.output_dir": {out!r}}}'
     )
-    if not guarded:  # as users first write it: run_train at the top level
-        code = re.sub(r'if __name__ == "__main__":.*\n    ', "", code)
+    if guarded:
+        code += "    print('SUMMARY', summary['steps'])\n"
+    else:  # as users first write it: everything at the top level
+        code = code.replace('if __name__ == "__main__":\n', "").replace("\n    ", "\n")
         assert "\nsummary = run_train(" in code
-    code += "\nprint('SUMMARY', summary['steps'])\n"
+        code += "print('SUMMARY', summary['steps'])\n"
     script = tmp_path / "snippet.py"
     script.write_text(code)
     res = _run(script, tmp_path)
