@@ -34,6 +34,20 @@ from rpeg.perf.systems import POOLED, UNKNOWN_WIDEN, SystemParams, normalise
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError
 
+#: columns beyond the shared schema a data set may state (docs/perf-model.md); a row
+#: without any of them is described as runs of the shared schema are
+EXPLICIT = (
+    "gpu_memory_utilization",
+    "act_ckpt",
+    "seq_packing",
+    "streaming",
+    "reuse_rollout_logprobs",
+    "gen_cap",
+    "system",
+    "model_kind",
+    "image_tokens",
+)
+
 #: factor grid each row is priced on (time = modelled / factor)
 GRID = tuple(2 ** (k * 2 / 3) for k in range(-3, 4))  # 0.25 .. 4
 _LG = np.log(np.array(GRID))
@@ -77,6 +91,13 @@ class Priced:
     unknown_hi: float
     unknown: tuple[str, ...] = ()
     solved: dict[str, Any] = field(default_factory=dict)  # blank layout fields -> chosen
+    # "explicit": the row states recipe columns beyond the shared schema; "shared": it does
+    # not (as runs described only by the shared columns); its residuals calibrate rows of
+    # the same regime
+    regime: str = "explicit"
+    # a copy of a row with its explicit columns blanked: calibrates ranges of shared-schema
+    # rows, never fitted, never reported
+    shadow: bool = False
 
     def log_pred(self, lg: float, lt: float) -> float:
         return float(_interp(self.step, lg, lt))
@@ -188,8 +209,10 @@ def price_rows(
         def stage(kind: str, pred: Any = base) -> float:
             return sum(s.time_s for s in pred.stages.values() if kind in s.kinds)
 
+        regime = "explicit" if any((r.get(c) or "").strip() for c in EXPLICIT) else "shared"
         priced.append(
             Priced(
+                regime=regime,
                 case_id=cid,
                 source=src,
                 system=system,
@@ -269,23 +292,29 @@ def _bounds(p: Priced, pred: float, lo_q: float, hi_q: float) -> tuple[float, fl
 
 
 def _comparable(
-    resid: dict[str, float], rows: list[Priced], system: str, exclude: str | None
+    resid: dict[str, float], rows: list[Priced], p: Priced, exclude: str | None
 ) -> tuple[list[float], bool]:
-    same = [resid[p.case_id] for p in rows if p.system == system and p.source != exclude]
-    if system and len(same) >= MIN_COMPARABLE:
+    """Residuals of rows comparable to ``p`` outside source ``exclude``: the same regime
+    (what the rows state), and the same system when it has >= MIN_COMPARABLE of them."""
+    pool = [q for q in rows if q.source != exclude and q.regime == p.regime]
+    if len(pool) < MIN_COMPARABLE:
+        pool = [q for q in rows if q.source != exclude and not q.shadow]
+    same = [resid[q.case_id] for q in pool if q.system == p.system]
+    if p.system and len(same) >= MIN_COMPARABLE:
         return same, True
-    return [resid[p.case_id] for p in rows if p.source != exclude], False
+    return [resid[q.case_id] for q in pool], False
 
 
 def score(priced: list[Priced]) -> list[Scored]:
     """In-sample and leave-one-source-out predictions and ranges for every priced row."""
     steps = [p for p in priced if p.measured_s]
-    full = fit(steps)
+    fitted = [p for p in steps if not p.shadow]
+    full = fit(fitted)
     out: dict[str, Scored] = {}
     resid_in: dict[str, float] = {}
     loso_f: dict[str, tuple[float, float, bool]] = {}
     for source in sorted({p.source for p in priced}):
-        fold = fit([p for p in steps if p.source != source])
+        fold = fit([p for p in fitted if p.source != source])
         for p in priced:
             if p.source == source:
                 loso_f[p.case_id] = _factors(fold, p.system)
@@ -309,13 +338,15 @@ def score(priced: list[Priced]) -> list[Scored]:
             s.tput = (p.tokens_per_step / s.pred_loso, p.measured_tput)
         out[p.case_id] = s
     for p in priced:
+        if p.shadow:
+            continue
         s = out[p.case_id]
-        pool, own = _comparable(resid_in, steps, p.system, None)
+        pool, own = _comparable(resid_in, steps, p, None)
         s.lo_in, s.hi_in = _bounds(p, s.pred_in, *_range(pool, 1.0))
-        pool, own = _comparable(resid_loso, steps, p.system, p.source)
+        pool, own = _comparable(resid_loso, steps, p, p.source)
         widen = 1.0 if (own and s.system_fitted) else UNKNOWN_WIDEN
         s.lo_loso, s.hi_loso = _bounds(p, s.pred_loso, *_range(pool, widen))
-    return list(out.values())
+    return [out[p.case_id] for p in priced if not p.shadow]
 
 
 def system_table(priced: list[Priced]) -> dict[str, SystemParams]:
@@ -330,7 +361,9 @@ def system_table(priced: list[Priced]) -> dict[str, SystemParams]:
     table = {}
     for name, (lg, lt) in full.items():
         mine = [p for p in steps if p.system == name] if name != POOLED else steps
-        pool, own = _comparable(resid, steps, name if name != POOLED else "", None)
+        pool = [resid[q.case_id] for q in mine]
+        if name == POOLED or len(pool) < MIN_COMPARABLE:
+            pool = list(resid.values())
         lo, hi = _range(pool, 1.0)
         table[name] = SystemParams(
             name=name,
@@ -433,7 +466,22 @@ def run(paths: dict[str, Path] | None = None) -> tuple[list[Scored], list[Scored
         p, r = price_rows(rows, label)
         priced += p
         refused += r
+        priced += shadows(rows, label)
     return score(priced), refused
+
+
+def shadows(rows: list[dict[str, str]], label: str) -> list[Priced]:
+    """Copies of the rows that state explicit columns, with those columns blank: what the
+    model predicts for them from the shared schema alone. Their LOSO residuals calibrate
+    the ranges of rows that state no explicit column (a run described only by the shared
+    columns is as uncertain as these copies), and nothing else."""
+    blank = [
+        {**r, **{c: "" for c in EXPLICIT}, "case_id": f"{r.get('case_id') or '?'}#shared"}
+        for r in rows
+        if any((r.get(c) or "").strip() for c in EXPLICIT)
+    ]
+    out = [replace(p, shadow=True, regime="shared") for p in price_rows(blank, label)[0]]
+    return out
 
 
 def write_table(path: Path | None = None) -> Path:

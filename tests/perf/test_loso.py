@@ -150,3 +150,30 @@ def test_shipped_system_table_lists_the_pooled_prior():
         assert name == POOLED or name in SYSTEMS
         assert 0.25 <= p.gen_eff <= 4 and 0.25 <= p.train_eff <= 4
         assert p.resid_lo <= 0 <= p.resid_hi
+
+
+def test_a_shared_schema_row_is_calibrated_on_shared_schema_residuals():
+    from dataclasses import replace
+
+    explicit = [_row(f"e{i}", f"s{i % 3}", "", 10.0, 10.0) for i in range(9)]
+    shadow = [
+        replace(p, case_id=p.case_id + "#shared", shadow=True, regime="shared") for p in explicit
+    ]
+    resid = {p.case_id: 0.05 for p in explicit} | {p.case_id: 0.9 for p in shadow}
+    shared_row = replace(_row("new", "s-new", "", 10.0, 10.0), regime="shared")
+    pool, _ = loso._comparable(resid, explicit + shadow, shared_row, "s-new")
+    assert pool == [0.9] * 9
+    pool, _ = loso._comparable(resid, explicit + shadow, explicit[0], "s0")
+    assert pool == [0.05] * 6  # the explicit rows of the other two sources
+
+
+def test_shadow_copies_blank_the_explicit_columns_and_are_not_reported():
+    from rpeg.perf.published import read_rows
+
+    rows = [r for r in read_rows() if r["case_id"].startswith("nemo-v0.5-h100bf16-llama")]
+    sh = loso.shadows(rows, "d")
+    assert len(sh) == len(rows) and all(p.shadow and p.regime == "shared" for p in sh)
+    assert all("gpu_memory_utilization" in p.unknown for p in sh)
+    priced = loso.price_rows(rows, "d")[0]
+    scored = loso.score(priced + sh)
+    assert {s.case_id for s in scored} == {r["case_id"] for r in rows}
