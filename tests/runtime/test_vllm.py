@@ -19,8 +19,8 @@ from rpeg.runtime.engines.choice import (
     logprob_problems,
     resolve_engine,
 )
-from rpeg.runtime.engines.vllm import (
-    VLLMEngine,
+from rpeg.runtime.engines.vllm import VLLMEngine
+from rpeg.runtime.engines.vllm_requests import (
     hf_weight_names,
     sampling_kwargs,
     to_generation_output,

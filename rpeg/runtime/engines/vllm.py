@@ -43,6 +43,12 @@ import torch
 
 from rpeg.errors import RpegError
 from rpeg.runtime.engines.base import GenerationOutput, SamplingParams
+from rpeg.runtime.engines.vllm_requests import (
+    hf_weight_names,
+    processed_logprobs_supported,
+    sampling_kwargs,
+    to_generation_output,
+)
 from rpeg.runtime.engines.vllm_transfer import (
     UpdateGroup,
     broadcast_async,
@@ -59,19 +65,13 @@ EXTENSION = "rpeg.runtime.engines.vllm_worker.WeightTransferExtension"
 BUCKET_BYTES = 256 * 2**20
 #: How long one update (or the group's set-up) may wait for the workers.
 UPDATE_TIMEOUT_S = 600.0
+#: How long vLLM's processes get to exit at shutdown before they are killed.
+SHUTDOWN_TIMEOUT_S = 30.0
 #: The install command of a vLLM environment on a CPU machine (named by errors).
 INSTALL_HINT = "bash scripts/vllm_env.sh DIR (then run with DIR/bin/python or DIR/bin/rpeg)"
 #: GiB of KV cache vLLM's CPU build reserves unless VLLM_CPU_KVCACHE_SPACE says otherwise
 #: (its default, a fraction of the host's memory, fails on a 24 GiB machine).
 CPU_KVCACHE_GIB = "1"
-
-# Module-path segments that wrappers insert into parameter names: FSDP1 and activation
-# checkpointing wrappers, torch.compile, DDP, and the actor-critic wrapper (its LM is ``lm``).
-_WRAPPER_SEGMENTS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
-_WRAPPER_PREFIXES = ("module.", "lm.")
-# Entries that are no part of the HF causal-LM checkpoint vLLM loads.
-_NOT_LM_PREFIXES = ("value_head.",)
-_BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
 def _import_vllm():
@@ -83,94 +83,6 @@ def _import_vllm():
             f"'rpeg[gpu]'; on a CPU machine {INSTALL_HINT}; or use runtime.engine: torch"
         ) from None
     return vllm
-
-
-# --------------------------------------------------------------------------- weight names
-def hf_weight_names(
-    state_dict: Mapping[str, torch.Tensor], *, tie_word_embeddings: bool
-) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs in the Hugging Face checkpoint layout that vLLM's
-    ``load_weights`` reads, from a trainer state dict (the policy's ``get_weights``).
-
-    Wrapper segments are removed (``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``,
-    ``_orig_mod.``, a leading ``module.`` or ``lm.``); the value head and rotary-embedding
-    buffers are dropped; ``lm_head.weight`` is dropped when the embeddings are tied (vLLM
-    ties it to ``model.embed_tokens.weight``, which is sent). DTensors must already be full
-    tensors. Two entries that map to one name are an error (a state dict of two models)."""
-    out: dict[str, torch.Tensor] = {}
-    for raw, tensor in state_dict.items():
-        name = raw
-        for seg in _WRAPPER_SEGMENTS:
-            name = name.replace(seg, "")
-        for pre in _WRAPPER_PREFIXES:
-            if name.startswith(pre):
-                name = name[len(pre) :]
-        if name.startswith(_NOT_LM_PREFIXES) or name.endswith(_BUFFER_SUFFIXES):
-            continue
-        if tie_word_embeddings and name == "lm_head.weight":
-            continue
-        if name in out:
-            raise RpegError(f"weight name {name!r} comes from two entries (one is {raw!r})")
-        out[name] = tensor
-    return list(out.items())
-
-
-# --------------------------------------------------------------------------- requests
-def sampling_kwargs(params: SamplingParams, cap: int, seed: int | None, stop_ids: Sequence[int]):
-    """Keyword arguments of one request's ``vllm.SamplingParams``: its own response cap and
-    seed; log-prob of the sampled token only (``logprobs=0``); token ids, no text."""
-    return dict(
-        n=1,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k if params.top_k > 0 else -1,
-        max_tokens=cap,
-        stop_token_ids=list(stop_ids),
-        logprobs=0,
-        seed=seed,
-        detokenize=False,
-    )
-
-
-def to_generation_output(
-    outs: Sequence[Any], pad_id: int, policy_version: int, *, logprobs_exact: bool
-) -> GenerationOutput:
-    """vLLM ``RequestOutput`` s (in prompt order) as a right-padded :class:`GenerationOutput`."""
-    b = len(outs)
-    r = max((len(o.outputs[0].token_ids) for o in outs), default=0)
-    ids = torch.full((b, r), pad_id, dtype=torch.long)
-    lps = torch.zeros((b, r), dtype=torch.float32)
-    lengths = torch.zeros(b, dtype=torch.long)
-    finished = torch.zeros(b, dtype=torch.bool)
-    for i, o in enumerate(outs):
-        c = o.outputs[0]
-        toks = list(c.token_ids)
-        n = len(toks)
-        lengths[i] = n
-        if n:
-            ids[i, :n] = torch.tensor(toks, dtype=torch.long)
-            if c.logprobs is None:
-                raise RpegError("vLLM returned no log-probs (the request asked for logprobs=0)")
-            lps[i, :n] = torch.tensor(
-                [step[t].logprob for step, t in zip(c.logprobs, toks, strict=True)]
-            )
-        finished[i] = c.finish_reason == "stop"
-    ntok = float(lengths.sum())
-    return GenerationOutput(
-        ids,
-        lps,
-        lengths,
-        finished,
-        policy_version=policy_version,
-        stats={"gen_tokens": ntok},
-        logprobs_exact=logprobs_exact,
-    )
-
-
-def processed_logprobs_supported(vllm_module: Any) -> bool:
-    """Whether this vLLM has the ``logprobs_mode`` engine argument (added in 0.10.2)."""
-    fields = getattr(vllm_module.EngineArgs, "__dataclass_fields__", {})
-    return "logprobs_mode" in fields
 
 
 def sleep_mode_available() -> bool:
@@ -453,14 +365,38 @@ class VLLMEngine:
             group.close()
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None:
+            segments = _engine_shm_segments(core)
             with contextlib.suppress(Exception):
-                core.shutdown()
+                core.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+            for path in segments:  # left by a process killed after the grace period
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
         elif llm is not None and hasattr(llm, "shutdown"):
             with contextlib.suppress(Exception):
                 llm.shutdown()
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+
+
+def _engine_shm_segments(core: Any) -> list[str]:
+    """The /dev/shm/psm_* segments mapped by this engine's processes (its engine core and
+    the core's workers): vLLM unlinks them when they exit in time; a process killed after
+    the shutdown grace period (a loaded machine) leaves them behind (160 MB each, measured)."""
+    try:
+        import psutil
+
+        procs = getattr(core.resources.engine_manager, "processes", [])
+        pids = [p.pid for p in procs if p.pid]
+        for pid in list(pids):
+            pids += [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except Exception:  # noqa: BLE001 -- another client kind, or the processes are gone
+        return []
+    out: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as fh:
+            out.update(line.split()[-1] for line in fh if "/dev/shm/psm_" in line.split()[-1])
+    return sorted(out)
 
 
 def shutdown_engine(engine: Any) -> None:
