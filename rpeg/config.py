@@ -393,6 +393,13 @@ class RuntimeConfig(Section):
     checkpoint_every: int = Field(10, ge=1)
     keep_last: int = Field(3, ge=1)
     resume: bool = False
+    degenerate_steps_limit: int = Field(
+        20,
+        ge=0,
+        description="stop after this many consecutive steps that cannot move the policy (all "
+        "advantages 0, non-finite or huge rewards, every update skipped; each is warned "
+        "about); 0 = warn only (rpeg.runtime.degenerate)",
+    )
     allow_change: list[Literal["algorithm", "staleness", "layout", "model"]] = Field(
         default_factory=list,
         description="with resume: what may differ from the checkpoint's commit marker "

@@ -155,10 +155,14 @@ class LocalTrainer:
         with open(out / "metrics.jsonl", "w") as fh:
             fh.writelines(json.dumps(h) + "\n" for h in self.history)
             fh.flush()
+            from rpeg.runtime.degenerate import DegenerateWatch
+
+            watch = DegenerateWatch(rt.degenerate_steps_limit)
             while self.step_index < steps:
                 m = self.step()
                 fh.write(json.dumps(m) + "\n")
                 fh.flush()
+                watch.check(int(m["step"]), m)  # after its line: the record shows the step
                 tb.add(self.step_index, m)
                 if store is not None and (
                     self.step_index % rt.checkpoint_every == 0 or self.step_index == steps
