@@ -163,6 +163,7 @@ class _Sink:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpeg-sink")
         self._pending: list[Any] = []
         self._last = -2  # the step recorded last (-2: none yet: the first record rewrites)
+        self.watch: Any = None  # rpeg.runtime.degenerate.DegenerateWatch, set by _train
         self.samples_from: list[Any] | None = None  # the driver's logged samples, per step
         self._samples_seen = 0
 
@@ -183,6 +184,8 @@ class _Sink:
         self._last = ins.step
         ctx = contextvars.copy_context()  # the flow run's context: its logger and artifacts
         self._pending.append(self._writer.submit(ctx.run, self._write, ins, snapshot, append))
+        if self.watch is not None:  # a step that cannot move the policy: warned, then stopped
+            self.watch.check(ins.step, ins.metrics)
 
     def _write(self, ins: Any, history: dict[int, dict[str, float]], append: bool = False) -> None:
         self.metrics.scalar(ins.step, ins.metrics)
@@ -336,6 +339,9 @@ def _train(
 
     sched.predicted_memory_gib = unit_memory_gib(c)  # named if a unit runs out of memory
     sink = _Sink(out, c.runtime.steps, progress, run.checkpoint_url)
+    from rpeg.runtime.degenerate import DegenerateWatch
+
+    sink.watch = DegenerateWatch(c.runtime.degenerate_steps_limit)
     sink.samples_from = run.logged_samples  # samples.jsonl's rows -> a Prefect table artifact
     rlog = run_logger()
     try:
