@@ -285,7 +285,14 @@ class TaskConfig(Section):
     )
     difficulty: int = Field(1, ge=1, le=5, description="synthetic tasks: 1 = easiest")
     rewards: list[str] = Field(
-        default_factory=lambda: ["exact_numeric"], description="built-in reward names"
+        default_factory=lambda: ["exact_numeric"],
+        description="reward names: built-in, or registered by a module of reward_modules",
+    )
+    reward_modules: list[str] = Field(
+        default_factory=list,
+        description="Python modules that register rewards (rpeg.runtime.rewards."
+        "register_reward) when imported; imported by the preflight, the local trainer and "
+        "every worker's actors, so they must be importable there (installed or on PYTHONPATH)",
     )
     heldout_size: int = Field(64, ge=0)
     seed: int = 0

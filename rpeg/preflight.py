@@ -232,10 +232,10 @@ def check_algorithm(config: RunConfig) -> list[Problem]:
 # ------------------------------------------------------------------------------ task
 def check_task(config: RunConfig) -> list[Problem]:
     from rpeg.runtime.data import check_examples, check_template
-    from rpeg.runtime.rewards import registered_rewards
+    from rpeg.runtime.rewards import load_reward_modules, registered_rewards
 
     t = config.task
-    out: list[Problem] = []
+    out: list[Problem] = load_reward_modules(t.reward_modules)  # their rewards register now
     known = registered_rewards()
     for i, name in enumerate(t.rewards):
         if name not in known:
