@@ -104,6 +104,28 @@ def get_reward(name: str) -> RewardFn:
     return _REGISTRY[name]
 
 
+def load_reward_modules(names: list[str]) -> list[Problem]:
+    """Import each module of ``task.reward_modules`` (an importable name: installed in the
+    workers' environment or on their PYTHONPATH, as the workers see it); a module that
+    registers its rewards with :func:`register_reward` at import. Problems name the module
+    and the import error. Imported once per process (Python's module cache)."""
+    import importlib
+
+    out = []
+    for i, name in enumerate(names):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
+            out.append(
+                Problem(
+                    f"task.reward_modules[{i}]",
+                    f"cannot import {name!r} ({type(exc).__name__}: {exc}); it must be "
+                    "importable in the driver and on every worker (installed, or on PYTHONPATH)",
+                )
+            )
+    return out
+
+
 def registered_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
@@ -408,7 +430,12 @@ class RewardSet:
 
     @classmethod
     def from_task(cls, task: Any) -> RewardSet:
-        """The rewards of a :class:`rpeg.config.TaskConfig` with its error-share limit."""
+        """The rewards of a :class:`rpeg.config.TaskConfig` with its error-share limit; its
+        ``reward_modules`` are imported first (in every process that builds one: the local
+        trainer, every rank's actor), so that their ``register_reward`` calls have run."""
+        problems = load_reward_modules(getattr(task, "reward_modules", None) or [])
+        if problems:
+            raise ConfigError(problems)
         return cls(
             task.rewards,
             max_error_share=task.max_reward_error_share,
