@@ -344,12 +344,14 @@ def _train(
     sink.watch = DegenerateWatch(c.runtime.degenerate_steps_limit)
     sink.samples_from = run.logged_samples  # samples.jsonl's rows -> a Prefect table artifact
     rlog = run_logger()
+    monitor = None
     try:
         n = sum(len(g.devices) for g in compiled.actor_groups)
         rlog.info(
             "starting %d actors in %d group(s); models load now", n, len(compiled.actor_groups)
         )
         start_with_retries(run, c.runtime.step_retries, warn=rlog.warning)
+        monitor = _stall_monitor(run, cl, c.runtime)
         rlog.info("actors ready in %.1f s", run.actor_start_s)
         state = run.restore() if c.runtime.resume else None
         if state is not None:
@@ -360,6 +362,8 @@ def _train(
             ins = _drive(run, sched, M.Recovered(run.recover()), sink, fault_hook)
         checksums = run.param_checksums()
     finally:
+        if monitor is not None:
+            monitor.stop()
         try:
             run.close()
             if owned:
@@ -370,6 +374,26 @@ def _train(
     # steps run by this call (the summary's steps count the resumed run's from its start)
     summary["steps_run"] = summary["steps"] - (int(state["step"]) if state is not None else 0)
     return summary
+
+
+def _stall_monitor(run: Any, cluster: Any, rt: Any) -> Any:
+    """A worker that stops answering: warned about after runtime.worker_stall_warn_s, killed
+    (then recovered as lost) after runtime.worker_lost_after_s (rpeg.runtime.actors.
+    stall_watch); None for a cluster object that cannot ping (tests' doubles)."""
+    if not hasattr(cluster, "answering"):
+        return None
+    from rpeg.runtime.actors.stall_watch import StallMonitor
+
+    def held() -> dict[str, str]:
+        out: dict[str, list[str]] = {}
+        for (g, r), addr in dict(run.actors.placement).items():
+            out.setdefault(addr, []).append(f"{g} rank {r}")
+        return {a: ", ".join(v) for a, v in out.items()}
+
+    every = min(5.0, rt.worker_stall_warn_s / 2)
+    return StallMonitor(
+        cluster, held, rt.worker_stall_warn_s, rt.worker_lost_after_s, every_s=every
+    ).start()
 
 
 def _setup(config: RunConfig, cluster_address: Any, resume: bool, cluster: Any):

@@ -400,6 +400,15 @@ class RuntimeConfig(Section):
     checkpoint_every: int = Field(10, ge=1)
     keep_last: int = Field(3, ge=1)
     resume: bool = False
+    worker_stall_warn_s: float = Field(
+        60.0, gt=0, description="distributed: warn when a worker has not answered a ping this long"
+    )
+    worker_lost_after_s: float = Field(
+        300.0,
+        ge=0,
+        description="distributed: a worker silent this long (stopped, hung) is killed and "
+        "handled as lost (the run recovers from its last checkpoint); 0 = never",
+    )
     degenerate_steps_limit: int = Field(
         20,
         ge=0,
