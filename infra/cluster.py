@@ -97,6 +97,16 @@ async def _end_process() -> None:
     os._exit(137)
 
 
+def _kill_worker_process(dask_worker: Any) -> int:
+    """Run on a nanny (``client.run(..., nanny=True)``): SIGKILL its worker process."""
+    import signal
+
+    pid = dask_worker.pid
+    if pid:
+        os.kill(pid, signal.SIGKILL)
+    return int(pid or 0)
+
+
 @dataclass
 class Cluster:
     """A Dask client plus (for local runs) the LocalCluster it owns."""
@@ -172,6 +182,12 @@ class Cluster:
         ``restart_workers``)."""
         with contextlib.suppress(Exception):
             self.client.run(_end_process, workers=list(addrs), wait=False)
+
+    def kill_from_nanny(self, addrs: list[str]) -> None:
+        """SIGKILL these workers' processes from their nannies (a stopped or hung process
+        cannot run ``end_processes``' function; the nanny then starts a fresh one)."""
+        with contextlib.suppress(Exception):
+            self.client.run(_kill_worker_process, workers=list(addrs), nanny=True)
 
     def worker_pids(self) -> dict[str, int]:
         return self.client.run(os.getpid)
