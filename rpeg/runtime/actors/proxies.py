@@ -92,8 +92,10 @@ def _result_watching(f: Any, others: Sequence[Any], deadline: float | None) -> A
         try:
             return f.result(timeout=WATCH_S if left is None else max(0.001, min(WATCH_S, left)))
         except TimeoutError:
-            if f.done() or (left is not None and left <= WATCH_S):
-                raise  # f's own TimeoutError, or the caller's timeout passed
+            if f.done():  # finished while the wait timed out: its own outcome, not a timeout
+                return f.result(timeout=1.0)
+            if left is not None and left <= WATCH_S:
+                raise  # the caller's timeout passed
         for g in others:
             if g.done():
                 g.result(timeout=1.0)  # its error, raised here; a result: keep waiting

@@ -101,3 +101,24 @@ def test_fault_point_ends_the_process_once(tmp_path):
     assert "trainer 1 train 2" in once.read_text()
     again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert again.returncode == 0 and "survived" in again.stdout  # the replacement lives
+
+
+class _LateFut:
+    """A future whose result arrives while a bounded wait times out (the race of distributed's
+    ActorFuture: result(timeout) raised TimeoutError, done() was already True)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def result(self, timeout=None):
+        self.calls += 1
+        if self.calls == 1:
+            raise TimeoutError("timed out after 0.5 s.")
+        return "value"
+
+    def done(self):
+        return self.calls >= 1
+
+
+def test_a_result_that_arrives_as_the_poll_times_out_is_returned_not_a_timeout():
+    assert collect([_LateFut(), _Fut(2)]) == ["value", 2]
