@@ -126,6 +126,7 @@ class RankActor:
             device=self.device,
             # fp32 masters for trainable roles, compute in the plan's dtype (rpeg.runtime.precision)
             compute_dtype=torch_dtype(self.layout.dtype),
+            engine_memory=self.group.get("gen_memory_utilization"),  # the plan's generate unit
         )
         self.rewards, self.heldout = built.rewards, built.heldout
         self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
@@ -536,6 +537,7 @@ class RankActor:
         over the weight-sync group as it fills (GPU: no host copy; the others drop theirs)."""
         from rpeg.runtime.actors.weight_sync import send_buckets, stream_buckets
 
+        self._fault("sync", self.policy_version())
         t0 = time.perf_counter()
         v = int(self.actor.policy_version)
         meta, fetch = self.actor.weight_source()
