@@ -37,7 +37,7 @@ while (($#)); do
     --max-mib) MAX_MIB="$2"; shift 2 ;;
     --no-prefect) PREFECT=0; shift ;;
     --image-wheels) IMAGE_WHEELS="$2"; shift 2 ;;
-    -h|--help) sed -n 2,27p "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
     -*) echo "device_kit: unknown option $1" >&2; exit 2 ;;
     *) OUT="$1"; shift ;;
   esac
