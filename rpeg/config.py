@@ -106,11 +106,14 @@ class RolloutCorrectionConfig(Section):
         description="stale = correct a step's batch only when it holds samples of an older "
         "policy version (the engine's numerics alone are not corrected); all = every step",
     )
-    measure: bool = Field(
-        True,
-        description="recompute the old log-probs with a trainer forward every step so the "
-        "rollout/trainer mismatch (logprob_mismatch_*) is measured; false = only on steps "
-        "that recompute anyway (stale samples, recompute_old_logprobs, apply_to=all)",
+    measure: Literal["first_update", "forward"] = Field(
+        "first_update",
+        description="how the rollout/trainer mismatch (logprob_mismatch_*) is measured on "
+        "steps that reuse the engine's log-probs as the old ones: first_update = on the rows "
+        "of the step's first optimizer update, whose forward runs at the old weights (no extra "
+        "forward; a random 1/train_minibatches of the rows); forward = recompute the old "
+        "log-probs with a forward every step (every token). Steps that recompute anyway "
+        "(stale rows, recompute_old_logprobs, apply_to=all) measure every token",
     )
     mismatch_threshold: float = Field(
         0.2,

@@ -22,12 +22,15 @@ import torch
 from rpeg.config import AlgorithmConfig, OptimConfig, WorkloadConfig
 from rpeg.errors import ConfigError, Problem
 from rpeg.runtime.algorithms import (
+    add_sums,
     aggregate,
     check_minibatch,
     correction_weights,
     kl_penalty,
     lag_metrics,
     masked_mean,
+    mismatch_from_sums,
+    mismatch_sums,
     policy_loss,
     value_loss,
     version_lags,
@@ -147,6 +150,9 @@ class PolicyWorker:
         # sets it: runtime.max_staleness or the plan's); None = not checked
         self.max_staleness: int | None = None
         self._update_lag_max = -1
+        # the mismatch measured on the first update's forward (train_step, before_update)
+        self._measure_first = self._measuring = False
+        self._mm_sums: torch.Tensor | None = None
         self.generator = torch.Generator().manual_seed(seed)
         self.seed = seed
         # forwards run under autocast to it (rpeg.runtime.precision); the weights keep the
@@ -382,10 +388,19 @@ class PolicyWorker:
         a = self.algorithm
         t0 = time.perf_counter()
         rc = a.rollout_correction
-        # stale anywhere in the data-parallel group: every rank corrects alike
-        here = torch.tensor([int(bool((batch.policy_version < self.policy_version).any()))])
-        stale = bool(self.reduce.max(here)[0])
+        # stale / old log-probs recomputed anywhere in the data-parallel group: every rank
+        # acts alike. Old log-probs that are the engine's own were not compared with the
+        # trainer's: the first update's forward (at the old weights) measures the mismatch
+        here = torch.tensor(
+            [
+                int(bool((batch.policy_version < self.policy_version).any())),
+                int(not torch.equal(batch.old_logprobs, batch.sample_logprobs)),
+            ]
+        )
+        flags = self.reduce.max(here)
+        stale, recomputed = bool(flags[0]), bool(flags[1])
         correct = rc.mode != "none" and (stale or rc.apply_to == "all")
+        self._measure_first, self._mm_sums = not recomputed, None
         low, high = rc.bounds()
 
         dev = self.device
@@ -396,6 +411,9 @@ class PolicyWorker:
                 micro, batch.temperature, with_entropy=True, entropy_grad=a.entropy_coef != 0
             )
             mask = micro.response_mask
+            if self._measuring:  # update 0: lp are the trainer's log-probs at the old weights
+                s = mismatch_sums(lp, micro.sample_logprobs, mask, threshold=rc.mismatch_threshold)
+                self._mm_sums = s if self._mm_sums is None else add_sums(self._mm_sums, s)
             w, cm = None, {}
             if correct:  # rpeg.runtime.algorithms.mismatch: TIS, masked IS, IcePop
                 w, cm = correction_weights(
@@ -437,6 +455,11 @@ class PolicyWorker:
 
         self._update_lag_max = -1
         out = minibatch_updates(self, batch, micro_loss)
+        self._measuring = False
+        if self._measure_first:  # every rank of the group (a collective)
+            none = torch.zeros(5, dtype=torch.float64)
+            sums = self._mm_sums if self._mm_sums is not None else none
+            out.update(mismatch_from_sums(sums, self.reduce))
         lags = version_lags(self.policy_version, batch.policy_version)
         out.update(
             lag_metrics(
@@ -461,6 +484,9 @@ class PolicyWorker:
             lags, self.max_staleness, update=update, updates_per_step=per_step, reduce=self.reduce
         )
         self._update_lag_max = max(self._update_lag_max, top)
+        # the first update's forward runs at the old weights: it measures the mismatch (of
+        # the rows this rank holds; not on the stand-in row of a rank without any)
+        self._measuring = self._measure_first and update == 0 and mini is not None
 
     # --- weights and checkpoints ----------------------------------------------------------
     def get_weights(self, keep_device: bool = False) -> dict[str, torch.Tensor]:

@@ -358,7 +358,7 @@ def run_stage(
         return old_logprob_stage(
             ctx.actor,
             batch,
-            recompute=a.recompute_old_logprobs or rc.measure or rc.apply_to == "all",
+            recompute=a.recompute_old_logprobs or rc.measure == "forward" or rc.apply_to == "all",
             mismatch_threshold=rc.mismatch_threshold,
             reduce=ctx.reduce,
         )

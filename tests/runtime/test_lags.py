@@ -169,3 +169,27 @@ def test_mismatch_follows_the_engine_not_the_trainer(tiny):
     assert m["logprob_mismatch_mean"] == pytest.approx(0.1, abs=1e-4)
     assert m["logprob_mismatch_k3"] == pytest.approx(0.0048374, abs=1e-5)
     assert m["logprob_mismatch_frac_over"] == 0.0
+
+
+def test_mismatch_measured_on_the_first_update_without_an_extra_forward(tiny):
+    # old log-probs reused from the engine (no recompute): the step's first optimizer update
+    # runs its forward at the old weights, so its rows give the trainer's log-probs: r = -0.1
+    # on every token again (later updates, after the weights moved, are not counted):
+    # mean 0.1, k3 = exp(-0.1) - 1 + 0.1 = 0.0048374
+    from rpeg.runtime.engines.torch_engine import TorchEngine
+
+    cfg, _, _ = _setup(tiny)  # 2 mini-batches x 2 epochs
+    model, tok = tiny
+    lm = copy.deepcopy(model)
+    eng = _ShiftedEngine(TorchEngine(lm, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id))
+    w = PolicyWorker(
+        lm, tok, algorithm=cfg.algorithm, optim=cfg.optim, workload=cfg.workload, engine=eng
+    )
+    batch, _ = stages.generate_stage(w, [ArithmeticSource(1)[i] for i in range(2)], 4, seed=0)
+    batch = batch.replace(rewards=torch.arange(8, dtype=torch.float32))
+    batch, m0 = stages.old_logprob_stage(w, batch, recompute=False)
+    assert "logprob_mismatch_mean" not in m0
+    batch, _ = stages.advantage_stage(batch, cfg.algorithm, 4)
+    m = w.train_step(batch)
+    assert m["logprob_mismatch_mean"] == pytest.approx(0.1, abs=1e-4)
+    assert m["logprob_mismatch_k3"] == pytest.approx(0.0048374, abs=1e-5)

@@ -152,7 +152,7 @@ def test_dropped_tokens_add_nothing_but_stay_in_the_denominator():
 
 def test_config_defaults_and_bad_input():
     rc = RunConfig().algorithm.rollout_correction
-    assert (rc.mode, rc.apply_to, rc.measure) == ("token_tis", "stale", True)
+    assert (rc.mode, rc.apply_to, rc.measure) == ("token_tis", "stale", "first_update")
     assert rc.bounds() == (None, 2.0)
     icepop = RunConfig.from_dict({"algorithm": {"rollout_correction": {"mode": "icepop"}}})
     assert icepop.algorithm.rollout_correction.bounds() == (0.5, 5.0)

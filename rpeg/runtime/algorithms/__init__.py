@@ -25,10 +25,17 @@ from rpeg.runtime.algorithms.losses import (
     token_logprobs,
     value_loss,
 )
-from rpeg.runtime.algorithms.mismatch import correction_weights, mismatch_metrics
+from rpeg.runtime.algorithms.mismatch import (
+    add_sums,
+    correction_weights,
+    mismatch_from_sums,
+    mismatch_metrics,
+    mismatch_sums,
+)
 
 __all__ = [
     "StaleSampleError",
+    "add_sums",
     "aggregate",
     "check_minibatch",
     "chunked_token_logprobs",
@@ -40,7 +47,9 @@ __all__ = [
     "lag_metrics",
     "masked_mean",
     "masked_whiten",
+    "mismatch_from_sums",
     "mismatch_metrics",
+    "mismatch_sums",
     "outcome_token_rewards",
     "policy_loss",
     "reinforce_pp_advantages",

@@ -38,6 +38,43 @@ CORRECTION_MODES = ("none", "token_tis", "seq_tis", "token_mis", "seq_mis", "ice
 LOG_RATIO_BOUND = 20.0
 
 
+def mismatch_sums(
+    train: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, *, threshold: float = 0.2
+) -> torch.Tensor:
+    """``[5]`` float64 over the masked tokens: sum ``|r|``, sum ``exp(r) - 1 - r``, tokens
+    with ``|exp(r) - 1| > threshold``, tokens, max ``|r|`` -- what :func:`mismatch_from_sums`
+    turns into metrics; sums of several micro-batches add (the max: ``maximum``)."""
+    m = mask.to(torch.float64)
+    r = (train.detach().to(torch.float64) - rollout.to(torch.float64)) * m
+    rb = r.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    over = ((torch.exp(rb) - 1.0).abs() > threshold).to(torch.float64) * m
+    top = r.abs().max() if r.numel() else r.new_zeros(())
+    return torch.stack(
+        [r.abs().sum(), ((torch.exp(rb) - 1.0 - rb) * m).sum(), over.sum(), m.sum(), top]
+    ).cpu()
+
+
+def add_sums(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Two :func:`mismatch_sums` combined (sums added, the max kept)."""
+    return torch.cat([a[:4] + b[:4], torch.maximum(a[4:], b[4:])])
+
+
+def mismatch_from_sums(sums: torch.Tensor, reduce: RankReduce = LOCAL) -> dict[str, float]:
+    """The ``logprob_mismatch_*`` metrics of :func:`mismatch_sums` (all-reduced over the
+    data-parallel group with ``reduce``: every rank calls it). No token: all 0."""
+    total = reduce.sum(sums[:4].clone())
+    biggest = reduce.max(sums[4:].clone())
+    n = float(total[3])
+    if n == 0:
+        return dict.fromkeys(MISMATCH_KEYS, 0.0)
+    return {
+        "logprob_mismatch_mean": float(total[0]) / n,
+        "logprob_mismatch_k3": float(total[1]) / n,
+        "logprob_mismatch_frac_over": float(total[2]) / n,
+        "logprob_mismatch_max": float(biggest[0]),
+    }
+
+
 def mismatch_metrics(
     train: torch.Tensor,
     rollout: torch.Tensor,
@@ -56,22 +93,7 @@ def mismatch_metrics(
     * ``logprob_mismatch_max``: ``max |r|``.
 
     ``train``, ``rollout``, ``mask`` ``[B,T]``. No token: all 0."""
-    m = mask.to(torch.float64)
-    r = (train.to(torch.float64) - rollout.to(torch.float64)) * m
-    rb = r.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    over = ((torch.exp(rb) - 1.0).abs() > threshold).to(torch.float64) * m
-    sums = torch.stack([r.abs().sum(), ((torch.exp(rb) - 1.0 - rb) * m).sum(), over.sum(), m.sum()])
-    sums = reduce.sum(sums)
-    biggest = reduce.max(r.abs().max().reshape(1) if r.numel() else torch.zeros(1, dtype=r.dtype))
-    n = float(sums[3])
-    if n == 0:
-        return dict.fromkeys(MISMATCH_KEYS, 0.0)
-    return {
-        "logprob_mismatch_mean": float(sums[0]) / n,
-        "logprob_mismatch_k3": float(sums[1]) / n,
-        "logprob_mismatch_frac_over": float(sums[2]) / n,
-        "logprob_mismatch_max": float(biggest[0]),
-    }
+    return mismatch_from_sums(mismatch_sums(train, rollout, mask, threshold=threshold), reduce)
 
 
 def correction_weights(
