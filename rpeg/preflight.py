@@ -231,7 +231,8 @@ def check_algorithm(config: RunConfig) -> list[Problem]:
 
 # ------------------------------------------------------------------------------ task
 def check_task(config: RunConfig) -> list[Problem]:
-    from rpeg.runtime.data import check_examples, check_template
+    from rpeg.runtime.data import check_template
+    from rpeg.runtime.datasets.files import check_examples
     from rpeg.runtime.rewards import load_reward_modules, registered_rewards
 
     t = config.task

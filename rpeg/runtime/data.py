@@ -16,15 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpeg.errors import ConfigError, Problem
+from rpeg.runtime.datasets.files import (  # MAX_ROW_PROBLEMS etc.: the data API in one place
+    MAX_ROW_PROBLEMS,  # noqa: F401
+    ChatMessage,
+    RowKeys,
+    check_examples,  # noqa: F401
+    gsm8k_final_answer,  # noqa: F401
+    load_row_texts,
+)
 from rpeg.runtime.rewards import parse_rational
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    """One message of a chat prompt (verl's and TRL's ``{role, content}``)."""
-
-    role: str
-    content: str
 
 
 @dataclass(frozen=True)
@@ -165,30 +165,14 @@ class CountdownSource:
         )
 
 
-# --- files (rpeg.runtime.datasets.files) -------------------------------------------------
-from rpeg.runtime.datasets.files import (  # noqa: E402  (re-exported: the data API in one place)
-    MAX_ROW_PROBLEMS,
-    RowKeys,
-    check_examples,
-    gsm8k_final_answer,
-    load_examples,
-)
-
-__all__ = [
-    "MAX_ROW_PROBLEMS",
-    "ArithmeticSource",
-    "ChatMessage",
-    "CountdownSource",
-    "DataCursor",
-    "Example",
-    "PromptShard",
-    "RowKeys",
-    "build_task_data",
-    "check_examples",
-    "check_template",
-    "gsm8k_final_answer",
-    "load_examples",
-]
+# --- files (rpeg.runtime.datasets.files reads them) ------------------------------------------
+def load_examples(url: str, kind: str | None = None, keys: RowKeys = RowKeys()) -> list[Example]:
+    """Read a data file (local path or fsspec URL) into examples; every bad row (up to
+    ``MAX_ROW_PROBLEMS``) is reported at once (rpeg.runtime.datasets.files)."""
+    return [
+        Example(r.question, r.answer, r.solution, r.messages, r.system_prompt)
+        for r in load_row_texts(url, kind, keys)
+    ]
 
 
 def check_template(template: str, where: str = "task.prompt_template") -> list[Problem]:

@@ -28,6 +28,26 @@ DEFAULT_ANSWER_KEYS = ("answer", "solution")
 
 
 @dataclass(frozen=True)
+class ChatMessage:
+    """One message of a chat prompt (verl's and TRL's ``{role, content}``)."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class RowText:
+    """What a row holds for an example (rpeg.runtime.data.load_examples makes the
+    :class:`rpeg.runtime.data.Example`)."""
+
+    question: str
+    answer: str
+    solution: str
+    messages: tuple[ChatMessage, ...] = ()
+    system_prompt: str = ""
+
+
+@dataclass(frozen=True)
 class RowKeys:
     """Where a row keeps its prompt and its reference answer."""
 
@@ -122,10 +142,8 @@ def row_problem(row: Any, keys: RowKeys = RowKeys()) -> str | None:
     return None
 
 
-def row_to_example(row: dict[str, Any], where: str, keys: RowKeys = RowKeys()):
-    """The :class:`rpeg.runtime.data.Example` of a row (``ConfigError`` naming ``where``)."""
-    from rpeg.runtime.data import ChatMessage, Example
-
+def row_text(row: dict[str, Any], where: str, keys: RowKeys = RowKeys()) -> RowText:
+    """The example a row holds (``ConfigError`` naming ``where``)."""
     why = row_problem(row, keys)
     if why:
         raise ConfigError([Problem(where, why)])
@@ -141,7 +159,7 @@ def row_to_example(row: dict[str, Any], where: str, keys: RowKeys = RowKeys()):
         question = q
     if keys.system_prompt and messages and messages[0].role != "system":
         messages = (ChatMessage("system", keys.system_prompt), *messages)
-    return Example(
+    return RowText(
         question,
         gsm8k_final_answer(a),
         solution=a,
@@ -278,8 +296,8 @@ def check_examples(
     return problems
 
 
-def load_examples(url: str, kind: str | None = None, keys: RowKeys = RowKeys()) -> list:
-    """Read a data file (local path or fsspec URL) into examples; every bad row (up to
+def load_row_texts(url: str, kind: str | None = None, keys: RowKeys = RowKeys()) -> list[RowText]:
+    """Read a data file (local path or fsspec URL) into row texts; every bad row (up to
     :data:`MAX_ROW_PROBLEMS`) is reported at once."""
     kind = file_kind(url, kind)
     problems: list[Problem] = []
@@ -291,4 +309,4 @@ def load_examples(url: str, kind: str | None = None, keys: RowKeys = RowKeys()) 
         raise ConfigError(problems, title=f"invalid data file {url}")
     if not rows:
         raise ConfigError([Problem("task.url", f"{url!r} holds no examples")])
-    return [row_to_example(r, f"{url}:{i}", keys) for i, r in rows]
+    return [row_text(r, f"{url}:{i}", keys) for i, r in rows]

@@ -30,10 +30,9 @@ def fit_prompt_lengths(config: Any, log: Callable[[str], None] | None = None):
     """``config`` with ``workload.max_prompt_tokens`` fitted to the data when unset (see the
     module doc); ConfigError for unreadable data or, with ``task.overlong: error``, for
     prompts over the limit."""
-    from rpeg.runtime.datasets.files import RowKeys, load_examples
+    from rpeg.runtime.data import check_template, load_examples
+    from rpeg.runtime.datasets.files import RowKeys
     from rpeg.runtime.datasets.prompts import prompt_format, render_examples
-
-    from rpeg.runtime.data import check_template
 
     say = log or (lambda s: None)
     t, w = config.task, config.workload
