@@ -97,3 +97,13 @@ def fault_point(group: str, rank: int, phase: str, step: int) -> None:
     os.write(fd, f"{group} {rank} {phase} {step} pid={os.getpid()}\n".encode())
     os.close(fd)
     os._exit(EXIT_CODE)
+
+
+def arm(spec: str | None) -> None:
+    """Set (``spec``) or clear (None) ``RPEG_FAULT_AT`` in this process: what a test runs on
+    every running worker (``client.run(arm, spec)``; ``os.environ.__setitem__`` would be
+    pickled with a copy of the caller's environment and set that copy)."""
+    if spec is None:
+        os.environ.pop(ENV, None)
+    else:
+        os.environ[ENV] = spec

@@ -122,3 +122,13 @@ class _LateFut:
 
 def test_a_result_that_arrives_as_the_poll_times_out_is_returned_not_a_timeout():
     assert collect([_LateFut(), _Fut(2)]) == ["value", 2]
+
+
+def test_arm_sets_and_clears_the_variable(monkeypatch):
+    from rpeg.runtime.actors.fault_points import arm
+
+    monkeypatch.delenv(ENV, raising=False)
+    arm("group=g rank=0 phase=train step=1 once=/x")
+    assert os.environ[ENV].startswith("group=g")
+    arm(None)
+    assert ENV not in os.environ

@@ -22,12 +22,11 @@ firing twice. Each case is a full run (~1-3 min on the 2-core machine): slow.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
 
-from rpeg.runtime.actors.fault_points import ENV
+from rpeg.runtime.actors.fault_points import arm
 
 pytestmark = pytest.mark.slow
 
@@ -89,17 +88,19 @@ def _reference(k, make_config, tmp_path_factory, cluster):
 
 
 def _set_fault(cluster, spec):
-    os.environ[ENV] = spec  # replacements spawned by the nannies inherit it
-    cluster.client.run(os.environ.__setitem__, ENV, spec)
+    arm(spec)  # here too: replacements spawned by the nannies inherit this environment
+    cluster.client.run(arm, spec)
 
 
 def _clear_fault(cluster):
-    os.environ.pop(ENV, None)
-    cluster.client.run(os.environ.pop, ENV, None)
+    arm(None)
+    cluster.client.run(arm, None)
 
 
 @pytest.mark.parametrize(
-    "k,group,rank,phase,step", CASES, ids=[f"k{c[0]}-{c[1]}{c[2]}-{c[3]}" for c in CASES]
+    "k,group,rank,phase,step",
+    CASES,
+    ids=[f"k{c[0]}-{'rank' if c[1] == '*' else c[1]}{c[2]}-{c[3]}" for c in CASES],
 )
 def test_a_rank_killed_at_a_fault_point_recovers_to_the_uninterrupted_run(
     tmp_path,
