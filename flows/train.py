@@ -324,7 +324,7 @@ def _train(
     from rpeg.runtime.actors.failures import start_with_retries
 
     t_start = time.perf_counter()
-    c, compiled, cl, owned = _setup(config, cluster_address, resume, cluster)
+    c, compiled, cl, owned = _setup(config, cluster_address, resume, cluster, progress)
     out = Path(c.runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compiled_step.yaml").write_text(compiled.to_yaml())
@@ -347,12 +347,15 @@ def _train(
     monitor = None
     try:
         n = sum(len(g.devices) for g in compiled.actor_groups)
-        rlog.info(
-            "starting %d actors in %d group(s); models load now", n, len(compiled.actor_groups)
+        _phase(
+            progress,
+            "starting %d actors in %d group(s); models load now",
+            n,
+            len(compiled.actor_groups),
         )
         start_with_retries(run, c.runtime.step_retries, warn=rlog.warning)
         monitor = _stall_monitor(run, cl, c.runtime)
-        rlog.info("actors ready in %.1f s", run.actor_start_s)
+        _phase(progress, "actors ready (models loaded, warmed up) in %.1f s", run.actor_start_s)
         state = run.restore() if c.runtime.resume else None
         if state is not None:
             rlog.info("resumed from checkpoint at step %d", state["step"])
@@ -396,7 +399,17 @@ def _stall_monitor(run: Any, cluster: Any, rt: Any) -> Any:
     ).start()
 
 
-def _setup(config: RunConfig, cluster_address: Any, resume: bool, cluster: Any):
+def _phase(shown: bool, msg: str, *args: Any) -> None:
+    """A start-up phase: the run's log, and the console when the progress is shown (the
+    CLI quiets Prefect's console logs: ~16 s of start-up used to pass without a word)."""
+    run_logger().info(msg, *args)
+    if shown:
+        print(f"start-up: {msg % args}", flush=True)
+
+
+def _setup(
+    config: RunConfig, cluster_address: Any, resume: bool, cluster: Any, progress: bool = False
+):
     """(config, compiled step, cluster, whether we own the cluster): every input checked
     before any actor starts."""
     from rpeg.infra.cluster import start_cluster
@@ -425,7 +438,7 @@ def _setup(config: RunConfig, cluster_address: Any, resume: bool, cluster: Any):
     owned = cluster is None  # we started the LocalCluster or connected the client
     if cl is None:
         n_workers = max(c.cluster.n_workers, compiled.num_devices)
-        rlog.info("starting a Dask LocalCluster with %d worker processes", n_workers)
+        _phase(progress, "starting a Dask LocalCluster with %d worker processes", n_workers)
         t_cl = time.perf_counter()
         cl = start_cluster(
             None,
@@ -434,7 +447,7 @@ def _setup(config: RunConfig, cluster_address: Any, resume: bool, cluster: Any):
             torch_threads=c.runtime.torch_threads,
             cluster_config=c.cluster,
         )
-        rlog.info("LocalCluster up in %.1f s", time.perf_counter() - t_cl)
+        _phase(progress, "LocalCluster up in %.1f s", time.perf_counter() - t_cl)
     _check_worker_gpus(c, compiled, cl, owned)
     return c, compiled, cl, owned
 

@@ -50,6 +50,8 @@ def test_first_day_both_runtimes(user_files, tmp_path, data):
         assert "done: 3 steps" in log
         if runtime == "distributed":  # stdout is a pipe here: one line per step
             assert [f"step {i}/3:" in log for i in (1, 2, 3)] == [True] * 3
+            assert "start-up: LocalCluster up in" in log  # the start-up phases, as they happen
+            assert "start-up: actors ready" in log
         rows = [json.loads(x) for x in (d / "out" / "samples.jsonl").read_text().splitlines()]
         assert sorted({r["step"] for r in rows}) == [1, 2, 3] and len(rows) == 12
         assert all(r["prompt"].startswith("<|im_start|>user\n") for r in rows)
