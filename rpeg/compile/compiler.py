@@ -413,6 +413,7 @@ def _group_layouts(
         g.dp = max(1, g.world_size // up.tp)
         g.fsdp = bool(train) and up.engine == "fsdp"
         g.gen_tp = plan.units[gen[0]].tp if gen else g.tp
+        g.gen_memory_utilization = plan.units[gen[0]].gpu_memory_utilization if gen else None
         g.device_type = dev
         g.dtype = dtype
         g.reshard_after_forward = not (g.fsdp and g.dp > 1 and _keeps_gathered(config, up, dtype))

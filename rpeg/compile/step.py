@@ -37,6 +37,9 @@ class ActorGroupSpec:
     tp: int = 1
     fsdp: bool = False
     gen_tp: int = 1
+    # the generate unit's gpu_memory_utilization (a vLLM engine's KV-cache budget share of
+    # its device); None: the group generates nothing (or an old compiled step)
+    gen_memory_utilization: float | None = None
     # FSDP training: free each block's gathered parameters after its forward (False: keep
     # them gathered until backward; the plan's reshard_after_forward, "auto" resolved here)
     reshard_after_forward: bool = True

@@ -115,6 +115,7 @@ def build_roles(
     place: Callable[[torch.nn.Module], Any] | None = None,
     log: Callable[[str], None] | None = None,
     compute_dtype: torch.dtype | None = None,
+    engine_memory: float | None = None,
     device: torch.device | None = None,
 ) -> Roles:
     """The task's data and rewards and the ``roles`` (of :data:`ROLE_NAMES`) of one process.
@@ -122,8 +123,9 @@ def build_roles(
     ``engine_kind(model)``: "torch" or "vllm" (asked only when the process holds the actor);
     a vLLM engine always holds its own weights, a torch one only with ``lagging_engine`` (a
     bounded-staleness generator); ``colocated``: the engine shares its device with
-    training (vLLM sleep mode). ``place(model)`` moves the built model before any role
-    copies it (a rank's device); ``device``: where the model is built
+    training (vLLM sleep mode); ``engine_memory``: the plan's ``gpu_memory_utilization`` of
+    the generate unit for a vLLM engine (None: the plan schema's default). ``place(model)``
+    moves the built model before any role copies it (a rank's device); ``device``: where the model is built
     (:func:`build_policy`), so ``place`` has nothing to move.
 
     Precision (rpeg.runtime.precision): trainable roles hold fp32 master weights; frozen ones
@@ -164,7 +166,14 @@ def build_roles(
         engine = None
         kind = engine_kind(model)
         if kind == "vllm" or lagging_engine:  # a generator with its own weights
-            engine = build_engine(kind, model, tok, config=c, colocated=colocated)
+            engine = build_engine(
+                kind,
+                model,
+                tok,
+                config=c,
+                colocated=colocated,
+                gpu_memory_utilization=engine_memory,  # the plan's (vLLM's KV-cache share)
+            )
             if isinstance(getattr(engine, "model", None), torch.nn.Module):
                 engine.model.to(dtype=frozen)
         if not actor_trainable:

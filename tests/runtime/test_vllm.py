@@ -441,3 +441,51 @@ def test_refresh_engine_after_a_weight_receive(tiny):
         own.shutdown()
     assert own.policy_version == 5
     assert set(llm.workers[0].model_runner.model.loaded) == set(names)
+
+
+def test_the_plans_memory_share_reaches_the_vllm_engine(tiny, monkeypatch):
+    """gpu_memory_utilization comes from the plan's generate unit (compiled into the group),
+    the engine's dtype from the policy's precision, sleep mode from colocation."""
+    from rpeg.compile import compile_plan
+    from rpeg.runtime.engines import choice
+    from rpeg.runtime.engines.vllm import VLLMEngine
+
+    cfg = RunConfig().with_overrides(
+        {
+            "cluster.n_workers": 1,
+            "cluster.num_devices": 1,
+            "plan": {
+                "cluster": "local-cpu",
+                "model": "rpeg-tiny",
+                "graph": {"builder": None},
+                "units": {
+                    u: {
+                        "devices": "0",
+                        **({"gpu_memory_utilization": 0.3} if u == "generate" else {}),
+                    }
+                    for u in (
+                        "generate",
+                        "reward",
+                        "ref_logprob",
+                        "old_logprob",
+                        "advantage",
+                        "train_actor",
+                        "sync_weights",
+                    )
+                },
+            },
+        }
+    )
+    (group,) = [g for g in compile_plan(None, cfg).actor_groups if "generate" in g.units]
+    assert group.gen_memory_utilization == 0.3
+    got = {}
+    monkeypatch.setattr(VLLMEngine, "from_model", classmethod(lambda cls, m, **kw: got.update(kw)))
+    model, tok = tiny
+    choice.build_engine("vllm", model, tok, config=cfg, colocated=True, gpu_memory_utilization=0.3)
+    assert got["gpu_memory_utilization"] == 0.3 and got["sleep_mode"] is True
+    assert got["dtype"] == "float32"  # an fp32 policy's engine (was bf16: 1.4e-2 off)
+    choice.build_engine("vllm", model, tok, config=cfg, colocated=False)
+    assert got["gpu_memory_utilization"] == 0.8 and got["sleep_mode"] is False  # schema default
+    bf16 = cfg.with_overrides({"workload.precision": "bf16"})
+    choice.build_engine("vllm", model, tok, config=bf16, colocated=False)
+    assert got["dtype"] == "bfloat16"

@@ -126,6 +126,7 @@ class RankActor:
             device=self.device,
             # fp32 masters for trainable roles, compute in the plan's dtype (rpeg.runtime.precision)
             compute_dtype=torch_dtype(self.layout.dtype),
+            engine_memory=self.group.get("gen_memory_utilization"),  # the plan's generate unit
         )
         self.rewards, self.heldout = built.rewards, built.heldout
         self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
