@@ -119,3 +119,16 @@ def test_readme_quickstart_your_model_your_parquet(user_files, tmp_path, monkeyp
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "my-model-rl")) is not None
+
+
+def test_done_line_counts_the_steps_of_this_call_after_resume(user_files, tmp_path, capsys):
+    """After `--resume` of 2 remaining steps the last line says 2 steps, not the run's 4."""
+    from rpeg.cli import main
+
+    cfg = run_yaml(user_files, tmp_path, runtime={"checkpoint_every": 1})
+    assert main(["train", cfg, "--local", "--steps", "2"]) == 0
+    assert "done: 2 steps in" in capsys.readouterr().out
+    assert main(["train", cfg, "--local", "--steps", "4", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "done: 2 steps (now 4 in all)" in out, out[-600:]
+    assert len((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()) == 4
