@@ -338,6 +338,7 @@ def _train(
     from rpeg.runtime.actors.predicted import unit_memory_gib
 
     sched.predicted_memory_gib = unit_memory_gib(c)  # named if a unit runs out of memory
+    initial = sched.state_dict()  # what a recovery before any checkpoint starts from
     sink = _Sink(out, c.runtime.steps, progress, run.checkpoint_url)
     from rpeg.runtime.degenerate import DegenerateWatch
 
@@ -362,7 +363,8 @@ def _train(
         ins = _drive(run, sched, M.Start(state), sink, fault_hook)
         while isinstance(ins, M.Recover):
             log.warning("%s; recovering from the last checkpoint", ins.reason)
-            ins = _drive(run, sched, M.Recovered(run.recover()), sink, fault_hook)
+            state = run.recover()  # None: lost before the first checkpoint: from the start
+            ins = _drive(run, sched, M.Recovered(state or initial), sink, fault_hook)
         checksums = run.param_checksums()
     finally:
         if monitor is not None:

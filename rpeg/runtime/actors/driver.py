@@ -111,6 +111,7 @@ class DistributedRun:
         self.store = (
             CheckpointStore.for_run(config.runtime) if config.runtime.checkpoint_url else None
         )
+        self._initial_cursor = self.cursor.state_dict()  # a recovery before any checkpoint
         self.sync_log: list[dict[str, float]] = []
         self.logged_samples: list[list[Any]] = []  # rpeg.runtime.samples rows, per logged step
         if not (config.runtime.resume or config.runtime.resume_from):  # a new run: a new file
@@ -191,7 +192,9 @@ class DistributedRun:
     def recover(self, timeout_s: float = 90.0) -> dict[str, Any]:
         """After :meth:`abandon` and once no task runs: forget the data held on the old
         actors, re-create every actor on the live workers and load the newest complete
-        checkpoint. Returns its step scheduler state."""
+        checkpoint. Returns its step scheduler state; None when no checkpoint has committed
+        yet (the actors are fresh and the data cursor is back at its start: the caller
+        restarts the step scheduler from its initial state -- the same run again)."""
         with self._lock:
             self.payloads.clear()
             self.holdings.clear()
@@ -201,10 +204,9 @@ class DistributedRun:
             self.slot_examples.clear()
         self.restart_actors(timeout_s)
         state = self.restore()
-        if state is None:
-            raise RuntimeError(
-                "a worker was lost and there is no complete checkpoint to recover from"
-            )
+        if state is None:  # lost before the first checkpoint committed: start over
+            self.cursor.load_state_dict(self._initial_cursor)
+            log.warning("no complete checkpoint yet: the run starts again from step 0")
         return state
 
     # ---------------------------------------------------------------- data movement
