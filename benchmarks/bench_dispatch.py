@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> dict:
             if sp["rank"] == 0:
                 spans[sp["step"]] = spans.get(sp["step"], 0.0) + sp["end_s"] - sp["start_s"]
         steps.setdefault(name, []).extend(h["step_s"] for h in hist)
-        inside.setdefault(name, []).extend(spans.get(int(h["step"]), 0.0) for h in hist)
+        inside.setdefault(name, []).extend(
+            spans.get(int(h["step"]) - 1, 0.0) for h in hist
+        )  # 1-based
 
     def local(r: int) -> None:
         t = LocalTrainer(_cfg(f"{tmp}/local{r}", a.steps, a.prompts, a.samples))

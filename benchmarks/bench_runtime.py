@@ -279,7 +279,9 @@ def main(argv: list[str] | None = None) -> dict:
                             inside[sp["step"]] = inside.get(sp["step"], 0.0) + (
                                 sp["end_s"] - sp["start_s"]
                             )
-                    overhead += [h["step_s"] - inside.get(int(h["step"]), 0.0) for h in hist[1:]]
+                    overhead += [
+                        h["step_s"] - inside.get(int(h["step"]) - 1, 0.0) for h in hist[1:]
+                    ]
                 peak = s.get("peak_memory") or {}
                 if peak:
                     rss[name] = [m.get("peak_rss_bytes", 0) for ms in peak.values() for m in ms]

@@ -243,8 +243,8 @@ def publish_metrics_table(
         row = {}
         for c in columns:
             v = h.get(c)
-            if c == "step" and isinstance(v, float):
-                v = int(v) + 1  # runtime metrics count steps from 0; the table from 1
+            if c == "step" and isinstance(v, int | float):
+                v = int(v)  # 1-based, as the console counts
             elif isinstance(v, float):
                 v = None if math.isnan(v) else float(f"{v:.4g}")
             row[c] = v

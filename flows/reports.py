@@ -64,7 +64,7 @@ def curve_png(
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.4))
-    steps = [int(h.get("step", i)) + 1 for i, h in enumerate(history)]
+    steps = [int(h.get("step", i + 1)) for i, h in enumerate(history)]
     drawn = 0
     for key, label in CURVE_METRICS:
         pts = [(s, h[key]) for s, h in zip(steps, history, strict=True) if _finite(h.get(key))]

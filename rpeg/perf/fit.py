@@ -65,6 +65,16 @@ def measured_workload(workload: Any, measured: MeasuredRun) -> Any:
     return replace(workload, **change)
 
 
+def _step_index(h: dict, i: int) -> int:
+    """The 0-based step index of line ``i`` of metrics.jsonl (the timeline's ``step``):
+    ``step`` is an integer counted from 1, as the console counts; a float ``step`` is a file
+    written before that change (counted from 0)."""
+    v = h.get("step")
+    if v is None:
+        return i
+    return int(v) if isinstance(v, float) else int(v) - 1
+
+
 def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
     """Median unit and step times of a run folder (first ``skip`` steps left out when the
     run has more)."""
@@ -81,12 +91,12 @@ def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
         hist = [json.loads(x) for x in mj.read_text().splitlines() if x.strip()]
     except (ValueError, AttributeError) as exc:
         raise RunDataError([Problem(str(d), f"unreadable JSON: {exc}")]) from None
-    steps = sorted({int(h.get("step", i)) for i, h in enumerate(hist)})
+    steps = sorted({_step_index(h, i) for i, h in enumerate(hist)})
     keep = set(steps[skip:]) if len(steps) > skip else set(steps)
     step_s = [
         float(h["step_s"])
         for i, h in enumerate(hist)
-        if "step_s" in h and int(h.get("step", i)) in keep
+        if "step_s" in h and _step_index(h, i) in keep
     ]
     per: dict[str, dict[int, float]] = {}
     for r in records:
@@ -102,7 +112,7 @@ def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
         xs = [
             float(h[key])
             for i, h in enumerate(hist)
-            if isinstance(h.get(key), (int, float)) and int(h.get("step", i)) in keep
+            if isinstance(h.get(key), (int, float)) and _step_index(h, i) in keep
         ]
         return statistics.median(xs) if xs else None
 

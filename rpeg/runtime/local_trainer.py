@@ -79,7 +79,7 @@ class LocalTrainer:
     def step(self) -> dict[str, float]:
         c = self.config
         t0 = time.perf_counter()
-        m: dict[str, float] = {"step": float(self.step_index)}
+        m: dict[str, float] = {"step": self.step_index + 1}  # 1-based, as the console counts
         ctx = stages.StageContext(
             c, actor=self.actor, reference=self.reference, critic=self.critic, rewards=self.rewards
         )
@@ -162,18 +162,18 @@ class LocalTrainer:
                 m = self.step()
                 fh.write(json.dumps(m) + "\n")
                 fh.flush()
-                watch.check(int(m["step"]), m)  # after its line: the record shows the step
+                watch.check(int(m["step"]) - 1, m)  # after its line: the record shows the step
                 tb.add(self.step_index, m)
                 if store is not None and (
                     self.step_index % rt.checkpoint_every == 0 or self.step_index == steps
                 ):
                     self._save(store, acc_before)
                 self.log(
-                    f"step {int(m['step']) + 1}/{steps}: reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} "
+                    f"step {int(m['step'])}/{steps}: reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} "
                     f"len {m['response_length']:.1f} kl {m.get('kl', 0.0):.4f} clip {m.get('clip_frac', 0.0):.3f} "
                     f"{m['step_s']:.2f}s"
                 )
-                self._log_samples(int(m["step"]), out)
+                self._log_samples(int(m["step"]) - 1, out)
         tb.close()
         acc_after = self.evaluate()
         self.log(f"held-out greedy accuracy after RL: {acc_after:.3f}")
@@ -275,7 +275,7 @@ def plot_rewards(history: list[dict], path: Path, acc_before: float, acc_after: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [int(h["step"]) + 1 for h in history]
+    steps = [int(h["step"]) for h in history]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, [h["reward_mean"] for h in history], label="reward (mean)")
     ax.plot(steps, [h["accuracy"] for h in history], label="sample accuracy", alpha=0.6)

@@ -28,7 +28,7 @@ from rpeg.flows import artifacts as art  # noqa: E402
 def heartbeat(steps: int = 3) -> dict:
     hist = []
     for s in range(steps):
-        m = {"step": float(s), "reward_mean": 0.1 * s, "step_s": 0.01}
+        m = {"step": s + 1, "reward_mean": 0.1 * s, "step_s": 0.01}
         hist.append(m)
         art.publish_step(s + 1, steps, m)
         time.sleep(0.05)

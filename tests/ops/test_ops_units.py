@@ -218,7 +218,7 @@ def _png_size(png: bytes) -> tuple[int, int]:
 def test_pictures_are_pngs_embedded_as_data_uris():
     from rpeg.flows import reports
 
-    hist = [{"step": float(i), "reward_mean": 0.1 * i, "accuracy": 0.05 * i} for i in range(5)]
+    hist = [{"step": i + 1, "reward_mean": 0.1 * i, "accuracy": 0.05 * i} for i in range(5)]
     png = reports.curve_png(hist, heldout=(0.1, 0.4))
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and _png_size(png) == (640, 272)  # 8 x 3.4 in, 80 dpi
     assert reports.curve_png([]) is None
@@ -457,7 +457,7 @@ def test_results_page_embeds_both_pictures_and_saves_them(tmp_path):
 
     from rpeg.perf.timeline import TimelineRecord
 
-    hist = [{"step": float(i), "reward_mean": 0.2 * i, "accuracy": 0.1 * i} for i in range(3)]
+    hist = [{"step": i + 1, "reward_mean": 0.2 * i, "accuracy": 0.1 * i} for i in range(3)]
     pred = [
         TimelineRecord("generate", "0-1", 0.0, 1.0),
         TimelineRecord("train_actor", "0-1", 1.0, 3.0),

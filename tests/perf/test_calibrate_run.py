@@ -35,7 +35,7 @@ def _write_run(run, pred, factor=2.0, extra=0.5, steps=4, fixed=None):
             )
             t += d
         slow = 5.0 if step == 0 else 0.0  # warm-up step, left out
-        hist.append({"step": step, "step_s": t + extra + slow})
+        hist.append({"step": step + 1, "step_s": t + extra + slow})  # 1-based; timeline 0-based
     run.mkdir(parents=True, exist_ok=True)
     (run / "timeline.json").write_text(json.dumps({"records": recs}))
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(h) for h in hist) + "\n")
@@ -141,3 +141,17 @@ def test_fit_prices_the_run_at_its_measured_lengths(tmp_path, case):
     # a run folder without those metrics keeps the config's workload
     bare = fit.MeasuredRun(unit_s=measured.unit_s, step_s=measured.step_s, steps=3)
     assert fit.measured_workload(wl, bare) is wl
+
+
+def test_metrics_step_counts_from_one_and_older_runs_still_read(tmp_path, case):
+    """metrics.jsonl's ``step`` is an integer from 1 (the console's count); the timeline's
+    ``step`` is the 0-based index. A run written before that change (``step`` a float from
+    0) reads to the same measurement."""
+    cfg, graph, plan, wl = case
+    hist = _write_run(tmp_path / "run", predict(graph, plan, wl, calib=SHIPPED))
+    assert [h["step"] for h in hist] == [1, 2, 3, 4]
+    new = fit.read_run(tmp_path / "run")
+    old = [dict(h, step=float(h["step"] - 1)) for h in hist]
+    (tmp_path / "run" / "metrics.jsonl").write_text("\n".join(json.dumps(h) for h in old))
+    assert fit.read_run(tmp_path / "run") == new
+    assert new.steps == 3  # steps 2-4 of the timeline's 1-3: an off-by-one join keeps 2

@@ -174,6 +174,7 @@ def test_local_trainer_two_steps(tmp_path, monkeypatch):
     assert s["steps"] == 2 and 0 <= s["heldout_acc_after"] <= 1
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and "reward_mean" in json.loads(lines[0])
+    assert [json.loads(x)["step"] for x in lines] == [1, 2]  # integers, as the console counts
     assert (tmp_path / "out" / "reward_curve.png").exists()
     assert json.loads(lines[1])["staleness_max"] == 1.0  # generator lags one version (k = 1)
     # the warm-up is cached: a second trainer loads it

@@ -239,7 +239,7 @@ def test_local_trainer_checkpoints_and_resumes_to_the_same_result(tmp_path):
     resumed = _cfg(tmp_path / "half", **{"runtime.resume": True})
     LocalTrainer(resumed).run()
     got = [json.loads(x) for x in (tmp_path / "half/out/metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in got] == [0, 1, 2, 3]
+    assert [m["step"] for m in got] == [1, 2, 3, 4]
     for key in ("reward_mean", "loss", "response_length"):
         if key in ref[0]:
             assert [m[key] for m in got] == [m[key] for m in ref], key

@@ -357,7 +357,7 @@ class StepScheduler:
     def _step_ended(self, ev: StepEnded) -> list[Any]:
         if self.in_flight.pop(("end", ev.step), None) is None or ev.step != self.step:
             raise SchedulerError(f"{ev!r}: step {self.step} was not ending")
-        m: dict[str, float] = {"step": float(self.step)}
+        m: dict[str, float] = {"step": self.step + 1}  # 1-based, as the console counts
         if self.plan.async_rollout:
             m.update(self.parts.get("take", {}))
         for u in self.unit_names:

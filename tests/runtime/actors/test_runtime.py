@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -40,6 +41,7 @@ def test_sync_run_reproduces_the_single_process_trainer(
         _close(a, b)
     assert set(s) - {"_extra"} == {
         "steps",
+        "steps_run",  # this call's steps (fewer after a resume)
         "wall_s",
         "median_step_s",
         "reward_first10",
@@ -65,7 +67,9 @@ def test_sync_run_reproduces_the_single_process_trainer(
         "weight_sync_bytes",
         "weight_sync_s",
     }
-    assert (tmp_path / "out" / "metrics.jsonl").read_text().count("\n") == 3
+    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    # both runtimes: ``step`` an integer counted as the console counts (1-based)
+    assert [json.loads(x)["step"] for x in lines] == [h["step"] for h in hist] == [1, 2, 3]
 
 
 def test_resume_reproduces_an_uninterrupted_run(
@@ -84,7 +88,7 @@ def test_resume_reproduces_an_uninterrupted_run(
     second = first.with_overrides({"runtime.steps": 4})
     res = _run(second, dask_cluster, resume=True)
     hist = res["_extra"]["history"]
-    assert [int(h["step"]) for h in hist] == [0, 1, 2, 3]
+    assert [h["step"] for h in hist] == [1, 2, 3, 4]
     for a, b in zip(full[2:], hist[2:], strict=True):
         _close(a, b)
 
@@ -152,9 +156,10 @@ def test_worker_kill_recovers_from_the_last_checkpoint(
     s = _run(cfg, dask_cluster, _fault_hook=hook)
     hist = s["_extra"]["history"]
     assert killed and s["_extra"]["recoveries"] == 1
-    assert [int(h["step"]) for h in hist] == [0, 1, 2]
+    assert [h["step"] for h in hist] == [1, 2, 3]
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
-    assert [int(float(__import__("json").loads(x)["step"])) for x in lines] == [0, 1, 2]
+    # integers counted as the console counts (1-based)
+    assert [__import__("json").loads(x)["step"] for x in lines] == [1, 2, 3]
     # 3 steps x 2 prompts drawn from the data cursor: nothing lost or drawn twice
     assert runs[-1].cursor.state_dict()["position"] == 3 * cfg.workload.num_prompts
     # after the recovery the trainer actor lives in a new (nanny-restarted) process

@@ -179,7 +179,7 @@ def test_sync_step_metrics_and_checkpoint_metrics_land_in_the_step():
     recs = dict(sim.records)
     assert "checkpoint_s" in recs[1] and "checkpoint_s" in recs[3]
     assert "checkpoint_s" not in recs[0]
-    assert all(m["step"] == s and m["step_s"] == 1.0 for s, m in recs.items())
+    assert all(m["step"] == s + 1 and m["step_s"] == 1.0 for s, m in recs.items())
 
 
 # --------------------------------------------------------------------------- async

@@ -76,7 +76,7 @@ def test_a_k1_run_stopped_after_step_n_and_resumed_reaches_the_same_metrics(
         _run(cfg, dask_cluster, _fault_hook=stop)
     res = _run(cfg, dask_cluster, resume=True)
     hist = res["_extra"]["history"]
-    assert res["steps"] == STEPS and [int(h["step"]) for h in hist] == [0, 1, 2, 3]
+    assert res["steps"] == STEPS and [h["step"] for h in hist] == [1, 2, 3, 4]
     for a, b in zip(full, hist, strict=True):
         _same(a, b)
     assert _lines(tmp_path) == [0, 1, 2, 3]  # no line without a step, none twice
