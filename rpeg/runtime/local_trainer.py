@@ -24,6 +24,7 @@ from rpeg.runtime.actors.checkpoint_identity import TRAINER_PART, local_meta
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import DataCursor, Example
 from rpeg.runtime.engines.choice import resolve_engine
+from rpeg.runtime.engines.residency import EngineResidency
 from rpeg.runtime.engines.row_sampling import rollout_seed
 from rpeg.runtime.engines.torch_engine import TorchEngine
 from rpeg.runtime.role_builder import all_roles, build_roles, greedy_accuracy
@@ -59,6 +60,8 @@ class LocalTrainer:
         self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
         self.actor, self.reference, self.critic = built.actor, built.reference, built.critic
         self.actor.max_staleness = self.k  # checked before every optimizer update
+        # colocated: the engine sleeps while the trainer runs (where it has sleep mode)
+        self.residency = EngineResidency(self.actor.engine, colocated=True, log=self.log)
         self.step_index = 0
         self.history: list[dict[str, float]] = []
 
@@ -93,6 +96,7 @@ class LocalTrainer:
                     examples=self.cursor.next(c.workload.num_prompts),
                     seed=rollout_seed(c.runtime.seed, self.step_index),
                 )
+                self.residency.after_rollout()
             else:
                 batch, sm = stages.run_stage(kind, ctx, batch)
             m.update(sm)
@@ -112,7 +116,9 @@ class LocalTrainer:
             return
         if self.actor.policy_version - eng.policy_version > self.k:
             t0 = time.perf_counter()
+            self.residency.before_update()
             eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
+            self.residency.after_update()
             m["weight_sync_s"] = time.perf_counter() - t0
             moved = getattr(eng, "last_update", None)  # vLLM: bytes sent to its workers
             if moved is not None:

@@ -9,12 +9,24 @@ What it shares with the real V1 engine, and is tested for here:
   with ``cannot pickle memoryview``;
 - the workers are the real :class:`~rpeg.runtime.engines.vllm_worker.WeightTransferExtension`
   on a model that loads full Hugging Face tensors and keeps its tensor-parallel slice, as
-  vLLM's loaders do; the tensors reach them through a real gloo update group.
+  vLLM's loaders do; the tensors reach them through a real gloo update group;
+- sleep mode: ``enable_sleep_mode=True`` on a platform without it (``platform_sleep=False``,
+  vLLM's CPU build) is refused at construction with vLLM's message, and ``sleep`` / ``wake_up``
+  on an engine built without it are refused (the engine must never call them there);
+  every sleep/wake call is recorded in ``calls``.
+
+:func:`fake_vllm_module` is a stand-in ``vllm`` package (``LLM``, ``SamplingParams``,
+``EngineArgs``, ``platforms.current_platform``) whose ``LLM`` is a :class:`FakeLLM` over the
+checkpoint folder it is given, so ``VLLMEngine.build`` and the runtimes run against it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.machinery
 import threading
+import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -83,8 +95,18 @@ class FakeLLM:
     ``drop_rank``: that worker's answers to ``rpeg_receive_weights`` are lost."""
 
     def __init__(
-        self, tp: int, names: list[str], *, drop_rank: int | None = None, fail_on: str | None = None
+        self,
+        tp: int,
+        names: list[str],
+        *,
+        drop_rank: int | None = None,
+        fail_on: str | None = None,
+        enable_sleep_mode: bool = False,
+        platform_sleep: bool = True,
     ):
+        if enable_sleep_mode and not platform_sleep:  # vllm/config/model.py
+            raise ValueError("Sleep mode is not supported on current platform.")
+        self.enable_sleep_mode = enable_sleep_mode
         self.workers = [FakeWorker(r, FakeShardModel(r, tp, names, fail_on)) for r in range(tp)]
         self.drop_rank = drop_rank
         self.calls: list[tuple] = []
@@ -118,10 +140,16 @@ class FakeLLM:
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
 
+    def _sleep_mode(self, what):
+        if not self.enable_sleep_mode:
+            raise RuntimeError(f"{what}: this LLM was built without enable_sleep_mode")
+
     def sleep(self, level=1):
+        self._sleep_mode("sleep")
         self.calls.append(("sleep", level))
 
     def wake_up(self, tags=None):
+        self._sleep_mode("wake_up")
         self.calls.append(("wake_up", tuple(tags) if tags else None))
 
     def shutdown(self):
@@ -137,3 +165,37 @@ class FakeLLM:
             c = SimpleNamespace(token_ids=toks, logprobs=lps, finish_reason="length")
             outs.append(SimpleNamespace(outputs=[c]))
         return outs
+
+
+def fake_vllm_module(*, platform_sleep: bool, tp: int = 1) -> types.ModuleType:
+    """A ``vllm`` package whose ``LLM(model=folder, ...)`` is a :class:`FakeLLM` with ``tp``
+    workers over the weight names of ``folder``'s safetensors checkpoint. ``platform_sleep``:
+    whether ``current_platform`` has sleep mode (False: vLLM's CPU build). ``built`` lists
+    every LLM made."""
+    from safetensors import safe_open
+
+    mod = types.ModuleType("vllm")
+    mod.__spec__ = importlib.machinery.ModuleSpec("vllm", None, origin="fake_vllm")
+    mod.built = []
+
+    def llm(model, enable_sleep_mode=False, tensor_parallel_size=tp, **kwargs):
+        with safe_open(str(Path(model) / "model.safetensors"), "pt") as fh:
+            names = list(fh.keys())
+        out = FakeLLM(
+            tensor_parallel_size,
+            names,
+            enable_sleep_mode=enable_sleep_mode,
+            platform_sleep=platform_sleep,
+        )
+        mod.built.append(out)
+        return out
+
+    @dataclasses.dataclass
+    class EngineArgs:
+        logprobs_mode: str = "raw_logprobs"
+
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = SimpleNamespace(is_sleep_mode_available=lambda: platform_sleep)
+    mod.LLM, mod.SamplingParams, mod.EngineArgs, mod.platforms = llm, dict, EngineArgs, platforms
+    mod.__version__ = "0.32.0"
+    return mod

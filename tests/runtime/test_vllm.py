@@ -268,7 +268,7 @@ def test_logprobs_are_exact_only_untruncated_in_processed_mode():
 def test_sleep_then_update_wakes_weights_only_and_generate_the_rest(tiny):
     model, _ = tiny
     names = [n for n, _ in model.named_parameters()]
-    llm = FakeLLM(1, names)
+    llm = FakeLLM(1, names, enable_sleep_mode=True)
     eng = _engine(llm, 1, sleep_mode=True)
     eng.sleep()
     eng.sleep()  # already asleep: one call

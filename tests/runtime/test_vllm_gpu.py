@@ -110,3 +110,26 @@ def test_seeded_sampling_is_reproducible_per_sample(engines):
     b = eng.generate(_prompts(tok), p, seed=5, max_new_tokens=[3, 10])
     assert a.response_ids.tolist() == b.response_ids.tolist()
     assert int(a.lengths[0]) <= 3
+
+
+def test_the_residency_releases_the_device_after_a_rollout_and_wakes_in_order(engines):
+    """rpeg.runtime.engines.residency as the runtimes call it: after_rollout frees device
+    memory (vLLM's engine core is another process: measured as the device's free bytes);
+    before_update brings back the weights only, after_update the KV cache."""
+    from rpeg.runtime.engines.base import SamplingParams
+    from rpeg.runtime.engines.residency import EngineResidency
+
+    _, tok, _, eng = engines
+    res = EngineResidency(eng, colocated=True)
+    assert res.active
+    eng.generate(_prompts(tok), SamplingParams(max_new_tokens=4, temperature=0.0))
+    awake = torch.cuda.mem_get_info()[0]
+    res.after_rollout()
+    asleep = torch.cuda.mem_get_info()[0]
+    res.before_update()
+    weights_only = torch.cuda.mem_get_info()[0]
+    res.after_update()
+    woken = torch.cuda.mem_get_info()[0]
+    assert asleep > awake  # weights offloaded and KV cache freed while the trainer runs
+    assert asleep > weights_only > woken  # the weights came back first, the KV cache last
+    assert not eng.asleep

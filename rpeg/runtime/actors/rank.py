@@ -133,6 +133,12 @@ class RankActor:
         self.actor, self.reference, self.critic = built.actor, built.reference, built.critic
         if self.actor is not None:
             self.actor.max_staleness = self.k  # checked before every optimizer update
+        from rpeg.runtime.engines.residency import EngineResidency
+
+        # colocated (this rank trains the actor): the engine sleeps while the trainer runs
+        self.residency = EngineResidency(
+            None if self.actor is None else self.actor.engine, colocated=trainable
+        )
 
     def _fault(self, phase: str, step: int) -> None:
         """A deterministic fault point (rpeg.runtime.actors.fault_points; off unless
@@ -385,6 +391,8 @@ class RankActor:
                     kind, ctx, batch, examples=examples, seed=seed, first_row=first_row
                 )
                 m.update(sm)
+                if kind == "generate":
+                    self.residency.after_rollout()
             self.store[key] = batch
             spans.append((kind, ts, time.time()))
         return m, spans
@@ -393,7 +401,9 @@ class RankActor:
         from rpeg.runtime.actors import streaming
 
         seed, first = rollout_start(self.config, step, prompts)
-        return streaming.produce(self, step, kinds, prompts.examples, chunk, seed, first)
+        out = streaming.produce(self, step, kinds, prompts.examples, chunk, seed, first)
+        self.residency.after_rollout()
+        return out
 
     async def chunk(self, step: int, i: int, timeout_s: float = 600.0) -> Any:
         """Chunk ``i`` of a streaming unit's rows of ``step`` as soon as it exists (None after
@@ -494,7 +504,9 @@ class RankActor:
             return {}
         if wk.policy_version + 1 - eng.policy_version > self.k:
             t0 = time.perf_counter()
+            self.residency.before_update()
             eng.update_weights(wk.get_weights(), wk.policy_version)
+            self.residency.after_update()
             out = {"weight_sync_s": time.perf_counter() - t0}
             moved = getattr(eng, "last_update", None)  # vLLM: bytes sent to its workers
             if moved is not None:

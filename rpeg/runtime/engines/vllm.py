@@ -21,8 +21,9 @@ in tests/vllm/. The API names follow vLLM's V1 ``LLM`` class:
   rpeg.runtime.engines.vllm_worker), loaded in place by vLLM's ``reload_weights``;
 - colocated plans on GPU: built with ``enable_sleep_mode=True``; :meth:`VLLMEngine.sleep`
   frees the KV cache and offloads the weights while the trainer runs, a weight update wakes
-  only the weights, the next ``generate`` the KV cache. Platforms without sleep mode (vLLM's
-  CPU build) run colocated plans awake, saying so once;
+  only the weights, the next ``generate`` the KV cache (the runtimes call these through
+  rpeg.runtime.engines.residency). Platforms without sleep mode (vLLM's CPU build) run
+  colocated plans awake (``sleep_refused``), saying so once;
 - :meth:`VLLMEngine.shutdown` stops the engine-core process and frees its shared memory (the
   runtime calls it when a run ends, fails or is cancelled).
 """
@@ -142,6 +143,7 @@ class VLLMEngine:
         self.param_bytes = param_bytes
         self.timeout_s = timeout_s
         self.asleep: set[str] = set()  # "weights" / "kv_cache" released while asleep
+        self.sleep_refused = False  # asked for sleep mode on a platform without it (CPU)
         self.last_update: UpdateStats | None = None
         self.folder: str | None = None  # from_model's checkpoint folder (removed at shutdown)
         self._group: UpdateGroup | None = None
@@ -163,17 +165,15 @@ class VLLMEngine:
         **llm_kwargs: Any,
     ) -> VLLMEngine:
         """A ``vllm.LLM`` on the Hugging Face folder ``model_path``, token ids in and out.
-        ``sleep_mode`` where the platform has none (CPU) is dropped with one line to ``log``."""
+        ``sleep_mode`` where the platform has none (CPU; vLLM would refuse it) is dropped
+        and recorded as ``sleep_refused`` (the runtime says so once). ``log``: unused."""
         vllm = _import_vllm()
         processed = processed_logprobs_supported(vllm)
         if processed:
             llm_kwargs.setdefault("logprobs_mode", PROCESSED_LOGPROBS)
-        if sleep_mode and not sleep_mode_available():
-            sleep_mode = False
-            (log or print)(
-                "vLLM: this platform has no sleep mode (vLLM's CPU build): the colocated "
-                "engine keeps its weights and KV cache while the trainer runs"
-            )
+        refused = bool(sleep_mode) and not sleep_mode_available()
+        if refused:  # vLLM refuses enable_sleep_mode there; the runtime says so once
+            sleep_mode = False  # (rpeg.runtime.engines.residency)
         if not torch.cuda.is_available():
             # vLLM's CPU build: eager (its torch.compile costs ~30 s at the first generate,
             # more than a small model's whole rollout) and a fixed KV-cache size
@@ -193,7 +193,7 @@ class VLLMEngine:
             worker_extension_cls=EXTENSION,
             **llm_kwargs,
         )
-        return cls(
+        eng = cls(
             llm,
             pad_id=pad_id,
             eos_id=eos_id,
@@ -203,6 +203,8 @@ class VLLMEngine:
             sleep_mode=sleep_mode,
             sampling_params_cls=vllm.SamplingParams,
         )
+        eng.sleep_refused = refused
+        return eng
 
     @classmethod
     def from_model(cls, model: Any, *, pad_id: int, eos_id: int, **kwargs: Any) -> VLLMEngine:
@@ -306,9 +308,7 @@ class VLLMEngine:
         named = hf_weight_names(state_dict, tie_word_embeddings=self.tie_word_embeddings)
         tensors = dict(named)
         plan = plan_buckets(named, self.bucket_bytes)
-        if "weights" in self.asleep:
-            self.llm.wake_up(tags=["weights"])
-            self.asleep.discard("weights")
+        self.wake_up(tags=("weights",))  # asleep: the weights only (the KV cache later)
         pg = self._update_group().pg
         try:
             with ThreadPoolExecutor(1) as pool:
@@ -346,11 +346,13 @@ class VLLMEngine:
             self.llm.sleep(level=level)
             self.asleep = {"weights", "kv_cache"}
 
-    def wake_up(self) -> None:
-        """Reallocate whatever :meth:`sleep` released (no-op when awake)."""
-        if self.asleep:
-            self.llm.wake_up(tags=sorted(self.asleep))
-            self.asleep = set()
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Reallocate what :meth:`sleep` released: ``tags`` of it ("weights", "kv_cache";
+        None: all), in one call; a no-op for what is already awake."""
+        wanted = self.asleep if tags is None else self.asleep & set(tags)
+        if wanted:
+            self.llm.wake_up(tags=sorted(wanted))
+            self.asleep = self.asleep - wanted
 
     # ---------------------------------------------------------------- lifetime
     def shutdown(self) -> None:
