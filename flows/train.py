@@ -118,13 +118,13 @@ class _Progress:
 
 
 class _Metrics:
-    """metrics.jsonl (+ TensorBoard when installed); a rewritten step replaces its line."""
+    """metrics.jsonl (+ ``runtime.loggers``); a rewritten step replaces its line."""
 
-    def __init__(self, out: Path):
-        from rpeg.runtime.tensorboard_log import ScalarLog
+    def __init__(self, out: Path, config: Any = None):
+        from rpeg.runtime.loggers import RunLoggers
 
         self.path = out / "metrics.jsonl"
-        self.tb = ScalarLog(out)  # <out>/tb, as the local trainer's
+        self.tb = RunLoggers(out, config)  # as the local trainer's
 
     def append(self, metrics: dict[str, float]) -> None:
         """One step's line at the end of the file (the common case: the next step)."""
@@ -153,11 +153,13 @@ class _Sink:
     10-50 ms of file and Prefect API work that the next step need not wait for);
     :meth:`close` waits for every record and raises the first error."""
 
-    def __init__(self, out: Path, steps: int, progress: bool, checkpoint_url: Any):
+    def __init__(
+        self, out: Path, steps: int, progress: bool, checkpoint_url: Any, config: Any = None
+    ):
         from concurrent.futures import ThreadPoolExecutor
 
         self.steps = steps
-        self.metrics = _Metrics(out)
+        self.metrics = _Metrics(out, config)
         self.progress = _Progress(steps, progress)
         self.checkpoint_url = checkpoint_url
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpeg-sink")
@@ -339,7 +341,7 @@ def _train(
 
     sched.predicted_memory_gib = unit_memory_gib(c)  # named if a unit runs out of memory
     initial = sched.state_dict()  # what a recovery before any checkpoint starts from
-    sink = _Sink(out, c.runtime.steps, progress, run.checkpoint_url)
+    sink = _Sink(out, c.runtime.steps, progress, run.checkpoint_url, c)
     from rpeg.runtime.degenerate import DegenerateWatch
 
     sink.watch = DegenerateWatch(c.runtime.degenerate_steps_limit)

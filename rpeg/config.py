@@ -433,6 +433,13 @@ class RuntimeConfig(Section):
         "advantage, length, policy version) to <output_dir>/samples.jsonl every this many "
         "steps and print a few; 0 = never",
     )
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] | None = Field(
+        None,
+        description="where per-step metrics go besides metrics.jsonl (both runtimes): "
+        "tensorboard (<output_dir>/tb), wandb (offline unless WANDB_MODE/WANDB_API_KEY), "
+        "mlflow (MLFLOW_TRACKING_URI or <output_dir>/mlruns); a named one not installed is "
+        "refused before start; unset = [tensorboard] when installed",
+    )
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
     cpu_binding: Literal["auto", "spread", "none"] = Field(
         "auto",

@@ -115,6 +115,9 @@ def preflight(
     problems += check_task(config)
     problems += check_places(config, local)
     problems += check_generation_engine(config)
+    from rpeg.runtime.loggers import logger_problems
+
+    problems += logger_problems(config)
     if not local:
         problems += check_machine(config, cluster_devices=cluster_devices)
         problems += check_scheduler_reachable(config.cluster.address)
