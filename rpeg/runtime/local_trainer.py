@@ -155,9 +155,9 @@ class LocalTrainer:
         else:
             self.log(f"resumed at step {self.step_index} (run {getattr(store, 'run_id', '')})")
         self.log(f"held-out greedy accuracy before RL: {acc_before:.3f}")
-        from rpeg.runtime.tensorboard_log import ScalarLog
+        from rpeg.runtime.loggers import RunLoggers
 
-        tb = ScalarLog(out)  # <out>/tb, as the distributed runtime's
+        tb = RunLoggers(out, self.config)  # runtime.loggers, as the distributed runtime's
         with open(out / "metrics.jsonl", "w") as fh:
             fh.writelines(json.dumps(h) + "\n" for h in self.history)
             fh.flush()
