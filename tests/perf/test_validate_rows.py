@@ -89,9 +89,13 @@ def test_zero3_backends_are_priced_as_sharded_data_parallel():
     assert plan.units["train_actor"].engine == "megatron"
 
 
-def test_unverified_catalog_model_is_listed_not_fatal():
+def test_a_catalog_model_with_assumed_parts_is_predicted_and_says_what_it_assumed():
+    # qwen3.5-9b's catalog entry is partly assumed (layer count, linear-attention heads,
+    # vision tower: its `source` says so); the row is predicted, never refused, and the
+    # prediction lists the model-kind priors it leaned on
     res = _one(model="qwen3.5-9b")
-    assert res.prediction is None and "not verified" in res.reason
+    assert res.prediction is not None and res.error is not None
+    assert any("qwen3.5-9b" in a for a in res.prediction.assumptions)
 
 
 def test_throughput_only_row_per_gpu():
