@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import traceback
 
+import pytest
 import torch
 
 
@@ -209,6 +210,7 @@ def test_peer_gone_is_a_connection_error():
     assert out[0]["error"] is not None and "closed the connection" in out[0]["error"]
 
 
+@pytest.mark.slow  # > 10 s on 2 cores (docs/architecture.md "Tests")
 def test_silent_peer_times_out_at_the_groups_timeout():
     out = _run(_silent_peer_body, 29771)
     assert out[0]["limit"] == 2.0  # read from the process group, not the module default

@@ -59,6 +59,7 @@ def test_layout_problems_name_what_tp_does_not_divide():
         Layout.from_group({"name": "g", "world_size": 4, "dp": 3, "tp": 2})
 
 
+@pytest.mark.slow  # > 10 s on 2 cores (docs/architecture.md "Tests")
 def test_two_rank_layouts_equal_single_process(reference):
     ref, ref_w = reference
     fsdp = LAYOUTS_2["fsdp_dp2"]

@@ -146,6 +146,7 @@ def test_actor_calls_go_to_the_workers_directly_unless_configured_otherwise(dire
         assert cl.client.submit(sum, [1, 2]).result() == 3
 
 
+@pytest.mark.slow  # > 10 s on 2 cores (docs/architecture.md "Tests")
 def test_no_dashboard_unless_asked(tmp_path):
     """In a fresh process: once any dashboard ran in a process, later schedulers there serve
     its pages too (Dask keeps the routes), so this looks at a process of its own."""
@@ -176,6 +177,7 @@ def test_no_dashboard_unless_asked(tmp_path):
     assert "STATUS 404" in out.stdout, out.stdout + out.stderr[-2000:]
 
 
+@pytest.mark.slow  # > 10 s on 2 cores (docs/architecture.md "Tests")
 def test_worker_memory_comes_from_the_machine_or_the_config():
     from distributed.system import MEMORY_LIMIT
     from rpeg.infra.cluster import start_cluster

@@ -3,7 +3,10 @@ default plan to that cluster's workers, and leaves the cluster running when it e
 
 import json
 
+import pytest
 
+
+@pytest.mark.slow  # > 10 s on 2 cores (docs/architecture.md "Tests")
 def test_run_attaches_to_an_existing_scheduler_and_leaves_it_up(
     tmp_path, prefect_harness, dask_cluster, make_config
 ):
