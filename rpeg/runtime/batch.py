@@ -12,7 +12,14 @@ import torch
 from rpeg.runtime.engines.torch_engine import positions_from_mask
 
 #: per-sample tensor fields: ``[B]``
-SAMPLE_FIELDS = ("policy_version", "group_ids", "rewards", "correct", "sample_index")
+SAMPLE_FIELDS = (
+    "policy_version",
+    "group_ids",
+    "rewards",
+    "correct",
+    "sample_index",
+    "reward_parts",
+)
 #: per-token tensor fields: ``[B, R]``
 TOKEN_FIELDS = (
     "response_ids",
@@ -39,7 +46,8 @@ class RolloutBatch:
     prompts / responses / reference_answers (text), sample_index ``[B]`` (each row's position
     in its step's whole rollout, whatever rank holds it: what layout-invariant mini-batches
     are drawn from, rpeg.runtime.updates.minibatch_rows; None for batches built otherwise).
-    Written later: rewards ``[B]`` and correct ``[B]`` (reward), old_logprobs and
+    Written later: rewards ``[B]``, correct ``[B]`` and reward_parts ``[B, K]`` (reward: each
+    of the K rules of the RewardSet, in its order, before any length penalty), old_logprobs and
     ref_logprobs ``[B,R]`` (log-prob stages), values ``[B,R]`` (critic), advantages
     ``[B,R]`` and returns ``[B,R]`` (advantage stage).
     """
@@ -62,6 +70,7 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     sample_index: torch.Tensor | None = None
+    reward_parts: torch.Tensor | None = None
     temperature: float = 1.0
 
     # --- derived ----------------------------------------------------------------------------

@@ -210,7 +210,7 @@ class LocalTrainer:
         from rpeg.runtime import samples as S
 
         if S.log_step(step, self.config.runtime.log_samples_every):
-            got = S.samples_from_batch(self.last_batch, step)
+            got = S.samples_from_batch(self.last_batch, step, rules=self.rewards.names)
             S.append_samples(out, got)
             for line in S.sample_lines(got):
                 self.log(line)

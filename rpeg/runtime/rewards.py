@@ -442,6 +442,12 @@ class RewardSet:
             timeout_s=task.reward_timeout_s,
         )
 
+    @property
+    def names(self) -> list[str]:
+        """The rules in the order of :attr:`RewardResult.per_reward` (a batch's
+        ``reward_parts`` columns)."""
+        return list(dict.fromkeys(n for n, _ in self.fns))
+
     def _isolate(self, name: str) -> bool:
         if self.isolation == "inline" or not needs_main_thread(name):
             return False

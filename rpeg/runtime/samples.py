@@ -3,7 +3,7 @@
 Every ``runtime.log_samples_every`` steps (counted from 1, as the console counts) the step's
 rows are appended as :class:`Sample` lines -- the prompt as the model got it (chat template
 applied), the response as the rewards saw it (decoded without special tokens), the
-reference answer, the reward, whether it was correct, the advantage, the response length
+reference answer, the reward and each reward rule's value, whether it was correct, the advantage, the response length
 in tokens and the policy version that sampled it -- and a few are printed. Both runtimes
 write the same lines: the single-process trainer from its batch, the distributed one from
 the rows each data-parallel rank returns with its advantage unit (rows of tensor-parallel
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,9 @@ class Sample:
     advantage: float  # the row's advantage (the mean over its response tokens)
     length: int  # response tokens
     policy_version: int
+    # each reward rule's value (task.rewards), before any length penalty; ``reward`` is
+    # their sum (after it)
+    reward_per_rule: dict[str, float] = field(default_factory=dict)
 
 
 def log_step(step: int, every: int) -> bool:
@@ -44,8 +47,11 @@ def log_step(step: int, every: int) -> bool:
     return every > 0 and (step + 1) % every == 0
 
 
-def samples_from_batch(batch: Any, step: int, limit: int = MAX_SAMPLE_ROWS) -> tuple[Sample, ...]:
-    """The first ``limit`` rows of ``batch`` (0-based ``step``) as samples."""
+def samples_from_batch(
+    batch: Any, step: int, limit: int = MAX_SAMPLE_ROWS, rules: Sequence[str] = ()
+) -> tuple[Sample, ...]:
+    """The first ``limit`` rows of ``batch`` (0-based ``step``) as samples; ``rules``: the
+    reward rules' names, in the order of the batch's ``reward_parts`` columns."""
     n = min(batch.size, limit)
     if n == 0:
         return ()
@@ -58,6 +64,10 @@ def samples_from_batch(batch: Any, step: int, limit: int = MAX_SAMPLE_ROWS) -> t
     cor = batch.correct[:n].tolist() if batch.correct is not None else [0.0] * n
     idx = batch.sample_index[:n].tolist() if batch.sample_index is not None else list(range(n))
     ver = batch.policy_version[:n].tolist()
+    parts = getattr(batch, "reward_parts", None)
+    per: list[dict[str, float]] = [{} for _ in range(n)]
+    if parts is not None and rules and parts.shape[1] == len(rules):
+        per = [dict(zip(rules, map(float, row), strict=True)) for row in parts[:n].tolist()]
     return tuple(
         Sample(
             step=step + 1,
@@ -70,6 +80,7 @@ def samples_from_batch(batch: Any, step: int, limit: int = MAX_SAMPLE_ROWS) -> t
             advantage=float(adv[i]),
             length=int(lengths[i]),
             policy_version=int(ver[i]),
+            reward_per_rule=per[i],
         )
         for i in range(n)
     )
@@ -113,8 +124,10 @@ def sample_lines(samples: Sequence[Sample], n: int = PRINTED_SAMPLES) -> list[st
 
 
 def table_rows(samples: Sequence[Sample], n: int = 16) -> list[dict[str, Any]]:
-    """Rows of a table artifact (text shortened)."""
-    return [
-        {**asdict(s), "prompt": _short(s.prompt, 200), "response": _short(s.response, 200)}
-        for s in samples[:n]
-    ]
+    """Rows of a table artifact (text shortened; a column ``reward/<rule>`` per rule)."""
+    rows = []
+    for s in samples[:n]:
+        row = {**asdict(s), "prompt": _short(s.prompt, 200), "response": _short(s.response, 200)}
+        row.pop("reward_per_rule")
+        rows.append(row | {f"reward/{k}": v for k, v in s.reward_per_rule.items()})
+    return rows

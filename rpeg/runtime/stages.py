@@ -190,7 +190,10 @@ def reward_stage(
     for name, vals in res.per_reward.items():
         if len(res.per_reward) > 1:
             m[f"reward/{name}"] = sum(vals) / max(len(vals), 1)
-    return batch.replace(rewards=r, correct=correct), m
+    parts = torch.tensor(list(res.per_reward.values()), dtype=torch.float32).reshape(
+        len(res.per_reward), len(res.rewards)
+    )
+    return batch.replace(rewards=r, correct=correct, reward_parts=parts.T.contiguous()), m
 
 
 def logprob_stage(

@@ -353,7 +353,7 @@ class RankActor:
             num_tokens=None if batch is None else float(batch.num_tokens),
             rows=None if batch is None else int(batch.size),
             batch_bytes=0 if batch is None else int(tensor_bytes(batch)),
-            samples=SM.samples_from_batch(batch, step) if logged else (),
+            samples=SM.samples_from_batch(batch, step, rules=self.rewards.names) if logged else (),
         )
 
     def run_units(self, step: int, units: list[tuple]) -> list[Any]:
