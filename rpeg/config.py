@@ -433,6 +433,12 @@ class RuntimeConfig(Section):
         "advantage, length, policy version) to <output_dir>/samples.jsonl every this many "
         "steps and print a few; 0 = never",
     )
+    export_hf: bool = Field(
+        False,
+        description="at every checkpoint also write the policy as a Hugging Face folder "
+        "<output_dir>/hf/step-NNNNNNNN (as `rpeg export`); a failed export warns, the run "
+        "and its checkpoint go on",
+    )
     loggers: list[Literal["tensorboard", "wandb", "mlflow"]] | None = Field(
         None,
         description="where per-step metrics go besides metrics.jsonl (both runtimes): "

@@ -123,3 +123,35 @@ def export_checkpoint(
     if log:
         log(f"{where}: {sum(p.numel() for p in model.parameters()):,} parameters")
     return where
+
+
+#: where ``runtime.export_hf`` writes, under ``runtime.output_dir``
+HF_DIR = "hf"
+
+
+def export_dir(config: Any, step: int) -> str:
+    """``<output_dir>/hf/step-NNNNNNNN``: the HF folder of the checkpoint after ``step`` steps."""
+    import os
+
+    return os.path.join(config.runtime.output_dir, HF_DIR, f"step-{step:08d}")
+
+
+def export_at_checkpoint(
+    config: Any, checkpoint: str, step: int, log: Callable[[str], None] | None = None
+) -> str | None:
+    """``runtime.export_hf``: the just-committed ``checkpoint`` as an HF folder; returns the
+    folder, or None (off, or failed: a warning; the checkpoint is already safe and the run
+    goes on)."""
+    if not config.runtime.export_hf:
+        return None
+    import warnings
+
+    out = export_dir(config, step)
+    try:
+        export_checkpoint(checkpoint, out, model_path=config.model.path)
+    except Exception as exc:  # noqa: BLE001 -- an export never stops the run
+        warnings.warn(f"runtime.export_hf: step {step} not exported: {exc}", stacklevel=2)
+        return None
+    if log:
+        log(f"exported step {step} to {out}")
+    return out

@@ -254,6 +254,9 @@ class LocalTrainer:
             meta=local_meta(self.config.model, self.config),
         )
         self.log(f"checkpoint step {self.step_index}: {info.path}")
+        from rpeg.runtime.export import export_at_checkpoint
+
+        export_at_checkpoint(self.config, info.path, self.step_index, self.log)
 
     def _restore(self, store: CheckpointStore | None) -> float | None:
         """Load the newest checkpoint (``store.latest()``, or ``resume_from``); return the

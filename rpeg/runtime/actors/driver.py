@@ -604,6 +604,10 @@ class DistributedRun:
         info = self.store.save(
             step_done, parts, meta, before_commit=write_shards if sharded else None
         )
+        if self.config.runtime.export_hf:  # rank-state checkpoints (not torch.distributed shards)
+            from rpeg.runtime.export import export_at_checkpoint
+
+            export_at_checkpoint(self.config, info.path, step_done, print)
         return {
             "checkpoint_s": time.perf_counter() - t0,
             "checkpoint_bytes": float(info.meta["total_bytes"]),
