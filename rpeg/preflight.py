@@ -42,6 +42,14 @@ _SIZE = re.compile(r"^\s*(auto|none|0|\d+(\.\d+)?\s*([kKMGTP]i?B|B)?)\s*$")
 _HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]*):\d{1,5}$")
 
 
+def machine_cpus() -> int:
+    """The CPUs this process may run on (its affinity; ``os.cpu_count`` off Linux)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 def machine_device_limit(device_type: str = "cpu") -> int:
     """How many local devices this machine can host: its CPUs (at least 4: the shipped
     configs/sharded-cpu.yaml and async-cpu.yaml run four one-thread workers, slower but
@@ -50,11 +58,7 @@ def machine_device_limit(device_type: str = "cpu") -> int:
         from rpeg.infra.cluster import cuda_device_count
 
         return cuda_device_count()
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cpus = os.cpu_count() or 1
-    return max(4, cpus)
+    return max(4, machine_cpus())
 
 
 def load_config(source: str | None) -> RunConfig:
@@ -360,6 +364,9 @@ def check_machine(config: RunConfig, *, cluster_devices: int | None = None) -> l
     if address is None and cluster_devices is None:
         limit = machine_device_limit(cc.device_type)
         what = "CUDA devices" if cc.device_type == "cuda" else "CPUs"
+        has = f"{limit} {what}"
+        if cc.device_type != "cuda" and machine_cpus() != limit:  # fewer than 4 CPUs
+            has = f"{machine_cpus()} CPUs (up to {limit} one-thread CPU workers run here)"
         if cc.device_type == "cuda" and limit == 0:
             out.append(Problem("cluster.device_type", "cuda, but no CUDA device is visible"))
         else:
@@ -367,7 +374,7 @@ def check_machine(config: RunConfig, *, cluster_devices: int | None = None) -> l
                 out.append(
                     Problem(
                         "cluster.num_devices",
-                        f"{cc.num_devices} local devices, but this machine has {limit} {what} "
+                        f"{cc.num_devices} local devices, but this machine has {has} "
                         "(one worker process per device); use --cluster for more",
                     )
                 )
@@ -375,7 +382,7 @@ def check_machine(config: RunConfig, *, cluster_devices: int | None = None) -> l
                 out.append(
                     Problem(
                         "cluster.n_workers",
-                        f"{cc.n_workers} local workers, but this machine has {limit} {what}",
+                        f"{cc.n_workers} local workers, but this machine has {has}",
                     )
                 )
     if address and address.startswith("tls://"):

@@ -120,12 +120,14 @@ def test_an_unwritable_summary_file_is_refused_before_training(
 
 
 def test_machine_limits_and_numbers(tmp_path, capsys, no_services):
+    import os
+
     from rpeg.cli import main
-    from rpeg.preflight import check_machine, machine_device_limit
+    from rpeg.preflight import check_machine
 
     probs = check_machine(RunConfig.from_dict({"cluster": {"num_devices": 1000}}))
     assert [p.where for p in probs] == ["cluster.num_devices"]
-    assert f"this machine has {machine_device_limit()} CPUs" in probs[0].what
+    assert f"this machine has {len(os.sched_getaffinity(0))} CPUs" in probs[0].what
     # against an existing cluster the count is checked once connected, not against this machine
     assert (
         check_machine(
@@ -244,3 +246,19 @@ def test_a_group_baseline_needs_a_group(algo, k, refused, tmp_path, capsys):
         over = {"algorithm": {"name": algo}, "workload": {"samples_per_prompt": 1}}
         assert main(["train", _write(tmp_path, over), "--local", "--quiet"]) == 2
         assert "workload.samples_per_prompt" in capsys.readouterr().err
+
+
+def test_machine_message_names_the_machines_cpus_not_the_floor(monkeypatch):
+    """On a 2-core machine 4 one-thread CPU workers are allowed (the shipped 4-device
+    configs), but the message says 2 CPUs, not 4 (issue 29)."""
+    from rpeg import preflight as P
+
+    monkeypatch.setattr(P, "machine_cpus", lambda: 2)
+    assert P.machine_device_limit() == 4
+    probs = P.check_machine(RunConfig.from_dict({"cluster": {"num_devices": 8}}))
+    assert [p.where for p in probs] == ["cluster.num_devices"]
+    assert "8 local devices, but this machine has 2 CPUs (up to 4 " in probs[0].what
+    assert P.check_machine(RunConfig.from_dict({"cluster": {"num_devices": 4}})) == []
+    monkeypatch.setattr(P, "machine_cpus", lambda: 16)
+    probs = P.check_machine(RunConfig.from_dict({"cluster": {"num_devices": 32}}))
+    assert "this machine has 16 CPUs (one worker process per device)" in probs[0].what
