@@ -443,7 +443,7 @@ class RuntimeConfig(Section):
         None,
         description="where per-step metrics go besides metrics.jsonl (both runtimes): "
         "tensorboard (<output_dir>/tb), wandb (offline unless WANDB_MODE/WANDB_API_KEY), "
-        "mlflow (MLFLOW_TRACKING_URI or <output_dir>/mlruns); a named one not installed is "
+        "mlflow (MLFLOW_TRACKING_URI or sqlite <output_dir>/mlflow.db); a named one not installed is "
         "refused before start; unset = [tensorboard] when installed",
     )
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")

@@ -5,8 +5,9 @@ every numeric metric of the step's line.
 * ``tensorboard``: event files under ``<output_dir>/tb``;
 * ``wandb``: a W&B run in ``<output_dir>`` (project ``$WANDB_PROJECT`` or ``rpeg``); offline
   (``wandb sync`` later) unless ``WANDB_MODE`` or ``WANDB_API_KEY`` says otherwise;
-* ``mlflow``: an MLflow run (experiment ``rpeg``) in ``$MLFLOW_TRACKING_URI``, or a file
-  store ``<output_dir>/mlruns`` (``mlflow ui --backend-store-uri <output_dir>/mlruns``).
+* ``mlflow``: an MLflow run (experiment ``rpeg``) in ``$MLFLOW_TRACKING_URI``, or a local
+  SQLite store ``<output_dir>/mlflow.db`` (``mlflow ui --backend-store-uri
+  sqlite:///<output_dir>/mlflow.db``; MLflow 3 refuses its old ``./mlruns`` file store).
 
 Unset (the default): ``[tensorboard]`` when tensorboard is installed (it is a dependency),
 else none. A named logger whose package is missing is refused before anything starts
@@ -24,7 +25,7 @@ from typing import Any
 from rpeg.errors import Problem
 
 TB_DIR = "tb"
-MLFLOW_DIR = "mlruns"
+MLFLOW_DB = "mlflow.db"
 #: logger name -> (module that must import, the install command)
 PACKAGES = {
     "tensorboard": ("tensorboard", "pip install tensorboard"),
@@ -113,7 +114,8 @@ class _Mlflow:
     def __init__(self, out: Path, config: Any):
         from mlflow.tracking import MlflowClient
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (out / MLFLOW_DIR).resolve().as_uri()
+        out.mkdir(parents=True, exist_ok=True)
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(out / MLFLOW_DB).resolve()}"
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name("rpeg")
         exp_id = exp.experiment_id if exp else self.client.create_experiment("rpeg")

@@ -77,7 +77,7 @@ def test_tensorboard_from_both_runtimes_writers_at_the_console_step(tmp_path):
         assert _scalars(tmp_path / run / L.TB_DIR, "accuracy")[0] == (1, 0.5)
 
 
-def test_mlflow_file_store_under_the_output_dir(tmp_path, monkeypatch):
+def test_mlflow_local_store_under_the_output_dir(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
@@ -86,7 +86,7 @@ def test_mlflow_file_store_under_the_output_dir(tmp_path, monkeypatch):
     for m in STEPS:
         lg.add(m["step"], m)
     lg.close()
-    client = MlflowClient(tracking_uri=(tmp_path / L.MLFLOW_DIR).as_uri())
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / L.MLFLOW_DB}")
     hist = client.get_metric_history(lg.loggers[0].run_id, "reward_mean")
     assert [(h.step, h.value) for h in hist] == [(1, 0.25), (2, 0.5), (3, 0.75)]
 
