@@ -20,11 +20,17 @@ from rpeg.runtime.actors.checkpoint_identity import (
 
 
 def _config(tmp_path, **over):
-    import sys
+    import importlib.util
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
-    from conftest import tiny_config
+    # this folder's conftest by path: `from conftest import ...` takes whichever conftest
+    # module pytest imported first (tests/vllm/conftest.py in a full run)
+    spec = importlib.util.spec_from_file_location(
+        "actors_conftest", Path(__file__).with_name("conftest.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tiny_config = mod.tiny_config
 
     base = {
         "runtime.checkpoint_url": str(tmp_path / "ck"),
