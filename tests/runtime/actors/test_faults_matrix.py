@@ -22,6 +22,7 @@ firing twice. Each case is a full run (~1-3 min on the 2-core machine): slow.
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -97,11 +98,32 @@ def _clear_fault(cluster):
     cluster.client.run(arm, None)
 
 
-@pytest.mark.parametrize(
-    "k,group,rank,phase,step",
-    CASES,
-    ids=[f"k{c[0]}-{'rank' if c[1] == '*' else c[1]}{c[2]}-{c[3]}" for c in CASES],
-)
+#: the cases CI runs on every commit: the two High probes of issue 28 (rank 1 inside the
+#: gradient all-reduce at k = 0; the generator inside the weight broadcast at k = 1), a lost
+#: checkpoint write and the k = 1 trainer inside its update -- one per phase and k. The
+#: whole matrix is ~11 full runs plus recoveries (~25 min on 2 cores): RPEG_FAULT_MATRIX=full
+#: runs it (docs/faults.md).
+CI_CASES = {
+    (0, "*", 1, "train", 1),
+    (0, "*", 0, "checkpoint", 2),
+    (1, "generator", 0, "sync", 1),
+    (1, "trainer", 0, "train", 1),
+}
+FULL = os.environ.get("RPEG_FAULT_MATRIX") == "full"
+
+
+def _param(case):
+    k, group, rank, phase, _ = case
+    skip = pytest.mark.skipif(
+        not FULL and case not in CI_CASES,
+        reason="the rest of the fault matrix: RPEG_FAULT_MATRIX=full",
+    )
+    return pytest.param(
+        *case, id=f"k{k}-{'rank' if group == '*' else group}{rank}-{phase}", marks=skip
+    )
+
+
+@pytest.mark.parametrize("k,group,rank,phase,step", [_param(c) for c in CASES])
 def test_a_rank_killed_at_a_fault_point_recovers_to_the_uninterrupted_run(
     tmp_path,
     tmp_path_factory,
