@@ -15,7 +15,7 @@ def _fake_runner(step_s_by_name):
         name = config.name.split(".")[0]
         out.mkdir(parents=True, exist_ok=True)
         lines = [
-            json.dumps({"step": i, "step_s": step_s_by_name[name] * (3 if i == 0 else 1)})
+            json.dumps({"step": i + 1, "step_s": step_s_by_name[name] * (3 if i == 0 else 1)})
             for i in range(steps)
         ]
         (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")

@@ -79,7 +79,7 @@ def test_a_k1_run_stopped_after_step_n_and_resumed_reaches_the_same_metrics(
     assert res["steps"] == STEPS and [h["step"] for h in hist] == [1, 2, 3, 4]
     for a, b in zip(full, hist, strict=True):
         _same(a, b)
-    assert _lines(tmp_path) == [0, 1, 2, 3]  # no line without a step, none twice
+    assert _lines(tmp_path) == [1, 2, 3, 4]  # no line without a step, none twice
     assert json.loads((tmp_path / "out" / "timeline.json").read_text())["records"]
 
 
@@ -102,5 +102,5 @@ def test_a_k1_run_that_loses_its_trainer_recovers_to_the_same_metrics(
     assert res["steps"] == STEPS and res["median_step_s"] > 0
     for a, b in zip(full, ex["history"], strict=True):
         _same(a, b)
-    assert _lines(tmp_path) == [0, 1, 2, 3]
+    assert _lines(tmp_path) == [1, 2, 3, 4]
     assert json.loads((tmp_path / "out" / "timeline.json").read_text())["records"]
