@@ -30,6 +30,7 @@ on SIGTERM, which is what the cluster's close, Prefect's ``atexit`` stop and the
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -79,11 +80,24 @@ def start_ephemeral_api() -> bool:
     if real is not None:
         server_module.subprocess = _OwnSession(real)
     try:
-        server.start()
+        server.start(timeout=_startup_timeout_s())
     finally:
         if real is not None:
             server_module.subprocess = real
     return True
+
+
+#: seconds the ephemeral API may take to start when the user has not set Prefect's own
+#: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS (its default, 20 s, is shorter than a first
+#: start: a new database's migrations took 31.6 s on the 2-core machine, prefect 3.9.1)
+EPHEMERAL_STARTUP_TIMEOUT_S = 120
+
+
+def _startup_timeout_s() -> int | None:
+    """The user's Prefect setting when given (None: Prefect reads it), else ours."""
+    if os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"):
+        return None
+    return EPHEMERAL_STARTUP_TIMEOUT_S
 
 
 def _ephemeral_allowed() -> bool:
