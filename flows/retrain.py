@@ -144,7 +144,7 @@ def retrain(
             config = config.with_overrides({"runtime.run_id": RUN_ID})
         config = launch.with_run_folder(config, params.output_dir)
         if params.engine == "dask":
-            from rpeg.flows.train import validate_before_start
+            from rpeg.flows.run_setup import validate_before_start
 
             validate_before_start(config)
     except RpegError as exc:

@@ -56,7 +56,7 @@ def train(
     try:
         params = P.validate_params(P.TrainParams, values)
         cfg = launch.with_run_folder(params.resolve(), params.output_dir)
-        from rpeg.flows.train import validate_before_start
+        from rpeg.flows.run_setup import validate_before_start
 
         validate_before_start(cfg, cluster_devices=10**6 if cfg.cluster.address else None)
     except RpegError as exc:

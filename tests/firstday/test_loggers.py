@@ -58,9 +58,9 @@ def test_default_is_tensorboard_and_an_empty_list_writes_nothing(tmp_path):
 
 def test_tensorboard_from_both_runtimes_writers_at_the_console_step(tmp_path):
     """The local trainer uses RunLoggers directly; the distributed flow's metrics sink
-    (flows.train._Metrics) with its 0-based step index -> the console's count."""
+    (flows.step_sink._Metrics) with its 0-based step index -> the console's count."""
     pytest.importorskip("tensorboard")
-    from rpeg.flows.train import _Metrics
+    from rpeg.flows.step_sink import _Metrics
 
     cfg = RunConfig().with_overrides({"runtime.loggers": ["tensorboard"]})
     local = L.RunLoggers(tmp_path / "local", cfg)

@@ -10,7 +10,7 @@ from rpeg.runtime.actors.step_messages import Record
 
 
 def _sink(tmp_path):
-    from rpeg.flows.train import _Sink
+    from rpeg.flows.step_sink import _Sink
 
     return _Sink(tmp_path, steps=10, progress=False, checkpoint_url=lambda s: None)
 
@@ -20,7 +20,7 @@ def _steps(path):
 
 
 def test_the_next_step_is_appended_and_a_recomputed_step_rewrites(tmp_path, monkeypatch):
-    monkeypatch.setattr("rpeg.flows.train._artifacts", lambda *a, **k: None)
+    monkeypatch.setattr("rpeg.flows.step_sink._artifacts", lambda *a, **k: None)
     sink = _sink(tmp_path)
     path = tmp_path / "metrics.jsonl"
     history = {}
