@@ -131,7 +131,7 @@ def test_run_from_the_form_shows_pictures(api, served, prefect_server, tmp_path)
 
         page.goto(f"{ui}/runs/flow-run/{run['id']}")
         page.get_by_text(fr["name"]).first.wait_for(timeout=60_000)
-        page.get_by_text("actors ready in").first.wait_for(timeout=60_000)  # start-up lines
+        page.get_by_text("actors ready (models loaded").first.wait_for(timeout=60_000)  # start-up
         _shot(page, "prefect-flow-run.png", tmp_path)
         page.get_by_text("Artifacts", exact=True).first.click()
         card = page.get_by_text("train-summary", exact=True).first
