@@ -182,7 +182,10 @@ def plan_report(config: Any) -> tuple[str, list[Any]]:
         lines += ["(no graph picture: the Graphviz `dot` binary is not installed)", ""]
     predicted: list[Any] = []
     try:
-        pred = predict(graph, plan, config.workload)
+        from rpeg.specs.hf import priced_model
+
+        # the run's model (model.path's config.json, else model.name), not the plan's default
+        pred = predict(graph, plan, config.workload, model=priced_model(config.model))
         predicted = list(pred.timeline)
         lines += [
             f"predicted step: **{pred.step_s:.3g} s** on {pred.num_devices} device(s), "

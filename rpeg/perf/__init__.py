@@ -49,6 +49,12 @@ def build_graph(plan: Any, algorithm: Any = None) -> Any:
 
 
 def predict_plan(
-    plan: Any, workload: Any, *, algorithm: Any = None, calib: Calibration = DEFAULT
+    plan: Any,
+    workload: Any,
+    *,
+    algorithm: Any = None,
+    calib: Calibration = DEFAULT,
+    model: Any = None,
 ) -> StepPrediction:
-    return predict(build_graph(plan, algorithm), plan, workload, calib=calib)
+    """``model``: the ModelSpec to price (default the plan's catalog name)."""
+    return predict(build_graph(plan, algorithm), plan, workload, calib=calib, model=model)

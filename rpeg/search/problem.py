@@ -34,9 +34,11 @@ class PlanProblem:
         )
 
     def describe(self) -> str:
-        w = self.workload
+        from rpeg.specs.models import format_params
+
+        w, m = self.workload, self.model
         return (
-            f"{self.algorithm.upper()} on {self.model.name}, {self.num_devices} x {self.cluster.gpu.name} "
+            f"{self.algorithm.upper()} on {m.name} ({format_params(m.params)} params), {self.num_devices} x {self.cluster.gpu.name} "
             f"({self.cluster.name}, {self.cluster.num_nodes} nodes), {w.num_prompts} prompts x "
             f"{w.samples_per_prompt} samples, max {w.max_response_tokens} response tokens, k <= {self.max_staleness}"
         )
@@ -80,8 +82,10 @@ def resolve_model(name: str) -> Any:
 def problem_from_config(config: Any) -> PlanProblem:
     """Build the :class:`PlanProblem` of a :class:`rpeg.config.RunConfig`."""
     from rpeg import specs
+    from rpeg.specs.hf import priced_model
 
-    model = resolve_model(config.model.name)
+    # model.path's own config.json (never the built-in tiny model's shape), else the catalog
+    model = priced_model(config.model, catalog=resolve_model)
     cl = specs.cluster(config.cluster.name, num_devices=config.cluster.num_devices)
     n = config.cluster.num_devices or cl.num_devices
     algo = config.algorithm.name

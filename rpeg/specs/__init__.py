@@ -24,6 +24,7 @@ __all__ = [
     "ModelSpec",
     "MoESpec",
     "SpecError",
+    "add_run_model",
     "cluster",
     "clusters",
     "gpu",
@@ -70,7 +71,19 @@ def gpu(name: str) -> GPUSpec:
     return _get("gpu", gpus(), name)
 
 
+#: models read at run time (a run's ``model.path`` config.json, rpeg.specs.hf), by name
+_RUN_MODELS: dict[str, ModelSpec] = {}
+
+
+def add_run_model(spec: ModelSpec) -> None:
+    """Make ``spec`` (a model read from a run's own folder) known to :func:`model` in this
+    process, beside the catalog, so that plans naming it are priced as that model."""
+    _RUN_MODELS[spec.name] = spec
+
+
 def model(name: str) -> ModelSpec:
+    if name in _RUN_MODELS:
+        return _RUN_MODELS[name]
     return _get("model", models(), name)
 
 

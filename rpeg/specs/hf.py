@@ -185,3 +185,87 @@ def add_model(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path, entry
+
+
+def _add_hint(path: str, readable: bool) -> str:
+    """How to give planning the model's shape when ``path``'s config.json does not."""
+    same = "or set model.name to a catalog model of the same shape (`rpeg specs list`)"
+    if readable:  # a family this reader does not know: add-model would refuse it too
+        return (
+            f"describe it in {user_specs_dir() / 'models.yaml'} (fields as the shipped entries: "
+            f"layers, hidden, ffn_hidden, heads, kv_heads, head_dim, vocab) and set model.name "
+            f"to its name, {same}"
+        )
+    cfg = f"{path.rstrip('/')}/config.json"
+    return f"add it with `rpeg specs add-model --from-hf {cfg} --name NAME` and set model.name: NAME, {same}"
+
+
+def read_hf_config(path: str) -> dict[str, Any]:
+    """The ``config.json`` of the Hugging Face model folder ``path`` (a local path or an
+    fsspec URL), as a dict; a SpecError naming ``model.path`` when it cannot be read."""
+    import fsspec
+
+    url = f"{str(path).rstrip('/')}/config.json"
+    try:
+        with fsspec.open(url, "r") as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise SpecError(
+            [
+                Problem(
+                    "model.path",
+                    f"{url!r} cannot be read ({type(exc).__name__}: {exc}); "
+                    f"{_add_hint(str(path), readable=False)}",
+                )
+            ],
+            title="the model cannot be priced",
+        ) from None
+    if not isinstance(cfg, dict):
+        raise SpecError(
+            [Problem("model.path", f"{url!r}: top level must be a JSON object")],
+            title="the model cannot be priced",
+        )
+    return cfg
+
+
+def model_from_folder(path: str, *, kind: str = "instruct") -> Any:
+    """The catalog spec (:class:`rpeg.specs.models.ModelSpec`) of the model in the Hugging Face
+    folder ``path``, read from its ``config.json`` and named after the folder. A model the
+    reader does not know is refused, naming how to add it to the catalog."""
+    cfg = read_hf_config(path)
+    name = str(path).rstrip("/").rsplit("/", 1)[-1] or "model"
+    try:
+        entry = entry_from_hf(cfg, kind=kind, source=f"read from {path}/config.json")
+        return parse_models([({"models": {name: entry}}, str(path))])[name]
+    except SpecError as exc:
+        why = "; ".join(str(p) for p in exc.problems)
+        raise SpecError(
+            [Problem("model.path", f"{path!r} cannot be priced ({why}); {_add_hint(path, True)}")],
+            title="the model cannot be priced",
+        ) from None
+
+
+def prices_folder(model: Any) -> bool:
+    """Whether planning prices the folder of ``model.path`` (``model``: the run config's
+    model section): a path is set and ``model.name`` is left at its default (the built-in
+    tiny model's catalog name, which is not the model in the folder). A catalog
+    ``model.name`` set beside a path is the user's word for the shape."""
+    if not getattr(model, "path", None):
+        return False
+    fields = getattr(type(model), "model_fields", {})
+    default = fields["name"].default if "name" in fields else None
+    return model.name == default
+
+
+def priced_model(model: Any, catalog: Any = None) -> Any:
+    """The ModelSpec the performance model prices for a run's ``model`` section: the folder's
+    ``config.json`` when :func:`prices_folder`, else the catalog entry of ``model.name``
+    (``catalog``: a name -> spec lookup, default the catalog's exact names). The folder's
+    spec is also made known by name in this process (:func:`rpeg.specs.add_run_model`)."""
+    from rpeg import specs
+
+    if prices_folder(model):
+        spec = model_from_folder(model.path)
+        specs.add_run_model(spec)  # plans name it: pricing them finds this spec
+        return spec
+    return (catalog or specs.model)(model.name)

@@ -36,9 +36,13 @@ def prediction(config: Any) -> Any:
     try:
         from rpeg.compile import resolve
         from rpeg.perf import Workload, predict_plan
+        from rpeg.specs.hf import priced_model
 
         _, plan = resolve(None, config)
-        return predict_plan(plan, Workload.from_config(config.workload), algorithm=config.algorithm)
+        wl = Workload.from_config(config.workload)
+        # the run's model (model.path's config.json, else model.name), not the plan's default
+        model = priced_model(config.model)
+        return predict_plan(plan, wl, algorithm=config.algorithm, model=model)
     except Exception as exc:  # noqa: BLE001 - a figure for messages and timeouts, not the run
         log.warning("no prediction for this run's plan (%s)", exc)
         return None
