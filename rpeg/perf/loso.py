@@ -28,9 +28,10 @@ import numpy as np
 from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
+from rpeg.perf.loso_summary import Summary, by, stage_errors, summarise  # noqa: F401 (re-exported)
 from rpeg.perf.pricing import predict
 from rpeg.perf.rows import Unpredictable, _float, _number, read_case, unknown_names
-from rpeg.perf.systems import POOLED, UNKNOWN_WIDEN, SystemParams, normalise
+from rpeg.perf.systems import POOLED, UNKNOWN_WIDEN, normalise
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError
 
@@ -349,99 +350,6 @@ def score(priced: list[Priced]) -> list[Scored]:
     return [out[p.case_id] for p in priced if not p.shadow]
 
 
-def system_table(priced: list[Priced]) -> dict[str, SystemParams]:
-    """The shipped factors: fitted on all rows, ranges from the LOSO residuals."""
-    steps = [p for p in priced if p.measured_s]
-    full = fit(steps)
-    scored = {s.case_id: s for s in score(priced)}
-    resid = {
-        p.case_id: math.log(p.measured_s / scored[p.case_id].pred_loso)  # type: ignore[operator]
-        for p in steps
-    }
-    table = {}
-    for name, (lg, lt) in full.items():
-        mine = [p for p in steps if p.system == name] if name != POOLED else steps
-        pool = [resid[q.case_id] for q in mine]
-        if name == POOLED or len(pool) < MIN_COMPARABLE:
-            pool = list(resid.values())
-        lo, hi = _range(pool, 1.0)
-        table[name] = SystemParams(
-            name=name,
-            gen_eff=round(math.exp(lg), 3),
-            train_eff=round(math.exp(lt), 3),
-            resid_lo=round(lo, 3),
-            resid_hi=round(hi, 3),
-            sources=len({p.source for p in mine}),
-            rows=len(mine),
-        )
-    return table
-
-
-# --- summaries --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Summary:
-    """Error figures of a set of rows (percent; coverage and share as fractions)."""
-
-    rows: int  # rows with a measured step time
-    predicted: int
-    mape: float
-    max_ape: float
-    coverage: float
-    median_width: float
-
-    @property
-    def predicted_share(self) -> float:
-        return self.predicted / self.rows if self.rows else float("nan")
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "mape": round(self.mape, 2),
-            "max_ape": round(self.max_ape, 2),
-            "coverage": round(self.coverage, 4),
-            "predicted_share": round(self.predicted_share, 4),
-            "rows": self.rows,
-            "predicted": self.predicted,
-            "median_width": round(self.median_width, 4),
-        }
-
-
-def summarise(scored: list[Scored], loso: bool = True) -> Summary:
-    rows = [s for s in scored if s.measured_s]
-    done = [s for s in rows if (s.pred_loso if loso else s.pred_in)]
-    errs, inside, widths = [], [], []
-    for s in done:
-        p = s.pred_loso if loso else s.pred_in
-        lo, hi = (s.lo_loso, s.hi_loso) if loso else (s.lo_in, s.hi_in)
-        errs.append(abs(p - s.measured_s) / s.measured_s)  # type: ignore[operator]
-        inside.append(lo <= s.measured_s <= hi)  # type: ignore[operator]
-        widths.append((hi - lo) / p)  # type: ignore[operator]
-    nan = float("nan")
-    return Summary(
-        rows=len(rows),
-        predicted=len(done),
-        mape=100 * sum(errs) / len(errs) if errs else nan,
-        max_ape=100 * max(errs) if errs else nan,
-        coverage=sum(inside) / len(inside) if inside else nan,
-        median_width=float(np.median(widths)) if widths else nan,
-    )
-
-
-def by(scored: list[Scored], key: str, loso: bool = True) -> dict[str, Summary]:
-    groups: dict[str, list[Scored]] = {}
-    for s in scored:
-        groups.setdefault(getattr(s, key) or "?", []).append(s)
-    return {k: summarise(v, loso) for k, v in sorted(groups.items())}
-
-
-def stage_errors(scored: list[Scored]) -> dict[str, tuple[float, float, int]]:
-    """stage -> (LOSO MAPE %, max %, rows) over the rows publishing that stage."""
-    out: dict[str, list[float]] = {}
-    for s in scored:
-        for st, (p, m) in s.stages.items():
-            out.setdefault(st, []).append(abs(p - m) / m)
-    return {k: (100 * sum(v) / len(v), 100 * max(v), len(v)) for k, v in sorted(out.items())}
-
-
 def default_datasets() -> dict[str, Path]:
     """The shipped data sets: label -> path."""
     from importlib import resources
@@ -482,40 +390,3 @@ def shadows(rows: list[dict[str, str]], label: str) -> list[Priced]:
     ]
     out = [replace(p, shadow=True, regime="shared") for p in price_rows(blank, label)[0]]
     return out
-
-
-def write_table(path: Path | None = None) -> Path:
-    """Fit on both shipped data sets and write ``rpeg/perf/data/systems.yaml``."""
-    import yaml
-
-    from rpeg.perf.published import read_rows
-
-    priced = []
-    for label, p in default_datasets().items():
-        priced += price_rows(read_rows(p), label)[0]
-    table = system_table(priced)
-    path = path or default_datasets()["steps_dev"].with_name("systems.yaml")
-    body = {
-        "systems": {
-            n: {
-                k: getattr(v, k)
-                for k in ("gen_eff", "train_eff", "resid_lo", "resid_hi", "sources", "rows")
-            }
-            for n, v in sorted(table.items())
-        }
-    }
-    header = (
-        "# Fitted by `python -m rpeg.perf.loso --write` on the shipped published runs (both\n"
-        "# data sets). gen_eff/train_eff: achieved share of the modelled rollout / training\n"
-        "# rate; resid_lo/hi: split-conformal log half-width (80%) of the system's rows scored\n"
-        "# leave-one-source-out (the range of a prediction). docs/perf-model.md, 'Systems'.\n"
-    )
-    path.write_text(header + yaml.safe_dump(body, sort_keys=True))
-    return path
-
-
-if __name__ == "__main__":  # pragma: no cover - maintenance entry point
-    import sys
-
-    if "--write" in sys.argv:
-        print(write_table())

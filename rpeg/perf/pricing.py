@@ -10,6 +10,7 @@ from typing import Any
 
 from rpeg.perf.calibration import DEFAULT, Calibration
 from rpeg.perf.calibration import resolve as resolve_calibration
+from rpeg.perf.generation import generation_cost, weight_sync_cost
 from rpeg.perf.prediction import GB, StageCost, StepPrediction, Workload
 from rpeg.perf.timeline import TimelineRecord
 from rpeg.perf.units import (
@@ -18,11 +19,9 @@ from rpeg.perf.units import (
     TRAIN_KINDS,
     UnitContext,
     field_bytes,
-    generation_cost,
     graph_info,
     pass_cost,
     unit_plan,
-    weight_sync_cost,
 )
 from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices
 from rpeg.specs import ClusterSpec, ModelSpec

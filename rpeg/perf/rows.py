@@ -9,13 +9,27 @@ take the documented prior of :data:`PRIORS` and widen the row's interval
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.prediction import Workload
+from rpeg.perf.row_cells import (  # noqa: F401 (unknown_names, resolve_model: re-exported)
+    Unpredictable,
+    _cluster_for,
+    _float,
+    _int,
+    _number,
+    _one_line,
+    _opt_int,
+    _staleness,
+    _tri,
+    _yes,
+    gpu_name,
+    model_name,
+    resolve_model,
+    unknown_names,
+)
 from rpeg.perf.solve import Layout, solve_layout
 from rpeg.plan.schema import GraphRef, Plan, UnitPlan
 
@@ -48,226 +62,6 @@ AMP_NAMES = ("amp", "mixed", "bf16-mixed", "fp32-master", "mixed-precision")
 
 #: what a model was trained to emit (``model_kind`` column; blank = the catalog's kind)
 MODEL_KINDS = ("base", "instruct", "reasoning")
-
-
-class Unpredictable(ValueError):
-    """A row the model cannot price honestly; the message says why."""
-
-
-def _one_line(exc: Exception) -> str:
-    """A validation error's messages on one line (pydantic prints one per line)."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        try:
-            return "; ".join(str(e.get("msg", e)) for e in errors())
-        except Exception:  # noqa: BLE001 - fall back to the text
-            pass
-    return " ".join(str(exc).split())
-
-
-# The catalog cluster a row's GPU runs in by default; a row whose `gpus_per_node` differs
-# is priced on a catalog cluster of that GPU with that node size (see ``_cluster_for``).
-_CLUSTER_FOR_GPU = {
-    "h100-sxm": "dgx-h100",
-    "h200": "dgx-h200",
-    "h800": "h800-cluster",
-    "h20": "h20-cluster",
-    "gb200": "gb200-nvl72",
-    "gh200": "gh200-alps",
-    "gh200-144g": "gh200-144g-quad",
-    "a100-80g": "dgx-a100",
-    "a100-40g": "dgx-a100-40g",
-    "a800": "a800-cluster",
-    "b200": "dgx-b200",
-    "mi300x": "mi300x-cluster",
-    "cpu": "local-cpu",
-}
-
-
-def _cluster_for(gpu: str, gpus_per_node: int | None) -> str:
-    """Catalog cluster of ``gpu`` with ``gpus_per_node`` GPUs per node (the default cluster
-    when the row does not say); Unpredictable naming what is missing otherwise."""
-    from rpeg import specs
-
-    default = _CLUSTER_FOR_GPU.get(gpu)
-    candidates = [n for n, c in sorted(specs.clusters().items()) if c.gpu.name == gpu]
-    if default in candidates:
-        candidates.remove(default)
-        candidates.insert(0, default)
-    if not candidates:
-        raise Unpredictable(f"no catalog cluster of {gpu} GPUs (add one to clusters.yaml)")
-    if gpus_per_node is None:
-        return candidates[0]
-    for name in candidates:
-        if specs.cluster(name).gpus_per_node == gpus_per_node:
-            return name
-    sizes = sorted({specs.cluster(n).gpus_per_node for n in candidates})
-    raise Unpredictable(
-        f"gpus_per_node={gpus_per_node}: catalog clusters of {gpu} have {sizes} GPUs per node "
-        "(add one to clusters.yaml)"
-    )
-
-
-# Names a data set may use for a catalog GPU (lower-cased, spaces as dashes).
-GPU_ALIASES = {
-    "h100": "h100-sxm",
-    "h100-80g": "h100-sxm",
-    "h100-sxm5": "h100-sxm",
-    "a100": "a100-80g",
-    "a100-80gb": "a100-80g",
-    "a100-40gb": "a100-40g",
-    "a800-80g": "a800",
-    "a800-80gb": "a800",
-    "h800-80g": "h800",
-    "h200-141g": "h200",
-    "mi300": "mi300x",
-}
-
-
-def _key(name: str) -> str:
-    """Catalog key of a name as written: no organisation prefix, lower case, dashes."""
-    n = (name or "").strip().split("/")[-1].lower()
-    return "-".join(n.replace("_", " ").split())
-
-
-def _compact(name: str) -> str:
-    return re.sub(r"[-_.\s]", "", name)
-
-
-# checkpoint suffixes of one architecture -> what the checkpoint was trained to emit
-_SUFFIX_KIND = {
-    "base": "base",
-    "instruct": "instruct",
-    "chat": "instruct",
-    "it": "instruct",
-    "thinking": "reasoning",
-}
-
-
-def resolve_model(name: str) -> tuple[str, str | None]:
-    """(catalog model, kind of the checkpoint when the name says it) for a model as written:
-    ``Qwen/Qwen2.5-7B-Instruct`` -> qwen2.5-7b-instruct; ``Qwen3-30B-A3B-Base`` -> the
-    catalog's qwen3-30b-a3b with kind base; ``Qwen3-4B-Instruct-2507`` -> qwen3-4b,
-    instruct; ``Llama-3.1-8B`` -> llama3.1-8b. The name unchanged when nothing matches."""
-    from rpeg import specs
-
-    catalog = specs.models()
-    key = _key(name)
-    if key in catalog:
-        return key, None
-    compact = {_compact(n): n for n in catalog}
-    stem, kind = re.sub(r"-\d{4}$", "", key), None  # release date suffix (-2507)
-    for _ in range(2):
-        if _compact(stem) in compact:
-            return compact[_compact(stem)], kind
-        head, _, last = stem.rpartition("-")
-        if not head or last not in _SUFFIX_KIND:
-            break
-        stem, kind = head, kind or _SUFFIX_KIND[last]
-    if _compact(stem) in compact:
-        return compact[_compact(stem)], kind
-    if _compact(stem + "-instruct") in compact:  # a base checkpoint of a cataloged instruct
-        return compact[_compact(stem + "-instruct")], kind or "base"
-    return key, None
-
-
-def model_name(r: dict[str, str]) -> str:
-    """The catalog model a row names (see :func:`resolve_model`)."""
-    return resolve_model(r.get("model") or "")[0]
-
-
-def gpu_name(r: dict[str, str]) -> str:
-    """The catalog GPU a row names (``H100`` -> ``h100-sxm``, ``A800-80GB`` -> ``a800``)."""
-    k = _key(r.get("gpu") or "")
-    return GPU_ALIASES.get(k, k)
-
-
-def unknown_names(r: dict[str, str]) -> str:
-    """'' or the reason a row names a model or GPU the catalogs do not hold."""
-    from rpeg import specs
-
-    bad = []
-    if model_name(r) not in specs.models():
-        bad.append(
-            f"unknown model {r.get('model')!r} (add it: rpeg specs add-model --from-hf config.json)"
-        )
-    if gpu_name(r) not in specs.gpus():
-        bad.append(
-            f"unknown GPU {r.get('gpu')!r} (add it to the user gpus.yaml; catalog: "
-            f"{', '.join(sorted(specs.gpus()))})"
-        )
-    return "; ".join(bad)
-
-
-_NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
-
-
-def _number(r: dict[str, str], k: str) -> float | None:
-    """The leading number of column ``k`` ("8", "8.0", "8 (inferred)"); None when blank.
-    Anything else is a row the model cannot read, reported with the column and value."""
-    v = (r.get(k) or "").strip()
-    if not v:
-        return None
-    m = _NUMBER.match(v)
-    if m is None:
-        raise Unpredictable(f"{k}={v!r} is not a number")
-    return float(m.group(1))
-
-
-def _int(r: dict[str, str], k: str, default: int | None = None, minimum: int = 1) -> int:
-    v = _number(r, k)
-    if v is None:
-        if default is None:
-            raise Unpredictable(f"{k} not published")
-        return default
-    if v < minimum:
-        raise Unpredictable(f"{k}={v:g}: must be >= {minimum}")
-    return int(v)
-
-
-def _opt_int(r: dict[str, str], k: str) -> int | None:
-    """A layout count that may be blank (None = to be solved)."""
-    return None if _number(r, k) is None else _int(r, k)
-
-
-def _float(r: dict[str, str], k: str) -> float | None:
-    v = _number(r, k)
-    return None if v is None or v <= 0 else v
-
-
-_YES = ("yes", "true", "1", "y", "on")
-_NO = ("no", "false", "0", "n", "off")
-
-
-def _yes(r: dict[str, str], k: str) -> bool:
-    return (r.get(k) or "").strip().lower() in _YES
-
-
-def _tri(r: dict[str, str], k: str) -> bool | None:
-    """yes/no column; None when blank. Anything else is named."""
-    v = (r.get(k) or "").strip().lower()
-    if not v:
-        return None
-    if v in _YES:
-        return True
-    if v in _NO:
-        return False
-    raise Unpredictable(f"{k}={v!r}; allowed: yes, no, or blank (unknown)")
-
-
-def _staleness(r: dict[str, str]) -> int:
-    """Policy lag bound. 'inf' = unbounded; a fraction (verl's staleness_threshold, the
-    share of a step's samples that may come from the previous weights) still lets the
-    rollout run ahead of the trainer, i.e. a lag of up to one version: rounded up."""
-    st = (r.get("staleness") or "").strip().lower()
-    if st in ("inf", "infinite", "unbounded"):
-        return 10**6
-    v = _number(r, "staleness")
-    if v is None:
-        return 1 if _yes(r, "partial_rollout") else 0
-    if v < 0:
-        raise Unpredictable(f"staleness={v:g}: must be >= 0")
-    return math.ceil(v - 1e-9) if v < 10**6 else 10**6
 
 
 @dataclass

@@ -79,7 +79,7 @@ def normalise(name: str) -> str:
 @lru_cache(maxsize=1)
 def shipped() -> dict[str, SystemParams]:
     """The factors fitted on all shipped published runs (``rpeg/perf/data/systems.yaml``,
-    written by ``python -m rpeg.perf.loso --write``), by system name, plus ``pooled``."""
+    written by ``python -m rpeg.perf.systems_fit --write``), by system name, plus ``pooled``."""
     import yaml
 
     path = resources.files("rpeg.perf").joinpath("data", "systems.yaml")

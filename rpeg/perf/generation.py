@@ -1,0 +1,187 @@
+"""Rollout-engine units (pure): generation (prefill + continuous-batching decode with its
+long tail, or an asynchronous engine's steady state) and the weight sync from the trainer
+into the engine. The per-plan context and the other units live in :mod:`rpeg.perf.units`;
+every equation is in docs/perf-model.md ("Equations")."""
+
+from __future__ import annotations
+
+from rpeg.perf import costs
+from rpeg.perf.prediction import GB, StageCost
+from rpeg.perf.units import GEN_KIND, UnitContext, _pick
+from rpeg.plan.schema import InfeasiblePlan, UnitPlan, format_devices
+
+
+# --- generation -------------------------------------------------------------------------
+def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: bool) -> StageCost:
+    m, gpu, cal = c.model, c.gpu, c.calib
+    tp, pp = u.tp, u.pp
+    replica = tp * pp
+    replicas = u.num_devices // replica
+    first = u.devices[0]
+    sc = StageCost(name, (GEN_KIND,), format_devices(u.devices), u.num_devices)
+    w_dev = m.params * c.wbytes / replica
+    budget = u.gpu_memory_utilization * gpu.usable_hbm_gb * GB
+    act_reserve = (
+        1.0 * GB + 2.0 * cal.max_num_seqs * m.vocab * 4 / tp / 16
+    )  # logits/sampling buffers
+    kv_free = budget - w_dev - act_reserve
+    sc.memory_gb = {
+        "weights": w_dev / GB,
+        "kv_cache": max(kv_free, 0) / GB,
+        "engine_reserve": act_reserve / GB,
+    }
+    if kv_free <= 0:
+        raise InfeasiblePlan(
+            "memory",
+            f"generation weights {w_dev / GB:.1f} GB + reserve {act_reserve / GB:.1f} GB exceed the "
+            f"{budget / GB:.1f} GB budget (gpu_memory_utilization={u.gpu_memory_utilization} x {gpu.usable_hbm_gb} GB)",
+            unit=name,
+            needed_gb=(w_dev + act_reserve) / GB,
+            capacity_gb=budget / GB,
+            device=first,
+            breakdown=dict(sc.memory_gb),
+        )
+    kv_tok_dev = costs.kv_cache_bytes(m, 1.0, tp, c.kvbytes) / pp
+    kv_tokens = kv_free / kv_tok_dev
+    S = c.N / replicas  # sequences per replica per step
+    L = c.lengths
+    # a live sequence's mean context (length-biased: P + E[L^2]/(2E[L])) is what each decode
+    # step reads; admission keeps room for a whole average sequence (P + E[L]), which also
+    # stands for vLLM's preemptions at a full cache (docs/perf-model.md, "Equations")
+    live_ctx = c.P + L.second_moment() / (2 * L.mean)
+    b_kv = kv_tokens / (c.P + L.mean)
+    b_max = max(1.0, min(cal.max_num_seqs, b_kv))
+
+    def step(b: float, ctx: float) -> tuple[float, float, float, float]:
+        return costs.decode_step_time(
+            m,
+            gpu,
+            c.cluster,
+            batch=b,
+            context=ctx,
+            tp=tp,
+            pp=pp,
+            first_device=first,
+            wbytes=c.wbytes,
+            kvbytes=c.kvbytes,
+            calib=cal,
+            precision=c.prec,
+        )
+
+    t = fl = by = comm = 0.0
+    # prefill of all prompts (compute-bound)
+    pf_tokens = S * c.P
+    pf_flops = costs.forward_flops(m, pf_tokens, S * c.P * c.P) / replica
+    pf_flops += c.vision_fwd_flops / c.N * S / replica  # the vision tower on S samples' images
+    gemm = 2.0 * min(pf_tokens, 8192) * m.hidden * max(m.ffn_hidden, m.attn_width) / tp
+    t_pf = pf_flops / (c.peak_flops * gpu.matmul_eff(gemm) * cal.train_eff_factor)
+    t += t_pf
+    fl += pf_flops
+    if throughput_mode:
+        # Steady state of an asynchronous engine (partial rollout): always b_eff sequences in
+        # flight, no per-step tail. Cost = tokens / (b_eff tokens per step).
+        b_eff = min(b_max, S * (1 + c.plan.staleness))
+        ctx = live_ctx
+        ts, f1, b1, cm = step(b_eff, ctx)
+        n_steps = S * L.mean / b_eff
+        t += n_steps * ts
+        fl += n_steps * f1
+        by += n_steps * b1
+        comm += n_steps * cm
+        # the weight update of every step interrupts the b_eff live sequences: their KV cache
+        # (old weights) is dropped and prompt + partial response re-prefilled on resume
+        # (AReaL's interruptible rollout, Fu et al. 2025 Sec. 4; aborted-and-resumed requests
+        # after a prefix-cache reset in verl's fully-async partial rollout). A live
+        # sequence's context is P + E[L^2]/(2E[L]) (length-biased, uniform progress).
+        re_tok = b_eff * ctx
+        re_fl = costs.forward_flops(m, re_tok, b_eff * ctx * ctx) / replica
+        re_gemm = 2.0 * min(re_tok, 8192) * m.hidden * max(m.ffn_hidden, m.attn_width) / tp
+        t_re = re_fl / (c.peak_flops * gpu.matmul_eff(re_gemm) * cal.train_eff_factor)
+        t += t_re
+        fl += re_fl
+        sc.detail.update(batch=b_eff, decode_steps=n_steps, reprefill_s=t_re, live_context=ctx)
+    else:
+        lmax = L.expected_max(c.N)
+        bulk = 0.0
+        if b_max < S:
+            # continuous batching: the first S - b_max sequences stream through a full batch
+            ctx = live_ctx
+            ts, f1, b1, cm = step(b_max, ctx)
+            n_steps = (S - b_max) * L.mean / b_max
+            bulk = n_steps * ts
+            fl += n_steps * f1
+            by += n_steps * b1
+            comm += n_steps * cm
+            tail_n = b_max
+        else:
+            tail_n = S
+        # the last batch decodes together until its longest response ends (midpoint rule)
+        K = 12
+        seg = lmax / K
+        tail = 0.0
+        for i in range(K):
+            tm = (i + 0.5) * seg
+            # the longest response is still decoding until lmax: at least one sequence lives
+            live = max(tail_n * L.survival(tm), 1.0)
+            ts, f1, b1, cm = step(live, c.P + tm)
+            tail += seg * ts
+            fl += seg * f1
+            by += seg * b1
+            comm += seg * cm
+        t += bulk + tail
+        sc.detail.update(batch=min(S, b_max), longest_response=lmax, tail_s=tail, bulk_s=bulk)
+    level = c.cluster.span_level_contiguous(first, tp) if tp > 1 else "device"
+    sc.time_s = t / cal.gen_eff_scale
+    sc.flops = fl * replica * replicas
+    sc.hbm_bytes = by * replica * replicas
+    sc.comm_s = {level: comm} if comm else {}
+    sc.detail.update(
+        prefill_s=t_pf, kv_capacity_tokens=kv_tokens, replicas=replicas, seqs_per_replica=S
+    )
+    return sc
+
+
+# --- weight sync ------------------------------------------------------------------------
+def weight_sync_cost(
+    c: UnitContext, name: str, u: UnitPlan, gen: UnitPlan | None, train: UnitPlan | None
+) -> StageCost:
+    """Trainer layout -> generation layout. Same devices: a reshard through the domain
+    fabric (CUDA IPC); disjoint pools: a broadcast over the link spanning both."""
+    sc = StageCost(name, ("sync_weights",), format_devices(u.devices), u.num_devices)
+    if gen is None:
+        return sc
+    m, cal = c.model, c.calib
+    gen_shard = m.params * c.wbytes / (gen.tp * gen.pp)
+    same = (
+        train is not None
+        and gen.devices[0] <= train.devices[-1]
+        and train.devices[0] <= gen.devices[-1]
+    )
+    t_tensor = _pick(c.cluster.refit_tensor_s, cal.refit_tensor_s)
+    if same and c.cluster.reuses_rollout_logprobs:
+        # one process holds the training model and the generator (rpeg's CPU runtime): at
+        # k = 0 the generator IS the training model (a version bump, no copy); at k >= 1 its
+        # lagging copy is refreshed in process (read + write of the weights at memory speed)
+        if c.plan.staleness == 0:
+            sc.detail.update(in_process=1.0, refit_bytes_s=0.0, refit_tensors_s=0.0)
+            return sc
+        t = 2.0 * gen_shard / c.gpu.hbm_bytes_per_s
+        t_tensors = m.hf_tensors * t_tensor
+        sc.time_s = t + t_tensors
+        sc.detail.update(in_process=1.0, refit_bytes_s=t, refit_tensors_s=t_tensors)
+        sc.hbm_bytes = 2.0 * gen_shard * gen.num_devices
+        return sc
+    if same:
+        link = c.cluster.link("domain")
+        lvl = "domain"
+    else:
+        allv = tuple(sorted(set(gen.devices) | set(train.devices if train else ())))
+        lvl = c.cluster.span_level(allv)
+        link = c.cluster.link(lvl)
+    t = gen_shard / (link.bytes_per_s * cal.nccl_bus_eff) + 2 * m.layers * link.latency_s
+    t_tensors = m.hf_tensors * t_tensor
+    sc.time_s = t + t_tensors
+    sc.detail.update(refit_bytes_s=t, refit_tensors_s=t_tensors, hf_tensors=m.hf_tensors)
+    sc.comm_s = {lvl: t}
+    sc.hbm_bytes = gen_shard * gen.num_devices
+    return sc

@@ -1,0 +1,77 @@
+"""Error figures of scored rows (pure): MAPE, max, coverage of the printed range, share
+predicted and median range width, over any group (data set, source, system) and per
+published stage. The rows come from :func:`rpeg.perf.loso.score`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from rpeg.perf.loso import Scored
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Error figures of a set of rows (percent; coverage and share as fractions)."""
+
+    rows: int  # rows with a measured step time
+    predicted: int
+    mape: float
+    max_ape: float
+    coverage: float
+    median_width: float
+
+    @property
+    def predicted_share(self) -> float:
+        return self.predicted / self.rows if self.rows else float("nan")
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "mape": round(self.mape, 2),
+            "max_ape": round(self.max_ape, 2),
+            "coverage": round(self.coverage, 4),
+            "predicted_share": round(self.predicted_share, 4),
+            "rows": self.rows,
+            "predicted": self.predicted,
+            "median_width": round(self.median_width, 4),
+        }
+
+
+def summarise(scored: list[Scored], loso: bool = True) -> Summary:
+    rows = [s for s in scored if s.measured_s]
+    done = [s for s in rows if (s.pred_loso if loso else s.pred_in)]
+    errs, inside, widths = [], [], []
+    for s in done:
+        p = s.pred_loso if loso else s.pred_in
+        lo, hi = (s.lo_loso, s.hi_loso) if loso else (s.lo_in, s.hi_in)
+        errs.append(abs(p - s.measured_s) / s.measured_s)  # type: ignore[operator]
+        inside.append(lo <= s.measured_s <= hi)  # type: ignore[operator]
+        widths.append((hi - lo) / p)  # type: ignore[operator]
+    nan = float("nan")
+    return Summary(
+        rows=len(rows),
+        predicted=len(done),
+        mape=100 * sum(errs) / len(errs) if errs else nan,
+        max_ape=100 * max(errs) if errs else nan,
+        coverage=sum(inside) / len(inside) if inside else nan,
+        median_width=float(np.median(widths)) if widths else nan,
+    )
+
+
+def by(scored: list[Scored], key: str, loso: bool = True) -> dict[str, Summary]:
+    groups: dict[str, list[Scored]] = {}
+    for s in scored:
+        groups.setdefault(getattr(s, key) or "?", []).append(s)
+    return {k: summarise(v, loso) for k, v in sorted(groups.items())}
+
+
+def stage_errors(scored: list[Scored]) -> dict[str, tuple[float, float, int]]:
+    """stage -> (LOSO MAPE %, max %, rows) over the rows publishing that stage."""
+    out: dict[str, list[float]] = {}
+    for s in scored:
+        for st, (p, m) in s.stages.items():
+            out.setdefault(st, []).append(abs(p - m) / m)
+    return {k: (100 * sum(v) / len(v), 100 * max(v), len(v)) for k, v in sorted(out.items())}
