@@ -5,6 +5,7 @@ Pure and fast (tens of microseconds per plan). Every equation is in docs/perf-mo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -25,6 +26,27 @@ from rpeg.perf.units import (
 )
 from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices
 from rpeg.specs import ClusterSpec, ModelSpec
+
+
+def time_shared(cluster: ClusterSpec, plan: Plan, units: list[Any]) -> ClusterSpec:
+    """The cluster a plan runs on when its CPU "devices" outnumber the machine's cores.
+
+    A CPU device is a one-thread worker process; a plan with more workers than cores (the
+    shipped 4-device CPU configs on a 2-core machine) runs them time-sharing the cores, so
+    each worker gets ``cores / workers`` of one: its compute, memory bandwidth and eager
+    per-layer overhead scale by that share. Accelerators are refused as before."""
+    need = max(unit_plan(plan, n).devices[-1] for n, _ in units) + 1
+    if need <= cluster.num_devices or cluster.gpu.name != "cpu":
+        return cluster
+    share = cluster.num_devices / need
+    g = cluster.gpu
+    gpu = replace(
+        g,
+        bf16_dense_tflops=g.bf16_dense_tflops * share,
+        hbm_tbps=g.hbm_tbps * share,
+        layer_overhead_s=g.layer_overhead_s / share,
+    )
+    return replace(cluster, gpu=gpu, gpus_per_node=need, num_nodes=1)
 
 
 # --- one execution unit -------------------------------------------------------------------
@@ -163,8 +185,8 @@ def price_unit(
     if model is None:
         model = specs.model(plan.model)
     calib = resolve_calibration(calib, cluster.name)
-    c = UnitContext(plan, wl, cluster, model, calib)
     info = graph_info(graph)
+    c = UnitContext(plan, wl, time_shared(cluster, plan, info["units"]), model, calib)
     members = dict(info["units"]).get(unit)
     if members is None:
         known = ", ".join(n for n, _ in info["units"])
@@ -201,9 +223,10 @@ def predict(
             [f"model {model.name}: {model.unsupported}"], title="model not supported"
         )
     calib = resolve_calibration(calib, cluster.name)
-    c = UnitContext(plan, wl, cluster, model, calib)
     info = graph_info(graph)
     units = info["units"]
+    cluster = time_shared(cluster, plan, units)
+    c = UnitContext(plan, wl, cluster, model, calib)
     # device checks
     for uname, _ in units:
         u = unit_plan(plan, uname)
