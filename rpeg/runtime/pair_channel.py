@@ -15,7 +15,8 @@ scoped to the network namespace, so ranks in different namespaces -- the multi-h
 "hosts" -- never share one) for 16-byte headers, and shared memory for the bytes: each rank
 writes what it sends into its own ``memfd`` region, whose descriptor went to the peer over the
 socket (``SCM_RIGHTS``) when the region was made, and the peer reads -- or adds -- them
-straight from there (:meth:`PairChannel.exchange`, :meth:`PairChannel.exchange_sum`). Both
+straight from there (:meth:`PairChannel.exchange`, :meth:`PairChannel.exchange_sum`; the
+regions: :mod:`rpeg.runtime.shared_region`). Both
 ranks of a pair must call :func:`pair_channel` (the first call on a group is a collective
 that opens the channel, or agrees there is none) and then every exchange in the same order,
 with tensors of the same size -- the contract of any collective (a size mismatch is a
@@ -29,8 +30,6 @@ own memory is.
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 import secrets
 import socket
@@ -40,6 +39,8 @@ import zlib
 from typing import Any
 
 import torch
+
+from rpeg.runtime.shared_region import SharedRegion
 
 #: seconds an exchange waits for the other rank before raising, where the group's own
 #: timeout (what its gloo collectives wait) cannot be read
@@ -83,8 +84,8 @@ class PairChannel:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._turn = 0
-        self._mine: list[_Region | None] = [None, None]  # written here, read by the peer
-        self._theirs: list[_Region | None] = [None, None]  # the peer's, read here
+        self._mine: list[SharedRegion | None] = [None, None]  # written here, read by the peer
+        self._theirs: list[SharedRegion | None] = [None, None]  # the peer's, read here
 
     def exchange(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Send ``t`` (a CPU tensor) and return the other rank's tensor of the same shape and
@@ -140,7 +141,7 @@ class PairChannel:
         region = self._mine[slot]
         grown = region is None or region.size < n
         if grown:
-            old, region = region, _Region.create(max(n, 2 * (region.size if region else 0)))
+            old, region = region, SharedRegion.create(max(n, 2 * (region.size if region else 0)))
             self._mine[slot] = region
             if old is not None:
                 old.close()  # the peer keeps its own mapping until it adopts the new one
@@ -159,7 +160,7 @@ class PairChannel:
         if size:
             if not fds:
                 raise ConnectionError(f"pair channel: rank {self.peer} sent no region")
-            old, self._theirs[slot] = self._theirs[slot], _Region.adopt(fds[0], size)
+            old, self._theirs[slot] = self._theirs[slot], SharedRegion.adopt(fds[0], size)
             if old is not None:
                 old.close()
         theirs = self._theirs[slot]
@@ -190,59 +191,6 @@ class PairChannel:
                 if r is not None:
                     r.close()
                 regions[i] = None
-
-
-class _Region:
-    """A shared-memory region mapped here: an anonymous ``memfd``, whose descriptor is kept
-    only until it has been handed to the peer (``send_fd``); the peer maps the same file from
-    the descriptor it got and closes that (``adopt``). A mapping outlives its descriptor."""
-
-    def __init__(self, fd: int, size: int):
-        self.size = size
-        self._map = mmap.mmap(fd, size)
-        self.bytes = torch.frombuffer(self._map, dtype=torch.uint8)
-        self.fd: int | None = fd
-
-    @classmethod
-    def create(cls, size: int) -> _Region:
-        fd = os.memfd_create("rpeg-pair", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, size)
-            return cls(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
-
-    @classmethod
-    def adopt(cls, fd: int, size: int) -> _Region:
-        try:
-            if os.fstat(fd).st_size < size:
-                raise ConnectionError(f"pair channel: a peer region of {size} bytes is short")
-            region = cls(fd, size)
-        finally:
-            os.close(fd)
-        region.fd = None
-        return region
-
-    def send_fd(self, sock: socket.socket, head: bytes) -> None:
-        """``head`` with this region's descriptor attached; the descriptor is closed here."""
-        try:
-            socket.send_fds(sock, [head], [self.fd])
-        finally:
-            self._close_fd()
-
-    def _close_fd(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
-
-    def close(self) -> None:
-        """Drop this region: unmapped once no tensor views it (a tensor from
-        ``torch.frombuffer`` holds the mapping object, not a buffer export, so an explicit
-        ``mmap.close()`` would unmap memory a live view still points at)."""
-        self.bytes = self._map = None
-        self._close_fd()
 
 
 def host_key() -> int:
