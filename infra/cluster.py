@@ -189,12 +189,6 @@ class Cluster:
         with contextlib.suppress(Exception):
             self.client.run(_kill_worker_process, workers=list(addrs), nanny=True)
 
-    def worker_pids(self) -> dict[str, int]:
-        return self.client.run(os.getpid)
-
-    def restart_worker(self, address: str) -> None:
-        self.client.restart_workers([address])
-
     def close(self) -> None:
         if self._closed:
             return

@@ -62,9 +62,3 @@ class ConfigError(ProblemsError):
     """A configuration file or object that does not validate."""
 
     title = "invalid configuration"
-
-
-def raise_if(problems: list[Problem], error: type[ProblemsError] = ConfigError, **kw) -> None:
-    """Raise ``error`` listing ``problems`` if there are any."""
-    if problems:
-        raise error(problems, **kw)

@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rpeg.errors import ConfigError, Problem
 from rpeg.ir import Graph
 from rpeg.perf.calibration import DEFAULT, Calibration
 from rpeg.plan.schema import InfeasiblePlan
@@ -386,9 +385,3 @@ def _family(c: Candidate) -> tuple:
 
 def _family_key(st: Structure, pl: Placement) -> tuple:
     return (st, pl.colocated, pl.offload)
-
-
-def check_problem(prob: PlanProblem) -> None:
-    """Refuse problems the search cannot address (named, exit code 2)."""
-    if prob.num_devices < 1:
-        raise ConfigError([Problem("cluster.num_devices", "need at least one device")])

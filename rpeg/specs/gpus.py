@@ -63,10 +63,6 @@ class GPUSpec:
         """Achieved fraction of peak for one GEMM of ``flops`` FLOPs."""
         return interp_log(self.matmul_curve, flops) * self.software_eff
 
-    def hbm_eff(self, nbytes: float) -> float:
-        """Achieved fraction of peak HBM bandwidth for a streaming read of ``nbytes``."""
-        return interp_log(self.hbm_curve, nbytes)
-
 
 def parse_gpus(sources: list[tuple[dict[str, Any], str]]) -> dict[str, GPUSpec]:
     """Parse the shipped file then user files (later entries replace earlier ones)."""

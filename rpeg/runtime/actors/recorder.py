@@ -89,16 +89,3 @@ class TimelineRecorder:
             yield
         finally:
             self.add(step, stage, device_group, t0, time.perf_counter(), kind)
-
-    def for_step(self, step: int) -> list[TimelineRecord]:
-        with self._lock:
-            return [r for r in self.records if r.step == step]
-
-
-def overlap_s(
-    a: TimelineRecord, b: TimelineRecord, base_a: float = 0.0, base_b: float = 0.0
-) -> float:
-    """Seconds two records overlap (absolute offsets ``base_*`` of their steps)."""
-    lo = max(a.start_s + base_a, b.start_s + base_b)
-    hi = min(a.end_s + base_a, b.end_s + base_b)
-    return max(0.0, hi - lo)
