@@ -76,12 +76,6 @@ def fsdp_policy(compute_dtype: torch.dtype):
     return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
 
 
-def cast_floating_(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """``module`` with its floating-point parameters and buffers in ``dtype`` (in place;
-    integer buffers untouched)."""
-    return module.to(dtype=dtype)
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 

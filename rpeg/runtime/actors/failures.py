@@ -60,11 +60,6 @@ class ActorLost(RuntimeError):
     """Raised by the typed proxies when an actor's handle reports its worker gone."""
 
 
-class WorkerStalled(TimeoutError):
-    """A rank's worker did not answer a ping for longer than ``runtime.worker_lost_after_s``
-    (a stopped or hung process): handled as a lost worker (a ``TimeoutError``)."""
-
-
 #: substrings of a collective's error that mean "a peer is gone", not "this rank is wrong"
 #: (gloo's tcp transport, torch's store and c10d, NCCL's abort and watchdog)
 PEER_LOST_MESSAGES = (
