@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from rpeg.errors import ConfigError, Problem
 
-AlgorithmName = Literal["grpo", "ppo", "rloo", "reinforce_pp"]
+AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]  # rpeg.ir.recipes
 KLEstimator = Literal["k1", "k2", "k3"]
 LossAggregation = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -141,7 +141,12 @@ class AlgorithmConfig(Section):
 
     name: AlgorithmName = "grpo"
     use_reference: bool = Field(True, description="keep a frozen reference model for a KL term")
-    kl_coef: float = Field(0.0, ge=0.0, description="weight of the KL penalty in the loss")
+    kl_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="weight of the KL penalty: in the loss or the reward, as the "
+        "algorithm's recipe says (rpeg.ir.recipes; none for dapo)",
+    )
     kl_estimator: KLEstimator = "k3"
     clip_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip: 1 - clip_low")
     clip_high: float = Field(

@@ -35,6 +35,7 @@ from typing import Any
 
 from rpeg.config import RunConfig
 from rpeg.errors import ConfigError, Problem, ProblemsError
+from rpeg.ir.recipes import RECIPES
 
 #: the built-in model (trained when ``model.path`` is None)
 TINY_MODEL = "rpeg-tiny"
@@ -216,7 +217,7 @@ def _check_model_folder(url: str, where: str) -> list[Problem]:
 
 # ------------------------------------------------------------------------------ algorithm
 #: algorithms whose advantage compares a sample with the other samples of its prompt
-GROUP_BASELINES = ("grpo", "rloo")
+GROUP_BASELINES = tuple(n for n, r in RECIPES.items() if r.group_baseline)
 
 
 def check_algorithm(config: RunConfig) -> list[Problem]:

@@ -26,13 +26,12 @@ def graph_from_config(config: Any) -> Any:
         "overlong_buffer": a.overlong_penalty_tokens or None,
         "loss_aggregation": a.loss_aggregation,
         "entropy_coef": a.entropy_coef,
+        "group_size": config.workload.samples_per_prompt,
     }
     if a.name == "ppo":
         opts.update(gamma=a.gamma, gae_lambda=a.gae_lambda)
         if a.value_clip is not None:
             opts["value_clip"] = a.value_clip
-    elif a.name in ("grpo", "rloo"):
-        opts["group_size"] = config.workload.samples_per_prompt
     g = build(a.name, **opts)
     if a.name == "ppo" and a.share_actor_critic:
         g = share_actor_critic(g)

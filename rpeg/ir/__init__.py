@@ -3,7 +3,17 @@
 Pure Python: imports no torch, dask or prefect. See docs/ir.md.
 """
 
-from rpeg.ir.builders import BUILDERS, build, builder_names, dapo, grpo, ppo, reinforce_pp, rloo
+from rpeg.ir.builders import (
+    BUILDERS,
+    build,
+    builder_names,
+    dapo,
+    dr_grpo,
+    grpo,
+    ppo,
+    reinforce_pp,
+    rloo,
+)
 from rpeg.ir.checks import problems, validate
 from rpeg.ir.graph import (
     DEFAULT_INPUTS,
@@ -22,6 +32,7 @@ from rpeg.ir.graph import (
     StageKind,
     StateEdge,
 )
+from rpeg.ir.recipes import RECIPE_NAMES, RECIPES, Recipe, recipe
 from rpeg.ir.serialize import from_dict, from_yaml, to_dict, to_yaml
 from rpeg.ir.transforms import bound_async, colocate, fuse, separate, share_actor_critic, unfuse
 from rpeg.ir.visual import has_graphviz, render, to_dot, to_mermaid
@@ -39,6 +50,9 @@ __all__ = [
     "Graph",
     "GraphError",
     "Params",
+    "RECIPES",
+    "RECIPE_NAMES",
+    "Recipe",
     "Role",
     "Stage",
     "StageKind",
@@ -48,6 +62,7 @@ __all__ = [
     "builder_names",
     "colocate",
     "dapo",
+    "dr_grpo",
     "from_dict",
     "from_yaml",
     "fuse",
@@ -55,6 +70,7 @@ __all__ = [
     "has_graphviz",
     "ppo",
     "problems",
+    "recipe",
     "reinforce_pp",
     "render",
     "rloo",

@@ -1,21 +1,29 @@
-"""Builders for the usual RL pipelines: GRPO, PPO, RLOO, REINFORCE++ (and DAPO-style GRPO).
+"""Builders for the RL pipelines of :mod:`rpeg.ir.recipes`: GRPO, Dr.GRPO, DAPO, RLOO,
+REINFORCE++ and PPO, one builder per recipe, reading its stages and defaults from there.
 
-Every builder returns a validated :class:`Graph`. Common options:
+Every builder returns a validated :class:`Graph`. Options (defaults: the recipe's
+:class:`rpeg.ir.recipes.Knobs`):
 
 - ``use_reference``: add a ``ref_logprob`` stage (role reference) and a KL term with
-  ``kl_coef``; ``kl_placement`` = "loss" (GRPO default: train_actor reads ref_logprobs) or
-  "reward" (PPO/RLOO/REINFORCE++ default: advantage reads ref_logprobs and old_logprobs).
+  ``kl_coef``. Where the KL goes is the recipe's (``Recipe.kl``), recorded as
+  ``params["kl_placement"]``: "loss" (GRPO, Dr.GRPO: train_actor reads ref_logprobs),
+  "reward" (RLOO, REINFORCE++, PPO: advantage reads ref_logprobs and old_logprobs) or
+  "none" (DAPO: no reference stage, ``kl_coef`` must be 0).
 - ``reward``: "rule" (a Python function, role None, reads answers) or "model" (role
   reward_model).
 - ``staleness``: the bounded asynchrony k of the weights edge sync_weights -> generate.
+- ``group_size``: samples per prompt (the group of a group baseline).
 - DAPO-style: ``clip_low``, ``clip_high`` (decoupled clip), ``dual_clip``,
   ``dynamic_sampling``, ``overlong_buffer`` (soft overlong penalty length, or None),
-  ``loss_aggregation`` ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean").
+  ``loss_aggregation`` ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean"),
+  ``entropy_coef``; with a critic (PPO) also ``gamma``, ``gae_lambda``, ``value_clip``.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from rpeg.errors import Problem
@@ -30,64 +38,61 @@ from rpeg.ir.graph import (
     StageKind,
     StateEdge,
 )
+from rpeg.ir.recipes import ALIASES, RECIPES, Recipe, canonical
+
+__all__ = ["ALIASES", "BUILDERS", "build", "builder_names"]
 
 _SEQ = ("prompts", "responses", "response_mask")
+_CRITIC_KNOBS = ("gamma", "gae_lambda", "value_clip")
 
 
-def _common_params(
-    *,
-    use_reference: bool,
-    kl_coef: float,
-    kl_placement: str,
-    reward: str,
-    clip_low: float,
-    clip_high: float | None,
-    dual_clip: float | None,
-    dynamic_sampling: bool,
-    overlong_buffer: int | None,
-    loss_aggregation: str,
-    entropy_coef: float,
-    **extra: Any,
-) -> dict[str, Any]:
-    return {
-        "use_reference": use_reference,
-        "kl_coef": kl_coef if use_reference else 0.0,
-        "kl_placement": kl_placement,
-        "reward": reward,
-        "clip_low": clip_low,
-        "clip_high": clip_low if clip_high is None else clip_high,
-        "dual_clip": dual_clip,
-        "dynamic_sampling": dynamic_sampling,
-        "overlong_buffer": overlong_buffer,
-        "loss_aggregation": loss_aggregation,
-        "entropy_coef": entropy_coef,
-        **extra,
-    }
+def _options(r: Recipe) -> dict[str, Any]:
+    """The options of ``r``'s builder and their defaults."""
+    knobs = asdict(r.defaults)
+    if not r.critic:
+        for k in _CRITIC_KNOBS:
+            knobs.pop(k)
+    return {"name": None, "reward": "rule", "staleness": 0, **knobs}
 
 
-def _check_options(algorithm: str, reward: str, staleness: Any, kl_placement: str) -> None:
+def _check_options(r: Recipe, o: dict[str, Any]) -> None:
     p: list[Problem] = []
-    if reward not in ("rule", "model"):
-        p.append(Problem(f"{algorithm}.reward", f"{reward!r} is not one of rule, model"))
-    if not isinstance(staleness, int) or isinstance(staleness, bool) or staleness < 0:
-        p.append(Problem(f"{algorithm}.staleness", f"must be an integer >= 0, got {staleness!r}"))
-    if kl_placement not in ("loss", "reward"):
+    if o["reward"] not in ("rule", "model"):
+        p.append(Problem(f"{r.name}.reward", f"{o['reward']!r} is not one of rule, model"))
+    k = o["staleness"]
+    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+        p.append(Problem(f"{r.name}.staleness", f"must be an integer >= 0, got {k!r}"))
+    if r.kl == "none" and o["kl_coef"]:
         p.append(
-            Problem(f"{algorithm}.kl_placement", f"{kl_placement!r} is not one of loss, reward")
+            Problem(
+                f"{r.name}.kl_coef",
+                f"{r.title} has no KL term (recipe kl: none); got {o['kl_coef']!r}, use 0",
+            )
         )
     if p:
         raise GraphError(p)
 
 
-def _pipeline(algorithm: str, *, critic: bool, options: dict[str, Any]) -> Graph:
-    """The pipeline of ``algorithm`` from a builder's keyword arguments (its ``locals()``)."""
-    options = dict(options)
-    name, staleness = options.pop("name"), options.pop("staleness")
-    _check_options(algorithm, options["reward"], staleness, options["kl_placement"])
-    params = _common_params(**options)
+def _params(r: Recipe, o: dict[str, Any]) -> dict[str, Any]:
+    use_ref = bool(o["use_reference"]) and r.uses_reference
+    params = {k: v for k, v in o.items() if k not in ("name", "staleness")}
+    params.update(
+        use_reference=use_ref,
+        kl_coef=o["kl_coef"] if use_ref else 0.0,
+        kl_placement=r.kl,
+        clip_high=o["clip_low"] if o["clip_high"] is None else o["clip_high"],
+    )
+    return params
+
+
+def _pipeline(r: Recipe, options: dict[str, Any]) -> Graph:
+    """The pipeline of recipe ``r`` with a builder's ``options`` (all of them, defaults in)."""
+    _check_options(r, options)
+    params = _params(r, options)
+    name, staleness, critic = options["name"], options["staleness"], r.critic
     use_ref = params["use_reference"]
-    kl_in_reward = use_ref and params["kl_placement"] == "reward"
-    kl_in_loss = use_ref and params["kl_placement"] == "loss"
+    kl_in_reward = use_ref and r.kl == "reward"
+    kl_in_loss = use_ref and r.kl == "loss"
     model_reward = params["reward"] == "model"
 
     stages = [
@@ -156,8 +161,8 @@ def _pipeline(algorithm: str, *, critic: bool, options: dict[str, Any]) -> Graph
     if critic:
         state.append(StateEdge("train_critic", "values", "critic_weights", 0))
     g = Graph(
-        name=name or algorithm,
-        algorithm=algorithm,
+        name=name or r.name,
+        algorithm=r.name,
         stages=tuple(stages),
         state_edges=tuple(state),
         params=params,
@@ -166,125 +171,39 @@ def _pipeline(algorithm: str, *, critic: bool, options: dict[str, Any]) -> Graph
     return validate(g)
 
 
-def grpo(
-    *,
-    name: str | None = None,
-    use_reference: bool = True,
-    kl_coef: float = 0.001,
-    kl_placement: str = "loss",
-    reward: str = "rule",
-    staleness: int = 0,
-    group_size: int = 16,
-    clip_low: float = 0.2,
-    clip_high: float | None = None,
-    dual_clip: float | None = None,
-    dynamic_sampling: bool = False,
-    overlong_buffer: int | None = None,
-    loss_aggregation: str = "token_mean",
-    entropy_coef: float = 0.0,
-) -> Graph:
-    """GRPO: group-normalized rewards as advantages, no critic; KL in the loss by default."""
-    return _pipeline("grpo", critic=False, options=locals())
+def _builder(r: Recipe) -> Callable[..., Graph]:
+    """The keyword-only builder of recipe ``r``: its options are :func:`_options`."""
+    defaults = _options(r)
+
+    def build_recipe(**options: Any) -> Graph:
+        unknown = sorted(set(options) - set(defaults))
+        if unknown:
+            raise GraphError(
+                [
+                    Problem(f"{r.name}.{k}", f"unknown option; allowed: {', '.join(defaults)}")
+                    for k in unknown
+                ]
+            )
+        return _pipeline(r, {**defaults, **options})
+
+    build_recipe.__name__ = build_recipe.__qualname__ = r.name
+    build_recipe.__doc__ = f"{r.title}: {r.advantage}; KL: {r.kl}. Sources: {'; '.join(r.sources)}"
+    build_recipe.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v)
+            for k, v in defaults.items()
+        ]
+    )
+    return build_recipe
 
 
-def dapo(
-    *,
-    name: str | None = None,
-    use_reference: bool = False,
-    kl_coef: float = 0.0,
-    kl_placement: str = "loss",
-    reward: str = "rule",
-    staleness: int = 0,
-    group_size: int = 16,
-    clip_low: float = 0.2,
-    clip_high: float | None = 0.28,
-    dual_clip: float | None = None,
-    dynamic_sampling: bool = True,
-    overlong_buffer: int | None = 4096,
-    loss_aggregation: str = "token_mean",
-    entropy_coef: float = 0.0,
-) -> Graph:
-    """DAPO: GRPO without KL, with clip-higher, dynamic sampling, overlong shaping, token_mean."""
-    return _pipeline("dapo", critic=False, options=locals())
-
-
-def rloo(
-    *,
-    name: str | None = None,
-    use_reference: bool = True,
-    kl_coef: float = 0.05,
-    kl_placement: str = "reward",
-    reward: str = "rule",
-    staleness: int = 0,
-    group_size: int = 16,
-    clip_low: float = 0.2,
-    clip_high: float | None = None,
-    dual_clip: float | None = None,
-    dynamic_sampling: bool = False,
-    overlong_buffer: int | None = None,
-    loss_aggregation: str = "token_mean",
-    entropy_coef: float = 0.0,
-) -> Graph:
-    """RLOO: leave-one-out baseline over each prompt's group, no critic; KL in the reward."""
-    return _pipeline("rloo", critic=False, options=locals())
-
-
-def reinforce_pp(
-    *,
-    name: str | None = None,
-    use_reference: bool = True,
-    kl_coef: float = 0.01,
-    kl_placement: str = "reward",
-    reward: str = "rule",
-    staleness: int = 0,
-    clip_low: float = 0.2,
-    clip_high: float | None = None,
-    dual_clip: float | None = None,
-    dynamic_sampling: bool = False,
-    overlong_buffer: int | None = None,
-    loss_aggregation: str = "token_mean",
-    entropy_coef: float = 0.0,
-) -> Graph:
-    """REINFORCE++: token-level KL in the reward, batch-normalized returns, no critic."""
-    return _pipeline("reinforce_pp", critic=False, options=locals())
-
-
-def ppo(
-    *,
-    name: str | None = None,
-    use_reference: bool = True,
-    kl_coef: float = 0.05,
-    kl_placement: str = "reward",
-    reward: str = "rule",
-    staleness: int = 0,
-    gamma: float = 1.0,
-    gae_lambda: float = 0.95,
-    value_clip: float = 0.2,
-    clip_low: float = 0.2,
-    clip_high: float | None = None,
-    dual_clip: float | None = None,
-    dynamic_sampling: bool = False,
-    overlong_buffer: int | None = None,
-    loss_aggregation: str = "token_mean",
-    entropy_coef: float = 0.0,
-) -> Graph:
-    """PPO: critic (values, train_critic) and GAE advantages; KL in the reward by default."""
-    return _pipeline("ppo", critic=True, options=locals())
-
-
-BUILDERS: dict[str, Callable[..., Graph]] = {
-    "grpo": grpo,
-    "ppo": ppo,
-    "rloo": rloo,
-    "reinforce_pp": reinforce_pp,
-    "dapo": dapo,
-}
-
-ALIASES = {
-    "reinforce++": "reinforce_pp",
-    "reinforce-pp": "reinforce_pp",
-    "reinforcepp": "reinforce_pp",
-}
+BUILDERS: dict[str, Callable[..., Graph]] = {n: _builder(r) for n, r in RECIPES.items()}
+grpo = BUILDERS["grpo"]
+dr_grpo = BUILDERS["dr_grpo"]
+dapo = BUILDERS["dapo"]
+rloo = BUILDERS["rloo"]
+reinforce_pp = BUILDERS["reinforce_pp"]
+ppo = BUILDERS["ppo"]
 
 
 def builder_names() -> list[str]:
@@ -292,22 +211,10 @@ def builder_names() -> list[str]:
 
 
 def build(name: str, **options: Any) -> Graph:
-    """Build the pipeline ``name`` (grpo, ppo, rloo, reinforce_pp, dapo) with ``options``."""
-    key = ALIASES.get(str(name).lower(), str(name).lower())
-    fn = BUILDERS.get(key)
+    """Build the pipeline ``name`` (a recipe's name or alias) with ``options``."""
+    fn = BUILDERS.get(canonical(name))
     if fn is None:
         raise GraphError(
             [Problem("builder", f"unknown pipeline {name!r}; allowed: {', '.join(BUILDERS)}")]
-        )
-    import inspect
-
-    allowed = set(inspect.signature(fn).parameters)
-    unknown = sorted(set(options) - allowed)
-    if unknown:
-        raise GraphError(
-            [
-                Problem(f"{key}.{k}", f"unknown option; allowed: {', '.join(sorted(allowed))}")
-                for k in unknown
-            ]
         )
     return fn(**options)

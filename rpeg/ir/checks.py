@@ -12,7 +12,6 @@ from rpeg.errors import Problem
 from rpeg.ir.graph import (
     FIELDS,
     KIND_ROLES,
-    KL_PLACEMENTS,
     LOSS_AGGREGATIONS,
     WEIGHTS_STATE,
     Graph,
@@ -20,6 +19,7 @@ from rpeg.ir.graph import (
     Role,
     StageKind,
 )
+from rpeg.ir.recipes import KL_PLACEMENTS
 
 
 def _role_name(role: Role | None) -> str:

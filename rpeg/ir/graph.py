@@ -89,7 +89,6 @@ KIND_ROLES: Mapping[StageKind, frozenset[Role | None]] = {
 WEIGHTS_STATE = "weights"
 
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
-KL_PLACEMENTS = ("loss", "reward")
 
 Scalar = bool | int | float | str | None
 

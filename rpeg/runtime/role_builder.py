@@ -18,10 +18,12 @@ from typing import Any
 import torch
 
 from rpeg.config import RunConfig
+from rpeg.ir.recipes import recipe
+from rpeg.runtime.critic import CriticWorker
 from rpeg.runtime.data import DataCursor, Example, build_task_data
 from rpeg.runtime.engines.choice import build_engine
 from rpeg.runtime.rewards import RewardSet
-from rpeg.runtime.roles import CriticWorker, PolicyWorker
+from rpeg.runtime.roles import PolicyWorker
 
 #: the roles a process may hold
 ROLE_NAMES = ("actor", "reference", "critic")
@@ -82,9 +84,10 @@ def all_roles(config: RunConfig) -> tuple[str, ...]:
     shared actor-critic."""
     a = config.algorithm
     roles = ["actor"]
-    if a.use_reference:
+    r = recipe(a.name)
+    if a.use_reference and r.uses_reference:
         roles.append("reference")
-    if a.name == "ppo" and not a.share_actor_critic:
+    if r.critic and not a.share_actor_critic:
         roles.append("critic")
     return tuple(roles)
 
@@ -153,7 +156,7 @@ def build_roles(
     frozen = frozen_dtype(compute_dtype)
     model.to(dtype=MASTER_DTYPE)  # masters (a no-op for the fp32 default)
     out = Roles(rewards, cursor, heldout, tok, info)
-    ppo = a.name == "ppo"
+    ppo = recipe(a.name).critic
     if "reference" in roles:
         out.reference = PolicyWorker(
             copy.deepcopy(model).to(dtype=frozen),

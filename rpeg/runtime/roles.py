@@ -2,7 +2,8 @@
 
 * :class:`PolicyWorker`: an actor (trainable) or reference (frozen) causal LM, optionally with a
   shared value head (actor-critic on one trunk), its optimizer, RNG and generation engine.
-* :class:`CriticWorker`: a separate critic (trunk + value head) and its optimizer.
+  Its loss is its algorithm's recipe's (rpeg.runtime.recipes: where KL goes).
+* a separate critic (trunk + value head) and its optimizer: rpeg.runtime.critic.CriticWorker.
 
 Each method is one stage kind: ``generate``, ``compute_logprobs``, ``compute_values``,
 ``train_step``; ``get_weights``/``set_weights`` sync weights; ``state_dict``/``load_state_dict``
@@ -12,7 +13,6 @@ checkpoint everything (weights, optimizer, RNG, policy version).
 from __future__ import annotations
 
 import copy
-import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
@@ -23,16 +23,11 @@ from rpeg.config import AlgorithmConfig, OptimConfig, WorkloadConfig
 from rpeg.errors import ConfigError, Problem
 from rpeg.runtime.algorithms import (
     add_sums,
-    aggregate,
     check_minibatch,
     correction_weights,
-    kl_penalty,
     lag_metrics,
-    masked_mean,
     mismatch_from_sums,
     mismatch_sums,
-    policy_loss,
-    value_loss,
     version_lags,
 )
 from rpeg.runtime.batch import RolloutBatch
@@ -43,76 +38,18 @@ from rpeg.runtime.engines.base import (
     generate_in_groups,
 )
 from rpeg.runtime.engines.torch_engine import TorchEngine
-from rpeg.runtime.model_io import ActorCritic, CriticModel, LogprobRequest, lm_logprobs
+from rpeg.runtime.model_io import ActorCritic, LogprobRequest, lm_logprobs
 from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.precision import compute, frozen_dtype, loss_scaler_for
+from rpeg.runtime.recipes import actor_loss, runtime_recipe
+from rpeg.runtime.role_state import (
+    load_policy_state,
+    module_device,
+    policy_state,
+    role_configs,
+)
 from rpeg.runtime.sharding import gathered_blocks
 from rpeg.runtime.updates import adamw, micro_batches, minibatch_updates, on_device
-
-
-def module_device(module) -> torch.device:
-    from torch.distributed.tensor import DTensor
-
-    p = next(module.parameters(), None)
-    if p is None:
-        return torch.device("cpu")
-    return p._local_tensor.device if isinstance(p, DTensor) else p.device
-
-
-def cuda_rng_states() -> list[torch.Tensor] | None:
-    """Every visible GPU's RNG state (dropout, sampling on the device), None without CUDA."""
-    return torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-
-
-def restore_cuda_rng(states: list[torch.Tensor] | None) -> None:
-    """Put back :func:`cuda_rng_states` on the GPUs this process sees (a checkpoint from a
-    CPU run, or resumed on one, has nothing to restore)."""
-    if not states or not torch.cuda.is_available():
-        return
-    for i, st in enumerate(states[: torch.cuda.device_count()]):
-        torch.cuda.set_rng_state(st, device=i)
-
-
-def _role_configs(
-    algorithm: AlgorithmConfig | None, optim: OptimConfig | None, workload: WorkloadConfig | None
-) -> tuple[AlgorithmConfig, OptimConfig, WorkloadConfig]:
-    """A role's configs, each config's defaults where none is given."""
-    return algorithm or AlgorithmConfig(), optim or OptimConfig(), workload or WorkloadConfig()
-
-
-def _value_loss(
-    a: AlgorithmConfig, values: torch.Tensor, micro: RolloutBatch, mask: torch.Tensor
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The clipped value loss of ``values`` toward ``micro``'s returns (old values: the
-    batch's), aggregated as the algorithm says."""
-    return value_loss(
-        values,
-        micro.values,
-        micro.returns,
-        mask,
-        clip=a.value_clip,
-        aggregation=a.loss_aggregation,
-    )
-
-
-def _role_state(module, optimizer, shards) -> tuple[dict, dict | None]:
-    if shards is not None and shards.layout.sharded:
-        from rpeg.runtime.sharding import full_role_state
-
-        return full_role_state(module, optimizer)
-    weights = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-    return weights, copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
-
-
-def _load_role_state(module, optimizer, state: dict, shards) -> None:
-    if shards is not None and shards.layout.sharded:
-        from rpeg.runtime.sharding import load_full_role_state
-
-        load_full_role_state(module, optimizer, state["module"], state.get("optimizer"))
-        return
-    module.load_state_dict(state["module"])
-    if optimizer is not None and state.get("optimizer") is not None:
-        optimizer.load_state_dict(state["optimizer"])
 
 
 class PolicyWorker:
@@ -138,7 +75,7 @@ class PolicyWorker:
         reduce: RankReduce = LOCAL,
         compute_dtype: torch.dtype = torch.float32,
     ):
-        self.algorithm, self.optim_cfg, self.workload = _role_configs(algorithm, optim, workload)
+        self.algorithm, self.optim_cfg, self.workload = role_configs(algorithm, optim, workload)
         self.reduce = reduce  # data-parallel loss normalization (rpeg.runtime.parallel)
         self.tokenizer = tokenizer
         self.trainable = trainable
@@ -386,6 +323,7 @@ class PolicyWorker:
                 "train_step needs advantages and old_logprobs (run the advantage stage first)"
             )
         a = self.algorithm
+        recipe = runtime_recipe(a.name)  # where KL goes (rpeg.runtime.recipes)
         t0 = time.perf_counter()
         rc = a.rollout_correction
         # stale / old log-probs recomputed anywhere in the data-parallel group: every rank
@@ -424,33 +362,10 @@ class PolicyWorker:
                     low=low,
                     high=high,
                 )
-            pg, m = policy_loss(
-                lp,
-                micro.old_logprobs,
-                micro.advantages,
-                mask,
-                clip_low=a.clip_low,
-                clip_high=a.clip_high,
-                dual_clip=a.dual_clip,
-                aggregation=a.loss_aggregation,
-                is_weights=w,
+            loss, m = actor_loss(
+                recipe, a, micro, lp, ent, values if self.shared_critic else None, w
             )
             m.update(cm)
-            loss = pg
-            # entropy: from each chunk's log-softmax; differentiated only with a coefficient
-            if a.entropy_coef:
-                loss = loss - a.entropy_coef * aggregate(ent, mask, a.loss_aggregation)
-            m["entropy"] = float(masked_mean(ent.detach(), mask))
-            if micro.ref_logprobs is not None:
-                kl = kl_penalty(lp, micro.ref_logprobs, a.kl_estimator)
-                if a.kl_coef:
-                    loss = loss + a.kl_coef * aggregate(kl, mask, a.loss_aggregation)
-                m["kl"] = float(masked_mean(kl.detach(), mask))
-            if self.shared_critic and values is not None:
-                vl, vm = _value_loss(a, values, micro, mask)
-                loss = loss + a.vf_coef * vl
-                m.update(vm, value_loss=float(vl.detach()))
-            m["pg_loss"] = float(pg.detach())
             return loss, m
 
         self._update_lag_max = -1
@@ -519,134 +434,9 @@ class PolicyWorker:
             self.policy_version = policy_version
 
     def state_dict(self, weights: bool = True) -> dict:
-        """Weights (incl. value head), optimizer, RNG states and policy version. Sharded: the
-        full weights and name-keyed optimizer state (a collective; any layout loads it).
-        ``weights`` False: RNG states and versions only (the shards are saved apart)."""
-        out = {}
-        if weights:
-            out["module"], out["optimizer"] = _role_state(self.module, self.optimizer, self.shards)
-        out |= {
-            "generator": self.generator.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-            "policy_version": self.policy_version,
-        }
-        cuda = cuda_rng_states()
-        if cuda is not None:
-            out["cuda_rng"] = cuda
-        if self.loss_scaler is not None:
-            out["loss_scaler"] = self.loss_scaler.state_dict()
-        return out
+        """Weights (incl. value head), optimizer, RNG states and policy version
+        (rpeg.runtime.role_state.policy_state: sharded, a collective)."""
+        return policy_state(self, weights)
 
     def load_state_dict(self, state: dict) -> None:
-        if "module" in state:  # else loaded from the shards (RankActor.load_shards)
-            _load_role_state(self.module, self.optimizer, state, self.shards)
-        self.generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
-        restore_cuda_rng(state.get("cuda_rng"))
-        random.setstate(state["python_rng"])
-        self.policy_version = int(state["policy_version"])
-        if self.loss_scaler is not None and "loss_scaler" in state:
-            self.loss_scaler.load_state_dict(state["loss_scaler"])
-
-
-class CriticWorker:
-    """A separate critic (trunk + value head, started from a causal LM) and its optimizer."""
-
-    def __init__(
-        self,
-        lm,
-        *,
-        algorithm: AlgorithmConfig | None = None,
-        optim: OptimConfig | None = None,
-        workload: WorkloadConfig | None = None,
-        seed: int = 0,
-        reduce: RankReduce = LOCAL,
-        compute_dtype: torch.dtype = torch.float32,
-    ):
-        self.algorithm, self.optim_cfg, self.workload = _role_configs(algorithm, optim, workload)
-        self.reduce = reduce
-        self.compute_dtype = compute_dtype  # as PolicyWorker's
-        self.loss_scaler = loss_scaler_for(compute_dtype)
-        self.module = CriticModel(lm)
-        self.optimizer = adamw(
-            self.module.parameters(),
-            lr=self.optim_cfg.critic_lr,
-            weight_decay=self.optim_cfg.weight_decay,
-        )
-        self.generator = torch.Generator().manual_seed(seed + 1)
-        self.shards = None
-        self.module.eval()
-
-    @property
-    def device(self) -> torch.device:
-        return module_device(self.module)
-
-    def apply_layout(self, layout, mesh, reduce: RankReduce) -> None:
-        """Shard the critic like :meth:`PolicyWorker.apply_layout` (trunk blocks over tp,
-        FSDP2 over dp with the value head as its own unit); rebuilds the optimizer."""
-        from rpeg.runtime.sharding import shard_roles
-
-        self.shards = shard_roles(
-            self.module, self.module.trunk, layout, mesh, heads=[self.module.value_head]
-        )
-        self.reduce = reduce
-        self.optimizer = adamw(
-            self.module.parameters(),
-            lr=self.optim_cfg.critic_lr,
-            weight_decay=self.optim_cfg.weight_decay,
-        )
-
-    def _values(self, mb: RolloutBatch) -> torch.Tensor:
-        r = mb.response_ids.shape[1]
-        dev = self.device
-        with compute(dev.type, self.compute_dtype):
-            return self.module(
-                mb.input_ids.to(dev),
-                mb.attention_mask.to(dev),
-                mb.position_ids.to(dev),
-                keep_last=r + 1,
-            ).values[:, :-1]
-
-    @torch.no_grad()
-    def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
-        """Values ``[B,R]``: ``V_t`` is the value of the state before response token ``t``."""
-        self.module.eval()
-        out = torch.zeros(tuple(batch.response_ids.shape), dtype=torch.float32)
-        for ix, mb, real in micro_batches(batch, self.workload, self.reduce):
-            v = self._values(mb)
-            if real:
-                out[ix, : v.shape[1]] = v.float().cpu() * mb.response_mask
-        return out
-
-    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
-        """Minibatched clipped value-loss updates toward ``batch.returns``."""
-        if batch.returns is None or batch.values is None:
-            raise ValueError(
-                "critic train_step needs values and returns (run the advantage stage first)"
-            )
-        a = self.algorithm
-        t0 = time.perf_counter()
-
-        dev = self.device
-
-        def micro_loss(micro: RolloutBatch) -> tuple[torch.Tensor, dict[str, float]]:
-            micro = on_device(micro, dev)
-            vl, m = _value_loss(a, self._values(micro), micro, micro.response_mask)
-            m["value_loss"] = float(vl.detach())
-            return vl, m
-
-        out = minibatch_updates(self, batch, micro_loss, grad_norm_key="critic_grad_norm")
-        out["critic_train_s"] = time.perf_counter() - t0
-        return out
-
-    def state_dict(self, weights: bool = True) -> dict:
-        out: dict = {"generator": self.generator.get_state()}
-        if weights:
-            out["module"], out["optimizer"] = _role_state(self.module, self.optimizer, self.shards)
-        return out
-
-    def load_state_dict(self, state: dict) -> None:
-        if "module" in state:
-            _load_role_state(self.module, self.optimizer, state, self.shards)
-        self.generator.set_state(state["generator"])
+        load_policy_state(self, state)

@@ -22,24 +22,16 @@ from typing import Any
 import torch
 
 from rpeg.config import AlgorithmConfig, RunConfig
-from rpeg.runtime.algorithms import (
-    gae_advantages,
-    grpo_advantages,
-    kl_penalty,
-    masked_mean,
-    masked_whiten,
-    mismatch_metrics,
-    outcome_token_rewards,
-    reinforce_pp_advantages,
-    rloo_advantages,
-)
+from rpeg.runtime.algorithms import masked_mean, mismatch_metrics
 from rpeg.runtime.batch import RolloutBatch
+from rpeg.runtime.critic import CriticWorker
 from rpeg.runtime.data import Example
 from rpeg.runtime.engines.base import SamplingParams
 from rpeg.runtime.engines.torch_engine import left_pad
 from rpeg.runtime.parallel import LOCAL, RankReduce
+from rpeg.runtime.recipes import runtime_recipe
 from rpeg.runtime.rewards import RewardSet
-from rpeg.runtime.roles import CriticWorker, PolicyWorker
+from rpeg.runtime.roles import PolicyWorker
 
 Metrics = dict[str, float]
 
@@ -402,56 +394,22 @@ def advantage_stage(
     *,
     reduce: RankReduce = LOCAL,
 ) -> tuple[RolloutBatch, Metrics]:
-    """Fill ``advantages`` ``[B,R]`` (and ``returns`` for PPO) per ``algorithm.name``.
+    """Fill ``advantages`` ``[B,R]`` (and ``returns`` for a recipe with a critic) with the
+    estimator of ``algorithm.name``'s recipe (rpeg.runtime.recipes), which also subtracts the
+    KL from the reward for the recipes that put it there.
 
-    ``reduce``: under data parallelism, batch-wide whitening spans every rank's shard (GRPO and
-    RLOO groups are never split across ranks, so they need no reduction).
-    Algorithms:
-    grpo (group mean/std; Dr.GRPO without std), rloo, reinforce_pp (batch-normalized token
-    returns; the KL to the reference enters the reward when ``kl_coef`` > 0), ppo (GAE over the
-    critic's values; outcome reward on the last token)."""
+    ``group_size``: samples per prompt (groups contiguous). ``reduce``: under data
+    parallelism, batch-wide whitening spans every rank's shard (groups are never split
+    across ranks, so group baselines need no reduction)."""
     t0 = time.perf_counter()
-    mask = batch.response_mask
-    name = algorithm.name
-    kw: dict = {}
-    if name == "grpo":
-        adv = grpo_advantages(
-            batch.rewards, group_size, normalize_std=algorithm.normalize_advantage_std
-        )
-        kw["advantages"] = adv[:, None] * mask
-    elif name == "rloo":
-        kw["advantages"] = rloo_advantages(batch.rewards, group_size)[:, None] * mask
-    elif name == "reinforce_pp":
-        kl = None
-        if batch.ref_logprobs is not None and algorithm.kl_coef:
-            kl = kl_penalty(
-                batch.old_logprobs if batch.old_logprobs is not None else batch.sample_logprobs,
-                batch.ref_logprobs,
-                algorithm.kl_estimator,
-            )
-        kw["advantages"] = reinforce_pp_advantages(
-            batch.rewards,
-            mask,
-            kl=kl,
-            kl_coef=algorithm.kl_coef,
-            gamma=algorithm.gamma,
-            reduce=reduce,
-        )
-    elif name == "ppo":
-        if batch.values is None:
-            raise ValueError("PPO advantages need values (run value_stage first)")
-        tok_r = outcome_token_rewards(batch.rewards, mask)
-        adv, ret = gae_advantages(
-            tok_r, batch.values, mask, gamma=algorithm.gamma, lam=algorithm.gae_lambda
-        )
-        kw["advantages"] = masked_whiten(adv, mask, reduce=reduce)
-        kw["returns"] = ret
-    else:
-        raise ValueError(f"unknown algorithm {name!r}")
-    out = batch.replace(**kw)
-    return out, {
+    out = runtime_recipe(algorithm.name).advantages(batch, algorithm, group_size, reduce)
+    fields = {"advantages": out.advantages}
+    if out.returns is not None:
+        fields["returns"] = out.returns
+    batch = batch.replace(**fields)
+    return batch, {
         "advantage_s": time.perf_counter() - t0,
-        "advantage_abs_mean": float(masked_mean(out.advantages.abs(), mask)),
+        "advantage_abs_mean": float(masked_mean(out.advantages.abs(), batch.response_mask)),
     }
 
 

@@ -45,7 +45,9 @@ def test_grpo_has_no_critic_and_kl_in_loss():
     assert "ref_logprobs" not in g.stage("advantage").reads
     assert g.stage("advantage").writes == ("advantages",)
     assert g.stage("reward").role is None and "answers" in g.stage("reward").reads
-    assert g.params["kl_coef"] == 0.001 and g.params["reward"] == "rule"
+    # one default per knob: the config's (rpeg.ir.recipes.KNOBS), KL off until asked for
+    assert g.params["kl_coef"] == 0.0 and g.params["reward"] == "rule"
+    assert g.params["kl_placement"] == "loss" and g.params["group_size"] == 8
 
 
 def test_ppo_has_critic_gae_and_kl_in_reward():
@@ -120,12 +122,18 @@ def test_build_aliases_and_unknown_options():
 
 def test_bad_builder_options_all_reported():
     with pytest.raises(GraphError) as e:
-        grpo(reward="llm", staleness=-1, kl_placement="both")
+        dapo(reward="llm", staleness=-1, kl_coef=0.1)
     assert len(e.value.problems) == 3
     msg = str(e.value)
     assert "'llm' is not one of rule, model" in msg
     assert "must be an integer >= 0, got -1" in msg
-    assert "'both' is not one of loss, reward" in msg
+    assert "DAPO has no KL term" in msg and "dapo.kl_coef" in msg
+
+
+def test_kl_placement_is_the_recipes_not_an_option():
+    with pytest.raises(GraphError) as e:
+        build("grpo", kl_placement="reward")
+    assert "grpo.kl_placement" in str(e.value) and "unknown option" in str(e.value)
 
 
 def test_invalid_param_values_rejected():

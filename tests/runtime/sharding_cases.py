@@ -115,7 +115,7 @@ def rows_of(dp_index: int, dp: int) -> list[int]:
 
 
 def critic(cfg, m):
-    from rpeg.runtime.roles import CriticWorker
+    from rpeg.runtime.critic import CriticWorker
 
     return CriticWorker(
         m,

@@ -10,9 +10,10 @@ from rpeg.config import RunConfig
 from rpeg.errors import ConfigError
 from rpeg.runtime import stages
 from rpeg.runtime.batch import RolloutBatch
+from rpeg.runtime.critic import CriticWorker
 from rpeg.runtime.data import ArithmeticSource
 from rpeg.runtime.rewards import RewardSet
-from rpeg.runtime.roles import CriticWorker, PolicyWorker
+from rpeg.runtime.roles import PolicyWorker
 
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
 
