@@ -88,7 +88,7 @@ def test_local_preflight_refuses_a_gpu_plan_on_this_cpu_machine(tmp_path, monkey
 
 
 def test_unknown_cluster_is_not_silently_cpu():
-    from rpeg.compile.compiler import _device_type
+    from rpeg.compile.layouts import _device_type
 
     with pytest.raises(ProblemsError, match="unknown cluster 'nope'"):
         _device_type(SimpleNamespace(cluster=SimpleNamespace(name="nope")))

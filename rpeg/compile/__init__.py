@@ -1,16 +1,25 @@
 """Plan -> CompiledStep: the program the runtime executes (docs/compile.md).
 
 ``compile_plan(plan_or_graph, config)`` resolves the run graph (``sources.resolve``), checks
-units, roles, devices and layouts (``compiler.check_step``) and returns a
-:class:`CompiledStep` (plain data: actor groups with their layouts, ordered execution units
-with dependencies and concurrency, weight sync, staleness buffer) that serializes to
-YAML/JSON; :func:`rpeg.flows.train.rl_train` executes it. No torch, dask or prefect here;
+units, roles, devices and layouts (``checks``, ``layouts``) and returns a frozen, typed
+:class:`CompiledStep` (actor groups with their layouts, ordered execution units with
+dependencies, concurrency and micro-batching, weight sync, staleness buffer) that serializes
+to YAML/JSON; :func:`rpeg.flows.train.rl_train` executes it. No torch, dask or prefect here;
 the layout check reads the model folder's ``config.json`` when ``model.path`` is one.
 """
 
-from rpeg.compile.compiler import check_step, compile_step
-from rpeg.compile.sources import default_plan, graph_from_config, resolve, staleness_bound
-from rpeg.compile.step import ActorGroupSpec, CompiledStep, TaskSpec
+from rpeg.compile.checks import check_step
+from rpeg.compile.compiler import compile_step
+from rpeg.compile.local import compile_local
+from rpeg.compile.sources import default_plan, graph_from_config, resolve
+from rpeg.compile.step import (
+    ActorGroupSpec,
+    Buffer,
+    CompiledStep,
+    GroupSpec,
+    TaskSpec,
+    WeightSync,
+)
 
 
 def compile_plan(plan_or_graph, config, *, cluster_devices: int | None = None) -> CompiledStep:
@@ -20,13 +29,16 @@ def compile_plan(plan_or_graph, config, *, cluster_devices: int | None = None) -
 
 __all__ = [
     "ActorGroupSpec",
+    "Buffer",
     "CompiledStep",
+    "GroupSpec",
     "TaskSpec",
+    "WeightSync",
     "check_step",
+    "compile_local",
     "compile_plan",
     "compile_step",
     "default_plan",
     "graph_from_config",
     "resolve",
-    "staleness_bound",
 ]

@@ -1,92 +1,222 @@
-"""The compiled step as plain data: :class:`CompiledStep` (actor groups with their layout,
-ordered unit tasks, weight sync, staleness buffer) and its YAML/JSON form. Produced by
-:func:`rpeg.compile.compiler.compile_step`, executed by the runtime. Pure."""
+"""The compiled step as typed, frozen data: :class:`CompiledStep` (actor groups with their
+layout, ordered execution units, weight sync, staleness buffer) and its YAML/JSON form.
+Produced by :func:`rpeg.compile.compiler.compile_step`, executed by the runtime: the objects
+travel to the actors as they are (picklable frozen dataclasses; no dicts, no positional
+tuples). Pure.
+
+The staleness bound k is stored once, :attr:`CompiledStep.staleness`; every default of a
+field the runtime reads is written here once (``DEFAULT_DEVICE_TYPE``, ``DEFAULT_DTYPE``).
+"""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import yaml
 
+from rpeg.errors import ConfigError, Problem
+from rpeg.ir import StageKind
+
 SUPPORTED_ROLES = ("actor", "reference", "critic")
-ROLLOUT_KINDS = frozenset({"generate", "reward"})
-TRAINABLE_KINDS = {"train_actor": "actor", "train_critic": "critic"}
-FORMAT_VERSION = 2
+ROLLOUT_KINDS = frozenset({StageKind.generate, StageKind.reward})
+TRAINABLE_KINDS = {StageKind.train_actor: "actor", StageKind.train_critic: "critic"}
+FORMAT_VERSION = 3
 #: kinds that run a forward (and backward) pass over micro-batches of ``micro_batch_size``
-FORWARD_KINDS = frozenset({"old_logprob", "ref_logprob", "values", "train_actor", "train_critic"})
+FORWARD_KINDS = frozenset(
+    {
+        StageKind.old_logprob,
+        StageKind.ref_logprob,
+        StageKind.values,
+        StageKind.train_actor,
+        StageKind.train_critic,
+    }
+)
 BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}
 DTYPES = ("float32", "bfloat16", "float16")
+#: the device type (and its dtype) of a rank when nothing says otherwise: the one place
+DEFAULT_DEVICE_TYPE = "cpu"
+DEFAULT_DTYPE = "float32"
+#: a bucketed weight sync's bucket size (bytes)
+DEFAULT_BUCKET_BYTES = 4 << 20
+
+Phase = Literal["rollout", "train"]
+SyncMode = Literal["shared", "bucketed"]
 
 
-@dataclass
-class ActorGroupSpec:
+@dataclass(frozen=True)
+class GroupSpec:
+    """One actor group: one rank per device; its ranks form one process group.
+
+    Layout (world_size = dp * tp): training roles shard over dp with FSDP2 when ``fsdp``;
+    tp > 1 splits every block by DTensor tensor parallelism. ``gen_tp``: tensor-parallel size
+    of the generation engine on these ranks (its own copy when it differs from tp);
+    ``gen_engine``: the plan's engine of the group's generate unit (``auto``, ``torch``,
+    ``vllm``; None: the group generates nothing) and ``gen_memory_utilization`` its KV-cache
+    share of the device. ``reshard_after_forward``: FSDP training frees each block's gathered
+    parameters after its forward (the plan's setting, ``auto`` resolved by the compiler).
+    """
+
     name: str
-    devices: list[int]
+    devices: tuple[int, ...]
     world_size: int
-    roles: list[str]
-    trainable: list[str]
-    units: list[str]
-    backend: str = "gloo"
-    # How the group's ranks lay out its roles (world_size = dp * tp). Training roles shard
-    # over dp with FSDP2 when ``fsdp``; tp > 1 splits every block by DTensor tensor
-    # parallelism (column-wise q/k/v/gate/up, row-wise o/down). ``gen_tp``: tensor-parallel
-    # size of the generation engine on these ranks (its own copy when it differs from tp).
-    dp: int = 0  # 0: world_size // tp
+    roles: tuple[str, ...]
+    trainable: tuple[str, ...]
+    units: tuple[str, ...]
+    dp: int
     tp: int = 1
     fsdp: bool = False
     gen_tp: int = 1
-    # the generate unit's gpu_memory_utilization (a vLLM engine's KV-cache budget share of
-    # its device); None: the group generates nothing (or an old compiled step)
+    gen_engine: str | None = None
     gen_memory_utilization: float | None = None
-    # FSDP training: free each block's gathered parameters after its forward (False: keep
-    # them gathered until backward; the plan's reshard_after_forward, "auto" resolved here)
     reshard_after_forward: bool = True
-    device_type: str = "cpu"  # "cpu" or "cuda"
-    dtype: str = "float32"  # the plan's precision on the device (bf16 on GPU)
+    device_type: str = DEFAULT_DEVICE_TYPE
+    dtype: str = DEFAULT_DTYPE
+    backend: str = "gloo"
 
-    def __post_init__(self) -> None:
-        if not self.dp:
-            self.dp = max(1, self.world_size // max(1, self.tp))
+    def to_dict(self) -> dict[str, object]:
+        d = _plain(self)
+        d["devices"] = list(self.devices)
+        for k in ("roles", "trainable", "units"):
+            d[k] = list(d[k])
+        return d
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GroupSpec:
+        d = _known(cls, d, "actor_groups")
+        for k in ("devices", "roles", "trainable", "units"):
+            d[k] = tuple(d.get(k, ()))
+        return cls(**d)
 
 
-@dataclass
+#: the name the compiled step's YAML and older code use for a group
+ActorGroupSpec = GroupSpec
+
+
+@dataclass(frozen=True)
 class TaskSpec:
+    """One execution unit (a stage or a fused group) of the step on its actor group.
+
+    ``depends_on``: data edges; ``after``: colocated units ordered before it with no data
+    edge; ``concurrent_with``: units on other devices it may overlap. ``micro_batch_size``
+    and ``max_tokens_per_micro_batch`` (a token budget; None: by count) apply to its forward
+    passes; ``stream_chunk_prompts`` > 0: a streaming rollout hands on that many prompt
+    groups at a time. ``shared_forward``: actor-critic sharing, logits and values from one
+    forward."""
+
     name: str
-    stages: list[str]
-    kinds: list[str]
+    stages: tuple[str, ...]
+    kinds: tuple[StageKind, ...]
     group: str
-    phase: str
+    phase: Phase
+    micro_batch_size: int
     fused: bool = False
     streaming: bool = False
-    shared_forward: bool = False  # actor-critic sharing: logits and values from one forward
-    depends_on: list[str] = field(default_factory=list)
-    after: list[str] = field(default_factory=list)
-    concurrent_with: list[str] = field(default_factory=list)
-    micro_batch_size: int = 1
-    # streaming: finished samples flow on, ``stream_chunk_prompts`` prompt groups at a time
+    shared_forward: bool = False
+    depends_on: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    concurrent_with: tuple[str, ...] = ()
+    max_tokens_per_micro_batch: int | None = None
     stream_chunk_prompts: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    @property
+    def generates(self) -> bool:
+        return StageKind.generate in self.kinds
+
+    @property
+    def stream_chunk(self) -> int:
+        """Prompt groups per streamed chunk when the unit streams, else 0."""
+        return self.stream_chunk_prompts if self.streaming else 0
+
+    def to_dict(self) -> dict[str, object]:
+        d = _plain(self)
+        d["kinds"] = [str(k) for k in self.kinds]
+        for k in ("stages", "depends_on", "after", "concurrent_with"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TaskSpec:
+        d = _known(cls, d, "tasks")
+        try:
+            d["kinds"] = tuple(StageKind(k) for k in d.get("kinds", ()))
+        except ValueError as e:
+            allowed = ", ".join(k.value for k in StageKind)
+            raise ConfigError([Problem("tasks.kinds", f"{e}; allowed: {allowed}")]) from e
+        for k in ("stages", "depends_on", "after", "concurrent_with"):
+            d[k] = tuple(d.get(k, ()))
+        return cls(**d)
 
 
-@dataclass
+@dataclass(frozen=True)
+class WeightSync:
+    """``shared``: the generators are the trainer's own processes (no copy). ``bucketed``:
+    the trainer group ``source`` broadcasts the full weights in ``bucket_bytes`` buckets to
+    every rank of the ``targets`` groups, every ``every_steps`` updates."""
+
+    mode: SyncMode
+    source: str
+    targets: tuple[str, ...] = ()
+    every_steps: int = 1
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    @property
+    def copies(self) -> bool:
+        """True when weights move between groups (a bucketed sync with targets)."""
+        return self.mode == "bucketed" and bool(self.targets)
+
+    def to_dict(self) -> dict[str, object]:
+        return {**_plain(self), "targets": list(self.targets)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WeightSync:
+        d = _known(cls, d, "weight_sync")
+        d["targets"] = tuple(d.get("targets", ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """The staleness buffer between the ``rollout_units`` and the ``train_units``: a step
+    trains on ``samples_per_step`` samples, off-policy ones corrected by
+    ``off_policy_correction`` (``algorithm.rollout_correction.mode``). Its bound is the
+    step's :attr:`CompiledStep.staleness`."""
+
+    rollout_units: tuple[str, ...]
+    train_units: tuple[str, ...]
+    samples_per_step: int
+    off_policy_correction: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            **_plain(self),
+            "rollout_units": list(self.rollout_units),
+            "train_units": list(self.train_units),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Buffer:
+        d = _known(cls, d, "buffer")
+        for k in ("rollout_units", "train_units"):
+            d[k] = tuple(d.get(k, ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
 class CompiledStep:
+    """The program of one RL step (docs/compile.md). ``staleness``: the bound k of every lag
+    test of the runtime (stored here only)."""
+
     pipeline: str
     graph: str
     staleness: int
     shared_actor_critic: bool
     num_devices: int
-    actor_groups: list[ActorGroupSpec]
-    tasks: list[TaskSpec]
-    weight_sync: dict[str, Any]
-    buffer: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
+    actor_groups: tuple[GroupSpec, ...]
+    tasks: tuple[TaskSpec, ...]
+    weight_sync: WeightSync
+    buffer: Buffer
+    notes: tuple[str, ...] = ()
     format: int = FORMAT_VERSION
 
     # ---------------------------------------------------------------- access
@@ -96,7 +226,7 @@ class CompiledStep:
                 return t
         raise KeyError(name)
 
-    def group(self, name: str) -> ActorGroupSpec:
+    def group(self, name: str) -> GroupSpec:
         for g in self.actor_groups:
             if g.name == name:
                 return g
@@ -107,55 +237,22 @@ class CompiledStep:
 
     @property
     def rollout_group(self) -> str:
-        return next(t.group for t in self.tasks if "generate" in t.kinds)
+        return next(t.group for t in self.tasks if t.generates)
 
     @property
     def trainer_group(self) -> str:
-        return next(t.group for t in self.tasks if "train_actor" in t.kinds)
+        return next(t.group for t in self.tasks if StageKind.train_actor in t.kinds)
 
-    # ---------------------------------------------------------------- serialization
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": self.format,
-            "pipeline": self.pipeline,
-            "graph": self.graph,
-            "staleness": self.staleness,
-            "shared_actor_critic": self.shared_actor_critic,
-            "num_devices": self.num_devices,
-            "actor_groups": [g.to_dict() for g in self.actor_groups],
-            "tasks": [t.to_dict() for t in self.tasks],
-            "weight_sync": dict(self.weight_sync),
-            "buffer": dict(self.buffer),
-            "notes": list(self.notes),
-        }
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CompiledStep:
-        return cls(
-            pipeline=d["pipeline"],
-            graph=d["graph"],
-            staleness=d["staleness"],
-            shared_actor_critic=d["shared_actor_critic"],
-            num_devices=d["num_devices"],
-            actor_groups=[ActorGroupSpec(**g) for g in d["actor_groups"]],
-            tasks=[TaskSpec(**t) for t in d["tasks"]],
-            weight_sync=d["weight_sync"],
-            buffer=d["buffer"],
-            notes=list(d.get("notes", [])),
-            format=d.get("format", FORMAT_VERSION),
-        )
-
-    # ---------------------------------------------------------------- runtime reads
     @property
     def max_staleness(self) -> int:
-        """The bound k every lag test of the runtime uses (``buffer.max_staleness``)."""
-        return int(self.buffer["max_staleness"])
+        """Old name of :attr:`staleness` (read only by the committed rpeg/preflight.py until
+        its pending edit lands; to be removed)."""
+        return self.staleness
+
+    @property
+    def async_rollout(self) -> bool:
+        """True when generation runs on a group of its own (not the trainer's)."""
+        return self.rollout_group != self.trainer_group
 
     def wait_list(self, name: str) -> list[str]:
         """Units ``name`` waits for inside one step: its data dependencies, the colocated units
@@ -169,3 +266,63 @@ class CompiledStep:
             if u.phase == t.phase and u.name not in out and u.name not in t.concurrent_with:
                 out.append(u.name)
         return out
+
+    # ---------------------------------------------------------------- serialization
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "format": self.format,
+            "pipeline": self.pipeline,
+            "graph": self.graph,
+            "staleness": self.staleness,
+            "shared_actor_critic": self.shared_actor_critic,
+            "num_devices": self.num_devices,
+            "actor_groups": [g.to_dict() for g in self.actor_groups],
+            "tasks": [t.to_dict() for t in self.tasks],
+            "weight_sync": self.weight_sync.to_dict(),
+            "buffer": self.buffer.to_dict(),
+            "notes": list(self.notes),
+        }
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CompiledStep:
+        fmt = d.get("format", FORMAT_VERSION)
+        if fmt != FORMAT_VERSION:
+            raise ConfigError(
+                [Problem("format", f"{fmt!r}: this RPEG reads format {FORMAT_VERSION}; recompile")]
+            )
+        return cls(
+            pipeline=d["pipeline"],
+            graph=d["graph"],
+            staleness=int(d["staleness"]),
+            shared_actor_critic=bool(d["shared_actor_critic"]),
+            num_devices=int(d["num_devices"]),
+            actor_groups=tuple(GroupSpec.from_dict(g) for g in d["actor_groups"]),
+            tasks=tuple(TaskSpec.from_dict(t) for t in d["tasks"]),
+            weight_sync=WeightSync.from_dict(d["weight_sync"]),
+            buffer=Buffer.from_dict(d["buffer"]),
+            notes=tuple(d.get("notes", ())),
+            format=fmt,
+        )
+
+
+def _plain(obj: object) -> dict[str, object]:
+    """A frozen spec's fields as a dict (one level; the caller lists its tuples)."""
+    from dataclasses import fields
+
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}  # type: ignore[arg-type]
+
+
+def _known(cls: type, d: dict[str, Any], where: str) -> dict[str, Any]:
+    """``d`` when every key is a field of ``cls``; else a ConfigError naming the unknown one."""
+    from dataclasses import fields
+
+    names = {f.name for f in fields(cls)}
+    extra = sorted(set(d) - names)
+    if extra:
+        raise ConfigError(
+            [Problem(f"{where}.{extra[0]}", f"unknown field; allowed: {', '.join(sorted(names))}")]
+        )
+    return dict(d)

@@ -1,6 +1,9 @@
-"""The single-process reference trainer: stage functions called in order, one RL step at a time.
+"""The single-process reference trainer: the compiled step's units (one group on one device,
+:func:`rpeg.compile.compile_local`) run in order, one RL step at a time.
 
-The distributed runtime must reproduce what this does; it reuses the workers and stages.
+The distributed runtime must reproduce what this does; it reuses the workers and stages, the
+compiled units' micro-batching and the one staleness rule
+(:func:`rpeg.runtime.actors.weight_sync.refresh_lagging_engine`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rpeg.compile.step import CompiledStep
 from rpeg.config import RunConfig
+from rpeg.ir import StageKind
 from rpeg.runtime import stages
 from rpeg.runtime.actors.checkpoint import (
     CheckpointError,
@@ -21,31 +26,44 @@ from rpeg.runtime.actors.checkpoint import (
     loads,
 )
 from rpeg.runtime.actors.checkpoint_identity import TRAINER_PART, local_meta
+from rpeg.runtime.actors.weight_sync import refresh_lagging_engine
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import DataCursor, Example
 from rpeg.runtime.engines.choice import resolve_engine
 from rpeg.runtime.engines.residency import EngineResidency
 from rpeg.runtime.engines.row_sampling import rollout_seed
 from rpeg.runtime.engines.torch_engine import TorchEngine
+from rpeg.runtime.micro_batches import unit_micro_batches
 from rpeg.runtime.role_builder import all_roles, build_roles, greedy_accuracy
 
 
 class LocalTrainer:
     """GRPO / PPO / RLOO / REINFORCE++ in one process.
 
-    ``step()`` runs: generate -> reward -> [filter groups] -> old log-probs -> ref log-probs
-    -> values -> advantages -> train actor (-> train critic) -> weight sync (bounded staleness).
+    ``step()`` runs the compiled step's units in order: generate -> reward -> ref log-probs ->
+    old log-probs -> values -> advantages -> train actor (-> train critic) -> weight sync
+    (bounded staleness). ``compiled``: the step to run (default: :func:`compile_local` of
+    ``config``).
     """
 
     def __init__(
-        self, config: RunConfig | None = None, *, log: Callable[[str], None] | None = None
+        self,
+        config: RunConfig | None = None,
+        *,
+        compiled: CompiledStep | None = None,
+        log: Callable[[str], None] | None = None,
+        progress: bool = False,
     ):
         self.config = config or RunConfig()
         self.log = log or (lambda s: None)
+        self.progress = progress  # a bar on a terminal (else one line per step through log)
         c = self.config
-        from rpeg.compile import staleness_bound
+        if compiled is None:
+            from rpeg.compile import compile_local
 
-        self.k = staleness_bound(c)  # the plan's k when the config has a plan (as the actors)
+            compiled = compile_local(c)
+        self.compiled = compiled
+        self.k = compiled.staleness
         built = build_roles(
             c,
             all_roles(c),
@@ -66,18 +84,9 @@ class LocalTrainer:
         self.history: list[dict[str, float]] = []
 
     # --- one RL step ----------------------------------------------------------------------
-    def stage_kinds(self) -> list[str]:
-        """The stage kinds of one step, in order (the graph of ``config.algorithm``)."""
-        a = self.config.algorithm
-        kinds = ["generate", "reward", "old_logprob"]
-        if self.reference is not None:
-            kinds.append("ref_logprob")
-        if a.name == "ppo":
-            kinds.append("values")
-        kinds += ["advantage", "train_actor"]
-        if self.critic is not None:
-            kinds.append("train_critic")
-        return kinds
+    def stage_kinds(self) -> list[StageKind]:
+        """The stage kinds of one step, in the compiled step's order."""
+        return [k for t in self.compiled.tasks for k in t.kinds]
 
     def step(self) -> dict[str, float]:
         c = self.config
@@ -87,42 +96,35 @@ class LocalTrainer:
             c, actor=self.actor, reference=self.reference, critic=self.critic, rewards=self.rewards
         )
         batch = None
-        for kind in self.stage_kinds():
-            if kind == "generate":
-                batch, sm = stages.run_stage(
-                    kind,
-                    ctx,
-                    None,
-                    examples=self.cursor.next(c.workload.num_prompts),
-                    seed=rollout_seed(c.runtime.seed, self.step_index),
-                )
-                self.residency.after_rollout()
-            else:
-                batch, sm = stages.run_stage(kind, ctx, batch)
-            m.update(sm)
-        self._sync_weights(m)
+        roles = (self.actor, self.reference, self.critic)
+        synced = False
+        for unit in self.compiled.tasks:
+            with unit_micro_batches(roles, unit.micro_batch_size, unit.max_tokens_per_micro_batch):
+                for kind in unit.kinds:
+                    if kind == StageKind.sync_weights:
+                        m.update(refresh_lagging_engine(self.actor, self.residency, self.k))
+                        synced = True
+                        continue
+                    if kind == StageKind.generate:
+                        batch, sm = stages.run_stage(
+                            kind,
+                            ctx,
+                            None,
+                            examples=self.cursor.next(c.workload.num_prompts),
+                            seed=rollout_seed(c.runtime.seed, self.step_index),
+                        )
+                        self.residency.after_rollout()
+                    else:
+                        batch, sm = stages.run_stage(kind, ctx, batch)
+                    m.update(sm)
+        if not synced:  # a graph without a sync_weights stage still obeys the bound
+            m.update(refresh_lagging_engine(self.actor, self.residency, self.k))
         self.last_batch = batch
         m["step_s"] = time.perf_counter() - t0
         m["tokens_per_s"] = batch.num_tokens / m["step_s"]
         self.step_index += 1
         self.history.append(m)
         return m
-
-    def _sync_weights(self, m: dict[str, float]) -> None:
-        """Bounded staleness: refresh the generator once its weights would be > k versions old."""
-        eng = self.actor.engine
-        if isinstance(eng, TorchEngine) and eng.model is self.actor.lm:
-            eng.policy_version = self.actor.policy_version
-            return
-        if self.actor.policy_version - eng.policy_version > self.k:
-            t0 = time.perf_counter()
-            self.residency.before_update()
-            eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
-            self.residency.after_update()
-            m["weight_sync_s"] = time.perf_counter() - t0
-            moved = getattr(eng, "last_update", None)  # vLLM: bytes sent to its workers
-            if moved is not None:
-                m["weight_sync_bytes"] = float(moved.nbytes)
 
     # --- evaluation -----------------------------------------------------------------------
     def evaluate(self, examples: list[Example] | None = None) -> float:
@@ -162,8 +164,11 @@ class LocalTrainer:
             fh.writelines(json.dumps(h) + "\n" for h in self.history)
             fh.flush()
             from rpeg.runtime.degenerate import DegenerateWatch
+            from rpeg.runtime.progress import StepProgress
 
             watch = DegenerateWatch(rt.degenerate_steps_limit)
+            bar = None if self.progress else False  # None: a bar when stdout is a terminal
+            shown = StepProgress(steps, echo=self.log, bar=bar, start=self.step_index)
             while self.step_index < steps:
                 m = self.step()
                 fh.write(json.dumps(m) + "\n")
@@ -174,12 +179,9 @@ class LocalTrainer:
                     self.step_index % rt.checkpoint_every == 0 or self.step_index == steps
                 ):
                     self._save(store, acc_before)
-                self.log(
-                    f"step {int(m['step'])}/{steps}: reward {m['reward_mean']:.3f} acc {m['accuracy']:.3f} "
-                    f"len {m['response_length']:.1f} kl {m.get('kl', 0.0):.4f} clip {m.get('clip_frac', 0.0):.3f} "
-                    f"{m['step_s']:.2f}s"
-                )
+                shown.update(int(m["step"]), m)
                 self._log_samples(int(m["step"]) - 1, out)
+            shown.close()
         tb.close()
         acc_after = self.evaluate()
         self.log(f"held-out greedy accuracy after RL: {acc_after:.3f}")
@@ -190,6 +192,7 @@ class LocalTrainer:
             wall_s=time.perf_counter() - t0 + float(self.warmup_info.get("warmup_s", 0.0)),
             acc_before=acc_before,
             acc_after=acc_after,
+            resumed_at=resumed_at,  # wall_s of the whole run after a resume (issue 28)
         )
         syncs = [h["weight_sync_bytes"] for h in self.history if "weight_sync_bytes" in h]
         if syncs:  # an engine with weights of its own (vLLM): what each sync moved

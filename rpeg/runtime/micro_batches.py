@@ -97,16 +97,19 @@ def plan_micro_batches(
 
 
 @contextlib.contextmanager
-def micro_batch_size_of(workers: Iterable[Any], size: int | None) -> Iterator[None]:
-    """While inside, every worker's (role's) workload uses ``size`` samples per forward call
-    (a compiled unit's ``micro_batch_size``); their own workloads come back on exit. ``size``
-    None or 0, or a worker that is None or has no workload: left as is."""
+def unit_micro_batches(
+    workers: Iterable[Any], size: int, max_tokens: int | None = None
+) -> Iterator[None]:
+    """While inside, every worker's (role's) workload cuts its batches as a compiled unit
+    says: ``size`` samples per forward call, or the token budget ``max_tokens`` (None: by
+    count); their own workloads come back on exit. A worker that is None or has no workload
+    is left as is."""
     saved = []
-    if size:
-        for wk in workers:
-            if wk is not None and getattr(wk, "workload", None) is not None:
-                saved.append((wk, wk.workload))
-                wk.workload = wk.workload.model_copy(update={"micro_batch_size": int(size)})
+    update = {"micro_batch_size": int(size), "max_tokens_per_micro_batch": max_tokens}
+    for wk in workers:
+        if wk is not None and getattr(wk, "workload", None) is not None:
+            saved.append((wk, wk.workload))
+            wk.workload = wk.workload.model_copy(update=update)
     try:
         yield
     finally:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rpeg.compile.step import DEFAULT_DEVICE_TYPE, DEFAULT_DTYPE, GroupSpec
 from rpeg.errors import ConfigError, Problem
 
 # DTensor warns on every 2-D (dp x tp) norm / gather that it runs one collective per mesh
@@ -76,8 +77,8 @@ class Layout:
     dp: int = 1
     tp: int = 1
     fsdp: bool = False
-    device_type: str = "cpu"
-    dtype: str = "float32"
+    device_type: str = DEFAULT_DEVICE_TYPE
+    dtype: str = DEFAULT_DTYPE
     reshard_after_forward: bool = True
 
     @property
@@ -96,24 +97,22 @@ class Layout:
         return rank % self.tp
 
     @classmethod
-    def from_group(cls, group: Mapping[str, Any]) -> Layout:
-        """From an ``ActorGroupSpec.to_dict()`` (missing layout fields: data-parallel replicas)."""
-        ws = int(group.get("world_size", 1))
-        tp = int(group.get("tp", 1) or 1)
-        dp = int(group.get("dp", 0) or max(1, ws // tp))
+    def from_group(cls, group: GroupSpec) -> Layout:
+        """The training layout of a compiled :class:`GroupSpec`."""
+        ws, dp, tp = group.world_size, group.dp, group.tp
         lay = cls(
             dp=dp,
             tp=tp,
-            fsdp=bool(group.get("fsdp", False)),
-            device_type=str(group.get("device_type", "cpu")),
-            dtype=str(group.get("dtype", "float32")),
-            reshard_after_forward=bool(group.get("reshard_after_forward", True)),
+            fsdp=group.fsdp,
+            device_type=group.device_type,
+            dtype=group.dtype,
+            reshard_after_forward=group.reshard_after_forward,
         )
         if lay.world_size != ws:
             raise ConfigError(
                 [
                     Problem(
-                        f"group {group.get('name', '?')}",
+                        f"group {group.name}",
                         f"dp={dp} x tp={tp} = {lay.world_size} ranks but world_size={ws}",
                     )
                 ]

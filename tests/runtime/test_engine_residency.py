@@ -144,10 +144,11 @@ def _rank(trainable: bool):
         }
     )
     (g,) = [g for g in compile_plan(None, cfg).actor_groups if "generate" in g.units]
-    group = {**g.to_dict(), "max_staleness": 0}
     if not trainable:  # a separate generator group (async plans): generates only
-        group.update(roles=["actor"], trainable=[])
-    return cfg, RankActor(cfg.to_yaml(), group, 0, async_rollout=not trainable)
+        import dataclasses
+
+        g = dataclasses.replace(g, roles=("actor",), trainable=())
+    return cfg, RankActor(cfg.to_yaml(), g, 0, async_rollout=not trainable, k=0)
 
 
 def _rank_steps(cfg, rank, kinds):
@@ -158,7 +159,9 @@ def _rank_steps(cfg, rank, kinds):
     try:
         for step in range(2):
             shard = PromptShard(first=0, examples=tuple(cursor.next(cfg.workload.num_prompts)))
-            rank.run_unit(step, list(kinds), list(kinds), prompts=shard)
+            from tests.runtime.group_specs import unit_call
+
+            rank.run_unit(step, unit_call(cfg, kinds, shard))
     finally:
         rank.close()
 

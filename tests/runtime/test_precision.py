@@ -52,7 +52,7 @@ def test_compute_dtype_rule_matches_the_compiler():
     # fp8: bf16 on a GPU, the model's dtype elsewhere (rpeg.compile.compiler's _dtype)
     assert compute_dtype_name("fp8", "cuda") == "bfloat16"
     assert compute_dtype_name("fp8", "cpu", "float32") == "float32"
-    from rpeg.compile.compiler import _dtype
+    from rpeg.compile.layouts import _dtype
 
     for prec in ("fp32", "bf16", "fp16", "fp8"):
         cfg = C.config(**{"workload.precision": prec})

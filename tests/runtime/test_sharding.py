@@ -53,10 +53,14 @@ def test_layout_problems_name_what_tp_does_not_divide():
     msgs = [p.what for p in layout_problems(cfg, 4)]
     assert msgs == ["tp=4 does not divide the model's num_key_value_heads=2"]
     assert len(layout_problems(cfg, 3)) == 3
-    lay = Layout.from_group({"name": "g", "world_size": 4, "tp": 2, "fsdp": True})
+    from rpeg.compile import GroupSpec
+
+    g = GroupSpec("g", (0, 1, 2, 3), 4, ("actor",), ("actor",), (), dp=2, tp=2, fsdp=True)
+    lay = Layout.from_group(g)
     assert (lay.dp, lay.tp, lay.dp_index(3), lay.tp_index(3)) == (2, 2, 1, 1)
+    assert (lay.fsdp, lay.device_type, lay.dtype) == (True, "cpu", "float32")
     with pytest.raises(ConfigError, match="dp=3 x tp=2 = 6 ranks but world_size=4"):
-        Layout.from_group({"name": "g", "world_size": 4, "dp": 3, "tp": 2})
+        Layout.from_group(GroupSpec("g", (0, 1, 2, 3), 4, ("actor",), (), (), dp=3, tp=2))
 
 
 @pytest.mark.slow  # > 10 s on 2 cores (docs/architecture.md "Tests")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.runtime.group_specs import unit_call as call
+
 pytestmark = pytest.mark.slow
 
 KINDS = ["generate", "reward", "old_logprob", "ref_logprob", "advantage", "train_actor"]
@@ -43,16 +45,9 @@ def _config(tmp_path):
 
 
 def _group(name, **layout):
-    return {
-        "name": name,
-        "devices": [0, 1],
-        "world_size": 2,
-        "roles": ["actor", "reference"],
-        "trainable": ["actor"],
-        "units": [],
-        "backend": "gloo",
-        **layout,
-    }
+    from tests.runtime.group_specs import group_spec
+
+    return group_spec(name, [0, 1], ["actor", "reference"], ["actor"], **layout)
 
 
 def _start(cluster, cfg, group):
@@ -61,7 +56,7 @@ def _start(cluster, cfg, group):
     client, w = cluster.client, cluster.workers
     ranks = [
         client.submit(
-            RankActor, cfg.to_yaml(), group, r, actor=True, workers=[w[r]], pure=False
+            RankActor, cfg.to_yaml(), group, r, k=0, actor=True, workers=[w[r]], pure=False
         ).result()
         for r in range(2)
     ]
@@ -87,7 +82,7 @@ def test_tp2_ranks_decode_the_same_rows_and_train(tmp_path, cluster):
         try:
             cursor, _ = build_task_data(cfg.task)
             ex = PromptShard(0, tuple(cursor.next(cfg.workload.num_prompts)))
-            ms = [u.metrics for u in _all(ranks, "run_unit", 0, KINDS, KINDS, ex)]
+            ms = [u.metrics for u in _all(ranks, "run_unit", 0, call(cfg, KINDS, ex))]
             b0, b1 = _all(ranks, "get_batch", 0)
             assert torch.equal(b0.response_ids, b1.response_ids)  # same seed, same shards
             assert ms[0]["grad_norm"] == pytest.approx(ms[1]["grad_norm"], rel=1e-6)
@@ -114,8 +109,11 @@ def test_fsdp_dp2_ranks_step_together_train_sync_and_evaluate(tmp_path, cluster)
         try:
             cursor, _ = build_task_data(cfg.task)
             ex = cursor.next(cfg.workload.num_prompts)
-            halves = [(PromptShard(0, tuple(ex[:1])),), (PromptShard(1, tuple(ex[1:])),)]
-            res = _all(ranks, "run_unit", 0, KINDS, KINDS, per_rank=halves)
+            halves = [
+                (call(cfg, KINDS, PromptShard(0, tuple(ex[:1]))),),
+                (call(cfg, KINDS, PromptShard(1, tuple(ex[1:]))),),
+            ]
+            res = _all(ranks, "run_unit", 0, per_rank=halves)
             ms = [u.metrics for u in res]
             assert ms[0]["grad_norm"] == pytest.approx(ms[1]["grad_norm"], rel=1e-6)
             info = _all(ranks, "layout_info")
@@ -145,7 +143,9 @@ def test_fsdp_dp2_ranks_step_together_train_sync_and_evaluate(tmp_path, cluster)
             assert _all(ranks, "param_checksum") == [pytest.approx(saved, rel=1e-9)] * 2
             assert _all(ranks, "engine_version") == [1, 1]
             whole = PromptShard(0, tuple(ex))
-            ms = [u.metrics for u in _all(ranks, "run_unit", 1, KINDS, KINDS, whole)]  # trains on
+            ms = [
+                u.metrics for u in _all(ranks, "run_unit", 1, call(cfg, KINDS, whole))
+            ]  # trains on
             assert ms[0]["grad_norm"] == pytest.approx(ms[1]["grad_norm"], rel=1e-6)
             assert _all(ranks, "policy_version") == [2, 2]
             assert _all(ranks, "load_state_bytes", per_rank=[(b,) for b in state]) == [1, 1]

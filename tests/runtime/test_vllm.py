@@ -371,22 +371,26 @@ def test_truncated_sampling_with_vllm_needs_recomputed_logprobs():
 
 def test_rank_engine_resolves_where_the_rank_runs(monkeypatch):
     from rpeg.runtime.engines import choice
+    from tests.runtime.group_specs import group_spec
+
+    def g(device, gen_tp=1, engine="auto"):
+        return group_spec("g0", [0, 1], ["actor"], [], device_type=device, gen_tp=gen_tp,
+                          gen_engine=engine)  # fmt: skip
 
     cfg = RunConfig()
-    # a CPU rank never reads the plan (a path only the flow host may see)
+    # a rank reads no plan: the compiled group carries the plan's engine
     cfg_path_plan = cfg.model_copy(update={"plan": "/nonexistent/plan.yaml"})
-    assert choice.rank_engine(cfg_path_plan, {"device_type": "cpu", "gen_tp": 1}) == "torch"
+    assert choice.rank_engine(cfg_path_plan, g("cpu")) == "torch"
     monkeypatch.setattr(choice, "vllm_importable", lambda: True)
-    assert choice.rank_engine(cfg, {"device_type": "cuda", "gen_tp": 1}) == "vllm"
-    assert choice.rank_engine(cfg, {"device_type": "cuda", "gen_tp": 2}) == "torch"
+    assert choice.rank_engine(cfg_path_plan, g("cuda")) == "vllm"
+    assert choice.rank_engine(cfg, g("cuda", gen_tp=2)) == "torch"
+    assert choice.rank_engine(cfg, g("cuda", engine="torch")) == "torch"  # the plan's unit
     torch_cfg = cfg.with_overrides({"runtime.engine": "torch"})
-    assert choice.rank_engine(torch_cfg, {"device_type": "cuda", "gen_tp": 1}) == "torch"
+    assert choice.rank_engine(torch_cfg, g("cuda")) == "torch"
     monkeypatch.setattr(choice, "vllm_importable", lambda: False)
-    assert choice.rank_engine(cfg, {"device_type": "cuda", "gen_tp": 1}) == "torch"
+    assert choice.rank_engine(cfg, g("cuda")) == "torch"
     with pytest.raises(ConfigError, match="not installed"):
-        choice.rank_engine(
-            cfg.with_overrides({"runtime.engine": "vllm"}), {"device_type": "cuda", "gen_tp": 1}
-        )
+        choice.rank_engine(cfg.with_overrides({"runtime.engine": "vllm"}), g("cuda"))
 
 
 def test_build_engine_torch_is_a_private_copy(tiny):

@@ -28,18 +28,11 @@ from rpeg.runtime.actors.lifecycle import ActorSet
 from rpeg.runtime.actors.proxies import broadcast_weights, join_sync_group
 from rpeg.runtime.actors.recorder import TimelineRecorder
 from rpeg.runtime.actors.row_shards import prompt_shards, shard_groups
+from rpeg.runtime.actors.unit_call import UnitCall
 from rpeg.runtime.actors.unit_chains import arrives_by_take, step_chains, unit_layout
 from rpeg.runtime.actors.unit_result import reduce_results
-from rpeg.runtime.data import PromptShard
 
 log = logging.getLogger(__name__)
-
-
-def unit_args(task: Any, prompts: PromptShard | None = None) -> tuple:
-    """``task``'s arguments of ``RankActor.run_unit`` after (step, stages, kinds): a rank's
-    prompts (units that generate; tp replicas share their dp index's), the compiled
-    micro-batch size, and the streaming chunk (0: not streaming)."""
-    return (prompts, task.micro_batch_size, task.stream_chunk_prompts if task.streaming else 0)
 
 
 #: fields a unit takes from a dependency on another group (the rows it holds lack them)
@@ -77,11 +70,11 @@ class DistributedRun:
         self.compiled = compiled
         self.cluster = cluster
         self.client = cluster.client
-        from rpeg.compile.compiler import check_step
+        from rpeg.compile.checks import check_step
 
         check_step(compiled)  # a hand-edited compiled step is refused before any actor starts
-        self.k = compiled.max_staleness
-        self.async_rollout = compiled.rollout_group != compiled.trainer_group
+        self.k = compiled.staleness
+        self.async_rollout = compiled.async_rollout
         from rpeg.runtime.datasets.fit import task_tokenizer
 
         # the prompts exactly as the ranks' policy gets them (chat template, length policy)
@@ -153,9 +146,9 @@ class DistributedRun:
         """The weight-sync process group: trainer rank 0 (sync rank 0) and every rank of the
         generator groups, joined all before waiting."""
         ws = self.compiled.weight_sync
-        if ws["mode"] != "bucketed" or not ws["targets"]:
+        if not ws.copies:
             return
-        join_sync_group(self.group(ws["source"]), [self.group(g) for g in ws["targets"]])
+        join_sync_group(self.group(ws.source), [self.group(g) for g in ws.targets])
 
     def _count_driver_bytes(self, step: int, nbytes: int) -> None:
         """Tensor bytes of ``step`` that passed through the flow process (the groups' data
@@ -308,28 +301,25 @@ class DistributedRun:
             return done
         t0 = time.perf_counter()
         self.timeline.start_step(step)
-        if "generate" in task.kinds:
+        if task.generates:
             shards = prompt_shards(self.examples_for(step), dp)
-            per_rank = [unit_args(task, shards[r // tp]) for r in range(g.world_size)]
+            per_rank = [UnitCall(task, shards[r // tp]) for r in range(g.world_size)]
         else:
             self._merge_inputs(step, task)
-            per_rank = [unit_args(task)] * g.world_size
+            per_rank = [UnitCall(task)] * g.world_size
         if chain is not None:
             return self._run_chain(step, chain, per_rank, t0)
         return self._finish_unit(step, task, per_rank, t0)
 
     def _run_chain(
-        self, step: int, chain: tuple[str, ...], head_args: list[tuple], t0: float
+        self, step: int, chain: tuple[str, ...], head: list[UnitCall], t0: float
     ) -> dict[str, float]:
-        """The units of ``chain`` in one call per rank (``head_args``: the first unit's
-        per-rank arguments; the others take theirs from the plan); records each unit as
+        """The units of ``chain`` in one call per rank (``head``: the first unit's per-rank
+        calls; the others need nothing but their unit); records each unit as
         :meth:`_finish_unit` does and keeps the later units' metrics for the scheduler."""
         tasks = [self.compiled.task(n) for n in chain]
-        n = len(head_args)
-        per_rank = [[head_args[r]] + [unit_args(t) for t in tasks[1:]] for r in range(n)]
-        res = self.group(tasks[0].group).run_units(
-            step, [(t.stages, t.kinds) for t in tasks], per_rank
-        )
+        per_rank = [[h] + [UnitCall(t) for t in tasks[1:]] for h in head]
+        res = self.group(tasks[0].group).run_units(step, per_rank)
         t1 = time.perf_counter()
         clock = self.timeline.perf_of_wall
         outs = []
@@ -346,11 +336,11 @@ class DistributedRun:
         return outs[0]
 
     def _finish_unit(
-        self, step: int, task: Any, per_rank: list[tuple], t0: float | None = None
+        self, step: int, task: Any, per_rank: list[UnitCall], t0: float | None = None
     ) -> dict[str, float]:
         """Issue the unit on every rank of its group; record the rows it leaves, its spans."""
         t0 = time.perf_counter() if t0 is None else t0
-        res = self.group(task.group).run_unit(step, task.stages, task.kinds, per_rank)
+        res = self.group(task.group).run_unit(step, per_rank)
         return self._record_unit(step, task, res, t0, time.perf_counter())
 
     def _record_unit(
@@ -482,8 +472,7 @@ class DistributedRun:
         producers = self.group(producer_task.group).handles  # each consumer reads its own
         g = self.compiled.group(task.group)
         per_rank = [
-            (None, task.micro_batch_size, 0, producers[(r // g.tp) * gtp])
-            for r in range(g.world_size)
+            UnitCall(task, stream_from=producers[(r // g.tp) * gtp]) for r in range(g.world_size)
         ]
         return self._finish_unit(step, task, per_rank)
 
@@ -536,13 +525,12 @@ class DistributedRun:
         broadcasts them in ``bucket_bytes`` buckets to every generator rank (which reshards to
         its gen_tp); every ``every_steps`` updates (always at start)."""
         ws = self.compiled.weight_sync
-        if ws["mode"] == "shared" or not ws["targets"]:
+        if not ws.copies:
             return {}
         trainer = self.compiled.trainer_group  # (when to sync: the step scheduler decides)
         t0 = time.perf_counter()
-        bb = int(ws["bucket_bytes"])
         sends, versions = broadcast_weights(
-            self.group(trainer), [self.group(g) for g in ws["targets"]], bb
+            self.group(trainer), [self.group(g) for g in ws.targets], ws.bucket_bytes
         )
         sent = sends[0]
         version = int(sent["version"])

@@ -60,7 +60,6 @@ class ActorSet:
         workers = list(workers) if workers else self.listed_workers()
         if self.n_workers is None:
             self.n_workers = len(workers)
-        k = int(self.compiled.buffer["max_staleness"])
         t0 = time.perf_counter()
         self.placement = {
             (g.name, rank): workers[dev % len(workers)]
@@ -75,15 +74,16 @@ class ActorSet:
         with self.client.as_current():
             futs = {}
             for g in self.compiled.actor_groups:
-                gd = {**g.to_dict(), "max_staleness": k, "collective_timeout_s": timeout_s}
                 for rank in range(g.world_size):
                     addr = self.placement[(g.name, rank)]
                     futs[(g.name, rank)] = self.client.submit(
                         RankActor,
                         cy,
-                        gd,
+                        g,  # the GroupSpec itself (a frozen dataclass)
                         rank,
                         self.async_rollout,
+                        k=self.compiled.staleness,
+                        collective_timeout_s=timeout_s,
                         cpu_slot=slots.get(addr),
                         gpu_slot=gpus.get(addr),
                         actor=True,

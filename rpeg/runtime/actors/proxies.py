@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rpeg.runtime.actors.failures import ActorLost
+from rpeg.runtime.actors.unit_call import UnitCall
 
 _LOST = "Worker holding Actor was lost"
 
@@ -190,24 +191,14 @@ class RankGroup:
     def drop(self, step: int) -> None:
         self._all(lambda r, a: a.drop(step), step=step)
 
-    def run_unit(self, step: int, stages: list[str], kinds: list[str], per_rank: Sequence[tuple]):
-        """Every rank runs the unit (``per_rank[r]``: rank r's extra arguments)."""
-        return self._all(lambda r, a: a.run_unit(step, stages, kinds, *per_rank[r]))
+    def run_unit(self, step: int, calls: Sequence[UnitCall]) -> list[Any]:
+        """Every rank runs the unit (``calls[r]``: rank r's :class:`UnitCall`)."""
+        return self._all(lambda r, a: a.run_unit(step, calls[r]))
 
-    def run_units(
-        self,
-        step: int,
-        units: Sequence[tuple[list[str], list[str]]],
-        per_rank: Sequence[Sequence[tuple]],
-    ) -> list[list[Any]]:
-        """Every rank runs ``units`` (``(stages, kinds)`` each, a chain:
-        rpeg.runtime.actors.unit_chains) back to back in one call; ``per_rank[r][i]``: rank
-        r's extra arguments of unit i. Per rank, the units' results in order."""
-        return self._all(
-            lambda r, a: a.run_units(
-                step, [(s, k, *per_rank[r][i]) for i, (s, k) in enumerate(units)]
-            )
-        )
+    def run_units(self, step: int, per_rank: Sequence[Sequence[UnitCall]]) -> list[list[Any]]:
+        """Every rank runs a chain of units (rpeg.runtime.actors.unit_chains) back to back in
+        one call; ``per_rank[r]``: rank r's calls in order. Per rank, the results in order."""
+        return self._all(lambda r, a: a.run_units(step, list(per_rank[r])))
 
     # ---------------------------------------------------------------- state
     def state_bytes(self, light: bool = False) -> list[bytes]:

@@ -21,12 +21,15 @@ from typing import Any
 
 import torch
 
+from rpeg.compile.step import GroupSpec
 from rpeg.config import RunConfig
+from rpeg.ir import StageKind
 from rpeg.runtime.actors.memory import peak_rss, reset_peak_rss
 from rpeg.runtime.actors.row_shards import rollout_start
+from rpeg.runtime.actors.unit_call import UnitCall
 from rpeg.runtime.data import PromptShard
 from rpeg.runtime.engines.base import refresh_engine
-from rpeg.runtime.micro_batches import micro_batch_size_of
+from rpeg.runtime.micro_batches import unit_micro_batches
 
 # Data parallelism: batch-wide statistics (advantage whitening, the loss normalizer of a
 # mini-batch) span every rank's shard. After joining the process group, the trainable workers
@@ -47,27 +50,35 @@ class RankActor:
     def __init__(
         self,
         config_yaml: str,
-        group: dict[str, Any],
+        group: GroupSpec,
         rank: int,
         async_rollout: bool = False,
         *,
+        k: int,
+        collective_timeout_s: float | None = None,
         cpu_slot: tuple[int, int] | None = None,
         gpu_slot: int | None = None,
     ):
+        """``group``: the compiled group this rank belongs to; ``k``: the compiled step's
+        staleness bound; ``collective_timeout_s``: the process groups' timeout (None: the
+        config's rule, :meth:`collective_timeout_s`)."""
+        if not isinstance(group, GroupSpec):
+            raise TypeError(f"RankActor: group must be a GroupSpec, got {type(group).__name__}")
         self.config = RunConfig.from_yaml(config_yaml)  # torch threads: set by build_roles
         from rpeg.runtime.actors import serializers
 
         serializers.register()
         self.group = group
         self.rank = rank
-        self.world_size = int(group["world_size"])
-        self.roles = list(group["roles"])
-        self.trainable = list(group["trainable"])
+        self.world_size = group.world_size
+        self.roles = list(group.roles)
+        self.trainable = list(group.trainable)
+        self._timeout_s = collective_timeout_s
         self.store: dict[int, Any] = {}
         self.incoming: dict[int, Any] = {}  # pulled rows waiting for ``commit`` (self-reshard)
         self.pg_ready = False
         # the compiled step's staleness bound and this rank's device (data plane, lag tests)
-        self.k = int(group.get("max_staleness", 0))
+        self.k = int(k)
         from rpeg.runtime.actors.rendezvous import rank_device
 
         self.device = rank_device(group, rank, gpu_slot)
@@ -102,7 +113,7 @@ class RankActor:
         c = self.config
         self.layout = Layout.from_group(self.group)
         # generation's layout: the plan's gen_tp over the same ranks (replicas across dp)
-        gen_tp = int(self.group.get("gen_tp", 0) or self.layout.tp)
+        gen_tp = self.group.gen_tp
         self.gen_layout = (
             self.layout
             if gen_tp == self.layout.tp
@@ -126,7 +137,7 @@ class RankActor:
             device=self.device,
             # fp32 masters for trainable roles, compute in the plan's dtype (rpeg.runtime.precision)
             compute_dtype=torch_dtype(self.layout.dtype),
-            engine_memory=self.group.get("gen_memory_utilization"),  # the plan's generate unit
+            engine_memory=self.group.gen_memory_utilization,  # the plan's generate unit
         )
         self.rewards, self.heldout = built.rewards, built.heldout
         self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
@@ -146,13 +157,13 @@ class RankActor:
         if phase:
             from rpeg.runtime.actors.fault_points import fault_point
 
-            fault_point(self.group["name"], self.rank, phase, step)
+            fault_point(self.group.name, self.rank, phase, step)
 
     def ping(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
             "rank": self.rank,
-            "group": self.group["name"],
+            "group": self.group.name,
             "host": socket.gethostname(),
         }
 
@@ -165,10 +176,10 @@ class RankActor:
         return addr
 
     def collective_timeout_s(self) -> float:
-        """The process groups' timeout: the group dict's (set by the lifecycle from the plan's
-        prediction, rpeg.runtime.actors.predicted), else the config's rule without one."""
-        if self.group.get("collective_timeout_s") is not None:
-            return float(self.group["collective_timeout_s"])
+        """The process groups' timeout: the one this rank was started with (the lifecycle's,
+        from the plan's prediction: rpeg.runtime.actors.predicted), else the config's rule."""
+        if self._timeout_s is not None:
+            return float(self._timeout_s)
         from rpeg.runtime.actors.predicted import collective_timeout_s
 
         return collective_timeout_s(self.config)
@@ -189,7 +200,7 @@ class RankActor:
 
         if timeout_s is None:
             timeout_s = self.collective_timeout_s()
-        backend = self.group.get("backend") or process_group_backend(self._model_device())
+        backend = self.group.backend
         store = getattr(self, "_store", None) if self.rank == 0 else None
         cuda = self.device.type == "cuda"
         if cuda:
@@ -256,7 +267,7 @@ class RankActor:
         local = self._param_bytes(full=False)
         full = getattr(self, "_full_bytes", None) or self._param_bytes(full=True)
         return {
-            "group": self.group["name"],
+            "group": self.group.name,
             "rank": self.rank,
             "dp": lay.dp,
             "tp": lay.tp,
@@ -297,39 +308,31 @@ class RankActor:
         return -1 if self.actor is None else int(self.actor.engine.policy_version)
 
     # ---------------------------------------------------------------- stages
-    def run_unit(
-        self,
-        step: int,
-        stages: list[str],
-        kinds: list[str],
-        prompts: PromptShard | None = None,
-        micro_batch_size: int | None = None,
-        stream_chunk: int = 0,
-        stream_from: Any = None,
-    ) -> Any:
-        """Run the stages of one execution unit back to back on this rank's batch of ``step``.
+    def run_unit(self, step: int, call: UnitCall) -> Any:
+        """Run the stages of one execution unit (``call.unit``) back to back on this rank's
+        batch of ``step``, its forward passes at the unit's micro-batch size and token budget.
 
-        ``prompts``: this rank's prompts of the step, for a unit that generates.
-        ``micro_batch_size``: the compiled unit's samples per forward call (overrides the
-        workload's for this unit). ``stream_chunk`` > 0 (a streaming unit that starts with
-        generation): one decode, the unit's later stages run on every ``stream_chunk`` prompts
-        whose samples have finished, while the rest decode (:meth:`_run_streamed`)."""
-        if prompts is not None and not isinstance(prompts, PromptShard):
-            raise TypeError(
-                f"run_unit: prompts must be a PromptShard (row_shards.prompt_shards), "
-                f"got {type(prompts).__name__}"
-            )
-        self._fault("generate" if "generate" in kinds else "", step)
+        ``call.prompts``: this rank's prompts of the step, for a unit that generates. A
+        streaming unit that starts with generation (``unit.stream_chunk`` > 0): one decode,
+        the unit's later stages run on every ``stream_chunk`` prompts whose samples have
+        finished, while the rest decode (:meth:`_run_streamed`). ``call.stream_from``: run on
+        that generator rank's chunks as they come."""
+        if not isinstance(call, UnitCall):
+            raise TypeError(f"run_unit: expected a UnitCall, got {type(call).__name__}")
+        unit, prompts, stream_from = call.unit, call.prompts, call.stream_from
+        kinds = list(unit.kinds)
+        self._fault("generate" if StageKind.generate in kinds else "", step)
         self._fault("train" if any(k.startswith("train_") for k in kinds) else "", step)
         t0 = time.perf_counter()
         self._hook_forwards()
         f0 = self._forwards
         roles = (self.actor, self.reference, self.critic)
-        with micro_batch_size_of(roles, micro_batch_size):
+        budget = unit.max_tokens_per_micro_batch
+        with unit_micro_batches(roles, unit.micro_batch_size, budget):
             if stream_from is not None:
                 m, spans = self._consume_stream(step, kinds, stream_from)
-            elif stream_chunk and kinds and kinds[0] == "generate" and prompts:
-                m, spans = self._run_streamed(step, kinds, prompts, stream_chunk)
+            elif unit.stream_chunk and kinds[0] == StageKind.generate and prompts:
+                m, spans = self._run_streamed(step, kinds, prompts, unit.stream_chunk)
             else:
                 examples = None if prompts is None else prompts.examples
                 seed, first = rollout_start(self.config, step, prompts)
@@ -343,7 +346,7 @@ class RankActor:
         m["forward_calls"] = float(self._forwards - f0)
         logged = (
             batch is not None
-            and "advantage" in kinds
+            and StageKind.advantage in kinds
             and SM.log_step(step, self.config.runtime.log_samples_every)
         )
         return UnitResult(
@@ -356,11 +359,11 @@ class RankActor:
             samples=SM.samples_from_batch(batch, step, rules=self.rewards.names) if logged else (),
         )
 
-    def run_units(self, step: int, units: list[tuple]) -> list[Any]:
+    def run_units(self, step: int, calls: list[UnitCall]) -> list[Any]:
         """Several units of ``step`` back to back in one call (a chain of the driver's:
-        rpeg.runtime.actors.unit_chains): ``units[i]`` = the arguments of :meth:`run_unit`
-        after ``step``. Their results in order; the first failure ends the call."""
-        return [self.run_unit(step, *u) for u in units]
+        rpeg.runtime.actors.unit_chains). Their results in order; the first failure ends
+        the call."""
+        return [self.run_unit(step, c) for c in calls]
 
     def _stage_context(self):
         from rpeg.runtime import stages as S
@@ -384,14 +387,16 @@ class RankActor:
         for kind in kinds:
             ts = time.time()
             batch = self.store.get(key)
-            if kind == "sync_weights":
-                m.update(self._sync_local())
+            if kind == StageKind.sync_weights:
+                from rpeg.runtime.actors.weight_sync import refresh_lagging_engine
+
+                m.update(refresh_lagging_engine(self.actor, self.residency, self.k))
             else:
                 batch, sm = S.run_stage(
                     kind, ctx, batch, examples=examples, seed=seed, first_row=first_row
                 )
                 m.update(sm)
-                if kind == "generate":
+                if kind == StageKind.generate:
                     self.residency.after_rollout()
             self.store[key] = batch
             spans.append((kind, ts, time.time()))
@@ -493,27 +498,6 @@ class RankActor:
             out["peak_device_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
         return out
 
-    def _sync_local(self) -> dict[str, float]:
-        """Weight sync when the generator lives in this process (mirrors LocalTrainer)."""
-        from rpeg.runtime.engines.torch_engine import TorchEngine
-
-        wk = self.actor
-        eng = wk.engine
-        if isinstance(eng, TorchEngine) and eng.model is wk.lm:
-            eng.policy_version = wk.policy_version
-            return {}
-        if wk.policy_version + 1 - eng.policy_version > self.k:
-            t0 = time.perf_counter()
-            self.residency.before_update()
-            eng.update_weights(wk.get_weights(), wk.policy_version)
-            self.residency.after_update()
-            out = {"weight_sync_s": time.perf_counter() - t0}
-            moved = getattr(eng, "last_update", None)  # vLLM: bytes sent to its workers
-            if moved is not None:
-                out["weight_sync_bytes"] = float(moved.nbytes)
-            return out
-        return {}
-
     # ---------------------------------------------------------------- weight sync
     def get_weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int]:
         from rpeg.runtime.actors.weight_sync import pack
@@ -602,7 +586,7 @@ class RankActor:
         from rpeg.runtime.actors.checkpoint import rank_state_bytes
 
         self._fault("checkpoint", self.policy_version())
-        return rank_state_bytes(self.rank, self.group["name"], self._roles(), light)
+        return rank_state_bytes(self.rank, self.group.name, self._roles(), light)
 
     def load_state_bytes(self, data: bytes) -> int:
         from rpeg.runtime.actors.checkpoint import load_rank_state_bytes

@@ -120,9 +120,9 @@ def topology_of(compiled: object, placement: dict[Rank, str]) -> Topology:
         if g.world_size > 1:
             coll.append(frozenset((g.name, r) for r in range(g.world_size)))
     ws = compiled.weight_sync  # type: ignore[attr-defined]
-    if ws.get("mode") == "bucketed" and ws.get("targets"):
-        members = {(ws["source"], 0)}
-        for t in ws["targets"]:
+    if ws.copies:
+        members = {(ws.source, 0)}
+        for t in ws.targets:
             members |= {(t, r) for r in range(compiled.group(t).world_size)}  # type: ignore[attr-defined]
         coll.append(frozenset(members))
     return Topology(placement=dict(placement), collectives=tuple(coll))

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from rpeg.compile.step import GroupSpec
+
 
 @dataclass(frozen=True)
 class WorkerGpus:
@@ -65,23 +67,23 @@ def gpu_slots(views: Mapping[str, WorkerGpus]) -> dict[str, int]:
     return out
 
 
-def rank_device(group: dict[str, Any], rank: int, gpu_slot: int | None = None) -> torch.device:
-    """The device of ``rank`` of ``group`` (a compiled ``ActorGroupSpec`` as a dict) on a
+def rank_device(group: GroupSpec, rank: int, gpu_slot: int | None = None) -> torch.device:
+    """The device of ``rank`` of ``group`` (a compiled :class:`GroupSpec`) on a
     worker whose own GPU is local index ``gpu_slot`` (:func:`gpu_slots`; None: one visible
     GPU is index 0, else the plan's device index modulo the visible GPUs)."""
-    if group.get("device_type", "cpu") != "cuda":
+    if group.device_type != "cuda":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RuntimeError(
-            f"group {group.get('name')} is compiled for CUDA but this worker sees no GPU "
+            f"group {group.name} is compiled for CUDA but this worker sees no GPU "
             "(start the workers with dask-cuda, or plan for the CPU cluster)"
         )
     n = torch.cuda.device_count()
     if gpu_slot is None:
-        return torch.device("cuda", 0 if n == 1 else int(group["devices"][rank]) % n)
+        return torch.device("cuda", 0 if n == 1 else group.devices[rank] % n)
     if gpu_slot >= n:
         raise RuntimeError(
-            f"group {group.get('name')} rank {rank}: this worker is GPU slot {gpu_slot} of its "
+            f"group {group.name} rank {rank}: this worker is GPU slot {gpu_slot} of its "
             f"host but sees {n} GPU(s) (CUDA_VISIBLE_DEVICES="
             f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}): more workers than GPUs on the host"
         )

@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rpeg.compile.step import CompiledStep, TaskSpec
 from rpeg.runtime.actors import staleness as st
 from rpeg.runtime.actors.step_messages import (
     BatchTaken,
@@ -93,8 +94,8 @@ class StepPlan:
     sync_every: int = 1
 
     @classmethod
-    def from_compiled(cls, compiled: Any) -> StepPlan:
-        async_rollout = compiled.rollout_group != compiled.trainer_group
+    def from_compiled(cls, compiled: CompiledStep) -> StepPlan:
+        async_rollout = compiled.async_rollout
         if async_rollout:  # rollout units run inside Rollout; the bucketed sync replaces
             tasks = [t for t in compiled.tasks_in("train") if "sync_weights" not in t.kinds]
         else:
@@ -106,17 +107,15 @@ class StepPlan:
         return cls(
             units=units,
             async_rollout=async_rollout,
-            k=int(compiled.staleness),
-            samples_per_step=int(compiled.buffer["samples_per_step"]),
-            sync_every=int(compiled.weight_sync.get("every_steps", 1) or 1),
+            k=compiled.staleness,
+            samples_per_step=compiled.buffer.samples_per_step,
+            sync_every=compiled.weight_sync.every_steps,
         )
 
 
-def _waits(compiled: Any, t: Any) -> list[str]:
-    """Units ``t`` waits for inside a step (the compiler's ``wait_list`` where it has one)."""
-    if hasattr(compiled, "wait_list"):
-        return list(compiled.wait_list(t.name))
-    return list(dict.fromkeys([*t.depends_on, *t.after]))
+def _waits(compiled: CompiledStep, t: TaskSpec) -> list[str]:
+    """Units ``t`` waits for inside a step (the compiled step's ``wait_list``)."""
+    return list(compiled.wait_list(t.name))
 
 
 # --------------------------------------------------------------------------- the machine

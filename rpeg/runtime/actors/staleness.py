@@ -34,6 +34,17 @@ from typing import Any
 
 from rpeg.errors import RpegError
 
+# --------------------------------------------------------------------------- the rule
+
+
+def within_bound(step: int, version: int, k: int) -> bool:
+    """The one staleness rule of both runtimes: samples for training step ``step`` (trained
+    at policy version ``step``) may be generated with weights of ``version`` iff
+    ``step - version <= k``. A generator refreshes its weights when the next step it
+    generates for is not within the bound (rpeg.runtime.actors.weight_sync.refresh_lagging_engine)."""
+    return step - version <= k
+
+
 # --------------------------------------------------------------------------- data
 
 
@@ -111,10 +122,6 @@ class Deliver:
     samples: tuple[Sample, ...]
     lags: tuple[int, ...]
 
-    @property
-    def max_lag(self) -> int:
-        return max(self.lags, default=0)
-
 
 @dataclass(frozen=True)
 class Wait:
@@ -172,10 +179,6 @@ class StalenessState:
         """Largest index a generator at ``version`` may produce (exclusive bound)."""
         return (version + self.k + 1) * self.batch_size
 
-    @property
-    def in_buffer(self) -> int:
-        return len(self.ready)
-
     # ---------------------------------------------------------------- transitions
     def handle(self, event: Event) -> list[Instruction]:
         if isinstance(event, GeneratorSynced):
@@ -217,7 +220,7 @@ class StalenessState:
             return [Reject(f"count must be >= 1 (got {ev.count})")]
         if ev.version > self.trainer_version:
             return [Reject(f"generator version {ev.version} > trainer {self.trainer_version}")]
-        if ev.version < self.trainer_version - self.k:
+        if not within_bound(self.trainer_version, ev.version, self.k):
             # would only produce samples that are already too stale for the trainer
             return [Block(ev.count, ev.version, self.trainer_version - self.k)]
         limit = self.max_admissible_index(ev.version)
@@ -279,7 +282,7 @@ class StalenessState:
         missing = [i for i in range(lo, hi) if i not in self.ready]
         if missing:
             unadmitted = [i for i in missing if i not in self.reserved]
-            if unadmitted and self.generator_version < step - self.k:
+            if unadmitted and not within_bound(step, self.generator_version, self.k):
                 return [
                     Stalled(
                         f"step {step} needs samples generated with policy version >= "
@@ -291,7 +294,7 @@ class StalenessState:
             return [Wait(step, len(missing))]
         samples = tuple(self.ready.pop(i) for i in range(lo, hi))
         lags = tuple(self.trainer_version - s.version for s in samples)
-        assert all(0 <= lag <= self.k for lag in lags), (lags, self.k)
+        assert all(lag >= 0 and within_bound(lag, 0, self.k) for lag in lags), (lags, self.k)
         self.next_step += 1
         self.delivered += len(samples)
         return [Deliver(step, samples, lags)]

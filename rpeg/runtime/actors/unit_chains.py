@@ -79,7 +79,7 @@ def _joins(
 
 def unit_layout(group: Any, task: Any) -> tuple[int, int]:
     """(dp, tp) the ranks of ``group`` run ``task`` at (generation: the group's gen_tp)."""
-    if "generate" in task.kinds:
+    if task.generates:
         return group.world_size // group.gen_tp, group.gen_tp
     return group.dp, group.tp
 
@@ -87,8 +87,7 @@ def unit_layout(group: Any, task: Any) -> tuple[int, int]:
 def arrives_by_take(compiled: Any, task: Any, dep: Any) -> bool:
     """Whether ``dep``'s rows reach ``task`` through the staleness buffer (an async plan's
     rollout unit feeding a train unit: ``take`` moved them), not by a pull before it runs."""
-    async_rollout = compiled.rollout_group != compiled.trainer_group
-    return async_rollout and dep.phase == "rollout" and task.phase == "train"
+    return compiled.async_rollout and dep.phase == "rollout" and task.phase == "train"
 
 
 def step_chains(compiled: Any) -> list[tuple[str, ...]]:

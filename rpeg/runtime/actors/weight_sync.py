@@ -17,12 +17,15 @@ changes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-DEFAULT_BUCKET_BYTES = 4 << 20
+from rpeg.compile.step import DEFAULT_BUCKET_BYTES
+from rpeg.runtime.actors.staleness import within_bound
 
 
 @dataclass(frozen=True)
@@ -195,3 +198,29 @@ def receive_weights(pg, meta, bucket_bytes: int, device) -> tuple[dict[str, torc
     version = torch.zeros(1, dtype=torch.long, device=device)
     broadcast(pg, version, root=0)
     return receive_buckets(pg, meta, bucket_bytes, device), int(version.item())
+
+
+def refresh_lagging_engine(actor: Any, residency: Any, k: int) -> dict[str, float]:
+    """Weight sync when the generator lives in the trainer's process (the local trainer and
+    a colocated rank's ``sync_weights`` stage, after the step's update): the engine sharing
+    the trainer's module only takes its version; an engine with weights of its own (a
+    lagging torch copy, vLLM) gets the trainer's weights when the next step (trained at the
+    trainer's version ``v``) would not be within the bound from the engine's version
+    (:func:`rpeg.runtime.actors.staleness.within_bound`). Returns the sync's metrics."""
+    from rpeg.runtime.engines.torch_engine import TorchEngine
+
+    eng = actor.engine
+    if isinstance(eng, TorchEngine) and eng.model is actor.lm:
+        eng.policy_version = actor.policy_version
+        return {}
+    if within_bound(int(actor.policy_version), int(eng.policy_version), k):
+        return {}
+    t0 = time.perf_counter()
+    residency.before_update()
+    eng.update_weights(actor.get_weights(), actor.policy_version)
+    residency.after_update()
+    out = {"weight_sync_s": time.perf_counter() - t0}
+    moved = getattr(eng, "last_update", None)  # vLLM: bytes sent to its workers
+    if moved is not None:
+        out["weight_sync_bytes"] = float(moved.nbytes)
+    return out

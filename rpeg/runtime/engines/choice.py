@@ -163,12 +163,9 @@ def check_engine(config: Any, compiled: Any) -> str:
     """The engine generation will use, checked before start (ConfigError otherwise): the
     declared engine resolved on the device type and generation tp of the compiled groups
     that generate, in this process's environment."""
-    from rpeg.compile import resolve
-
-    graph, plan = resolve(None, config)
-    declared = declared_engine(config.runtime.engine, plan_generation_engines(graph, plan))
     groups = {g.name: g for g in compiled.actor_groups}
-    gen = [groups[t.group] for t in compiled.tasks if "generate" in t.kinds]
+    gen = [groups[t.group] for t in compiled.tasks if t.generates]
+    declared = declared_engine(config.runtime.engine, compiled_generation_engines(compiled))
     device = "cuda" if any(g.device_type == "cuda" for g in gen) else "cpu"
     gen_tp = max((g.gen_tp for g in gen), default=1)
     engine = resolve_engine(declared, device_type=device, gen_tp=gen_tp)
@@ -188,19 +185,23 @@ def engine_problems(config: Any, compiled: Any) -> list[Problem]:
     return []
 
 
-def rank_engine(config: Any, group: Mapping[str, Any]) -> str:
-    """The engine a rank of ``group`` (an ActorGroupSpec as a dict) builds, resolved where
-    the rank runs (so ``auto`` finds vLLM only on a worker that has it). The plan is read
-    only for ``auto`` on CUDA (a plan's explicit engine was checked against the config
-    before start): CPU ranks never touch it."""
-    device = str(group.get("device_type", "cpu"))
-    declared = config.runtime.engine
-    if declared == "auto" and device == "cuda":
-        from rpeg.compile import resolve
+def compiled_generation_engines(compiled: Any) -> dict[str, str]:
+    """``unit name -> engine`` of the compiled units that generate (the plan's engine of the
+    generate unit, kept on its group's :class:`rpeg.compile.GroupSpec`)."""
+    groups = {g.name: g for g in compiled.actor_groups}
+    return {t.name: groups[t.group].gen_engine or "auto" for t in compiled.tasks if t.generates}
 
-        graph, plan = resolve(None, config)
-        declared = declared_engine(declared, plan_generation_engines(graph, plan))
-    return resolve_engine(declared, device_type=device, gen_tp=int(group.get("gen_tp", 1)))
+
+def rank_engine(config: Any, group: Any) -> str:
+    """The engine a rank of ``group`` (a compiled :class:`rpeg.compile.GroupSpec`) builds,
+    resolved where the rank runs (so ``auto`` finds vLLM only on a worker that has it). The
+    group's plan engine counts only for ``auto`` on CUDA (a plan's explicit engine was
+    checked against the config before start)."""
+    device = group.device_type
+    declared = config.runtime.engine
+    if declared == "auto" and device == "cuda" and group.gen_engine is not None:
+        declared = declared_engine(declared, {group.name: group.gen_engine})
+    return resolve_engine(declared, device_type=device, gen_tp=group.gen_tp)
 
 
 def engine_dtype(config: Any, device_type: str) -> str:

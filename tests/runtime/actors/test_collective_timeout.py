@@ -47,9 +47,23 @@ def test_bad_timeout_is_refused_naming_the_field(bad):
         RunConfig.from_dict({"runtime": {"collective_timeout_s": bad}})
 
 
-def _rank(device: torch.device, group: dict) -> RankActor:
+def _rank(device: torch.device, backend: str, timeout_s: float | None = None) -> RankActor:
+    from rpeg.compile import GroupSpec
+
+    group = GroupSpec(
+        name="g0",
+        devices=(0, 1),
+        world_size=2,
+        roles=("actor",),
+        trainable=("actor",),
+        units=(),
+        dp=2,
+        device_type=device.type,
+        backend=backend,
+    )
     r = object.__new__(RankActor)  # no roles built: only the process-group join is tested
     r.config, r.group, r.rank, r.world_size, r.device = RunConfig(), group, 1, 2, device
+    r._timeout_s = timeout_s
     r._apply_layout = lambda: None
     return r
 
@@ -67,7 +81,7 @@ def _capture(monkeypatch) -> dict:
 
 def test_cuda_rank_joins_with_device_id_and_the_group_timeout(monkeypatch):
     seen = _capture(monkeypatch)
-    r = _rank(torch.device("cuda", 1), {"backend": "nccl", "collective_timeout_s": 5400.0})
+    r = _rank(torch.device("cuda", 1), "nccl", 5400.0)
     assert r.init_process_group("file:/x")
     assert seen["backend"] == "nccl"
     assert seen["device_id"] == torch.device("cuda", 1)
@@ -77,7 +91,7 @@ def test_cuda_rank_joins_with_device_id_and_the_group_timeout(monkeypatch):
 
 def test_cpu_rank_has_no_device_id_and_the_config_timeout(monkeypatch):
     seen = _capture(monkeypatch)
-    r = _rank(torch.device("cpu"), {"backend": "gloo"})
+    r = _rank(torch.device("cpu"), "gloo")
     r.config = RunConfig.from_dict({"runtime": {"collective_timeout_s": 900}})
     r.init_process_group("file:/x")
     assert seen["device_id"] is None and "set_device" not in seen

@@ -90,10 +90,10 @@ def test_compile_matches_golden(case):
 
 def test_disjoint_devices_overlap_and_colocated_units_are_ordered():
     s = _compile("ppo_k0_disaggregated")
-    assert s.weight_sync["mode"] == "bucketed"
-    assert s.task("old_logprob").after == ["ref_logprob"]  # same devices: in order
+    assert s.weight_sync.mode == "bucketed"
+    assert s.task("old_logprob").after == ("ref_logprob",)  # same devices: in order
     c = _compile("grpo_k0_colocated_dp2")
-    assert c.weight_sync["mode"] == "shared" and c.actor_groups[0].world_size == 2
+    assert c.weight_sync.mode == "shared" and c.actor_groups[0].world_size == 2
 
 
 def test_fused_shared_actor_critic_is_one_forward():

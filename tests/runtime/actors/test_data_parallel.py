@@ -17,16 +17,10 @@ pytestmark = pytest.mark.slow
 
 
 def _group(name, devices, algo):
+    from tests.runtime.group_specs import group_spec
+
     roles = ["actor", "reference"] + (["critic"] if algo == "ppo" else [])
-    return {
-        "name": name,
-        "devices": devices,
-        "world_size": len(devices),
-        "roles": roles,
-        "trainable": ["actor"] + (["critic"] if algo == "ppo" else []),
-        "units": [],
-        "backend": "gloo",
-    }
+    return group_spec(name, devices, roles, ["actor"] + (["critic"] if algo == "ppo" else []))
 
 
 def _weights(actor):
@@ -42,6 +36,7 @@ def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_conf
     from rpeg.runtime.actors.row_shards import prompt_shards, shard_groups
     from rpeg.runtime.batch import RolloutBatch
     from rpeg.runtime.data import PromptShard
+    from tests.runtime.group_specs import unit_call as call
 
     cfg = make_config(
         tmp_path,
@@ -61,11 +56,18 @@ def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_conf
     train = ["advantage", "train_actor"] + (["train_critic"] if algo == "ppo" else [])
     with client.as_current():
         one = client.submit(
-            RankActor, cy, _group("one", [0], algo), 0, actor=True, workers=[w[0]], pure=False
+            RankActor, cy, _group("one", [0], algo), 0, k=0, actor=True, workers=[w[0]], pure=False
         ).result()
         two = [
             client.submit(
-                RankActor, cy, _group("dp", [0, 1], algo), r, actor=True, workers=[w[r]], pure=False
+                RankActor,
+                cy,
+                _group("dp", [0, 1], algo),
+                r,
+                k=0,
+                actor=True,
+                workers=[w[r]],
+                pure=False,
             ).result()
             for r in range(2)
         ]
@@ -77,12 +79,12 @@ def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_conf
 
             cursor, _ = build_task_data(cfg.task)
             ex = cursor.next(cfg.workload.num_prompts)
-            one.run_unit(0, kinds, kinds, PromptShard(0, tuple(ex))).result()
+            one.run_unit(0, call(cfg, kinds, PromptShard(0, tuple(ex)))).result()
             batch = one.get_batch(0).result()
             # each rank generating half of the prompts samples the single rank's responses
             gen = ["generate"]
             halves = zip(two, prompt_shards(ex, 2), strict=True)
-            for p in [a.run_unit(0, gen, gen, s) for a, s in halves]:
+            for p in [a.run_unit(0, call(cfg, gen, s)) for a, s in halves]:
                 p.result()
             halves = RolloutBatch.concat([a.get_batch(0).result() for a in two])
             lengths = batch.response_mask.sum(-1)
@@ -93,8 +95,8 @@ def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_conf
             # unequal token counts per rank are what makes per-rank normalisation wrong
             for a, i in zip(two, idx, strict=True):
                 a.put_batch(0, batch.select(torch.tensor(i))).result()
-            m1 = one.run_unit(0, train, train).result().metrics
-            m2 = [p.result().metrics for p in [a.run_unit(0, train, train) for a in two]]
+            m1 = one.run_unit(0, call(cfg, train)).result().metrics
+            m2 = [p.result().metrics for p in [a.run_unit(0, call(cfg, train)) for a in two]]
             adv1 = one.get_batch(0).result()
             adv2 = RolloutBatch.concat([a.get_batch(0).result() for a in two])
             mask = adv1.response_mask.bool()

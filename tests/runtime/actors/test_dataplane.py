@@ -105,9 +105,11 @@ def _cfg(tmp_path, **over):
     return tiny_config(tmp_path, **{"optim.warmup_sft_steps": 0, **over})
 
 
-def test_staleness_bound_comes_from_the_compiled_buffer(tmp_path):
+def test_staleness_bound_comes_from_the_compiled_step(tmp_path):
     """k is the compiled step's: k=1 admits a slot one version ahead of the generator's
     weights, k=0 does not; the ranks get the same k (their colocated lag test)."""
+    import dataclasses
+
     from rpeg.runtime.actors import staleness as st
     from rpeg.runtime.actors.scheduler import StepPlan
 
@@ -115,9 +117,7 @@ def test_staleness_bound_comes_from_the_compiled_buffer(tmp_path):
     B = cfg.workload.samples_per_step
     admitted = {}
     for k in (0, 1):
-        step = compile_plan(None, cfg)
-        step.staleness = k
-        step.buffer["max_staleness"] = k
+        step = dataclasses.replace(compile_plan(None, cfg), staleness=k)
         state = st.StalenessState(k=StepPlan.from_compiled(step).k, batch_size=B)
         state.handle(st.RequestSlot(0, B))  # slot 0
         (ins,) = state.handle(st.RequestSlot(0, B))  # slot 1 with weights v0: lag 1
@@ -136,22 +136,34 @@ def test_concurrent_with_decides_what_overlaps(tmp_path):
     units["old_logprob"] = units["old_logprob"].model_copy(update={"devices": (0,)})
     step = compile_plan(plan.model_copy(update={"units": units}), cfg)
     # disjoint devices, no dependency path, same phase: they overlap
-    assert step.task("old_logprob").concurrent_with == ["ref_logprob"]
+    assert step.task("old_logprob").concurrent_with == ("ref_logprob",)
     assert "ref_logprob" not in step.wait_list("old_logprob")
-    step.task("old_logprob").concurrent_with.remove("ref_logprob")
+    import dataclasses
+
+    tasks = tuple(
+        dataclasses.replace(t, concurrent_with=()) if t.name == "old_logprob" else t
+        for t in step.tasks
+    )
+    step = dataclasses.replace(step, tasks=tasks)
     assert "ref_logprob" in step.wait_list("old_logprob")  # no longer concurrent: it waits
 
 
 def test_fields_the_runtime_cannot_honour_are_refused_by_name(tmp_path):
-    from rpeg.compile.compiler import check_step
+    from rpeg.compile.checks import check_step
     from rpeg.errors import ConfigError
 
     cfg = _cfg(tmp_path, **{"runtime.max_staleness": 1, "cluster.num_devices": 2})
+    import dataclasses
+
     step = compile_plan(None, cfg)
-    step.actor_groups[0].backend = "nccl"
-    step.task("generate").micro_batch_size = 4
-    step.task("reward").fused = True
-    step.weight_sync["every_steps"] = 3  # > k+1 = 2
+    R = dataclasses.replace
+    bad = {"generate": {"micro_batch_size": 4}, "reward": {"fused": True}}
+    step = R(
+        step,
+        actor_groups=(R(step.actor_groups[0], backend="nccl"), *step.actor_groups[1:]),
+        tasks=tuple(R(t, **bad.get(t.name, {})) for t in step.tasks),
+        weight_sync=R(step.weight_sync, every_steps=3),  # > k+1 = 2
+    )
     with pytest.raises(ConfigError) as ei:
         check_step(step)
     text = str(ei.value)

@@ -8,13 +8,26 @@ detected")."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from rpeg.compile import GroupSpec
 from rpeg.runtime.actors import rendezvous
 from rpeg.runtime.actors.rendezvous import WorkerGpus, gpu_slots, rank_device
 
-GROUP = {"name": "g0", "device_type": "cuda", "devices": [0, 1, 2, 3], "world_size": 4}
+GROUP = GroupSpec(
+    name="g0",
+    devices=(0, 1, 2, 3),
+    world_size=4,
+    roles=("actor",),
+    trainable=("actor",),
+    units=(),
+    dp=4,
+    device_type="cuda",
+    backend="nccl",
+)
 
 
 def _rotated(w: int, n: int) -> str:
@@ -83,4 +96,4 @@ def test_worker_gpus_reads_this_process(monkeypatch):
 
 
 def test_cpu_group_ignores_slots():
-    assert rank_device({**GROUP, "device_type": "cpu"}, 1, 1) == torch.device("cpu")
+    assert rank_device(dataclasses.replace(GROUP, device_type="cpu"), 1, 1) == torch.device("cpu")

@@ -49,7 +49,7 @@ def _save_like_the_driver(cfg, step=2):
     meta = {
         "policy_version": step,
         **run_identity(cfg, compiled.actor_groups),
-        "staleness": compiled.max_staleness,
+        "staleness": compiled.staleness,
         "model": model_identity(cfg.model),
     }
     parts = {

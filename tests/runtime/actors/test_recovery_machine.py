@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from rpeg.compile import WeightSync
 from rpeg.runtime.actors import recovery as R
 
 # configs/async-cpu.yaml's shape: generators g0,g1 on workers A,B; trainers t0,t1 on C,D;
@@ -110,7 +111,7 @@ def test_topology_of_a_compiled_step_lists_its_collectives():
     }
     compiled = SimpleNamespace(
         actor_groups=list(g.values()),
-        weight_sync={"mode": "bucketed", "source": "train", "targets": ["gen"]},
+        weight_sync=WeightSync("bucketed", "train", ("gen",)),
         group=lambda n: g[n],
     )
     t = R.topology_of(compiled, {("gen", 0): "A", ("gen", 1): "B", ("train", 0): "C"})
@@ -118,7 +119,7 @@ def test_topology_of_a_compiled_step_lists_its_collectives():
         frozenset({("gen", 0), ("gen", 1)}),
         frozenset({("train", 0), ("gen", 0), ("gen", 1)}),
     }
-    compiled.weight_sync = {"mode": "shared", "source": "train", "targets": []}
+    compiled.weight_sync = WeightSync("shared", "train")
     assert R.topology_of(compiled, t.placement).collectives == (
         frozenset({("gen", 0), ("gen", 1)}),
     )

@@ -1,0 +1,249 @@
+"""The layout of each actor group (docs/runtime.md "Compile"): its training unit gives
+``tp``, ``dp`` and ``fsdp`` (engine ``fsdp``), its generate unit ``gen_tp``, ``gen_engine``
+and ``gen_memory_utilization``; a group without a training unit takes its layout from its
+generate unit (else its first unit). A forward-only unit (log-probs, values) whose tp
+differs from its group's runs on the group's layout (a group holds each role in one shard
+layout) and the replacement is listed in the step's notes. The device type and dtype come
+from the cluster catalog and the workload's precision. Pure."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpeg.compile.step import FORWARD_KINDS, SUPPORTED_ROLES, TRAINABLE_KINDS, GroupSpec
+from rpeg.errors import Problem
+from rpeg.ir import StageKind
+
+SHAPE_KEYS = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+
+
+@dataclass
+class GroupDraft:
+    """A group while the compiler collects its units (frozen into a GroupSpec at the end)."""
+
+    name: str
+    devices: tuple[int, ...]
+    roles: list[str] = field(default_factory=list)
+    trainable: list[str] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Layouts:
+    """The groups with their layouts, and what the layout step found."""
+
+    groups: tuple[GroupSpec, ...]
+    notes: tuple[str, ...]
+    problems: tuple[Problem, ...]
+
+
+def model_shape(config: Any) -> dict[str, int]:
+    """Heads, kv heads and MLP width of the run's policy: the model folder's ``config.json``
+    when it is a local path, else the catalog entry of ``model.name`` (with the built-in tiny
+    model's ``tiny_shape`` overrides)."""
+    m = config.model
+    cfg = _config_json(m)
+    if cfg is not None:
+        return {k: int(cfg[k]) for k in SHAPE_KEYS if isinstance(cfg.get(k), int)}
+    out: dict[str, int] = {}
+    try:
+        from rpeg import specs
+
+        spec = specs.model(m.name)
+        out = {
+            "num_attention_heads": int(spec.heads),
+            "num_key_value_heads": int(getattr(spec, "kv_heads", None) or spec.heads),
+            "intermediate_size": int(spec.ffn_hidden),
+        }
+    except Exception:  # noqa: BLE001 -- an unknown catalog name: nothing to check against
+        out = {}
+    if m.path is None and m.tiny_shape:
+        out.update({k: int(v) for k, v in m.tiny_shape.items() if k in SHAPE_KEYS})
+    return out
+
+
+def _config_json(m: Any) -> dict | None:
+    """The HF ``config.json`` of ``model.path`` when it is a local folder holding one."""
+    import os
+
+    if not (m.path and os.path.isfile(os.path.join(m.path, "config.json"))):
+        return None
+    with open(os.path.join(m.path, "config.json")) as fh:
+        return json.load(fh)
+
+
+def _policy_model(config: Any) -> Any:
+    """The policy's catalog spec: the model folder's ``config.json`` when it is a local path,
+    else the catalog entry of ``model.name``; None when neither can be read."""
+    from rpeg import specs
+    from rpeg.specs.hf import entry_from_hf
+    from rpeg.specs.models import parse_models
+
+    m = config.model
+    try:
+        cfg = _config_json(m)
+        if cfg is not None:
+            entry = entry_from_hf(cfg)
+            return parse_models([({"models": {"policy": entry}}, m.path)])["policy"]
+        return specs.model(m.name)
+    except Exception:  # noqa: BLE001 -- an unreadable or unknown model: nothing to size
+        return None
+
+
+def _keeps_gathered(config: Any, up: Any, dtype: str) -> bool:
+    """The training unit ``up``'s ``reshard_after_forward`` resolved: an explicit bool as
+    given; ``auto`` by the performance model's rule (:func:`rpeg.perf.units.keeps_gathered`:
+    the gathered extra fits a share of the cluster's device memory), resharding (the
+    memory-safe choice) when the model or cluster cannot be sized."""
+    from rpeg import specs
+    from rpeg.perf.units import gathered_extra_gb, keeps_gathered, params_per_device
+
+    setting = up.reshard_after_forward
+    if setting != "auto":
+        return not setting
+    model = _policy_model(config)
+    try:
+        device_gb = specs.cluster(config.cluster.name).gpu.usable_hbm_gb
+    except Exception:  # noqa: BLE001
+        return False
+    if model is None:
+        return False
+    dp = max(1, up.num_devices // (up.tp * up.pp))
+    wbytes = 4.0 if dtype == "float32" else 2.0
+    extra = gathered_extra_gb(params_per_device(model, up.tp, up.pp, up.ep), wbytes, dp)
+    return keeps_gathered(setting, extra, device_gb)
+
+
+def _device_type(config: Any) -> str:
+    """``cuda`` unless the catalog cluster's device is the CPU. An unknown cluster name is
+    the catalog's error (a SpecError naming the known clusters), never a silent ``cpu``."""
+    from rpeg import specs
+
+    cl = specs.cluster(config.cluster.name)
+    return "cpu" if cl.gpu.name == "cpu" else "cuda"
+
+
+def _dtype(config: Any, device_type: str) -> str:
+    prec = str(config.workload.precision)
+    if prec in ("bf16", "bfloat16"):
+        return "bfloat16"
+    if prec in ("fp16", "float16"):
+        return "float16"
+    if device_type == "cuda" and config.model.dtype == "float32" and prec != "fp32":
+        return "bfloat16"
+    return "float32" if prec == "fp32" else config.model.dtype
+
+
+def gen_dp(g: GroupSpec) -> int:
+    """Data-parallel size of generation on the group (``gen_tp`` = ``tp`` without one)."""
+    return max(1, g.world_size // max(1, g.gen_tp))
+
+
+def group_layouts(
+    drafts: list[GroupDraft],
+    kinds_of: dict[str, tuple[StageKind, ...]],
+    plan: Any,
+    config: Any,
+) -> Layouts:
+    """Every group's layout from its units (module docstring), frozen as GroupSpecs."""
+    dev = _device_type(config)
+    dtype = _dtype(config, dev)
+    shape = model_shape(config)
+    notes: list[str] = []
+    problems: list[Problem] = []
+    out = []
+    for d in drafts:
+        g = _layout(d, kinds_of, plan, config, dev, dtype)
+        out.append(g)
+        notes += _tp_replacements(g, kinds_of, plan, problems)
+        for t in sorted({g.tp, g.gen_tp}):
+            if t > 1:
+                problems += [
+                    Problem(
+                        f"actor group {g.name} (units {', '.join(g.units)})",
+                        f"tp={t} does not divide the model's {key}={val}",
+                    )
+                    for key, val in shape.items()
+                    if val % t
+                ]
+    return Layouts(tuple(out), tuple(notes), tuple(problems))
+
+
+def _lead_units(
+    units: tuple[str, ...], kinds_of: dict[str, tuple[StageKind, ...]]
+) -> tuple[list[str], list[str], str]:
+    """(training units, generate units, the unit that sets the group's layout)."""
+    train = [n for n in units if set(kinds_of[n]) & set(TRAINABLE_KINDS)]
+    gen = [n for n in units if StageKind.generate in kinds_of[n]]
+    model_units = [n for n in units if set(kinds_of[n]) & FORWARD_KINDS]
+    lead = train[0] if train else (gen[0] if gen else (model_units or list(units))[0])
+    return train, gen, lead
+
+
+def _layout(
+    d: GroupDraft,
+    kinds_of: dict[str, tuple[StageKind, ...]],
+    plan: Any,
+    config: Any,
+    dev: str,
+    dtype: str,
+) -> GroupSpec:
+    units = tuple(d.units)
+    train, gen, lead = _lead_units(units, kinds_of)
+    up = plan.units[lead]
+    ws = len(d.devices)
+    dp = max(1, ws // up.tp)
+    fsdp = bool(train) and up.engine == "fsdp"
+    gp = plan.units[gen[0]] if gen else None
+    return GroupSpec(
+        name=d.name,
+        devices=d.devices,
+        world_size=ws,
+        roles=tuple(sorted(d.roles, key=SUPPORTED_ROLES.index)),
+        trainable=tuple(sorted(d.trainable, key=SUPPORTED_ROLES.index)),
+        units=units,
+        dp=dp,
+        tp=up.tp,
+        fsdp=fsdp,
+        gen_tp=gp.tp if gp is not None else up.tp,
+        gen_engine=None if gp is None else str(gp.engine),
+        gen_memory_utilization=None if gp is None else gp.gpu_memory_utilization,
+        reshard_after_forward=not (fsdp and dp > 1 and _keeps_gathered(config, up, dtype)),
+        device_type=dev,
+        dtype=dtype,
+        backend="nccl" if dev == "cuda" else "gloo",
+    )
+
+
+def _tp_replacements(
+    g: GroupSpec,
+    kinds_of: dict[str, tuple[StageKind, ...]],
+    plan: Any,
+    problems: list[Problem],
+) -> list[str]:
+    """Notes for the units that run at the group's tp instead of their own; a second
+    training layout on the group is a problem."""
+    train, gen, lead = _lead_units(g.units, kinds_of)
+    notes = []
+    for n in g.units:
+        t = plan.units[n].tp
+        runs = g.gen_tp if n in gen else g.tp
+        model = set(kinds_of[n]) & (FORWARD_KINDS | set(TRAINABLE_KINDS))
+        if t == runs or n in gen or not model:
+            continue
+        if n in train:
+            problems.append(
+                Problem(
+                    f"plan.units.{n}.tp",
+                    f"tp={t} but the group's training unit {train[0]} has tp={g.tp}: "
+                    "two training layouts on one group",
+                )
+            )
+        else:
+            notes.append(
+                f"plan.units.{n}.tp={t}: runs at group {g.name}'s layout tp={runs} "
+                f"(set by {lead}; a group holds each role in one shard layout)"
+            )
+    return notes
