@@ -306,24 +306,12 @@ def predict(
             pool_busy[i] = s + d
         step = max(pool_busy.values())
     elif multi_pool and plan.streaming:
-        # k = 0 with streaming: the trainer consumes mini-batches as they are generated, so
-        # only the last mini-batch's work follows the end of generation.
-        t = 0.0
-        gen_end = 0.0
-        for uname, members in units:
-            d = stages[uname].time_s
-            kinds = {k for _, k, _ in members}
-            if GEN_KIND in kinds:
-                timeline.append(_rec(stages[uname], t, t + d))
-                gen_end = t + d
-                t = gen_end
-            else:
-                share = (
-                    d / max(1, wl.train_minibatches) if kinds & set(TRAIN_KINDS + FWD_KINDS) else d
-                )
-                timeline.append(_rec(stages[uname], t - (d - share), t + share))
-                t += share
-        step = t
+        # k = 0 with streaming: the consumers take the batch in train_minibatches chunks as
+        # generation finishes them (evenly over the generation) -- a flow shop: each chunk
+        # goes through the units in order, a unit starts a chunk when the chunk is ready and
+        # its pool is free (units of one pool take turns). Every unit streams but the
+        # weight sync, which follows the last update.
+        step = _streamed(stages, units, pool_of, max(1, wl.train_minibatches), timeline)
     else:
         t = 0.0
         for uname, _ in units:
@@ -360,6 +348,54 @@ def predict(
         capacity_gb=cap,
         assumptions=c.assumptions,
     )
+
+
+def _streamed(
+    stages: dict[str, StageCost],
+    units: list[Any],
+    pool_of: dict[str, int],
+    m: int,
+    timeline: list[TimelineRecord],
+) -> float:
+    """Schedule of a k = 0 streaming step (see ``predict``); returns its end, appends one
+    record per unit from its first chunk's start to its last chunk's end (a pool's units
+    interleave chunk by chunk, so their records overlap; each record's busy time is the
+    unit's time)."""
+    gen_end = 0.0
+    for uname, members in units:
+        if GEN_KIND in {k for _, k, _ in members}:
+            d = stages[uname].time_s
+            timeline.append(_rec(stages[uname], gen_end, gen_end + d))
+            gen_end += d
+    free: dict[int, float] = {}  # device pool (host side of pool i: -1 - i) -> free at
+    streamed, after = [], []
+    for uname, members in units:
+        kinds = {k for _, k, _ in members}
+        pool = pool_of[uname]
+        if GEN_KIND in kinds:
+            free[pool] = gen_end
+        elif "sync_weights" in kinds:
+            after.append((uname, pool))
+        elif all(k == "reward" and r != "reward_model" for _, k, r in members):
+            streamed.append((uname, -1 - pool))  # a rule reward runs on the host
+        else:
+            streamed.append((uname, pool))
+    span: dict[str, list[float]] = {}
+    end = gen_end
+    for j in range(m):  # chunk by chunk: each pool takes a chunk through its units in order
+        t = gen_end * (j + 1) / m  # chunk j generated
+        for uname, pool in streamed:
+            s = max(t, free.get(pool, 0.0))
+            t = free[pool] = s + stages[uname].time_s / m
+            span.setdefault(uname, [s, t])[1] = t
+        end = max(end, t)
+    for uname, _ in streamed:
+        timeline.append(_rec(stages[uname], *span[uname]))
+    for uname, pool in after:
+        s = max(end, free.get(pool, 0.0))
+        end = free[pool] = s + stages[uname].time_s
+        timeline.append(_rec(stages[uname], s, end))
+    return max(end, *free.values())
 
 
 @lru_cache(maxsize=4096)
