@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rpeg.errors import ConfigError, Problem
+from rpeg.ir.recipes import RECIPE_NAMES, canonical
 from rpeg.search.problem import resolve_model
 
 # Where a bare GPU name does not say which catalog cluster to use, prefer these.
@@ -18,7 +19,7 @@ PREFERRED_CLUSTER = {
 }
 GPU_ALIASES = {"h100": "h100-sxm", "a100": "a100-80g"}
 
-_ALGOS = ("grpo", "ppo", "rloo", "reinforce_pp")
+_ALGOS = RECIPE_NAMES  # rpeg.ir.recipes
 # keywords that set the workload section of the run config under the same name
 _WORKLOAD_KEYS = (
     "num_prompts",
@@ -97,7 +98,7 @@ def config_from_kwargs(kw: dict[str, Any], *, base: Any = None) -> Any:
             )
         gpu_cluster = kw["cluster"]
     if "algo" in kw:
-        a = str(kw["algo"]).lower().replace("-", "_").replace("reinforce++", "reinforce_pp")
+        a = canonical(str(kw["algo"])).replace("-", "_")
         if a not in _ALGOS:
             problems.append(
                 Problem("--algo", f"unknown algorithm {kw['algo']!r}; allowed: {', '.join(_ALGOS)}")

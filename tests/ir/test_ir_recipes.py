@@ -93,3 +93,17 @@ def test_aliases_and_unknown_names():
     with pytest.raises(UnknownRecipe) as e:
         recipe("a2c")
     assert "algorithm.name" in str(e.value) and "dr_grpo" in str(e.value)
+
+
+@pytest.mark.parametrize("algo", ["Dr.GRPO", "dapo", "reinforce++"])
+def test_search_takes_every_recipe(algo):
+    """`rpeg plan --algo` names a recipe; the planning problem builds its graph with the
+    config's group size (reinforce_pp's builder refused group_size before every builder
+    took it)."""
+    from rpeg.search.inputs import config_from_kwargs
+    from rpeg.search.problem import problem_from_config
+
+    cfg = config_from_kwargs({"algo": algo, "samples_per_prompt": 4})
+    p = problem_from_config(cfg)
+    assert p.base.algorithm == recipe(algo).name == cfg.algorithm.name
+    assert p.base.params["group_size"] == 4
