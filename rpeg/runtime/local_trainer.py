@@ -18,6 +18,7 @@ from rpeg.compile.step import CompiledStep
 from rpeg.config import RunConfig
 from rpeg.ir import StageKind
 from rpeg.runtime import stages
+from rpeg.runtime.actors import weight_sync
 from rpeg.runtime.actors.checkpoint import (
     CheckpointError,
     CheckpointStore,
@@ -26,7 +27,6 @@ from rpeg.runtime.actors.checkpoint import (
     loads,
 )
 from rpeg.runtime.actors.checkpoint_identity import TRAINER_PART, local_meta
-from rpeg.runtime.actors.weight_sync import refresh_lagging_engine
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import DataCursor, Example
 from rpeg.runtime.engines.choice import resolve_engine
@@ -102,7 +102,9 @@ class LocalTrainer:
             with unit_micro_batches(roles, unit.micro_batch_size, unit.max_tokens_per_micro_batch):
                 for kind in unit.kinds:
                     if kind == StageKind.sync_weights:
-                        m.update(refresh_lagging_engine(self.actor, self.residency, self.k))
+                        m.update(
+                            weight_sync.refresh_lagging_engine(self.actor, self.residency, self.k)
+                        )
                         synced = True
                         continue
                     if kind == StageKind.generate:
@@ -118,7 +120,7 @@ class LocalTrainer:
                         batch, sm = stages.run_stage(kind, ctx, batch)
                     m.update(sm)
         if not synced:  # a graph without a sync_weights stage still obeys the bound
-            m.update(refresh_lagging_engine(self.actor, self.residency, self.k))
+            m.update(weight_sync.refresh_lagging_engine(self.actor, self.residency, self.k))
         self.last_batch = batch
         m["step_s"] = time.perf_counter() - t0
         m["tokens_per_s"] = batch.num_tokens / m["step_s"]
