@@ -119,20 +119,26 @@ def speedups(results: list[BenchResult], chosen: str) -> dict[str, tuple[float, 
     return out
 
 
-def order_agrees(results: list[BenchResult], separation: float = 0.15) -> bool | None:
-    """Whether the measured order equals the predicted order over the plans the model
-    separates by at least ``separation`` (relative); None with fewer than two such plans."""
+def separated_pairs(
+    results: list[BenchResult], separation: float = 0.15
+) -> list[tuple[BenchResult, BenchResult]]:
+    """Every (faster, slower) pair of measured plans whose predictions differ by at least
+    ``separation`` (relative), the predicted-faster plan first."""
     ok = [r for r in results if r.measured_s]
-    ok.sort(key=lambda r: r.predicted_at_measured_s or r.predicted_s)
-    kept = []
-    for r in ok:
-        p = r.predicted_at_measured_s or r.predicted_s
-        if not kept or p >= (kept[-1][0]) * (1 + separation):
-            kept.append((p, r))
-    if len(kept) < 2:
+
+    def pred(r: BenchResult) -> float:
+        return r.predicted_at_measured_s or r.predicted_s
+
+    return [(a, b) for a in ok for b in ok if pred(b) >= pred(a) * (1 + separation)]
+
+
+def order_agrees(results: list[BenchResult], separation: float = 0.15) -> bool | None:
+    """Whether the measured order equals the predicted order for every pair of plans the
+    model separates by at least ``separation``; None when no pair is that far apart."""
+    pairs = separated_pairs(results, separation)
+    if not pairs:
         return None
-    meas = [r.measured_s for _, r in kept]
-    return all(a < b for a, b in zip(meas, meas[1:], strict=False))
+    return all(a.measured_s < b.measured_s for a, b in pairs)  # type: ignore[operator]
 
 
 def table(results: list[BenchResult], chosen: str) -> list[str]:
@@ -155,12 +161,16 @@ def table(results: list[BenchResult], chosen: str) -> list[str]:
     errs = [abs(r.error_pct) for r in results if r.error_pct is not None]
     if errs:
         lines.append("")
+        pairs = separated_pairs(results)
+        agree = sum(a.measured_s < b.measured_s for a, b in pairs)  # type: ignore[operator]
+        plans = len({r.name for pair in pairs for r in pair})
+        verdict = {True: "as predicted", False: "differs", None: "n/a (no such pair)"}[
+            order_agrees(results)
+        ]
         lines.append(
             f"mean |error| {statistics.mean(errs):.0f}% over {len(errs)} plans; "
-            f"order of plans separated by >= 15%: "
-            + {True: "as predicted", False: "differs", None: "n/a (fewer than 2)"}[
-                order_agrees(results)
-            ]
+            f"order of plans separated by >= 15%: {verdict} "
+            f"({agree} of {len(pairs)} pairs, {plans} plans)"
         )
     return lines
 

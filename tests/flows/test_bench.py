@@ -51,7 +51,21 @@ def test_measured_median_leaves_out_the_warm_up_and_speedups_are_relative_to_cho
     lines = B.table(res, "chosen")
     assert lines[0].startswith("| plan | predicted s")
     assert any(x.startswith("| verl: plan verl | 2.000 |") and "| 2.50x |" in x for x in lines)
-    assert "order of plans separated by >= 15%: as predicted" in lines[-1]
+    assert "order of plans separated by >= 15%: as predicted (3 of 3 pairs, 3 plans)" in lines[-1]
+
+
+def test_every_separated_pair_counts_not_only_a_chain(tmp_path):
+    # this machine's table of 2026-12-02 (predicted at measured lengths, measured): ReaL-
+    # style 1.194 / 9.085, verl-style 1.296 / 12.420, chosen 1.309 / 6.754, AReaL-style
+    # 1.760 / 11.190. Pairs >= 15% apart: real<areal, verl<areal, chosen<areal; verl-style
+    # measured slower than AReaL-style, so the order differs (a chain real -> areal missed it)
+    preds = {"real": 1.194, "verl": 1.296, "chosen": 1.309, "areal": 1.760}
+    meas = {"real": 9.085, "verl": 12.420, "chosen": 6.754, "areal": 11.190}
+    res = B.run_entries(_entries(tmp_path, preds), 3, tmp_path, runner=_fake_runner(meas))
+    pairs = {(a.name, b.name) for a, b in B.separated_pairs(res)}
+    assert pairs == {("real", "areal"), ("verl", "areal"), ("chosen", "areal")}
+    assert B.order_agrees(res) is False
+    assert "differs (2 of 3 pairs, 4 plans)" in B.table(res, "chosen")[-1]
 
 
 def test_order_disagreement_and_failed_runs_are_reported(tmp_path):
