@@ -8,12 +8,18 @@ raises gives that sample 0 and is counted in the metrics; more than
 (:class:`RewardErrorShare`).
 
 Model output and reference answers are data: nothing here evaluates them as code (no
-``eval``, ``sympify`` or ``parse_expr`` of free text). Rewards registered with
-``needs_main_thread=True`` (math-verify's time limits use ``signal.alarm``, which only works
-on a process's main thread; Dask runs actor methods on threads) run in the verifier pool
-(:mod:`rpeg.runtime.verifier`: reused child processes, a wall-clock limit per sample)
-whenever the caller is not on the main thread, so a Dask actor scores exactly what the
-single-process trainer scores.
+``eval``, ``sympify`` or ``parse_expr`` of free text; :mod:`rpeg.runtime.answers` reads them).
+
+Where a reward runs (:class:`RewardSet`, ``isolation="auto"``): rewards registered with
+``bounded=True`` (the built-ins: they finish in bounded time on any input) run in the calling
+thread, except those that also need the main thread (math-verify's time limits use
+``signal.alarm``, which only works on a process's main thread; Dask runs actor methods on
+threads) when called from another thread. Every other registered reward (user code from
+``task.reward_modules``, which may hang) runs in the verifier pool (:mod:`rpeg.runtime.verifier`:
+reused child processes, ``task.reward_timeout_s`` per sample, slow samples scored concurrently)
+in both runtimes, ``--local`` included. A reward passed as a ``(name, fn)`` pair, defined in ``__main__``
+or registered at run time (importing its module does not register it) cannot be built by a
+child: it runs in the calling thread, without a limit.
 """
 
 from __future__ import annotations
@@ -26,22 +32,21 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 from rpeg.errors import ConfigError, Problem, RpegError
-from rpeg.runtime.verifier import call_reward, verifier_pool
+from rpeg.runtime.answers import extract_answer, last_number, parse_rational, to_number
+from rpeg.runtime.verifier import NOT_REGISTERED, call_reward, verifier_pool
 
 RewardFn = Callable[[str, str, str], float]
 
 _REGISTRY: dict[str, RewardFn] = {}
 #: rewards that must run on a main thread (math-verify's signal.alarm time limits)
 _MAIN_THREAD: set[str] = set()
+#: rewards known to finish in bounded time on any input (run without the pool's time limit)
+_BOUNDED: set[str] = set()
 #: rewards whose value 1.0 means "the answer is correct" (used for the accuracy metric)
 CORRECTNESS_REWARDS = ("exact_numeric", "math_equivalence", "countdown")
-
-_NUM = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
-_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
 
 
 def _check_signature(name: str, fn: Callable) -> None:
@@ -74,11 +79,14 @@ def register_reward(
     *,
     overwrite: bool = False,
     needs_main_thread: bool = False,
+    bounded: bool = False,
 ):
     """Register ``fn`` under ``name`` (usable as a decorator). Checks the signature now.
 
-    ``needs_main_thread``: the reward uses signals (or may hang); off the main thread it runs
-    in the verifier process pool (``fn`` must then be importable by its qualified name)."""
+    ``bounded``: the reward finishes in bounded time on any input, so it runs in the calling
+    thread; otherwise (the default: user code may hang) it runs in the verifier pool under
+    ``task.reward_timeout_s``, its module imported by the pool's children.
+    ``needs_main_thread``: the reward uses signals; off the main thread it runs in the pool."""
 
     def deco(f: RewardFn) -> RewardFn:
         _check_signature(name, f)
@@ -87,10 +95,11 @@ def register_reward(
                 [Problem(f"reward {name!r}", "already registered (pass overwrite=True)")]
             )
         _REGISTRY[name] = f
-        if needs_main_thread:
-            _MAIN_THREAD.add(name)
-        else:
-            _MAIN_THREAD.discard(name)
+        for flag, names in ((needs_main_thread, _MAIN_THREAD), (bounded, _BOUNDED)):
+            if flag:
+                names.add(name)
+            else:
+                names.discard(name)
         return f
 
     return deco(fn) if fn is not None else deco
@@ -130,169 +139,15 @@ def registered_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
 
-# --- answer extraction ---------------------------------------------------------------------
-def extract_answer(text: str) -> str:
-    """The answer part of a response: inside ``<answer>`` tags, after ``####``, else the text."""
-    m = _TAG.findall(text)
-    if m:
-        return m[-1].strip()
-    if "####" in text:
-        return text.rsplit("####", 1)[1].strip()
-    if "\\boxed{" in text:
-        return text
-    return text.strip()
-
-
-def _to_number(s: str) -> float | None:
-    s = s.replace(",", "").strip()
-    if "/" in s:
-        a, b = s.split("/", 1)
-        try:
-            return float(a) / float(b)
-        except (ValueError, ZeroDivisionError):
-            return None
-    try:
-        return float(s)
-    except ValueError:
-        return None
-
-
-def last_number(text: str) -> float | None:
-    nums = _NUM.findall(text)
-    return _to_number(nums[-1]) if nums else None
-
-
-# --- a safe rational parser (no eval) --------------------------------------------------------
-_RTOKEN = re.compile(r"\s*(?:(\d+(?:\.\d*)?|\.\d+)|(\*\*|[-+*/^()]|\\frac))")
-_THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:,\d{3})+(?![\d])")
-#: bounds that keep a crafted answer from costing more than microseconds
-_MAX_TEXT, _MAX_EXPONENT, _MAX_DIGITS = 200, 64, 400
-
-
-class _Unparsable(ValueError):
-    pass
-
-
-def parse_rational(text: str) -> Fraction | None:
-    """The exact value of a plain number or arithmetic over numbers, or None.
-
-    Accepts integers, decimals, ``1,234`` thousands separators, ``+ - * / ^ **`` and
-    parentheses, and the LaTeX forms ``$..$``, ``\\boxed{..}``, ``\\frac{a}{b}``,
-    ``\\cdot``, ``\\times``. A hand-written tokenizer and recursive-descent parser over
-    :class:`fractions.Fraction`: no names, no calls, no ``eval``; exponents are integers of
-    at most 64 and results of at most 400 digits, inputs at most 200 characters."""
-    s = str(text).strip().strip("$").strip()
-    if len(s) > _MAX_TEXT:
-        return None
-    s = _THOUSANDS.sub(lambda m: m.group(0).replace(",", ""), s)
-    for a, b in (
-        ("\\boxed", ""),
-        ("\\dfrac", "\\frac"),
-        ("\\tfrac", "\\frac"),
-        ("\\cdot", "*"),
-        ("\\times", "*"),
-        ("\\left", ""),
-        ("\\right", ""),
-    ):
-        s = s.replace(a, b)
-    s = s.replace("{", "(").replace("}", ")").rstrip(".").strip()
-    tokens: list[str] = []
-    pos = 0
-    while pos < len(s):
-        m = _RTOKEN.match(s, pos)
-        if m is None or m.end() == pos:
-            if s[pos:].strip() == "":
-                break
-            return None
-        tokens.append(m.group(1) or m.group(2))
-        pos = m.end()
-    if not tokens:
-        return None
-    try:
-        val, i = _p_expr(tokens, 0, 0)
-    except (_Unparsable, ZeroDivisionError):
-        return None
-    return val if i == len(tokens) else None
-
-
-def _check(v: Fraction) -> Fraction:
-    if len(str(v.numerator)) + len(str(v.denominator)) > _MAX_DIGITS:
-        raise _Unparsable("too large")
-    return v
-
-
-def _p_expr(t: list[str], i: int, depth: int) -> tuple[Fraction, int]:
-    v, i = _p_term(t, i, depth)
-    while i < len(t) and t[i] in "+-":
-        op = t[i]
-        w, i = _p_term(t, i + 1, depth)
-        v = _check(v + w if op == "+" else v - w)
-    return v, i
-
-
-def _p_term(t: list[str], i: int, depth: int) -> tuple[Fraction, int]:
-    v, i = _p_unary(t, i, depth)
-    while i < len(t) and t[i] in ("*", "/"):
-        op = t[i]
-        w, i = _p_unary(t, i + 1, depth)
-        v = _check(v * w if op == "*" else v / w)
-    return v, i
-
-
-def _p_unary(t: list[str], i: int, depth: int) -> tuple[Fraction, int]:
-    if depth > 50:
-        raise _Unparsable("nested too deeply")
-    if i < len(t) and t[i] in ("+", "-"):
-        v, j = _p_unary(t, i + 1, depth + 1)
-        return (-v if t[i] == "-" else v), j
-    return _p_power(t, i, depth)
-
-
-def _p_power(t: list[str], i: int, depth: int) -> tuple[Fraction, int]:
-    v, i = _p_atom(t, i, depth)
-    if i < len(t) and t[i] in ("^", "**"):
-        e, i = _p_unary(t, i + 1, depth + 1)
-        if e.denominator != 1 or abs(e.numerator) > _MAX_EXPONENT:
-            raise _Unparsable("exponent must be an integer of at most 64")
-        if v == 0 and e < 0:
-            raise ZeroDivisionError
-        v = _check(v ** int(e))
-    return v, i
-
-
-def _p_atom(t: list[str], i: int, depth: int) -> tuple[Fraction, int]:
-    if i >= len(t):
-        raise _Unparsable("unexpected end")
-    tok = t[i]
-    if tok == "(":
-        v, i = _p_expr(t, i + 1, depth + 1)
-        if i >= len(t) or t[i] != ")":
-            raise _Unparsable("unbalanced parenthesis")
-        return v, i + 1
-    if tok == "\\frac":  # \frac{a}{b}: two bracketed atoms
-        if i + 1 >= len(t) or t[i + 1] != "(":
-            raise _Unparsable("\\frac needs {numerator}{denominator}")
-        num, i = _p_atom(t, i + 1, depth + 1)
-        if i >= len(t) or t[i] != "(":
-            raise _Unparsable("\\frac needs {numerator}{denominator}")
-        den, i = _p_atom(t, i, depth + 1)
-        return _check(num / den), i
-    if tok[0].isdigit() or tok[0] == ".":
-        if len(tok) > _MAX_DIGITS:
-            raise _Unparsable("too many digits")
-        return Fraction(tok), i + 1
-    raise _Unparsable(f"unexpected {tok!r}")
-
-
 # --- built-in rewards ----------------------------------------------------------------------
-@register_reward("exact_numeric")
+@register_reward("exact_numeric", bounded=True)
 def exact_numeric(prompt: str, response: str, reference_answer: str) -> float:
     """1.0 if the response's answer (tags / ``####`` / whole text) is the reference number."""
     ans = extract_answer(response)
-    got = _to_number(ans)
+    got = to_number(ans)
     if got is None:
         return 0.0
-    ref = _to_number(extract_answer(str(reference_answer)))
+    ref = to_number(extract_answer(str(reference_answer)))
     if ref is None:
         ref = last_number(str(reference_answer))
     if ref is None:
@@ -300,7 +155,7 @@ def exact_numeric(prompt: str, response: str, reference_answer: str) -> float:
     return 1.0 if math.isclose(got, ref, rel_tol=1e-9, abs_tol=1e-6) else 0.0
 
 
-@register_reward("math_equivalence", needs_main_thread=True)
+@register_reward("math_equivalence", needs_main_thread=True, bounded=True)
 def math_equivalence(prompt: str, response: str, reference_answer: str) -> float:
     """1.0 if the answer is mathematically equal to the reference.
 
@@ -326,7 +181,7 @@ def math_equivalence(prompt: str, response: str, reference_answer: str) -> float
     return 1.0 if got == want else 0.0
 
 
-@register_reward("format")
+@register_reward("format", bounded=True)
 def format_reward(prompt: str, response: str, reference_answer: str) -> float:
     """1.0 if the response is ``[<think>...</think>] <answer>...</answer>`` (whitespace allowed)."""
     pat = r"\s*(<think>.*?</think>\s*)?<answer>.*?</answer>\s*"
@@ -352,7 +207,7 @@ def _eval_expr(node: ast.AST, used: list[int]) -> float:
     raise ValueError("only + - * / over integers")
 
 
-@register_reward("countdown")
+@register_reward("countdown", bounded=True)
 def countdown(prompt: str, response: str, reference_answer: str) -> float:
     """Reference ``"target|n1,n2,..."``: 1.0 if the expression uses each given number at most
     once and evaluates to the target."""
@@ -395,10 +250,10 @@ class RewardSet:
     """Several named rewards; a sample's reward is their sum.
 
     ``max_error_share``: fail (:class:`RewardErrorShare`) when more than this share of one
-    batch's reward calls raise (None = never). ``isolation``: ``"auto"`` runs rewards that
-    need the main thread in the verifier pool when called from another thread, ``"process"``
-    always runs them there, ``"inline"`` never. ``timeout_s``: wall-clock limit per sample in
-    the pool."""
+    batch's reward calls raise (None = never). ``isolation``: ``"auto"`` (module doc),
+    ``"process"`` runs every reward a child can import in the verifier pool, ``"inline"``
+    none. ``timeout_s``: wall-clock limit per sample in the pool. ``modules``: the task's
+    ``reward_modules`` (the pool's children import them)."""
 
     def __init__(
         self,
@@ -407,6 +262,7 @@ class RewardSet:
         max_error_share: float | None = None,
         isolation: str = "auto",
         timeout_s: float = 30.0,
+        modules: Sequence[str] = (),
     ):
         self.fns: list[tuple[str, RewardFn]] = []
         for item in names:
@@ -427,19 +283,23 @@ class RewardSet:
         self.max_error_share = max_error_share
         self.isolation = isolation
         self.timeout_s = timeout_s
+        self.modules = list(modules)
+        self._inline: set[str] = set()  # the pool's children could not build these
 
     @classmethod
     def from_task(cls, task: Any) -> RewardSet:
         """The rewards of a :class:`rpeg.config.TaskConfig` with its error-share limit; its
         ``reward_modules`` are imported first (in every process that builds one: the local
         trainer, every rank's actor), so that their ``register_reward`` calls have run."""
-        problems = load_reward_modules(getattr(task, "reward_modules", None) or [])
+        modules = getattr(task, "reward_modules", None) or []
+        problems = load_reward_modules(modules)
         if problems:
             raise ConfigError(problems)
         return cls(
             task.rewards,
             max_error_share=task.max_reward_error_share,
             timeout_s=task.reward_timeout_s,
+            modules=modules,
         )
 
     @property
@@ -448,12 +308,15 @@ class RewardSet:
         ``reward_parts`` columns)."""
         return list(dict.fromkeys(n for n, _ in self.fns))
 
-    def _isolate(self, name: str) -> bool:
-        if self.isolation == "inline" or not needs_main_thread(name):
+    def _isolate(self, name: str, fn: RewardFn) -> bool:
+        """Whether ``name`` runs in the verifier pool (module doc)."""
+        importable = _REGISTRY.get(name) is fn and getattr(fn, "__module__", "") != "__main__"
+        if self.isolation == "inline" or not importable or name in self._inline:
             return False
-        return self.isolation == "process" or threading.current_thread() is not (
-            threading.main_thread()
-        )
+        if self.isolation == "process" or name not in _BOUNDED:
+            return True
+        on_main = threading.current_thread() is threading.main_thread()
+        return needs_main_thread(name) and not on_main
 
     def __call__(
         self, prompts: Sequence[str], responses: Sequence[str], refs: Sequence[str]
@@ -463,8 +326,15 @@ class RewardSet:
         msgs: list[str] = []
         items = list(zip(prompts, responses, refs, strict=True))
         for name, fn in self.fns:
-            if self._isolate(name):
-                outcomes = verifier_pool().map(name, fn, items, self.timeout_s)
+            if self._isolate(name, fn):
+                outcomes = verifier_pool().map(name, fn, items, self.timeout_s, self.modules)
+                if (
+                    not needs_main_thread(name)
+                    and outcomes
+                    and all(NOT_REGISTERED in err for _, err in outcomes)
+                ):  # registered at run time, not by importing its module: inline from now
+                    self._inline.add(name)
+                    outcomes = [call_reward(fn, *it) for it in items]
             else:
                 outcomes = [call_reward(fn, *it) for it in items]
             vals = []

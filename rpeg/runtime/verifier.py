@@ -14,12 +14,20 @@ Decisions:
   a forked one can deadlock on the parent's torch/Dask/Prefect threads, and results come
   back as JSON, never as pickles. The child resolves a reward by its registered name (after
   importing the module that defines it), so only code the parent registered can run.
-* One request per child per batch (its contiguous share of the samples), one result line
-  per sample: the per-sample cost is a JSON encode/decode (tens of microseconds). When a
-  child gives no result for ``timeout_s`` the sample it is on is scored as a timeout, the
-  child is killed and a fresh one takes the rest of its share. The clock starts once the
-  child reports the reward imported (start-up and imports get :data:`STARTUP_S`).
-* A child exits when its stdin closes, so it does not outlive the process that owns it.
+* One request per sample, handed to whichever child is free (a queue, not fixed shares), so a
+  slow or hanging sample holds one child while the others go on. When every busy child has been
+  on its sample for :data:`SLOW_S` and samples wait, the pool doubles its busy children, up to
+  :data:`MAX_PROCESSES`: ``k`` hanging samples cost about ``ceil(k / MAX_PROCESSES)`` times the
+  limit (64 hanging samples at the 30 s default: ~4 min, where fixed shares over two children
+  took 16, one after another). When a
+  child gives no result for ``timeout_s`` its sample is scored as a timeout and the child is
+  killed; fresh ones take the queue. The clock starts once the child reports the reward
+  resolved (a child's start-up and imports get :data:`STARTUP_S`). Per sample this costs a JSON
+  encode/decode and a pipe round trip (tens of microseconds).
+* Children beyond the pool's base size are stopped when the batch is scored; the base ones are
+  reused. A child exits when its stdin closes, so it does not outlive the process that owns it.
+* A reward calling ``sys.exit`` is an error sample like an exception (``SystemExit: 3``), in
+  the child and inline alike; it does not end the run.
 """
 
 from __future__ import annotations
@@ -36,24 +44,36 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 Outcome = tuple[float | None, str]  # (value, "") or (None, "ErrorType: message")
+#: in the error of a reward the child cannot build (its module does not register it on import)
+NOT_REGISTERED = "is not registered in the verifier process"
 #: a child's start-up and the import of a request's reward are not held to the per-sample
 #: limit (a loaded machine can take seconds); they get this long
 STARTUP_S = 120.0
+#: a sample running this long (or half the limit, if shorter) counts as slow: when every busy
+#: child is on a slow sample and samples wait, the pool starts more children
+SLOW_S = 1.0
+#: the most children one pool runs at once (each a Python process with the reward imported:
+#: ~30-150 MB); bounds both the memory and the wall time of hanging samples
+MAX_PROCESSES = 8
 
 
 def call_reward(fn: Callable[..., Any], prompt: str, response: str, ref: str) -> Outcome:
-    """Run one reward; an exception becomes an error text (the caller counts it)."""
+    """Run one reward; an exception (or ``sys.exit``) becomes an error text (the caller counts
+    it)."""
     try:
         return float(fn(prompt, response, ref)), ""
+    except SystemExit as exc:  # a reward must not end the process that scores it
+        return None, f"SystemExit: the reward called sys.exit({exc.code!r})"
     except Exception as exc:  # noqa: BLE001 - reported as a reward error by the caller
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def _spec(name: str, fn: Callable[..., Any]) -> dict[str, str]:
+def _spec(name: str, fn: Callable[..., Any], modules: Sequence[str]) -> dict[str, Any]:
     return {
         "name": name,
         "module": getattr(fn, "__module__", "") or "",
-        "qualname": getattr(fn, "__qualname__", "") or "",
+        "modules": list(modules),
+        "path": [p for p in sys.path if p],  # a reused child started before a change to it
     }
 
 
@@ -71,15 +91,13 @@ class _Child:
         )
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.buf = b""
-        self.todo: list[int] = []  # sample indices sent, in order, without a result yet
-        self.last = time.monotonic()
-        self.ready = False  # the child has imported this request's reward
+        self.index: int | None = None  # the sample sent, without a result yet
+        self.sent = 0.0
+        self.ready: float | None = None  # when the child reported this request's reward resolved
 
-    def send(self, spec: dict[str, str], items: list[tuple[str, str, str]], idx: list[int]):
-        self.todo = list(idx)
-        self.last = time.monotonic()
-        self.ready = False
-        line = json.dumps({"fn": spec, "items": items}) + "\n"
+    def send(self, spec: dict[str, Any], item: tuple[str, str, str], index: int) -> None:
+        self.index, self.sent, self.ready = index, time.monotonic(), None
+        line = json.dumps({"fn": spec, "item": list(item)}) + "\n"
         self.proc.stdin.write(line.encode())
         self.proc.stdin.flush()
 
@@ -92,6 +110,9 @@ class _Child:
                 self.buf += chunk
         *lines, self.buf = self.buf.split(b"\n")
         return [x.decode() for x in lines]
+
+    def stuck(self, now: float, slow_s: float) -> bool:
+        return self.ready is not None and now - self.ready > slow_s
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -106,20 +127,14 @@ class _Child:
 
 
 class VerifierPool:
-    """A few reused child processes that run rewards on their main thread (see module doc)."""
+    """Reused child processes that run rewards on their main thread (see module doc):
+    ``processes`` kept between batches, up to ``max_processes`` while samples are slow."""
 
-    def __init__(self, processes: int | None = None):
+    def __init__(self, processes: int | None = None, max_processes: int = MAX_PROCESSES):
         self.processes = processes or max(1, min(2, os.cpu_count() or 1))
-        self._children: list[_Child] = []
+        self.max_processes = max(self.processes, max_processes)
+        self._children: list[_Child] = []  # idle, reused by the next batch
         self._lock = threading.Lock()
-
-    def _child(self, i: int) -> _Child:
-        while len(self._children) <= i:
-            self._children.append(_Child())
-        if not self._children[i].alive():
-            self._children[i].kill()
-            self._children[i] = _Child()
-        return self._children[i]
 
     def close(self) -> None:
         with self._lock:
@@ -133,63 +148,78 @@ class VerifierPool:
         fn: Callable[..., Any],
         items: Sequence[tuple[str, str, str]],
         timeout_s: float,
+        modules: Sequence[str] = (),
     ) -> list[Outcome]:
-        """Score ``items`` with the reward ``name`` (``fn``); one outcome per item, in order."""
-        spec = _spec(name, fn)
-        out: dict[int, Outcome] = {}
+        """Score ``items`` with the reward ``name`` (``fn``, registered under that name; the
+        child imports ``fn``'s module and ``modules`` first); one outcome per item, in order."""
+        spec = _spec(name, fn, modules)
         n = len(items)
-        if n == 0:
-            return []
+        out: dict[int, Outcome] = {}
+        slow_s = min(SLOW_S, timeout_s / 2)
         with self._lock:
-            k = min(self.processes, n)
-            shares = [list(range(n))[j * n // k : (j + 1) * n // k] for j in range(k)]
-            active: dict[int, _Child] = {}
-            for j, idx in enumerate(shares):
-                if idx:
-                    c = self._child(j)
-                    c.send(spec, [items[i] for i in idx], idx)
-                    active[j] = c
+            idle = [c for c in self._children if c.alive()]
+            for c in self._children:
+                if c not in idle:
+                    c.kill()
+            self._children = []
+            busy: list[_Child] = []
+            pending = list(range(n - 1, -1, -1))  # popped from the end: sample 0 first
             sel = selectors.DefaultSelector()
-            for j, c in active.items():
-                sel.register(c.proc.stdout, selectors.EVENT_READ, j)
+
+            def start(c: _Child) -> None:
+                if not c.alive():  # it died after its last result
+                    c.kill()
+                    c = _Child()
+                c.send(spec, items[pending[-1]], pending.pop())
+                sel.register(c.proc.stdout, selectors.EVENT_READ, c)
+                busy.append(c)
+
             try:
-                while active:
-                    sel.select(timeout=min(0.5, timeout_s))
+                while pending or busy:
+                    while pending and (idle or len(busy) < self.processes):
+                        start(idle.pop() if idle else _Child())
                     now = time.monotonic()
-                    for j, c in list(active.items()):
-                        for line in c.read_lines():
-                            msg = json.loads(line)
-                            c.last = now
-                            if isinstance(msg, dict):  # {"ready": true}: reward imported
-                                c.ready = True
+                    if pending and busy and all(c.stuck(now, slow_s) for c in busy):
+                        for _ in range(min(len(busy), self.max_processes - len(busy))):
+                            if pending:
+                                start(_Child())
+                    sel.select(timeout=min(0.1, slow_s))
+                    now = time.monotonic()
+                    for c in list(busy):
+                        self._collect(c, now, out)
+                        if c.index is not None:
+                            dead = not c.alive()
+                            limit = timeout_s if c.ready else max(timeout_s, STARTUP_S)
+                            if not dead and now - (c.ready or c.sent) <= limit:
                                 continue
-                            v, err = msg
-                            out[c.todo.pop(0)] = (None if v is None else float(v), err)
-                        if not c.todo:
-                            sel.unregister(c.proc.stdout)
-                            del active[j]
-                            continue
-                        dead = not c.alive()
-                        limit = timeout_s if c.ready else max(timeout_s, STARTUP_S)
-                        if dead or now - c.last > limit:
                             what = (
                                 "the verifier process died"
                                 if dead
                                 else f"no result within {timeout_s:g} s (wall clock)"
                             )
-                            out[c.todo.pop(0)] = (None, f"TimeoutError: {what}")
-                            sel.unregister(c.proc.stdout)
+                            out[c.index] = (None, f"TimeoutError: {what}")
                             c.kill()
-                            rest = c.todo
-                            del active[j]
-                            if rest:
-                                self._children[j] = c = _Child()
-                                c.send(spec, [items[i] for i in rest], rest)
-                                active[j] = c
-                                sel.register(c.proc.stdout, selectors.EVENT_READ, j)
+                        else:
+                            idle.append(c)
+                        sel.unregister(c.proc.stdout)
+                        busy.remove(c)
             finally:
                 sel.close()
+                for c in busy + idle[self.processes :]:
+                    c.kill()
+                self._children = idle[: self.processes]
         return [out[i] for i in range(n)]
+
+    @staticmethod
+    def _collect(c: _Child, now: float, out: dict[int, Outcome]) -> None:
+        for line in c.read_lines():
+            msg = json.loads(line)
+            if isinstance(msg, dict):  # {"ready": true}: the reward is resolved
+                c.ready = now
+            elif c.index is not None:
+                v, err = msg
+                out[c.index] = (None if v is None else float(v), err)
+                c.index = None
 
 
 _POOL: VerifierPool | None = None

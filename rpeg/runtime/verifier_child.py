@@ -12,22 +12,23 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from rpeg.runtime.verifier import call_reward
+from rpeg.runtime.verifier import NOT_REGISTERED, call_reward
 
 
-def _resolve(spec: dict[str, str]) -> Callable[..., Any]:
+def _resolve(spec: dict[str, Any]) -> Callable[..., Any]:
     import importlib
 
     from rpeg.runtime import rewards
 
-    mod = spec.get("module") or ""
-    if mod and mod != "__main__" and mod != rewards.__name__:
-        importlib.import_module(mod)  # registers the rewards it defines
+    sys.path += [p for p in spec.get("path", []) if p not in sys.path]
+    for mod in [*spec.get("modules", []), spec.get("module") or ""]:
+        if mod and mod != "__main__" and mod != rewards.__name__:
+            importlib.import_module(mod)  # registers the rewards it defines (once: cached)
     if spec["name"] in rewards.registered_rewards():
         return rewards.get_reward(spec["name"])
     raise LookupError(
-        f"reward {spec['name']!r} is not registered in the verifier process; register it in "
-        "an importable module (not __main__) to run it there"
+        f"reward {spec['name']!r} {NOT_REGISTERED}; register it in an importable module (not "
+        "__main__) to run it there"
     )
 
 
@@ -35,17 +36,17 @@ def _main() -> None:  # pragma: no cover - runs in the child process
     # results go to a private copy of stdout; anything a reward prints goes to stderr
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    for raw in sys.stdin:
+    for raw in sys.stdin:  # one request per sample: {"fn": spec, "item": [p, r, a]}
         req = json.loads(raw)
         try:
             fn = _resolve(req["fn"])
-        except Exception as exc:  # noqa: BLE001
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - an import that exits too
             fn = None
             err = f"{type(exc).__name__}: {exc}"
         proto.write(json.dumps({"ready": True}) + "\n")
-        for p, r, a in req["items"]:
-            res = call_reward(fn, p, r, a) if fn is not None else (None, err)
-            proto.write(json.dumps(list(res)) + "\n")
+        p, r, a = req["item"]
+        res = call_reward(fn, p, r, a) if fn is not None else (None, err)
+        proto.write(json.dumps(list(res)) + "\n")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,99 @@
+"""Reward time limits in both runtimes, concurrent (issue 28 probe 6): in ``--local`` a hanging
+reward hung the run forever (rewards ran on the main thread with no limit), and in the
+distributed runtime timed-out samples ran one after another (30 s x 64 held-out samples over
+two children ~ 16 min). A reward calling ``sys.exit(3)`` ended the run with exit 3 and no
+message."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from rpeg.config import TaskConfig
+from rpeg.runtime.rewards import RewardSet
+
+MODULE = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from rpeg.runtime.rewards import register_reward
+
+    @register_reward("hang_issue28", overwrite=True)
+    def hang(prompt, response, reference):
+        if response == "hang":
+            time.sleep(600)
+        return 1.0
+
+    @register_reward("barrier_issue28", overwrite=True)
+    def barrier(prompt, response, reference):
+        # reference: "<folder>|<n>": mark this sample started, then wait until n have started
+        folder, n = reference.split("|")
+        Path(folder, response).touch()
+        deadline = time.monotonic() + 120
+        while len(os.listdir(folder)) < int(n):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the others never started")
+            time.sleep(0.05)
+        return 1.0
+
+    @register_reward("exits_issue28", overwrite=True)
+    def exits(prompt, response, reference):
+        if response == "exit":
+            sys.exit(3)
+        return 1.0
+    """
+)
+
+
+@pytest.fixture
+def reward_module(tmp_path, monkeypatch):
+    (tmp_path / "timeouts_issue28.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("timeouts_issue28", None)
+    return "timeouts_issue28"
+
+
+def _rewards(module: str, name: str, timeout_s: float) -> RewardSet:
+    task = TaskConfig(rewards=[name], reward_modules=[module], reward_timeout_s=timeout_s)
+    return RewardSet.from_task(task)
+
+
+@pytest.mark.timeout(300)
+def test_a_hanging_reward_times_out_on_the_main_thread(reward_module):
+    """The local trainer scores on the main thread (``--local``): the limit applies there."""
+    assert threading.current_thread() is threading.main_thread()
+    rs = _rewards(reward_module, "hang_issue28", timeout_s=2.0)
+    res = rs(["p"] * 3, ["ok", "hang", "ok"], ["", "", ""])
+    assert res.rewards == [1.0, 0.0, 1.0]
+    assert res.errors == 1 and "TimeoutError" in res.error_messages[0]
+
+
+@pytest.mark.timeout(600)
+def test_slow_samples_are_scored_concurrently(reward_module, tmp_path):
+    """Six samples that each wait until all six have started: scored one after another (or
+    two at a time) none would finish; the pool grows past its two base children."""
+    folder = tmp_path / "started"
+    folder.mkdir()
+    rs = _rewards(reward_module, "barrier_issue28", timeout_s=90.0)
+    n = 6
+    res = rs(["p"] * n, [f"s{i}" for i in range(n)], [f"{folder}|{n}"] * n)
+    assert res.errors == 0, res.error_messages
+    assert res.rewards == [1.0] * n
+
+
+def test_sys_exit_in_a_reward_is_an_error_sample(reward_module):
+    """In the calling thread (a ``(name, fn)`` pair) and in the pool alike."""
+
+    def exits(prompt, response, reference):
+        sys.exit(3)
+
+    inline = RewardSet([("exits_inline", exits)])(["p"], ["r"], [""])
+    assert inline.rewards == [0.0] and inline.errors == 1
+    assert inline.error_messages == ["exits_inline: SystemExit: the reward called sys.exit(3)"]
+    rs = _rewards(reward_module, "exits_issue28", timeout_s=30.0)
+    res = rs(["p", "p"], ["exit", "ok"], ["", ""])
+    assert res.rewards == [0.0, 1.0] and res.errors == 1
+    assert res.error_messages == ["exits_issue28: SystemExit: the reward called sys.exit(3)"]
