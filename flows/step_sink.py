@@ -12,6 +12,8 @@ from typing import Any
 
 from rpeg.flows.launch import run_logger
 
+from rpeg.runtime.progress import StepProgress
+
 log = logging.getLogger("rpeg.flows.train")
 
 
@@ -25,66 +27,6 @@ def _artifacts(fn: str, *args: Any, **kwargs: Any) -> Any:
     except Exception as exc:  # noqa: BLE001
         log.warning("artifact %s skipped: %s", fn, exc)
         return None
-
-
-#: progress-bar redraws per second (rich's default, 10, took ~0.05 of a core in the flow
-#: process on a terminal -- CPU the ranks share -- for a bar that moves once per step)
-REFRESH_PER_S = 2
-
-
-class _Progress:
-    """A bar on a terminal; one line per step when stdout is not one (a log file, SLURM, CI),
-    where a bar shows nothing until the end."""
-
-    def __init__(self, total: int, enabled: bool):
-        import sys
-
-        self.enabled = enabled
-        self.p = None
-        self.total = total
-        self.lines = enabled and not sys.stdout.isatty()
-        if enabled and not self.lines:
-            from rich.progress import (
-                BarColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.p = Progress(
-                TextColumn("[bold]step {task.completed}/{task.total}"),
-                BarColumn(),
-                TextColumn("reward {task.fields[reward]:.3f}"),
-                TextColumn("{task.fields[tps]:.0f} tok/s"),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                transient=False,
-                refresh_per_second=REFRESH_PER_S,
-            )
-            self.t = self.p.add_task("rl", total=total, reward=0.0, tps=0.0)
-            self.p.start()
-
-    def update(self, done: int, m: dict[str, float]) -> None:
-        if self.lines:
-            print(
-                f"step {done}/{self.total}: reward {m.get('reward_mean', 0.0):.3f} "
-                f"acc {m.get('accuracy', 0.0):.3f} len {m.get('response_length', 0.0):.1f} "
-                f"{m.get('step_s', 0.0):.2f}s {m.get('tokens_per_s', 0.0):.0f} tok/s",
-                flush=True,
-            )
-        if self.p is not None:
-            self.p.update(
-                self.t,
-                completed=done,
-                reward=m.get("reward_mean", 0.0),
-                tps=m.get("tokens_per_s", 0.0),
-            )
-
-    def close(self) -> None:
-        if self.p is not None:
-            self.p.stop()
 
 
 class _Metrics:
@@ -130,7 +72,7 @@ class _Sink:
 
         self.steps = steps
         self.metrics = _Metrics(out, config)
-        self.progress = _Progress(steps, progress)
+        self.progress = StepProgress(steps, progress)  # the local trainer's too
         self.checkpoint_url = checkpoint_url
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpeg-sink")
         self._pending: list[Any] = []

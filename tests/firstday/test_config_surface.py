@@ -127,8 +127,12 @@ def test_done_line_counts_the_steps_of_this_call_after_resume(user_files, tmp_pa
 
     cfg = run_yaml(user_files, tmp_path, runtime={"checkpoint_every": 1})
     assert main(["train", cfg, "--local", "--steps", "2"]) == 0
-    assert "done: 2 steps in" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "done: 2 steps in" in out
+    # stdout is not a terminal here: one line per step (issue 29 item 5), no bar
+    assert [f"step {i}/2: reward" in out for i in (1, 2)] == [True, True]
     assert main(["train", cfg, "--local", "--steps", "4", "--resume"]) == 0
     out = capsys.readouterr().out
+    assert "step 3/4: reward" in out and "step 1/4" not in out
     assert "done: 2 steps (now 4 in all)" in out, out[-600:]
     assert len((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()) == 4
