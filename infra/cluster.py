@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +109,12 @@ def _kill_worker_process(dask_worker: Any) -> int:
     return int(pid or 0)
 
 
+#: where a LocalCluster's workers make their rendezvous stores (rpeg.runtime.actors.rendezvous:
+#: a FileStore folder per process group); every distributed run left a /tmp/rpeg-store-*
+#: folder behind (111 on one machine), now they sit in one folder the cluster removes
+STORE_DIR_ENV = "RPEG_STORE_DIR"
+
+
 @dataclass
 class Cluster:
     """A Dask client plus (for local runs) the LocalCluster it owns."""
@@ -115,6 +123,9 @@ class Cluster:
     local: Any = None
     address: str = ""
     owned: bool = True
+    #: the folder of this LocalCluster's rendezvous stores (:data:`STORE_DIR_ENV`), removed
+    #: by :meth:`close`
+    store_dir: str | None = None
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -198,6 +209,8 @@ class Cluster:
         if self.local is not None:
             with contextlib.suppress(Exception):
                 self.local.close(timeout=10)
+        if self.store_dir:  # the workers' rpeg-store-* folders (success or failure alike)
+            shutil.rmtree(self.store_dir, ignore_errors=True)
 
     def __enter__(self) -> Cluster:
         return self
@@ -333,24 +346,37 @@ def start_cluster(
         common["scheduler_kwargs"] = {"dashboard": False}
     from rpeg.infra.interrupts import services_ignore_sigint
 
-    with services_ignore_sigint():  # Ctrl-C reaches the command, which closes the workers
-        if device_type == "cuda":
-            local = _local_cuda_cluster(common, torch_threads)
-        else:
-            local = LocalCluster(
-                n_workers=n_workers,
-                processes=True,
-                resources={"device": 1},
-                worker_class="distributed.Nanny",
-                env={
-                    "OMP_NUM_THREADS": str(torch_threads),
-                    "MKL_NUM_THREADS": str(torch_threads),
-                },
-                **common,
-            )
+    store_dir = tempfile.mkdtemp(prefix="rpeg-cluster-")  # mode 0700; removed by close()
+    env = {
+        "OMP_NUM_THREADS": str(torch_threads),
+        "MKL_NUM_THREADS": str(torch_threads),
+        STORE_DIR_ENV: store_dir,
+    }
+    try:
+        with services_ignore_sigint():  # Ctrl-C reaches the command, which closes the workers
+            if device_type == "cuda":
+                local = _local_cuda_cluster(common, env)
+            else:
+                local = LocalCluster(
+                    n_workers=n_workers,
+                    processes=True,
+                    resources={"device": 1},
+                    worker_class="distributed.Nanny",
+                    env=env,
+                    **common,
+                )
+    except BaseException:
+        shutil.rmtree(store_dir, ignore_errors=True)
+        raise
     client = Client(local, set_as_default=False, direct_to_workers=direct_to_workers)
     client.run(serializers.register)
-    return Cluster(client=client, local=local, address=local.scheduler_address, owned=True)
+    return Cluster(
+        client=client,
+        local=local,
+        address=local.scheduler_address,
+        owned=True,
+        store_dir=store_dir,
+    )
 
 
 def _memory_limit(value: str | int | None) -> str | int | None:
@@ -361,7 +387,7 @@ def _memory_limit(value: str | int | None) -> str | int | None:
     return value
 
 
-def _local_cuda_cluster(common: dict[str, Any], torch_threads: int) -> Any:  # pragma: no cover
+def _local_cuda_cluster(common: dict[str, Any], env: dict[str, str]) -> Any:  # pragma: no cover
     """dask-cuda's LocalCUDACluster: one worker process per visible GPU (gpu extra)."""
     n = cuda_device_count()
     if n == 0:
@@ -386,7 +412,7 @@ def _local_cuda_cluster(common: dict[str, Any], torch_threads: int) -> Any:  # p
     return LocalCUDACluster(
         n_workers=n,
         resources={"device": 1},
-        env={"OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)},
+        env=env,
         **common,
     )
 

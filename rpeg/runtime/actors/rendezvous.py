@@ -125,7 +125,9 @@ def master_store(timeout_s: float = 120.0) -> tuple[Any, str]:
 
     host = worker_host()
     if _is_loopback(host):
-        path = str(Path(tempfile.mkdtemp(prefix="rpeg-store-")) / "store")  # mode 0700
+        parent = os.environ.get("RPEG_STORE_DIR")  # a LocalCluster's, removed at its close
+        parent = parent if parent and os.path.isdir(parent) else None
+        path = str(Path(tempfile.mkdtemp(prefix="rpeg-store-", dir=parent)) / "store")  # 0700
         return dist.FileStore(path, -1), f"file:{path}"
     store = dist.TCPStore(
         host,
