@@ -24,11 +24,14 @@ import torch
 from rpeg.compile.step import GroupSpec
 from rpeg.config import RunConfig
 from rpeg.ir import StageKind
-from rpeg.runtime.actors.memory import peak_rss, reset_peak_rss
+from rpeg.runtime.actors.memory import reset_peak_rss
+from rpeg.runtime.actors.rank_checkpoints import RankCheckpoints
+from rpeg.runtime.actors.rank_data import RankDataPlane
+from rpeg.runtime.actors.rank_holdings import RankHoldings
+from rpeg.runtime.actors.rank_weights import RankWeightSync
 from rpeg.runtime.actors.row_shards import rollout_start
 from rpeg.runtime.actors.unit_call import UnitCall
 from rpeg.runtime.data import PromptShard
-from rpeg.runtime.engines.base import refresh_engine
 from rpeg.runtime.micro_batches import unit_micro_batches
 
 # Data parallelism: batch-wide statistics (advantage whitening, the loss normalizer of a
@@ -37,15 +40,36 @@ from rpeg.runtime.micro_batches import unit_micro_batches
 # stage is given the same; GRPO/RLOO groups are never split (row_shards.shard_groups).
 
 
-def process_group_backend(device: torch.device) -> str:
-    """The process-group backend for a model on ``device`` (rpeg.runtime.sharding's rule)."""
-    from rpeg.runtime.sharding import process_group_backend as backend_for
+#: what the driver and the proxies call on a rank through Dask, by concern (everything else
+#: is internal); the batch store and data plane, weight sync and checkpoints are mixins
+REMOTE = {
+    "lifecycle": ("ping", "rendezvous", "init_process_group", "close"),
+    "units": ("run_unit", "run_units", "evaluate"),
+    "data": ("put_batch", "get_batch", "drop", "rows", "pull", "commit", "received", "chunk"),
+    "weight sync": (
+        "get_weight_buckets",
+        "sync_rendezvous",
+        "join_sync_group",
+        "send_weights",
+        "recv_weights",
+        "weights_checksum",
+    ),
+    "checkpoints": ("state_bytes", "load_state_bytes", "save_shards", "load_shards"),
+    "inspection": (
+        "layout_info",
+        "memory_info",
+        "policy_version",
+        "engine_version",
+        "param_checksum",
+        "collective_timeout_s",
+    ),
+}
 
-    return backend_for(device.type)
 
-
-class RankActor:
-    """One rank of an actor group. Methods are the stage kinds; called through Dask."""
+class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
+    """One rank of an actor group (its remote surface: :data:`REMOTE`); called through Dask.
+    It holds the group's roles on this rank's device in the group's layout and runs the
+    compiled units it is handed (:class:`UnitCall`)."""
 
     def __init__(
         self,
@@ -242,65 +266,6 @@ class RankActor:
         elif self.reference is not None:
             self.reference.reduce = self.reduce
 
-    def _param_bytes(self, full: bool) -> dict[str, int]:
-        from rpeg.runtime.sharding import param_bytes_full, param_bytes_local
-
-        fn = param_bytes_full if full else param_bytes_local
-        out = {}
-        for name in ("actor", "reference", "critic"):
-            wk = getattr(self, name)
-            if wk is not None:
-                out[name] = fn(wk.module)
-        eng = self.actor.engine if self.actor is not None else None
-        held = getattr(eng, "model", None)
-        if eng is not None and held is None:  # vLLM: its own full copy, in its own process
-            out["engine"] = int(getattr(eng, "param_bytes", 0))
-        elif eng is not None and held is not self.actor.lm:
-            out["engine"] = fn(held)
-        return out
-
-    def layout_info(self) -> dict[str, Any]:
-        """This rank's layout and what it holds: ``param_bytes_per_rank`` (bytes of the
-        parameters this rank holds, per role) and ``full_param_bytes`` (of the unsharded
-        roles), with their totals."""
-        lay = self.layout
-        local = self._param_bytes(full=False)
-        full = getattr(self, "_full_bytes", None) or self._param_bytes(full=True)
-        return {
-            "group": self.group.name,
-            "rank": self.rank,
-            "dp": lay.dp,
-            "tp": lay.tp,
-            "fsdp": lay.fsdp,
-            "dp_index": lay.dp_index(self.rank),
-            "tp_index": lay.tp_index(self.rank),
-            "device": str(self.device),
-            "cpu_cores": list(self.cpu_cores),
-            "dtype": lay.dtype,
-            "param_bytes_per_rank": {**local, "total": sum(local.values())},
-            "full_param_bytes": {**full, "total": sum(full.values())},
-        }
-
-    def _model_device(self) -> torch.device:
-        for role in (self.actor, self.critic, self.reference):
-            prm = next(role.module.parameters(), None) if role is not None else None
-            if prm is not None:
-                return prm.device
-        return torch.device("cpu")
-
-    # ---------------------------------------------------------------- data
-    def put_batch(self, step: int, batch: Any) -> int:
-        self.store[step] = batch
-        return batch.size
-
-    def get_batch(self, step: int, pop: bool = False) -> Any:
-        return self.store.pop(step) if pop else self.store[step]
-
-    def drop(self, step: int) -> None:
-        self.store.pop(step, None)
-        self._chunks.pop(step, None)
-        self._chunks_done.discard(step)
-
     def policy_version(self) -> int:
         return -1 if self.actor is None else int(self.actor.policy_version)
 
@@ -410,22 +375,6 @@ class RankActor:
         self.residency.after_rollout()
         return out
 
-    async def chunk(self, step: int, i: int, timeout_s: float = 600.0) -> Any:
-        """Chunk ``i`` of a streaming unit's rows of ``step`` as soon as it exists (None after
-        the last one). Async: answered while this rank's actor thread still generates."""
-        import asyncio
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            got = self._chunks.get(step, [])
-            if i < len(got):
-                return got[i]
-            if step in self._chunks_done:
-                return None
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"chunk {i} of step {step} not produced in {timeout_s} s")
-            await asyncio.sleep(0.002)
-
     def _consume_stream(self, step, kinds, producer):
         from rpeg.runtime.actors import streaming
 
@@ -443,129 +392,6 @@ class RankActor:
                 lambda *_a: setattr(self, "_forwards", self._forwards + 1)
             )
 
-    # ---------------------------------------------------------------- data plane
-    async def rows(self, step: int, start: int, end: int, fields: list[str] | None = None) -> Any:
-        """Rows ``[start, end)`` of this rank's batch of ``step`` (trimmed to their lengths);
-        only ``fields`` (a dict of tensors) when given. Async: served on the worker's event
-        loop, also while this rank's actor thread computes."""
-        b = self.store[step]
-        sel = b.select(list(range(start, end))) if (start, end) != (0, b.size) else b
-        if fields is None:
-            return sel
-        return {f: getattr(sel, f) for f in fields if getattr(sel, f) is not None}
-
-    async def pull(
-        self,
-        step: int,
-        sources: list[tuple[Any, int, int]],
-        fields: list[str] | None = None,
-        stage: bool = False,
-    ) -> int:
-        """Fetch rows from the producing actors (``(actor, start, end)`` each) directly, not
-        through the driver. ``fields`` None: the rows become this rank's batch of ``step``;
-        else those fields join it. ``stage``: keep them aside until :meth:`commit` (a group
-        resharding its own batch). Returns the tensor bytes received."""
-        import asyncio
-
-        from rpeg.runtime.actors.dataplane import concat_rows, merge_fields, tensor_bytes
-
-        got = await asyncio.gather(*[a.rows(step, s, e, fields) for a, s, e in sources])
-        nbytes = sum(tensor_bytes(g) for g in got)
-        self.received_bytes += nbytes
-        if fields is None:
-            new = concat_rows(got) if got else None
-        else:
-            new = merge_fields(self.store[step], got)
-        if stage:
-            self.incoming[step] = new
-        else:
-            self.store[step] = new
-        return nbytes
-
-    def commit(self, step: int) -> int:
-        self.store[step] = self.incoming.pop(step)
-        return self.store[step].size
-
-    def received(self) -> int:
-        return int(self.received_bytes)
-
-    def memory_info(self) -> dict[str, Any]:
-        """Peak memory of this rank since the actor started: the process's peak resident set
-        (``VmHWM``, reset when the actor is created: a worker process outlives its actors),
-        and the CUDA allocator's peak on a GPU rank."""
-        out: dict[str, Any] = {"device": str(self.device), "peak_rss_bytes": peak_rss()}
-        if self.device.type == "cuda":
-            out["peak_device_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
-        return out
-
-    # ---------------------------------------------------------------- weight sync
-    def get_weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int]:
-        from rpeg.runtime.actors.weight_sync import pack
-
-        return pack(self.actor.get_weights(), bucket_bytes), int(self.actor.policy_version)
-
-    # ---------------------------------------------------------------- weight sync by collective
-    def sync_rendezvous(self) -> str:
-        """Trainer rank 0: a TCPStore for the weight-sync group (source + every generator)."""
-        from rpeg.runtime.actors.rendezvous import master_store
-
-        self._sync_store, addr = master_store()
-        return addr
-
-    def join_sync_group(
-        self, address: str, sync_rank: int, size: int, timeout_s: float | None = None
-    ) -> bool:
-        """Join the weight-sync process group (sync rank 0 = the trainer's rank 0; gloo on
-        CPU, NCCL on CUDA). Trainer ranks other than 0 are not members: they only take part
-        in gathering the full weights."""
-        from rpeg.runtime.actors.rendezvous import join_store, standalone_group
-
-        if timeout_s is None:
-            timeout_s = self.collective_timeout_s()
-        store = self._sync_store if sync_rank == 0 else join_store(address)
-        backend = process_group_backend(self.device)
-        self._sync_pg = standalone_group(store, "weight-sync", sync_rank, size, backend, timeout_s)
-        return True
-
-    def send_weights(self, bucket_bytes: int) -> dict[str, float]:
-        """Trainer ranks: gather the full weights one tensor at a time (a collective when
-        sharded) into ``bucket_bytes`` buckets on this rank's device; rank 0 broadcasts each
-        over the weight-sync group as it fills (GPU: no host copy; the others drop theirs)."""
-        from rpeg.runtime.actors.weight_sync import send_buckets, stream_buckets
-
-        self._fault("sync", self.policy_version())
-        t0 = time.perf_counter()
-        v = int(self.actor.policy_version)
-        meta, fetch = self.actor.weight_source()
-        buckets = stream_buckets(meta, fetch, bucket_bytes, self.device)
-        nbytes, n = send_buckets(self._sync_pg, buckets, v, self.device)
-        if self._sync_pg is None:  # not a member (trainer rank > 0)
-            return {"version": float(v)}
-        return {
-            "weight_sync_bytes": float(nbytes),
-            "buckets": float(n),
-            "weight_sync_send_s": time.perf_counter() - t0,
-            "version": float(v),
-        }
-
-    def recv_weights(self, bucket_bytes: int) -> int:
-        """Generator ranks: receive the broadcast buckets (layout from this rank's own full
-        parameter shapes: same names, dtypes and order as the sender's) and load them; a
-        tensor-parallel generator keeps its own slice (``set_weights`` reshards)."""
-        from rpeg.runtime.actors.weight_sync import receive_weights
-
-        self._fault("sync", self.engine_version())
-        meta = {k: (tuple(v.shape), v.dtype) for k, v in self.actor.lm.state_dict().items()}
-        weights, v = receive_weights(self._sync_pg, meta, bucket_bytes, self.device)
-        self.actor.set_weights(weights, policy_version=v)
-        refresh_engine(self.actor.engine, self.actor.lm, weights, v)  # vLLM: loads them
-        return v
-
-    def weights_checksum(self) -> list[float]:
-        """Per-tensor sums of the full actor weights, name order (sync tests)."""
-        full = self.actor.get_weights()
-        return [float(full[k].double().sum()) for k in sorted(full)]
-
     # ---------------------------------------------------------------- evaluation
     def evaluate(self) -> float:
         from rpeg.runtime.role_builder import greedy_accuracy
@@ -577,67 +403,6 @@ class RankActor:
             self.rewards,
             self.config.task.prompt_template,
         )
-
-    # ---------------------------------------------------------------- checkpoints
-    def state_bytes(self, light: bool = False) -> bytes:
-        """Weights, optimizers, RNG states and policy/engine versions of this rank (``light``:
-        RNG states and versions only, for a group whose ranks write their shards themselves:
-        :meth:`save_shards`)."""
-        from rpeg.runtime.actors.checkpoint import rank_state_bytes
-
-        self._fault("checkpoint", self.policy_version())
-        return rank_state_bytes(self.rank, self.group.name, self._roles(), light)
-
-    def load_state_bytes(self, data: bytes) -> int:
-        from rpeg.runtime.actors.checkpoint import load_rank_state_bytes
-
-        load_rank_state_bytes(data, self._roles())
-        return self.policy_version()
-
-    def _roles(self) -> dict[str, Any]:
-        return {"actor": self.actor, "reference": self.reference, "critic": self.critic}
-
-    def save_shards(self, url: str) -> str:
-        """Write this rank's shards of the trainable roles (weights, optimizer state) and the
-        rank-0 extras (generators, policy and engine versions) to ``url`` with
-        torch.distributed.checkpoint, atomically; every rank of the group calls it with the
-        same ``url`` (rpeg.runtime.actors.shard_checkpoint). Loadable at another layout by
-        :meth:`load_shards`. The frozen reference is not written (rebuilt from its source)."""
-        from rpeg.runtime.actors import shard_checkpoint as SC
-
-        self._fault("checkpoint", self.policy_version())
-        extras = SC.worker_extras(actor=self.actor, critic=self.critic)
-        if self.actor is not None:
-            extras["engine_version"] = int(self.actor.engine.policy_version)
-        return SC.save_shards(url, SC.worker_roles(actor=self.actor, critic=self.critic), extras)
-
-    def load_shards(self, url: str) -> int:
-        """Load :meth:`save_shards`' checkpoint (written at any layout) into this rank's
-        shards; a lagging engine copy gets the loaded weights. Returns the policy version.
-        Collective."""
-        from rpeg.runtime.actors import shard_checkpoint as SC
-
-        template = SC.worker_extras(actor=self.actor, critic=self.critic)
-        if self.actor is not None:
-            template["engine_version"] = 0  # saved for the record
-        extras = SC.load_shards(
-            url, SC.worker_roles(actor=self.actor, critic=self.critic), template
-        )
-        SC.restore_extras(extras, actor=self.actor, critic=self.critic)
-        if self.actor is not None:
-            # a lagging engine copy restarts at the loaded weights (lag 0: within any bound k)
-            eng = self.actor.engine
-            if getattr(eng, "model", None) is not self.actor.lm:  # vLLM has no .model
-                eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
-            eng.policy_version = self.actor.policy_version
-        return self.policy_version()
-
-    def param_checksum(self) -> float:
-        """Sum of the actor's full weights (data-parallel ranks must agree). Sharded: a
-        collective, every rank of the group calls it."""
-        from rpeg.runtime.sharding import full_state_dict
-
-        return float(sum(float(v.double().sum()) for v in full_state_dict(self.actor.lm).values()))
 
     def close(self) -> None:
         """Leave the group's default process group and shut the weight-sync group down

@@ -259,3 +259,21 @@ def test_both_runtimes_refresh_through_the_one_rule(monkeypatch):
     monkeypatch.setattr(RankActor, "_stage_context", lambda self: None)
     m, spans = r._run_stages(0, ["sync_weights"], None, 0)
     assert calls == [2] and [s[0] for s in spans] == ["sync_weights"]
+
+
+# --------------------------------------------------------------------------- the rank's surface
+def test_the_rank_remote_surface_is_listed_apart_from_its_internals():
+    """Every public method of RankActor is in rank.REMOTE and every listed name is one; the
+    proxies and the data plane call nothing else on a rank."""
+    from rpeg.runtime.actors.rank import REMOTE, RankActor
+
+    listed = [n for names in REMOTE.values() for n in names]
+    public = {
+        n for n in dir(RankActor) if not n.startswith("_") and callable(getattr(RankActor, n))
+    }
+    assert sorted(listed) == sorted(public) and len(listed) == len(set(listed))
+    called = set()
+    for f in ("proxies.py", "rank_data.py", "lifecycle.py"):
+        text = (ROOT / "rpeg/runtime/actors" / f).read_text()
+        called |= set(re.findall(r"\ba\.(\w+)\(", text))
+    assert called and called <= set(listed), called - set(listed)

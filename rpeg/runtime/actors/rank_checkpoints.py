@@ -1,0 +1,73 @@
+"""What a rank writes to and loads from a checkpoint: its rank state (weights, optimizers, RNG
+states, versions: rpeg.runtime.actors.checkpoint) or, for a sharded group, its
+torch.distributed.checkpoint shards (rpeg.runtime.actors.shard_checkpoint). A mixin of
+:class:`rpeg.runtime.actors.rank.RankActor`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RankCheckpoints:
+    """Checkpoint methods of a rank (remote, but ``_roles``)."""
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_bytes(self, light: bool = False) -> bytes:
+        """Weights, optimizers, RNG states and policy/engine versions of this rank (``light``:
+        RNG states and versions only, for a group whose ranks write their shards themselves:
+        :meth:`save_shards`)."""
+        from rpeg.runtime.actors.checkpoint import rank_state_bytes
+
+        self._fault("checkpoint", self.policy_version())
+        return rank_state_bytes(self.rank, self.group.name, self._roles(), light)
+
+    def load_state_bytes(self, data: bytes) -> int:
+        from rpeg.runtime.actors.checkpoint import load_rank_state_bytes
+
+        load_rank_state_bytes(data, self._roles())
+        return self.policy_version()
+
+    def _roles(self) -> dict[str, Any]:
+        return {"actor": self.actor, "reference": self.reference, "critic": self.critic}
+
+    def save_shards(self, url: str) -> str:
+        """Write this rank's shards of the trainable roles (weights, optimizer state) and the
+        rank-0 extras (generators, policy and engine versions) to ``url`` with
+        torch.distributed.checkpoint, atomically; every rank of the group calls it with the
+        same ``url`` (rpeg.runtime.actors.shard_checkpoint). Loadable at another layout by
+        :meth:`load_shards`. The frozen reference is not written (rebuilt from its source)."""
+        from rpeg.runtime.actors import shard_checkpoint as SC
+
+        self._fault("checkpoint", self.policy_version())
+        extras = SC.worker_extras(actor=self.actor, critic=self.critic)
+        if self.actor is not None:
+            extras["engine_version"] = int(self.actor.engine.policy_version)
+        return SC.save_shards(url, SC.worker_roles(actor=self.actor, critic=self.critic), extras)
+
+    def load_shards(self, url: str) -> int:
+        """Load :meth:`save_shards`' checkpoint (written at any layout) into this rank's
+        shards; a lagging engine copy gets the loaded weights. Returns the policy version.
+        Collective."""
+        from rpeg.runtime.actors import shard_checkpoint as SC
+
+        template = SC.worker_extras(actor=self.actor, critic=self.critic)
+        if self.actor is not None:
+            template["engine_version"] = 0  # saved for the record
+        extras = SC.load_shards(
+            url, SC.worker_roles(actor=self.actor, critic=self.critic), template
+        )
+        SC.restore_extras(extras, actor=self.actor, critic=self.critic)
+        if self.actor is not None:
+            # a lagging engine copy restarts at the loaded weights (lag 0: within any bound k)
+            eng = self.actor.engine
+            if getattr(eng, "model", None) is not self.actor.lm:  # vLLM has no .model
+                eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
+            eng.policy_version = self.actor.policy_version
+        return self.policy_version()
+
+    def param_checksum(self) -> float:
+        """Sum of the actor's full weights (data-parallel ranks must agree). Sharded: a
+        collective, every rank of the group calls it."""
+        from rpeg.runtime.sharding import full_state_dict
+
+        return float(sum(float(v.double().sum()) for v in full_state_dict(self.actor.lm).values()))

@@ -1,0 +1,85 @@
+"""A rank's weight sync between groups: the trainer ranks gather the full weights into buckets
+and its rank 0 broadcasts them over the weight-sync process group; generator ranks receive
+and load them (rpeg.runtime.actors.weight_sync). A mixin of
+:class:`rpeg.runtime.actors.rank.RankActor`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rpeg.runtime.engines.base import refresh_engine
+
+
+class RankWeightSync:
+    """Weight-sync methods of a rank (remote)."""
+
+    # ---------------------------------------------------------------- weight sync
+    def get_weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int]:
+        from rpeg.runtime.actors.weight_sync import pack
+
+        return pack(self.actor.get_weights(), bucket_bytes), int(self.actor.policy_version)
+
+    # ---------------------------------------------------------------- weight sync by collective
+    def sync_rendezvous(self) -> str:
+        """Trainer rank 0: a TCPStore for the weight-sync group (source + every generator)."""
+        from rpeg.runtime.actors.rendezvous import master_store
+
+        self._sync_store, addr = master_store()
+        return addr
+
+    def join_sync_group(
+        self, address: str, sync_rank: int, size: int, timeout_s: float | None = None
+    ) -> bool:
+        """Join the weight-sync process group (sync rank 0 = the trainer's rank 0; gloo on
+        CPU, NCCL on CUDA). Trainer ranks other than 0 are not members: they only take part
+        in gathering the full weights."""
+        from rpeg.runtime.actors.rendezvous import join_store, standalone_group
+
+        if timeout_s is None:
+            timeout_s = self.collective_timeout_s()
+        store = self._sync_store if sync_rank == 0 else join_store(address)
+        from rpeg.runtime.sharding import process_group_backend
+
+        backend = process_group_backend(self.device.type)
+        self._sync_pg = standalone_group(store, "weight-sync", sync_rank, size, backend, timeout_s)
+        return True
+
+    def send_weights(self, bucket_bytes: int) -> dict[str, float]:
+        """Trainer ranks: gather the full weights one tensor at a time (a collective when
+        sharded) into ``bucket_bytes`` buckets on this rank's device; rank 0 broadcasts each
+        over the weight-sync group as it fills (GPU: no host copy; the others drop theirs)."""
+        from rpeg.runtime.actors.weight_sync import send_buckets, stream_buckets
+
+        self._fault("sync", self.policy_version())
+        t0 = time.perf_counter()
+        v = int(self.actor.policy_version)
+        meta, fetch = self.actor.weight_source()
+        buckets = stream_buckets(meta, fetch, bucket_bytes, self.device)
+        nbytes, n = send_buckets(self._sync_pg, buckets, v, self.device)
+        if self._sync_pg is None:  # not a member (trainer rank > 0)
+            return {"version": float(v)}
+        return {
+            "weight_sync_bytes": float(nbytes),
+            "buckets": float(n),
+            "weight_sync_send_s": time.perf_counter() - t0,
+            "version": float(v),
+        }
+
+    def recv_weights(self, bucket_bytes: int) -> int:
+        """Generator ranks: receive the broadcast buckets (layout from this rank's own full
+        parameter shapes: same names, dtypes and order as the sender's) and load them; a
+        tensor-parallel generator keeps its own slice (``set_weights`` reshards)."""
+        from rpeg.runtime.actors.weight_sync import receive_weights
+
+        self._fault("sync", self.engine_version())
+        meta = {k: (tuple(v.shape), v.dtype) for k, v in self.actor.lm.state_dict().items()}
+        weights, v = receive_weights(self._sync_pg, meta, bucket_bytes, self.device)
+        self.actor.set_weights(weights, policy_version=v)
+        refresh_engine(self.actor.engine, self.actor.lm, weights, v)  # vLLM: loads them
+        return v
+
+    def weights_checksum(self) -> list[float]:
+        """Per-tensor sums of the full actor weights, name order (sync tests)."""
+        full = self.actor.get_weights()
+        return [float(full[k].double().sum()) for k in sorted(full)]
