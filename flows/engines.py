@@ -46,6 +46,7 @@ def local_train(
     )
     history: list[dict[str, Any]] = []
     acc_before = None
+    resumed_at = 0
     if store is not None and (resume or rt.resume):
         got = store.latest()
         if got is not None:
@@ -65,6 +66,7 @@ def local_train(
             tr.load_state_dict(state["trainer"])
             history = list(state.get("history", []))
             acc_before = state.get("heldout_acc_before")
+            resumed_at = tr.step_index
     if acc_before is None:
         acc_before = tr.evaluate()
     out = Path(rt.output_dir)
@@ -89,7 +91,11 @@ def local_train(
     from rpeg.runtime.summary import run_summary
 
     summary = run_summary(
-        history, wall_s=time.perf_counter() - t0, acc_before=acc_before, acc_after=acc_after
+        history,
+        wall_s=time.perf_counter() - t0,
+        acc_before=acc_before,
+        acc_after=acc_after,
+        resumed_at=resumed_at,
     )
     summary["_extra"] = {"history": history}
     return summary

@@ -203,28 +203,42 @@ def _train(
                 cl.close()
         finally:
             sink.close()  # waits for the last records; raises a failed write's error
-    summary = _finish(run, sched, out, summary_json, time.perf_counter() - t_start, checksums)
+    resumed_at = int(state["step"]) if state is not None else 0
+    wall_s = time.perf_counter() - t_start
+    summary = _finish(run, sched, out, summary_json, wall_s, checksums, resumed_at)
     # steps run by this call (the summary's steps count the resumed run's from its start)
-    summary["steps_run"] = summary["steps"] - (int(state["step"]) if state is not None else 0)
+    summary["steps_run"] = summary["steps"] - resumed_at
     return summary
 
 
 def _finish(
-    run: Any, sched: Any, out: Path, summary_json: str | None, wall_s: float, checksums: Any
+    run: Any,
+    sched: Any,
+    out: Path,
+    summary_json: str | None,
+    wall_s: float,
+    checksums: Any,
+    resumed_at: int = 0,
 ) -> dict[str, Any]:
-    """The summary (rpeg.runtime.summary), timeline.json and the ``_extra`` of tests."""
-    from rpeg.runtime.summary import run_summary
+    """The summary (rpeg.runtime.summary), timeline.json and the ``_extra`` of tests; after a
+    resume both cover the whole run (``resumed_at``: the steps restored)."""
+    from rpeg.runtime.summary import resumed_timeline, run_summary
 
     hist = [sched.history[s] for s in sorted(sched.history)]
     summary = run_summary(
-        hist, wall_s=wall_s, acc_before=sched.acc_before, acc_after=sched.acc_after
+        hist,
+        wall_s=wall_s,
+        acc_before=sched.acc_before,
+        acc_after=sched.acc_after,
+        resumed_at=resumed_at,
     )
     summary.update(run.summary_extras(hist))
-    timeline = {
+    now = {
         "records": [r.to_dict() for r in run.timeline.records],
-        "step_offsets_s": run.timeline.step_offsets(),
+        "step_offsets_s": {str(k): v for k, v in run.timeline.step_offsets().items()},
         "stage_spans": list(run.timeline.stage_spans),
     }
+    timeline = resumed_timeline(out / "timeline.json", now, resumed_at)
     (out / "timeline.json").write_text(json.dumps(timeline))
     if summary_json:
         Path(summary_json).parent.mkdir(parents=True, exist_ok=True)

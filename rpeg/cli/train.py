@@ -11,12 +11,13 @@ import typer
 
 
 def _echo_summary(summary: dict, out_dir: Path, extra: str = "") -> None:
+    from rpeg.runtime.summary import heldout_phrase
+
     n, total = summary.get("steps_run", summary["steps"]), summary["steps"]
     typer.echo(
         f"done: {n} steps{'' if n == total else f' (now {total} in all)'} in {summary['wall_s']:.1f}s "
         f"(median step {summary['median_step_s']:.2f}s); reward {summary['reward_first10']:.3f} -> "
-        f"{summary['reward_last10']:.3f}; held-out greedy accuracy {summary['heldout_acc_before']:.3f} -> "
-        f"{summary['heldout_acc_after']:.3f}; outputs in {out_dir}/ ({extra})"
+        f"{summary['reward_last10']:.3f}; {heldout_phrase(summary)}; outputs in {out_dir}/ ({extra})"
     )
 
 
@@ -172,7 +173,7 @@ def register(app: typer.Typer) -> None:
             from rpeg.runtime.local_trainer import LocalTrainer
 
             log = (lambda s: None) if quiet else (lambda s: typer.echo(s))
-            trainer = LocalTrainer(cfg, log=log)
+            trainer = LocalTrainer(cfg, log=log, progress=not quiet)  # a bar on a terminal
             try:
                 summary = trainer.run()
             except KeyboardInterrupt:

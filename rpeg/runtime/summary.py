@@ -3,13 +3,17 @@ single-process trainer, the retrain flow)."""
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 SUMMARY_KEYS = (
     "steps",
     "wall_s",
+    "segment_wall_s",
     "median_step_s",
     "reward_first10",
     "reward_last10",
@@ -29,16 +33,24 @@ def run_summary(
     acc_before: float | None,
     acc_after: float | None,
     window: int = 10,
+    resumed_at: int = 0,
 ) -> dict[str, Any]:
     """``history``: one metrics dict per finished step (a list in step order, or a dict
-    keyed by step). ``median_step_s`` is over the steps that report ``step_s``."""
+    keyed by step). ``median_step_s`` is over the steps that report ``step_s``.
+
+    ``wall_s``: this call's wall time. After a resume (``resumed_at``: the steps restored from
+    the checkpoint) the summary's ``wall_s`` is the run's in all: this call's plus the
+    restored steps' ``step_s`` (earlier calls' start-up and the steps lost after their last
+    checkpoint are not recorded anywhere, so not counted); ``segment_wall_s`` is this call's."""
     if isinstance(history, Mapping):
         history = [history[s] for s in sorted(history)]
     rewards = [float(h.get("reward_mean", 0.0)) for h in history]
     times = [float(h["step_s"]) for h in history if "step_s" in h]
+    before = sum(float(h.get("step_s", 0.0)) for h in history[:resumed_at])
     out = {
         "steps": len(history),
-        "wall_s": float(wall_s),
+        "wall_s": float(wall_s) + before,
+        "segment_wall_s": float(wall_s),
         "median_step_s": statistics.median(times) if times else 0.0,
         "reward_first10": _mean(rewards[:window]),
         "reward_last10": _mean(rewards[-window:]),
@@ -46,7 +58,58 @@ def run_summary(
         "heldout_acc_after": acc_after,
     }
     out.update(_mismatch_and_lag(history))
+    tools = [float(h["tool_use_rate"]) for h in history if "tool_use_rate" in h]
+    if tools:  # multi-turn tool tasks (rpeg.runtime.envs.rollout)
+        out["tool_use_rate_first10"] = _mean(tools[:window])
+        out["tool_use_rate_last10"] = _mean(tools[-window:])
     return out
+
+
+def resumed_timeline(path: Path, timeline: dict[str, Any], resumed_at: int) -> dict[str, Any]:
+    """``timeline.json``'s content after a resume: the earlier file at ``path``'s records,
+    step offsets and stage spans of the steps before ``resumed_at`` (the restored ones; a step
+    re-run after the checkpoint keeps only this call's), then this call's ``timeline``.
+    ``segments`` lists each call's first step (offsets and spans are from that call's start).
+    A fresh run (``resumed_at`` 0), or no readable earlier file: this call's alone."""
+    earlier: dict[str, Any] = {}
+    if resumed_at > 0:
+        try:
+            earlier = json.loads(path.read_text())
+        except (OSError, ValueError):
+            earlier = {}
+    if not isinstance(earlier, dict):
+        earlier = {}
+
+    def kept(key: str) -> list[Any]:
+        got = earlier.get(key, [])
+        ok = isinstance(got, list) and all(isinstance(r, dict) for r in got)
+        return [r for r in got if int(r.get("step", 0)) < resumed_at] if ok else []
+
+    offsets = earlier.get("step_offsets_s", {})
+    offsets = offsets if isinstance(offsets, dict) else {}
+    segments = [s for s in earlier.get("segments", [0]) if isinstance(s, int) and s < resumed_at]
+    return {
+        **timeline,
+        "records": kept("records") + list(timeline.get("records", [])),
+        "step_offsets_s": {
+            **{k: v for k, v in offsets.items() if int(k) < resumed_at},
+            **timeline.get("step_offsets_s", {}),
+        },
+        "stage_spans": kept("stage_spans") + list(timeline.get("stage_spans", [])),
+        "segments": [*segments, resumed_at] if resumed_at > 0 else [0],
+    }
+
+
+def heldout_phrase(summary: Mapping[str, Any]) -> str:
+    """The summary's held-out accuracy for a person: ``before -> after``, or why there is none
+    (a one-row data set holds nothing out: it printed ``nan -> nan``)."""
+    before, after = summary.get("heldout_acc_before"), summary.get("heldout_acc_after")
+    if before is None or after is None or math.isnan(before) or math.isnan(after):
+        return (
+            "no held-out accuracy (the held-out set is empty: task.heldout_size takes at most "
+            "half of a data file's rows)"
+        )
+    return f"held-out greedy accuracy {before:.3f} -> {after:.3f}"
 
 
 #: the run summary's rollout/trainer mismatch and lag figures: the mean over the steps that
