@@ -82,7 +82,7 @@ def dotted_get(row: Any, path: str) -> Any:
         if isinstance(node, str):
             try:
                 node = json.loads(node)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return _MISSING
         if not isinstance(node, dict) or part not in node:
             return _MISSING
@@ -262,6 +262,8 @@ def read_rows(
                     rows.append((i, json.loads(line)))
                 except ValueError as exc:
                     bad.append((i, f"not valid JSON: {exc}"))
+                except RecursionError:  # was a bare RecursionError ending the run
+                    bad.append((i, "JSON nested too deeply to read (Python's recursion limit)"))
     for i, row in rows:
         why = row_problem(row, keys)
         if why:

@@ -4,11 +4,13 @@
 (chat template applied), sets ``workload.max_prompt_tokens`` to the longest when the user
 did not set it, and otherwise counts what ``task.overlong`` will filter or truncate (or
 refuses the run for ``error``), saying so in one line; it warns when the tokenizer has a
-chat template that ``task.chat_template: none`` leaves unused.
+chat template that ``task.chat_template: none`` leaves unused, and when rows have an empty
+answer (every answer empty: the run would train on reward 0, silently before).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +54,20 @@ def fit_prompt_lengths(config: Any, log: Callable[[str], None] | None = None):
             say(f"prompts: {fmt.describe()}")
         return config
     examples = load_examples(t.url, t.kind, RowKeys.from_task(t))
+    if t.heldout_size and len(examples) < 2:
+        say(
+            f"warning: {t.url} holds {len(examples)} row: nothing is held out "
+            "(task.heldout_size takes at most half the rows), so no held-out accuracy"
+        )
+    empty = sum(1 for e in examples if not str(e.answer).strip())
+    if empty:  # every reward that compares to the answer scores 0 there (a silent 0 before)
+        warn = say if log is not None else (lambda m: print(m, file=sys.stderr))
+        key = t.answer_key or "answer"
+        warn(
+            f"warning: {empty} of {len(examples)} rows of {t.url} have an empty answer "
+            f"({key!r}); rewards that compare to it score 0 on those rows"
+            + (": the run would train on nothing" if empty == len(examples) else "")
+        )
     user_set = "max_prompt_tokens" in w.model_fields_set
     limit = w.max_prompt_tokens if user_set else None
     _, report = render_examples(examples, tok, fmt, max_prompt_tokens=limit, overlong=t.overlong)
