@@ -7,8 +7,8 @@ deployment's other defaults by Prefect). Each field is declared once here as an
 :class:`TrainParams` and :class:`RetrainParams` and the flow signatures use the same types,
 and the models' field order is the form's order (the most-changed fields first).
 
-Every field is non-nullable and has a default: numbers default to rpeg/config.py's defaults
-(the one place defaults live); ``rpeg deploy CONFIG`` fills the deployment's defaults with
+Every field is non-nullable and has a default: numbers default to the run config's
+(:class:`rpeg.config.RunConfig`, where a run's defaults are written); ``rpeg deploy CONFIG`` fills the deployment's defaults with
 CONFIG's values (:func:`form_defaults`), so the form shows what the config would run. Text
 fields use the empty string for "as in the config".
 

@@ -1,6 +1,6 @@
 """The form fields of the deployable flows, each declared once as an ``Annotated`` type
 carrying its range, unit, title and description, and the numeric fields' defaults (taken from
-rpeg/config.py's :class:`RunConfig`, so each default is written once)."""
+rpeg/config/'s :class:`RunConfig`, so each default is written once)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rpeg.config import RunConfig
 
 # tcp://host:port, tls://..., ucx://..., inproc://... (what distributed.Client accepts)
 CLUSTER_ADDRESS_PATTERN = r"^(tcp|tls|ucx|ucxx|inproc|ws|wss)://[^\s/]+(:\d+)?/?$"
-_DEFAULTS = RunConfig()  # rpeg/config.py: the defaults of every numeric field below
+_DEFAULTS = RunConfig()  # rpeg/config/: the defaults of every numeric field below
 
 
 def ui_field(title: str, description: str, **constraints: Any) -> Any:

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 HEADER = """# Run configuration reference
 
-<!-- generated from rpeg/config.py by `rpeg config docs`; do not edit by hand -->
+<!-- generated from rpeg/config/ by `rpeg config docs`; do not edit by hand -->
 
 A run config is YAML with the sections below; every field is optional (the default is
 shown). Unknown fields and wrong types are refused before anything starts, naming the dotted

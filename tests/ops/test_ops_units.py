@@ -80,7 +80,7 @@ def test_missing_config_is_one_line():
 
 def test_form_defaults_come_from_the_config():
     d = form_defaults(TrainParams, str(TINY), steps=5)
-    # tiny.yaml: 4 prompts x 4 samples (rpeg/config.py defaults are 16 x 8); steps given
+    # tiny.yaml: 4 prompts x 4 samples (rpeg/config/ defaults are 16 x 8); steps given
     assert (d["num_prompts"], d["samples_per_prompt"], d["steps"]) == (4, 4, 5)
     assert d["config"] == str(TINY) and d["output_dir"] == "" and d["overrides"] == {}
     r = form_defaults(RetrainParams, str(TINY), checkpoint_url="memory://c")

@@ -1,0 +1,162 @@
+"""Where and how a run executes: the cluster, the runtime (steps, staleness bound,
+checkpoints, faults, outputs, engine) and the plan search. Each default written once, here."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rpeg.config.section import Section
+
+#: the most devices a run or a plan may name: 131,072 (beyond the largest GPU clusters built;
+#: ``rpeg plan`` searched 16k devices in ~30 s and 131k in ~150 s on a 2-core CPU)
+MAX_DEVICES = 1 << 17
+
+
+class ClusterConfig(Section):
+    """Hardware the run plans for and runs on."""
+
+    name: str = Field("local-cpu", description="catalog cluster name (rpeg/specs clusters)")
+    num_devices: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_DEVICES,
+        description="devices to use; None = all of the cluster (at most MAX_DEVICES)",
+    )
+    address: str | None = Field(
+        None, description="existing Dask scheduler, e.g. tcp://host:8786; None = LocalCluster"
+    )
+    n_workers: int = Field(2, ge=1, description="LocalCluster worker processes")
+    threads_per_worker: int = Field(1, ge=1)
+    device_type: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="LocalCluster kind: cpu = one process per device slot; cuda = dask-cuda "
+        "LocalCUDACluster, one worker per visible GPU (gpu extra)",
+    )
+    worker_memory: str = Field(
+        "auto",
+        description="memory limit per LocalCluster worker: auto = the machine's memory (or "
+        "cgroup limit) split over the workers, a size such as 8GiB, or 0 = no limit",
+    )
+    dashboard_address: str | None = Field(
+        None,
+        description="Dask dashboard, e.g. 127.0.0.1:8787; None = no dashboard. Naming a "
+        "non-loopback interface exposes it without authentication",
+    )
+    direct_to_workers: bool = Field(
+        True,
+        description="the driver calls the ranks' actors on their workers directly (false: "
+        "through the scheduler, for workers the driver's machine cannot reach; each call then "
+        "takes two more hops)",
+    )
+    tls_ca_file: str | None = Field(None, description="CA bundle for a tls:// scheduler")
+    tls_cert_file: str | None = Field(None, description="client certificate (tls://)")
+    tls_key_file: str | None = Field(None, description="client private key (tls://)")
+
+
+class RuntimeConfig(Section):
+    steps: int = Field(60, ge=1, description="RL steps to run")
+    seed: int = 0
+    max_staleness: int = Field(0, ge=0, description="bound k on policy-version lag (0 = on-policy)")
+    checkpoint_url: str | None = Field(
+        None,
+        description="fsspec URL; None = no checkpoints. Each run writes under "
+        "<checkpoint_url>/<run_id>/, so runs sharing the URL keep each other's checkpoints",
+    )
+    run_id: str | None = Field(
+        None,
+        description="id of this run's checkpoints; None = a new id, or with resume the one "
+        "run found at checkpoint_url",
+    )
+    resume_from: str | None = Field(
+        None,
+        description="start from this checkpoint (a step folder, a run folder, or a checkpoint "
+        "URL holding one run) of any run; later checkpoints go under this run's id",
+    )
+    checkpoint_every: int = Field(10, ge=1)
+    keep_last: int = Field(3, ge=1)
+    resume: bool = False
+    worker_stall_warn_s: float = Field(
+        60.0, gt=0, description="distributed: warn when a worker has not answered a ping this long"
+    )
+    worker_lost_after_s: float = Field(
+        300.0,
+        ge=0,
+        description="distributed: a worker silent this long (stopped, hung) is killed and "
+        "handled as lost (the run recovers from its last checkpoint); 0 = never",
+    )
+    degenerate_steps_limit: int = Field(
+        20,
+        ge=0,
+        description="stop after this many consecutive steps that cannot move the policy (all "
+        "advantages 0, non-finite or huge rewards, every update skipped; each is warned "
+        "about); 0 = warn only (rpeg.runtime.degenerate)",
+    )
+    allow_change: list[Literal["algorithm", "staleness", "layout", "model"]] = Field(
+        default_factory=list,
+        description="with resume: what may differ from the checkpoint's commit marker "
+        "(algorithm, staleness, layout -- resharded, data-parallel replicas only -- or model); "
+        "anything else that differs is refused before the run starts (docs/runtime.md Faults)",
+    )
+    output_dir: str = Field("runs/latest", description="metrics, plots, summaries")
+    log_samples_every: int = Field(
+        1,
+        ge=0,
+        description="write the step's samples (prompt, response, reference answer, rewards, "
+        "advantage, length, policy version) to <output_dir>/samples.jsonl every this many "
+        "steps and print a few; 0 = never",
+    )
+    export_hf: bool = Field(
+        False,
+        description="at every checkpoint also write the policy as a Hugging Face folder "
+        "<output_dir>/hf/step-NNNNNNNN (as `rpeg export`); a failed export warns, the run "
+        "and its checkpoint go on",
+    )
+    loggers: list[Literal["tensorboard", "wandb", "mlflow"]] | None = Field(
+        None,
+        description="where per-step metrics go besides metrics.jsonl (both runtimes): "
+        "tensorboard (<output_dir>/tb), wandb (offline unless WANDB_MODE/WANDB_API_KEY), "
+        "mlflow (MLFLOW_TRACKING_URI or sqlite <output_dir>/mlflow.db); a named one not installed is "
+        "refused before start; unset = [tensorboard] when installed",
+    )
+    torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
+    cpu_binding: Literal["auto", "spread", "none"] = Field(
+        "auto",
+        description="distributed, CPU ranks: spread = bind each worker process of the run to "
+        "its own cores (its slot among the run's workers on that host; rpeg.runtime."
+        "cpu_binding); auto = spread only where the run has more workers on a host than the "
+        "host has cores; none = leave placement to the OS scheduler",
+    )
+    engine: Literal["auto", "torch", "vllm"] = Field(
+        "auto",
+        description="generation engine; auto = vllm where generation runs on CUDA and vllm "
+        "is installed, else torch (rpeg.runtime.engines.choice)",
+    )
+    step_retries: int = Field(
+        2, ge=0, description="distributed: recoveries from the last checkpoint after a worker dies"
+    )
+    collective_timeout_s: float | None = Field(
+        None,
+        gt=0.0,
+        le=7 * 24 * 3600.0,
+        description="distributed: seconds a rank waits at a collective before its process group "
+        "gives up (NCCL's watchdog then aborts the run); None = the larger of 30 min and 4x "
+        "the step the plan predicts (rpeg.runtime.actors.predicted): a dp rank that finished "
+        "its rollouts early waits for the slowest one at the next collective",
+    )
+
+
+class SearchConfig(Section):
+    """The plan optimizer (``rpeg plan``): budget, determinism, mode."""
+
+    mode: Literal["auto", "exhaustive", "decompose"] = Field(
+        "auto",
+        description="auto = exhaustive enumeration when the space is small, else decomposed search",
+    )
+    seed: int = Field(0, description="seed of the annealing refinement (same seed, same plan)")
+    max_candidates: int = Field(0, ge=0, description="cap on full-plan evaluations; 0 = no cap")
+    time_budget_s: float = Field(
+        0.0, ge=0.0, description="stop exploring new cells after this; 0 = no budget"
+    )
+    top_alternatives: int = Field(5, ge=0, description="alternatives shown in the report")

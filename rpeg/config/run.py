@@ -1,0 +1,117 @@
+"""One run's configuration (:class:`RunConfig`: every section), its loading from a dict or
+YAML, dotted overrides, and pydantic's errors as :class:`Problem` s naming dotted fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from rpeg.config.algorithm import AlgorithmConfig, OptimConfig
+from rpeg.config.execution import ClusterConfig, RuntimeConfig, SearchConfig
+from rpeg.config.section import Section
+from rpeg.config.workload import ModelConfig, TaskConfig, WorkloadConfig
+from rpeg.config.yaml_io import read_text_or_path, safe_yaml
+from rpeg.errors import ConfigError, Problem
+
+
+class RunConfig(Section):
+    """One run: model, algorithm, workload, task, optimizer, cluster, plan, runtime."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    plan: str | dict[str, Any] | None = Field(
+        None,
+        description="an execution plan (path/URL of plan YAML, or inline); None = let the runtime choose",
+    )
+
+    @property
+    def warmup_sft_steps(self) -> int:
+        """Warm-up steps actually run (resolves ``optim.warmup_sft_steps=None``)."""
+        if self.optim.warmup_sft_steps is not None:
+            return self.optim.warmup_sft_steps
+        return 150 if self.model.path is None else 0
+
+    # --- construction -------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None, *, source: str = "") -> RunConfig:
+        """Validate ``data``; raise :class:`ConfigError` listing every problem."""
+        try:
+            return cls.model_validate(data or {})
+        except ValidationError as exc:
+            raise ConfigError(problems_from_pydantic(exc), title=_title(source)) from None
+
+    @classmethod
+    def from_yaml(cls, text_or_path: str | Path) -> RunConfig:
+        """Load from a YAML path, fsspec URL, or a YAML string."""
+        text, source = read_text_or_path(text_or_path)
+        try:
+            data = safe_yaml(text, source)
+        except yaml.YAMLError as exc:
+            raise ConfigError([Problem(source or "yaml", f"not valid YAML: {exc}")]) from None
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(
+                [Problem(source or "yaml", "top level must be a mapping of sections")]
+            )
+        return cls.from_dict(data, source=source)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> RunConfig:
+        """Apply dotted overrides such as ``{"runtime.steps": 5}``, validating all at once.
+        Fields left at their defaults stay unset (``model_fields_set``): a default that
+        follows the data (``workload.max_prompt_tokens``) still can."""
+        data = self.model_dump(mode="json", exclude_unset=True)
+        full = self.model_dump(mode="json")
+        problems: list[Problem] = []
+        for dotted, value in overrides.items():
+            node, known = data, full
+            parts = dotted.split(".")
+            for part in parts[:-1]:
+                if not isinstance(known, dict) or part not in known:
+                    problems.append(Problem(dotted, f"unknown section {part!r}"))
+                    break
+                if not isinstance(node.get(part), dict):
+                    node[part] = {}  # a section left at its defaults: set only what is named
+                node, known = node[part], known[part]
+            else:
+                node[parts[-1]] = value
+        try:
+            out = RunConfig.from_dict(data, source="overrides")
+        except ConfigError as exc:
+            raise ConfigError(problems + list(exc.problems), title="invalid overrides") from None
+        if problems:
+            raise ConfigError(problems, title="invalid overrides")
+        return out
+
+
+def _title(source: str) -> str:
+    return f"invalid configuration {source}".strip()
+
+
+def problems_from_pydantic(exc: ValidationError) -> list[Problem]:
+    """Turn pydantic's error list into :class:`Problem` s with dotted paths."""
+    out = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        ctx = err.get("ctx") or {}
+        if err["type"] == "literal_error" and "expected" in ctx:
+            msg = f"got {err.get('input')!r}; allowed: {ctx['expected']}"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif err["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        elif err["type"].startswith(("greater", "less")):
+            msg = f"{msg} (got {err.get('input')!r})"
+        out.append(Problem(loc, msg))
+    return out

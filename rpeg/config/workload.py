@@ -1,0 +1,189 @@
+"""What a run trains and on what: the model, one RL step's workload (prompts, samples per
+prompt, token caps, micro-batches, sampling) and the task (data, template, rewards). Each
+default written once, here."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from rpeg.config.section import Section
+
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+
+
+class ModelConfig(Section):
+    """The policy model (and, by default, the reference and critic trunks)."""
+
+    name: str = Field(
+        "rpeg-tiny", description="catalog name (rpeg/specs models) used by the performance model"
+    )
+    path: str | None = Field(
+        None,
+        description="local path or fsspec URL of a Hugging Face model folder (safetensors); "
+        "None = the built-in tiny model, created and warmed up by the project",
+    )
+    critic_path: str | None = Field(
+        None, description="separate critic weights; None = start from the policy trunk"
+    )
+    reward_model_path: str | None = Field(
+        None, description="a reward model instead of rule rewards"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    tiny_shape: dict[str, int] | None = Field(
+        None,
+        description="override fields of the built-in tiny model's shape (e.g. {num_hidden_layers: 2})",
+    )
+
+
+class WorkloadConfig(Section):
+    """What one RL step processes."""
+
+    num_prompts: int = Field(16, ge=1, description="prompts per RL step")
+    samples_per_prompt: int = Field(8, ge=1, description="responses sampled per prompt (the group)")
+    max_prompt_tokens: int = Field(
+        32,
+        ge=1,
+        description="longest prompt in tokens; with a data file and this field unset, "
+        "rpeg train sets it to the longest prompt of the data (after the chat template)",
+    )
+    mean_prompt_tokens: float | None = Field(
+        None, gt=0, description="for the performance model; None = max_prompt_tokens"
+    )
+    max_response_tokens: int = Field(16, ge=1)
+    mean_response_tokens: float | None = Field(
+        None,
+        gt=0,
+        description="for the performance model; None = assume a distribution from the cap",
+    )
+    train_minibatches: int = Field(4, ge=1, description="optimizer steps per RL step")
+    micro_batch_size: int = Field(64, ge=1, description="samples per forward/backward micro-batch")
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description="token budget of a micro-batch (rows x padded length), replacing "
+        "micro_batch_size when set (verl ppo_max_token_len_per_gpu; rpeg.runtime.micro_batches)",
+    )
+    precision: Precision = "fp32"
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.num_prompts * self.samples_per_prompt
+
+    @model_validator(mode="after")
+    def _minibatches_divide(self) -> WorkloadConfig:
+        if self.samples_per_step % self.train_minibatches:
+            raise ValueError(
+                f"train_minibatches={self.train_minibatches} must divide "
+                f"num_prompts*samples_per_prompt={self.samples_per_step}"
+            )
+        return self
+
+
+#: names of rpeg.runtime.envs' environments and tools (tests/multiturn checks they agree)
+EnvName = Literal["tools"]
+ToolName = Literal["calc"]
+
+
+class MultiTurnConfig(Section):
+    """Multi-turn rollouts with tools (docs/multiturn.md); ``env`` None = single turn."""
+
+    env: EnvName | None = Field(
+        None, description="the environment of multi-turn rollouts; None = one turn"
+    )
+    tools: list[ToolName] = Field(default_factory=lambda: ["calc"], description="tools offered")
+    max_turns: int = Field(3, ge=1, le=64, description="model turns per sample, at most")
+    max_turn_tokens: int = Field(32, ge=1, description="generated tokens per turn, at most")
+    env_timeout_s: float = Field(5.0, gt=0.0, description="limit per environment call")
+    env_concurrency: int = Field(8, ge=1, description="environment calls at once, at most")
+    warmup_tool_share: float = Field(
+        0.5, ge=0.0, le=1.0, description="tool_arithmetic: share of warm-up transcripts with a call"
+    )
+
+
+class TaskConfig(Section):
+    """Where prompts and reference answers come from, and how responses are rewarded."""
+
+    kind: Literal["arithmetic", "countdown", "tool_arithmetic", "jsonl", "parquet", "hf"] = Field(
+        "arithmetic",
+        description="arithmetic | countdown: built-in synthetic tasks; tool_arithmetic: word "
+        "problems solved with a calculator tool (multi-turn: task.multiturn); jsonl | parquet: a "
+        "file; hf: a Hugging Face datasets folder (save_to_disk) or a folder of "
+        "parquet/jsonl files (rpeg.runtime.datasets)",
+    )
+    url: str | None = Field(
+        None,
+        description="fsspec URL of the JSONL/Parquet file or datasets folder; a folder may "
+        "name its split as <folder>#<split> (default: train)",
+    )
+    prompt_key: str | None = Field(
+        None,
+        description="column holding the prompt: text, or a list of chat messages "
+        "({role, content}; verl and TRL conversational data). None = question, problem or "
+        "prompt, the first present",
+    )
+    answer_key: str | None = Field(
+        None,
+        description="dotted path of the reference answer in a row, e.g. "
+        "reward_model.ground_truth (verl). None = answer or solution (GSM8K: the text "
+        "after ####)",
+    )
+    system_prompt: str | None = Field(
+        None, description="a system message put before every prompt that has none"
+    )
+    chat_template: str = Field(
+        "auto",
+        description="auto = apply the tokenizer's chat template (with the generation prompt) "
+        "when it has one; none = the prompt text as is; or the path of a Jinja template file",
+    )
+    overlong: Literal["filter", "truncate", "error"] = Field(
+        "filter",
+        description="prompts longer than workload.max_prompt_tokens (counted after the chat "
+        "template): filter = drop them and say how many; truncate = keep their last tokens; "
+        "error = refuse the run",
+    )
+    prompt_template: str = Field(
+        "{question}", description="text prompts: the text given to the model ({question})"
+    )
+    difficulty: int = Field(1, ge=1, le=5, description="synthetic tasks: 1 = easiest")
+    rewards: list[str] = Field(
+        default_factory=lambda: ["exact_numeric"],
+        description="reward names: built-in, or registered by a module of reward_modules",
+    )
+    reward_modules: list[str] = Field(
+        default_factory=list,
+        description="Python modules that register rewards (rpeg.runtime.rewards."
+        "register_reward) when imported; imported by the preflight, the local trainer and "
+        "every worker's actors, so they must be importable there (installed or on PYTHONPATH)",
+    )
+    heldout_size: int = Field(64, ge=0)
+    seed: int = 0
+    max_reward_error_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="fail the step when more than this share of a batch's reward calls raise "
+        "(a reward that always errors would otherwise train on zeros)",
+    )
+    reward_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="wall-clock limit per sample for rewards run in the verifier process pool",
+    )
+    multiturn: MultiTurnConfig = Field(
+        default_factory=MultiTurnConfig,
+        description="multi-turn rollouts with tools: env, tools, max_turns, max_turn_tokens, "
+        "env_timeout_s, env_concurrency, warmup_tool_share (docs/multiturn.md)",
+    )
+
+    @model_validator(mode="after")
+    def _url_for_files(self) -> TaskConfig:
+        if self.kind in ("jsonl", "parquet", "hf") and not self.url:
+            raise ValueError(f"kind={self.kind!r} needs url (an fsspec URL)")
+        if self.kind == "tool_arithmetic" and self.multiturn.env is None:
+            raise ValueError("kind='tool_arithmetic' needs multiturn.env (allowed: tools)")
+        return self
