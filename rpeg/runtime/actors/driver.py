@@ -17,50 +17,28 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from rpeg.compile import CompiledStep
 from rpeg.config import RunConfig
+from rpeg.ir import StageKind
 from rpeg.runtime.actors.checkpoint import CheckpointStore
-from rpeg.runtime.actors.checkpoint import dumps as checkpoint_dumps
-from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
 from rpeg.runtime.actors.lifecycle import ActorSet
 from rpeg.runtime.actors.proxies import broadcast_weights, join_sync_group
 from rpeg.runtime.actors.recorder import TimelineRecorder
-from rpeg.runtime.actors.row_shards import prompt_shards, shard_groups
+from rpeg.runtime.actors.row_shards import prompt_shards
+from rpeg.runtime.actors.run_checkpoints import RunCheckpoints
+from rpeg.runtime.actors.run_data import Payload, RunDataPlane, Streamed
 from rpeg.runtime.actors.unit_call import UnitCall
-from rpeg.runtime.actors.unit_chains import arrives_by_take, step_chains, unit_layout
+from rpeg.runtime.actors.unit_chains import step_chains
 from rpeg.runtime.actors.unit_result import reduce_results
 
 log = logging.getLogger(__name__)
 
 
-#: fields a unit takes from a dependency on another group (the rows it holds lack them)
-MERGED_FIELDS = (
-    "old_logprobs",
-    "ref_logprobs",
-    "values",
-    "rewards",
-    "correct",
-    "advantages",
-    "returns",
-)
-
-
 #: unit kinds that can consume a streaming rollout chunk by chunk (forward passes only)
-STREAM_CONSUMER_KINDS = frozenset({"ref_logprob", "old_logprob", "values"})
-
-#: a sharded group's shards in a checkpoint's folder: ``<step folder>/<group>.dcp``
-SHARDS_SUFFIX = ".dcp"
+STREAM_CONSUMER_KINDS = frozenset({StageKind.ref_logprob, StageKind.old_logprob, StageKind.values})
 
 
-def _writes_shards(g: Any) -> bool:
-    """A trainable group sharded by FSDP or TP: its ranks write their own shards of the
-    weights and optimizer state at a checkpoint (no rank holds the whole of either)."""
-    return bool(g.trainable) and (g.tp > 1 or (g.fsdp and g.dp > 1))
-
-
-class DistributedRun:
+class DistributedRun(RunDataPlane, RunCheckpoints):
     """Actor groups of a :class:`CompiledStep` on the cluster, and the state of the run."""
 
     def __init__(self, config: RunConfig, compiled: CompiledStep, cluster: Any):
@@ -83,7 +61,7 @@ class DistributedRun:
         )
         # step -> Holding (metadata: which ranks hold the rows) of async rollouts in flight;
         # the tensors stay on the rollout actors until the trainer pulls them
-        self.payloads: dict[int, Any] = {}
+        self.payloads: dict[int, Payload] = {}
         self.holdings: dict[tuple[str, int], Any] = {}  # (group, step) -> Holding
         self.driver_bytes: dict[int, int] = {}  # step -> tensor bytes through this process
         self.batch_bytes: dict[int, int] = {}  # step -> tensor bytes of the step's batch
@@ -202,77 +180,6 @@ class DistributedRun:
             log.warning("no complete checkpoint yet: the run starts again from step 0")
         return state
 
-    # ---------------------------------------------------------------- data movement
-    def put_sharded(self, step: int, dst: str, batches: list[Any]) -> None:
-        """Driver-held batches into ``dst`` (sharded by its dp, replicated over its tp): the
-        restore path of in-flight rollouts only; steps move batches actor to actor."""
-        from rpeg.runtime.actors.dataplane import Holding
-        from rpeg.runtime.batch import RolloutBatch
-
-        g = self.compiled.group(dst)
-        whole = RolloutBatch.concat(batches) if len(batches) > 1 else batches[0]
-        idx = shard_groups(whole.size, g.dp, self.config.workload.samples_per_prompt)
-        parts = [whole.select(torch.tensor(i, dtype=torch.long)) for i in idx]
-        self.group(dst).put_batch(step, [parts[r // g.tp] for r in range(g.world_size)])
-        self.holdings[(dst, step)] = Holding(dst, g.dp, g.tp, tuple(p.size for p in parts))
-
-    def _layout(self, task: Any) -> tuple[int, int]:
-        """(dp, tp) the ranks of ``task``'s group run it at (generation: gen_tp)."""
-        return unit_layout(self.compiled.group(task.group), task)
-
-    def pull(self, step: int, src: Any, dst: str, fields: list[str] | None = None) -> int:
-        """``dst``'s ranks fetch their rows of ``src`` (a Holding) from its actors directly;
-        ``fields``: only those fields, merged into the rows ``dst`` already holds. Returns the
-        tensor bytes moved actor to actor."""
-        from rpeg.runtime.actors.dataplane import Holding, plan_pull
-
-        g = self.compiled.group(dst)
-        slices, sizes = plan_pull(src, g.dp, g.tp, self.config.workload.samples_per_prompt)
-        producers = self.group(src.group).handles  # passed to the consumers, who read them
-        stage = src.group == dst  # a group resharding its own rows: commit after all reads
-        per_rank = [
-            ([(producers[r], a, b) for r, a, b in parts], fields, stage) for parts in slices
-        ]
-        consumer = self.group(dst)
-        got = consumer.pull(step, per_rank)
-        if stage:
-            consumer.commit(step)
-        if fields is None:
-            self.holdings[(dst, step)] = Holding(dst, g.dp, g.tp, sizes)
-        n = int(sum(got))
-        with self._lock:
-            self.pulled_bytes[step] = self.pulled_bytes.get(step, 0) + n
-        return n
-
-    def _merge_inputs(self, step: int, task: Any) -> None:
-        """Before a unit runs: its group's ranks pull the rows (or the missing fields) of its
-        dependencies from the groups that hold them -- actor to actor, sharded for the
-        unit's layout; the driver only plans the slices."""
-        from rpeg.runtime.actors.dataplane import same_rows
-
-        srcs = []
-        for d in task.depends_on:
-            dt = self.compiled.task(d)
-            if arrives_by_take(self.compiled, task, dt):
-                continue
-            g = dt.group
-            if g not in srcs:
-                srcs.append(g)
-        own = self.holdings.get((task.group, step))
-        dp, _tp = self._layout(task)
-        gs = self.config.workload.samples_per_prompt
-        if own is not None and task.group in srcs and not same_rows(own, dp, gs):
-            self.pull(step, own, task.group)  # e.g. generated at gen_tp, trained at tp
-        if not srcs or srcs == [task.group]:
-            return
-        base_src = task.group if task.group in srcs else srcs[0]
-        if base_src != task.group:
-            self.pull(step, self.holdings[(base_src, step)], task.group)
-        for g in srcs:
-            if g == base_src:
-                continue
-            self.pull(step, self.holdings[(g, step)], task.group, fields=list(MERGED_FIELDS))
-
     # ---------------------------------------------------------------- units
     def examples_for(self, step: int) -> list[Any]:
         with self._lock:
@@ -387,27 +294,6 @@ class DistributedRun:
         for line in SM.sample_lines(rows):
             print(line, flush=True)
 
-    def release(self, step: int) -> None:
-        """Drop the step's rows on every group that holds them, and its prompts."""
-        held = [g for (g, s) in list(self.holdings) if s == step]
-        for g in held:
-            self.group(g).drop(step)
-            self.holdings.pop((g, step), None)
-        with self._lock:
-            self.slot_examples.pop(step, None)
-            for kept in (self._chained, self._tails):
-                for key in [k for k in kept if k[0] == step]:
-                    del kept[key]
-
-    def data_plane_metrics(self, step: int) -> dict[str, float]:
-        """Bytes of the step: through the flow process, of the batch, actor to actor."""
-        with self._lock:
-            return {
-                "driver_bytes": float(self.driver_bytes.get(step, 0)),
-                "batch_bytes": float(self.batch_bytes.get(step, 0)),
-                "actor_to_actor_bytes": float(self.pulled_bytes.get(step, 0)),
-            }
-
     def summary_extras(self, hist: list[dict[str, float]]) -> dict[str, Any]:
         """Run-summary fields of the data plane and the layout
         (:func:`rpeg.runtime.summary.distributed_summary`)."""
@@ -440,7 +326,7 @@ class DistributedRun:
         with self._lock:
             held = self.holdings[(self.compiled.rollout_group, step)]
             if any(s == step for s, _ in self._streamed):
-                held = ("streamed", held)  # the trainer already holds the rows
+                held = Streamed(held)  # the trainer already holds the rows
             self.payloads[step] = held
         return m
 
@@ -476,50 +362,6 @@ class DistributedRun:
         ]
         return self._finish_unit(step, task, per_rank)
 
-    def take(self, step: int) -> dict[str, float]:
-        """Train side: the trainer group pulls the step's rows from the rollout actors (the
-        step scheduler checked they are there and within the staleness bound)."""
-        with self._lock:
-            held = self.payloads.pop(step)
-        if isinstance(held, tuple) and held[0] == "streamed":  # the trainer holds them already
-            self.group(held[1].group).drop(step)
-            self.holdings.pop((held[1].group, step), None)
-            return {}
-        self._place(step, held, self.compiled.trainer_group)
-        return {}
-
-    def _place(self, step: int, held: Any, dst: str) -> None:
-        """Rows described by ``held`` (a Holding, or batches restored from a checkpoint) into
-        ``dst``; the producers drop them after the pull."""
-        from rpeg.runtime.actors.dataplane import Holding
-
-        if not isinstance(held, Holding):
-            self.put_sharded(step, dst, held)
-            return
-        self.pull(step, held, dst)
-        if held.group != dst:
-            self.group(held.group).drop(step)
-            self.holdings.pop((held.group, step), None)
-
-    def payload_batches(self) -> dict[int, list[Any]]:
-        """In-flight rollouts as batches (for a checkpoint only: fetched from their actors)."""
-        from rpeg.runtime.actors.dataplane import Holding
-
-        out = {}
-        with self._lock:
-            items = list(self.payloads.items())
-        for s, held in items:
-            if isinstance(held, tuple):  # streamed: the trainer holds the rows already
-                held = self.holdings.get((self.compiled.trainer_group, s), held[1])
-            if not isinstance(held, Holding):
-                out[s] = held
-                continue
-            # one replica per dp index; these do pass through the flow process (counted)
-            out[s] = self.group(held.group).get_batch(
-                s, ranks=[i * held.tp for i in range(held.dp)]
-            )
-        return out
-
     def sync_weights(self, step: int) -> dict[str, float]:
         """Weight sync by collective: the trainer ranks gather the full weights, its rank 0
         broadcasts them in ``bucket_bytes`` buckets to every generator rank (which reshards to
@@ -544,102 +386,6 @@ class DistributedRun:
             "weight_sync_bytes": float(nbytes),
             "weight_sync_buckets": float(sent.get("buckets", 0)),
         }
-
-    # ---------------------------------------------------------------- checkpoints
-    def checkpoint_url(self, step_done: int) -> str | None:
-        return None if self.store is None else self.store.step_url(step_done)
-
-    def checkpoint(self, step_done: int, state: dict[str, Any]) -> dict[str, float]:
-        """Save after ``step_done`` steps: trainable ranks; the data cursor, the rows of
-        produced rollouts not trained yet, the prompts drawn for later steps, and ``state``
-        (the step scheduler's: versions, lags, metrics)."""
-        if self.store is None:
-            return {}
-        t0 = time.perf_counter()
-        parts: dict[str, bytes] = {}
-        sharded = sorted(g.name for g in self.compiled.actor_groups if _writes_shards(g))
-        for g in self.compiled.actor_groups:
-            if g.trainable:
-                light = g.name in sharded  # its weights and optimizer: the ranks' shards
-                for r, data in enumerate(self.group(g.name).state_bytes(light)):
-                    parts[f"{g.name}-rank{r}.pt"] = data
-        in_flight = self.payload_batches()  # rows of produced rollouts, from their actors
-        with self._lock:
-            driver = {
-                "step": step_done,
-                "cursor": self.cursor.state_dict(),
-                "payloads": in_flight,
-                "slot_examples": {s: e for s, e in self.slot_examples.items() if s >= step_done},
-                "scheduler": state,
-            }
-        parts["driver.pt"] = checkpoint_dumps(driver)
-        from rpeg.runtime.actors.checkpoint_identity import model_identity, run_identity
-
-        meta = {
-            "policy_version": step_done,
-            **run_identity(self.config, self.compiled.actor_groups),
-            "staleness": self.k,
-            "model": model_identity(self.config.model),
-        }
-
-        def write_shards(url: str) -> dict[str, Any]:
-            # every rank of a sharded group writes its own shards into the step's folder
-            # (torch.distributed.checkpoint); nothing of them passes through this process
-            for name in sharded:
-                self.group(name).save_shards(f"{url}/{name}{SHARDS_SUFFIX}")
-            return {"sharded_groups": sharded}
-
-        info = self.store.save(
-            step_done, parts, meta, before_commit=write_shards if sharded else None
-        )
-        if self.config.runtime.export_hf:  # rank-state checkpoints (not torch.distributed shards)
-            from rpeg.runtime.export import export_at_checkpoint
-
-            export_at_checkpoint(self.config, info.path, step_done, print)
-        return {
-            "checkpoint_s": time.perf_counter() - t0,
-            "checkpoint_bytes": float(info.meta["total_bytes"]),
-        }
-
-    def restore(self) -> dict[str, Any] | None:
-        """Load the newest complete checkpoint into the actors and the driver; return the
-        step scheduler state saved with it (None without one)."""
-        if self.store is None:
-            return None
-        got = self.store.latest()
-        if got is None:
-            return None
-        _meta, parts = got
-        shards = set(_meta.get("sharded_groups", ()))
-        for g in self.compiled.actor_groups:
-            if g.trainable and g.name in shards:  # weights and optimizer from the shards
-                self.group(g.name).load_shards(f"{_meta['dir_url']}/{g.name}{SHARDS_SUFFIX}")
-            if g.trainable:
-                self.group(g.name).load_state_bytes(
-                    [self._rank_part(parts, g, r) for r in range(g.world_size)]
-                )
-        d = checkpoint_loads(parts["driver.pt"])
-        self.cursor.load_state_dict(d["cursor"])
-        with self._lock:
-            self.payloads = {int(s): b for s, b in d["payloads"].items()}
-            self.slot_examples = {int(s): e for s, e in d["slot_examples"].items()}
-        return d["scheduler"]
-
-    def _rank_part(self, parts: dict[str, bytes], g: Any, r: int) -> bytes:
-        """Rank ``r`` of group ``g``'s saved state; after a layout change
-        (``--allow-change layout``, checked in the preflight: data-parallel replicas only)
-        a rank the checkpoint lacks loads its group's rank 0 part -- the replicas are
-        identical -- or, for a renamed group, the rank 0 part of the one trainable group
-        the checkpoint holds."""
-        name = f"{g.name}-rank{r}.pt"
-        if name in parts or "layout" not in self.config.runtime.allow_change:
-            return parts[name]
-        if f"{g.name}-rank0.pt" in parts:
-            return parts[f"{g.name}-rank0.pt"]
-        firsts = sorted(p for p in parts if p.endswith("-rank0.pt"))
-        if len(firsts) != 1:
-            raise KeyError(f"{name}: the checkpoint holds {sorted(parts)}; cannot reshard")
-        return parts[firsts[0]]
 
     # ---------------------------------------------------------------- results
     def evaluate(self) -> float:

@@ -38,11 +38,10 @@ what makes a resumed or recovered run equal an uninterrupted one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from rpeg.compile.step import CompiledStep, TaskSpec
 from rpeg.runtime.actors import staleness as st
+from rpeg.runtime.actors.scheduler_invariants import SchedulerInvariants
 from rpeg.runtime.actors.step_messages import (
     BatchTaken,
     BeginStep,
@@ -70,58 +69,15 @@ from rpeg.runtime.actors.step_messages import (
     WeightsSynced,
     WorkerLost,
 )
+from rpeg.runtime.actors.step_plan import StepPlan
 
 STATE_FORMAT = 1
-
-
-# --------------------------------------------------------------------------- the plan
-
-
-@dataclass(frozen=True)
-class UnitPlan:
-    name: str
-    deps: tuple[str, ...]  # units of the same step that must finish first
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What the scheduler needs of a :class:`rpeg.compile.CompiledStep` (plain data)."""
-
-    units: tuple[UnitPlan, ...]  # in topological order; async: the train-phase units
-    async_rollout: bool
-    k: int
-    samples_per_step: int
-    sync_every: int = 1
-
-    @classmethod
-    def from_compiled(cls, compiled: CompiledStep) -> StepPlan:
-        async_rollout = compiled.async_rollout
-        if async_rollout:  # rollout units run inside Rollout; the bucketed sync replaces
-            tasks = [t for t in compiled.tasks_in("train") if "sync_weights" not in t.kinds]
-        else:
-            tasks = list(compiled.tasks)
-        names = {t.name for t in tasks}
-        units = tuple(
-            UnitPlan(t.name, tuple(d for d in _waits(compiled, t) if d in names)) for t in tasks
-        )
-        return cls(
-            units=units,
-            async_rollout=async_rollout,
-            k=compiled.staleness,
-            samples_per_step=compiled.buffer.samples_per_step,
-            sync_every=compiled.weight_sync.every_steps,
-        )
-
-
-def _waits(compiled: CompiledStep, t: TaskSpec) -> list[str]:
-    """Units ``t`` waits for inside a step (the compiled step's ``wait_list``)."""
-    return list(compiled.wait_list(t.name))
 
 
 # --------------------------------------------------------------------------- the machine
 
 
-class StepScheduler:
+class StepScheduler(SchedulerInvariants):
     """The state of a run's steps; ``handle(*events) -> [instructions]``.
 
     ``checkpoint_every``: None without a checkpoint store (then a lost worker fails the run);
@@ -456,52 +412,6 @@ class StepScheduler:
         self.history = {int(s): dict(m) for s, m in d.get("history", {}).items()}
         self.rollout_metrics = {int(s): dict(m) for s, m in d.get("rollout_metrics", {}).items()}
         self.staleness = st.StalenessState.from_state_dict(d["staleness"], k=self.plan.k)
-
-    # ---------------------------------------------------------------- invariants
-    def validate(self) -> None:
-        """Raise :class:`SchedulerError` if an invariant does not hold (tests call it after
-        every event)."""
-        s = self.staleness
-        errs: list[str] = []
-
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                errs.append(msg)
-
-        need(0 <= self.step <= self.steps, f"step {self.step} outside [0, {self.steps}]")
-        need(sorted(self.history) == list(range(len(self.history))), "history has gaps")
-        need(len(self.history) == self.step, f"{len(self.history)} steps recorded at {self.step}")
-        need(self.recoveries <= self.max_recoveries, "more recoveries than allowed")
-        need(not self.done - {*self.unit_names, "take"}, f"unknown done units {self.done}")
-        for u in self.plan.units:
-            if u.name in self.done or ("unit", self.step, u.name) in self.in_flight:
-                need(all(d in self.done for d in u.deps), f"{u.name} ran before {u.deps}")
-        for key in self.in_flight:
-            need(key[0] != "unit" or key[1] == self.step, f"{key} in flight at step {self.step}")
-            need(key[0] != "unit" or key[2] not in self.done, f"{key} in flight and done")
-        if self.phase in ("done", "failed", "recovering", "new"):
-            need(not self.in_flight, f"{self.phase} with work in flight {list(self.in_flight)}")
-        if self.phase == "done":
-            need(self.step == self.steps, "finished before the last step")
-        if self.plan.async_rollout and self.phase != "new":
-            rolling = [k for k in self.in_flight if k[0] == "rollout"]
-            need(len(rolling) <= 1, f"more than one rollout in flight: {rolling}")
-            for key in rolling:
-                need(key[1] <= self._window_end(), f"rollout {key[1]} beyond the window")
-            v = s.trainer_version
-            need(v in (self.step, self.step + 1), f"trainer version {v} at step {self.step}")
-            need(v == self.step + 1 or not self.trained or self.phase != "step", "no publish")
-            need(s.generator_version <= v, "generators ahead of the trainer")
-            for smp in s.ready.values():
-                lag = s.step_of(smp.index) - smp.version
-                need(0 <= lag <= self.plan.k, f"sample {smp.index} lag {lag} > k={self.plan.k}")
-            need(set(self.rollout_metrics) >= {smp.payload for smp in s.ready.values()}, "lost")
-            took = "take" in self.done or ("take", self.step) in self.in_flight
-            taken = self.step + (1 if took else 0)
-            if self.phase in ("step", "checkpoint", "finishing", "done"):
-                need(s.delivered == taken * self.B, f"delivered {s.delivered} at step {taken}")
-        if errs:
-            raise SchedulerError("; ".join(errs))
 
 
 def _event_key(ev: Any) -> tuple:

@@ -111,7 +111,7 @@ def test_staleness_bound_comes_from_the_compiled_step(tmp_path):
     import dataclasses
 
     from rpeg.runtime.actors import staleness as st
-    from rpeg.runtime.actors.scheduler import StepPlan
+    from rpeg.runtime.actors.step_plan import StepPlan
 
     cfg = _cfg(tmp_path, **{"runtime.max_staleness": 1, "cluster.num_devices": 2})
     B = cfg.workload.samples_per_step

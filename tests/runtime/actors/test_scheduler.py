@@ -18,6 +18,7 @@ import yaml
 from rpeg.compile import CompiledStep
 from rpeg.runtime.actors import scheduler as S
 from rpeg.runtime.actors import step_messages as M
+from rpeg.runtime.actors import step_plan as P
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -154,8 +155,8 @@ def test_sync_runs_every_unit_once_per_step_in_dependency_order(order):
 
 
 def test_units_without_a_dependency_path_are_in_flight_together():
-    U = S.UnitPlan
-    plan = S.StepPlan(
+    U = P.UnitPlan
+    plan = P.StepPlan(
         units=(U("a", ()), U("b", ()), U("c", ("a", "b"))),
         async_rollout=False,
         k=0,

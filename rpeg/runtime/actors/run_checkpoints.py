@@ -1,0 +1,121 @@
+"""A run's checkpoint: every trainable rank's state (or, for a sharded group, its ranks'
+torch.distributed.checkpoint shards under ``<step folder>/<group>.dcp``), the driver's data
+cursor, the rollouts in flight and the step scheduler's state, written through the run's
+:class:`rpeg.runtime.actors.checkpoint.CheckpointStore` and restored from its newest
+complete checkpoint. A mixin of :class:`rpeg.runtime.actors.driver.DistributedRun`."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rpeg.runtime.actors.checkpoint import dumps as checkpoint_dumps
+from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
+
+#: a sharded group's shards in a checkpoint's folder: ``<step folder>/<group>.dcp``
+SHARDS_SUFFIX = ".dcp"
+
+
+def _writes_shards(g: Any) -> bool:
+    """A trainable group sharded by FSDP or TP: its ranks write their own shards of the
+    weights and optimizer state at a checkpoint (no rank holds the whole of either)."""
+    return bool(g.trainable) and (g.tp > 1 or (g.fsdp and g.dp > 1))
+
+
+class RunCheckpoints:
+    """Checkpoint and restore of a distributed run."""
+
+    def checkpoint_url(self, step_done: int) -> str | None:
+        return None if self.store is None else self.store.step_url(step_done)
+
+    def checkpoint(self, step_done: int, state: dict[str, Any]) -> dict[str, float]:
+        """Save after ``step_done`` steps: trainable ranks; the data cursor, the rows of
+        produced rollouts not trained yet, the prompts drawn for later steps, and ``state``
+        (the step scheduler's: versions, lags, metrics)."""
+        if self.store is None:
+            return {}
+        t0 = time.perf_counter()
+        parts: dict[str, bytes] = {}
+        sharded = sorted(g.name for g in self.compiled.actor_groups if _writes_shards(g))
+        for g in self.compiled.actor_groups:
+            if g.trainable:
+                light = g.name in sharded  # its weights and optimizer: the ranks' shards
+                for r, data in enumerate(self.group(g.name).state_bytes(light)):
+                    parts[f"{g.name}-rank{r}.pt"] = data
+        in_flight = self.payload_batches()  # rows of produced rollouts, from their actors
+        with self._lock:
+            driver = {
+                "step": step_done,
+                "cursor": self.cursor.state_dict(),
+                "payloads": in_flight,
+                "slot_examples": {s: e for s, e in self.slot_examples.items() if s >= step_done},
+                "scheduler": state,
+            }
+        parts["driver.pt"] = checkpoint_dumps(driver)
+        from rpeg.runtime.actors.checkpoint_identity import model_identity, run_identity
+
+        meta = {
+            "policy_version": step_done,
+            **run_identity(self.config, self.compiled.actor_groups),
+            "staleness": self.k,
+            "model": model_identity(self.config.model),
+        }
+
+        def write_shards(url: str) -> dict[str, Any]:
+            # every rank of a sharded group writes its own shards into the step's folder
+            # (torch.distributed.checkpoint); nothing of them passes through this process
+            for name in sharded:
+                self.group(name).save_shards(f"{url}/{name}{SHARDS_SUFFIX}")
+            return {"sharded_groups": sharded}
+
+        info = self.store.save(
+            step_done, parts, meta, before_commit=write_shards if sharded else None
+        )
+        if self.config.runtime.export_hf:  # rank-state checkpoints (not torch.distributed shards)
+            from rpeg.runtime.export import export_at_checkpoint
+
+            export_at_checkpoint(self.config, info.path, step_done, print)
+        return {
+            "checkpoint_s": time.perf_counter() - t0,
+            "checkpoint_bytes": float(info.meta["total_bytes"]),
+        }
+
+    def restore(self) -> dict[str, Any] | None:
+        """Load the newest complete checkpoint into the actors and the driver; return the
+        step scheduler state saved with it (None without one)."""
+        if self.store is None:
+            return None
+        got = self.store.latest()
+        if got is None:
+            return None
+        _meta, parts = got
+        shards = set(_meta.get("sharded_groups", ()))
+        for g in self.compiled.actor_groups:
+            if g.trainable and g.name in shards:  # weights and optimizer from the shards
+                self.group(g.name).load_shards(f"{_meta['dir_url']}/{g.name}{SHARDS_SUFFIX}")
+            if g.trainable:
+                self.group(g.name).load_state_bytes(
+                    [self._rank_part(parts, g, r) for r in range(g.world_size)]
+                )
+        d = checkpoint_loads(parts["driver.pt"])
+        self.cursor.load_state_dict(d["cursor"])
+        with self._lock:
+            self.payloads = {int(s): b for s, b in d["payloads"].items()}
+            self.slot_examples = {int(s): e for s, e in d["slot_examples"].items()}
+        return d["scheduler"]
+
+    def _rank_part(self, parts: dict[str, bytes], g: Any, r: int) -> bytes:
+        """Rank ``r`` of group ``g``'s saved state; after a layout change
+        (``--allow-change layout``, checked in the preflight: data-parallel replicas only)
+        a rank the checkpoint lacks loads its group's rank 0 part -- the replicas are
+        identical -- or, for a renamed group, the rank 0 part of the one trainable group
+        the checkpoint holds."""
+        name = f"{g.name}-rank{r}.pt"
+        if name in parts or "layout" not in self.config.runtime.allow_change:
+            return parts[name]
+        if f"{g.name}-rank0.pt" in parts:
+            return parts[f"{g.name}-rank0.pt"]
+        firsts = sorted(p for p in parts if p.endswith("-rank0.pt"))
+        if len(firsts) != 1:
+            raise KeyError(f"{name}: the checkpoint holds {sorted(parts)}; cannot reshard")
+        return parts[firsts[0]]
