@@ -95,12 +95,12 @@ def test_unknown_cluster_is_not_silently_cpu():
 
 
 def test_flow_refuses_before_any_actor_when_the_workers_lack_gpus():
-    from rpeg.flows import train
+    from rpeg.flows import run_setup
 
     closed = []
     client = SimpleNamespace(run=lambda fn: {"tcp://w0": _view(n=0, torch_cuda=None, smi=None)})
     cl = SimpleNamespace(client=client, close=lambda: closed.append(True))
     with pytest.raises(ConfigError, match="see no CUDA device"):
-        train._check_worker_gpus(CFG, _plan([0]), cl, owned=True)
+        run_setup._check_worker_gpus(CFG, _plan([0]), cl, owned=True)
     assert closed == [True]
-    train._check_worker_gpus(CFG, _plan([0], device_type="cpu"), cl, owned=True)  # CPU plan
+    run_setup._check_worker_gpus(CFG, _plan([0], device_type="cpu"), cl, owned=True)  # CPU plan

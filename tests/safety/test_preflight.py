@@ -251,7 +251,7 @@ def test_a_group_baseline_needs_a_group(algo, k, refused, tmp_path, capsys):
 def test_machine_message_names_the_machines_cpus_not_the_floor(monkeypatch):
     """On a 2-core machine 4 one-thread CPU workers are allowed (the shipped 4-device
     configs), but the message says 2 CPUs, not 4 (issue 29)."""
-    from rpeg import preflight as P
+    from rpeg.preflight import machine as P
 
     monkeypatch.setattr(P, "machine_cpus", lambda: 2)
     assert P.machine_device_limit() == 4

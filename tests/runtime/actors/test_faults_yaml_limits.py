@@ -29,6 +29,6 @@ def test_a_config_with_a_few_aliases_still_loads():
 
 
 def test_an_oversized_config_is_refused(monkeypatch):
-    monkeypatch.setattr("rpeg.config.MAX_YAML_BYTES", 100)
+    monkeypatch.setattr("rpeg.config.yaml_io.MAX_YAML_BYTES", 100)
     with pytest.raises(ConfigError, match="bytes of YAML"):
         RunConfig.from_yaml("runtime:\n  steps: 3\n" + "#" * 200 + "\n")
