@@ -11,8 +11,8 @@ Mechanics: each row is priced once per point of a grid of (gen_eff, train_eff) f
 its layout solved at the shipped constants; the fit minimises the squared log errors of the
 step times (and of the published generation/training stage times, which separate the two
 factors) over that grid, bilinearly interpolated in log space, with each source weighted
-``1/sqrt(rows)`` and each system's factors shrunk towards the pooled ones (``SHRINK``
-pseudo-weight), the pooled ones towards 1. Throughput-only rows are reported, not fitted
+``1/sqrt(rows)``, the pooled factors over systems of equal total weight, and each system's
+factors shrunk towards the pooled ones (``SHRINK`` pseudo-weight), the pooled ones towards 1. Throughput-only rows are reported, not fitted
 (their token counts rest on unpublished lengths).
 """
 
@@ -259,7 +259,16 @@ def fit(rows: list[Priced]) -> dict[str, tuple[float, float]]:
     for p in rows:
         counts[p.source] = counts.get(p.source, 0) + 1
     weights = {s: 1.0 / math.sqrt(n) for s, n in counts.items()}
-    pooled_obj = _objective(rows, weights) + SHRINK * (_FG**2 + _FT**2)
+    # the pooled factors stand for a system nobody fitted: each system's rows carry the same
+    # total weight (a system with many published runs is still one system)
+    groups: dict[str, list[Priced]] = {}
+    for p in rows:
+        groups.setdefault(p.system, []).append(p)
+    totals = {s: sum(weights[p.source] for p in g) for s, g in groups.items()}
+    mean = sum(totals.values()) / max(1, len(totals))
+    pooled_obj = SHRINK * (_FG**2 + _FT**2)
+    for s, g in groups.items():
+        pooled_obj = pooled_obj + mean / totals[s] * _objective(g, weights)
     pg, pt = _argmin(pooled_obj)
     out = {POOLED: (pg, pt)}
     for system in sorted({p.system for p in rows if p.system}):

@@ -177,3 +177,18 @@ def test_shadow_copies_blank_the_explicit_columns_and_are_not_reported():
     priced = loso.price_rows(rows, "d")[0]
     scored = loso.score(priced + sh)
     assert {s.case_id for s in scored} == {r["case_id"] for r in rows}
+
+
+def test_the_pooled_factors_weigh_systems_not_rows(monkeypatch):
+    # a system published by 4 sources x 10 rows at factor 1 and one by a single source of 2
+    # rows at 0.5: the unknown-system prior lies between them, not at the big system's 1.0
+    monkeypatch.setattr(loso, "SHRINK", 1e-6)
+    rows = _set("big", g=1.0, t=1.0, sources=4, per=10)
+    rows += [
+        _row(f"small-{i}", "src-small", "small", 10.0 + 7 * i, 50.0 - 5 * i, 0.5, 0.5, True)
+        for i in range(2)
+    ]
+    g, t = (math.exp(v) for v in loso.fit(rows)[POOLED])
+    # between the two systems (0.5 .. 1) and well away from the big one: weighting sources
+    # instead (the big system 9x the small one's weight) gave (1.0, 0.79)
+    assert 0.5 <= g < 0.85 and 0.5 <= t < 0.7
