@@ -30,6 +30,7 @@ TOKEN_FIELDS = (
     "values",
     "advantages",
     "returns",
+    "response_attention",
 )
 #: prompt tensor fields: ``[B, P]`` (left-padded)
 PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
@@ -50,6 +51,11 @@ class RolloutBatch:
     of the K rules of the RewardSet, in its order, before any length penalty), old_logprobs and
     ref_logprobs ``[B,R]`` (log-prob stages), values ``[B,R]`` (critic), advantages
     ``[B,R]`` and returns ``[B,R]`` (advantage stage).
+
+    Multi-turn rollouts (rpeg.runtime.envs.rollout) also write response_attention ``[B,R]``:
+    1 on every token of the transcript (the model's and the environment's); response_mask
+    is then the loss mask, 1 only on the model's own tokens. None (single turn): the
+    attention over the response is response_mask.
     """
 
     prompt_ids: torch.Tensor
@@ -72,6 +78,7 @@ class RolloutBatch:
     sample_index: torch.Tensor | None = None
     reward_parts: torch.Tensor | None = None
     temperature: float = 1.0
+    response_attention: torch.Tensor | None = None
 
     # --- derived ----------------------------------------------------------------------------
     @property
@@ -88,7 +95,8 @@ class RolloutBatch:
 
     @property
     def attention_mask(self) -> torch.Tensor:
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+        r = self.response_mask if self.response_attention is None else self.response_attention
+        return torch.cat([self.prompt_mask, r], dim=1)
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -123,7 +131,8 @@ class RolloutBatch:
 
     def _trim(self) -> RolloutBatch:
         p_keep = int(self.prompt_mask.sum(-1).max()) if self.size else 0
-        r_keep = int(self.response_mask.sum(-1).max()) if self.size else 0
+        r_mask = self.response_mask if self.response_attention is None else self.response_attention
+        r_keep = int(r_mask.sum(-1).max()) if self.size else 0
         kw = {}
         p = self.prompt_ids.shape[1]
         if p_keep < p:

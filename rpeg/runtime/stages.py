@@ -298,6 +298,10 @@ def run_generate_chunks(
     """The ``generate`` stage of :func:`run_stage` as a stream of finished prompt groups
     (:func:`generate_chunks`): what a streaming unit runs its later stages on."""
     c = ctx.config
+    if c.task.multiturn.env:  # multi-turn: one chunk, the whole rollout (rpeg.runtime.envs)
+        from rpeg.runtime.envs.rollout import run_multiturn
+
+        return iter([run_multiturn(ctx, examples, seed=seed, first_row=first_row)])
     return generate_chunks(
         ctx.actor,
         examples,
@@ -326,6 +330,10 @@ def run_stage(
     """
     c = ctx.config
     a, w = c.algorithm, c.workload
+    if kind == "generate" and c.task.multiturn.env:  # multi-turn (rpeg.runtime.envs)
+        from rpeg.runtime.envs.rollout import run_multiturn
+
+        return run_multiturn(ctx, examples, seed=seed, first_row=first_row)
     if kind == "generate":
         return generate_stage(
             ctx.actor,

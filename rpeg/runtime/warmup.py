@@ -77,9 +77,11 @@ def supervised_warmup(
     if size == 0:
         raise ValueError("warm-up: the data set is empty")
     span = size or 10**9
+    # a source may build its own rows (multi-turn transcripts: rpeg.runtime.envs.tool_task)
+    make_batch = getattr(source, "sft_batch", None) or sft_batch
     for step in range(steps):
         exs = [source[rng.randrange(span)] for _ in range(batch_size)]
-        ids, mask, lmask = (t.to(dev) for t in sft_batch(tokenizer, exs, template))
+        ids, mask, lmask = (t.to(dev) for t in make_batch(tokenizer, exs, template))
         logits = model(
             input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)
         ).logits
