@@ -98,8 +98,8 @@ def _child(i: int, n: int, mode: str, args: tuple, q) -> None:
     if mode == "layout":
         import torch.distributed as dist
 
+        from rpeg.runtime.mesh import Layout, build_mesh
         from rpeg.runtime.parallel import LOCAL, process_group_reduce
-        from rpeg.runtime.sharding import Layout, build_mesh
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=i, world_size=n)
         lay = Layout(**layout)

@@ -6,9 +6,9 @@ A group of ``world_size = dp * tp`` ranks lays its ranks out row-major on the me
 of one data-parallel index see the same samples (and run the same decode with the same
 sampling seed); the ``dp`` indices see different shards of the batch.
 
-* :func:`build_mesh` -- the :class:`~torch.distributed.device_mesh.DeviceMesh` of a
+* :func:`rpeg.runtime.mesh.build_mesh` -- the :class:`~torch.distributed.device_mesh.DeviceMesh` of a
   :class:`Layout` over the already-initialized default process group.
-* :func:`apply_tensor_parallel` -- column-wise q/k/v/gate/up, row-wise o/down in every decoder
+* :func:`rpeg.runtime.tensor_parallel.apply_tensor_parallel` -- column-wise q/k/v/gate/up, row-wise o/down in every decoder
   block (Megatron-LM's split, Shoeybi et al. 2019, arXiv:1909.08053), as DTensor parameters
   with plain-tensor activations (:mod:`rpeg.runtime.tensor_parallel`). The HF attention
   reshapes with ``view(..., -1, head_dim)`` and ``reshape(..., -1)`` (transformers 5.x), so
@@ -41,158 +41,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from rpeg.compile.step import DEFAULT_DEVICE_TYPE, DEFAULT_DTYPE, GroupSpec
-from rpeg.errors import ConfigError, Problem
+from rpeg.errors import ConfigError
+from rpeg.runtime.mesh import Layout, build_mesh, layout_problems, process_group_backend  # noqa: F401 -- for tests, benchmarks
+from rpeg.runtime.tensor_parallel import apply_tensor_parallel, decoder_layers
 
 # DTensor warns on every 2-D (dp x tp) norm / gather that it runs one collective per mesh
 # dimension; that is what a 2-D layout costs here, not a problem to report each step
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-
-#: submodule of a decoder block -> tensor-parallel style (Megatron split of attention / MLP)
-TP_PLAN: dict[str, str] = {
-    "self_attn.q_proj": "colwise",
-    "self_attn.k_proj": "colwise",
-    "self_attn.v_proj": "colwise",
-    "self_attn.o_proj": "rowwise",
-    "mlp.gate_proj": "colwise",
-    "mlp.up_proj": "colwise",
-    "mlp.down_proj": "rowwise",
-}
-
-#: norm of a decoder block -> the column-wise linears that read only its output (HF Llama /
-#: Qwen2 / Qwen3): their input gradient is summed over tp once (rpeg.runtime.tensor_parallel)
-TP_SHARED_INPUTS: dict[str, tuple[str, ...]] = {
-    "input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj"),
-}
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How ``dp * tp`` ranks lay out one role. ``fsdp``: shard parameters, gradients and
-    optimizer state over ``dp`` (FSDP2); otherwise ``dp`` holds replicas.
-    ``reshard_after_forward`` (FSDP training passes): free each block's gathered parameters
-    after its forward; False keeps them gathered until backward (:meth:`Shards.training_pass`)."""
-
-    dp: int = 1
-    tp: int = 1
-    fsdp: bool = False
-    device_type: str = DEFAULT_DEVICE_TYPE
-    dtype: str = DEFAULT_DTYPE
-    reshard_after_forward: bool = True
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp
-
-    @property
-    def sharded(self) -> bool:
-        """True when the role needs DTensor/FSDP (not plain replicas)."""
-        return self.tp > 1 or (self.fsdp and self.dp > 1)
-
-    def dp_index(self, rank: int) -> int:
-        return rank // self.tp
-
-    def tp_index(self, rank: int) -> int:
-        return rank % self.tp
-
-    @classmethod
-    def from_group(cls, group: GroupSpec) -> Layout:
-        """The training layout of a compiled :class:`GroupSpec`."""
-        ws, dp, tp = group.world_size, group.dp, group.tp
-        lay = cls(
-            dp=dp,
-            tp=tp,
-            fsdp=group.fsdp,
-            device_type=group.device_type,
-            dtype=group.dtype,
-            reshard_after_forward=group.reshard_after_forward,
-        )
-        if lay.world_size != ws:
-            raise ConfigError(
-                [
-                    Problem(
-                        f"group {group.name}",
-                        f"dp={dp} x tp={tp} = {lay.world_size} ranks but world_size={ws}",
-                    )
-                ]
-            )
-        return lay
-
-
-def layout_problems(model_config, tp: int, where: str = "plan.layout.tp") -> list[Problem]:
-    """Why ``tp`` cannot split this model (heads, kv heads, MLP width), as problems."""
-    if tp <= 1:
-        return []
-    out = []
-    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-        n = getattr(model_config, name, None)
-        if n is not None and n % tp:
-            out.append(Problem(where, f"tp={tp} does not divide the model's {name}={n}"))
-    return out
-
-
-# --- mesh ----------------------------------------------------------------------------------
-def process_group_backend(device_type: str) -> str:
-    """NCCL for CUDA ranks, gloo otherwise (NCCL refuses CPU tensors)."""
-    return "nccl" if device_type == "cuda" else "gloo"
-
-
-def build_mesh(layout: Layout):
-    """The ``("dp", "tp")`` DeviceMesh of ``layout`` over the initialized default process
-    group (its world size must be ``dp * tp``)."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if not dist.is_initialized():
-        raise RuntimeError("build_mesh needs an initialized torch.distributed process group")
-    if dist.get_world_size() != layout.world_size:
-        raise RuntimeError(
-            f"process group has {dist.get_world_size()} ranks, layout needs {layout.world_size}"
-        )
-    return init_device_mesh(layout.device_type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
-
-
-# --- tensor parallelism --------------------------------------------------------------------
-def decoder_layers(module: nn.Module) -> list[nn.Module]:
-    """The decoder blocks of a causal LM, its trunk, or a wrapper holding one (``lm``/``trunk``)."""
-    for path in ("model.layers", "layers", "lm.model.layers", "trunk.layers"):
-        obj: Any = module
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if isinstance(obj, nn.ModuleList):
-            return list(obj)
-    raise TypeError(f"{type(module).__name__} has no decoder layers (model.layers)")
-
-
-def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
-    """Split every decoder block of ``module`` over the 1-D ``tp_mesh`` (in place): the
-    :data:`TP_PLAN` linears become :mod:`rpeg.runtime.tensor_parallel` column/row-wise
-    linears (DTensor parameters, plain activations)."""
-    from rpeg.runtime.tensor_parallel import copy_once_after, shard_linear
-
-    if tp_mesh.size() == 1:
-        return
-    for layer in decoder_layers(module):
-        for name, style in TP_PLAN.items():
-            if _has(layer, name):
-                shard_linear(layer.get_submodule(name), style, tp_mesh)
-        for norm, consumers in TP_SHARED_INPUTS.items():
-            if _has(layer, norm) and all(_has(layer, c) for c in consumers):
-                copy_once_after(
-                    layer.get_submodule(norm), [layer.get_submodule(c) for c in consumers]
-                )
-
-
-def _has(module: nn.Module, dotted: str) -> bool:
-    obj: Any = module
-    for part in dotted.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return False
-    return True
 
 
 # --- FSDP2 ---------------------------------------------------------------------------------

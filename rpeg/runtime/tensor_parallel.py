@@ -203,3 +203,62 @@ def shard_linear(linear: nn.Linear, style: str, tp_mesh) -> None:
         d = distribute_tensor(p.detach(), tp_mesh, placements[name])
         linear.register_parameter(name, nn.Parameter(d, requires_grad=p.requires_grad))
     linear.__class__ = ColwiseLinear if style == "colwise" else RowwiseLinear
+
+
+# --- the decoder's split ---------------------------------------------------------------
+#: submodule of a decoder block -> tensor-parallel style (Megatron split of attention / MLP)
+TP_PLAN: dict[str, str] = {
+    "self_attn.q_proj": "colwise",
+    "self_attn.k_proj": "colwise",
+    "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise",
+    "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise",
+}
+
+#: norm of a decoder block -> the column-wise linears that read only its output (HF Llama /
+#: Qwen2 / Qwen3): their input gradient is summed over tp once (rpeg.runtime.tensor_parallel)
+TP_SHARED_INPUTS: dict[str, tuple[str, ...]] = {
+    "input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj"),
+}
+
+
+def decoder_layers(module: nn.Module) -> list[nn.Module]:
+    """The decoder blocks of a causal LM, its trunk, or a wrapper holding one (``lm``/``trunk``)."""
+    for path in ("model.layers", "layers", "lm.model.layers", "trunk.layers"):
+        obj: Any = module
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, nn.ModuleList):
+            return list(obj)
+    raise TypeError(f"{type(module).__name__} has no decoder layers (model.layers)")
+
+
+def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
+    """Split every decoder block of ``module`` over the 1-D ``tp_mesh`` (in place): the
+    :data:`TP_PLAN` linears become :mod:`rpeg.runtime.tensor_parallel` column/row-wise
+    linears (DTensor parameters, plain activations)."""
+    if tp_mesh.size() == 1:
+        return
+    for layer in decoder_layers(module):
+        for name, style in TP_PLAN.items():
+            if _has(layer, name):
+                shard_linear(layer.get_submodule(name), style, tp_mesh)
+        for norm, consumers in TP_SHARED_INPUTS.items():
+            if _has(layer, norm) and all(_has(layer, c) for c in consumers):
+                copy_once_after(
+                    layer.get_submodule(norm), [layer.get_submodule(c) for c in consumers]
+                )
+
+
+def _has(module: nn.Module, dotted: str) -> bool:
+    obj: Any = module
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False
+    return True

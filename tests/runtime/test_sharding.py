@@ -46,7 +46,7 @@ def reference():
 
 def test_layout_problems_name_what_tp_does_not_divide():
     from rpeg.errors import ConfigError
-    from rpeg.runtime.sharding import Layout, layout_problems
+    from rpeg.runtime.mesh import Layout, layout_problems
 
     cfg = C.model()[0].config  # 4 heads, 2 kv heads, MLP 128
     assert layout_problems(cfg, 2) == []

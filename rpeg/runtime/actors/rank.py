@@ -130,9 +130,9 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         on this rank's device, computing in the plan's dtype; they are sharded by the
         group's layout in init_process_group, once the process group exists."""
         from rpeg.runtime.engines.choice import rank_engine
+        from rpeg.runtime.mesh import Layout
         from rpeg.runtime.model_io import torch_dtype
         from rpeg.runtime.role_builder import build_roles
-        from rpeg.runtime.sharding import Layout
 
         c = self.config
         self.layout = Layout.from_group(self.group)
@@ -247,8 +247,8 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         ``fsdp``, else dp replicas whose gradients are averaged before clipping. A frozen
         reference is sharded like the actor but holds no optimizer. Batch statistics reduce
         over the dp ranks (the tp ranks of one dp index hold the same rows)."""
+        from rpeg.runtime.mesh import build_mesh
         from rpeg.runtime.parallel import LOCAL, process_group_reduce
-        from rpeg.runtime.sharding import build_mesh
 
         lay = self.layout
         if self.device.type == "cuda":

@@ -39,7 +39,7 @@ class RankWeightSync:
         if timeout_s is None:
             timeout_s = self.collective_timeout_s()
         store = self._sync_store if sync_rank == 0 else join_store(address)
-        from rpeg.runtime.sharding import process_group_backend
+        from rpeg.runtime.mesh import process_group_backend
 
         backend = process_group_backend(self.device.type)
         self._sync_pg = standalone_group(store, "weight-sync", sync_rank, size, backend, timeout_s)

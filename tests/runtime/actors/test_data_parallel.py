@@ -120,7 +120,7 @@ def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_conf
 
 
 def test_process_group_backend_follows_the_model_device():
-    from rpeg.runtime.sharding import process_group_backend
+    from rpeg.runtime.mesh import process_group_backend
 
     # NCCL only for CUDA tensors (it refuses CPU ones); the runtime's roles live on the CPU
     assert process_group_backend("cpu") == "gloo"
