@@ -21,14 +21,18 @@ def _resolve(spec: dict[str, Any]) -> Callable[..., Any]:
     from rpeg.runtime import rewards
 
     sys.path += [p for p in spec.get("path", []) if p not in sys.path]
+    why = ""
     for mod in [*spec.get("modules", []), spec.get("module") or ""]:
         if mod and mod != "__main__" and mod != rewards.__name__:
-            importlib.import_module(mod)  # registers the rewards it defines (once: cached)
+            try:
+                importlib.import_module(mod)  # registers the rewards it defines (once: cached)
+            except ImportError as exc:  # a module the parent loaded from a file path
+                why = f" (importing {mod!r}: {exc})"
     if spec["name"] in rewards.registered_rewards():
         return rewards.get_reward(spec["name"])
     raise LookupError(
-        f"reward {spec['name']!r} {NOT_REGISTERED}; register it in an importable module (not "
-        "__main__) to run it there"
+        f"reward {spec['name']!r} {NOT_REGISTERED}{why}; register it in an importable module "
+        "(not __main__) to run it there"
     )
 
 

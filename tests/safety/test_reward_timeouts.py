@@ -97,3 +97,22 @@ def test_sys_exit_in_a_reward_is_an_error_sample(reward_module):
     res = rs(["p", "p"], ["exit", "ok"], ["", ""])
     assert res.rewards == [0.0, 1.0] and res.errors == 1
     assert res.error_messages == ["exits_issue28: SystemExit: the reward called sys.exit(3)"]
+
+
+def test_a_reward_a_child_cannot_import_runs_in_the_calling_thread(tmp_path):
+    """A module loaded from a file path (not importable by name): the pool's child cannot
+    build the reward, so it is scored where it is called (without a limit), not as errors."""
+    import importlib.util
+
+    path = tmp_path / "loose_rewards.py"
+    path.write_text(
+        "from rpeg.runtime.rewards import register_reward\n"
+        "@register_reward('loose_issue28', overwrite=True)\n"
+        "def loose(prompt, response, reference):\n"
+        "    return float(len(response))\n"
+    )
+    spec = importlib.util.spec_from_file_location("loose_rewards_issue28", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    res = RewardSet(["loose_issue28"])(["p", "p"], ["ab", "abc"], ["", ""])
+    assert res.errors == 0, res.error_messages
+    assert res.rewards == [2.0, 3.0]
