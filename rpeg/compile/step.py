@@ -244,12 +244,6 @@ class CompiledStep:
         return next(t.group for t in self.tasks if StageKind.train_actor in t.kinds)
 
     @property
-    def max_staleness(self) -> int:
-        """Old name of :attr:`staleness` (read only by the committed rpeg/preflight.py until
-        its pending edit lands; to be removed)."""
-        return self.staleness
-
-    @property
     def async_rollout(self) -> bool:
         """True when generation runs on a group of its own (not the trainer's)."""
         return self.rollout_group != self.trainer_group
