@@ -52,13 +52,6 @@ def graph_from_plan(plan: Any, config: Any) -> Any:
     return g
 
 
-def staleness_bound(config: Any) -> int:
-    """The bound k of the run ``config`` describes (its plan's, else the config's): what the
-    single-process trainer uses so it obeys the same k as the compiled step."""
-    graph, _plan = resolve(None, config)
-    return int(graph.staleness)
-
-
 def available_devices(config: Any) -> int:
     c = config.cluster
     return c.num_devices or c.n_workers
