@@ -19,14 +19,15 @@ Where the KL to the frozen reference goes (``kl``), as verl spells the two switc
 
 Defaults (:class:`Knobs`): one value per knob. :data:`KNOBS` holds the values every recipe
 shares; they equal the config's defaults (``rpeg.config.AlgorithmConfig`` and
-``WorkloadConfig.samples_per_prompt``; the test asserts it). A recipe lists in ``presets``
-only the knobs its paper sets differently (DAPO's clip-higher, Dr.GRPO's sum over tokens).
+``WorkloadConfig.samples_per_prompt``; the test asserts it: rpeg.ir may not import the
+config). A recipe's ``defaults`` replace only the knobs its paper sets differently (DAPO's
+clip-higher, Dr.GRPO's sum over tokens): its ``presets``.
 Pure: no torch, dask or prefect.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Literal
 
@@ -65,7 +66,7 @@ class Recipe:
     """One algorithm. ``advantage`` names the estimator (``rpeg/runtime/recipes/<name>.py``
     computes it); ``critic``: a value model and a ``train_critic`` stage; ``group_baseline``:
     the advantage compares a sample with its prompt's other samples (needs >= 2 of them);
-    ``presets``: the knobs this algorithm's paper sets apart from :data:`KNOBS`."""
+    ``defaults``: :data:`KNOBS` with the knobs this algorithm's paper sets apart."""
 
     name: str
     title: str
@@ -73,22 +74,22 @@ class Recipe:
     advantage: str
     critic: bool
     group_baseline: bool
-    presets: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    defaults: Knobs = KNOBS
     sources: tuple[str, ...] = ()
 
     @property
-    def defaults(self) -> Knobs:
-        """:data:`KNOBS` with this recipe's presets."""
-        return replace(KNOBS, **dict(self.presets))
+    def presets(self) -> dict[str, object]:
+        """The knobs whose default differs from :data:`KNOBS` (what the paper sets)."""
+        return {
+            f.name: getattr(self.defaults, f.name)
+            for f in fields(Knobs)
+            if getattr(self.defaults, f.name) != getattr(KNOBS, f.name)
+        }
 
     @property
     def uses_reference(self) -> bool:
         """Whether a reference model can matter: False where the recipe has no KL term."""
         return self.kl != "none"
-
-
-def _presets(**kw) -> MappingProxyType:
-    return MappingProxyType(kw)
 
 
 RECIPES: MappingProxyType = MappingProxyType(
@@ -113,7 +114,7 @@ RECIPES: MappingProxyType = MappingProxyType(
                 advantage="group mean only: r - mean_g r (no std)",
                 critic=False,
                 group_baseline=True,
-                presets=_presets(loss_aggregation="seq_mean_token_sum"),
+                defaults=replace(KNOBS, loss_aggregation="seq_mean_token_sum"),
                 sources=(
                     "Liu et al. 2025, Understanding R1-Zero-Like Training, arXiv:2503.20783 "
                     "(no std and no length normalisation)",
@@ -126,7 +127,8 @@ RECIPES: MappingProxyType = MappingProxyType(
                 advantage="group mean/std, as GRPO",
                 critic=False,
                 group_baseline=True,
-                presets=_presets(
+                defaults=replace(
+                    KNOBS,
                     use_reference=False,
                     clip_high=0.28,
                     dynamic_sampling=True,
