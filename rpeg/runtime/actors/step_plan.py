@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rpeg.compile.step import CompiledStep, TaskSpec
+from rpeg.ir import StageKind
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class StepPlan:
     def from_compiled(cls, compiled: CompiledStep) -> StepPlan:
         async_rollout = compiled.async_rollout
         if async_rollout:  # rollout units run inside Rollout; the bucketed sync replaces
-            tasks = [t for t in compiled.tasks_in("train") if "sync_weights" not in t.kinds]
+            tasks = [t for t in compiled.tasks_in("train") if StageKind.sync_weights not in t.kinds]
         else:
             tasks = list(compiled.tasks)
         names = {t.name for t in tasks}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rpeg.ir import StageKind
+
 
 def produce(
     rank: Any, step: int, kinds: list[str], examples: Any, chunk: int, seed: int, first_row: int
@@ -27,7 +29,7 @@ def produce(
     from rpeg.runtime.actors.dataplane import concat_rows
 
     later = list(kinds[1:])
-    n_local = len(later) if rank.reduce.world_size == 1 else leading(later, "reward")
+    n_local = len(later) if rank.reduce.world_size == 1 else leading(later, StageKind.reward)
     per_chunk, after = later[:n_local], later[n_local:]
     parts, spans, per = [], [], []
     t_gen = t_last = time.time()
@@ -45,7 +47,7 @@ def produce(
         rank._chunks.setdefault(step, []).append(b)  # for a streaming consumer
         per.append(({**gm, **m}, b.size))
         spans.extend(sp)
-    spans.insert(0, ("generate", t_gen, t_last))
+    spans.insert(0, (StageKind.generate.value, t_gen, t_last))
     rank._chunks_done.add(step)
     rank.store[step] = concat_rows(parts)
     out = weighted(per)

@@ -146,19 +146,6 @@ def logprob_problems(engine: str, workload: Any, algorithm: Any) -> list[Problem
     ]
 
 
-def plan_generation_engines(graph: Any, plan: Any) -> dict[str, str]:
-    """``unit name -> engine`` for the plan's units that contain a generate stage."""
-    from rpeg.ir import FusedGroup
-
-    out = {}
-    for unit in graph.execution_units():
-        stages = unit.stages if isinstance(unit, FusedGroup) else (unit.name,)
-        kinds = {graph.stage(s).kind.value for s in stages}
-        if "generate" in kinds and unit.name in plan.units:
-            out[unit.name] = plan.units[unit.name].engine
-    return out
-
-
 def check_engine(config: Any, compiled: Any) -> str:
     """The engine generation will use, checked before start (ConfigError otherwise): the
     declared engine resolved on the device type and generation tp of the compiled groups
