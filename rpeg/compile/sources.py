@@ -12,7 +12,7 @@ from rpeg.errors import ConfigError, Problem
 def graph_from_config(config: Any) -> Any:
     """The IR graph of ``config``'s algorithm: the run's staleness bound, and the algorithm
     parameters of the config (not the builders' presets), so the graph records what runs."""
-    from rpeg.ir import build, share_actor_critic
+    from rpeg.ir import build, recipe, share_actor_critic
 
     a = config.algorithm
     opts: dict[str, Any] = {
@@ -28,12 +28,11 @@ def graph_from_config(config: Any) -> Any:
         "entropy_coef": a.entropy_coef,
         "group_size": config.workload.samples_per_prompt,
     }
-    if a.name == "ppo":
-        opts.update(gamma=a.gamma, gae_lambda=a.gae_lambda)
-        if a.value_clip is not None:
-            opts["value_clip"] = a.value_clip
+    critic = recipe(a.name).critic  # PPO: the knobs of its critic
+    if critic:
+        opts.update(gamma=a.gamma, gae_lambda=a.gae_lambda, value_clip=a.value_clip)
     g = build(a.name, **opts)
-    if a.name == "ppo" and a.share_actor_critic:
+    if critic and a.share_actor_critic:
         g = share_actor_critic(g)
     return g
 

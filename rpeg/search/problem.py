@@ -89,9 +89,10 @@ def problem_from_config(config: Any) -> PlanProblem:
     cl = specs.cluster(config.cluster.name, num_devices=config.cluster.num_devices)
     n = config.cluster.num_devices or cl.num_devices
     algo = config.algorithm.name
-    opts: dict[str, Any] = {"use_reference": config.algorithm.use_reference}
-    if algo != "ppo":
-        opts["group_size"] = config.workload.samples_per_prompt
+    opts: dict[str, Any] = {
+        "use_reference": config.algorithm.use_reference,
+        "group_size": config.workload.samples_per_prompt,
+    }
     base = build(algo, **opts)
     return PlanProblem(
         algorithm=algo,
