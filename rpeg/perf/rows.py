@@ -275,7 +275,13 @@ def read_case(r: dict[str, str]) -> RowCase:
         train_tp=_opt_int(r, "train_tp"),
         train_pp=_int(r, "train_pp", 1),
         train_cp=_int(r, "train_cp", 1),
-        train_ep=_int(r, "train_ep", 1),
+        # a Megatron-style trainer of a MoE model with no published EP: solved like TP
+        # (FSDP runs the experts unsplit: EP 1)
+        train_ep=(
+            _opt_int(r, "train_ep")
+            if model.moe is not None and engine != "fsdp"
+            else _int(r, "train_ep", 1)
+        ),
         gpu_memory_utilization=util,
         recompute=recompute,
     )

@@ -43,7 +43,7 @@ class Layout:
     train_tp: int | None = 1
     train_pp: int = 1
     train_cp: int = 1
-    train_ep: int = 1
+    train_ep: int | None = 1
     gpu_memory_utilization: float | None = 0.8
     recompute: bool | None = True
     solved: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -53,7 +53,15 @@ class Layout:
         return tuple(k for k in SOLVABLE if getattr(self, k) is None)
 
 
-SOLVABLE = ("gen_gpus", "train_gpus", "gen_tp", "train_tp", "gpu_memory_utilization", "recompute")
+SOLVABLE = (
+    "gen_gpus",
+    "train_gpus",
+    "gen_tp",
+    "train_tp",
+    "train_ep",
+    "gpu_memory_utilization",
+    "recompute",
+)
 # KV budget shares tried for an engine whose gpu_memory_utilization is unpublished (the range
 # of published RL recipes: NeMo-RL 0.3-0.8, verl 0.5-0.8; vLLM's default 0.9).
 UTIL_CANDIDATES = (0.6, 0.8, 0.9)
@@ -66,6 +74,18 @@ def _tp_candidates(heads: int, pool: int, other: int) -> list[int]:
         if heads % t == 0 and pool % (t * other) == 0:
             out.append(t)
         t *= 2
+    return out or [1]
+
+
+def _ep_candidates(model: Any, dp: int) -> list[int]:
+    """Expert-parallel sizes of a MoE trainer: powers of two dividing the experts and the
+    trainer's data-parallel ranks (Megatron carves EP out of DP)."""
+    experts = model.moe.experts if model.moe is not None else 1
+    out, e = [], 1
+    while e <= max(1, dp):
+        if experts % e == 0 and dp % e == 0:
+            out.append(e)
+        e *= 2
     return out or [1]
 
 
@@ -105,17 +125,24 @@ def candidates(case: Any) -> list[Layout]:
         )
         recs = (False, True) if lay.recompute is None else (lay.recompute,)
         for a, b, u, rc in itertools.product(gtp, ttp, utils, recs):
-            out.append(
-                replace(
-                    lay,
-                    gen_gpus=g,
-                    train_gpus=t,
-                    gen_tp=a,
-                    train_tp=b,
-                    gpu_memory_utilization=u,
-                    recompute=rc,
-                )
+            eps = (
+                [lay.train_ep]
+                if lay.train_ep is not None
+                else _ep_candidates(case.model, t // (b * lay.train_pp * lay.train_cp))
             )
+            for e in eps:
+                out.append(
+                    replace(
+                        lay,
+                        gen_gpus=g,
+                        train_gpus=t,
+                        gen_tp=a,
+                        train_tp=b,
+                        train_ep=e,
+                        gpu_memory_utilization=u,
+                        recompute=rc,
+                    )
+                )
     return out
 
 
@@ -138,7 +165,9 @@ def solve_layout(case: Any, calib: Calibration = DEFAULT) -> tuple[Layout, StepP
         raise last
     fastest = min(p.step_s for _, p in ok)
     near = [x for x in ok if x[1].step_s <= fastest * (1 + NEAR_FASTEST)]
-    lay, pred = min(near, key=lambda x: (x[0].gen_tp * x[0].train_tp, x[1].step_s))
+    lay, pred = min(
+        near, key=lambda x: (x[0].gen_tp * x[0].train_tp * (x[0].train_ep or 1), x[1].step_s)
+    )
     solved = {k: getattr(lay, k) for k in open_fields}
     if solved:
         pred.assumptions.append(
