@@ -121,6 +121,11 @@ class Calibration:
     act_bytes_per_hidden_full: float = 34.0
     # Share of device memory reserved by the framework/allocator (CUDA context, NCCL buffers).
     reserve_gb: float = 3.0
+    # The fp32 logits of a pass are held for at most this many tokens of a device's
+    # micro-batch: long-sequence RL trainers compute the vocabulary projection and log-softmax
+    # in sequence chunks (fused linear-cross-entropy kernels, chunked log-prob), else a 32k
+    # sequence of a 248k-vocabulary model would hold 65 GB of logits. Memory only.
+    logits_chunk_tokens: float = 8192.0
 
 
 DEFAULT = Calibration()

@@ -410,7 +410,7 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
             act += tok_dev * m.hidden * cal.act_bytes_per_hidden_full / tp
     else:
         act = tok_dev * m.hidden * 2.0 * 4
-    logits = tok_dev * m.vocab / tp * 4.0 * (2 if train else 1)
+    logits = min(tok_dev, cal.logits_chunk_tokens) * m.vocab / tp * 4.0 * (2 if train else 1)
     sc.memory_gb = {
         **state,
         "activations": act / GB,

@@ -1,7 +1,10 @@
 """A blank expert-parallel size of a MoE trainer is solved like TP (rpeg.perf.solve), so a
 Megatron run of a MoE model that does not publish EP is priced instead of refused."""
 
+import pytest
+
 from rpeg.perf.calibration import SHIPPED
+from rpeg.perf.prediction import GB
 from rpeg.perf.rows import read_case
 from rpeg.perf.solve import _ep_candidates, solve_layout
 
@@ -50,3 +53,16 @@ def test_a_megatron_moe_run_without_ep_is_priced_with_ep_solved():
 def test_an_fsdp_moe_run_keeps_ep_one():
     case = read_case({**ROW, "train_backend": "fsdp", "model": "Qwen3-30B-A3B"})
     assert case.layout.train_ep == 1 and "train_ep" not in case.layout.open_fields
+
+
+def test_long_sequences_hold_the_logits_of_one_chunk():
+    # Qwen3.5-9B (248,320-token vocabulary) on 8 H100 with FSDP at the reasoning prior's
+    # 32,768-token cap: the whole micro-batch's fp32 logits (x2 in training) would be
+    # 32,918 x 248,320 x 8 B = 65 GB; a chunk of 8,192 tokens holds
+    # 8,192 x 248,320 x 8 B = 16.27 GB and the row fits
+    case = read_case(
+        {**ROW, "num_gpus": "8", "train_backend": "fsdp", "model": "Qwen3.5-9B", "max_gen_len": ""}
+    )
+    _, pred = solve_layout(case, SHIPPED)
+    gb = pred.stages["train_actor"].memory_gb["logits"]
+    assert gb * GB == pytest.approx(8192 * 248320 * 8, rel=1e-3)
