@@ -4,8 +4,8 @@
 units, roles, devices and layouts (``checks``, ``layouts``) and returns a frozen, typed
 :class:`CompiledStep` (actor groups with their layouts, ordered execution units with
 dependencies, concurrency and micro-batching, weight sync, staleness buffer) that serializes
-to YAML/JSON; :func:`rpeg.flows.train.rl_train` executes it. No torch, dask or prefect here;
-the layout check reads the model folder's ``config.json`` when ``model.path`` is one.
+to YAML/JSON; :func:`rpeg.flows.train.rl_train` executes it. No torch, dask or prefect here,
+and no model file read: the caller passes the policy's spec read from a model folder.
 """
 
 from rpeg.compile.checks import check_step
@@ -22,9 +22,13 @@ from rpeg.compile.step import (
 )
 
 
-def compile_plan(plan_or_graph, config, *, cluster_devices: int | None = None) -> CompiledStep:
-    """Compile a Plan (or a Graph with the default plan, or None = from ``config``)."""
-    return compile_step(plan_or_graph, config, cluster_devices=cluster_devices)
+def compile_plan(
+    plan_or_graph, config, *, cluster_devices: int | None = None, model=None
+) -> CompiledStep:
+    """Compile a Plan (or a Graph with the default plan, or None = from ``config``);
+    ``model``: the policy's spec read from a model folder by the caller (compile reads no
+    model file)."""
+    return compile_step(plan_or_graph, config, cluster_devices=cluster_devices, model=model)
 
 
 __all__ = [

@@ -70,10 +70,17 @@ class Unit:
 
 
 def compile_step(
-    plan_or_graph: Any, config: Any, *, cluster_devices: int | None = None
+    plan_or_graph: Any,
+    config: Any,
+    *,
+    cluster_devices: int | None = None,
+    model: Any = None,
 ) -> CompiledStep:
     """Compile to the typed :class:`CompiledStep`; raise ConfigError listing every problem
-    (unknown unit or role, too many devices, unsupported layout) before anything starts."""
+    (unknown unit or role, too many devices, unsupported layout) before anything starts.
+    ``model``: the policy's ModelSpec when the caller read it from a model folder
+    (:func:`rpeg.specs.hf.priced_model`); else the catalog's ``model.name``. Reads no model
+    file."""
     graph, plan = resolve(plan_or_graph, config)
     from rpeg.ir import validate
 
@@ -88,7 +95,7 @@ def compile_step(
     phase = _phases(names, kinds_of, deps)
     raise_if(_fused_ahead(names, kinds_of, phase, graph.staleness))
     drafts, group_of = _group_drafts(units, plan, bool(graph.shared_actor_critic))
-    lay = group_layouts(drafts, kinds_of, plan, config)
+    lay = group_layouts(drafts, kinds_of, plan, config, model)
     raise_if(list(lay.problems))
     groups = lay.groups
     raise_if(batch_problems(groups, config.workload))

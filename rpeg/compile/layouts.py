@@ -4,11 +4,11 @@ and ``gen_memory_utilization``; a group without a training unit takes its layout
 generate unit (else its first unit). A forward-only unit (log-probs, values) whose tp
 differs from its group's runs on the group's layout (a group holds each role in one shard
 layout) and the replacement is listed in the step's notes. The device type and dtype come
-from the cluster catalog and the workload's precision. Pure."""
+from the cluster catalog and the workload's precision; the model's shape from the spec the
+caller passes (read from a model folder by the caller) or the catalog. Pure: reads no file."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,74 +39,53 @@ class Layouts:
     problems: tuple[Problem, ...]
 
 
-def model_shape(config: Any) -> dict[str, int]:
-    """Heads, kv heads and MLP width of the run's policy: the model folder's ``config.json``
-    when it is a local path, else the catalog entry of ``model.name`` (with the built-in tiny
-    model's ``tiny_shape`` overrides)."""
-    m = config.model
-    cfg = _config_json(m)
-    if cfg is not None:
-        return {k: int(cfg[k]) for k in SHAPE_KEYS if isinstance(cfg.get(k), int)}
-    out: dict[str, int] = {}
-    try:
-        from rpeg import specs
+def policy_model(config: Any, model: Any = None) -> Any:
+    """The policy's catalog spec (:class:`rpeg.specs.models.ModelSpec`): ``model`` as the
+    caller read it (a model folder's ``config.json``: :func:`rpeg.specs.hf.priced_model`),
+    else the catalog entry of ``model.name``; None when neither is known. Reads no file."""
+    if model is not None:
+        return model
+    from rpeg import specs
+    from rpeg.errors import RpegError
 
-        spec = specs.model(m.name)
+    try:
+        return specs.model(config.model.name)
+    except RpegError:  # a name the catalog lacks: nothing to check the layout against
+        return None
+
+
+def model_shape(config: Any, model: Any = None) -> dict[str, int]:
+    """Heads, kv heads and MLP width of the run's policy (:func:`policy_model`), with the
+    built-in tiny model's ``model.tiny_shape`` overrides."""
+    m = config.model
+    spec = policy_model(config, model)
+    out: dict[str, int] = {}
+    if spec is not None:
         out = {
             "num_attention_heads": int(spec.heads),
             "num_key_value_heads": int(getattr(spec, "kv_heads", None) or spec.heads),
             "intermediate_size": int(spec.ffn_hidden),
         }
-    except Exception:  # noqa: BLE001 -- an unknown catalog name: nothing to check against
-        out = {}
     if m.path is None and m.tiny_shape:
         out.update({k: int(v) for k, v in m.tiny_shape.items() if k in SHAPE_KEYS})
     return out
 
 
-def _config_json(m: Any) -> dict | None:
-    """The HF ``config.json`` of ``model.path`` when it is a local folder holding one."""
-    import os
-
-    if not (m.path and os.path.isfile(os.path.join(m.path, "config.json"))):
-        return None
-    with open(os.path.join(m.path, "config.json")) as fh:
-        return json.load(fh)
-
-
-def _policy_model(config: Any) -> Any:
-    """The policy's catalog spec: the model folder's ``config.json`` when it is a local path,
-    else the catalog entry of ``model.name``; None when neither can be read."""
-    from rpeg import specs
-    from rpeg.specs.hf import entry_from_hf
-    from rpeg.specs.models import parse_models
-
-    m = config.model
-    try:
-        cfg = _config_json(m)
-        if cfg is not None:
-            entry = entry_from_hf(cfg)
-            return parse_models([({"models": {"policy": entry}}, m.path)])["policy"]
-        return specs.model(m.name)
-    except Exception:  # noqa: BLE001 -- an unreadable or unknown model: nothing to size
-        return None
-
-
-def _keeps_gathered(config: Any, up: Any, dtype: str) -> bool:
+def _keeps_gathered(config: Any, up: Any, dtype: str, model: Any) -> bool:
     """The training unit ``up``'s ``reshard_after_forward`` resolved: an explicit bool as
     given; ``auto`` by the performance model's rule (:func:`rpeg.perf.units.keeps_gathered`:
     the gathered extra fits a share of the cluster's device memory), resharding (the
     memory-safe choice) when the model or cluster cannot be sized."""
     from rpeg import specs
+    from rpeg.errors import RpegError
     from rpeg.perf.units import gathered_extra_gb, keeps_gathered, params_per_device
 
     setting = up.reshard_after_forward
     if setting != "auto":
         return not setting
-    model = _policy_model(config)
     try:
         device_gb = specs.cluster(config.cluster.name).gpu.usable_hbm_gb
-    except Exception:  # noqa: BLE001
+    except RpegError:  # an unknown cluster (refused by _device_type first)
         return False
     if model is None:
         return False
@@ -146,16 +125,19 @@ def group_layouts(
     kinds_of: dict[str, tuple[StageKind, ...]],
     plan: Any,
     config: Any,
+    model: Any = None,
 ) -> Layouts:
-    """Every group's layout from its units (module docstring), frozen as GroupSpecs."""
+    """Every group's layout from its units (module docstring), frozen as GroupSpecs.
+    ``model``: the policy's spec as the caller read it (:func:`policy_model`)."""
     dev = _device_type(config)
     dtype = _dtype(config, dev)
-    shape = model_shape(config)
+    model = policy_model(config, model)
+    shape = model_shape(config, model)
     notes: list[str] = []
     problems: list[Problem] = []
     out = []
     for d in drafts:
-        g = _layout(d, kinds_of, plan, config, dev, dtype)
+        g = _layout(d, kinds_of, plan, config, dev, dtype, model)
         out.append(g)
         notes += _tp_replacements(g, kinds_of, plan, problems)
         for t in sorted({g.tp, g.gen_tp}):
@@ -189,6 +171,7 @@ def _layout(
     config: Any,
     dev: str,
     dtype: str,
+    model: Any,
 ) -> GroupSpec:
     units = tuple(d.units)
     train, gen, lead = _lead_units(units, kinds_of)
@@ -210,7 +193,7 @@ def _layout(
         gen_tp=gp.tp if gp is not None else up.tp,
         gen_engine=None if gp is None else str(gp.engine),
         gen_memory_utilization=None if gp is None else gp.gpu_memory_utilization,
-        reshard_after_forward=not (fsdp and dp > 1 and _keeps_gathered(config, up, dtype)),
+        reshard_after_forward=not (fsdp and dp > 1 and _keeps_gathered(config, up, dtype, model)),
         device_type=dev,
         dtype=dtype,
         backend="nccl" if dev == "cuda" else "gloo",

@@ -81,9 +81,14 @@ def preflight(
     compiled = None
     if compile_plan and not local:
         from rpeg.compile import compile_plan as _compile
+        from rpeg.specs.hf import priced_model
 
+        try:  # the policy's shape, read here (compile reads no file)
+            model = priced_model(config.model)
+        except ProblemsError:  # check_model names the problem
+            model = None
         try:
-            compiled = _compile(None, config, cluster_devices=cluster_devices)
+            compiled = _compile(None, config, cluster_devices=cluster_devices, model=model)
         except ProblemsError as exc:
             problems += list(exc.problems)
         if compiled is not None and not problems:

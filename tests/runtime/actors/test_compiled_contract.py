@@ -277,3 +277,40 @@ def test_the_rank_remote_surface_is_listed_apart_from_its_internals():
         text = (ROOT / "rpeg/runtime/actors" / f).read_text()
         called |= set(re.findall(r"\ba\.(\w+)\(", text))
     assert called and called <= set(listed), called - set(listed)
+
+
+# --------------------------------------------------------------------------- compile reads no file
+def test_compile_reads_no_model_file_and_checks_the_shape_it_is_given(tmp_path, monkeypatch):
+    """A model folder's config.json is the caller's to read (rpeg.specs.hf.priced_model in the
+    preflight): compile opens nothing under it, and checks tp against the spec it is passed
+    (6 heads: tp=4 is refused naming them)."""
+    import builtins
+    import json
+    from types import SimpleNamespace
+
+    from rpeg.compile import compile_plan
+    from rpeg.config import RunConfig
+    from rpeg.errors import ConfigError
+    from rpeg.ir import build
+    from rpeg.plan import colocated_plan
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"num_attention_heads": 6}))
+    cfg = RunConfig().with_overrides(
+        {"model.path": str(folder), "cluster.n_workers": 4, "workload.num_prompts": 4}
+    )
+    plan = colocated_plan(build("grpo"), num_devices=4, tp=4)
+    opened = []
+    real_open = builtins.open
+
+    def spy(file, *a, **k):
+        opened.append(str(file))
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", spy)
+    shape = SimpleNamespace(heads=6, kv_heads=6, ffn_hidden=128)
+    with pytest.raises(ConfigError, match="tp=4 does not divide the model's num_attention_heads=6"):
+        compile_plan(plan, cfg, model=shape)
+    compile_plan(colocated_plan(build("grpo"), num_devices=4), cfg, model=shape)  # tp=1: fine
+    assert not [p for p in opened if p.startswith(str(folder))]
