@@ -13,7 +13,6 @@ from rpeg.compile.compiler import compile_step
 from rpeg.compile.local import compile_local
 from rpeg.compile.sources import default_plan, graph_from_config, resolve
 from rpeg.compile.step import (
-    ActorGroupSpec,
     Buffer,
     CompiledStep,
     GroupSpec,
@@ -32,7 +31,6 @@ def compile_plan(
 
 
 __all__ = [
-    "ActorGroupSpec",
     "Buffer",
     "CompiledStep",
     "GroupSpec",

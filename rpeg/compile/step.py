@@ -89,10 +89,6 @@ class GroupSpec:
         return cls(**d)
 
 
-#: the name the compiled step's YAML and older code use for a group
-ActorGroupSpec = GroupSpec
-
-
 @dataclass(frozen=True)
 class TaskSpec:
     """One execution unit (a stage or a fused group) of the step on its actor group.
