@@ -17,7 +17,8 @@ Decisions:
 * One request per sample, handed to whichever child is free (a queue, not fixed shares), so a
   slow or hanging sample holds one child while the others go on. When every busy child has been
   on its sample for :data:`SLOW_S` and samples wait, the pool doubles its busy children, up to
-  :data:`MAX_PROCESSES`: ``k`` hanging samples cost about ``ceil(k / MAX_PROCESSES)`` times the
+  :data:`MAX_PROCESSES`, and keeps that many busy for the rest of the batch (a timed-out child's
+  replacement takes the next sample): ``k`` hanging samples cost about ``ceil(k / MAX_PROCESSES)`` times the
   limit (64 hanging samples at the 30 s default: ~4 min, where fixed shares over two children
   took 16, one after another). When a
   child gives no result for ``timeout_s`` its sample is scored as a timeout and the child is
@@ -163,6 +164,7 @@ class VerifierPool:
                     c.kill()
             self._children = []
             busy: list[_Child] = []
+            width = self.processes  # children busy at once; grows while samples are slow
             pending = list(range(n - 1, -1, -1))  # popped from the end: sample 0 first
             sel = selectors.DefaultSelector()
 
@@ -176,13 +178,13 @@ class VerifierPool:
 
             try:
                 while pending or busy:
-                    while pending and (idle or len(busy) < self.processes):
+                    while pending and (idle or len(busy) < width):
                         start(idle.pop() if idle else _Child())
                     now = time.monotonic()
                     if pending and busy and all(c.stuck(now, slow_s) for c in busy):
-                        for _ in range(min(len(busy), self.max_processes - len(busy))):
-                            if pending:
-                                start(_Child())
+                        width = min(self.max_processes, 2 * len(busy))  # kept after timeouts
+                        while pending and len(busy) < width:
+                            start(_Child())
                     sel.select(timeout=min(0.1, slow_s))
                     now = time.monotonic()
                     for c in list(busy):

@@ -116,3 +116,46 @@ def test_a_reward_a_child_cannot_import_runs_in_the_calling_thread(tmp_path):
     res = RewardSet(["loose_issue28"])(["p", "p"], ["ab", "abc"], ["", ""])
     assert res.errors == 0, res.error_messages
     assert res.rewards == [2.0, 3.0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_rpeg_train_local_finishes_with_a_reward_that_hangs(tmp_path):
+    """The probe itself: ``rpeg train --local`` with a reward that hangs on about a quarter of
+    the samples hung forever; now those samples time out (errors, counted) and the run ends."""
+    import json
+    import os
+    import subprocess
+
+    (tmp_path / "hang_rw28.py").write_text(
+        "import time, zlib\n"
+        "from rpeg.runtime.rewards import register_reward\n"
+        "@register_reward('sometimes_hangs_issue28')\n"
+        "def sometimes_hangs(prompt, response, reference):\n"
+        "    if zlib.crc32(response.encode()) % 4 == 0:\n"
+        "        time.sleep(3600)\n"
+        "    return 1.0 if response.strip() == str(reference).strip() else 0.0\n"
+    )
+    cfg = {
+        "task": {
+            "rewards": ["sometimes_hangs_issue28"],
+            "reward_modules": ["hang_rw28"],
+            "reward_timeout_s": 2,
+            "max_reward_error_share": 1.0,
+            "heldout_size": 4,
+        },
+        "runtime": {"steps": 1, "output_dir": str(tmp_path / "out")},
+    }
+    (tmp_path / "run.yaml").write_text(json.dumps(cfg))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    got = subprocess.run(
+        [sys.executable, "-c", "import sys; from rpeg.cli import main; sys.exit(main())"]
+        + ["train", str(tmp_path / "run.yaml"), "--local", "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
+    assert got.returncode == 0, got.stderr[-3000:]
+    (line,) = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(line)["reward_errors"] > 0  # the hanging samples, timed out
