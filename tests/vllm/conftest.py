@@ -1,5 +1,6 @@
 """Tests against the real vLLM: they run in the vLLM environment (``bash scripts/vllm_env.sh
-DIR``; ``.ci/run`` builds it at .ci-vllm-env and runs ``DIR/bin/python -m pytest tests/vllm``).
+DIR``; ``.ci/run`` builds it at ``$RPEG_VLLM_ENV``, default ``~/.cache/rpeg-vllm-env``, and
+runs ``PREFECT_HOME=DIR/prefect-home DIR/bin/python -m pytest tests/vllm``).
 
 In any other Python (the main environment has no vLLM: its pins clash with prefect's) the
 files here are not collected at all, so ``pytest`` there neither imports nor skips them one by

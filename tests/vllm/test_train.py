@@ -94,13 +94,17 @@ def _train(tmp_path: Path, config: Path, *extra: str) -> dict:
 def _check(out: dict, tmp_path: Path) -> None:
     assert out["steps"] == 2
     assert out["weight_sync_bytes"] > 0  # every step's update reached the engine
+    # the rollout/trainer log-prob mismatch, in the summary (issue 25's "done when") and on
+    # every step: the engine's log-probs are reused as the old ones (fp32, processed
+    # log-probs), so the first update's forward measures them (rollout_correction.measure)
+    assert {"logprob_mismatch_mean", "logprob_mismatch_k3"} <= set(out), sorted(out)
+    assert 0 <= out["logprob_mismatch_mean"] < 1e-4
     rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 2
+    assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["weight_sync_bytes"] > 0
         # fp32 engine, processed log-probs: the rollout's log-probs are the trainer's
-        if "logprob_mismatch_mean" in r:
-            assert r["logprob_mismatch_mean"] < 1e-4
+        assert 0 <= r["logprob_mismatch_mean"] < 1e-4
 
 
 def test_train_local_with_vllm(tmp_path, model_dir):
