@@ -234,8 +234,14 @@ def test_micro_batch_size_sets_the_number_of_forward_calls(tmp_path, dask_cluste
     cfg = _cfg(tmp_path, **{"cluster.num_devices": 1})  # 2 prompts x 2 samples
     calls = {}
     for mbs in (1, 4):
+        import dataclasses
+
         compiled = compile_plan(None, cfg)
-        compiled.task("ref_logprob").micro_batch_size = mbs
+        R = dataclasses.replace
+        tasks = tuple(
+            R(t, micro_batch_size=mbs) if t.name == "ref_logprob" else t for t in compiled.tasks
+        )
+        compiled = R(compiled, tasks=tasks)
         run = DistributedRun(cfg, compiled, dask_cluster)
         run.start_actors()
         try:
