@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rpeg.errors import ConfigError, Problem
+from rpeg.runtime.answers import parse_rational
 from rpeg.runtime.datasets.files import (  # MAX_ROW_PROBLEMS etc.: the data API in one place
     MAX_ROW_PROBLEMS,  # noqa: F401
     ChatMessage,
@@ -24,7 +25,6 @@ from rpeg.runtime.datasets.files import (  # MAX_ROW_PROBLEMS etc.: the data API
     gsm8k_final_answer,  # noqa: F401
     load_row_texts,
 )
-from rpeg.runtime.rewards import parse_rational
 
 
 @dataclass(frozen=True)
@@ -176,16 +176,22 @@ def load_examples(url: str, kind: str | None = None, keys: RowKeys = RowKeys()) 
 
 
 def check_template(template: str, where: str = "task.prompt_template") -> list[Problem]:
-    """A prompt template may use ``{question}`` only (``{{`` / ``}}`` for literal braces)."""
+    """A prompt template may use ``{question}`` only (``{{`` / ``}}`` for literal braces), with
+    no format spec or conversion (``{question:>300000000}`` passed and aborted the tokenizer)."""
     import string
 
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        parsed = [x for x in string.Formatter().parse(template) if x[1] is not None]
+        fields = [f for _, f, _, _ in parsed]
     except ValueError as exc:
         return [Problem(where, f"not a valid template: {exc} (use {{{{ and }}}} for braces)")]
     bad = sorted({f for f in fields if f != "question"})
     if bad:
         return [Problem(where, f"unknown placeholder(s) {bad}; allowed: {{question}}")]
+    specs = [f"{{{f}{'!' + c if c else ''}{':' + s if s else ''}}}" for _, f, s, c in parsed]
+    specs = [x for x in specs if x != "{question}"]
+    if specs:  # a width like {question:>300000000} builds a 300 MB prompt
+        return [Problem(where, f"{specs[0]}: no format spec or conversion; write {{question}}")]
     return []
 
 
