@@ -265,6 +265,10 @@ def build_task_data(
     from rpeg.runtime.datasets.prompts import RenderedSource, prompt_format, render_examples
 
     fmt = prompt_format(task, tokenizer) if tokenizer is not None else None
+    if task.kind == "tool_arithmetic":  # the multi-turn tool task (rpeg.runtime.envs)
+        from rpeg.runtime.envs.tool_task import tool_task_data
+
+        return tool_task_data(task)
     if task.kind in ("arithmetic", "countdown"):
         cls = ArithmeticSource if task.kind == "arithmetic" else CountdownSource
         held_src = cls(task.difficulty, task.seed, salt=99_991)
