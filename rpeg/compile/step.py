@@ -10,7 +10,7 @@ field the runtime reads is written here once (``DEFAULT_DEVICE_TYPE``, ``DEFAULT
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Literal
 
 import yaml
@@ -300,19 +300,19 @@ class CompiledStep:
 
 def _plain(obj: object) -> dict[str, object]:
     """A frozen spec's fields as a dict (one level; the caller lists its tuples)."""
-    from dataclasses import fields
-
     return {f.name: getattr(obj, f.name) for f in fields(obj)}  # type: ignore[arg-type]
 
 
 def _known(cls: type, d: dict[str, Any], where: str) -> dict[str, Any]:
-    """``d`` when every key is a field of ``cls``; else a ConfigError naming the unknown one."""
-    from dataclasses import fields
-
+    """``d`` when every key is a field of ``cls`` and every required field is there; else a
+    ConfigError naming the unknown or missing one."""
     names = {f.name for f in fields(cls)}
     extra = sorted(set(d) - names)
     if extra:
         raise ConfigError(
             [Problem(f"{where}.{extra[0]}", f"unknown field; allowed: {', '.join(sorted(names))}")]
         )
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.name not in d]
+    if required:
+        raise ConfigError([Problem(f"{where}.{n}", "missing (required)") for n in required])
     return dict(d)

@@ -103,6 +103,9 @@ def test_the_yaml_form_round_trips_and_names_an_unknown_field():
     d["actor_groups"][0]["gpus"] = 2
     with pytest.raises(ConfigError, match="actor_groups.gpus: unknown field"):
         CompiledStep.from_dict(d)
+    del d["actor_groups"][0]["gpus"], d["tasks"][0]["micro_batch_size"]
+    with pytest.raises(ConfigError, match="tasks.micro_batch_size: missing"):
+        CompiledStep.from_dict(d)
 
 
 # --------------------------------------------------------------------------- the runtime reads
