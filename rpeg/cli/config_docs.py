@@ -57,6 +57,34 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _subsection(tp: Any) -> type[BaseModel] | None:
+    """The section class of a field typed ``Section`` or ``Section | None``, else None."""
+    for a in (tp, *typing.get_args(tp)):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def _section(out: list[str], level: str, name: str, cls: type[BaseModel]) -> None:
+    """One section's table, then a table for each of its nested sections (e.g. model.lora)."""
+    doc = _cell(cls.__doc__ or "") if cls.__doc__ and "Base of every" not in cls.__doc__ else ""
+    out.append(f"\n{level} `{name}`\n")
+    if doc:
+        out.append(f"{doc}\n")
+    out.append("| field | type | default | description |\n| --- | --- | --- | --- |")
+    nested = []
+    for fname, f in cls.model_fields.items():
+        out.append(
+            f"| `{name}.{fname}` | {_cell(_type_name(f.annotation))} | {_cell(_default(f))} "
+            f"| {_cell(f.description or '')} |"
+        )
+        sub = _subsection(f.annotation)
+        if sub is not None:
+            nested.append((f"{name}.{fname}", sub))
+    for sub_name, sub in nested:
+        _section(out, level + "#", sub_name, sub)
+
+
 def render_config_docs() -> str:
     from rpeg.config import RunConfig
 
@@ -69,16 +97,7 @@ def render_config_docs() -> str:
         else:
             top.append((name, f))
     for name, cls in sections:
-        doc = _cell(cls.__doc__ or "") if cls.__doc__ and "Base of every" not in cls.__doc__ else ""
-        out.append(f"\n## `{name}`\n")
-        if doc:
-            out.append(f"{doc}\n")
-        out.append("| field | type | default | description |\n| --- | --- | --- | --- |")
-        for fname, f in cls.model_fields.items():
-            out.append(
-                f"| `{name}.{fname}` | {_cell(_type_name(f.annotation))} | {_cell(_default(f))} "
-                f"| {_cell(f.description or '')} |"
-            )
+        _section(out, "##", name, cls)
     if top:
         out.append("\n## top level\n")
         out.append("| field | type | default | description |\n| --- | --- | --- | --- |")

@@ -26,12 +26,17 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Write the checkpoint's policy as an HF folder (config.json, model.safetensors,
-        tokenizer files) that transformers' AutoModelForCausalLM and vLLM load."""
+        tokenizer files) that transformers' AutoModelForCausalLM and vLLM load; a LoRA run
+        (model.lora, needs --config) also writes peft's adapter to OUT/adapter."""
         from rpeg.runtime.export import export_checkpoint
 
-        if model is None and config is not None:
+        run = None
+        if config is not None:
             from rpeg.preflight import load_config
 
-            model = load_config(config).model.path
-        where = export_checkpoint(checkpoint, out, model_path=model, dtype=dtype, log=typer.echo)
+            run = load_config(config)  # a LoRA run's base model and model.lora too
+            model = run.model.path if model is None else model
+        where = export_checkpoint(
+            checkpoint, out, model_path=model, dtype=dtype, log=typer.echo, config=run
+        )
         typer.echo(f"exported {where} to {out}")

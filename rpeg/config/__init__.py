@@ -28,7 +28,9 @@ from rpeg.config.execution import MAX_DEVICES, ClusterConfig, RuntimeConfig, Sea
 from rpeg.config.run import RunConfig, problems_from_pydantic
 from rpeg.config.section import Section
 from rpeg.config.workload import (
+    TINY_LINEAR_MODULES,
     EnvName,
+    LoraSection,
     ModelConfig,
     MultiTurnConfig,
     Precision,
@@ -49,7 +51,9 @@ __all__ = [
     "EnvName",
     "KLEstimator",
     "LossAggregation",
+    "LoraSection",
     "ModelConfig",
+    "TINY_LINEAR_MODULES",
     "MultiTurnConfig",
     "OptimConfig",
     "Precision",

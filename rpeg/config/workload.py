@@ -13,6 +13,31 @@ from rpeg.config.section import Section
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 
 
+#: the Linear layers of the built-in tiny model (a Llama decoder; its LM head is tied to the
+#: embeddings), the names ``model.lora.target_modules`` may take without ``model.path``
+TINY_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSection(Section):
+    """LoRA adapters on the policy (peft; docs/lora.md): only the adapters train, are
+    checkpointed and optimised; weight sync sends the merged weights under the base names."""
+
+    rank: int = Field(8, ge=1, le=4096, description="r, the adapters' inner dimension")
+    alpha: float = Field(16.0, gt=0.0, description="lora_alpha; the update is scaled by alpha/rank")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"],
+        min_length=1,
+        description="names of the Linear layers that get adapters (the last part of a module's "
+        "name, e.g. q_proj; checked against the model before the run starts)",
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input")
+
+    @property
+    def scale(self) -> float:
+        """What B @ A is multiplied by (peft's ``scaling``: alpha / rank)."""
+        return self.alpha / self.rank
+
+
 class ModelConfig(Section):
     """The policy model (and, by default, the reference and critic trunks)."""
 
@@ -35,6 +60,23 @@ class ModelConfig(Section):
         None,
         description="override fields of the built-in tiny model's shape (e.g. {num_hidden_layers: 2})",
     )
+    lora: LoraSection | None = Field(
+        None,
+        description="LoRA adapters on the policy: rank, alpha, target_modules, dropout "
+        "(docs/lora.md); None = full fine-tuning",
+    )
+
+    @model_validator(mode="after")
+    def _lora_targets(self) -> ModelConfig:
+        if self.lora is None or self.path:  # a model folder: checked when it is loaded
+            return self
+        unknown = [m for m in self.lora.target_modules if m not in TINY_LINEAR_MODULES]
+        if unknown:
+            raise ValueError(
+                f"lora.target_modules {unknown} are not Linear layers of the built-in model "
+                f"(allowed: {', '.join(TINY_LINEAR_MODULES)})"
+            )
+        return self
 
 
 class WorkloadConfig(Section):

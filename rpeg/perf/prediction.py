@@ -32,10 +32,17 @@ class Workload:
     response_kind: str | None = None
     # LM image tokens per sample for a model with a vision tower; None = the model's prior
     image_tokens: float | None = None
+    # LoRA (model.lora): the adapters' rank and target modules; None = full fine-tuning
+    # (rpeg.perf.lora: the trainer holds gradients and optimizer state of the adapters only)
+    lora_rank: int | None = None
+    lora_targets: tuple[str, ...] = ()
 
     @classmethod
-    def from_config(cls, w: Any) -> Workload:
+    def from_config(cls, w: Any, lora: Any = None) -> Workload:
+        """``w``: a WorkloadConfig; ``lora``: the run's model.lora section (or None)."""
         return cls(
+            lora_rank=None if lora is None else lora.rank,
+            lora_targets=() if lora is None else tuple(lora.target_modules),
             num_prompts=w.num_prompts,
             samples_per_prompt=w.samples_per_prompt,
             mean_prompt_tokens=float(w.mean_prompt_tokens or w.max_prompt_tokens),

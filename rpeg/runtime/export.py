@@ -98,9 +98,11 @@ def export_checkpoint(
     model_path: str | None = None,
     dtype: str | None = None,
     log: Callable[[str], None] | None = None,
+    config: Any = None,
 ) -> str:
     """Write the policy of ``checkpoint`` (a step folder, a run folder, or a checkpoint URL
-    holding one run) to the HF folder ``out``; returns the step folder it came from."""
+    holding one run) to the HF folder ``out``; returns the step folder it came from. A LoRA
+    checkpoint (adapters only) needs the run's ``config``: rpeg.runtime.lora_export."""
     from rpeg.runtime.model_io import save_pretrained, torch_dtype
 
     got = find_checkpoint(checkpoint)
@@ -108,6 +110,11 @@ def export_checkpoint(
         raise CheckpointError(f"no complete checkpoint at {checkpoint}")
     meta, parts = got
     weights = policy_weights(parts)
+    if any(".lora_" in k for k in weights):
+        from rpeg.runtime.lora_export import export_lora
+
+        export_lora(weights, out, config, dtype=dtype, log=log)
+        return f"step {meta.get('step')} of run {meta.get('run_id')}"
     model, tok = _model_and_tokenizer(meta, model_path)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
@@ -148,7 +155,7 @@ def export_at_checkpoint(
 
     out = export_dir(config, step)
     try:
-        export_checkpoint(checkpoint, out, model_path=config.model.path)
+        export_checkpoint(checkpoint, out, model_path=config.model.path, config=config)
     except Exception as exc:  # noqa: BLE001 -- an export never stops the run
         warnings.warn(f"runtime.export_hf: step {step} not exported: {exc}", stacklevel=2)
         return None

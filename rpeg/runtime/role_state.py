@@ -43,16 +43,45 @@ def role_configs(
 
 
 def role_state(module, optimizer, shards) -> tuple[dict, dict | None]:
+    """(weights, optimizer state) of a role; a LoRA policy's weights are its adapters (and a
+    shared value head) only: the frozen base is rebuilt from its source (rpeg.runtime.lora)."""
+    from rpeg.runtime.lora import adapter_state, adapter_state_names, has_lora
+
+    lora = has_lora(module)
     if shards is not None and shards.layout.sharded:
         from rpeg.runtime.sharding import full_role_state
 
-        return full_role_state(module, optimizer)
-    weights = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+        weights, osd = full_role_state(module, optimizer)
+        keep = adapter_state_names(module) if lora else weights
+        return {k: v for k, v in weights.items() if k in keep}, osd
+    if lora:
+        weights = adapter_state(module)
+    else:
+        weights = {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
     return weights, copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
 
 
 def load_role_state(module, optimizer, state: dict, shards) -> None:
-    if shards is not None and shards.layout.sharded:
+    from rpeg.runtime.lora import has_lora, load_adapter_state
+
+    sharded = shards is not None and shards.layout.sharded
+    if has_lora(module):
+        load_adapter_state(module, state["module"])
+        if optimizer is not None and state.get("optimizer") is not None and sharded:
+            import torch.distributed as dist
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_optimizer_state_dict,
+            )
+
+            opts = StateDictOptions(
+                full_state_dict=True, broadcast_from_rank0=dist.is_initialized()
+            )
+            set_optimizer_state_dict(module, optimizer, state["optimizer"], options=opts)
+        elif optimizer is not None and state.get("optimizer") is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        return
+    if sharded:
         from rpeg.runtime.sharding import load_full_role_state
 
         load_full_role_state(module, optimizer, state["module"], state.get("optimizer"))

@@ -12,7 +12,6 @@ checkpoint everything (weights, optimizer, RNG, policy version).
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
@@ -139,8 +138,10 @@ class PolicyWorker:
         ``gen_layout`` (the plan's generation tp, over ``gen_mesh``) -- on its own copy at that
         layout, refreshed by weight sync; a private engine copy (bounded staleness) is sharded
         at the generation layout too."""
+        from rpeg.runtime.lora import base_copy, refuse_tensor_parallel
         from rpeg.runtime.sharding import shard_roles
 
+        refuse_tensor_parallel(self.lm, layout.tp)  # a generator's own copy has no adapters
         gen_layout = gen_layout or layout
         gen_mesh = gen_mesh if gen_mesh is not None else mesh
         eng = self.engine
@@ -148,7 +149,7 @@ class PolicyWorker:
         if own and isinstance(eng, TorchEngine) and eng.model is self.lm:
             # copied before the LM is sharded; synced like the lagging copy (k = 0: every step)
             eng = self.engine = TorchEngine(
-                copy.deepcopy(self.lm).to(dtype=frozen_dtype(self.compute_dtype)),
+                base_copy(self.lm).to(dtype=frozen_dtype(self.compute_dtype)),
                 eng.pad_id,
                 eng.eos_id,
                 policy_version=self.policy_version,
@@ -409,19 +410,17 @@ class PolicyWorker:
         dtype (a generator holds that), detached copies on CPU (``keep_device``: left on
         this rank's GPU, for a sync between GPUs). Sharded: a collective, every rank of the
         group calls it."""
-        from rpeg.runtime.sharding import full_state_dict
+        from rpeg.runtime.lora import sync_state  # LoRA: merged, under the base names
 
-        return full_state_dict(
-            self.lm, dtype=frozen_dtype(self.compute_dtype), keep_device=keep_device
-        )
+        return sync_state(self.lm, frozen_dtype(self.compute_dtype), keep_device)
 
     def weight_source(self):
         """``(meta, fetch)`` of the full LM weights in the compute dtype, gathered one tensor
         at a time on this rank's device (rpeg.runtime.sharding.full_tensor_source): what a
         weight sync streams into buckets. Sharded: every rank fetches in the same order."""
-        from rpeg.runtime.sharding import full_tensor_source
+        from rpeg.runtime.lora import sync_source
 
-        return full_tensor_source(self.lm, frozen_dtype(self.compute_dtype))
+        return sync_source(self.lm, frozen_dtype(self.compute_dtype))
 
     def set_weights(
         self, weights: Mapping[str, torch.Tensor], policy_version: int | None = None

@@ -100,7 +100,7 @@ def problem_from_config(config: Any) -> PlanProblem:
         base=base,
         model=model,
         cluster=cl,
-        workload=Workload.from_config(config.workload),
+        workload=Workload.from_config(config.workload, config.model.lora),  # LoRA: perf.lora
         num_devices=n,
         max_staleness=config.runtime.max_staleness,
     )

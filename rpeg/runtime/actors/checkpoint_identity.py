@@ -59,6 +59,8 @@ def model_identity(model: Any) -> dict[str, Any]:
     has its own folder -- not where the folders are (a moved folder resumes): written into
     every checkpoint's commit marker and compared on resume (:func:`check_resumable`)."""
     out = {"policy": _architecture(model.path, getattr(model, "tiny_shape", None))}
+    if getattr(model, "lora", None) is not None:  # its checkpoints hold adapters only
+        out["policy"]["lora"] = model.lora.model_dump()
     if getattr(model, "critic_path", None):
         out["critic"] = _architecture(model.critic_path, None)
     return out

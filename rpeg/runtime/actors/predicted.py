@@ -39,7 +39,7 @@ def prediction(config: Any) -> Any:
         from rpeg.specs.hf import priced_model
 
         _, plan = resolve(None, config)
-        wl = Workload.from_config(config.workload)
+        wl = Workload.from_config(config.workload, config.model.lora)
         # the run's model (model.path's config.json, else model.name), not the plan's default
         model = priced_model(config.model)
         return predict_plan(plan, wl, algorithm=config.algorithm, model=model)

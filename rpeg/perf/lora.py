@@ -1,0 +1,61 @@
+"""LoRA adapters in the performance model (``model.lora``; docs/lora.md): how many adapter
+parameters a model gets, so a LoRA run's trainer is priced with the gradients and optimizer
+state of the adapters only (the frozen base keeps its weights, no fp32 master, no moments)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rpeg.specs.models import ModelSpec
+
+GB = 1e9
+
+
+def module_dims(m: ModelSpec) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each Linear kind of one decoder layer of a dense (GQA) model, by
+    the names Llama/Qwen-style Hugging Face models give them. An MoE model's MLP kinds are
+    per expert (counted for every expert: peft wraps each expert's Linear)."""
+    h, q, kv = m.hidden, m.heads * m.head_dim, m.kv_heads * m.head_dim
+    ffn = m.moe.expert_ffn_hidden if m.moe is not None else m.ffn_hidden
+    return {
+        "q_proj": (h, q),
+        "k_proj": (h, kv),
+        "v_proj": (h, kv),
+        "o_proj": (q, h),
+        "gate_proj": (h, ffn),
+        "up_proj": (h, ffn),
+        "down_proj": (ffn, h),
+    }
+
+
+def lora_params(m: ModelSpec, rank: int, targets: tuple[str, ...]) -> float:
+    """Adapter parameters of rank ``rank`` on ``targets``: r * (in + out) per wrapped Linear
+    (A is r x in, B is out x r), every layer; MLP kinds once per expert of an MoE layer.
+    Names this model has no Linear for count nothing."""
+    dims = module_dims(m)
+    experts = m.moe.experts if m.moe is not None else 1
+    per_layer = 0
+    for t in targets:
+        if t in dims:
+            i, o = dims[t]
+            mlp = t in ("gate_proj", "up_proj", "down_proj")
+            per_layer += rank * (i + o) * (experts if mlp else 1)
+    return float(per_layer * m.layers)
+
+
+def trainable_params(m: ModelSpec, wl: Any, p_dev: float) -> float:
+    """Trained parameters of the ``p_dev`` a device holds: all of them, or with LoRA
+    (``wl.lora_rank``) the adapters' share of them (adapters split like their base)."""
+    if wl.lora_rank is None:
+        return p_dev
+    return p_dev * lora_params(m, wl.lora_rank, wl.lora_targets) / m.params
+
+
+def adapter_memory(
+    m: ModelSpec, wl: Any, p_dev: float, wbytes: float, shards: int
+) -> dict[str, float]:
+    """``{"lora_adapters": GB}`` per device: the adapters' weights beside the frozen base (in
+    the weights' dtype, over ``shards`` FSDP shards); nothing without LoRA."""
+    if wl.lora_rank is None:
+        return {}
+    return {"lora_adapters": trainable_params(m, wl, p_dev) * wbytes / GB / shards}
