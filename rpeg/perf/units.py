@@ -9,6 +9,7 @@ from typing import Any
 from rpeg.perf import costs
 from rpeg.perf.calibration import Calibration
 from rpeg.perf.lengths import LengthDist, prior_mean
+from rpeg.perf.lora import adapter_memory, trainable_params
 from rpeg.perf.prediction import GB, StageCost, Workload
 from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices
 from rpeg.specs import ClusterSpec, ModelSpec
@@ -239,8 +240,10 @@ def _train_state_per_device(c: UnitContext, u: UnitPlan, trainable: bool) -> dic
     dp = max(1, u.num_devices // (u.tp * u.pp))
     out = {"weights": p_dev * c.wbytes / GB / (dp if fsdp else 1)}
     if trainable:
-        out["gradients"] = p_dev * 2.0 / GB / (dp if fsdp else 1)
-        out["optimizer"] = p_dev * 12.0 / dp / GB  # fp32 master + Adam m, v (distributed)
+        p_train = trainable_params(c.model, c.wl, p_dev)  # LoRA: the adapters (perf.lora)
+        out |= adapter_memory(c.model, c.wl, p_dev, c.wbytes, dp if fsdp else 1)
+        out["gradients"] = p_train * 2.0 / GB / (dp if fsdp else 1)
+        out["optimizer"] = p_train * 12.0 / dp / GB  # fp32 master + Adam m, v (distributed)
         if unit_keeps_gathered(c, u):
             out["gathered_weights"] = gathered_extra_gb(p_dev, c.wbytes, dp)
     return out

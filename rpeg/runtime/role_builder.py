@@ -181,6 +181,10 @@ def build_roles(
                 engine.model.to(dtype=frozen)
         if not actor_trainable:
             model.to(dtype=frozen)
+        elif c.model.lora is not None:  # adapters on the trained actor, after the copies above
+            from rpeg.runtime.lora import apply_lora
+
+            model = apply_lora(model, c.model.lora)
         out.actor = PolicyWorker(
             model,
             tok,
@@ -194,8 +198,10 @@ def build_roles(
             compute_dtype=compute_dtype,
         )
     if "critic" in roles:
+        from rpeg.runtime.lora import base_copy  # a LoRA actor's base, without adapters
+
         out.critic = CriticWorker(
-            copy.deepcopy(model).to(dtype=MASTER_DTYPE),
+            base_copy(model).to(dtype=MASTER_DTYPE),
             algorithm=a,
             optim=c.optim,
             workload=c.workload,
