@@ -65,7 +65,8 @@ def build_policy(
             key_parts={
                 "model": key_model,
                 "task": [t.kind, t.url, t.difficulty, t.seed, t.heldout_size, t.prompt_template]
-                + ([t.prompt_key, t.answer_key, t.system_prompt, t.chat_template] if t.url else []),
+                + ([t.prompt_key, t.answer_key, t.system_prompt, t.chat_template] if t.url else [])
+                + ([t.multiturn.model_dump()] if t.multiturn.env else []),
             },
             steps=warmup_steps,
             lr=o.warmup_sft_lr,
@@ -197,6 +198,8 @@ def build_roles(
             seed=c.runtime.seed,
             compute_dtype=compute_dtype,
         )
+        # multi-turn tasks: greedy_accuracy rolls out through the environment too
+        out.actor.multiturn = c.task.multiturn if c.task.multiturn.env else None
     if "critic" in roles:
         from rpeg.runtime.lora import base_copy  # a LoRA actor's base, without adapters
 
@@ -233,13 +236,27 @@ def greedy_accuracy(
         tokenizer.eos_token_id,
         compute_dtype=getattr(actor, "compute_dtype", torch.float32),
     )
-    batch, _ = stages.generate_stage(
-        w,
-        examples,
-        1,
-        prompt_template=prompt_template,
-        params=actor.sampling_params(greedy=True),
-        seed=0,
-    )
+    mt = getattr(actor, "multiturn", None)  # set by build_roles for multi-turn tasks
+    if mt is not None:
+        from rpeg.runtime.envs.rollout import multiturn_rollout
+
+        batch, _ = multiturn_rollout(
+            w,
+            examples,
+            1,
+            mt,
+            prompt_template=prompt_template,
+            params=actor.sampling_params(greedy=True),
+            seed=0,
+        )
+    else:
+        batch, _ = stages.generate_stage(
+            w,
+            examples,
+            1,
+            prompt_template=prompt_template,
+            params=actor.sampling_params(greedy=True),
+            seed=0,
+        )
     _, rm = stages.reward_stage(batch, rewards)
     return rm["accuracy"]
