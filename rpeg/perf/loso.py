@@ -28,9 +28,10 @@ import numpy as np
 from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
-from rpeg.perf.loso_summary import Summary, by, stage_errors, summarise  # noqa: F401 (re-exported)
+from rpeg.perf.loso_summary import Scored
 from rpeg.perf.pricing import predict
-from rpeg.perf.rows import Unpredictable, _float, _number, read_case, unknown_names
+from rpeg.perf.row_cells import Unpredictable, _float, _number, unknown_names
+from rpeg.perf.rows import read_case
 from rpeg.perf.systems import POOLED, UNKNOWN_WIDEN, normalise
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError
@@ -102,29 +103,6 @@ class Priced:
 
     def log_pred(self, lg: float, lt: float) -> float:
         return float(_interp(self.step, lg, lt))
-
-
-@dataclass
-class Scored:
-    """A row's in-sample and LOSO predictions and ranges."""
-
-    case_id: str
-    source: str
-    system: str
-    dataset: str
-    measured_s: float | None
-    reason: str = ""
-    pred_in: float | None = None
-    lo_in: float | None = None
-    hi_in: float | None = None
-    pred_loso: float | None = None
-    lo_loso: float | None = None
-    hi_loso: float | None = None
-    system_fitted: bool = True  # False: the system had no rows outside this source
-    stages: dict[str, tuple[float, float]] = field(default_factory=dict)  # LOSO pred, meas
-    tput: tuple[float, float] | None = None  # LOSO predicted, measured tokens/s
-    unknown: tuple[str, ...] = ()
-    solved: dict[str, Any] = field(default_factory=dict)
 
 
 def _interp(step: np.ndarray, lg: Any, lt: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpeg.perf.loso import Scored, Summary, by, stage_errors, summarise
+from rpeg.perf.loso_summary import Scored, Summary, by, stage_errors, summarise
 
 
 def _pct(x: float) -> str:

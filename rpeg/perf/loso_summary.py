@@ -1,16 +1,36 @@
-"""Error figures of scored rows (pure): MAPE, max, coverage of the printed range, share
+"""Scored rows and their error figures (pure): MAPE, max, coverage of the printed range, share
 predicted and median range width, over any group (data set, source, system) and per
 published stage. The rows come from :func:`rpeg.perf.loso.score`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from rpeg.perf.loso import Scored
+
+@dataclass
+class Scored:
+    """A row's in-sample and LOSO predictions and ranges."""
+
+    case_id: str
+    source: str
+    system: str
+    dataset: str
+    measured_s: float | None
+    reason: str = ""
+    pred_in: float | None = None
+    lo_in: float | None = None
+    hi_in: float | None = None
+    pred_loso: float | None = None
+    lo_loso: float | None = None
+    hi_loso: float | None = None
+    system_fitted: bool = True  # False: the system had no rows outside this source
+    stages: dict[str, tuple[float, float]] = field(default_factory=dict)  # LOSO pred, meas
+    tput: tuple[float, float] | None = None  # LOSO predicted, measured tokens/s
+    unknown: tuple[str, ...] = ()
+    solved: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

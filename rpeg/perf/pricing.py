@@ -5,7 +5,6 @@ Pure and fast (tens of microseconds per plan). Every equation is in docs/perf-mo
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -13,6 +12,7 @@ from rpeg.perf.calibration import DEFAULT, Calibration
 from rpeg.perf.calibration import resolve as resolve_calibration
 from rpeg.perf.generation import generation_cost, weight_sync_cost
 from rpeg.perf.prediction import GB, StageCost, StepPrediction, Workload
+from rpeg.perf.schedule import record, streamed
 from rpeg.perf.timeline import TimelineRecord
 from rpeg.perf.units import (
     FWD_KINDS,
@@ -22,31 +22,11 @@ from rpeg.perf.units import (
     field_bytes,
     graph_info,
     pass_cost,
+    time_shared,
     unit_plan,
 )
 from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices
 from rpeg.specs import ClusterSpec, ModelSpec
-
-
-def time_shared(cluster: ClusterSpec, plan: Plan, units: list[Any]) -> ClusterSpec:
-    """The cluster a plan runs on when its CPU "devices" outnumber the machine's cores.
-
-    A CPU device is a one-thread worker process; a plan with more workers than cores (the
-    shipped 4-device CPU configs on a 2-core machine) runs them time-sharing the cores, so
-    each worker gets ``cores / workers`` of one: its compute, memory bandwidth and eager
-    per-layer overhead scale by that share. Accelerators are refused as before."""
-    need = max(unit_plan(plan, n).devices[-1] for n, _ in units) + 1
-    if need <= cluster.num_devices or cluster.gpu.name != "cpu":
-        return cluster
-    share = cluster.num_devices / need
-    g = cluster.gpu
-    gpu = replace(
-        g,
-        bf16_dense_tflops=g.bf16_dense_tflops * share,
-        hbm_tbps=g.hbm_tbps * share,
-        layer_overhead_s=g.layer_overhead_s / share,
-    )
-    return replace(cluster, gpu=gpu, gpus_per_node=need, num_nodes=1)
 
 
 # --- one execution unit -------------------------------------------------------------------
@@ -302,7 +282,7 @@ def predict(
             i = pool_of[uname]
             s = pool_busy.get(i, 0.0)
             d = stages[uname].time_s
-            timeline.append(_rec(stages[uname], s, s + d))
+            timeline.append(record(stages[uname], s, s + d))
             pool_busy[i] = s + d
         step = max(pool_busy.values())
     elif multi_pool and plan.streaming:
@@ -311,12 +291,12 @@ def predict(
         # goes through the units in order, a unit starts a chunk when the chunk is ready and
         # its pool is free (units of one pool take turns). Every unit streams but the
         # weight sync, which follows the last update.
-        step = _streamed(stages, units, pool_of, max(1, wl.train_minibatches), timeline)
+        step = streamed(stages, units, pool_of, max(1, wl.train_minibatches), timeline)
     else:
         t = 0.0
         for uname, _ in units:
             d = stages[uname].time_s
-            timeline.append(_rec(stages[uname], t, t + d))
+            timeline.append(record(stages[uname], t, t + d))
             t += d
         step = t
     # fixed costs after the units, each a named record so that the Gantt ends at the step
@@ -348,54 +328,6 @@ def predict(
         capacity_gb=cap,
         assumptions=c.assumptions,
     )
-
-
-def _streamed(
-    stages: dict[str, StageCost],
-    units: list[Any],
-    pool_of: dict[str, int],
-    m: int,
-    timeline: list[TimelineRecord],
-) -> float:
-    """Schedule of a k = 0 streaming step (see ``predict``); returns its end, appends one
-    record per unit from its first chunk's start to its last chunk's end (a pool's units
-    interleave chunk by chunk, so their records overlap; each record's busy time is the
-    unit's time)."""
-    gen_end = 0.0
-    for uname, members in units:
-        if GEN_KIND in {k for _, k, _ in members}:
-            d = stages[uname].time_s
-            timeline.append(_rec(stages[uname], gen_end, gen_end + d))
-            gen_end += d
-    free: dict[int, float] = {}  # device pool (host side of pool i: -1 - i) -> free at
-    streamed, after = [], []
-    for uname, members in units:
-        kinds = {k for _, k, _ in members}
-        pool = pool_of[uname]
-        if GEN_KIND in kinds:
-            free[pool] = gen_end
-        elif "sync_weights" in kinds:
-            after.append((uname, pool))
-        elif all(k == "reward" and r != "reward_model" for _, k, r in members):
-            streamed.append((uname, -1 - pool))  # a rule reward runs on the host
-        else:
-            streamed.append((uname, pool))
-    span: dict[str, list[float]] = {}
-    end = gen_end
-    for j in range(m):  # chunk by chunk: each pool takes a chunk through its units in order
-        t = gen_end * (j + 1) / m  # chunk j generated
-        for uname, pool in streamed:
-            s = max(t, free.get(pool, 0.0))
-            t = free[pool] = s + stages[uname].time_s / m
-            span.setdefault(uname, [s, t])[1] = t
-        end = max(end, t)
-    for uname, _ in streamed:
-        timeline.append(_rec(stages[uname], *span[uname]))
-    for uname, pool in after:
-        s = max(end, free.get(pool, 0.0))
-        end = free[pool] = s + stages[uname].time_s
-        timeline.append(_rec(stages[uname], s, end))
-    return max(end, *free.values())
 
 
 @lru_cache(maxsize=4096)
@@ -458,7 +390,3 @@ def _merge(name: str, parts: list[StageCost], u: UnitPlan) -> StageCost:
         for k, v in p.detail.items():
             sc.detail[f"{p.name}.{k}"] = v
     return sc
-
-
-def _rec(sc: StageCost, start: float, end: float) -> TimelineRecord:
-    return TimelineRecord(sc.name, sc.devices, start, end, kind=sc.kinds[0] if sc.kinds else "")

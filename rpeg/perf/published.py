@@ -20,18 +20,15 @@ from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
 from rpeg.perf.prediction import StepPrediction
-from rpeg.perf.rows import (  # noqa: F401 (PRIORS, row_case, _cluster_for: re-exported)
-    PRIORS,
-    RowCase,
+from rpeg.perf.row_cells import (  # noqa: F401 (_cluster_for: re-exported)
     Unpredictable,
     _cluster_for,
     _float,
     _number,
     _one_line,
-    read_case,
-    row_case,
     unknown_names,
 )
+from rpeg.perf.rows import PRIORS, RowCase, read_case, row_case  # noqa: F401 (re-exported)
 from rpeg.perf.solve import solve_layout
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError

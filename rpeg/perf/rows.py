@@ -14,7 +14,7 @@ from typing import Any
 
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.prediction import Workload
-from rpeg.perf.row_cells import (  # noqa: F401 (unknown_names, resolve_model: re-exported)
+from rpeg.perf.row_cells import (
     Unpredictable,
     _cluster_for,
     _float,
@@ -28,7 +28,6 @@ from rpeg.perf.row_cells import (  # noqa: F401 (unknown_names, resolve_model: r
     gpu_name,
     model_name,
     resolve_model,
-    unknown_names,
 )
 from rpeg.perf.solve import Layout, solve_layout
 from rpeg.plan.schema import GraphRef, Plan, UnitPlan

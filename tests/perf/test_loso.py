@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from rpeg.perf import loso
-from rpeg.perf.loso import GRID, Priced, Scored, summarise
+from rpeg.perf.loso import GRID, Priced
+from rpeg.perf.loso_summary import Scored, summarise
 from rpeg.perf.systems import POOLED, SYSTEMS, SystemParams, normalise, system_params
 
 

@@ -137,7 +137,7 @@ def test_predict_takes_the_executing_system(tmp_path, capsys):
     ],
 )
 def test_model_names_resolve_to_the_catalog_with_the_checkpoints_kind(written, catalog, kind):
-    from rpeg.perf.rows import resolve_model
+    from rpeg.perf.row_cells import resolve_model
 
     assert resolve_model(written) == (catalog, kind)
 

@@ -65,13 +65,13 @@ def _stage(name, kind, t):
 
 
 def _flow(times, pools, m):
-    """_streamed over units named after their kind, one member each."""
-    from rpeg.perf.pricing import _streamed
+    """schedule.streamed over units named after their kind, one member each."""
+    from rpeg.perf.schedule import streamed
 
     stages = {k: _stage(k, k, t) for k, t in times.items()}
     units = [(k, ((k, k, "policy"),)) for k in times]
     timeline = []
-    end = _streamed(stages, units, pools, m, timeline)
+    end = streamed(stages, units, pools, m, timeline)
     return end, {r.stage: (r.start_s, r.end_s) for r in timeline}
 
 
