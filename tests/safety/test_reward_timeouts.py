@@ -159,3 +159,40 @@ def test_rpeg_train_local_finishes_with_a_reward_that_hangs(tmp_path):
     assert got.returncode == 0, got.stderr[-3000:]
     (line,) = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(line)["reward_errors"] > 0  # the hanging samples, timed out
+
+
+class _BarrierScorer:
+    """A Dask actor scoring as RankActor's reward stage does (on a worker thread)."""
+
+    def score(self, module_dir, folder, n):
+        sys.path.insert(0, module_dir)
+        task = TaskConfig(
+            rewards=["barrier_issue28"], reward_modules=["timeouts_issue28"], reward_timeout_s=90
+        )
+        res = RewardSet.from_task(task)(
+            ["p"] * n, [f"s{i}" for i in range(n)], [f"{folder}|{n}"] * n
+        )
+        return res.rewards, res.errors, res.error_messages
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_slow_samples_are_scored_concurrently_on_a_dask_actor(reward_module, tmp_path):
+    """The distributed runtime's side: the same six waiting samples from an actor's thread."""
+    distributed = pytest.importorskip("distributed")
+    folder = tmp_path / "started"
+    folder.mkdir()
+    with (
+        distributed.LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address="127.0.0.1:0",
+            worker_class="distributed.Nanny",
+        ) as lc,
+        distributed.Client(lc) as client,
+    ):
+        actor = client.submit(_BarrierScorer, actor=True).result()
+        rewards, errors, msgs = actor.score(str(tmp_path), str(folder), 6).result()
+    assert errors == 0, msgs
+    assert rewards == [1.0] * 6
