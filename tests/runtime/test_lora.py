@@ -166,3 +166,32 @@ def test_tensor_parallel_is_refused_by_name(tiny):
         L.refuse_tensor_parallel(m, 2)
     L.refuse_tensor_parallel(m, 1)  # tp 1: fine
     L.refuse_tensor_parallel(tiny[0], 2)  # no adapters: not this check's business
+
+
+def test_tensor_parallel_layout_is_refused_before_sharding(tiny):
+    from rpeg.runtime.mesh import Layout
+    from rpeg.runtime.parallel import LOCAL
+
+    m, tok = _lora(tiny)
+    w = PolicyWorker(m, tok)
+    with pytest.raises(ConfigError, match=r"model\.lora.*tp=2"):
+        w.apply_layout(Layout(dp=1, tp=2), None, LOCAL)  # refused before any mesh is used
+
+
+@pytest.mark.slow  # two spawned ranks: ~30 s on 2 cores
+def test_fsdp_dp2_lora_equals_single_process():
+    """FSDP wraps the injected model: one step at dp=2 gives the single-process merged
+    weights; the sharded checkpoint holds the 8 adapter tensors only and reloads exactly."""
+    import lora_cases
+
+    ref_metrics, ref_merged = lora_cases.reference()
+    out = lora_cases.spawn(port=29671)
+    for r in (0, 1):
+        assert out[r]["reloaded_equal"], r
+        assert len(out[r]["saved_keys"]) == 8
+        assert all(L.is_adapter_key(k) for k in out[r]["saved_keys"])
+        assert out[r]["metrics"]["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], abs=1e-5)
+    merged = out[0]["merged"]
+    assert set(merged) == set(ref_merged)
+    for k, v in ref_merged.items():
+        torch.testing.assert_close(merged[k], v, atol=1e-5, rtol=0, msg=k)

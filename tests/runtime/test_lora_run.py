@@ -121,9 +121,9 @@ def test_lora_export_without_the_run_config_is_a_named_error(tmp_path, monkeypat
 
 @pytest.mark.slow
 def test_lora_run_learns_the_builtin_task(tmp_path, monkeypatch):
-    """The built-in task (default tiny model and warm-up) with rank-16 adapters on every
-    attention and MLP projection and a 10x higher lr than full fine-tuning (LoRA recipes raise
-    the lr, e.g. verl's LoRA examples use 3e-5 -> 3e-6 x 10): held-out accuracy rises."""
+    """The built-in task (default tiny model and warm-up) with rank-16 adapters on the
+    attention and MLP projections and 10x the full fine-tune's lr (the factor Thinking
+    Machines' LoRA primer gives, docs/lora.md): held-out accuracy rises."""
     monkeypatch.setenv("RPEG_CACHE", str(tmp_path / "cache"))
     from rpeg.runtime.local_trainer import LocalTrainer
 
