@@ -228,4 +228,9 @@ class TaskConfig(Section):
             raise ValueError(f"kind={self.kind!r} needs url (an fsspec URL)")
         if self.kind == "tool_arithmetic" and self.multiturn.env is None:
             raise ValueError("kind='tool_arithmetic' needs multiturn.env (allowed: tools)")
+        if self.kind == "tool_arithmetic" and "tool_final_answer" not in self.rewards:
+            raise ValueError(
+                "kind='tool_arithmetic' is scored on the answer after the tool's result: rewards "
+                "needs tool_final_answer (with reward_modules: [rpeg.runtime.envs.answers])"
+            )
         return self

@@ -28,7 +28,7 @@ def test_unknown_tool_names_the_field():
 
 
 def test_tool_task_needs_an_environment():
-    msg = _problems({"task": {"kind": "tool_arithmetic"}})
+    msg = _problems({"task": {"kind": "tool_arithmetic", "rewards": ["tool_final_answer"]}})
     assert "multiturn.env" in msg
 
 
@@ -44,3 +44,8 @@ def test_config_names_match_the_registries():
 def test_shipped_config_loads():
     c = RunConfig.from_yaml("configs/tool-cpu.yaml")
     assert c.task.kind == "tool_arithmetic" and c.task.multiturn.env == "tools"
+
+
+def test_tool_task_needs_the_final_answer_reward():
+    msg = _problems({"task": {"kind": "tool_arithmetic", "multiturn": {"env": "tools"}}})
+    assert "tool_final_answer" in msg and "rpeg.runtime.envs.answers" in msg
