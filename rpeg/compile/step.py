@@ -35,13 +35,16 @@ FORWARD_KINDS = frozenset(
 BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}
 DTYPES = ("float32", "bfloat16", "float16")
 #: the device type (and its dtype) of a rank when nothing says otherwise: the one place
-DEFAULT_DEVICE_TYPE = "cpu"
-DEFAULT_DTYPE = "float32"
+DEFAULT_DEVICE_TYPE: Literal["cpu"] = "cpu"
+DEFAULT_DTYPE: Literal["float32"] = "float32"
 #: a bucketed weight sync's bucket size (bytes)
 DEFAULT_BUCKET_BYTES = 4 << 20
 
 Phase = Literal["rollout", "train"]
 SyncMode = Literal["shared", "bucketed"]
+DeviceType = Literal["cpu", "cuda"]
+Backend = Literal["gloo", "nccl"]
+Dtype = Literal["float32", "bfloat16", "float16"]
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,9 @@ class GroupSpec:
     gen_engine: str | None = None
     gen_memory_utilization: float | None = None
     reshard_after_forward: bool = True
-    device_type: str = DEFAULT_DEVICE_TYPE
-    dtype: str = DEFAULT_DTYPE
-    backend: str = "gloo"
+    device_type: DeviceType = DEFAULT_DEVICE_TYPE
+    dtype: Dtype = DEFAULT_DTYPE
+    backend: Backend = "gloo"
 
     def to_dict(self) -> dict[str, object]:
         d = _plain(self)
