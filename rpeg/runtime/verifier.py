@@ -172,7 +172,13 @@ class VerifierPool:
                 if not c.alive():  # it died after its last result
                     c.kill()
                     c = _Child()
-                c.send(spec, items[pending[-1]], pending.pop())
+                try:
+                    c.send(spec, items[pending[-1]], pending[-1])
+                except OSError:  # died between the check and the write: a fresh one
+                    c.kill()
+                    c = _Child()
+                    c.send(spec, items[pending[-1]], pending[-1])
+                pending.pop()
                 sel.register(c.proc.stdout, selectors.EVENT_READ, c)
                 busy.append(c)
 
