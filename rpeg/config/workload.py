@@ -42,7 +42,9 @@ class ModelConfig(Section):
     """The policy model (and, by default, the reference and critic trunks)."""
 
     name: str = Field(
-        "rpeg-tiny", description="catalog name (rpeg/specs models) used by the performance model"
+        "rpeg-tiny",
+        description="catalog name (rpeg/specs models) used by the performance model; left at "
+        "this default with model.path set, the folder's config.json is priced instead",
     )
     path: str | None = Field(
         None,
