@@ -195,3 +195,38 @@ def test_fsdp_dp2_lora_equals_single_process():
     assert set(merged) == set(ref_merged)
     for k, v in ref_merged.items():
         torch.testing.assert_close(merged[k], v, atol=1e-5, rtol=0, msg=k)
+
+
+def test_dcp_shards_of_a_lora_policy_hold_only_adapters(tmp_path, tiny):
+    """A sharded group's torch.distributed.checkpoint shards (here one process, no process
+    group): the model part holds the 8 adapter tensors only; a fresh LoRA worker loads them."""
+    import torch.distributed.checkpoint as dcp
+
+    from rpeg.runtime.actors.shard_checkpoint import load_shards, save_shards, worker_roles
+
+    m, tok = _lora(tiny)
+    w = PolicyWorker(m, tok)
+    ids = torch.tensor([[1, 5, 6, 7, 8, 9]])
+    m(input_ids=ids, labels=ids).loss.backward()
+    w.optimizer.step()
+    url = str(tmp_path / "shards")
+    save_shards(url, worker_roles(actor=w))
+    saved = dcp.FileSystemReader(url).read_metadata().state_dict_metadata
+    model_keys = [k for k in saved if k.startswith("actor.model.")]
+    assert len(model_keys) == 8 and all(L.is_adapter_key(k) for k in model_keys)
+    m2, _ = _lora(tiny)
+    w2 = PolicyWorker(m2, tok)
+    load_shards(url, worker_roles(actor=w2))
+    assert torch.allclose(m2(ids).logits, m(ids).logits, atol=1e-6)
+    assert w2.optimizer.state_dict()["state"][0]["step"] == 1
+
+
+def test_resume_with_another_lora_setting_is_refused():
+    from rpeg.runtime.actors.checkpoint_identity import mismatches, model_identity
+
+    with_lora = RunConfig.from_yaml("model: {lora: {rank: 4}}").model
+    meta = {"step": 2, "run_id": "r", "model": model_identity(with_lora)}
+    assert mismatches(meta, with_lora, local=None) == []
+    for other in (RunConfig().model, RunConfig.from_yaml("model: {lora: {rank: 8}}").model):
+        (p,) = mismatches(meta, other, local=None)
+        assert p.where == "model" and "policy lora=" in p.what

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rpeg.runtime.lora import adapter_state_names, has_lora
+
 
 def _dist():
     import torch.distributed as dist
@@ -97,6 +99,8 @@ def _state(roles: Mapping[str, tuple[nn.Module, Any]]) -> dict[str, Any]:
             out[name] = {"model": get_model_state_dict(module)}
         else:
             msd, osd = get_state_dict(module, opt)
+            if has_lora(module):  # a LoRA policy's shards: its adapters only (docs/lora.md)
+                msd = {k: v for k, v in msd.items() if k in adapter_state_names(module)}
             out[name] = {"model": msd, "optim": osd}
     return out
 
@@ -153,7 +157,11 @@ def load_shards(
     parameters. ``extra``: a template of the extras to read (same keys and value types as
     saved; tensors of the saved shape). Collective. Returns the loaded extras."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_state_dict,
+    )
 
     dist = _dist()
     state = _state(roles)
@@ -171,6 +179,7 @@ def load_shards(
                 opt,
                 model_state_dict=state[name]["model"],
                 optim_state_dict=state[name]["optim"],
+                options=StateDictOptions(strict=not has_lora(module)),  # LoRA: adapters only
             )
     return dict(state["extra"])
 
