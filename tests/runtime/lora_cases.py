@@ -21,8 +21,8 @@ def lora_policy(cfg):
     from rpeg.runtime.lora import apply_lora
 
     m, tok = C.model()
+    torch.manual_seed(5)  # peft draws A from the global generator: the same on every rank
     m = apply_lora(m, LoraSection(**LORA))
-    torch.manual_seed(5)
     with torch.no_grad():
         for n, p in m.named_parameters():
             if ".lora_B." in n:
