@@ -12,16 +12,40 @@ from rpeg.flows.launch import run_logger
 
 from rpeg.config import RunConfig
 
+#: how long a step checked by :func:`run_train` (``remember=True``) waits for its flow body
+REMEMBERED_FOR_S = 120.0
 
-def validate_before_start(config: RunConfig, cluster_devices: int | None = None):
-    """Compile and check every input; raises ConfigError listing all problems."""
+#: the compiled step last checked with ``remember=True``: (config JSON, device count) ->
+#: (when, compiled step). ``run_train`` checks before Prefect starts (fail fast) and the flow
+#: body in the same process takes that result instead of compiling and checking again; the
+#: flow started from the UI or a deployment has nothing remembered and checks for itself.
+_REMEMBERED: dict[tuple[str, int | None], tuple[float, Any]] = {}
+
+
+def validate_before_start(
+    config: RunConfig, cluster_devices: int | None = None, *, remember: bool = False
+):
+    """Compile and check every input; raises ConfigError listing all problems. A step checked
+    for the same config and device count in this process less than REMEMBERED_FOR_S ago with
+    ``remember=True`` is returned (once) instead: the run compiles once."""
     from rpeg.preflight import preflight
     from rpeg.runtime.engines.choice import check_engine
 
-    # model, task data, rewards, template, places, machine and the plan, all at once
-    compiled = preflight(config, cluster_devices=cluster_devices)
-    check_engine(config, compiled)
+    key = (config.model_dump_json(), cluster_devices)
+    when, compiled = _REMEMBERED.pop(key, (0.0, None))
+    if compiled is None or time.monotonic() - when > REMEMBERED_FOR_S:
+        # model, task data, rewards, template, places, machine and the plan, all at once
+        compiled = preflight(config, cluster_devices=cluster_devices)
+        check_engine(config, compiled)
+    if remember:
+        _REMEMBERED.clear()
+        _REMEMBERED[key] = (time.monotonic(), compiled)
     return compiled
+
+
+def forget_checked() -> None:
+    """Drop a remembered step (a run that stopped before its flow body took it)."""
+    _REMEMBERED.clear()
 
 
 def _stall_monitor(run: Any, cluster: Any, rt: Any) -> Any:

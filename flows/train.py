@@ -34,6 +34,7 @@ from rpeg.flows.run_setup import (  # noqa: E402
     _phase,
     _setup,
     _stall_monitor,
+    forget_checked,
     validate_before_start,
 )
 from rpeg.flows.step_sink import _artifacts, _Sink  # noqa: E402
@@ -344,9 +345,37 @@ def run_train(
     # fail fast, before Prefect or Dask start; against an existing cluster the device count
     # is checked once connected (still before any actor starts)
     address = cluster_address or config.cluster.address
-    validate_before_start(config, cluster_devices=10**6 if address else None)
+    # remembered: the flow body below takes this compiled step instead of checking again
+    devices = 10**6 if address else None
+    validate_before_start(config, cluster_devices=devices, remember=data_error is None)
     if data_error is not None:
         raise data_error
+    try:
+        return _run_checked(
+            config,
+            cluster_address,
+            resume,
+            summary_json,
+            progress,
+            _cluster,
+            _fault_hook,
+            _with_extra,
+        )
+    finally:
+        forget_checked()
+
+
+def _run_checked(
+    config: RunConfig,
+    cluster_address: str | None,
+    resume: bool,
+    summary_json: str | None,
+    progress: bool,
+    _cluster: Any,
+    _fault_hook: Any,
+    _with_extra: bool,
+) -> dict[str, Any]:
+    """run_train after its checks: the flow on Prefect's API, or the inner flow for tests."""
     if _cluster is None and _fault_hook is None and not _with_extra:
         return _finished_despite_api(
             lambda: rl_train(

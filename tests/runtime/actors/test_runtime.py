@@ -42,7 +42,8 @@ def test_sync_run_reproduces_the_single_process_trainer(
     assert set(s) - {"_extra"} == {
         "steps",
         "steps_run",  # this call's steps (fewer after a resume)
-        "wall_s",
+        "wall_s",  # the whole run's, restored steps included
+        "segment_wall_s",  # this call's
         "median_step_s",
         "reward_first10",
         "reward_last10",
