@@ -47,7 +47,7 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def _mean_prompt_tokens(cfg, n: int = 256) -> float:
     """Mean prompt length in tokens of the run's task (its data, the runtime's tokenizer)."""
-    from rpeg.runtime.data import build_task_data
+    from rpeg.runtime.task_data import build_task_data
 
     cursor, _ = build_task_data(cfg.task)
     # the built-in tokenizer is character-level and puts <bos> in front

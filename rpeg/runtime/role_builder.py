@@ -20,10 +20,11 @@ import torch
 from rpeg.config import RunConfig
 from rpeg.ir.recipes import recipe
 from rpeg.runtime.critic import CriticWorker
-from rpeg.runtime.data import DataCursor, Example, build_task_data
+from rpeg.runtime.data import DataCursor, Example
 from rpeg.runtime.engines.choice import build_engine
 from rpeg.runtime.rewards import RewardSet
 from rpeg.runtime.roles import PolicyWorker
+from rpeg.runtime.task_data import build_task_data
 
 #: the roles a process may hold
 ROLE_NAMES = ("actor", "reference", "critic")

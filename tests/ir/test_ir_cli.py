@@ -61,7 +61,10 @@ def test_validate_ok_and_problems(capsys, tmp_path):
 
 def test_unknown_source_and_bad_transform(capsys):
     assert main(["graph", "show", "a3c"]) == 2
-    assert "not a builder name (grpo, dr_grpo, dapo, rloo, reinforce_pp, ppo)" in capsys.readouterr().err
+    assert (
+        "not a builder name (grpo, dr_grpo, dapo, rloo, reinforce_pp, ppo)"
+        in capsys.readouterr().err
+    )
     assert main(["graph", "validate", "grpo", "--staleness", "-1"]) == 2
     assert "staleness k must be an integer >= 0" in capsys.readouterr().err
     assert main(["graph", "validate", "grpo", "--fuse", "generate,train_actor"]) == 2

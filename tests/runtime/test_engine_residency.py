@@ -153,7 +153,7 @@ def _rank(trainable: bool):
 
 def _rank_steps(cfg, rank, kinds):
     from rpeg.runtime.actors.row_shards import PromptShard
-    from rpeg.runtime.role_builder import build_task_data
+    from rpeg.runtime.task_data import build_task_data
 
     cursor, _ = build_task_data(cfg.task, rank.tokenizer, cfg.workload.max_prompt_tokens)
     try:

@@ -10,7 +10,6 @@ from rpeg.errors import ConfigError
 from rpeg.runtime.data import (
     ArithmeticSource,
     DataCursor,
-    build_task_data,
     gsm8k_final_answer,
     load_examples,
 )
@@ -22,6 +21,7 @@ from rpeg.runtime.rewards import (
     math_equivalence,
     register_reward,
 )
+from rpeg.runtime.task_data import build_task_data
 
 
 def test_builtin_rewards():

@@ -74,7 +74,8 @@ def _all(ranks, method, *args, per_rank=None):
 
 
 def test_tp2_ranks_decode_the_same_rows_and_train(tmp_path, cluster):
-    from rpeg.runtime.data import PromptShard, build_task_data
+    from rpeg.runtime.data import PromptShard
+    from rpeg.runtime.task_data import build_task_data
 
     cfg = _config(tmp_path)
     with cluster.client.as_current():
@@ -101,7 +102,8 @@ def test_tp2_ranks_decode_the_same_rows_and_train(tmp_path, cluster):
 
 def test_fsdp_dp2_ranks_step_together_train_sync_and_evaluate(tmp_path, cluster):
     from rpeg.runtime.actors.weight_sync import unpack
-    from rpeg.runtime.data import PromptShard, build_task_data
+    from rpeg.runtime.data import PromptShard
+    from rpeg.runtime.task_data import build_task_data
 
     cfg = _config(tmp_path)
     with cluster.client.as_current():

@@ -42,7 +42,7 @@ class DistributedRun(RunDataPlane, RunCheckpoints):
     """Actor groups of a :class:`CompiledStep` on the cluster, and the state of the run."""
 
     def __init__(self, config: RunConfig, compiled: CompiledStep, cluster: Any):
-        from rpeg.runtime.data import build_task_data
+        from rpeg.runtime.task_data import build_task_data
 
         self.config = config
         self.compiled = compiled

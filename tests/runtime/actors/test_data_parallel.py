@@ -75,7 +75,7 @@ def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_conf
             url = two[0].rendezvous().result()
             for p in [a.init_process_group(url) for a in two]:
                 p.result()
-            from rpeg.runtime.data import build_task_data
+            from rpeg.runtime.task_data import build_task_data
 
             cursor, _ = build_task_data(cfg.task)
             ex = cursor.next(cfg.workload.num_prompts)
