@@ -100,6 +100,9 @@ def preflight(
             if plan_gpus(compiled):
                 views = {"local": device_view()}
                 problems += check_plan_devices(config, compiled, views, per_worker=False)
+    from rpeg.preflight.lora import check_lora
+
+    problems += check_lora(config, compiled)  # model.lora: targets, no tp (docs/lora.md)
     if problems:
         raise ConfigError(problems, title="run refused before anything started")
     return compiled

@@ -233,3 +233,31 @@ def test_resume_with_another_lora_setting_is_refused():
     for other in (RunConfig().model, RunConfig.from_yaml("model: {lora: {rank: 8}}").model):
         (p,) = mismatches(meta, other, local=None)
         assert p.where == "model" and "policy lora=" in p.what
+
+
+def test_preflight_refuses_lora_with_a_tp_trainer_and_unknown_targets(tmp_path, tiny):
+    """Before anything starts: a plan whose actor-training group has tp=2, and a model
+    folder (its config.json only, built on the meta device) without the named Linear."""
+    from types import SimpleNamespace
+
+    from rpeg.compile import GroupSpec
+    from rpeg.preflight.lora import check_lora
+
+    cfg = RunConfig.from_yaml("model: {lora: {rank: 4}}")
+    tp2 = GroupSpec("g0", (0, 1), 2, ("actor",), ("actor",), (), dp=1, tp=2)
+    dp2 = GroupSpec("g1", (0, 1), 2, ("actor",), ("actor",), (), dp=2, tp=1)
+    gen = GroupSpec("g2", (2, 3), 2, ("actor",), (), (), dp=1, tp=2)  # generates only
+    (p,) = check_lora(cfg, SimpleNamespace(actor_groups=(tp2, dp2, gen)))
+    assert p.where == "model.lora" and "group g0 trains the actor at tp=2" in p.what
+    assert check_lora(cfg, SimpleNamespace(actor_groups=(dp2, gen))) == []
+    assert check_lora(RunConfig(), SimpleNamespace(actor_groups=(tp2,))) == []  # no LoRA
+    folder = tmp_path / "m"
+    tiny[0].config.save_pretrained(folder)
+    bad = RunConfig.from_yaml(
+        f"model: {{path: {folder}, lora: {{target_modules: [q_proj, wq, query_key_value]}}}}"
+    )
+    (p,) = check_lora(bad)
+    assert p.where == "model.lora.target_modules"
+    assert "['wq', 'query_key_value']" in p.what and "v_proj" in p.what
+    ok = RunConfig.from_yaml(f"model: {{path: {folder}, lora: {{target_modules: [o_proj]}}}}")
+    assert check_lora(ok) == []
