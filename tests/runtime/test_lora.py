@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from rpeg.config import LoraSection, RunConfig
+from rpeg.config import TINY_LINEAR_MODULES, LoraSection, RunConfig
 from rpeg.errors import ConfigError
 from rpeg.runtime import lora as L
 from rpeg.runtime.role_state import load_role_state, role_state
@@ -63,6 +63,8 @@ def test_adapter_count_by_hand(tiny):
     assert L.linear_names(tiny[0]) == sorted(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+    # what the config checks model.lora.target_modules against without model.path
+    assert sorted(TINY_LINEAR_MODULES) == L.linear_names(tiny[0])
     assert L.param_counts(m1)[0] == 2176
 
 
