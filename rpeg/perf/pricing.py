@@ -13,6 +13,7 @@ from rpeg.perf.calibration import resolve as resolve_calibration
 from rpeg.perf.generation import generation_cost, weight_sync_cost
 from rpeg.perf.prediction import GB, StageCost, StepPrediction, Workload
 from rpeg.perf.schedule import record, streamed
+from rpeg.perf.time_sharing import time_shared
 from rpeg.perf.timeline import TimelineRecord
 from rpeg.perf.units import (
     FWD_KINDS,
@@ -22,7 +23,6 @@ from rpeg.perf.units import (
     field_bytes,
     graph_info,
     pass_cost,
-    time_shared,
     unit_plan,
 )
 from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices

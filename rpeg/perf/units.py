@@ -4,7 +4,6 @@ passes (pure). Generation and weight sync: :mod:`rpeg.perf.generation`; the step
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from rpeg.perf import costs
@@ -182,27 +181,6 @@ def unit_plan(plan: Plan, name: str) -> UnitPlan:
             "devices", f"execution unit {name!r} has no placement in the plan", unit=name
         )
     return u
-
-
-def time_shared(cluster: ClusterSpec, plan: Plan, units: list[Any]) -> ClusterSpec:
-    """The cluster a plan runs on when its CPU "devices" outnumber the machine's cores.
-
-    A CPU device is a one-thread worker process; a plan with more workers than cores (the
-    shipped 4-device CPU configs on a 2-core machine) runs them time-sharing the cores, so
-    each worker gets ``cores / workers`` of one: its compute, memory bandwidth and eager
-    per-layer overhead scale by that share. Accelerators are refused as before."""
-    need = max(unit_plan(plan, n).devices[-1] for n, _ in units) + 1
-    if need <= cluster.num_devices or cluster.gpu.name != "cpu":
-        return cluster
-    share = cluster.num_devices / need
-    g = cluster.gpu
-    gpu = replace(
-        g,
-        bf16_dense_tflops=g.bf16_dense_tflops * share,
-        hbm_tbps=g.hbm_tbps * share,
-        layer_overhead_s=g.layer_overhead_s / share,
-    )
-    return replace(cluster, gpu=gpu, gpus_per_node=need, num_nodes=1)
 
 
 # --- forward / training -----------------------------------------------------------------

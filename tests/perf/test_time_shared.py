@@ -1,4 +1,4 @@
-"""CPU workers that outnumber the machine's cores time-share them (rpeg.perf.units.time_shared):
+"""CPU workers that outnumber the machine's cores time-share them (rpeg.perf.time_sharing.time_shared):
 the shipped 4-device CPU configs are priced on the 2-device local-cpu cluster instead of being
 refused; accelerator clusters still refuse a plan past their devices."""
 
@@ -7,7 +7,8 @@ import pytest
 from rpeg import specs
 from rpeg.ir import builders
 from rpeg.perf import Workload, predict
-from rpeg.perf.units import graph_info, time_shared
+from rpeg.perf.time_sharing import time_shared
+from rpeg.perf.units import graph_info
 from rpeg.plan import colocated_plan
 from rpeg.plan.schema import InfeasiblePlan
 
