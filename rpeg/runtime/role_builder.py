@@ -167,6 +167,8 @@ def build_roles(
             trainable=False,
             compute_dtype=compute_dtype,
         )
+        # a LoRA run's reference is the frozen base: rebuilt from its source, never checkpointed
+        out.reference.rebuilt_from_source = c.model.lora is not None
     if "actor" in roles:
         engine = None
         kind = engine_kind(model)

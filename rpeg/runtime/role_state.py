@@ -97,7 +97,7 @@ def policy_state(worker, weights: bool = True) -> dict:
     weights and name-keyed optimizer state (a collective; any layout loads it). ``weights``
     False: RNG states and versions only (the shards are saved apart)."""
     out = {}
-    if weights:
+    if weights and not getattr(worker, "rebuilt_from_source", False):  # (a LoRA reference)
         out["module"], out["optimizer"] = role_state(worker.module, worker.optimizer, worker.shards)
     out |= {
         "generator": worker.generator.get_state(),

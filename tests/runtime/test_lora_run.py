@@ -142,3 +142,27 @@ def test_lora_run_learns_the_builtin_task(tmp_path, monkeypatch):
     )
     s = LocalTrainer(cfg).run()
     assert s["heldout_acc_after"] > s["heldout_acc_before"] + 0.05
+
+
+def test_a_rank_state_of_a_lora_run_holds_adapters_only(tmp_path, monkeypatch):
+    """A distributed rank holding the actor and the reference (an unsharded group writes its
+    rank state with every role's state): the actor's weights are the 8 adapter tensors, the
+    reference (the frozen base) writes none, and the file loads back into fresh roles."""
+    monkeypatch.setenv("RPEG_CACHE", str(tmp_path / "cache"))
+    from rpeg.runtime.actors.checkpoint import load_rank_state_bytes, rank_state_bytes
+    from rpeg.runtime.role_builder import build_roles
+
+    cfg = _cfg(tmp_path, **{"optim.warmup_sft_steps": 0})
+    built = build_roles(cfg, ["actor", "reference"], engine_kind=lambda m: "torch")
+    data = rank_state_bytes(0, "g0", {"actor": built.actor, "reference": built.reference})
+    st = loads(data)
+    assert sorted(st["actor"]["module"]) == sorted(
+        k for k in built.actor.lm.state_dict() if is_adapter_key(k)
+    )
+    assert len(st["actor"]["module"]) == 8
+    assert "module" not in st["reference"]
+    # 8 adapters of 64 x 4 in fp32 with 2 AdamW moments: 8 x 256 x 4 B x 3 = 24.6 KB; the
+    # base weights alone (~88 k parameters) would be ~350 KB
+    assert len(data) < 200_000
+    again = build_roles(cfg, ["actor", "reference"], engine_kind=lambda m: "torch")
+    load_rank_state_bytes(data, {"actor": again.actor, "reference": again.reference})
