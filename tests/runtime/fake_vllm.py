@@ -4,7 +4,8 @@ engine without vLLM (tests/vllm/ runs the real one).
 What it shares with the real V1 engine, and is tested for here:
 - ``collective_rpc`` calls a worker method by name on every worker at once (each its own
   thread here; its own process in vLLM), and its arguments must survive V1's msgpack: plain
-  strings, numbers, lists and dicts. A tensor (or anything else) is refused with TypeError --
+  strings, bytes (a CUDA IPC handle), numbers, lists and dicts. A tensor (or anything else:
+  a torch dtype or class, as ``reduce_tensor``'s raw arguments hold) is refused with TypeError --
   the real engine core would decode a tensor untyped (``['float32', [512, 1024], 1]``) or fail
   with ``cannot pickle memoryview``;
 - the workers are the real :class:`~rpeg.runtime.engines.vllm_worker.WeightTransferExtension`
@@ -35,7 +36,7 @@ from rpeg.runtime.engines.vllm_worker import WeightTransferExtension
 
 _COL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens")  # split rows
 _ROW = ("o_proj", "down_proj")  # split columns
-_WIRE_SCALARS = (str, int, float, bool, type(None))
+_WIRE_SCALARS = (str, bytes, int, float, bool, type(None))  # msgpack str / bin / ...
 
 
 def shard(name: str, full: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
@@ -133,7 +134,7 @@ class FakeLLM:
             t.join(timeout)
         if errors:
             raise RuntimeError(f"worker failed: {errors[0]!r}")
-        if method == "rpeg_receive_weights" and self.drop_rank is not None:
+        if method in ("rpeg_receive_weights", "rpeg_receive_ipc") and self.drop_rank is not None:
             return [x for r, x in enumerate(results) if r != self.drop_rank]
         return results
 

@@ -155,12 +155,14 @@ def test_update_reaches_every_tp_rank_with_its_shard(tiny, tp):
     assert eng.policy_version == 8
     rpcs = [c[1] for c in llm.calls if c[0] == "rpc"]
     assert rpcs == [
+        "rpeg_device",  # where the workers are: CPU, so gloo (chosen once)
         "rpeg_join_update_group",
         "rpeg_receive_weights",
         "rpeg_receive_weights",
         "rpeg_leave_update_group",
     ]
-    plan = [BucketPlan.from_wire(w) for w in llm.calls[1][2][0]]
+    assert eng.transport == "gloo"
+    plan = [BucketPlan.from_wire(w) for w in llm.calls[2][2][0]]
     assert len(plan) > 1  # bucketed: 64 KiB each at most (a larger tensor alone)
     assert all(b.nbytes <= 64 * 1024 or len(b.entries) == 1 for b in plan)
     assert sorted(e.name for b in plan for e in b.entries) == sorted(names)

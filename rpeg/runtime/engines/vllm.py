@@ -18,7 +18,9 @@ in tests/vllm/. The API names follow vLLM's V1 ``LLM`` class:
   with a trainer forward (``algorithm.recompute_old_logprobs``, checked before start);
 - weight updates: metadata through ``collective_rpc``, tensors through a process group between
   this process and every worker (rpeg.runtime.engines.vllm_transfer; the worker side is
-  rpeg.runtime.engines.vllm_worker), loaded in place by vLLM's ``reload_weights``;
+  rpeg.runtime.engines.vllm_worker), loaded in place by vLLM's ``reload_weights``: gloo on
+  CPU; on CUDA, IPC handles when the workers share the tensors' GPU, NCCL when they are on
+  other GPUs (rpeg.runtime.engines.vllm_cuda_transfer);
 - colocated plans on GPU: built with ``enable_sleep_mode=True``; :meth:`VLLMEngine.sleep`
   frees the KV cache and offloads the weights while the trainer runs, a weight update wakes
   only the weights, the next ``generate`` the KV cache (the runtimes call these through
@@ -44,19 +46,23 @@ import torch
 
 from rpeg.errors import RpegError
 from rpeg.runtime.engines.base import GenerationOutput, SamplingParams
+from rpeg.runtime.engines.vllm_cuda_transfer import (
+    CUDA_IPC,
+    NCCL,
+    NcclUpdateGroup,
+    check_transport,
+    choose_transport,
+    device_id,
+    send_ipc,
+    worker_devices,
+)
 from rpeg.runtime.engines.vllm_requests import (
     hf_weight_names,
     processed_logprobs_supported,
     sampling_kwargs,
     to_generation_output,
 )
-from rpeg.runtime.engines.vllm_transfer import (
-    UpdateGroup,
-    broadcast_async,
-    pack_bucket,
-    plan_buckets,
-    wait_both,
-)
+from rpeg.runtime.engines.vllm_transfer import UpdateGroup, pack_bucket, plan_buckets, wait_both
 
 #: vLLM's engine argument that makes the reported log-probs those of the sampling distribution.
 PROCESSED_LOGPROBS = "processed_logprobs"
@@ -129,6 +135,7 @@ class VLLMEngine:
         sampling_params_cls: Any = None,
         param_bytes: int = 0,
         timeout_s: float = UPDATE_TIMEOUT_S,
+        transport: str | None = None,
     ):
         self.llm = llm
         self.sampling_params_cls = sampling_params_cls  # None: vllm.SamplingParams
@@ -146,7 +153,9 @@ class VLLMEngine:
         self.sleep_refused = False  # asked for sleep mode on a platform without it (CPU)
         self.last_update: UpdateStats | None = None
         self.folder: str | None = None  # from_model's checkpoint folder (removed at shutdown)
-        self._group: UpdateGroup | None = None
+        self._group: UpdateGroup | NcclUpdateGroup | None = None
+        # gloo / cuda_ipc / nccl: None chooses at the first update (vllm_cuda_transfer)
+        self.transport = None if transport is None else check_transport(transport)
 
     @classmethod
     def build(
@@ -277,11 +286,16 @@ class VLLMEngine:
     def _rpc_async(self, pool: ThreadPoolExecutor, method: str, *args: Any):
         return pool.submit(self.llm.collective_rpc, method, timeout=self.timeout_s, args=args)
 
-    def _update_group(self) -> UpdateGroup:
-        """The update group (this process rank 0, every worker ``1 + its tp rank``), set up
-        at the first update."""
+    def _update_group(self, device: torch.device) -> UpdateGroup | NcclUpdateGroup:
+        """The update group (this process rank 0, every worker ``1 + its tp rank``; NCCL on
+        ``device`` for the ``nccl`` transport, else gloo), set up at the first update."""
         if self._group is None:
-            group = UpdateGroup(1 + self.tensor_parallel_size, self.timeout_s)
+            size = 1 + self.tensor_parallel_size
+            group = (
+                NcclUpdateGroup(size, device, self.timeout_s)
+                if self.transport == NCCL
+                else UpdateGroup(size, self.timeout_s)
+            )
             try:
                 with ThreadPoolExecutor(1) as pool:
                     rpc = self._rpc_async(
@@ -302,21 +316,31 @@ class VLLMEngine:
         """Load new weights into every worker: the plan of buckets (names, dtypes, shapes,
         offsets) in one ``collective_rpc`` of ``rpeg_receive_weights``, during which each
         bucket is one broadcast from this process to the workers; every worker must report
-        every tensor loaded. The prefix cache (KV computed with the old weights) is dropped.
-        ``last_update`` says what moved."""
+        every tensor loaded (CUDA IPC: one RPC carrying every bucket's handle instead). The
+        prefix cache (KV computed with the old weights) is dropped. ``last_update`` says
+        what moved."""
         t0 = time.perf_counter()
         named = hf_weight_names(state_dict, tie_word_embeddings=self.tie_word_embeddings)
         tensors = dict(named)
         plan = plan_buckets(named, self.bucket_bytes)
         self.wake_up(tags=("weights",))  # asleep: the weights only (the KV cache later)
-        pg = self._update_group().pg
+        device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+        if self.transport is None:  # where the tensors and the workers are
+            self.transport = choose_transport(
+                device_id(device), worker_devices(self.llm, self.timeout_s)
+            )
         try:
-            with ThreadPoolExecutor(1) as pool:
-                rpc = self._rpc_async(pool, "rpeg_receive_weights", [b.to_wire() for b in plan])
-                for b in plan:
-                    flat = pack_bucket(b, tensors)
-                    wait_both(broadcast_async(pg, flat), rpc, self.timeout_s, "a weight update")
-                done = rpc.result(timeout=self.timeout_s)
+            if self.transport == CUDA_IPC:
+                done = send_ipc(self.llm, plan, tensors, device, self.timeout_s)
+            else:
+                group = self._update_group(device)
+                with ThreadPoolExecutor(1) as pool:
+                    wire = [b.to_wire() for b in plan]
+                    rpc = self._rpc_async(pool, "rpeg_receive_weights", wire)
+                    for b in plan:
+                        flat = pack_bucket(b, tensors, group.device)
+                        wait_both(group.send(flat), rpc, self.timeout_s, "a weight update")
+                    done = rpc.result(timeout=self.timeout_s)
         except RpegError:
             raise
         except Exception as e:  # a worker's failure (its RPC raised): it took every bucket

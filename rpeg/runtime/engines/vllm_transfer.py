@@ -122,9 +122,11 @@ def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -
     return out
 
 
-def pack_bucket(plan: BucketPlan, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The flat CPU buffer of one bucket (the sender's side of a broadcast)."""
-    flat = torch.zeros(plan.numel, dtype=dtype_of(plan.dtype))
+def pack_bucket(
+    plan: BucketPlan, tensors: Mapping[str, torch.Tensor], device: Any = "cpu"
+) -> torch.Tensor:
+    """The flat buffer of one bucket on ``device`` (the sender's side of a transfer)."""
+    flat = torch.zeros(plan.numel, dtype=dtype_of(plan.dtype), device=device)
     for e in plan.entries:
         flat[e.offset : e.offset + e.numel].copy_(tensors[e.name].detach().reshape(-1))
     return flat
@@ -195,10 +197,15 @@ class UpdateGroup:
         self.timeout_s = timeout_s
         self._store = dist.FileStore(str(self.folder / "store"), -1)
         self.pg: Any = None
+        self.device = torch.device("cpu")  # where buckets are packed for this transport
 
     def connect(self) -> None:
         """Rank 0's join (blocks until every worker joined: call while their RPC runs)."""
         self.pg = _gloo_group(self._store, 0, self.size, self.timeout_s)
+
+    def send(self, flat: torch.Tensor) -> Any:
+        """Broadcast one packed bucket to the workers; the work to wait on."""
+        return broadcast_async(self.pg, flat)
 
     def close(self) -> None:
         pg, self.pg = self.pg, None
