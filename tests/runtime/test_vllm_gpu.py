@@ -133,3 +133,83 @@ def test_the_residency_releases_the_device_after_a_rollout_and_wakes_in_order(en
     assert asleep > awake  # weights offloaded and KV cache freed while the trainer runs
     assert asleep > weights_only > woken  # the weights came back first, the KV cache last
     assert not eng.asleep
+
+
+# --------------------------------------------------------------------------- CUDA transports
+def _open_in_another_process(wire, out):
+    """A spawned process's view of a shared bucket (what a vLLM worker does)."""
+    from rpeg.runtime.engines.vllm_cuda_transfer import IpcBucket, rebuild_bucket
+
+    flat = rebuild_bucket(IpcBucket.from_wire(wire), torch.device("cuda", 0))
+    out.put(flat.cpu().tolist())
+
+
+def test_a_bucket_shared_by_cuda_ipc_opens_in_another_process():
+    import torch.multiprocessing as mp
+
+    from rpeg.runtime.engines.vllm_cuda_transfer import share_bucket
+    from rpeg.runtime.engines.vllm_transfer import pack_bucket, plan_buckets
+
+    tensors = {"a": torch.arange(6.0).view(2, 3), "b": torch.tensor([-1.5, 2.25])}
+    (plan,) = plan_buckets(list(tensors.items()), 1 << 20)
+    flat = pack_bucket(plan, tensors, torch.device("cuda", 0))
+    torch.cuda.synchronize()
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    p = ctx.Process(target=_open_in_another_process, args=(share_bucket(plan, flat).to_wire(), out))
+    p.start()
+    got = out.get(timeout=120)
+    p.join(60)
+    # a at 0..5, b at 16..17 (offsets aligned to 16 elements), zero padding between
+    assert got[:6] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and got[16:18] == [-1.5, 2.25]
+    assert p.exitcode == 0
+
+
+def _fresh_engine(model, tok):
+    from rpeg.runtime.engines.vllm import VLLMEngine
+
+    return VLLMEngine.from_model(
+        model, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, dtype="float32",
+        gpu_memory_utilization=0.15, enforce_eager=True, max_model_len=256,
+    )  # fmt: skip
+
+
+def test_a_colocated_engine_is_refit_through_cuda_ipc(engines):
+    """Weights on the engine's own GPU (a colocated trainer): the update shares CUDA IPC
+    handles (no host copy, no process group) and the engine then generates as the torch
+    engine on the same weights."""
+    from rpeg.runtime.engines.base import SamplingParams
+
+    model, tok, ref, _ = engines
+    eng = _fresh_engine(model, tok)
+    try:
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.add_(0.03 * torch.randn_like(prm))
+        eng.update_weights({k: v.detach() for k, v in model.state_dict().items()}, 5)
+        assert eng.transport == "cuda_ipc" and eng._group is None
+        p = SamplingParams(max_new_tokens=12, temperature=0.0)
+        _same(ref.generate(_prompts(tok), p), eng.generate(_prompts(tok), p))
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL refit needs two GPUs")
+def test_an_engine_on_another_gpu_is_refit_through_nccl(engines):
+    """Weights on GPU 1, the engine's worker on GPU 0: one NCCL group of the two."""
+    from rpeg.runtime.engines.base import SamplingParams
+
+    model, tok, ref, _ = engines
+    eng = _fresh_engine(model, tok)
+    try:
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.mul_(1.02)
+        sd = {k: v.detach().to("cuda:1") for k, v in model.state_dict().items()}
+        eng.update_weights(sd, 6)
+        eng.update_weights(sd, 7)  # the group is set up once
+        assert eng.transport == "nccl" and eng.last_update.buckets >= 1
+        p = SamplingParams(max_new_tokens=12, temperature=0.0)
+        _same(ref.generate(_prompts(tok), p), eng.generate(_prompts(tok), p))
+    finally:
+        eng.shutdown()

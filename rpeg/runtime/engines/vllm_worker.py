@@ -5,7 +5,8 @@ vLLM builds one worker per tensor-parallel rank (in its engine-core process for 
 processes of their own for tp > 1) with this class as an extra base, so ``self`` is the
 worker: ``self.rank`` its tensor-parallel rank, ``self.model_runner`` its runner. The
 methods are called by name through ``LLM.collective_rpc`` (no pickled callables) with plain
-lists as arguments, and move tensors only through the update group.
+lists (and, for CUDA IPC, handle bytes) as arguments, and move tensors only through the
+update group (gloo or NCCL) or CUDA IPC handles (rpeg.runtime.engines.vllm_cuda_transfer).
 
 An update loads in place through the runner's ``reload_weights(weights_iterator=...)``
 (vLLM's in-place reload: it buffers each layer's tensors until the layer is complete, then
