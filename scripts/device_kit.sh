@@ -75,16 +75,30 @@ for line in open(image_file):
         continue
     have.update(norm(w) for w in line.split())
 never = {"torch", "vllm", "triton"}
+# packages that require torch: resolving them would download a CUDA torch (~GBs) and its
+# nvidia-* wheels (it did: 7.5 GB for peft + accelerate). They are image packages (never in
+# the kit), so they are fetched alone, without dependencies, for the image list and the
+# rehearsal's stand-in image; their other dependencies are the image's and the kit's anyway.
+torch_users = {"peft", "accelerate"}
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
 # every dependency but torch is resolved (the image's own ones at the image's versions, to
 # check that the kit fits them); only the wheels the image lacks go into the kit
-want = []
+want, alone = [], []
 for d in deps:
     name = norm(re.match(r"[A-Za-z0-9_.-]+", d).group(0))
     if name in never or (name == "prefect" and not prefect):
         continue
+    if name in torch_users:
+        if name not in have:
+            sys.exit(f"device_kit: {name} requires torch but the image lacks it: not shippable")
+        alone.append(d)
+        continue
     want.append(d)
+# accelerate: peft's dependency, fetched alone with it
+alone += [n for n in sorted(torch_users) if alone and n in have and not any(
+    norm(re.match(r"[A-Za-z0-9_.-]+", a).group(0)) == n for a in alone)]
 open(f"{tmp}/want.txt", "w").write("\n".join(want) + "\n")
+open(f"{tmp}/alone.txt", "w").write("".join(a + "\n" for a in alone))
 if image_py is not None and pyv != image_py:
     pins = {}  # another Python than the image's: its versions may have no wheels for it
 open(f"{tmp}/pins.txt", "w").write("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())
@@ -102,6 +116,22 @@ PIP_CONSTRAINT= PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= python3 -m pip downloa
   tail -20 "$tmp/pip.log" >&2
   exit 1
 }
+if [[ -s "$tmp/alone.txt" ]]; then  # torch users: no dependencies (see torch_users above)
+  PIP_CONSTRAINT= PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= python3 -m pip download -q \
+    --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp --abi "$abi" \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    -c "$tmp/pins.txt" -r "$tmp/alone.txt" -d "$tmp/dl" >>"$tmp/pip.log" 2>&1 || {
+    echo "device_kit: pip download (torch users, no dependencies) failed:" >&2
+    tail -20 "$tmp/pip.log" >&2
+    exit 1
+  }
+fi
+if ls "$tmp/dl" | grep -qiE '^(torch|triton|nvidia)[-_]'; then  # never again a CUDA torch
+  echo "device_kit: the resolution pulled torch/triton/nvidia wheels (a dependency requires" >&2
+  echo "torch: add it to torch_users):" >&2
+  ls "$tmp/dl" | grep -iE '^(torch|triton|nvidia)[-_]' >&2
+  exit 1
+fi
 # keep what the image lacks; list (and optionally keep) what it provides
 : >"$OUT/image.txt"
 [[ -n "$IMAGE_WHEELS" ]] && mkdir -p "$IMAGE_WHEELS"
