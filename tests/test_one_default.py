@@ -1,6 +1,8 @@
 """One default per knob, in one place: a run's main knobs have their default written only in
-the config schema (rpeg/config/), and every other layer reads it from :class:`RunConfig`
-(or takes the value as a required argument).
+:mod:`rpeg.defaults` (a bottom module importing nothing, so the IR, which may not import the
+config, can read it too). The config schema's fields (rpeg/config/) read it, which is where a
+user sees the defaults (``rpeg config docs``); every other layer reads it, takes the value from
+:class:`RunConfig`, or takes it as a required argument.
 
 A *default* here is a number literal given to a knob's name where the code would fall back
 to it: a parameter default (``def f(micro_batch_size=64)``), a dataclass / pydantic field
@@ -8,6 +10,21 @@ to it: a parameter default (``def f(micro_batch_size=64)``), a dataclass / pydan
 ``getattr(x, "kl_coef", 0.0)`` fallback, a keyword argument (``UnitPlan(micro_batch_size=1)``)
 or a dict entry (``{"staleness": 0}``). The knobs are matched by every name they go by
 (``staleness`` is ``max_staleness``'s; ``group_size`` is ``samples_per_prompt``'s).
+
+Knobs that look alike but are not the same, and how they were told apart:
+
+* A plan unit's ``micro_batch_size`` (``UnitPlan``, the plan builders, the search's
+  ``Layout``) is 1 where a plan does not say, not the workload's 64: generation units must run
+  at 1 (``check_step`` refuses more) and reward/advantage units make one pass over their rows;
+  the default plan passes the workload's value to its forward units. It is its own constant,
+  ``rpeg.defaults.UNIT_MICRO_BATCH_SIZE``, beside the workload's, with that reason written there.
+* The performance model's ``Workload`` had ``micro_batch_size`` 1 that nothing read (it prices
+  each unit's plan value): removed. Its ``train_minibatches`` is now a required argument.
+* ``rpeg plan --gpu`` sizes ``max_prompt_tokens`` for a real model (1024, the config's 32 is
+  for the tiny CPU model): ``rpeg.defaults.GPU_MAX_PROMPT_TOKENS``, in the same home.
+* The search space's ``Structure.staleness`` is one candidate's k (the space ranges over
+  ``0..SpaceOptions.max_staleness``): required, no default. ``SpaceOptions.max_staleness`` and
+  the plan's and the graph's staleness are the run's bound and read ``MAX_STALENESS``.
 """
 
 from __future__ import annotations
@@ -17,7 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("rpeg", "flows", "tasks", "infra")
-SCHEMA = "rpeg/config"  # the package (or module) holding RunConfig's sections
+HOME = "rpeg/defaults.py"  # the one module that writes the knobs' defaults
+SCHEMA = "rpeg/config"  # the package holding RunConfig's sections (reads HOME)
 
 #: config field -> the names it goes by in the code
 KNOBS = {
@@ -32,20 +50,6 @@ KNOBS = {
     "train_minibatches": ("train_minibatches",),
     "checkpoint_every": ("checkpoint_every",),
 }
-
-#: knobs whose default is written only in the schema today (asserted below)
-CHECKED = ("num_prompts", "max_response_tokens", "lr", "checkpoint_every")
-
-#: knobs still written elsewhere too (issue 27: compile/runtime/ir/plan/search are being
-#: moved onto RunConfig's values); once one is clean, move it to CHECKED
-NOT_YET = (
-    "micro_batch_size",
-    "max_staleness",
-    "kl_coef",
-    "samples_per_prompt",
-    "max_prompt_tokens",
-    "train_minibatches",
-)
 
 
 def _is_number(node: ast.AST) -> bool:
@@ -107,35 +111,83 @@ def _product_files() -> list[Path]:
     return sorted(f for top in PRODUCT for f in (ROOT / top).rglob("*.py"))
 
 
-def _outside_schema(sites: list[str]) -> list[str]:
-    return [s for s in sites if not s.startswith(SCHEMA)]
-
-
-def test_each_checked_knob_has_its_default_only_in_the_schema():
+def test_no_knob_has_a_number_default_anywhere_but_its_home():
     sites = default_sites(_product_files(), ROOT)
-    for knob in CHECKED:
-        in_schema = [s for s in sites[knob] if s.startswith(SCHEMA)]
-        assert len(in_schema) == 1, (knob, in_schema)  # the schema's own field, once
-        assert _outside_schema(sites[knob]) == [], knob
+    assert {k: v for k, v in sites.items() if v} == {}
 
 
-def test_a_knob_cleaned_up_moves_to_checked():
-    """The knobs not yet checked still have a default elsewhere; when one no longer has,
-    this fails so that it joins CHECKED (and stays clean)."""
-    sites = default_sites(_product_files(), ROOT)
-    clean = [k for k in NOT_YET if not _outside_schema(sites[k])]
-    assert clean == [], f"clean now, move to CHECKED: {clean}"
+def test_the_home_writes_each_knob_once_and_imports_nothing():
+    tree = ast.parse((ROOT / HOME).read_text())
+    assigned = [
+        t.id
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    ]
+    for knob in KNOBS:
+        assert assigned.count(knob.upper()) == 1, knob
+    assert len(assigned) == len(set(assigned))
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
 
 
-def test_every_knob_is_listed_once():
-    assert sorted(CHECKED + NOT_YET) == sorted(KNOBS)
+def _schema_fields() -> dict[str, ast.AST]:
+    """Knob -> the default expression of its field in the schema (``Field``'s first argument)."""
+    out: dict[str, ast.AST] = {}
+    for f in sorted((ROOT / SCHEMA).rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and node.target.id in KNOBS
+                and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "id", None) == "Field"
+            ):
+                assert node.target.id not in out, f"{node.target.id} twice in the schema"
+                out[node.target.id] = node.value.args[0]
+    return out
+
+
+def test_the_schema_fields_read_the_home():
+    fields = _schema_fields()
+    assert sorted(fields) == sorted(KNOBS)
+    for knob, expr in fields.items():
+        assert ast.unparse(expr) == f"defaults.{knob.upper()}", knob
+
+
+def test_a_run_config_has_the_homes_values():
+    """Hand-written values (the documented defaults), so a changed default is a visible diff."""
+    from rpeg import defaults
+    from rpeg.config import RunConfig
+
+    c = RunConfig()
+    assert (c.workload.num_prompts, c.workload.samples_per_prompt) == (16, 8)
+    assert (c.workload.max_prompt_tokens, c.workload.max_response_tokens) == (32, 16)
+    assert (c.workload.train_minibatches, c.workload.micro_batch_size) == (4, 64)
+    assert (c.algorithm.kl_coef, c.optim.lr) == (0.0, 1e-4)
+    assert (c.runtime.max_staleness, c.runtime.checkpoint_every) == (0, 10)
+    assert c.workload.micro_batch_size == defaults.MICRO_BATCH_SIZE
+
+
+def test_the_ir_builders_default_to_the_configs_values():
+    """rpeg.ir may not import the config: its builders read the same home."""
+    from rpeg.config import RunConfig
+    from rpeg.ir import build
+
+    c = RunConfig()
+    g = build("grpo")
+    assert g.staleness == c.runtime.max_staleness
+    assert g.params["kl_coef"] == c.algorithm.kl_coef
+    assert g.params["group_size"] == c.workload.samples_per_prompt
 
 
 def test_the_scan_finds_each_kind_of_default(tmp_path):
-    """A hand-written module with one default of each kind; the schema file is exempt."""
+    """A hand-written module with one default of each kind; the schema is not exempt, and a
+    field reading the home is not a default."""
     (tmp_path / "rpeg" / "config").mkdir(parents=True)
     (tmp_path / "rpeg" / "config" / "workload.py").write_text(
         "class W:\n    micro_batch_size: int = Field(64, ge=1)\n"
+        "    max_staleness: int = Field(defaults.MAX_STALENESS, ge=0)\n"
     )
     (tmp_path / "rpeg" / "plan.py").write_text(
         "def f(micro_batch_size=1, *, lr=-1e-4):\n"
@@ -158,4 +210,3 @@ def test_the_scan_finds_each_kind_of_default(tmp_path):
     assert sites["samples_per_prompt"] == ["rpeg/plan.py:5 (group_size=16)"]
     assert sites["max_prompt_tokens"] == ["rpeg/plan.py:6 (max_prompt_tokens=32)"]
     assert sites["train_minibatches"] == ["rpeg/plan.py:7 (train_minibatches=1)"]
-    assert _outside_schema(sites["micro_batch_size"]) == ["rpeg/plan.py:1 (micro_batch_size=1)"]

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rpeg import defaults
 from rpeg.config.section import Section
 
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]  # rpeg.ir.recipes
@@ -97,7 +98,7 @@ class AlgorithmConfig(Section):
     name: AlgorithmName = "grpo"
     use_reference: bool = Field(True, description="keep a frozen reference model for a KL term")
     kl_coef: float = Field(
-        0.0,
+        defaults.KL_COEF,
         ge=0.0,
         description="weight of the KL penalty: in the loss or the reward, as the "
         "algorithm's recipe says (rpeg.ir.recipes; none for dapo)",
@@ -157,7 +158,7 @@ class AlgorithmConfig(Section):
 
 
 class OptimConfig(Section):
-    lr: float = Field(1e-4, gt=0.0)
+    lr: float = Field(defaults.LR, gt=0.0)
     critic_lr: float = Field(1e-4, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from rpeg import defaults
 from rpeg.config.section import Section
 
 #: the most devices a run or a plan may name: 131,072 (beyond the largest GPU clusters built;
@@ -58,7 +59,9 @@ class ClusterConfig(Section):
 class RuntimeConfig(Section):
     steps: int = Field(60, ge=1, description="RL steps to run")
     seed: int = 0
-    max_staleness: int = Field(0, ge=0, description="bound k on policy-version lag (0 = on-policy)")
+    max_staleness: int = Field(
+        defaults.MAX_STALENESS, ge=0, description="bound k on policy-version lag (0 = on-policy)"
+    )
     checkpoint_url: str | None = Field(
         None,
         description="fsspec URL; None = no checkpoints. Each run writes under "
@@ -74,7 +77,7 @@ class RuntimeConfig(Section):
         description="start from this checkpoint (a step folder, a run folder, or a checkpoint "
         "URL holding one run) of any run; later checkpoints go under this run's id",
     )
-    checkpoint_every: int = Field(10, ge=1)
+    checkpoint_every: int = Field(defaults.CHECKPOINT_EVERY, ge=1)
     keep_last: int = Field(3, ge=1)
     resume: bool = False
     worker_stall_warn_s: float = Field(

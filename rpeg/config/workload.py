@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from rpeg import defaults
 from rpeg.config.section import Section
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -84,10 +85,12 @@ class ModelConfig(Section):
 class WorkloadConfig(Section):
     """What one RL step processes."""
 
-    num_prompts: int = Field(16, ge=1, description="prompts per RL step")
-    samples_per_prompt: int = Field(8, ge=1, description="responses sampled per prompt (the group)")
+    num_prompts: int = Field(defaults.NUM_PROMPTS, ge=1, description="prompts per RL step")
+    samples_per_prompt: int = Field(
+        defaults.SAMPLES_PER_PROMPT, ge=1, description="responses sampled per prompt (the group)"
+    )
     max_prompt_tokens: int = Field(
-        32,
+        defaults.MAX_PROMPT_TOKENS,
         ge=1,
         description="longest prompt in tokens; with a data file and this field unset, "
         "rpeg train sets it to the longest prompt of the data (after the chat template)",
@@ -95,14 +98,18 @@ class WorkloadConfig(Section):
     mean_prompt_tokens: float | None = Field(
         None, gt=0, description="for the performance model; None = max_prompt_tokens"
     )
-    max_response_tokens: int = Field(16, ge=1)
+    max_response_tokens: int = Field(defaults.MAX_RESPONSE_TOKENS, ge=1)
     mean_response_tokens: float | None = Field(
         None,
         gt=0,
         description="for the performance model; None = assume a distribution from the cap",
     )
-    train_minibatches: int = Field(4, ge=1, description="optimizer steps per RL step")
-    micro_batch_size: int = Field(64, ge=1, description="samples per forward/backward micro-batch")
+    train_minibatches: int = Field(
+        defaults.TRAIN_MINIBATCHES, ge=1, description="optimizer steps per RL step"
+    )
+    micro_batch_size: int = Field(
+        defaults.MICRO_BATCH_SIZE, ge=1, description="samples per forward/backward micro-batch"
+    )
     max_tokens_per_micro_batch: int | None = Field(
         None,
         ge=1,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from rpeg import defaults
 from rpeg.errors import Problem
 from rpeg.ir.checks import validate
 from rpeg.ir.graph import (
@@ -52,7 +53,7 @@ def _options(r: Recipe) -> dict[str, Any]:
     if not r.critic:
         for k in _CRITIC_KNOBS:
             knobs.pop(k)
-    return {"name": None, "reward": "rule", "staleness": 0, **knobs}
+    return {"name": None, "reward": "rule", "staleness": defaults.MAX_STALENESS, **knobs}
 
 
 def _check_options(r: Recipe, o: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import networkx as nx
 
+from rpeg import defaults
 from rpeg.errors import Problem, ProblemsError
 
 # --------------------------------------------------------------------------- vocabulary
@@ -191,7 +192,7 @@ class StateEdge:
     src: str
     dst: str
     state: str = WEIGHTS_STATE
-    staleness: int = 0
+    staleness: int = defaults.MAX_STALENESS
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,10 @@ Where the KL to the frozen reference goes (``kl``), as verl spells the two switc
 
 Defaults (:class:`Knobs`): one value per knob. :data:`KNOBS` holds the values every recipe
 shares; they equal the config's defaults (``rpeg.config.AlgorithmConfig`` and
-``WorkloadConfig.samples_per_prompt``; the test asserts it: rpeg.ir may not import the
-config). A recipe's ``defaults`` replace only the knobs its paper sets differently (DAPO's
+``WorkloadConfig.samples_per_prompt``). rpeg.ir may not import the config, so the main
+knobs' (``kl_coef``, ``group_size``) come from :mod:`rpeg.defaults`, the one module the
+config's fields read them from too; tests/ir/test_ir_recipes.py asserts the others equal.
+A recipe's ``defaults`` replace only the knobs its paper sets differently (DAPO's
 clip-higher, Dr.GRPO's sum over tokens): its ``presets``.
 Pure: no torch, dask or prefect.
 """
@@ -31,6 +33,7 @@ from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Literal
 
+from rpeg import defaults
 from rpeg.errors import Problem, ProblemsError
 
 KLPlacement = Literal["loss", "reward", "none"]
@@ -43,7 +46,7 @@ class Knobs:
     where they differ)."""
 
     use_reference: bool = True
-    kl_coef: float = 0.0
+    kl_coef: float = defaults.KL_COEF
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
@@ -51,7 +54,7 @@ class Knobs:
     overlong_buffer: int | None = None  # [overlong_penalty_tokens; 0 there = None here]
     loss_aggregation: str = "token_mean"
     entropy_coef: float = 0.0
-    group_size: int = 8  # [workload.samples_per_prompt]
+    group_size: int = defaults.SAMPLES_PER_PROMPT  # [workload.samples_per_prompt]
     gamma: float = 1.0
     gae_lambda: float = 0.95
     value_clip: float | None = 0.2

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from rpeg import defaults
 from rpeg.errors import Problem
 from rpeg.ir.checks import validate
 from rpeg.ir.graph import (
@@ -212,7 +213,7 @@ def from_dict(d: Any) -> Graph:
         if not isinstance(state, str):
             p.append(Problem(f"{w}.state", f"must be a string, got {state!r}"))
             ok = False
-        k_ = e.get("staleness", 0)
+        k_ = e.get("staleness", defaults.MAX_STALENESS)
         if not isinstance(k_, int) or isinstance(k_, bool):
             p.append(Problem(f"{w}.staleness", f"must be an integer, got {k_!r}"))
             ok = False

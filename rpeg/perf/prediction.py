@@ -21,8 +21,9 @@ class Workload:
     mean_prompt_tokens: float
     max_response_tokens: int
     mean_response_tokens: float | None = None
-    train_minibatches: int = 1
-    micro_batch_size: int = 1
+    # optimizer steps per RL step: the config's workload.train_minibatches (required: the
+    # perf model prices the micro-batch size each unit's plan gives, UnitPlan.micro_batch_size)
+    train_minibatches: int = field(kw_only=True)
     precision: str = "bf16"
     max_prompt_tokens: int | None = None
     max_seq_tokens: int | None = None  # packing budget; None = prompt cap + response cap
@@ -50,7 +51,6 @@ class Workload:
             max_response_tokens=w.max_response_tokens,
             mean_response_tokens=w.mean_response_tokens,
             train_minibatches=w.train_minibatches,
-            micro_batch_size=w.micro_batch_size,
             precision=w.precision,
         )
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rpeg import defaults
 from rpeg.errors import ConfigError, Problem, RpegError
 
 Engine = Literal["auto", "vllm", "sglang", "torch", "megatron", "fsdp"]
@@ -148,7 +149,9 @@ class UnitPlan(_Base):
     ep: int = Field(1, ge=1, description="expert parallel (carved out of dp*cp*tp)")
     cp: int = Field(1, ge=1, description="context / Ulysses sequence parallel")
     micro_batch_size: int = Field(
-        1, ge=1, description="samples (or packed sequences) per micro-batch"
+        defaults.UNIT_MICRO_BATCH_SIZE,
+        ge=1,
+        description="samples (or packed sequences) per micro-batch",
     )
     recompute: bool = Field(True, description="full activation recompute in training")
     offload: bool = Field(False, description="offload this unit's state to host memory when idle")
@@ -214,7 +217,9 @@ class Plan(_Base):
     num_nodes: int | None = Field(None, ge=1, description="None = the catalog's size")
     model: str = Field("rpeg-tiny", description="catalog model for the actor (and trunks)")
     graph: GraphRef = Field(default_factory=GraphRef)
-    staleness: int = Field(0, ge=0, description="bound k on policy lag (0 = on-policy)")
+    staleness: int = Field(
+        defaults.MAX_STALENESS, ge=0, description="bound k on policy lag (0 = on-policy)"
+    )
     partial_rollout: bool = False
     units: dict[str, UnitPlan]
     streaming: bool = Field(
@@ -320,7 +325,7 @@ def colocated_plan(
     cp: int = 1,
     gen_tp: int | None = None,
     gen_pp: int = 1,
-    micro_batch_size: int = 1,
+    micro_batch_size: int = defaults.UNIT_MICRO_BATCH_SIZE,
     recompute: bool = True,
     gpu_memory_utilization: float = 0.6,
     builder: str | None = None,
@@ -335,7 +340,7 @@ def colocated_plan(
         cluster=cluster,
         num_nodes=num_nodes,
         model=model,
-        staleness=getattr(graph, "staleness", 0),
+        staleness=graph.staleness,
         graph=GraphRef(builder=builder, options=builder_options or {}),
         units=_unit_plans(
             graph,
@@ -359,7 +364,7 @@ def disaggregated_plan(
     pp: int = 1,
     ep: int = 1,
     cp: int = 1,
-    micro_batch_size: int = 1,
+    micro_batch_size: int = defaults.UNIT_MICRO_BATCH_SIZE,
     recompute: bool = True,
     partial_rollout: bool = True,
     gpu_memory_utilization: float = 0.8,
@@ -367,7 +372,7 @@ def disaggregated_plan(
     builder_options: dict[str, Any] | None = None,
 ) -> Plan:
     """AReaL/NeMo-async layout: generation on devices [0, gen), everything else after."""
-    k = getattr(graph, "staleness", 0)
+    k = graph.staleness
     gen = dict(tp=gen_tp, pp=gen_pp, gpu_memory_utilization=gpu_memory_utilization)
     train = dict(tp=tp, pp=pp, ep=ep, cp=cp, micro_batch_size=micro_batch_size)
     return Plan(

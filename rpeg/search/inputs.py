@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rpeg import defaults
 from rpeg.errors import ConfigError, Problem
 from rpeg.ir.recipes import RECIPE_NAMES, canonical
 from rpeg.search.problem import resolve_model
@@ -112,9 +113,9 @@ def config_from_kwargs(kw: dict[str, Any], *, base: Any = None) -> Any:
         if is_gpu and "precision" not in kw and base is None:
             data["workload"]["precision"] = "bf16"
         if is_gpu and base is None:
-            data["workload"].setdefault("max_prompt_tokens", 1024)
-            data["workload"]["max_prompt_tokens"] = kw.get("max_prompt_tokens", 1024)
-            data["workload"]["mean_prompt_tokens"] = kw.get("mean_prompt_tokens", 150.0)
+            w = data["workload"]
+            w["max_prompt_tokens"] = kw.get("max_prompt_tokens", defaults.GPU_MAX_PROMPT_TOKENS)
+            w["mean_prompt_tokens"] = kw.get("mean_prompt_tokens", defaults.GPU_MEAN_PROMPT_TOKENS)
     if "gpus" in kw:
         data["cluster"]["num_devices"] = int(kw["gpus"])
     for k in _WORKLOAD_KEYS:

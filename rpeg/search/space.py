@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from rpeg import defaults
 from rpeg.ir import Graph, GraphError, bound_async, fuse, share_actor_critic
 
 GEN_KINDS = frozenset({"generate"})
@@ -50,7 +51,7 @@ class Layout:
     pp: int = 1
     cp: int = 1
     ep: int = 1
-    micro_batch_size: int = 1
+    micro_batch_size: int = defaults.UNIT_MICRO_BATCH_SIZE
     recompute: bool = True
     engine: str = "auto"
     gpu_memory_utilization: float = 0.85
@@ -68,7 +69,7 @@ class Layout:
 class Structure:
     """Graph-level choices; :meth:`graph` applies them to the base graph."""
 
-    staleness: int = 0
+    staleness: int  # this candidate's bound k (the space ranges over 0..max_staleness)
     share_actor_critic: bool = False
     fusion: str = "none"
 
@@ -178,7 +179,7 @@ class Counts:
 class SpaceOptions:
     """Knobs of the space (all have defaults; ``search`` config section overrides)."""
 
-    max_staleness: int = 0
+    max_staleness: int = defaults.MAX_STALENESS  # the largest k the space tries
     tp: tuple[int, ...] = (1, 2, 4, 8)
     pp: tuple[int, ...] = (1, 2, 4, 8)
     cp: tuple[int, ...] = (1, 2)

@@ -58,6 +58,7 @@ def test_training_state_matches_memtracker():
         mean_prompt_tokens=64,
         max_response_tokens=64,
         mean_response_tokens=32,
+        train_minibatches=1,
     )
     pred = predict(g, plan, wl, model=spec, check_memory=False)
     mem = pred.stages["train_actor"].memory_gb
@@ -128,6 +129,7 @@ def test_fsdp_sharded_training_state_matches_fsdpmemtracker(family):
         mean_prompt_tokens=64,
         max_response_tokens=64,
         mean_response_tokens=32,
+        train_minibatches=1,
     )
     pred = predict(g, plan, wl, model=spec, check_memory=False)
     mem = pred.stages["train_actor"].memory_gb

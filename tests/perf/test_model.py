@@ -115,6 +115,7 @@ def test_tiny_model_on_local_cpu_is_feasible():
         mean_prompt_tokens=32,
         max_response_tokens=16,
         precision="fp32",
+        train_minibatches=1,
     )
     p = predict(g, plan, wl)
     assert p.step_s > 0 and p.num_devices == 2

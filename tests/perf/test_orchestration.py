@@ -184,7 +184,7 @@ def test_local_cpu_uses_the_measured_runtime_overheads():
     assert cl.dispatch_s is not None and cl.step_overhead_s is not None
     g = builders.build("grpo")
     plan = colocated_plan(g, "local-cpu", model="rpeg-tiny")
-    wl = Workload(16, 8, 32, 16, train_minibatches=4, micro_batch_size=64, precision="fp32")
+    wl = Workload(16, 8, 32, 16, train_minibatches=4, precision="fp32")
     p = predict(g, plan, wl)
     assert p.stages["reward"].time_s >= cl.dispatch_s
     assert p.step_s >= cl.step_overhead_s + len(p.stages) * cl.dispatch_s
@@ -197,7 +197,7 @@ def test_cpu_runtime_weight_sync_is_a_version_bump_at_k0_and_an_in_process_copy_
     # measured per-tensor cost.
     cl = specs.cluster("local-cpu")
     m = specs.model("rpeg-tiny")
-    wl = Workload(16, 8, 32, 16, train_minibatches=4, micro_batch_size=64, precision="fp32")
+    wl = Workload(16, 8, 32, 16, train_minibatches=4, precision="fp32")
     g0 = builders.build("grpo")
     p0 = predict(g0, colocated_plan(g0, "local-cpu", model="rpeg-tiny"), wl)
     assert p0.stages["sync_weights"].time_s == pytest.approx(cl.dispatch_s)

@@ -71,6 +71,7 @@ def test_fsdp_moe_without_ep_pays_a_loop_over_the_experts():
         mean_prompt_tokens=128,
         max_response_tokens=1024,
         mean_response_tokens=512,
+        train_minibatches=1,
     )
     base = colocated_plan(g, "dgx-h100", num_nodes=1, model="qwen3-30b-a3b", gen_tp=2)
 

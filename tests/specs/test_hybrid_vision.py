@@ -110,6 +110,7 @@ def test_vision_tower_costs_per_image_token_in_every_pass():
             max_response_tokens=512,
             mean_response_tokens=200,
             image_tokens=image,
+            train_minibatches=1,
         )
         return predict(g, plan, wl, calib=SHIPPED, check_memory=False)
 

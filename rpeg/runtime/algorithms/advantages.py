@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from rpeg import defaults
 from rpeg.runtime.parallel import LOCAL, RankReduce
 
 
@@ -96,7 +97,7 @@ def reinforce_pp_advantages(
     mask: torch.Tensor,
     *,
     kl: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
+    kl_coef: float = defaults.KL_COEF,
     gamma: float = 1.0,
     reduce: RankReduce = LOCAL,
 ) -> torch.Tensor:

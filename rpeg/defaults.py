@@ -1,0 +1,42 @@
+"""The default of each of a run's main knobs, written once (issue 27: one default per knob).
+
+The config schema (:mod:`rpeg.config`) is where a user sees these: its fields read them
+(``rpeg config docs`` prints them in docs/config.md). The pure layers below the config or
+beside it (:mod:`rpeg.ir` may not import :mod:`rpeg.config`) read them here when they need a
+fallback: the IR builders' options, the plan's staleness, the search space's on-policy
+structure. Other layers take the value from :class:`rpeg.config.RunConfig` or as a required
+argument. tests/test_one_default.py checks that no other module gives one of these knobs a
+number literal.
+
+This module imports nothing: it sits at the bottom of the layers contract with
+:mod:`rpeg.errors`.
+"""
+
+# workload (rpeg.config.WorkloadConfig)
+NUM_PROMPTS = 16  # prompts per RL step
+SAMPLES_PER_PROMPT = 8  # responses per prompt (the group; the IR builders' group_size)
+MAX_PROMPT_TOKENS = 32  # sized for the built-in tiny model on CPU
+MAX_RESPONSE_TOKENS = 16
+TRAIN_MINIBATCHES = 4  # optimizer steps per RL step
+MICRO_BATCH_SIZE = 64  # samples per forward/backward micro-batch
+
+#: ``rpeg plan --gpu/--cluster`` on a GPU cluster without a config file: a prompt length for
+#: a real model (the workload's own default above is sized for the tiny CPU model). The one
+#: other default of ``max_prompt_tokens``, and it lives here too.
+GPU_MAX_PROMPT_TOKENS = 1024
+GPU_MEAN_PROMPT_TOKENS = 150.0
+
+#: a plan unit's micro-batch size where the plan does not give one (``UnitPlan``, the plan
+#: builders, the search space's layouts): one sample per pass. A different knob from the
+#: workload's ``MICRO_BATCH_SIZE``: generation units must use 1 (check_step refuses more) and
+#: reward/advantage units run one pass over their rows; the default plan
+#: (rpeg.compile.sources.default_plan) passes the workload's value to its forward units.
+UNIT_MICRO_BATCH_SIZE = 1
+
+# algorithm (rpeg.config.AlgorithmConfig; the IR recipes' Knobs)
+KL_COEF = 0.0  # no KL penalty until asked for
+LR = 1e-4
+
+# runtime (rpeg.config.RuntimeConfig)
+MAX_STALENESS = 0  # bound k on policy-version lag: 0 = on-policy
+CHECKPOINT_EVERY = 10  # steps
