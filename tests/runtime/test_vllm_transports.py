@@ -25,6 +25,7 @@ from rpeg.runtime.engines.vllm_cuda_transfer import (
     parse_tcp,
     rebuild_bucket,
     send_ipc,
+    share_bucket,
 )
 from rpeg.runtime.engines.vllm_transfer import BucketPlan, PlanEntry, plan_buckets
 from rpeg.runtime.model_io import ActorCritic, create_tiny
@@ -86,9 +87,11 @@ def test_the_fake_takes_ipc_handles_but_still_refuses_tensors_and_torch_types():
         llm.collective_rpc("rpeg_receive_ipc", args=([list(raw)],))
 
 
-def test_a_bucket_of_another_gpu_is_refused_before_opening_it():
+def test_host_buckets_and_buckets_of_another_gpu_are_refused_before_ipc():
     with pytest.raises(RpegError, match="of GPU GPU-a opened on GPU "):
         rebuild_bucket(_ipc_bucket(), torch.device("cpu"))
+    with pytest.raises(RpegError, match="shares GPU tensors; this bucket is on cpu"):
+        share_bucket(_ipc_bucket().plan, torch.zeros(40, dtype=torch.bfloat16))
 
 
 class HostIpc:
@@ -168,3 +171,33 @@ def test_the_engine_takes_the_forced_ipc_transport_and_checks_every_worker(tiny,
     eng.shutdown()
     with pytest.raises(RpegError, match="allowed: gloo, cuda_ipc, nccl"):
         VLLMEngine(FakeLLM(1, names), pad_id=0, eos_id=2, transport="x")
+
+
+def test_the_transport_is_chosen_per_update_and_the_workers_asked_once(tiny, monkeypatch):
+    """Weights from the GPU at one sync and from the host at another (a restore): each update
+    takes its own transport; the gloo group made for the first is kept for the third."""
+    model, _ = tiny
+    names = [n for n, _ in model.named_parameters()]
+    host = HostIpc()
+    monkeypatch.setattr(vllm_mod, "send_ipc", functools.partial(send_ipc, share=host.share))
+    choices = iter([GLOO, CUDA_IPC, GLOO])
+    monkeypatch.setattr(vllm_mod, "choose_transport", lambda source, workers: next(choices))
+    llm = FakeLLM(1, names)
+    host.install(llm)
+    eng = VLLMEngine(llm, pad_id=0, eos_id=2, tie_word_embeddings=True, sampling_params_cls=dict,
+                     timeout_s=60.0)  # fmt: skip
+    sd = ActorCritic(model).state_dict()
+    taken = []
+    for v in (1, 2, 3):
+        eng.update_weights(sd, policy_version=v)
+        taken.append(eng.transport)
+    eng.shutdown()
+    assert taken == [GLOO, CUDA_IPC, GLOO]
+    assert [c[1] for c in llm.calls if c[0] == "rpc"] == [
+        "rpeg_device",
+        "rpeg_join_update_group",
+        "rpeg_receive_weights",
+        "rpeg_receive_ipc",
+        "rpeg_receive_weights",
+        "rpeg_leave_update_group",
+    ]

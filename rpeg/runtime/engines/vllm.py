@@ -154,8 +154,11 @@ class VLLMEngine:
         self.last_update: UpdateStats | None = None
         self.folder: str | None = None  # from_model's checkpoint folder (removed at shutdown)
         self._group: UpdateGroup | NcclUpdateGroup | None = None
-        # gloo / cuda_ipc / nccl: None chooses at the first update (vllm_cuda_transfer)
-        self.transport = None if transport is None else check_transport(transport)
+        # gloo / cuda_ipc / nccl: forced, or chosen per update from where the tensors and
+        # the workers (asked once) are (vllm_cuda_transfer); ``transport`` the last one taken
+        self.forced_transport = None if transport is None else check_transport(transport)
+        self.transport = self.forced_transport
+        self._workers: list | None = None
 
     @classmethod
     def build(
@@ -289,6 +292,11 @@ class VLLMEngine:
     def _update_group(self, device: torch.device) -> UpdateGroup | NcclUpdateGroup:
         """The update group (this process rank 0, every worker ``1 + its tp rank``; NCCL on
         ``device`` for the ``nccl`` transport, else gloo), set up at the first update."""
+        if self._group is not None and (self._group.kind, self._group.device) != (
+            self.transport,
+            device if self.transport == NCCL else torch.device("cpu"),
+        ):  # the tensors moved (e.g. host tensors at a restore): another group
+            self._drop_group()
         if self._group is None:
             size = 1 + self.tensor_parallel_size
             group = (
@@ -325,10 +333,10 @@ class VLLMEngine:
         plan = plan_buckets(named, self.bucket_bytes)
         self.wake_up(tags=("weights",))  # asleep: the weights only (the KV cache later)
         device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
-        if self.transport is None:  # where the tensors and the workers are
-            self.transport = choose_transport(
-                device_id(device), worker_devices(self.llm, self.timeout_s)
-            )
+        if self.forced_transport is None:  # where the tensors and the workers are
+            if self._workers is None:
+                self._workers = worker_devices(self.llm, self.timeout_s)
+            self.transport = choose_transport(device_id(device), self._workers)
         try:
             if self.transport == CUDA_IPC:
                 done = send_ipc(self.llm, plan, tensors, device, self.timeout_s)
@@ -382,13 +390,8 @@ class VLLMEngine:
     def shutdown(self) -> None:
         """Leave the update group, stop vLLM's engine-core process (and its workers; their
         shared-memory segments go with them) and remove the checkpoint folder. Idempotent."""
-        group, self._group = self._group, None
+        self._drop_group()
         llm, self.llm = self.llm, None
-        if llm is not None and group is not None:
-            with contextlib.suppress(Exception):
-                llm.collective_rpc("rpeg_leave_update_group", timeout=30.0)
-        if group is not None:
-            group.close()
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             segments = _engine_shm_segments(core)
@@ -403,6 +406,15 @@ class VLLMEngine:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
+
+    def _drop_group(self) -> None:
+        """The workers leave the update group, then this process."""
+        group, self._group = self._group, None
+        if group is not None:
+            if self.llm is not None:
+                with contextlib.suppress(Exception):
+                    self.llm.collective_rpc("rpeg_leave_update_group", timeout=30.0)
+            group.close()
 
 
 def _engine_shm_segments(core: Any) -> list[str]:

@@ -136,6 +136,8 @@ def share_bucket(plan: BucketPlan, flat: torch.Tensor) -> IpcBucket:
     the workers have loaded it)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
+    if flat.device.type != "cuda":
+        raise RpegError(f"CUDA IPC shares GPU tensors; this bucket is on {flat.device}")
     _, a = reduce_tensor(flat)
     # (cls, size, stride, offset, storage_cls, dtype, device, handle, size_bytes,
     #  offset_bytes, requires_grad, rc_handle, rc_offset, event_handle, event_sync)
@@ -249,6 +251,7 @@ class NcclUpdateGroup:
 
     def __init__(self, size: int, device: torch.device, timeout_s: float):
         self.size, self.device, self.timeout_s = size, device, timeout_s
+        self.kind = NCCL
         self.address = f"tcp:127.0.0.1:{free_port()}"  # vLLM's workers run on this host
         self.link: NcclLink | None = None
 

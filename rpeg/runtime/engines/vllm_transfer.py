@@ -198,6 +198,7 @@ class UpdateGroup:
         self._store = dist.FileStore(str(self.folder / "store"), -1)
         self.pg: Any = None
         self.device = torch.device("cpu")  # where buckets are packed for this transport
+        self.kind = "gloo"
 
     def connect(self) -> None:
         """Rank 0's join (blocks until every worker joined: call while their RPC runs)."""
