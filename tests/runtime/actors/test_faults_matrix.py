@@ -101,8 +101,8 @@ def _clear_fault(cluster):
 #: the cases CI runs on every commit: the two High probes of issue 28 (rank 1 inside the
 #: gradient all-reduce at k = 0; the generator inside the weight broadcast at k = 1), a lost
 #: checkpoint write and the k = 1 trainer inside its update -- one per phase and k. The
-#: whole matrix is ~11 full runs plus recoveries (~25 min on 2 cores): RPEG_FAULT_MATRIX=full
-#: runs it (docs/faults.md).
+#: whole matrix is 11 full runs plus recoveries (6.5 min on the quiet 2-core machine):
+#: RPEG_FAULT_MATRIX=full runs it, as .ci/run does (docs/faults.md).
 CI_CASES = {
     (0, "*", 1, "train", 1),
     (0, "*", 0, "checkpoint", 2),
