@@ -32,7 +32,6 @@ from rpeg.runtime.data import DataCursor, Example
 from rpeg.runtime.engines.choice import resolve_engine
 from rpeg.runtime.engines.residency import EngineResidency
 from rpeg.runtime.engines.row_sampling import rollout_seed
-from rpeg.runtime.engines.torch_engine import TorchEngine
 from rpeg.runtime.micro_batches import unit_micro_batches
 from rpeg.runtime.role_builder import all_roles, build_roles, greedy_accuracy
 
@@ -222,30 +221,24 @@ class LocalTrainer:
 
     # --- checkpoints ----------------------------------------------------------------------
     def state_dict(self) -> dict:
-        eng = self.actor.engine
-        st = {
-            "step": self.step_index,
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict() if self.critic is not None else None,
-            "cursor": self.cursor.state_dict(),
-            "engine_version": eng.policy_version,
-        }
-        if isinstance(eng, TorchEngine) and eng.model is not self.actor.lm:
-            # a lagging generator (max_staleness > 0) holds its own, older weights
-            st["engine_weights"] = {k: v.detach().cpu() for k, v in eng.model.state_dict().items()}
+        """The step, the data cursor and the roles' state in the format the ranks write
+        (rpeg.runtime.actors.checkpoint.roles_state)."""
+        from rpeg.runtime.actors.checkpoint.rank_state import roles_state
+
+        st = roles_state(self._roles())
+        st.update(step=self.step_index, cursor=self.cursor.state_dict())
         return st
 
     def load_state_dict(self, state: dict) -> None:
+        from rpeg.runtime.actors.checkpoint.rank_state import load_roles_state
+
         self.step_index = int(state["step"])
-        self.actor.load_state_dict(state["actor"])
-        if self.critic is not None and state.get("critic") is not None:
-            self.critic.load_state_dict(state["critic"])
+        load_roles_state(state, self._roles())
         self.cursor.load_state_dict(state["cursor"])
-        eng = self.actor.engine
-        if state.get("engine_weights") is not None and eng.model is not self.actor.lm:
-            eng.update_weights(state["engine_weights"], int(state["engine_version"]))
-        elif "engine_version" in state:
-            eng.policy_version = int(state["engine_version"])
+
+    def _roles(self) -> dict:
+        # the frozen reference is rebuilt from its source on resume, as it always was here
+        return {"actor": self.actor, "critic": self.critic}
 
     def _save(self, store: CheckpointStore, acc_before: float) -> None:
         state = {

@@ -51,7 +51,12 @@ from rpeg.runtime.actors.checkpoint.layout import (
     step_folder,
     step_url,
 )
-from rpeg.runtime.actors.checkpoint.rank_state import load_rank_state_bytes, rank_state_bytes
+from rpeg.runtime.actors.checkpoint.rank_state import (
+    load_rank_state_bytes,
+    load_roles_state,
+    rank_state_bytes,
+    roles_state,
+)
 from rpeg.runtime.actors.checkpoint.store import CheckpointStore, check_writable
 
 __all__ = [
@@ -66,9 +71,11 @@ __all__ = [
     "dumps",
     "find_checkpoint",
     "load_rank_state_bytes",
+    "load_roles_state",
     "loads",
     "new_run_id",
     "rank_state_bytes",
+    "roles_state",
     "resolve_run_id",
     "step_folder",
     "step_url",

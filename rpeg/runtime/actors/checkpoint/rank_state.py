@@ -1,5 +1,8 @@
-"""One rank's state file: each present role's ``state_dict`` (actor / reference / critic), the
-actor's engine version and a lagging engine copy's full weights."""
+"""What a process's model roles hold in a checkpoint, in one format for both runtimes
+(:func:`roles_state` / :func:`load_roles_state`: each present role's ``state_dict`` -- actor,
+reference, critic --, the actor's engine version and a lagging engine copy's full weights),
+and one rank's state file built from it (:func:`rank_state_bytes`). The single-process trainer
+writes the same role state inside its own part (rpeg.runtime.local_trainer)."""
 
 from __future__ import annotations
 
@@ -8,16 +11,15 @@ from typing import Any
 from rpeg.runtime.actors.checkpoint.layout import dumps, loads
 
 
-# --------------------------------------------------------------------------- one rank's state
-def rank_state_bytes(rank: int, group: str, roles: dict[str, Any], light: bool = False) -> bytes:
-    """One rank's state file (:func:`dumps`: safetensors + JSON, no pickle): each present role's
-    ``state_dict`` (``roles``: actor / reference / critic, None when absent), the actor's
-    engine version, and a lagging engine copy's full weights."""
-    st: dict[str, Any] = {"rank": rank, "group": group}
+# --------------------------------------------------------------------------- roles' state
+def roles_state(roles: dict[str, Any], light: bool = False) -> dict[str, Any]:
+    """Each present role's ``state_dict`` (``roles``: actor / reference / critic, None when
+    absent), the actor's engine version, and a lagging engine copy's full weights. ``light``:
+    no weights or optimizer state (a sharded group writes those itself:
+    RankActor.save_shards), RNG states and versions only."""
+    st: dict[str, Any] = {}
     for name, wk in roles.items():
         if wk is not None:
-            # light: no weights or optimizer state (a sharded group writes those itself:
-            # RankActor.save_shards), RNG states and versions only
             st[name] = wk.state_dict(weights=False) if light else wk.state_dict()
     actor = roles.get("actor")
     if actor is not None and not light:
@@ -26,23 +28,35 @@ def rank_state_bytes(rank: int, group: str, roles: dict[str, Any], light: bool =
             from rpeg.runtime.sharding import full_state_dict
 
             st["engine_weights"] = full_state_dict(actor.engine.model)
-    return dumps(st)
+    return st
 
 
-def load_rank_state_bytes(data: bytes, roles: dict[str, Any]) -> None:
-    """Load :func:`rank_state_bytes` into ``roles``; the engine gets its saved weights (a
-    lagging copy) or the actor's (vLLM: its weights are not in checkpoints)."""
-    st = loads(data)
+def load_roles_state(st: dict[str, Any], roles: dict[str, Any]) -> None:
+    """Load :func:`roles_state` into ``roles``; the engine gets its saved weights (a lagging
+    copy) or the actor's (vLLM: its weights are not in checkpoints, and an engine that does not
+    share the actor's model must not keep generating from the weights it started with)."""
     for name, wk in roles.items():
-        if wk is not None and name in st:
+        if wk is not None and st.get(name) is not None:
             wk.load_state_dict(st[name])
     actor = roles.get("actor")
     if actor is None:
         return
     eng = actor.engine
-    if "engine_weights" in st and getattr(eng, "model", None) is not actor.lm:
-        eng.update_weights(st["engine_weights"], st["engine_version"])
+    if st.get("engine_weights") is not None and getattr(eng, "model", None) is not actor.lm:
+        eng.update_weights(st["engine_weights"], int(st["engine_version"]))
     if hasattr(eng, "model"):
-        eng.policy_version = st.get("engine_version", actor.policy_version)
+        eng.policy_version = int(st.get("engine_version", actor.policy_version))
     else:  # vLLM: it restarts from the actor's weights
         eng.update_weights(actor.get_weights(), actor.policy_version)
+
+
+# --------------------------------------------------------------------------- one rank's state
+def rank_state_bytes(rank: int, group: str, roles: dict[str, Any], light: bool = False) -> bytes:
+    """One rank's state file (:func:`dumps`: safetensors + JSON, no pickle): its rank, group
+    and :func:`roles_state`."""
+    return dumps({"rank": rank, "group": group, **roles_state(roles, light)})
+
+
+def load_rank_state_bytes(data: bytes, roles: dict[str, Any]) -> None:
+    """Load :func:`rank_state_bytes` into ``roles`` (:func:`load_roles_state`)."""
+    load_roles_state(loads(data), roles)
