@@ -118,7 +118,10 @@ def test_readme_quickstart_your_model_your_parquet(user_files, tmp_path, monkeyp
     assert {s["step"] for s in samples} == {1, 2}
     from transformers import AutoModelForCausalLM
 
-    assert AutoModelForCausalLM.from_pretrained(str(tmp_path / "my-model-rl")) is not None
+    assert (
+        AutoModelForCausalLM.from_pretrained(str(tmp_path / "my-model-rl"), trust_remote_code=False)
+        is not None
+    )
 
 
 def test_done_line_counts_the_steps_of_this_call_after_resume(user_files, tmp_path, capsys):

@@ -28,8 +28,12 @@ def test_local_run_exports_every_checkpoint(user_files, tmp_path):
     ids = torch.tensor([[1, 70, 71, 72, 2, 5, 9]])
     with torch.no_grad():
         mine = trainer.actor.lm(input_ids=ids).logits
-        last = AutoModelForCausalLM.from_pretrained(str(hf / "step-00000002")).eval()
-        first = AutoModelForCausalLM.from_pretrained(str(hf / "step-00000001")).eval()
+        last = AutoModelForCausalLM.from_pretrained(
+            str(hf / "step-00000002"), trust_remote_code=False
+        ).eval()
+        first = AutoModelForCausalLM.from_pretrained(
+            str(hf / "step-00000001"), trust_remote_code=False
+        ).eval()
         assert torch.equal(last(input_ids=ids).logits, mine)  # the trained weights
         assert not torch.equal(first(input_ids=ids).logits, mine)  # one step earlier's
 

@@ -29,7 +29,7 @@ def _rpeg(*args: str, cwd) -> subprocess.CompletedProcess:
 def _logits(folder: str) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=False).eval()
     with torch.no_grad():
         return model(input_ids=torch.tensor([[1, 70, 71, 72, 2, 5, 9, 201, 1]])).logits
 

@@ -18,7 +18,7 @@ VERL = RowKeys(prompt_key="prompt", answer_key="reward_model.ground_truth")
 def _tok(user_files):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(user_files["model"])
+    return AutoTokenizer.from_pretrained(user_files["model"], trust_remote_code=False)
 
 
 def test_verl_parquet_as_it_is(user_files):
@@ -149,8 +149,10 @@ def test_local_trainer_on_verl_data_samples_and_export(user_files, tmp_path):
     assert [e.step for e in events.Scalars("reward_mean")] == [1, 2, 3]  # as the console
     out = tmp_path / "hf"
     export_checkpoint(str(tmp_path / "ckpt"), str(out), model_path=user_files["model"])
-    hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
-    start = AutoModelForCausalLM.from_pretrained(user_files["model"]).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=False).eval()
+    start = AutoModelForCausalLM.from_pretrained(
+        user_files["model"], trust_remote_code=False
+    ).eval()
     ids = torch.tensor([[1, 70, 71, 72, 2, 5, 9]])
     with torch.no_grad():
         mine = trainer.actor.lm(input_ids=ids).logits

@@ -33,7 +33,7 @@ def test_load_on_device_equals_from_pretrained(saved, family):
     from transformers import AutoConfig
 
     m, d = saved[family]
-    got = model_io.load_on_device(d, AutoConfig.from_pretrained(d), "float32", "cpu")
+    got = model_io.load_on_device(d, AutoConfig.from_pretrained(d, trust_remote_code=False), "float32", "cpu")
     ref = model_io.load_model(d)
     a, b = ref.state_dict(), got.state_dict()
     assert set(a) == set(b)
@@ -91,7 +91,7 @@ def test_a_checkpoint_missing_weights_is_refused(saved, tmp_path):
     w = load_file(str(f))
     w.pop("model.norm.weight")
     save_file(w, str(f), metadata={"format": "pt"})
-    cfg = AutoConfig.from_pretrained(d)
+    cfg = AutoConfig.from_pretrained(d, trust_remote_code=False)
     with pytest.raises(ConfigError, match=r"missing \['model.norm.weight'\]"):
         model_io.load_on_device(str(tmp_path / "m"), cfg, "float32", "cpu")
 

@@ -87,7 +87,7 @@ def test_lora_run_checkpoints_adapters_resumes_and_exports(tmp_path, monkeypatch
     assert len(saved) == 8
     from transformers import AutoModelForCausalLM
 
-    merged = AutoModelForCausalLM.from_pretrained(str(out))
+    merged = AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=False)
     assert not any("lora" in k for k in merged.state_dict())
     ids = torch.tensor([[1, 10, 11, 12, 13, 14, 15]])
     with torch.no_grad():

@@ -53,7 +53,7 @@ def test_roundtrip_local(tiny, tmp_path):
     assert _same(model, load_model(f"file://{tmp_path / 'm'}"))
     from transformers import AutoTokenizer  # HF tooling loads the char tokenizer
 
-    hf = AutoTokenizer.from_pretrained(str(tmp_path / "m"))
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / "m"), trust_remote_code=False)
     assert hf.decode(hf("7*8=")["input_ids"], skip_special_tokens=True) == "7*8="
 
 
