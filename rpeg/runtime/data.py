@@ -250,3 +250,18 @@ class DataCursor:
             int(state["seed"]),
         )
         self._order = None
+
+
+def distinct_heldout(source, n: int) -> tuple[list[Example], set[str]]:
+    """The first ``n`` examples of a synthetic ``source`` with distinct questions (at most
+    ``50 n`` draws), and those questions: the training source is built to exclude them."""
+    heldout: list[Example] = []
+    seen: set[str] = set()
+    i = 0
+    while len(heldout) < n and i < 50 * max(n, 1):
+        ex = source[i]
+        i += 1
+        if ex.question not in seen:
+            seen.add(ex.question)
+            heldout.append(ex)
+    return heldout, seen

@@ -13,6 +13,7 @@ from rpeg.runtime.data import (
     CountdownSource,
     DataCursor,
     Example,
+    distinct_heldout,
     load_examples,
 )
 from rpeg.runtime.datasets.files import RowKeys
@@ -36,15 +37,7 @@ def build_task_data(
     if task.kind in ("arithmetic", "countdown"):
         cls = ArithmeticSource if task.kind == "arithmetic" else CountdownSource
         held_src = cls(task.difficulty, task.seed, salt=99_991)
-        heldout: list[Example] = []
-        seen: set[str] = set()
-        i = 0
-        while len(heldout) < task.heldout_size and i < 50 * max(task.heldout_size, 1):
-            ex = held_src[i]
-            i += 1
-            if ex.question not in seen:
-                seen.add(ex.question)
-                heldout.append(ex)
+        heldout, seen = distinct_heldout(held_src, task.heldout_size)
         train = cls(task.difficulty, task.seed, exclude=seen)
         if fmt is not None and (fmt.chat or task.system_prompt):
             rendered = RenderedSource(train, tokenizer, fmt)

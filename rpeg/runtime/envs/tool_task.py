@@ -21,7 +21,7 @@ import zlib
 from collections.abc import Sequence
 
 from rpeg.errors import ConfigError, Problem
-from rpeg.runtime.data import DataCursor, Example
+from rpeg.runtime.data import DataCursor, Example, distinct_heldout
 from rpeg.runtime.envs.tools import RESULT_CLOSE, RESULT_OPEN, TOOL_CLOSE, TOOL_OPEN
 
 _FORMS = {
@@ -109,14 +109,6 @@ def tool_task_data(task) -> tuple[DataCursor, list[Example]]:
     """(training cursor, held-out examples) of ``task.kind: tool_arithmetic``."""
     share = task.multiturn.warmup_tool_share
     held_src = ToolArithmeticSource(task.difficulty, task.seed, salt=99_991)
-    heldout: list[Example] = []
-    seen: set[str] = set()
-    i = 0
-    while len(heldout) < task.heldout_size and i < 50 * max(task.heldout_size, 1):
-        ex = held_src[i]
-        i += 1
-        if ex.question not in seen:
-            seen.add(ex.question)
-            heldout.append(ex)
+    heldout, seen = distinct_heldout(held_src, task.heldout_size)
     train = ToolArithmeticSource(task.difficulty, task.seed, exclude=seen, tool_share=share)
     return DataCursor(train, seed=task.seed), heldout
