@@ -33,7 +33,9 @@ def test_load_on_device_equals_from_pretrained(saved, family):
     from transformers import AutoConfig
 
     m, d = saved[family]
-    got = model_io.load_on_device(d, AutoConfig.from_pretrained(d, trust_remote_code=False), "float32", "cpu")
+    got = model_io.load_on_device(
+        d, AutoConfig.from_pretrained(d, trust_remote_code=False), "float32", "cpu"
+    )
     ref = model_io.load_model(d)
     a, b = ref.state_dict(), got.state_dict()
     assert set(a) == set(b)
