@@ -213,3 +213,26 @@ def test_an_engine_on_another_gpu_is_refit_through_nccl(engines):
         _same(ref.generate(_prompts(tok), p), eng.generate(_prompts(tok), p))
     finally:
         eng.shutdown()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="engine placement needs two GPUs")
+def test_an_engine_built_from_a_model_on_gpu_1_runs_on_gpu_1(engines):
+    """Plain Dask workers see every GPU: a rank training on cuda:1 gets its vLLM on cuda:1
+    (vllm_placement), so its refit takes CUDA IPC, not NCCL to an engine on GPU 0."""
+    import copy
+
+    from rpeg.runtime.engines.base import SamplingParams
+    from rpeg.runtime.engines.vllm_cuda_transfer import device_id, worker_devices
+
+    model, tok, ref, _ = engines
+    on1 = copy.deepcopy(model).to("cuda:1")
+    eng = _fresh_engine(on1, tok)
+    try:
+        workers = worker_devices(eng.llm, 120.0)
+        assert [w.uuid for w in workers] == [device_id(torch.device("cuda", 1)).uuid]
+        eng.update_weights({k: v.detach() for k, v in on1.state_dict().items()}, 8)
+        assert eng.transport == "cuda_ipc"
+        p = SamplingParams(max_new_tokens=12, temperature=0.0)
+        _same(ref.generate(_prompts(tok), p), eng.generate(_prompts(tok), p))
+    finally:
+        eng.shutdown()

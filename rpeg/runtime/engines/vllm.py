@@ -56,6 +56,7 @@ from rpeg.runtime.engines.vllm_cuda_transfer import (
     send_ipc,
     worker_devices,
 )
+from rpeg.runtime.engines.vllm_placement import engine_gpu
 from rpeg.runtime.engines.vllm_requests import (
     hf_weight_names,
     processed_logprobs_supported,
@@ -223,14 +224,15 @@ class VLLMEngine:
         """An engine over an in-memory Hugging Face causal LM (e.g. the built-in tiny model):
         its config and safetensors weights are written to a private temporary folder that
         vLLM loads (``engine.folder``, removed by :meth:`shutdown`); later updates go through
-        :meth:`update_weights`."""
+        :meth:`update_weights`. The engine is built on the model's GPU (vllm_placement)."""
         folder = tempfile.mkdtemp(prefix="rpeg-vllm-")
         try:
             model.save_pretrained(folder, safe_serialization=True)
             tied = bool(getattr(model.config, "tie_word_embeddings", False))
-            eng = cls.build(
-                folder, pad_id=pad_id, eos_id=eos_id, tie_word_embeddings=tied, **kwargs
-            )
+            with engine_gpu(next(model.parameters()).device):  # the rank's GPU, not GPU 0
+                eng = cls.build(
+                    folder, pad_id=pad_id, eos_id=eos_id, tie_word_embeddings=tied, **kwargs
+                )
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
