@@ -154,6 +154,14 @@ class MultiTurnConfig(Section):
     warmup_tool_share: float = Field(
         0.5, ge=0.0, le=1.0, description="tool_arithmetic: share of warm-up transcripts with a call"
     )
+    chat_template: Literal["auto", "none"] = Field(
+        "auto",
+        description="auto = when the tokenizer has a chat template, render the prompt with it "
+        "and wrap each observation as a message (rpeg.runtime.envs.chat); none = plain text",
+    )
+    observation_role: Literal["tool", "user"] = Field(
+        "tool", description="the role of an observation's message under a chat template"
+    )
 
 
 class TaskConfig(Section):
@@ -228,13 +236,21 @@ class TaskConfig(Section):
     multiturn: MultiTurnConfig = Field(
         default_factory=MultiTurnConfig,
         description="multi-turn rollouts with tools: env, tools, max_turns, max_turn_tokens, "
-        "env_timeout_s, env_concurrency, warmup_tool_share (docs/multiturn.md)",
+        "env_timeout_s, env_concurrency, warmup_tool_share, chat_template, observation_role "
+        "(docs/multiturn.md)",
     )
 
     @model_validator(mode="after")
     def _url_for_files(self) -> TaskConfig:
         if self.kind in ("jsonl", "parquet", "hf") and not self.url:
             raise ValueError(f"kind={self.kind!r} needs url (an fsspec URL)")
+        mt = self.multiturn
+        if mt.env and mt.chat_template == "auto" and self.chat_template != "auto":
+            raise ValueError(
+                "multiturn.chat_template='auto' applies the tokenizer's template per turn but "
+                f"chat_template={self.chat_template!r}; with it multiturn.chat_template allows: "
+                "none"
+            )
         if self.kind == "tool_arithmetic" and self.multiturn.env is None:
             raise ValueError("kind='tool_arithmetic' needs multiturn.env (allowed: tools)")
         if self.kind == "tool_arithmetic" and "tool_final_answer" not in self.rewards:

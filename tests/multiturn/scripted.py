@@ -62,5 +62,7 @@ def multiturn(**kw):
         env_timeout_s=2.0,
         env_concurrency=4,
         warmup_tool_share=0.5,
+        chat_template="auto",
+        observation_role="tool",
     )
     return SimpleNamespace(**{**base, **kw})

@@ -8,8 +8,10 @@ Every later turn is generated from the ids so far, as ids: the model's tokens ar
 decoded and re-encoded (text goes to the environment only to read). A turn ends at EOS (the
 final answer), at the first occurrence of the ids of ``</tool>`` (a tool call: the ids
 after it are dropped, like a stop string), or at ``task.multiturn.max_turn_tokens``. The
-observation's text is tokenized (no special tokens) and appended. The whole response is
-capped at ``workload.max_response_tokens`` and by the model's context.
+observation's text is tokenized (no special tokens) and appended; with a chat template
+(:mod:`rpeg.runtime.envs.chat`) the prompt is rendered by it and each observation is wrapped
+as a tool (or user) message, the wrapper's ids taken from the template. The whole response
+is capped at ``workload.max_response_tokens`` and by the model's context.
 
 The batch: ``response_ids`` the transcript after the prompt; ``response_attention`` 1 on all
 of it; ``response_mask`` (the loss mask) 1 only on generated tokens; ``sample_logprobs`` the
@@ -23,6 +25,7 @@ step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Sequence
@@ -36,6 +39,7 @@ from rpeg.runtime.data import Example
 from rpeg.runtime.engines.base import SamplingParams
 from rpeg.runtime.engines.torch_engine import left_pad
 from rpeg.runtime.envs.base import EnvStep, make_env
+from rpeg.runtime.envs.chat import ChatTurns
 from rpeg.runtime.envs.runner import EnvOutcome, EnvRunner
 from rpeg.runtime.envs.tools import TOOL_CLOSE
 
@@ -60,6 +64,9 @@ class _Row:
     env_reward: float = 0.0
     error: str = ""  # an environment failure (env_timeout / env_error / env_bad_result)
     end: str = ""  # a cap that ended it
+    messages: list[dict[str, str]] = field(default_factory=list)  # chat: the prompt's
+    observations: list[str] = field(default_factory=list)  # the observations appended
+    parts: list[str] = field(default_factory=list)  # chat: turn texts and observations
 
     def add(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
         self.ids += list(ids)
@@ -116,7 +123,12 @@ def multiturn_rollout(
     sample_cap = params.max_new_tokens
     ctx = getattr(getattr(worker.lm, "config", None), "max_position_embeddings", None) or 10**9
     stop_ids = tok(TOOL_CLOSE, add_special_tokens=False)["input_ids"]
+    chat = ChatTurns.of(mt, tok)
+    if chat is not None:
+        chat.probe(tok)  # a template that cannot wrap observations: a named error, now
     rep = [ex for ex in examples for _ in range(samples_per_prompt)]
+    if chat is not None:  # the environment's first observation is the last user message
+        rep = [dataclasses.replace(ex, rendered="", messages=(), system_prompt="") for ex in rep]
     envs = [make_env(mt.env, mt.tools, prompt_template) for _ in rep]
     m: Metrics = {}
     te = time.perf_counter()
@@ -128,7 +140,12 @@ def multiturn_rollout(
         o.step.observation if o.step else ex.prompt(prompt_template)
         for o, ex in zip(firsts, rep, strict=True)
     ]
-    rows = [_Row(p) for p in worker.encode_prompts(texts)]
+    msgs: list[list[dict[str, str]]] = [[] for _ in rep]
+    if chat is not None:
+        rep_full = [ex for ex in examples for _ in range(samples_per_prompt)]
+        msgs = [chat.prompt_messages(ex, t) for ex, t in zip(rep_full, texts, strict=True)]
+        texts = [chat.prompt_text(tok, mm) for mm in msgs]
+    rows = [_Row(p, messages=mm) for p, mm in zip(worker.encode_prompts(texts), msgs, strict=True)]
     for r, o in zip(rows, firsts, strict=True):
         if o.error:
             r.done, r.error = True, o.error
@@ -168,6 +185,8 @@ def multiturn_rollout(
                 ids, lps = ids[:cut], lps[:cut]
             r.add(ids, lps)
             r.turns += 1
+            if chat is not None:
+                r.parts.append(tok.decode(ids, skip_special_tokens=True))
             eos = cut is None and bool(out.finished[j])
             if cut is None and not eos:  # the turn ran out of tokens
                 r.done, r.end = True, END_TURN_TOKENS
@@ -178,18 +197,29 @@ def multiturn_rollout(
         outcomes = runner.run_all([functools.partial(envs[i].step, text) for i, text, _ in acting])
         env_s += time.perf_counter() - te
         for (i, _, eos), o in zip(acting, outcomes, strict=True):
-            _apply(rows[i], o, eos, tok, last_turn=t == mt.max_turns - 1, sample_cap=sample_cap)
+            last = t == mt.max_turns - 1
+            _apply(rows[i], o, eos, tok, chat, last_turn=last, sample_cap=sample_cap)
     for r in rows:
         if not r.done:
             r.done, r.end = True, END_MAX_TURNS
-    batch = _batch(worker, examples, samples_per_prompt, texts, rows, params, first_row)
+    batch = _batch(worker, examples, samples_per_prompt, texts, rows, params, first_row, chat)
     m.update(_metrics(rows, gen_s, gen_tokens, env_s))
     m["generate_s"] = time.perf_counter() - t0
     return batch, m
 
 
-def _apply(r: _Row, o: EnvOutcome, eos: bool, tok, *, last_turn: bool, sample_cap: int) -> None:
-    """One environment outcome into its row: an error, the end, or the observation."""
+def _apply(
+    r: _Row,
+    o: EnvOutcome,
+    eos: bool,
+    tok,
+    chat: ChatTurns | None,
+    *,
+    last_turn: bool,
+    sample_cap: int,
+) -> None:
+    """One environment outcome into its row: an error, the end, or the observation (with a
+    chat template: wrapped as a message, the wrapper's ids from the template)."""
     if o.error:
         r.done, r.error = True, o.error
         return
@@ -201,15 +231,24 @@ def _apply(r: _Row, o: EnvOutcome, eos: bool, tok, *, last_turn: bool, sample_ca
     if last_turn:
         r.done, r.end = True, END_MAX_TURNS
         return
-    obs = tok(st.observation, add_special_tokens=False)["input_ids"]
+    if chat is None:
+        obs = tok(st.observation, add_special_tokens=False)["input_ids"]
+    else:
+        obs = chat.wrapper_ids(tok, r.messages, r.observations, st.observation)
     if len(r.ids) + len(obs) >= sample_cap:  # no room for the observation and a turn
         r.done, r.end = True, END_SAMPLE_TOKENS
         return
     r.add(obs, None)
+    r.observations.append(st.observation)
+    r.parts.append(st.observation)
 
 
-def _batch(worker, examples, k, prompts, rows: list[_Row], params, first_row) -> RolloutBatch:
+def _batch(worker, examples, k, prompts, rows: list[_Row], params, first_row, chat):
     tok = worker.tokenizer
+    if chat is None:
+        responses = tok.batch_decode([r.ids for r in rows], skip_special_tokens=True)
+    else:  # the model's text and the observations, not the template's headers
+        responses = ["".join(r.parts) for r in rows]
     p_ids, p_mask = left_pad([r.prompt for r in rows], tok.pad_token_id)
     width = max(len(r.ids) for r in rows)
     b = len(rows)
@@ -233,7 +272,7 @@ def _batch(worker, examples, k, prompts, rows: list[_Row], params, first_row) ->
         policy_version=torch.full((b,), version, dtype=torch.long),
         group_ids=torch.arange(len(examples)).repeat_interleave(k),
         prompts=list(prompts),
-        responses=tok.batch_decode([r.ids for r in rows], skip_special_tokens=True),
+        responses=responses,
         reference_answers=[ex.answer for ex in examples for _ in range(k)],
         sample_index=first_row + torch.arange(b, dtype=torch.long),
         temperature=params.temperature if params.temperature > 0 else 1.0,
