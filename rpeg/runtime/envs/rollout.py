@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from rpeg.runtime.actors.fault_points import env_turn
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import Example
 from rpeg.runtime.engines.base import SamplingParams
@@ -193,6 +194,7 @@ def multiturn_rollout(
                 continue
             r.finished = eos
             acting.append((i, tok.decode(ids, skip_special_tokens=True), eos))
+        env_turn(t + 1)  # a fault point for recovery tests (off unless RPEG_FAULT_AT is set)
         te = time.perf_counter()
         outcomes = runner.run_all([functools.partial(envs[i].step, text) for i, text, _ in acting])
         env_s += time.perf_counter() - te
