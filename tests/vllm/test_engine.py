@@ -15,30 +15,13 @@ import copy
 import pytest
 import torch
 from leaks import settle, shm_segments, vllm_processes
+from tiny_engines import engine_of, tiny
 
 from rpeg.runtime.engines.base import SamplingParams
 from rpeg.runtime.engines.torch_engine import TorchEngine
-from rpeg.runtime.engines.vllm import VLLMEngine
 
-SHAPE = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-)
 TEXTS = ["12+7=", "3*4=", "100-1=", "(2+3)*4="]
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
-
-
-def _tiny(tied: bool, seed: int):
-    from rpeg.runtime.model_io import create_model, tiny_config
-    from rpeg.runtime.tokenizer import build_char_tokenizer
-
-    cfg = tiny_config(**SHAPE)
-    cfg.tie_word_embeddings = tied
-    model = create_model(cfg, seed=seed).eval()
-    return model, build_char_tokenizer()
 
 
 def _moved(model, seed: int, scale: float = 0.05):
@@ -49,17 +32,6 @@ def _moved(model, seed: int, scale: float = 0.05):
         for p in out.parameters():
             p.add_(scale * torch.randn(p.shape, generator=g))
     return out
-
-
-def _engine(model, tok) -> VLLMEngine:
-    return VLLMEngine.from_model(
-        model,
-        pad_id=tok.pad_token_id,
-        eos_id=tok.eos_token_id,
-        dtype="float32",
-        max_model_len=128,
-        max_num_seqs=16,
-    )
 
 
 def _prompts(tok):
@@ -78,11 +50,8 @@ def _assert_same(a, b, atol: float):
 
 
 @pytest.fixture(scope="module")
-def untied():
-    model, tok = _tiny(tied=False, seed=0)
-    eng = _engine(model, tok)
-    yield model, tok, eng
-    eng.shutdown()
+def untied(untied_engine):
+    return untied_engine  # the session's engine (conftest), fresh on W0
 
 
 def test_greedy_tokens_and_logprobs_equal_the_torch_engines(untied):
@@ -160,10 +129,10 @@ def test_update_with_a_tied_head_and_nothing_left_after_shutdown():
     """Tied: vLLM's in-place reload leaves the CPU build's packed lm_head stale unless it is
     re-packed (rpeg.runtime.engines.vllm_worker.repack_tied_head)."""
     shm0, procs0 = shm_segments(), vllm_processes()
-    model0, tok = _tiny(tied=True, seed=2)
+    model0, tok = tiny(tied=True, seed=2)
     assert model0.config.tie_word_embeddings
     model1 = _moved(model0, seed=1)
-    eng = _engine(model1, tok)  # fresh on W1, to W0 and back
+    eng = engine_of(model1, tok)  # fresh on W1, to W0 and back
     try:
         _update_round_trip(eng, model1, model0, tok)
     finally:
