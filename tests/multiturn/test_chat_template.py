@@ -53,7 +53,7 @@ def wrapper(obs: str, role: str = "tool") -> list[int]:
     return [E, *ch("\n"), *header(role), *ch(obs), E, *ch("\n"), *header("assistant")]
 
 
-PROMPT = [BOS, *header("user"), *ch("12x7?"), E, *ch("\n"), *header("assistant")]  # 22 ids
+PROMPT = [BOS, *header("user"), *ch("12x7?"), E, *ch("\n"), *header("assistant")]  # 25 ids
 
 
 def _rollout(**kw):
@@ -194,3 +194,20 @@ def test_both_none_is_accepted():
         {"task": {"chat_template": "none", "multiturn": {"env": "tools", "chat_template": "none"}}}
     )
     assert c.task.multiturn.chat_template == "none"
+
+
+def test_tool_task_warmup_rows_have_the_rollouts_layout():
+    """tool_arithmetic's warm-up under the same template: prompt | call | wrapper | answer |
+    EOS, trained on the call, the answer and EOS -- the layout of the rollout above."""
+    from rpeg.runtime.envs.tool_task import ToolArithmeticSource
+
+    src = ToolArithmeticSource(tool_share=1.0, chat_template="auto")
+    ex = Example("12x7?", "84", solution="12*7")
+    ids, mask, loss = src.sft_batch(chat_tokenizer(), [ex], "{question}")
+    want = PROMPT + CALL + wrapper(RESULT) + ch("84") + [E]  # 25 + 23 + 40 + 3 = 91
+    assert ids[0].tolist() == want
+    assert loss[0].tolist() == [0] * 25 + [1] * 23 + [0] * 40 + [1] * 3
+    assert mask[0].tolist() == [1] * 91
+    plain = ToolArithmeticSource(tool_share=1.0, chat_template="none")
+    ids, _, _ = plain.sft_batch(chat_tokenizer(), [ex], "{question}")
+    assert ids[0].tolist() == [BOS, *ch("12x7?"), *CALL, *ch(RESULT), *ch("84"), E]

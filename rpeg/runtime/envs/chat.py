@@ -65,14 +65,16 @@ class ChatTurns:
         """The chat turns of a ``task.multiturn`` section for ``tokenizer`` (None: plain
         text, today's layout: ``chat_template: none`` or a tokenizer without a template)."""
         choice = getattr(multiturn, "chat_template", "none")
+        return cls.choose(choice, getattr(multiturn, "observation_role", "tool"), tokenizer)
+
+    @classmethod
+    def choose(cls, choice: str, observation_role: str, tokenizer: Any) -> ChatTurns | None:
         if choice == "none":
             return None
         if choice != "auto":
             raise ConfigError([Problem(FIELD, f"got {choice!r}; allowed: auto, none")])
         own = tokenizer_template(tokenizer)
-        if not own:
-            return None
-        return cls(own, getattr(multiturn, "observation_role", "tool"))
+        return cls(own, observation_role) if own else None
 
     # ------------------------------------------------------------------ rendering
     def render(self, tokenizer: Any, messages: list[dict[str, str]], generation: bool) -> str:

@@ -8,7 +8,9 @@ built-in tiny model cannot multiply or add by itself: the tool is how it gets th
 
 Warm-up (supervised, before RL): transcripts of both kinds, ``task.multiturn.
 warmup_tool_share`` of them with the tool, the loss only on the model's own tokens (the
-observation is input, never a target) -- the same token layout a rollout produces.
+observation is input, never a target) -- the same token layout a rollout produces, chat
+template included (``task.multiturn.chat_template``: the prompt rendered, the observation
+wrapped as a message).
 
 difficulty 1: ``a*b`` with a in [2, 10), b in [10, 100); 2: also ``a+b`` and ``a-b`` with
 a, b in [100, 1000); 3..5: ``a*b`` with both in [10, 100) and three-digit sums.
@@ -54,12 +56,15 @@ class ToolArithmeticSource:
         exclude: Sequence[str] = (),
         salt: int = 0,
         tool_share: float = 0.5,
+        chat_template: str = "none",
+        observation_role: str = "tool",
     ):
         if not 1 <= difficulty <= 5:
             raise ConfigError([Problem("task.difficulty", f"must be 1..5 (got {difficulty})")])
         self.difficulty, self.seed, self.salt = difficulty, seed, salt
         self.exclude = frozenset(exclude)
         self.tool_share = tool_share
+        self.chat_template, self.observation_role = chat_template, observation_role
 
     def __len__(self) -> int | None:  # infinite
         return None
@@ -96,13 +101,19 @@ class ToolArithmeticSource:
     def sft_batch(self, tokenizer, examples: list[Example], template: str):
         """(ids, mask, loss_mask) of warm-up transcripts: what ``rpeg.runtime.warmup`` trains
         on for a source that has this method."""
+        from rpeg.runtime.envs.chat import ChatTurns
         from rpeg.runtime.envs.transcripts import transcript_batch
 
-        rows = []
+        chat = ChatTurns.choose(self.chat_template, self.observation_role, tokenizer)
+        rows, messages = [], []
         for ex in examples:
             segs = tool_transcript(ex) if self.uses_tool(ex) else [(ex.answer, True)]
-            rows.append((ex.prompt(template), segs))
-        return transcript_batch(tokenizer, rows)
+            prompt = ex.prompt(template)
+            if chat is not None:  # as the rollout renders it (rpeg.runtime.envs.rollout)
+                messages.append(chat.prompt_messages(ex, prompt))
+                prompt = chat.prompt_text(tokenizer, messages[-1])
+            rows.append((prompt, segs))
+        return transcript_batch(tokenizer, rows, chat, messages)
 
 
 def tool_task_data(task) -> tuple[DataCursor, list[Example]]:
@@ -110,5 +121,13 @@ def tool_task_data(task) -> tuple[DataCursor, list[Example]]:
     share = task.multiturn.warmup_tool_share
     held_src = ToolArithmeticSource(task.difficulty, task.seed, salt=99_991)
     heldout, seen = distinct_heldout(held_src, task.heldout_size)
-    train = ToolArithmeticSource(task.difficulty, task.seed, exclude=seen, tool_share=share)
+    mt = task.multiturn
+    train = ToolArithmeticSource(
+        task.difficulty,
+        task.seed,
+        exclude=seen,
+        tool_share=share,
+        chat_template=mt.chat_template,
+        observation_role=mt.observation_role,
+    )
     return DataCursor(train, seed=task.seed), heldout
