@@ -21,13 +21,16 @@ so whatever the template writes after an assistant's content (``<|im_end|>``, a 
 around a tool message (Qwen2.5 puts it in a user turn inside ``<tool_response>`` tags) and
 before the next assistant turn comes from the template itself, with the real history (a
 template that numbers tool results still counts right). The wrapper's text is tokenized
-alone (special tokens parsed); a template that changes earlier turns once a later message
-exists, drops the observation, or refuses the role, is a named error
-(:class:`ChatTemplateError`), raised by a probe before the first turn.
+alone (special tokens parsed). A template that hides a turn's or an observation's content,
+or refuses the role, is a named error (:class:`ChatTemplateError`), raised by a probe before
+the first turn; one that renders earlier turns differently once a later message follows
+(Qwen3-style templates drop earlier turns' reasoning) is warned about: the wrapper after the
+latest turn is still the template's, and the sample keeps the ids as generated.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +42,12 @@ from rpeg.runtime.data import Example
 PLACEHOLDER = "RPEGMODELTURN7F3A"
 FIELD = "task.multiturn.chat_template"
 ROLE_FIELD = "task.multiturn.observation_role"
+REWRITES = (
+    "the tokenizer's chat template renders earlier turns differently once a later message "
+    "follows (as templates that drop earlier turns' reasoning do); multi-turn samples keep "
+    "the ids as generated, which is not what the template would render for the whole "
+    "conversation"
+)
 
 
 class ChatTemplateError(ConfigError):
@@ -140,10 +149,10 @@ class ChatTurns:
         why = ""
         if i < 0 or j < 0:
             why = "does not show an assistant message's content verbatim"
-        elif with_[:j] != without[:i]:
-            why = "renders earlier turns differently once a later message follows"
         elif observation and observation not in with_[j:]:
             why = f"does not show a {self.observation_role} message's content verbatim"
+        elif with_[:j] != without[:i]:
+            warnings.warn(REWRITES, stacklevel=2)
         if why:
             raise ChatTemplateError(
                 [
