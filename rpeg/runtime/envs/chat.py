@@ -15,7 +15,7 @@ model turn is a placeholder string::
 
     without = render(history + [assistant(P)],                add_generation_prompt=False)
     with_   = render(history + [assistant(P), obs_message(o)], add_generation_prompt=True)
-    wrapper = with_[after the last P:]          (checked: with_[:P] == without[:P])
+    wrapper = with_[after the last P:]    (with_[:P] != without[:P]: a warning)
 
 so whatever the template writes after an assistant's content (``<|im_end|>``, a newline),
 around a tool message (Qwen2.5 puts it in a user turn inside ``<tool_response>`` tags) and
