@@ -12,7 +12,31 @@ graph_app = typer.Typer(
     no_args_is_help=True,
 )
 
-_SOURCE_HELP = "a builder name (grpo, ppo, rloo, reinforce_pp, dapo) or a graph YAML file"
+_SOURCE_HELP = (
+    "a builder name (grpo, ppo, rloo, reinforce_pp, dapo), a graph YAML file, or a run config "
+    "YAML (its algorithm's graph, with the env stage when task.multiturn.env is set)"
+)
+
+#: top-level keys of a run config (rpeg.config.RunConfig), none of which a graph YAML has
+_RUN_CONFIG_KEYS = ("model", "algorithm", "task", "workload", "runtime", "cluster", "optim")
+
+
+def _graph_from_file(path: Path):
+    """A graph YAML file, or the graph of a run config YAML (rpeg.compile.graph_from_config)."""
+    import yaml
+
+    from rpeg import ir
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        data = None  # from_yaml reports the line and column
+    if isinstance(data, dict) and "stages" not in data and set(data) & set(_RUN_CONFIG_KEYS):
+        from rpeg.compile import graph_from_config
+        from rpeg.config import RunConfig
+
+        return graph_from_config(RunConfig.from_yaml(str(path)))
+    return ir.from_yaml(path)
 
 
 def _parse_option(text: str):
@@ -49,7 +73,7 @@ def load_graph(
             raise ir.GraphError(
                 [Problem("--option", "builder options apply only to builder names")]
             )
-        g = ir.from_yaml(Path(source))
+        g = _graph_from_file(Path(source))
     else:
         raise ir.GraphError(
             [
@@ -116,6 +140,9 @@ def _show(g) -> None:
     for e in g.state_edges:
         st.add_row(e.src, e.dst, e.state, str(e.staleness))
     console.print(st)
+    for e in g.edges:
+        if e.next_turn:  # multi-turn: the loop inside the rollout unit
+            console.print(f"turn loop: {e.src} -> {e.dst} ({e.field}, the next turn)")
     console.print(f"inputs: {', '.join(g.inputs)}")
     if g.colocated:
         console.print(

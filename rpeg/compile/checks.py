@@ -97,6 +97,36 @@ def batch_problems(groups: Any, workload: Any) -> list[Problem]:
     return out
 
 
+def env_problems(graph: Any, config: Any) -> list[Problem]:
+    """The graph's env stage and the config's ``task.multiturn.env`` agree: the env stage's
+    environment is the config's (the rollout runs it inside the generate unit), and a
+    multi-turn config's graph shows the env stage (docs/ir.md "Multi-turn: the env stage")."""
+    from typing import get_args
+
+    from rpeg.config.workload import EnvName
+
+    has_env = bool(graph.env_stages)
+    env = config.task.multiturn.env
+    if has_env and not env:
+        allowed = ", ".join(get_args(EnvName))
+        return [
+            Problem(
+                "task.multiturn.env",
+                f"graph {graph.name!r} has an env stage but no environment is set; allowed: "
+                f"{allowed} (or a graph without an env stage)",
+            )
+        ]
+    if env and not has_env:
+        return [
+            Problem(
+                "plan.graph",
+                f"task.multiturn.env is {env!r} but graph {graph.name!r} has no env stage: build it "
+                "with the builder option multiturn: true (rpeg plan does so for this config)",
+            )
+        ]
+    return []
+
+
 def raise_if(problems: list[Problem]) -> None:
     if problems:
         raise ConfigError(problems, title=REFUSED)

@@ -34,7 +34,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rpeg.compile.checks import batch_problems, check_step, plan_problems, raise_if
+from rpeg.compile.checks import (
+    batch_problems,
+    check_step,
+    env_problems,
+    plan_problems,
+    raise_if,
+)
 from rpeg.compile.layouts import GroupDraft, gen_dp, group_layouts
 from rpeg.compile.sources import available_devices, resolve
 from rpeg.compile.step import (
@@ -89,7 +95,7 @@ def compile_step(
     names = [u.name for u in units]
     have = cluster_devices if cluster_devices is not None else available_devices(config)
     roles = [(s.name, _val(s.role)) for u in units for s in u.stages if s.role is not None]
-    raise_if(plan_problems(plan, names, roles, have))
+    raise_if(plan_problems(plan, names, roles, have) + env_problems(graph, config))
     kinds_of = {u.name: u.kinds for u in units}
     deps = _dependencies(graph, units)
     phase = _phases(names, kinds_of, deps)

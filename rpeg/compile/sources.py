@@ -11,7 +11,8 @@ from rpeg.errors import ConfigError, Problem
 
 def graph_from_config(config: Any) -> Any:
     """The IR graph of ``config``'s algorithm: the run's staleness bound, and the algorithm
-    parameters of the config (not the builders' presets), so the graph records what runs."""
+    parameters of the config (not the builders' presets), so the graph records what runs;
+    with ``task.multiturn.env`` the env stage (docs/ir.md "Multi-turn: the env stage")."""
     from rpeg.ir import build, recipe, share_actor_critic
 
     a = config.algorithm
@@ -28,6 +29,8 @@ def graph_from_config(config: Any) -> Any:
         "entropy_coef": a.entropy_coef,
         "group_size": config.workload.samples_per_prompt,
     }
+    if config.task.multiturn.env:  # single-turn graphs leave the option out (goldens unchanged)
+        opts["multiturn"] = True
     critic = recipe(a.name).critic  # PPO: the knobs of its critic
     if critic:
         opts.update(gamma=a.gamma, gae_lambda=a.gae_lambda, value_clip=a.value_clip)

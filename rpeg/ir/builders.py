@@ -13,6 +13,9 @@ Every builder returns a validated :class:`Graph`. Options (defaults: the recipe'
   reward_model).
 - ``staleness``: the bounded asynchrony k of the weights edge sync_weights -> generate.
 - ``group_size``: samples per prompt (the group of a group baseline).
+- ``multiturn``: multi-turn rollouts: an ``env`` stage (the environment's steps) fused with
+  generate in the group ``generate+env``; generate writes ``actions`` and reads the env's
+  ``observations`` for its next turn (docs/ir.md "Multi-turn: the env stage").
 - DAPO-style: ``clip_low``, ``clip_high`` (decoupled clip), ``dual_clip``,
   ``dynamic_sampling``, ``overlong_buffer`` (soft overlong penalty length, or None),
   ``loss_aggregation`` ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean"),
@@ -31,6 +34,7 @@ from rpeg.errors import Problem
 from rpeg.ir.checks import validate
 from rpeg.ir.graph import (
     WEIGHTS_STATE,
+    FusedGroup,
     Granularity,
     Graph,
     GraphError,
@@ -44,6 +48,10 @@ from rpeg.ir.recipes import ALIASES, RECIPES, Recipe, canonical
 __all__ = ["ALIASES", "BUILDERS", "build", "builder_names"]
 
 _SEQ = ("prompts", "responses", "response_mask")
+#: multi-turn (``multiturn=True``): the env stage, and the fused group that runs it inside
+#: the rollout unit, between the turns of generate (docs/ir.md "Multi-turn: the env stage")
+ENV_STAGE = ("env", StageKind.env, None, ("actions",), ("observations",), Granularity.sample)
+ROLLOUT_LOOP = "generate+env"
 _CRITIC_KNOBS = ("gamma", "gae_lambda", "value_clip")
 
 
@@ -53,7 +61,13 @@ def _options(r: Recipe) -> dict[str, Any]:
     if not r.critic:
         for k in _CRITIC_KNOBS:
             knobs.pop(k)
-    return {"name": None, "reward": "rule", "staleness": defaults.MAX_STALENESS, **knobs}
+    return {
+        "name": None,
+        "reward": "rule",
+        "staleness": defaults.MAX_STALENESS,
+        "multiturn": False,
+        **knobs,
+    }
 
 
 def _check_options(r: Recipe, o: dict[str, Any]) -> None:
@@ -76,7 +90,7 @@ def _check_options(r: Recipe, o: dict[str, Any]) -> None:
 
 def _params(r: Recipe, o: dict[str, Any]) -> dict[str, Any]:
     use_ref = bool(o["use_reference"]) and r.uses_reference
-    params = {k: v for k, v in o.items() if k not in ("name", "staleness")}
+    params = {k: v for k, v in o.items() if k not in ("name", "staleness", "multiturn")}
     params.update(
         use_reference=use_ref,
         kl_coef=o["kl_coef"] if use_ref else 0.0,
@@ -95,15 +109,20 @@ def _pipeline(r: Recipe, options: dict[str, Any]) -> Graph:
     kl_in_reward = use_ref and r.kl == "reward"
     kl_in_loss = use_ref and r.kl == "loss"
     model_reward = params["reward"] == "model"
+    multiturn = bool(options["multiturn"])
 
     stages = [
         Stage(
             "generate",
             StageKind.generate,
             Role.actor,
-            ("prompts",),
-            ("responses", "response_mask", "sample_logprobs"),
+            ("prompts", "observations") if multiturn else ("prompts",),
+            ("responses", "response_mask", "sample_logprobs", *(("actions",) if multiturn else ())),
         ),
+    ]
+    if multiturn:  # the environment's steps between turns, run inside the rollout unit
+        stages.append(Stage(*ENV_STAGE))
+    stages += [
         Stage(
             "reward",
             StageKind.reward,
@@ -166,6 +185,7 @@ def _pipeline(r: Recipe, options: dict[str, Any]) -> Graph:
         algorithm=r.name,
         stages=tuple(stages),
         state_edges=tuple(state),
+        fused=(FusedGroup(ROLLOUT_LOOP, ("generate", "env")),) if multiturn else (),
         params=params,
         inputs=("prompts",) if model_reward else ("prompts", "answers"),
     )

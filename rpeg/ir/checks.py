@@ -20,6 +20,7 @@ from rpeg.ir.graph import (
     StageKind,
 )
 from rpeg.ir.recipes import KL_PLACEMENTS
+from rpeg.ir.turn_checks import turn_problems
 
 
 def _role_name(role: Role | None) -> str:
@@ -50,6 +51,7 @@ def problems(g: Graph) -> list[Problem]:
     has_cycle = _cycle_problems(g, p)
     p += _state_problems(g)
     p += _fused_problems(g, has_cycle)
+    p += turn_problems(g)
     p += _colocation_problems(g)
     p += _sharing_problems(g)
     p += _param_problems(g)

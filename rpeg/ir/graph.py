@@ -31,6 +31,7 @@ class StageKind(StrEnum):
     train_actor = "train_actor"
     train_critic = "train_critic"
     sync_weights = "sync_weights"
+    env = "env"  # multi-turn: the environment's steps between the model's turns
 
 
 class Role(StrEnum):
@@ -66,6 +67,8 @@ FIELDS: Mapping[str, str] = {
     "returns": "value targets (GAE returns) for the critic",
     "actor_weights": "the actor's updated weights (input of weight sync)",
     "critic_weights": "the critic's updated weights",
+    "actions": "multi-turn: the model's turns (tool calls, final answer) handed to the environment",
+    "observations": "multi-turn: the environment's observation tokens, input of the next turn",
 }
 
 #: Fields a graph reads from outside by default (the data set).
@@ -83,6 +86,7 @@ KIND_ROLES: Mapping[StageKind, frozenset[Role | None]] = {
     StageKind.train_actor: frozenset({Role.actor}),
     StageKind.train_critic: frozenset({Role.critic}),
     StageKind.sync_weights: frozenset({Role.actor}),
+    StageKind.env: frozenset({None}),
 }
 
 #: The state carrying policy weights from the trainer to generation; its staleness is the
@@ -177,12 +181,17 @@ class Stage:
 
 @dataclass(frozen=True)
 class Edge:
-    """A data edge within a step, derived from fields: ``src`` writes ``field``, ``dst`` reads it."""
+    """A data edge within a step, derived from fields: ``src`` writes ``field``, ``dst`` reads it.
+
+    ``next_turn``: an env stage's output read by a generate stage (multi-turn): it feeds the
+    *next* turn of the same rollout, so it closes the generate <-> env loop inside one
+    execution unit and is no dependency between stages (:meth:`Graph.dag` leaves it out)."""
 
     src: str
     dst: str
     field: str
     granularity: Granularity = Granularity.batch
+    next_turn: bool = False
 
 
 @dataclass(frozen=True)
@@ -291,8 +300,14 @@ class Graph:
                 grp = self.group_of(s.name)
                 if grp is not None and grp.streaming and src in grp.stages:
                     gran = Granularity.sample
-                out.append(Edge(src, s.name, f, gran))
+                turn = s.kind == StageKind.generate and self._by_name[src].kind == StageKind.env
+                out.append(Edge(src, s.name, f, Granularity.sample if turn else gran, turn))
         return tuple(out)
+
+    @functools.cached_property
+    def env_stages(self) -> tuple[Stage, ...]:
+        """The env stages (multi-turn rollouts); empty for a single-turn graph."""
+        return self.stages_of_kind(StageKind.env)
 
     @functools.cached_property
     def roles(self) -> frozenset[Role]:
@@ -328,11 +343,14 @@ class Graph:
         return frozenset({role})
 
     def dag(self) -> nx.DiGraph:
-        """networkx DiGraph of stages (nodes carry ``stage``) and data edges (``fields``)."""
+        """networkx DiGraph of stages (nodes carry ``stage``) and data edges (``fields``);
+        without the next-turn edges (env -> generate), which loop within a rollout."""
         d = nx.DiGraph()
         for s in self.stages:
             d.add_node(s.name, stage=s)
         for e in self.edges:
+            if e.next_turn:
+                continue
             if d.has_edge(e.src, e.dst):
                 d[e.src][e.dst]["fields"].append(e.field)
             else:
@@ -353,6 +371,8 @@ class Graph:
             c.add_node(n)
             key[n] = min(key.get(n, 10**9), self._index[s.name])
         for e in self.edges:
+            if e.next_turn:  # the generate <-> env loop of one rollout unit
+                continue
             a = node_of.get(e.src, ("s", e.src))
             b = node_of.get(e.dst, ("s", e.dst))
             if a != b:

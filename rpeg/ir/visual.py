@@ -28,11 +28,23 @@ def _role(r: Role | None) -> str:
 
 
 def _grouped_edges(g: Graph) -> list[tuple[str, str, list[str], Granularity]]:
+    """Data edges grouped per (src, dst); without the next-turn edges (:func:`_turn_edges`)."""
     out: dict[tuple[str, str], tuple[list[str], Granularity]] = {}
     for e in g.edges:
+        if e.next_turn:
+            continue
         fields, gran = out.setdefault((e.src, e.dst), ([], e.granularity))
         fields.append(e.field)
     return [(s, d, f, gr) for (s, d), (f, gr) in out.items()]
+
+
+def _turn_edges(g: Graph) -> list[tuple[str, str, list[str]]]:
+    """(env stage, generate stage, fields) of the loops of multi-turn rollouts."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for e in g.edges:
+        if e.next_turn:
+            out.setdefault((e.src, e.dst), []).append(e.field)
+    return [(s, d, f) for (s, d), f in out.items()]
 
 
 def _node_groups(g: Graph) -> tuple[list[tuple[FusedGroup, list[Stage]]], list[Stage]]:
@@ -85,6 +97,11 @@ def to_dot(g: Graph) -> str:
             attrs.append("penwidth=2.5")
             attrs[0] = f"label={_q(', '.join(fields) + ' (per sample)')}"
         lines.append(f"  {_q(src)} -> {_q(dst)} [{', '.join(attrs)}];")
+    for src, dst, fields in _turn_edges(g):
+        label = _q(", ".join(fields) + " (next turn)")
+        lines.append(
+            f"  {_q(src)} -> {_q(dst)} [style=dashed, constraint=false, penwidth=2.5, label={label}];"
+        )
     for e in g.state_edges:
         color = "#d62828" if e.state == WEIGHTS_STATE else "#6c757d"
         lines.append(
@@ -131,6 +148,8 @@ def to_mermaid(g: Graph) -> str:
     for src, dst, fields, gran in _grouped_edges(g):
         arrow = "==>" if gran == Granularity.sample else "-->"
         lines.append(f"  {_mid(src)} {arrow}|{', '.join(fields)}| {_mid(dst)}")
+    for src, dst, fields in _turn_edges(g):
+        lines.append(f"  {_mid(src)} -.->|{', '.join(fields)} next turn| {_mid(dst)}")
     for e in g.state_edges:
         lines.append(f"  {_mid(e.src)} -.->|{e.state} k={e.staleness}| {_mid(e.dst)}")
     return "\n".join(lines) + "\n"

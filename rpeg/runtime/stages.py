@@ -284,7 +284,17 @@ STAGE_KINDS = (
     "advantage",
     "train_actor",
     "train_critic",
+    "env",
 )
+
+
+def env_span(gen_end: float, metrics: Metrics) -> tuple[str, float, float]:
+    """The timeline span of a multi-turn unit's ``env`` stage: the rollout ran the
+    environment's calls between generate's turns and measured their time (``env_s``); the
+    span is that much time ending where generate's ended (how long, not when: the calls
+    interleave with the turns)."""
+    env_s = float(metrics.get("env_s", 0.0))
+    return ("env", gen_end - env_s, gen_end)
 
 
 def run_generate_chunks(
@@ -345,6 +355,8 @@ def run_stage(
         )
     if batch is None:
         raise ValueError(f"stage {kind!r} needs a batch (run generate first)")
+    if kind == "env":  # multi-turn: the rollout ran the environment between generate's turns
+        return batch, {}
     if kind == "reward":
         batch, m = reward_stage(
             batch,

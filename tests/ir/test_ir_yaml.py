@@ -40,6 +40,7 @@ def graphs(draw) -> Graph:
         "use_reference": draw(st.booleans()),
         "reward": draw(st.sampled_from(["rule", "model"])),
         "clip_low": draw(st.floats(0.01, 0.5, allow_nan=False)),
+        "multiturn": draw(st.booleans()),  # the env stage (docs/ir.md "Multi-turn: the env stage")
     }
     g = build(name, **opts)
     if draw(st.booleans()):

@@ -356,6 +356,9 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
                 from rpeg.runtime.actors.weight_sync import refresh_lagging_engine
 
                 m.update(refresh_lagging_engine(self.actor, self.residency, self.k))
+            elif kind == StageKind.env and spans:  # ran inside generate's turns: env_s
+                spans.append(S.env_span(spans[-1][2], m))
+                continue
             else:
                 batch, sm = S.run_stage(
                     kind, ctx, batch, examples=examples, seed=seed, first_row=first_row
