@@ -33,6 +33,11 @@ GPU_MEAN_PROMPT_TOKENS = 150.0
 #: (rpeg.compile.sources.default_plan) passes the workload's value to its forward units.
 UNIT_MICRO_BATCH_SIZE = 1
 
+# multi-turn rollouts: what the performance model assumes where task.multiturn does not say
+# (rpeg.perf.turns.Turns; docs/multiturn.md "Pricing")
+ENV_LATENCY_S = 0.01  # seconds per environment call: a local tool (measure yours: env_s)
+MEAN_OBSERVATION_TOKENS = 16.0  # tokens an environment step appends (the calculator's ~19)
+
 # algorithm (rpeg.config.AlgorithmConfig; the IR recipes' Knobs)
 KL_COEF = 0.0  # no KL penalty until asked for
 LR = 1e-4

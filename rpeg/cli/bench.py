@@ -68,7 +68,7 @@ def bench(
     if skip >= steps:
         raise ConfigError([Problem("--skip", f"{skip} leaves no step of --steps {steps}")])
     cfg = _config_for(plan)
-    wl = Workload.from_config(cfg.workload)
+    wl = Workload.from_config(cfg.workload, multiturn=cfg.task.multiturn)
     graph, chosen = resolve(None, cfg)
     plans = {"chosen": (chosen, graph, "the plan given")}
     if baselines:

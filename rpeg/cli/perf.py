@@ -109,7 +109,7 @@ def predict(
     from rpeg.perf.interval import Unknowns, predict_interval
     from rpeg.perf.systems import normalise, system_params, widen
 
-    wl = Workload.from_config(cfg.workload, cfg.model.lora)
+    wl = Workload.from_config(cfg.workload, cfg.model.lora, cfg.task.multiturn)
     sysname = normalise(system) or "rpeg"
     params = None if sysname == "rpeg" else system_params(sysname)
     calib = DEFAULT if params is None else params.calibration(SHIPPED)
@@ -348,7 +348,7 @@ def calibrate_run(
 
     cfg = load_config(str(config))
     graph, plan = resolve(None, cfg)
-    wl = Workload.from_config(cfg.workload, cfg.model.lora)
+    wl = Workload.from_config(cfg.workload, cfg.model.lora, cfg.task.multiturn)
     measured = fit.read_run(run_dir, skip=skip)
     values, lines = fit.fit(fit.predictor(graph, plan, wl, measured), measured)
     at = fit.measured_workload(wl, measured)

@@ -151,6 +151,31 @@ class MultiTurnConfig(Section):
     max_turn_tokens: int = Field(32, ge=1, description="generated tokens per turn, at most")
     env_timeout_s: float = Field(5.0, gt=0.0, description="limit per environment call")
     env_concurrency: int = Field(8, ge=1, description="environment calls at once, at most")
+    # what the performance model prices (rpeg.perf.turns; docs/multiturn.md "Pricing")
+    env_latency_s: float = Field(
+        defaults.ENV_LATENCY_S, ge=0.0, description="planning: seconds per environment call"
+    )
+    mean_turns: float | None = Field(
+        None, ge=1.0, description="planning: mean model turns per sample; None = max_turns"
+    )
+    mean_turn_tokens: float | None = Field(
+        None, gt=0.0, description="planning: mean generated tokens per turn; None = a prior"
+    )
+    observation_tokens: float = Field(
+        defaults.MEAN_OBSERVATION_TOKENS, ge=0.0, description="planning: tokens per observation"
+    )
+
+    @model_validator(mode="after")
+    def _planning_means_within_caps(self) -> MultiTurnConfig:
+        if self.mean_turns is not None and self.mean_turns > self.max_turns:
+            raise ValueError(f"mean_turns={self.mean_turns} exceeds max_turns={self.max_turns}")
+        if self.mean_turn_tokens is not None and self.mean_turn_tokens > self.max_turn_tokens:
+            raise ValueError(
+                f"mean_turn_tokens={self.mean_turn_tokens} exceeds "
+                f"max_turn_tokens={self.max_turn_tokens}"
+            )
+        return self
+
     warmup_tool_share: float = Field(
         0.5, ge=0.0, le=1.0, description="tool_arithmetic: share of warm-up transcripts with a call"
     )
@@ -236,8 +261,9 @@ class TaskConfig(Section):
     multiturn: MultiTurnConfig = Field(
         default_factory=MultiTurnConfig,
         description="multi-turn rollouts with tools: env, tools, max_turns, max_turn_tokens, "
-        "env_timeout_s, env_concurrency, warmup_tool_share, chat_template, observation_role "
-        "(docs/multiturn.md)",
+        "env_timeout_s, env_concurrency, warmup_tool_share, chat_template, observation_role; "
+        "for the performance model: env_latency_s, mean_turns, mean_turn_tokens, "
+        "observation_tokens (docs/multiturn.md)",
     )
 
     @model_validator(mode="after")

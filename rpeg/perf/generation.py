@@ -12,6 +12,17 @@ from rpeg.plan.schema import InfeasiblePlan, UnitPlan, format_devices
 
 
 # --- generation -------------------------------------------------------------------------
+def prefill_time(
+    c: UnitContext, u: UnitPlan, tokens: float, seq_sq: float, extra_flops: float = 0.0
+) -> tuple[float, float]:
+    """(seconds, FLOPs) of one replica's compute-bound prefill of ``tokens`` tokens whose
+    attention spans ``seq_sq`` (the sum of squared context lengths), plus ``extra_flops``."""
+    m = c.model
+    flops = costs.forward_flops(m, tokens, seq_sq) / (u.tp * u.pp) + extra_flops
+    gemm = 2.0 * min(tokens, 8192) * m.hidden * max(m.ffn_hidden, m.attn_width) / u.tp
+    return flops / (c.peak_flops * c.gpu.matmul_eff(gemm) * c.calib.train_eff_factor), flops
+
+
 def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: bool) -> StageCost:
     m, gpu, cal = c.model, c.gpu, c.calib
     tp, pp = u.tp, u.pp
@@ -70,11 +81,8 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
 
     t = fl = by = comm = 0.0
     # prefill of all prompts (compute-bound)
-    pf_tokens = S * c.P
-    pf_flops = costs.forward_flops(m, pf_tokens, S * c.P * c.P) / replica
-    pf_flops += c.vision_fwd_flops / c.N * S / replica  # the vision tower on S samples' images
-    gemm = 2.0 * min(pf_tokens, 8192) * m.hidden * max(m.ffn_hidden, m.attn_width) / tp
-    t_pf = pf_flops / (c.peak_flops * gpu.matmul_eff(gemm) * cal.train_eff_factor)
+    vision = c.vision_fwd_flops / c.N * S / replica  # the vision tower on S samples' images
+    t_pf, pf_flops = prefill_time(c, u, S * c.P, S * c.P * c.P, vision)
     t += t_pf
     fl += pf_flops
     if throughput_mode:
@@ -136,7 +144,11 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
     sc.hbm_bytes = by * replica * replicas
     sc.comm_s = {level: comm} if comm else {}
     sc.detail.update(
-        prefill_s=t_pf, kv_capacity_tokens=kv_tokens, replicas=replicas, seqs_per_replica=S
+        prefill_s=t_pf,
+        prefill_flops=pf_flops,
+        kv_capacity_tokens=kv_tokens,
+        replicas=replicas,
+        seqs_per_replica=S,
     )
     return sc
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpeg.perf.timeline import TimelineRecord
+from rpeg.perf.turns import Turns
 
 GB = 1e9
 
@@ -37,11 +38,16 @@ class Workload:
     # (rpeg.perf.lora: the trainer holds gradients and optimizer state of the adapters only)
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] = ()
+    # multi-turn rollouts (task.multiturn with an env): priced turn by turn (rpeg.perf.turns);
+    # None = single turn
+    turns: Turns | None = None
 
     @classmethod
-    def from_config(cls, w: Any, lora: Any = None) -> Workload:
-        """``w``: a WorkloadConfig; ``lora``: the run's model.lora section (or None)."""
+    def from_config(cls, w: Any, lora: Any = None, multiturn: Any = None) -> Workload:
+        """``w``: a WorkloadConfig; ``lora``: the run's model.lora section (or None);
+        ``multiturn``: the run's task.multiturn (single turn when its ``env`` is None)."""
         return cls(
+            turns=turns_from_config(multiturn),
             lora_rank=None if lora is None else lora.rank,
             lora_targets=() if lora is None else tuple(lora.target_modules),
             num_prompts=w.num_prompts,
@@ -57,6 +63,21 @@ class Workload:
     @property
     def samples(self) -> int:
         return self.num_prompts * self.samples_per_prompt
+
+
+def turns_from_config(mt: Any) -> Turns | None:
+    """The :class:`Turns` of a task.multiturn section (None: no environment, one turn)."""
+    if mt is None or not mt.env:
+        return None
+    return Turns(
+        max_turns=mt.max_turns,
+        max_turn_tokens=mt.max_turn_tokens,
+        env_concurrency=mt.env_concurrency,
+        mean_turns=mt.mean_turns,
+        mean_turn_tokens=mt.mean_turn_tokens,
+        observation_tokens=mt.observation_tokens,
+        env_latency_s=mt.env_latency_s,
+    )
 
 
 # --- outputs ----------------------------------------------------------------------------

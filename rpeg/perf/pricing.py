@@ -15,6 +15,7 @@ from rpeg.perf.prediction import GB, StageCost, StepPrediction, Workload
 from rpeg.perf.schedule import record, streamed
 from rpeg.perf.time_sharing import time_shared
 from rpeg.perf.timeline import TimelineRecord
+from rpeg.perf.turn_pricing import ENV_KIND, env_cost, multiturn_generation_cost
 from rpeg.perf.units import (
     FWD_KINDS,
     GEN_KIND,
@@ -65,8 +66,12 @@ def _price_unit(
     shared_ac = info["shared_ac"]
     parts: list[StageCost] = []
     for sname, kind, role in members:
-        if kind == GEN_KIND:
+        if kind == GEN_KIND and c.wl.turns is not None:  # multi-turn: turn by turn
+            parts.append(multiturn_generation_cost(c, u, sname, throughput_mode))
+        elif kind == GEN_KIND:
             parts.append(generation_cost(c, u, sname, throughput_mode))
+        elif kind == ENV_KIND:  # the environment's calls between the turns
+            parts.append(env_cost(c, u, sname))
         elif kind in TRAIN_KINDS:
             sc = pass_cost(c, u, sname, kind, train=True)
             if shared_ac and kind == "train_actor":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpeg.perf import costs
+from rpeg.perf import costs, turns
 from rpeg.perf.calibration import Calibration
 from rpeg.perf.lengths import LengthDist, prior_mean
 from rpeg.perf.lora import adapter_memory, trainable_params
@@ -127,6 +127,10 @@ class UnitContext:
         self.assumptions: list[str] = []
         cap = float(wl.max_response_tokens)
         mean = wl.mean_response_tokens
+        if wl.turns is not None:  # multi-turn: the transcript's turns and observations
+            tkind = wl.response_kind or model.kind
+            self.assumptions.extend(turns.assumptions(wl.turns, tkind, calib))
+            mean = turns.transcript_mean(wl.turns, tkind, calib, cap) if mean is None else mean
         if mean is None:
             kind = wl.response_kind or model.kind
             mean = prior_mean(kind, cap, calib)

@@ -93,6 +93,8 @@ def problem_from_config(config: Any) -> PlanProblem:
         "use_reference": config.algorithm.use_reference,
         "group_size": config.workload.samples_per_prompt,
     }
+    if config.task.multiturn.env:  # the env stage (rpeg.compile.graph_from_config does too)
+        opts["multiturn"] = True
     base = build(algo, **opts)
     return PlanProblem(
         algorithm=algo,
@@ -100,7 +102,8 @@ def problem_from_config(config: Any) -> PlanProblem:
         base=base,
         model=model,
         cluster=cl,
-        workload=Workload.from_config(config.workload, config.model.lora),  # LoRA: perf.lora
+        # LoRA: perf.lora; multi-turn: perf.turns
+        workload=Workload.from_config(config.workload, config.model.lora, config.task.multiturn),
         num_devices=n,
         max_staleness=config.runtime.max_staleness,
     )

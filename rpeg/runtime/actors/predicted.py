@@ -35,14 +35,14 @@ def prediction(config: Any) -> Any:
     it: the run goes on; what needs the figure says it has none)."""
     try:
         from rpeg.compile import resolve
-        from rpeg.perf import Workload, predict_plan
+        from rpeg.perf import Workload, predict
         from rpeg.specs.hf import priced_model
 
-        _, plan = resolve(None, config)
-        wl = Workload.from_config(config.workload, config.model.lora)
+        graph, plan = resolve(None, config)  # the run's graph (a multi-turn run's env stage)
+        wl = Workload.from_config(config.workload, config.model.lora, config.task.multiturn)
         # the run's model (model.path's config.json, else model.name), not the plan's default
         model = priced_model(config.model)
-        return predict_plan(plan, wl, algorithm=config.algorithm, model=model)
+        return predict(graph, plan, wl, model=model)
     except Exception as exc:  # noqa: BLE001 - a figure for messages and timeouts, not the run
         log.warning("no prediction for this run's plan (%s)", exc)
         return None
