@@ -234,6 +234,10 @@ def _finish(
         resumed_at=resumed_at,
     )
     summary.update(run.summary_extras(hist))
+    # lost workers this call recovered from, and the samples they made it generate again
+    # (begun before the loss, not in the checkpoint: rpeg.runtime.actors.regeneration)
+    summary["recoveries"] = sched.recoveries
+    summary["regenerated_samples"] = sched.regenerated_samples
     now = {
         "records": [r.to_dict() for r in run.timeline.records],
         "step_offsets_s": {str(k): v for k, v in run.timeline.step_offsets().items()},

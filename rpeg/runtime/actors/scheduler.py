@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from rpeg.runtime.actors import staleness as st
+from rpeg.runtime.actors.regeneration import begun_samples, regenerated
 from rpeg.runtime.actors.scheduler_invariants import SchedulerInvariants
 from rpeg.runtime.actors.step_messages import (
     BatchTaken,
@@ -110,6 +111,7 @@ class StepScheduler(SchedulerInvariants):
         # --- per-process state
         self.phase = "new"  # new starting step checkpoint recovering finishing done failed
         self.recoveries = 0
+        self.regenerated_samples, self._begun = 0, frozenset[int]()  # see .regeneration
         self.in_flight: dict[tuple, Any] = {}
         self.done: set[str] = set()  # units (and "take") of the current step that finished
         self.parts: dict[str, dict[str, float]] = {}
@@ -184,6 +186,8 @@ class StepScheduler(SchedulerInvariants):
         if fresh and self.phase != "new":
             raise SchedulerError(f"Start while {self.phase}")
         if state is not None:
+            if not fresh:  # a recovery: what it generates again (rpeg.runtime.actors.regeneration)
+                self.regenerated_samples += regenerated(self._begun, state, self.B)
             self.load_state_dict(state)
         self.in_flight.clear()
         self.phase = "starting"
@@ -345,6 +349,7 @@ class StepScheduler(SchedulerInvariants):
         what = _describe(ev.instruction)
         if self.checkpoint_every and self.recoveries < self.max_recoveries:
             self.recoveries += 1
+            self._begun = begun_samples(self)
             self.phase = "recovering"
             self.in_flight.clear()
             return [Recover(f"{what}: worker lost ({_err(ev.error)})")]

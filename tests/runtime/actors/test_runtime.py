@@ -67,6 +67,9 @@ def test_sync_run_reproduces_the_single_process_trainer(
         "actor_to_actor_bytes_per_step",
         "weight_sync_bytes",
         "weight_sync_s",
+        # lost workers recovered from and the samples that made it generate again (faults.md)
+        "recoveries",
+        "regenerated_samples",
     }
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     # both runtimes: ``step`` an integer counted as the console counts (1-based)

@@ -288,6 +288,38 @@ def test_a_lost_rollout_is_regenerated_with_the_same_version():
     assert history(sim.s) == history(ref.s)
 
 
+@pytest.mark.parametrize(
+    "case,step,lost",
+    [
+        # k=1, B=8: lost in step 3's first unit; slot 4 was produced after the take (fifo),
+        # the step-3 checkpoint holds steps 0-2 trained and slot 3 in its buffer: slot 4 again
+        (K1, 3, lambda i: isinstance(i, M.RunUnit)),
+        # k=1: the generator lost mid-rollout of slot 4 (a multi-turn sample between turns)
+        (K1, 4, lambda i: isinstance(i, M.Rollout)),
+        # k=0: step 3 generates inside the step; the checkpoint holds steps 0-2: step 3 again
+        (SYNC_DP, 3, lambda i: isinstance(i, M.RunUnit) and i.unit == "train_actor"),
+    ],
+)
+def test_a_recovery_counts_the_samples_it_generates_again(case, step, lost):
+    sim = Sim(make(case, 5, checkpoint_every=1, max_recoveries=1), "fifo")
+    fail, fired = _lose_at(step, lost)
+    _recover_loop(sim, fail)
+    assert fired and isinstance(sim.outcome, M.Finish)
+    assert sim.s.regenerated_samples == 8  # one slot of B = 8 samples
+    ref = Sim(make(case, 5, checkpoint_every=1, max_recoveries=1), "fifo")
+    ref.run()
+    assert ref.s.regenerated_samples == 0
+
+
+def test_a_lost_checkpoint_write_regenerates_the_step_it_would_have_kept():
+    # k=0: the step-4 checkpoint never commits; back to step 3's: step 3's 8 samples again
+    sim = Sim(make(SYNC_DP, 5, checkpoint_every=1, max_recoveries=1), "fifo")
+    fail, fired = _lose_at(None, lambda i: isinstance(i, M.Checkpoint) and i.step_done == 4)
+    _recover_loop(sim, fail)
+    assert fired and isinstance(sim.outcome, M.Finish)
+    assert sim.s.regenerated_samples == 8
+
+
 def test_results_of_abandoned_work_are_ignored_while_recovering():
     sim = Sim(make(K1, 4, checkpoint_every=1, max_recoveries=1), "fifo")
     sim.feed(M.Start())
