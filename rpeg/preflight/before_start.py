@@ -102,7 +102,7 @@ def preflight(
                 problems += check_plan_devices(config, compiled, views, per_worker=False)
     from rpeg.preflight.lora import check_lora
 
-    problems += check_lora(config, compiled)  # model.lora: targets, no tp (docs/lora.md)
+    problems += check_lora(config, compiled)  # model.lora: its targets (docs/lora.md)
     if problems:
         raise ConfigError(problems, title="run refused before anything started")
     return compiled

@@ -1,6 +1,7 @@
 """``model.lora`` checked before anything starts (docs/lora.md): the target modules against a
-model folder's architecture (built on the meta device: no weights read), and the compiled
-plan's layouts (LoRA with tensor parallelism in a group that trains the actor is refused)."""
+model folder's architecture (built on the meta device: no weights read). Every layout of the
+compiled plan is accepted: FSDP and data parallelism wrap the injected model as any model,
+tensor parallelism splits the adapters with their targets (rpeg.runtime.lora_tp)."""
 
 from __future__ import annotations
 
@@ -11,23 +12,12 @@ from rpeg.errors import Problem
 
 
 def check_lora(config: RunConfig, compiled: Any = None) -> list[Problem]:
+    """Problems of ``model.lora`` (none without it); ``compiled``: the compiled plan, whose
+    layouts need no check since LoRA runs at every tp, dp and FSDP layout the plan allows."""
     lora = config.model.lora
-    if lora is None:
+    if lora is None or not config.model.path:
         return []
-    out: list[Problem] = []
-    if config.model.path:
-        out += _target_problems(config.model.path, lora.target_modules)
-    for g in getattr(compiled, "actor_groups", ()) or ():
-        if "actor" in g.trainable and g.tp > 1:
-            out.append(
-                Problem(
-                    "model.lora",
-                    f"LoRA with tensor parallelism is not supported: group {g.name} trains the "
-                    f"actor at tp={g.tp}; plan the trainer with tp 1 (FSDP or data-parallel "
-                    "replicas) or drop model.lora",
-                )
-            )
-    return out
+    return _target_problems(config.model.path, lora.target_modules)
 
 
 def _target_problems(path: str, targets: list[str]) -> list[Problem]:

@@ -11,6 +11,9 @@ over the parameters that require gradients) holds the adapters only. What leaves
   its source on resume, as the frozen reference is);
 * ``rpeg export``: peft's adapter folder and the merged model (rpeg.runtime.export).
 
+Under tensor parallelism the adapters are split with their targets (rpeg.runtime.lora_tp);
+the merged weights and the adapter state gather them as they gather the base (``_full``).
+
 The reference of a LoRA run is the base model: a separate frozen copy taken before the adapters
 are injected (equal to the LoRA model with its adapters disabled, :func:`adapters_disabled`).
 """
@@ -229,22 +232,6 @@ def strip_adapters(model: nn.Module) -> nn.Module:
         setattr(parent, child, layer.get_base_layer())
     model.requires_grad_(True)
     return model
-
-
-def refuse_tensor_parallel(model: nn.Module, tp: int) -> None:
-    """LoRA with tensor parallelism is refused: the TP plan names the base Linear layers,
-    which peft wraps (``q_proj`` becomes a LoRA layer holding ``q_proj.base_layer``)."""
-    if tp > 1 and has_lora(model):
-        raise ConfigError(
-            [
-                Problem(
-                    "model.lora",
-                    f"LoRA with tensor parallelism (tp={tp}) is not supported: train with "
-                    "tp 1 (FSDP or data parallelism shard the adapters' model) or drop "
-                    "model.lora",
-                )
-            ]
-        )
 
 
 def param_counts(model: nn.Module) -> tuple[int, int]:

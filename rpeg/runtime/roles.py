@@ -138,10 +138,9 @@ class PolicyWorker:
         ``gen_layout`` (the plan's generation tp, over ``gen_mesh``) -- on its own copy at that
         layout, refreshed by weight sync; a private engine copy (bounded staleness) is sharded
         at the generation layout too."""
-        from rpeg.runtime.lora import base_copy, refuse_tensor_parallel
+        from rpeg.runtime.lora import base_copy
         from rpeg.runtime.sharding import shard_roles
 
-        refuse_tensor_parallel(self.lm, layout.tp)  # a generator's own copy has no adapters
         gen_layout = gen_layout or layout
         gen_mesh = gen_mesh if gen_mesh is not None else mesh
         eng = self.engine

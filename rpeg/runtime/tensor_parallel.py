@@ -165,11 +165,12 @@ class CopyToTPHook:
 
 def copy_once_after(norm: nn.Module, consumers: list[nn.Module]) -> None:
     """Let ``norm``'s output be the one copy into the tp region for ``consumers`` (column-wise
-    linears that read only that output)."""
-    if not consumers or not all(isinstance(c, ColwiseLinear) for c in consumers):
+    linears that read only that output, or LoRA layers over them: their ``base_layer``)."""
+    linears = [getattr(c, "base_layer", c) for c in consumers]
+    if not linears or not all(isinstance(c, ColwiseLinear) for c in linears):
         raise TypeError("copy_once_after needs column-wise linears (shard_linear them first)")
-    norm.register_forward_hook(CopyToTPHook(consumers[0]))
-    for c in consumers:
+    norm.register_forward_hook(CopyToTPHook(linears[0]))
+    for c in linears:
         c.input_copied = True
 
 
@@ -241,13 +242,21 @@ def decoder_layers(module: nn.Module) -> list[nn.Module]:
 def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
     """Split every decoder block of ``module`` over the 1-D ``tp_mesh`` (in place): the
     :data:`TP_PLAN` linears become :mod:`rpeg.runtime.tensor_parallel` column/row-wise
-    linears (DTensor parameters, plain activations)."""
+    linears (DTensor parameters, plain activations); a peft LoRA layer on one of them is
+    split with it (:func:`rpeg.runtime.lora_tp.shard_lora_linear`)."""
     if tp_mesh.size() == 1:
         return
-    for layer in decoder_layers(module):
+    for i, layer in enumerate(decoder_layers(module)):
         for name, style in TP_PLAN.items():
-            if _has(layer, name):
-                shard_linear(layer.get_submodule(name), style, tp_mesh)
+            if not _has(layer, name):
+                continue
+            target = layer.get_submodule(name)
+            if hasattr(target, "base_layer") and hasattr(target, "lora_A"):  # peft LoRA
+                from rpeg.runtime.lora_tp import shard_lora_linear
+
+                shard_lora_linear(target, style, tp_mesh, where=f"layers.{i}.{name}")
+            else:
+                shard_linear(target, style, tp_mesh)
         for norm, consumers in TP_SHARED_INPUTS.items():
             if _has(layer, norm) and all(_has(layer, c) for c in consumers):
                 copy_once_after(

@@ -1,6 +1,6 @@
 """LoRA on the policy (model.lora, rpeg.runtime.lora): adapter counts, only adapters in the
 optimizer and the checkpoint, merged weights for weight sync, the reference as the base, and
-the refusals (bad values, unknown target modules, tensor parallelism)."""
+the refusals (bad values, unknown target modules). Tensor parallelism: test_lora_tp.py."""
 
 import copy
 
@@ -162,24 +162,6 @@ def test_checkpoint_holds_only_adapters_and_resumes(tiny):
 
 
 # ------------------------------------------------------------------------------ layouts
-def test_tensor_parallel_is_refused_by_name(tiny):
-    m, _ = _lora(tiny)
-    with pytest.raises(ConfigError, match=r"model\.lora.*tensor parallelism \(tp=2\)"):
-        L.refuse_tensor_parallel(m, 2)
-    L.refuse_tensor_parallel(m, 1)  # tp 1: fine
-    L.refuse_tensor_parallel(tiny[0], 2)  # no adapters: not this check's business
-
-
-def test_tensor_parallel_layout_is_refused_before_sharding(tiny):
-    from rpeg.runtime.mesh import Layout
-    from rpeg.runtime.parallel import LOCAL
-
-    m, tok = _lora(tiny)
-    w = PolicyWorker(m, tok)
-    with pytest.raises(ConfigError, match=r"model\.lora.*tp=2"):
-        w.apply_layout(Layout(dp=1, tp=2), None, LOCAL)  # refused before any mesh is used
-
-
 @pytest.mark.slow  # two spawned ranks: ~10 s on 2 cores
 def test_fsdp_dp2_lora_equals_single_process():
     """FSDP wraps the injected model: one step at dp=2 gives the single-process merged
@@ -237,9 +219,10 @@ def test_resume_with_another_lora_setting_is_refused():
         assert p.where == "model" and "policy lora=" in p.what
 
 
-def test_preflight_refuses_lora_with_a_tp_trainer_and_unknown_targets(tmp_path, tiny):
-    """Before anything starts: a plan whose actor-training group has tp=2, and a model
-    folder (its config.json only, built on the meta device) without the named Linear."""
+def test_preflight_accepts_every_layout_and_refuses_unknown_targets(tmp_path, tiny):
+    """Before anything starts: a plan whose actor-training group has tp=2 is accepted (the
+    adapters are split with their targets, rpeg.runtime.lora_tp); a model folder (its
+    config.json only, built on the meta device) without the named Linear is refused."""
     from types import SimpleNamespace
 
     from rpeg.compile import GroupSpec
@@ -248,11 +231,7 @@ def test_preflight_refuses_lora_with_a_tp_trainer_and_unknown_targets(tmp_path, 
     cfg = RunConfig.from_yaml("model: {lora: {rank: 4}}")
     tp2 = GroupSpec("g0", (0, 1), 2, ("actor",), ("actor",), (), dp=1, tp=2)
     dp2 = GroupSpec("g1", (0, 1), 2, ("actor",), ("actor",), (), dp=2, tp=1)
-    gen = GroupSpec("g2", (2, 3), 2, ("actor",), (), (), dp=1, tp=2)  # generates only
-    (p,) = check_lora(cfg, SimpleNamespace(actor_groups=(tp2, dp2, gen)))
-    assert p.where == "model.lora" and "group g0 trains the actor at tp=2" in p.what
-    assert check_lora(cfg, SimpleNamespace(actor_groups=(dp2, gen))) == []
-    assert check_lora(RunConfig(), SimpleNamespace(actor_groups=(tp2,))) == []  # no LoRA
+    assert check_lora(cfg, SimpleNamespace(actor_groups=(tp2, dp2))) == []
     folder = tmp_path / "m"
     tiny[0].config.save_pretrained(folder)
     bad = RunConfig.from_yaml(

@@ -1,0 +1,175 @@
+"""LoRA adapters under tensor parallelism (``model.lora`` at tp > 1; docs/lora.md "Tensor
+parallelism").
+
+A peft LoRA layer on a split target (:data:`rpeg.runtime.tensor_parallel.TP_PLAN`) is split
+with it, Megatron-style (the split peft's ``LoraParallelLinear`` gives Megatron-LM's parallel
+linears, ``peft/tuners/lora/tp_layer.py``): the adapter factor on the base's split side is
+split the same way, the other factor (``r`` wide: small) is replicated.
+
+* column-wise target (q/k/v, gate/up; base ``W`` ``Shard(0)``, output features local):
+  ``A`` [r, in] ``Replicate()``, ``B`` [out, r] ``Shard(0)``. Each rank computes
+  ``W_i x + s B_i (A x)`` on the replicated input: its local output features.
+* row-wise target (o, down; base ``W`` ``Shard(1)``, input features local, partial outputs
+  summed): ``A`` ``Shard(1)``, ``B`` ``Replicate()``. Each rank computes the partial
+  ``W_i x_i + s B (A_i x_i)`` and ONE sum over tp gives ``W x + s B (A x)`` (``B`` is linear
+  and replicated, so the adapter's term joins the base's sum; no extra collective, forward
+  or decode).
+
+Gradients: the replicated factor's gradient is partial on each rank (the column-wise ``A``
+sees the partial ``B_i^T dy_i``; the row-wise ``B`` sees the partial ``A_i x_i``), so that
+factor's local weight goes through Megatron's ``f`` (:class:`~rpeg.runtime.tensor_parallel.
+_CopyToTP`: identity forward, gradient summed over tp in backward): one all-reduce of ``r x in``
+(or ``out x r``) numbers per replicated factor per backward, after which it is identical on
+every rank as its ``Replicate()`` placement says. The column-wise input gradient stays
+partial on both paths (``W_i^T dy_i + A^T s B_i^T dy_i``) and is summed once, by the norm's
+:class:`~rpeg.runtime.tensor_parallel.CopyToTPHook` or -- for a target no norm hook feeds --
+by this layer's own copy of ``x``, shared by the base and the adapter paths.
+
+Dropout (``model.lora.dropout`` > 0) draws from each rank's generator: the column-wise layer
+drops the replicated input on every rank, the row-wise one its local input features, so the
+masks are not those of one process (equality with one process holds at dropout 0).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from peft.tuners.lora.layer import Linear as PeftLinear
+from torch import nn
+
+from rpeg.runtime.tensor_parallel import (
+    STYLES,
+    _CopyToTP,
+    _local,
+    _shard,
+    _SumOverTP,
+    _tp_group,
+    shard_linear,
+    tp_all_reduce,
+)
+
+#: style -> (A's placement, B's placement) as torch placement names (Shard dim or replicate)
+ADAPTER_PLACEMENTS = {"colwise": ("replicate", "shard0"), "rowwise": ("shard1", "replicate")}
+
+
+def is_lora_layer(module: nn.Module) -> bool:
+    """``module`` is a peft LoRA wrapper (``base_layer`` + ``lora_A``/``lora_B``)."""
+    return isinstance(module, PeftLinear)
+
+
+def _placement(name: str):
+    from torch.distributed.tensor import Replicate, Shard
+
+    return [Replicate()] if name == "replicate" else [Shard(int(name[-1]))]
+
+
+def _refuse(layer: nn.Module, where: str) -> None:
+    """What this split does not do, by name (none of it is reachable from ``model.lora``)."""
+    if type(layer) is not PeftLinear:
+        raise TypeError(
+            f"LoRA under tensor parallelism: {where} is a {type(layer).__name__}; only peft's "
+            "lora.Linear over an nn.Linear is split"
+        )
+    if type(layer.base_layer) is not nn.Linear:
+        raise TypeError(
+            f"LoRA under tensor parallelism: {where}.base_layer is a "
+            f"{type(layer.base_layer).__name__}, not an nn.Linear"
+        )
+    if layer.merged:
+        raise ValueError(f"LoRA under tensor parallelism: {where} has merged adapters")
+    variants = [a for a in layer.lora_A if a in getattr(layer, "lora_variant", {})]
+    biased = [a for a in layer.lora_B if layer.lora_B[a].bias is not None]
+    if variants or biased:
+        raise ValueError(
+            f"LoRA under tensor parallelism: {where} has adapters {variants or biased} with "
+            "DoRA/variants or a lora_B bias; plain LoRA only"
+        )
+
+
+def shard_lora_linear(layer: nn.Module, style: str, tp_mesh, where: str = "layer") -> None:
+    """Split the peft LoRA wrapper ``layer`` (in place) over the 1-D ``tp_mesh``: its base
+    layer as :func:`rpeg.runtime.tensor_parallel.shard_linear` does, each adapter's A and B
+    as DTensors with :data:`ADAPTER_PLACEMENTS` (rank 0's values, scattered), and its class
+    :class:`ColwiseLoraLinear` / :class:`RowwiseLoraLinear`."""
+    from torch.distributed.tensor import distribute_tensor
+
+    if style not in STYLES:
+        raise ValueError(f"tensor-parallel style {style!r}: allowed {', '.join(STYLES)}")
+    _refuse(layer, where)
+    shard_linear(layer.base_layer, style, tp_mesh)
+    a_place, b_place = ADAPTER_PLACEMENTS[style]
+    for mods, place in ((layer.lora_A, a_place), (layer.lora_B, b_place)):
+        for sub in mods.values():
+            p = sub.weight
+            d = distribute_tensor(p.detach(), tp_mesh, _placement(place))
+            sub.register_parameter("weight", nn.Parameter(d, requires_grad=p.requires_grad))
+    layer.__class__ = ColwiseLoraLinear if style == "colwise" else RowwiseLoraLinear
+
+
+def _adapters(layer: PeftLinear) -> list[str]:
+    if layer.disable_adapters:
+        return []
+    return [a for a in layer.active_adapters if a in layer.lora_A]
+
+
+def _weight(p: torch.Tensor, grad: bool, summed: bool) -> torch.Tensor:
+    """The rank's part of a DTensor weight for a local matmul; ``summed``: a replicated factor
+    whose gradient is partial on each rank, summed over tp in backward (Megatron's ``f``)."""
+    if not grad:
+        return _shard(p)
+    w = _local(p)
+    return _CopyToTP.apply(w, _tp_group(p)) if summed and p.requires_grad else w
+
+
+class ColwiseLoraLinear(PeftLinear):
+    """A peft LoRA layer over a :class:`~rpeg.runtime.tensor_parallel.ColwiseLinear`: the
+    local output features ``W_i x + b_i + s B_i (A x)``; A's gradient summed over tp."""
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        base = self.base_layer
+        names = _adapters(self)
+        if not names:
+            return base(x)
+        grad = torch.is_grad_enabled()
+        if grad and not base.input_copied:  # one copy for the base and the adapter paths
+            x = _CopyToTP.apply(x, _tp_group(base.weight))
+        w, b = (
+            (_local(base.weight), _local(base.bias))
+            if grad
+            else (
+                _shard(base.weight),
+                _shard(base.bias),
+            )
+        )
+        y = F.linear(x, w, b)
+        dtype = y.dtype
+        for name in names:
+            a = _weight(self.lora_A[name].weight, grad, summed=True)
+            bb = _weight(self.lora_B[name].weight, grad, summed=False)
+            h = F.linear(self.lora_dropout[name](self._cast_input_dtype(x, a.dtype)), a)
+            y = y + F.linear(h, bb) * self.scaling[name]
+        return y.to(dtype)
+
+
+class RowwiseLoraLinear(PeftLinear):
+    """A peft LoRA layer over a :class:`~rpeg.runtime.tensor_parallel.RowwiseLinear`: the
+    partial ``W_i x_i + s B (A_i x_i)`` summed over tp once, then the bias; B's gradient
+    summed over tp."""
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        base = self.base_layer
+        names = _adapters(self)
+        if not names:
+            return base(x)
+        grad = torch.is_grad_enabled()
+        group = _tp_group(base.weight)
+        y = F.linear(x, _local(base.weight) if grad else _shard(base.weight))
+        for name in names:
+            a = _weight(self.lora_A[name].weight, grad, summed=False)
+            bb = _weight(self.lora_B[name].weight, grad, summed=True)
+            h = F.linear(self.lora_dropout[name](self._cast_input_dtype(x, a.dtype)), a)
+            y = y + (F.linear(h, bb) * self.scaling[name]).to(y.dtype)
+        y = _SumOverTP.apply(y, group) if grad else tp_all_reduce(y, group)
+        if base.bias is None:
+            return y
+        return y + (_local(base.bias) if grad else _shard(base.bias))
