@@ -128,23 +128,23 @@ def multiturn_rollout(
     if chat is not None:
         chat.probe(tok)  # a template that cannot wrap observations: a named error, now
     rep = [ex for ex in examples for _ in range(samples_per_prompt)]
-    if chat is not None:  # the environment's first observation is the last user message
-        rep = [dataclasses.replace(ex, rendered="", messages=(), system_prompt="") for ex in rep]
+    tasks = rep  # what reset sees; with a chat template its answer is the last user message
+    if chat is not None:
+        tasks = [dataclasses.replace(ex, rendered="", messages=(), system_prompt="") for ex in rep]
     envs = [make_env(mt.env, mt.tools, prompt_template) for _ in rep]
     m: Metrics = {}
     te = time.perf_counter()
     firsts = runner.run_all(
-        [functools.partial(_reset_step, e, ex) for e, ex in zip(envs, rep, strict=True)]
+        [functools.partial(_reset_step, e, ex) for e, ex in zip(envs, tasks, strict=True)]
     )
     env_s = time.perf_counter() - te
     texts = [
         o.step.observation if o.step else ex.prompt(prompt_template)
-        for o, ex in zip(firsts, rep, strict=True)
+        for o, ex in zip(firsts, tasks, strict=True)
     ]
     msgs: list[list[dict[str, str]]] = [[] for _ in rep]
-    if chat is not None:
-        rep_full = [ex for ex in examples for _ in range(samples_per_prompt)]
-        msgs = [chat.prompt_messages(ex, t) for ex, t in zip(rep_full, texts, strict=True)]
+    if chat is not None:  # the example's system prompt and earlier messages, then the text
+        msgs = [chat.prompt_messages(ex, t) for ex, t in zip(rep, texts, strict=True)]
         texts = [chat.prompt_text(tok, mm) for mm in msgs]
     rows = [_Row(p, messages=mm) for p, mm in zip(worker.encode_prompts(texts), msgs, strict=True)]
     for r, o in zip(rows, firsts, strict=True):
