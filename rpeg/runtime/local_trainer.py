@@ -34,6 +34,7 @@ from rpeg.runtime.engines.residency import EngineResidency
 from rpeg.runtime.engines.row_sampling import rollout_seed
 from rpeg.runtime.micro_batches import unit_micro_batches
 from rpeg.runtime.role_builder import all_roles, build_roles, greedy_accuracy
+from rpeg.runtime.samples import keep_samples_upto
 
 
 class LocalTrainer:
@@ -152,6 +153,8 @@ class LocalTrainer:
 
             (out / SAMPLES_FILE).unlink(missing_ok=True)
         acc_before = self._restore(store) if (rt.resume or rt.resume_from) else None
+        if acc_before is not None:  # steps after the checkpoint log their samples again
+            keep_samples_upto(out, self.step_index)
         resumed_at = self.step_index  # steps_run: this call's steps (after a resume: fewer)
         if acc_before is None:
             acc_before = self.evaluate()
@@ -176,12 +179,12 @@ class LocalTrainer:
                 fh.flush()
                 watch.check(int(m["step"]) - 1, m)  # after its line: the record shows the step
                 tb.add(self.step_index, m)
+                shown.update(int(m["step"]), m)
+                self._log_samples(int(m["step"]) - 1, out)  # before a checkpoint covers it
                 if store is not None and (
                     self.step_index % rt.checkpoint_every == 0 or self.step_index == steps
                 ):
                     self._save(store, acc_before)
-                shown.update(int(m["step"]), m)
-                self._log_samples(int(m["step"]) - 1, out)
             shown.close()
         tb.close()
         acc_after = self.evaluate()

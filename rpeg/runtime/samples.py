@@ -13,6 +13,7 @@ peers are the same rows, kept once by ``index``).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -101,6 +102,31 @@ def append_samples(out_dir: str | Path, samples: Sequence[Sample]) -> Path:
     with open(path, "a") as fh:
         fh.writelines(json.dumps(asdict(s)) + "\n" for s in samples)
     return path
+
+
+def keep_samples_upto(out_dir: str | Path, steps_done: int) -> int:
+    """A run resumed or recovered from a checkpoint after ``steps_done`` steps logs the
+    later steps again when it recomputes them: their rows from before the interruption are
+    dropped from ``samples.jsonl`` (as ``metrics.jsonl`` replaces their lines), so that
+    every step's rows appear once. Returns how many were dropped; a line that does not
+    parse is kept."""
+    path = Path(out_dir) / SAMPLES_FILE
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    keep = [x for x in lines if not _after(x, steps_done)]
+    if len(keep) < len(lines):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(x + "\n" for x in keep))
+        os.replace(tmp, path)
+    return len(lines) - len(keep)
+
+
+def _after(line: str, steps_done: int) -> bool:
+    try:
+        return int(json.loads(line)["step"]) > steps_done
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def read_samples(path: str | Path) -> list[Sample]:

@@ -30,6 +30,7 @@ from rpeg.runtime.actors.run_data import Payload, RunDataPlane, Streamed
 from rpeg.runtime.actors.unit_call import UnitCall
 from rpeg.runtime.actors.unit_chains import step_chains
 from rpeg.runtime.actors.unit_result import reduce_results
+from rpeg.runtime.samples import keep_samples_upto
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,7 @@ class DistributedRun(RunDataPlane, RunCheckpoints):
         state = self.restore()
         if state is None:  # lost before the first checkpoint committed: start over
             self.cursor.load_state_dict(self._initial_cursor)
+            keep_samples_upto(self.config.runtime.output_dir, 0)
             log.warning("no complete checkpoint yet: the run starts again from step 0")
         return state
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from rpeg.runtime.actors.checkpoint import dumps as checkpoint_dumps
 from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
+from rpeg.runtime.samples import keep_samples_upto
 
 #: a sharded group's shards in a checkpoint's folder: ``<step folder>/<group>.dcp``
 SHARDS_SUFFIX = ".dcp"
@@ -98,6 +99,7 @@ class RunCheckpoints:
                     [self._rank_part(parts, g, r) for r in range(g.world_size)]
                 )
         d = checkpoint_loads(parts["driver.pt"])
+        keep_samples_upto(self.config.runtime.output_dir, int(d["step"]))  # logged again
         self.cursor.load_state_dict(d["cursor"])
         with self._lock:
             self.payloads = {int(s): b for s, b in d["payloads"].items()}

@@ -84,6 +84,16 @@ def _lines(path):
     ]
 
 
+def _logged(path):
+    """samples.jsonl: (step, sample index) of every row."""
+    rows = [json.loads(x) for x in (path / "out" / "samples.jsonl").read_text().splitlines()]
+    return sorted((int(r["step"]), int(r["index"])) for r in rows)
+
+
+#: every step's 8 samples (2 prompts x 4) logged once
+ONCE = [(s, i) for s in range(1, STEPS + 1) for i in range(8)]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, prefect_harness, dask_cluster):
     p = tmp_path_factory.mktemp("full")
@@ -112,6 +122,7 @@ def test_a_multiturn_k1_run_stopped_after_step_n_and_resumed_reaches_the_same_me
     for a, b in zip(full, hist, strict=True):
         _same(a, b)
     assert _lines(tmp_path) == [1, 2, 3]  # no line without a step, none twice
+    assert _logged(tmp_path) == ONCE
     assert res["_extra"]["param_checksums"] == pytest.approx(
         uninterrupted["_extra"]["param_checksums"], rel=1e-6
     )
@@ -148,6 +159,7 @@ def test_a_generator_killed_in_an_env_step_of_turn_2_recovers_to_the_same_metric
     for a, b in zip(full, hist, strict=True):
         _same(a, b)
     assert _lines(tmp_path) == [1, 2, 3]
+    assert _logged(tmp_path) == ONCE
     assert res["_extra"]["param_checksums"] == pytest.approx(
         uninterrupted["_extra"]["param_checksums"], rel=1e-6
     )
@@ -191,6 +203,7 @@ def test_local_k1_run_interrupted_mid_rollout_and_resumed_reaches_the_same_metri
     got = [json.loads(x) for x in (tmp_path / "out/metrics.jsonl").read_text().splitlines()]
     assert res["steps_run"] == 2  # steps 2 and 3: step 1 came from the checkpoint
     assert res["steps"] == STEPS and [h["step"] for h in got] == [1, 2, 3]
+    assert _logged(tmp_path) == ONCE
     for a, b in zip(ref, got, strict=True):
         for k in KEYS:
             assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k, a[k], b[k])
