@@ -43,7 +43,7 @@ from torch import nn
 
 from rpeg.errors import ConfigError
 from rpeg.runtime.mesh import Layout, build_mesh, layout_problems, process_group_backend  # noqa: F401 -- for tests, benchmarks
-from rpeg.runtime.tensor_parallel import apply_tensor_parallel, decoder_layers
+from rpeg.runtime.tensor_parallel import apply_tensor_parallel, decoder_layers, sum_partial_grads
 
 # DTensor warns on every 2-D (dp x tp) norm / gather that it runs one collective per mesh
 # dimension; that is what a 2-D layout costs here, not a problem to report each step
@@ -167,6 +167,7 @@ class Shards:
     layout: Layout
     mesh: Any = None
     replicated: list[nn.Parameter] = field(default_factory=list)
+    tp_split: nn.Module | None = None  # the tp-split LM (its LoRA factors' partial grads)
 
     @property
     def dp_group(self):
@@ -177,7 +178,8 @@ class Shards:
         all-reduce per bucket of about ``bucket_bytes`` (gradients flattened by dtype, all
         buckets in flight at once, then copied back), not one per parameter -- a collective's
         fixed cost (gloo over loopback: ~0.3 ms) paid once per bucket (DDP's bucketing, Li
-        et al. 2020, arXiv:2006.15704)."""
+        et al. 2020, arXiv:2006.15704). First the LoRA tp sums (:attr:`tp_split`)."""
+        sum_partial_grads(self.tp_split)
         if self.layout.dp <= 1 or not self.replicated:
             return
         import torch.distributed as dist
@@ -301,7 +303,7 @@ def shard_roles(
         )
     else:
         replicated = [p for p in module.parameters() if p.requires_grad]
-    return Shards(layout=layout, mesh=mesh, replicated=replicated)
+    return Shards(layout, mesh, replicated, lm if layout.tp > 1 else None)
 
 
 # --- full weights in and out ---------------------------------------------------------------

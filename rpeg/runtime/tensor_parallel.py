@@ -82,6 +82,41 @@ class _CopyToTP(torch.autograd.Function):
         return tp_all_reduce(grad.contiguous().clone(), ctx.group), None
 
 
+#: attribute set on a module whose ``weight`` is replicated over tp while each rank computes
+#: only its share of that weight's gradient (a LoRA factor beside a split one,
+#: rpeg.runtime.lora_tp): the gradients accumulate partial and :func:`sum_partial_grads`
+#: (``Shards.sync_grads``, once per optimizer step) sums them over tp
+PARTIAL_GRAD = "tp_partial_grad"
+
+
+def partial_grad_modules(module: nn.Module) -> list[nn.Module]:
+    """The submodules of ``module`` marked :data:`PARTIAL_GRAD`, in module order."""
+    return [m for m in module.modules() if getattr(m, PARTIAL_GRAD, False)]
+
+
+def sum_partial_grads(module: nn.Module | None) -> None:
+    """Sum the accumulated ``weight`` gradients of ``module``'s :func:`partial_grad_modules`
+    over their tp group, in place: one :func:`tp_all_reduce` of their local shards flattened
+    per (group, dtype), not one per weight per backward. Every rank of the group calls it
+    (``Shards.sync_grads``, before the gradient norm); None: nothing to sum."""
+    if module is None:
+        return
+    buckets: dict[tuple[int, torch.dtype], tuple[Any, list[torch.Tensor]]] = {}
+    for m in partial_grad_modules(module):
+        g = m.weight.grad
+        if g is None:
+            continue
+        group = _tp_group(m.weight)
+        local = _shard(g)
+        buckets.setdefault((id(group), local.dtype), (group, []))[1].append(local)
+    for group, grads in buckets.values():
+        flat = tp_all_reduce(torch.cat([t.reshape(-1) for t in grads]), group)
+        a = 0
+        for t in grads:
+            t.copy_(flat[a : a + t.numel()].view_as(t))
+            a += t.numel()
+
+
 def _local(p: torch.Tensor | None) -> torch.Tensor | None:
     """The rank's shard of a DTensor parameter (differentiable), or a plain tensor as is."""
     from torch.distributed.tensor import DTensor

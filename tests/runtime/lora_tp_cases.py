@@ -52,10 +52,13 @@ def toy():
     return m
 
 
-def toy_run(m) -> dict:
+def toy_run(m, split: bool = False) -> dict:
     """Output without and with autograd; sum(output) backward: x's and the adapters' gradients
-    (full tensors)."""
+    (full tensors); ``split``: also the rank's own share of the replicated factors' gradients
+    before the sum over tp (rpeg.runtime.tensor_parallel.sum_partial_grads)."""
     from torch.distributed.tensor import DTensor
+
+    from rpeg.runtime.tensor_parallel import sum_partial_grads
 
     x = torch.tensor([[1.0, 2.0, 3.0, 4.0]], requires_grad=True)
     with torch.no_grad():
@@ -66,10 +69,15 @@ def toy_run(m) -> dict:
     def full(t):
         return t.full_tensor() if isinstance(t, DTensor) else t
 
+    partial = {}
+    if split:
+        partial = {n: p.grad.to_local().clone() for n, p in m.named_parameters() if ".lora_" in n}
+        sum_partial_grads(m)
     return {
         "y_nograd": y0,
         "y": y.detach(),
         "x_grad": x.grad,
+        "partial": partial,
         "grads": {n: full(p.grad) for n, p in m.named_parameters() if ".lora_" in n},
         "placements": {
             n: str(p.placements) for n, p in m.named_parameters() if isinstance(p, DTensor)
@@ -83,7 +91,7 @@ def toy_case(mesh) -> dict:
     m = toy()
     shard_lora_linear(m.q_proj, "colwise", mesh["tp"])
     shard_lora_linear(m.o_proj, "rowwise", mesh["tp"])
-    return toy_run(m)
+    return toy_run(m, split=True)
 
 
 # --- a LoRA policy ----------------------------------------------------------------------------
@@ -104,8 +112,9 @@ def lora_policy(cfg, lora=None):
 
 
 def adapter_grads(w) -> tuple[torch.Tensor, dict]:
-    """Logits of :data:`IDS` and, after one backward of a log-likelihood loss over them, the
-    adapters' gradients (full tensors); the gradients are cleared afterwards."""
+    """Logits of :data:`IDS` and, after one backward of a log-likelihood loss over them and the
+    gradient sync the trainer runs before its norm (tp sums, dp average), the adapters'
+    gradients (full tensors); the gradients are cleared afterwards."""
     from torch.distributed.tensor import DTensor
 
     ids = torch.tensor(IDS)
@@ -113,6 +122,8 @@ def adapter_grads(w) -> tuple[torch.Tensor, dict]:
     lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])
     loss = -lp.mean()
     loss.backward()
+    if w.shards is not None:
+        w.shards.sync_grads()
     grads = {}
     for n, p in w.lm.named_parameters():
         if p.grad is not None:

@@ -18,10 +18,12 @@ B_o = [0, 0, 0, 1]^T; loss = sum(o).
   grad A_q = s (B_q^T dq) x = 2 * (3 + 3) * [1, 2, 3, 4] = [12, 24, 36, 48]
   dx = dq + s A_q^T (B_q^T dq) = [3, 1, 1, 3] + [12, 0, 0, 0] = [15, 1, 1, 3]
 
-At tp=2 each rank's share of the replicated factors' gradients is half of it (grad A_q: rank
-0 sees B_q[0:2]^T dq[0:2] = 3, rank 1 B_q[2:4]^T dq[2:4] = 3 -> 6 x each, 12 x summed; grad B_o:
-rank 0 sees A_o[0:2] q[0:2] = 3, rank 1 A_o[2:4] q[2:4] = 6 -> 6 and 12, 18 summed), so a
-missing sum over tp fails on both ranks."""
+At tp=2 each rank computes only its share of the replicated factors' gradients until
+sum_partial_grads (once per optimizer step) adds them: grad A_q, rank 0 sees
+s B_q[0:2]^T dq[0:2] = 2 * 3 = 6 -> 6 x = [6, 12, 18, 24], rank 1 s B_q[2:4]^T dq[2:4] =
+2 * 3 -> the same, 12 x summed; grad B_o, rank 0 sees s A_o[0:2] q[0:2] = 2 * 3 = 6, rank 1
+s A_o[2:4] q[2:4] = 2 * 6 = 12, 18 summed. The split factors' gradients are the rank's rows
+(B_q: [6, 2] and [2, 6]) or columns (A_o: [6, 4] and [6, 12]) of the full ones."""
 
 from __future__ import annotations
 
@@ -38,6 +40,23 @@ GRADS = {
     "o_proj.lora_B.default.weight": torch.tensor([[18.0], [18.0], [18.0], [18.0]]),
 }
 X_GRAD = torch.tensor([[15.0, 1.0, 1.0, 3.0]])
+
+
+#: each rank's own gradients before the sum over tp (the module docstring works them out)
+PARTIAL = {
+    0: {
+        "q_proj.lora_A.default.weight": torch.tensor([[6.0, 12.0, 18.0, 24.0]]),
+        "q_proj.lora_B.default.weight": torch.tensor([[6.0], [2.0]]),
+        "o_proj.lora_A.default.weight": torch.tensor([[6.0, 4.0]]),
+        "o_proj.lora_B.default.weight": torch.tensor([[6.0], [6.0], [6.0], [6.0]]),
+    },
+    1: {
+        "q_proj.lora_A.default.weight": torch.tensor([[6.0, 12.0, 18.0, 24.0]]),
+        "q_proj.lora_B.default.weight": torch.tensor([[2.0], [6.0]]),
+        "o_proj.lora_A.default.weight": torch.tensor([[6.0, 12.0]]),
+        "o_proj.lora_B.default.weight": torch.tensor([[12.0], [12.0], [12.0], [12.0]]),
+    },
+}
 
 
 def _check_toy(res: dict) -> None:
@@ -119,6 +138,9 @@ def test_the_toy_split_at_tp2_gives_the_hand_worked_values(tp2):
     for r in (0, 1):
         res = out["toy"][r]
         _check_toy(res)
+        assert res["partial"].keys() == PARTIAL[r].keys()
+        for k, v in PARTIAL[r].items():
+            assert torch.equal(res["partial"][k], v), (r, k)
         assert res["placements"] == {
             "q_proj.base_layer.weight": "(Shard(dim=0),)",
             "q_proj.lora_A.default.weight": "(Replicate(),)",
