@@ -5,5 +5,6 @@
 * :mod:`.base`: the environment interface (reset / step) and the environments built in
 * :mod:`.runner`: environment calls with a timeout and bounded concurrency
 * :mod:`.rollout`: the multi-turn rollout, token in, token out, with its loss mask
+* :mod:`.chat`: the chat template per turn (the prompt rendered, observations wrapped)
 * :mod:`.tool_task`, :mod:`.transcripts`, :mod:`.answers`: the built-in tool task
 """
