@@ -28,10 +28,22 @@ import numpy as np
 from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
+from rpeg.perf.loso_lengths import (
+    KINDS,
+    LEN_FINE,
+    LEN_GRID,
+    LEN_SHRINK,
+    at,
+    multiplier,
+    prior_kind,
+    scaled,
+)
+from rpeg.perf.loso_ranges import _bounds, _comparable, _range
 from rpeg.perf.loso_summary import Scored
 from rpeg.perf.pricing import predict
 from rpeg.perf.row_cells import Unpredictable, _float, _number, unknown_names
 from rpeg.perf.rows import read_case
+from rpeg.perf.run_share import fitted_share, from_hours, outside_share
 from rpeg.perf.systems import POOLED, UNKNOWN_WIDEN, normalise
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError
@@ -59,12 +71,6 @@ _FINE = np.linspace(_LG[0], _LG[-1], 49)
 SHRINK = 20.0
 #: weight of a published stage time relative to a step time
 STAGE_WEIGHT = 0.5
-#: target miscoverage of a range (split conformal over comparable LOSO residuals)
-ALPHA = 0.2
-#: log half-width when no residual is available (a factor of e^0.5 = 1.65 either way)
-NO_RESIDUALS = 0.5
-#: fewest other-source residuals of a system before its own spread is used
-MIN_COMPARABLE = 6
 #: the calibration whose interval carries only the row's unknown inputs
 _UNKNOWN_ONLY = replace(
     SHIPPED,
@@ -85,9 +91,11 @@ class Priced:
     dataset: str
     measured_s: float | None
     measured_tput: float | None
-    step: np.ndarray  # [gen, train] grid of predicted step seconds
-    tokens_per_step: float
-    stage_pred: dict[str, float]  # at factors 1: generate / train_actor seconds
+    # [length multiplier, gen, train] grid of predicted step seconds; the first axis has one
+    # point when the row publishes its mean length (else LEN_GRID, rpeg.perf.loso_lengths)
+    step: np.ndarray
+    tokens_per_step: np.ndarray  # per length multiplier
+    stage_pred: dict[str, np.ndarray]  # at factors 1, per length multiplier: seconds
     stage_meas: dict[str, float]
     unknown_lo: float  # log width of the unknown-inputs-only interval, down / up
     unknown_hi: float
@@ -100,9 +108,15 @@ class Priced:
     # a copy of a row with its explicit columns blanked: calibrates ranges of shared-schema
     # rows, never fitted, never reported
     shadow: bool = False
+    # the length prior the row takes ('reasoning'/'instruct'), '' when its mean is published
+    kind: str = ""
+    # its step is a run's hours / steps (rpeg.perf.run_share); the run's measured share of
+    # time outside its steps where it publishes its total and mean step times
+    from_hours: bool = False
+    run_share: float | None = None
 
-    def log_pred(self, lg: float, lt: float) -> float:
-        return float(_interp(self.step, lg, lt))
+    def log_pred(self, lg: float, lt: float, lm: float = 0.0) -> float:
+        return float(_interp(at(self.step, lm), lg, lt))
 
 
 def _interp(step: np.ndarray, lg: Any, lt: Any) -> Any:
@@ -165,11 +179,26 @@ def price_rows(
             case = read_case(r)
             lay, base = solve_layout(case, calib)
             plan = case.plan(lay)
-            grid = np.empty((len(GRID), len(GRID)))
-            for i, g in enumerate(GRID):
-                for j, t in enumerate(GRID):
-                    cal = replace(calib, gen_eff_scale=g, train_eff_scale=t, fwd_eff_scale=t)
-                    grid[i, j] = predict(case.graph, plan, case.workload, calib=cal).step_s
+            kind = ""
+            if "avg_gen_len" in case.unknown:
+                kind = prior_kind(case.workload.response_kind or case.model.kind)
+            mults = LEN_GRID if kind else (1.0,)
+            grid = np.empty((len(mults), len(GRID), len(GRID)))
+            tokens = np.empty(len(mults))
+            stage_pred: dict[str, np.ndarray] = {
+                k: np.empty(len(mults)) for k in ("generate", "train_actor")
+            }
+            for h, m in enumerate(mults):
+                at_m = scaled(calib, m)
+                for i, g in enumerate(GRID):
+                    for j, t in enumerate(GRID):
+                        cal = replace(at_m, gen_eff_scale=g, train_eff_scale=t, fwd_eff_scale=t)
+                        pr = predict(case.graph, plan, case.workload, calib=cal)
+                        grid[h, i, j] = pr.step_s
+                        if g == 1.0 and t == 1.0:
+                            tokens[h] = pr.tokens_per_step
+                            for k in stage_pred:
+                                stage_pred[k][h] = _stage(pr, k)
             lo, hi = predict_interval(
                 case.graph,
                 plan,
@@ -185,9 +214,6 @@ def price_rows(
             refused.append(Scored(cid, src, system, dataset, step, reason))
             continue
 
-        def stage(kind: str, pred: Any = base) -> float:
-            return sum(s.time_s for s in pred.stages.values() if kind in s.kinds)
-
         regime = "explicit" if any((r.get(c) or "").strip() for c in EXPLICIT) else "shared"
         priced.append(
             Priced(
@@ -199,8 +225,11 @@ def price_rows(
                 measured_s=step,
                 measured_tput=tput,
                 step=grid,
-                tokens_per_step=base.tokens_per_step,
-                stage_pred={k: stage(k) for k in ("generate", "train_actor")},
+                tokens_per_step=tokens,
+                stage_pred=stage_pred,
+                kind=kind,
+                from_hours=from_hours(r),
+                run_share=outside_share(r, step),
                 stage_meas=_stage_meas(r),
                 unknown_lo=math.log(base.step_s / max(lo, 1e-9)) if lo > 0 else 1.0,
                 unknown_hi=math.log(hi / base.step_s),
@@ -211,14 +240,20 @@ def price_rows(
     return priced, refused
 
 
-def _objective(rows: list[Priced], weights: dict[str, float]) -> np.ndarray:
-    """Weighted squared log error of ``rows`` over the fine (gen, train) grid."""
+def _stage(pred: Any, kind: str) -> float:
+    return sum(s.time_s for s in pred.stages.values() if kind in s.kinds)
+
+
+def _objective(rows: list[Priced], weights: dict[str, float], lm: dict[str, float]) -> np.ndarray:
+    """Weighted squared log error of ``rows`` over the fine (gen, train) grid, each row at
+    the length multiplier ``lm`` of its kind."""
     obj = np.zeros_like(_FG)
     for p in rows:
         w = weights[p.source]
-        obj += w * (math.log(p.measured_s) - _interp(p.step, _FG, _FT)) ** 2
+        lk = multiplier(lm, p.kind)
+        obj += w * (math.log(p.measured_s) - _interp(at(p.step, lk), _FG, _FT)) ** 2
         for st, m in p.stage_meas.items():
-            pr = p.stage_pred.get(st)
+            pr = float(at(p.stage_pred[st], lk)) if st in p.stage_pred else 0.0
             if pr:
                 lf = _FG if st == "generate" else _FT
                 obj += STAGE_WEIGHT * w * (math.log(m) - (math.log(pr) - lf)) ** 2
@@ -230,8 +265,33 @@ def _argmin(obj: np.ndarray) -> tuple[float, float]:
     return float(_FINE[i]), float(_FINE[j])
 
 
-def fit(rows: list[Priced]) -> dict[str, tuple[float, float]]:
-    """Log (gen, train) factors per system and ``pooled`` from step-time ``rows``."""
+def fit(rows: list[Priced], lm: dict[str, float] | None = None) -> dict[str, tuple[float, float]]:
+    """Log (gen, train) factors per system and ``pooled`` from step-time ``rows``, each row
+    at the length multiplier ``lm`` of its kind (default: the documented medians)."""
+    return _fit(rows, lm or {})[0]
+
+
+def fit_lengths(rows: list[Priced]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """The log length multiplier of each kind and the factors fitted with them: coordinate
+    descent over :data:`LEN_FINE` per kind (two rounds), minimising the factors' objective
+    plus ``LEN_SHRINK`` x multiplier^2; a kind no row of ``rows`` takes stays at 0."""
+    rows = [p for p in rows if p.measured_s]
+    lm = {k: 0.0 for k in KINDS}
+    best = _fit(rows, lm)
+    for _ in range(2):
+        for k in KINDS:
+            if not any(p.kind == k for p in rows):
+                continue
+            for v in LEN_FINE:
+                trial = {**lm, k: float(v)}
+                f = _fit(rows, trial)
+                if f[1] < best[1]:
+                    lm, best = trial, f
+    return lm, best[0]
+
+
+def _fit(rows: list[Priced], lm: dict[str, float]) -> tuple[dict[str, tuple[float, float]], float]:
+    """(factors, objective at them incl. the length penalty); see :func:`fit`."""
     rows = [p for p in rows if p.measured_s]
     counts: dict[str, int] = {}
     for p in rows:
@@ -245,15 +305,20 @@ def fit(rows: list[Priced]) -> dict[str, tuple[float, float]]:
     totals = {s: sum(weights[p.source] for p in g) for s, g in groups.items()}
     mean = sum(totals.values()) / max(1, len(totals))
     pooled_obj = SHRINK * (_FG**2 + _FT**2)
-    for s, g in groups.items():
-        pooled_obj = pooled_obj + mean / totals[s] * _objective(g, weights)
+    objs = {s: _objective(g, weights, lm) for s, g in groups.items()}
+    for s in groups:
+        pooled_obj = pooled_obj + mean / totals[s] * objs[s]
     pg, pt = _argmin(pooled_obj)
     out = {POOLED: (pg, pt)}
-    for system in sorted({p.system for p in rows if p.system}):
-        mine = [p for p in rows if p.system == system]
-        obj = _objective(mine, weights) + SHRINK * ((_FG - pg) ** 2 + (_FT - pt) ** 2)
-        out[system] = _argmin(obj)
-    return out
+    total = LEN_SHRINK * sum(v * v for v in lm.values())
+    for system in sorted(groups):
+        obj = objs[system] + SHRINK * ((_FG - pg) ** 2 + (_FT - pt) ** 2)
+        if system:
+            out[system] = _argmin(obj)
+            total += float(obj.min())
+        else:  # rows that name no system take the pooled factors
+            total += float(objs[system][_FINE.searchsorted(pg), _FINE.searchsorted(pt)])
+    return out, total
 
 
 def _factors(fitted: dict[str, tuple[float, float]], system: str) -> tuple[float, float, bool]:
@@ -262,68 +327,42 @@ def _factors(fitted: dict[str, tuple[float, float]], system: str) -> tuple[float
     return (*fitted[POOLED], False)
 
 
-def _range(resid: list[float], widen: float) -> tuple[float, float]:
-    """Split-conformal half-width (log) at miscoverage ``ALPHA``: the
-    ``ceil((n+1)(1-ALPHA))``-th smallest absolute residual of the comparable rows."""
-    if not resid:
-        return -NO_RESIDUALS * widen, NO_RESIDUALS * widen
-    a = np.sort(np.abs(np.array(resid)))
-    k = min(len(a), math.ceil((len(a) + 1) * (1 - ALPHA))) - 1
-    return -float(a[k]) * widen, float(a[k]) * widen
-
-
-def _bounds(p: Priced, pred: float, lo_q: float, hi_q: float) -> tuple[float, float]:
-    """Range: residual quantiles and the unknown inputs' widths, added in quadrature."""
-    down = math.sqrt(lo_q * lo_q + p.unknown_lo**2)
-    up = math.sqrt(hi_q * hi_q + p.unknown_hi**2)
-    return pred * math.exp(-down), pred * math.exp(up)
-
-
-def _comparable(
-    resid: dict[str, float], rows: list[Priced], p: Priced, exclude: str | None
-) -> tuple[list[float], bool]:
-    """Residuals of rows comparable to ``p`` outside source ``exclude``: the same regime
-    (what the rows state), and the same system when it has >= MIN_COMPARABLE of them."""
-    pool = [q for q in rows if q.source != exclude and q.regime == p.regime]
-    if len(pool) < MIN_COMPARABLE:
-        pool = [q for q in rows if q.source != exclude and not q.shadow]
-    same = [resid[q.case_id] for q in pool if q.system == p.system]
-    if p.system and len(same) >= MIN_COMPARABLE:
-        return same, True
-    return [resid[q.case_id] for q in pool], False
-
-
 def score(priced: list[Priced]) -> list[Scored]:
     """In-sample and leave-one-source-out predictions and ranges for every priced row."""
     steps = [p for p in priced if p.measured_s]
     fitted = [p for p in steps if not p.shadow]
-    full = fit(fitted)
+    sh_full = share_of(fitted)
+    lm_full, full = fit_lengths(per_step(fitted, sh_full))
     out: dict[str, Scored] = {}
     resid_in: dict[str, float] = {}
-    loso_f: dict[str, tuple[float, float, bool]] = {}
+    loso_f: dict[str, tuple[float, float, bool, float, float]] = {}
     for source in sorted({p.source for p in priced}):
-        fold = fit([p for p in fitted if p.source != source])
+        others = [p for p in fitted if p.source != source]
+        sh = share_of(others)
+        lm, fold = fit_lengths(per_step(others, sh))
         for p in priced:
             if p.source == source:
-                loso_f[p.case_id] = _factors(fold, p.system)
+                loso_f[p.case_id] = (*_factors(fold, p.system), multiplier(lm, p.kind), sh)
     resid_loso: dict[str, float] = {}
     for p in priced:
         g, t, _ = _factors(full, p.system)
-        lg, lt, known = loso_f[p.case_id]
+        lg, lt, known, lk, sh = loso_f[p.case_id]
         s = Scored(p.case_id, p.source, p.system, p.dataset, p.measured_s)
-        s.pred_in = math.exp(p.log_pred(g, t))
-        s.pred_loso = math.exp(p.log_pred(lg, lt))
+        run_in, run = (1 + sh_full, 1 + sh) if p.from_hours else (1.0, 1.0)
+        s.pred_in = run_in * math.exp(p.log_pred(g, t, multiplier(lm_full, p.kind)))
+        s.pred_loso = run * math.exp(p.log_pred(lg, lt, lk))
         s.system_fitted = known
         s.unknown, s.solved = p.unknown, p.solved
         if p.measured_s:
             resid_in[p.case_id] = math.log(p.measured_s / s.pred_in)
             resid_loso[p.case_id] = math.log(p.measured_s / s.pred_loso)
         for st, m in p.stage_meas.items():
-            if p.stage_pred.get(st):
+            pr = float(at(p.stage_pred[st], lk)) if st in p.stage_pred else 0.0
+            if pr:
                 f = lg if st == "generate" else lt
-                s.stages[st] = (p.stage_pred[st] / math.exp(f), m)
+                s.stages[st] = (pr / math.exp(f), m)
         if p.measured_tput and not p.measured_s:
-            s.tput = (p.tokens_per_step / s.pred_loso, p.measured_tput)
+            s.tput = (float(at(p.tokens_per_step, lk)) / s.pred_loso, p.measured_tput)
         out[p.case_id] = s
     for p in priced:
         if p.shadow:
@@ -335,6 +374,19 @@ def score(priced: list[Priced]) -> list[Scored]:
         widen = 1.0 if (own and s.system_fitted) else UNKNOWN_WIDEN
         s.lo_loso, s.hi_loso = _bounds(p, s.pred_loso, *_range(pool, widen))
     return [out[p.case_id] for p in priced if not p.shadow]
+
+
+def share_of(rows: list[Priced]) -> float:
+    """The share of a run's time outside its steps, from ``rows`` (rpeg.perf.run_share)."""
+    return fitted_share([p.run_share for p in rows if p.run_share is not None])
+
+
+def per_step(rows: list[Priced], share: float) -> list[Priced]:
+    """``rows`` with an hours-derived step divided by ``1 + share`` (what the steps took)."""
+    return [
+        replace(p, measured_s=p.measured_s / (1 + share)) if p.from_hours and p.measured_s else p
+        for p in rows
+    ]
 
 
 def default_datasets() -> dict[str, Path]:

@@ -62,12 +62,16 @@ class SystemParams:
     rows: int = 0
 
     def calibration(self, base: Calibration) -> Calibration:
-        """``base`` with this system's factors applied to every unit of its class."""
+        """``base`` with this system's factors applied to every unit of its class and the
+        response-length medians fitted on the published runs (rpeg.perf.loso_lengths)."""
+        med = _table().get("fitted_length_medians") or {}
         return replace(
             base,
             gen_eff_scale=base.gen_eff_scale * self.gen_eff,
             train_eff_scale=base.train_eff_scale * self.train_eff,
             fwd_eff_scale=base.fwd_eff_scale * self.train_eff,
+            response_median_reasoning=float(med.get("reasoning", base.response_median_reasoning)),
+            response_median_instruct=float(med.get("instruct", base.response_median_instruct)),
         )
 
 
@@ -77,16 +81,23 @@ def normalise(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def shipped() -> dict[str, SystemParams]:
-    """The factors fitted on all shipped published runs (``rpeg/perf/data/systems.yaml``,
-    written by ``python -m rpeg.perf.systems_fit --write``), by system name, plus ``pooled``."""
+def _table() -> dict[str, Any]:
+    """``rpeg/perf/data/systems.yaml`` as read ({} when absent)."""
     import yaml
 
     path = resources.files("rpeg.perf").joinpath("data", "systems.yaml")
     try:
         data: Any = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
-        return {POOLED: SystemParams(POOLED)}
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@lru_cache(maxsize=1)
+def shipped() -> dict[str, SystemParams]:
+    """The factors fitted on all shipped published runs (``rpeg/perf/data/systems.yaml``,
+    written by ``python -m rpeg.perf.systems_fit --write``), by system name, plus ``pooled``."""
+    data = _table()
     out = {}
     for name, v in (data.get("systems") or {}).items():
         out[name] = SystemParams(name=name, **{k: v[k] for k in v if k != "name"})

@@ -9,21 +9,22 @@ import math
 from pathlib import Path
 
 from rpeg.perf.loso import (
-    MIN_COMPARABLE,
     Priced,
-    _range,
     default_datasets,
-    fit,
+    fit_lengths,
+    per_step,
     price_rows,
     score,
+    share_of,
 )
+from rpeg.perf.loso_ranges import MIN_COMPARABLE, _range
 from rpeg.perf.systems import POOLED, SystemParams
 
 
 def system_table(priced: list[Priced]) -> dict[str, SystemParams]:
     """The shipped factors: fitted on all rows, ranges from the LOSO residuals."""
     steps = [p for p in priced if p.measured_s]
-    full = fit(steps)
+    _, full = fit_lengths(per_step(steps, share_of(steps)))
     scored = {s.case_id: s for s in score(priced)}
     resid = {
         p.case_id: math.log(p.measured_s / scored[p.case_id].pred_loso)  # type: ignore[operator]
@@ -52,12 +53,16 @@ def write_table(path: Path | None = None) -> Path:
     """Fit on both shipped data sets and write ``rpeg/perf/data/systems.yaml``."""
     import yaml
 
+    from rpeg.perf.calibration import SHIPPED
+    from rpeg.perf.loso_lengths import describe
     from rpeg.perf.published import read_rows
 
     priced = []
     for label, p in default_datasets().items():
         priced += price_rows(read_rows(p), label)[0]
     table = system_table(priced)
+    steps = [p for p in priced if p.measured_s]
+    lengths = describe(fit_lengths(per_step(steps, share_of(steps)))[0], SHIPPED)
     path = path or default_datasets()["steps_dev"].with_name("systems.yaml")
     body = {
         "systems": {
@@ -66,12 +71,15 @@ def write_table(path: Path | None = None) -> Path:
                 for k in ("gen_eff", "train_eff", "resid_lo", "resid_hi", "sources", "rows")
             }
             for n, v in sorted(table.items())
-        }
+        },
+        # the response-length medians (tokens) fitted on all rows of unpublished length
+        # (rpeg.perf.loso_lengths); the documented priors are in rpeg.perf.calibration
+        "fitted_length_medians": lengths,
     }
     header = (
         "# Fitted by `python -m rpeg.perf.systems_fit --write` on the shipped published runs (both\n"
         "# data sets). gen_eff/train_eff: achieved share of the modelled rollout / training\n"
-        "# rate; resid_lo/hi: split-conformal log half-width (80%) of the system's rows scored\n"
+        "# rate; resid_lo/hi: split-conformal log half-width (85%) of the system's rows scored\n"
         "# leave-one-source-out (the range of a prediction). docs/perf-model.md, 'Systems'.\n"
     )
     path.write_text(header + yaml.safe_dump(body, sort_keys=True))

@@ -3,20 +3,22 @@ rpeg.perf.systems), on hand-built rows whose step time is a known function of th
 
 import csv
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from rpeg.perf import loso
+from rpeg.perf import loso, loso_ranges
 from rpeg.perf.loso import GRID, Priced
+from rpeg.perf.loso_lengths import LEN_GRID, at
 from rpeg.perf.loso_summary import Scored, summarise
 from rpeg.perf.systems import POOLED, SYSTEMS, SystemParams, normalise, system_params
 
 
 def _row(case, source, system, gen_s, train_s, true_g=1.0, true_t=1.0, stages=False):
     """A row whose modelled step is gen/g + train/t (a synchronous step), measured at the
-    true factors."""
-    grid = np.array([[gen_s / g + train_s / t for t in GRID] for g in GRID])
+    true factors; its mean length is published (one point on the length axis)."""
+    grid = np.array([[[gen_s / g + train_s / t for t in GRID] for g in GRID]])
     meas = gen_s / true_g + train_s / true_t
     return Priced(
         case_id=case,
@@ -26,8 +28,8 @@ def _row(case, source, system, gen_s, train_s, true_g=1.0, true_t=1.0, stages=Fa
         measured_s=meas,
         measured_tput=None,
         step=grid,
-        tokens_per_step=1e6,
-        stage_pred={"generate": gen_s, "train_actor": train_s},
+        tokens_per_step=np.array([1e6]),
+        stage_pred={"generate": np.array([gen_s]), "train_actor": np.array([train_s])},
         stage_meas=(
             {"generate": gen_s / true_g, "train_actor": train_s / true_t} if stages else {}
         ),
@@ -89,19 +91,24 @@ def test_a_system_seen_only_in_the_scored_source_takes_the_pooled_prior():
     assert s.hi_loso / s.pred_loso > 1.0
 
 
-def test_conformal_half_width_is_the_ceil_n_plus_1_quantile_of_abs_residuals():
+def test_conformal_half_width_is_the_ceil_n_plus_1_quantile_of_abs_residuals(monkeypatch):
+    monkeypatch.setattr(loso_ranges, "ALPHA", 0.2)
     # n = 5, alpha = 0.2: the ceil(6 * 0.8) = 5th smallest |r| = 0.4
-    lo, hi = loso._range([0.1, -0.2, 0.3, 0.05, -0.4], 1.0)
+    lo, hi = loso_ranges._range([0.1, -0.2, 0.3, 0.05, -0.4], 1.0)
     assert (lo, hi) == pytest.approx((-0.4, 0.4))
     # n = 10: the ceil(11 * 0.8) = 9th smallest of 0.1 .. 1.0 = 0.9; widened 1.5x
-    lo, hi = loso._range([0.1 * k for k in range(1, 11)], 1.5)
+    lo, hi = loso_ranges._range([0.1 * k for k in range(1, 11)], 1.5)
     assert hi == pytest.approx(0.9 * 1.5)
+    # the shipped alpha 0.15: ceil(11 * 0.85) = 10th smallest = 1.0
+    monkeypatch.setattr(loso_ranges, "ALPHA", 0.15)
+    lo, hi = loso_ranges._range([0.1 * k for k in range(1, 11)], 1.0)
+    assert hi == pytest.approx(1.0)
 
 
 def test_range_adds_the_unknown_inputs_in_quadrature():
     p = _row("r", "s", "x", 10.0, 10.0)
     p.unknown_lo, p.unknown_hi = 0.3, 0.4
-    lo, hi = loso._bounds(p, 100.0, -0.4, 0.3)
+    lo, hi = loso_ranges._bounds(p, 100.0, -0.4, 0.3)
     assert lo == pytest.approx(100 * math.exp(-0.5)) and hi == pytest.approx(100 * math.exp(0.5))
 
 
@@ -162,9 +169,9 @@ def test_a_shared_schema_row_is_calibrated_on_shared_schema_residuals():
     ]
     resid = {p.case_id: 0.05 for p in explicit} | {p.case_id: 0.9 for p in shadow}
     shared_row = replace(_row("new", "s-new", "", 10.0, 10.0), regime="shared")
-    pool, _ = loso._comparable(resid, explicit + shadow, shared_row, "s-new")
+    pool, _ = loso_ranges._comparable(resid, explicit + shadow, shared_row, "s-new")
     assert pool == [0.9] * 9
-    pool, _ = loso._comparable(resid, explicit + shadow, explicit[0], "s0")
+    pool, _ = loso_ranges._comparable(resid, explicit + shadow, explicit[0], "s0")
     assert pool == [0.05] * 6  # the explicit rows of the other two sources
 
 
@@ -193,3 +200,87 @@ def test_the_pooled_factors_weigh_systems_not_rows(monkeypatch):
     # between the two systems (0.5 .. 1) and well away from the big one: weighting sources
     # instead (the big system 9x the small one's weight) gave (1.0, 0.79)
     assert 0.5 <= g < 0.85 and 0.5 <= t < 0.7
+
+
+def _length_row(case, source, kind, gen_s, true_m):
+    """A row of unpublished length whose generation takes ``gen_s x m`` at length multiplier
+    m (training 10 s), measured at the true multiplier ``true_m``."""
+    steps = [[[gen_s * m / g + 10.0 / t for t in GRID] for g in GRID] for m in LEN_GRID]
+    p = _row(case, source, "sys-a", gen_s * true_m, 10.0)
+    return replace(
+        p,
+        step=np.array(steps),
+        kind=kind,
+        tokens_per_step=np.array([1e6 * m for m in LEN_GRID]),
+        stage_pred={k: np.array([v[0]] * len(LEN_GRID)) for k, v in p.stage_pred.items()},
+    )
+
+
+def test_length_interpolation_is_exact_at_grid_points_and_log_linear_between():
+    v = np.array([1.0, 2.0, 4.0, 8.0, 16.0])  # = 4 * m**2 on LEN_GRID (0.5 .. 2)
+    assert at(v, 0.0) == pytest.approx(4.0)
+    assert at(v, math.log(2.0)) == pytest.approx(16.0)
+    # half-way (in log) between m = 1 and sqrt(2): sqrt(4 * 8)
+    assert at(v, math.log(2.0) / 4) == pytest.approx(math.sqrt(32.0))
+    assert at(np.array([7.0]), 0.5) == 7.0  # a row of published length ignores the multiplier
+
+
+def test_the_length_prior_is_fitted_without_the_scored_source(monkeypatch):
+    # three sources whose unpublished lengths are 1.41x the documented median: the fit finds
+    # it (weak shrinkage), and a fourth source's rows are scored with the others' multiplier
+    # even when its own rows say 0.5x
+    monkeypatch.setattr(loso, "LEN_SHRINK", 1e-6)
+    monkeypatch.setattr(loso, "SHRINK", 1e6)  # factors pinned at 1: only the length moves
+    rows = [
+        _length_row(f"r{s}-{i}", f"src{s}", "reasoning", 50.0 + 10 * i, math.sqrt(2.0))
+        for s in range(3)
+        for i in range(4)
+    ]
+    lm, _ = loso.fit_lengths(rows)
+    assert math.exp(lm["reasoning"]) == pytest.approx(math.sqrt(2.0), rel=0.02)
+    assert lm["instruct"] == 0.0  # no row takes it
+    odd = [_length_row(f"odd-{i}", "src-odd", "reasoning", 60.0, 0.5) for i in range(3)]
+    scored = {s.case_id: s for s in loso.score(rows + odd)}
+    # LOSO: predicted with m = 1.41 (60 x 1.41 + 10), not its own 0.5
+    assert scored["odd-0"].pred_loso == pytest.approx(60.0 * math.sqrt(2.0) + 10.0, rel=0.02)
+    # src0's fold sees src1/src2 (1.41x) and the odd source (0.5x): a compromise between them
+    assert 50.0 * 0.5 + 10.0 < scored["r0-0"].pred_loso < scored["r0-0"].measured_s
+
+
+def test_a_published_system_prediction_takes_the_fitted_length_medians():
+    from rpeg.perf.calibration import SHIPPED
+    from rpeg.perf.systems import _table
+
+    med = _table()["fitted_length_medians"]
+    cal = system_params("verl-fsdp").calibration(SHIPPED)
+    assert cal.response_median_reasoning == med["reasoning"]
+    assert cal.response_median_instruct == med["instruct"]
+    # the documented priors stay the shipped calibration's (what LOSO shrinks towards)
+    assert SHIPPED.response_median_reasoning == 6000.0
+
+
+def test_run_share_parses_a_runs_total_time_and_flags_hours_derived_steps():
+    from rpeg.perf.run_share import fitted_share, from_hours, outside_share
+
+    r = {"measured_other": "old_log_prob_s=107.71; total_400_steps=3d17h05m"}
+    # 3 d 17 h 05 min = 320,700 s over 400 steps of 790.1 s: 1.474% outside the steps
+    assert outside_share(r, 790.1) == pytest.approx(320700 / (400 * 790.1) - 1)
+    assert outside_share({"measured_other": "total_50_steps=7h9m"}, 484.623) == pytest.approx(
+        25740 / (50 * 484.623) - 1
+    )
+    assert outside_share(r, None) is None and outside_share({}, 10.0) is None
+    assert from_hours({"measured_other": "training_hours=41.0; ppo_steps=250"})
+    assert not from_hours(r)
+    assert fitted_share([0.01, 0.05, 0.03]) == pytest.approx(0.03)
+    assert fitted_share([]) == 0.0 and fitted_share([-0.2]) == 0.0
+
+
+def test_an_hours_derived_step_is_compared_with_the_step_plus_the_runs_share(monkeypatch):
+    # one source publishes mean steps and run totals (5% outside the steps); another gives
+    # only hours / steps: its LOSO prediction is the modelled step x 1.05
+    monkeypatch.setattr(loso, "SHRINK", 1e6)  # factors pinned at 1
+    per_step = [replace(_row(f"a{i}", "src-a", "s", 10.0, 10.0), run_share=0.05) for i in range(3)]
+    hours = [replace(_row(f"h{i}", "src-h", "s", 30.0, 10.0), from_hours=True) for i in range(2)]
+    scored = {s.case_id: s for s in loso.score(per_step + hours)}
+    assert scored["h0"].pred_loso == pytest.approx(40.0 * 1.05, rel=1e-3)
+    assert scored["a0"].pred_loso == pytest.approx(20.0, rel=1e-3)  # a per-step row: as is
