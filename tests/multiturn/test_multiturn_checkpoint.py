@@ -89,3 +89,14 @@ def test_the_restore_path_keeps_the_observations_and_the_mask(monkeypatch):
     for name in ("response_ids", "response_mask", "response_attention", "sample_logprobs"):
         assert torch.equal(getattr(joined, name), getattr(batch, name)), name
     assert joined.responses == batch.responses
+
+
+def test_the_rollout_marks_each_turns_environment_steps(monkeypatch):
+    """Where the ``env`` fault point fires (rpeg.runtime.actors.fault_points.env_turn): before
+    the environment steps of turn 1 (three rows act) and of turn 2 (row 0 answers)."""
+    from rpeg.runtime.envs import rollout
+
+    seen = []
+    monkeypatch.setattr(rollout, "env_turn", seen.append)
+    _rollout(monkeypatch)
+    assert seen == [1, 2]
