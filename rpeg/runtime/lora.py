@@ -84,9 +84,12 @@ def apply_lora(model: nn.Module, section: LoraSection) -> nn.Module:
     outputs are unchanged) and freeze every other parameter; returns ``model``."""
     from peft import inject_adapter_in_model
 
+    from rpeg.runtime.lora_tp import splittable
+
     check_targets(model, section)
     dtype = next(model.parameters()).dtype
     model = inject_adapter_in_model(peft_config(section), model, adapter_name=ADAPTER)
+    splittable(model)  # a tensor-parallel layout splits the adapters with their targets
     for n, p in model.named_parameters():
         if is_adapter_key(n):
             p.data = p.data.to(dtype)

@@ -4,7 +4,9 @@ parallelism").
 A peft LoRA layer on a split target (:data:`rpeg.runtime.tensor_parallel.TP_PLAN`) is split
 with it, Megatron-style (the split peft's ``LoraParallelLinear`` gives Megatron-LM's parallel
 linears, ``peft/tuners/lora/tp_layer.py``): the adapter factor on the base's split side is
-split the same way, the other factor (``r`` wide: small) is replicated.
+split the same way, the other factor (``r`` wide: small) is replicated. rpeg.runtime.lora's
+``apply_lora`` gives every injected layer the class :class:`LoraLinear` (peft's forward), whose
+``split_for_tp`` ``apply_tensor_parallel`` calls for a wrapped target.
 
 * column-wise target (q/k/v, gate/up; base ``W`` ``Shard(0)``, output features local):
   ``A`` [r, in] ``Replicate()``, ``B`` [out, r] ``Shard(0)``. Each rank computes
@@ -59,9 +61,13 @@ from rpeg.runtime.tensor_parallel import (
 ADAPTER_PLACEMENTS = {"colwise": ("replicate", "shard0"), "rowwise": ("shard1", "replicate")}
 
 
-def is_lora_layer(module: nn.Module) -> bool:
-    """``module`` is a peft LoRA wrapper (``base_layer`` + ``lora_A``/``lora_B``)."""
-    return isinstance(module, PeftLinear)
+def splittable(model: nn.Module) -> nn.Module:
+    """Give each of ``model``'s peft LoRA Linear layers the class :class:`LoraLinear` (peft's,
+    plus ``split_for_tp``, which ``apply_tensor_parallel`` calls); in place, returns it."""
+    for m in model.modules():
+        if type(m) is PeftLinear:
+            m.__class__ = LoraLinear
+    return model
 
 
 def _placement(name: str):
@@ -72,7 +78,7 @@ def _placement(name: str):
 
 def _refuse(layer: nn.Module, where: str) -> None:
     """What this split does not do, by name (none of it is reachable from ``model.lora``)."""
-    if type(layer) is not PeftLinear:
+    if type(layer) not in (PeftLinear, LoraLinear):
         raise TypeError(
             f"LoRA under tensor parallelism: {where} is a {type(layer).__name__}; only peft's "
             "lora.Linear over an nn.Linear is split"
@@ -116,6 +122,14 @@ def shard_lora_linear(layer: nn.Module, style: str, tp_mesh, where: str = "layer
     layer.__class__ = ColwiseLoraLinear if style == "colwise" else RowwiseLoraLinear
 
 
+class LoraLinear(PeftLinear):
+    """peft's LoRA Linear (same forward) that tensor parallelism can split: what
+    rpeg.runtime.lora.apply_lora injects (:func:`splittable`)."""
+
+    def split_for_tp(self, style: str, tp_mesh, where: str = "layer") -> None:
+        shard_lora_linear(self, style, tp_mesh, where)
+
+
 def _adapters(layer: PeftLinear) -> list[str]:
     if layer.disable_adapters:
         return []
@@ -127,7 +141,7 @@ def _weight(p: torch.Tensor, grad: bool) -> torch.Tensor:
     return _local(p) if grad else _shard(p)
 
 
-class ColwiseLoraLinear(PeftLinear):
+class ColwiseLoraLinear(LoraLinear):
     """A peft LoRA layer over a :class:`~rpeg.runtime.tensor_parallel.ColwiseLinear`: the
     local output features ``W_i x + b_i + s B_i (A x)``; A's gradient partial until summed."""
 
@@ -157,7 +171,7 @@ class ColwiseLoraLinear(PeftLinear):
         return y.to(dtype)
 
 
-class RowwiseLoraLinear(PeftLinear):
+class RowwiseLoraLinear(LoraLinear):
     """A peft LoRA layer over a :class:`~rpeg.runtime.tensor_parallel.RowwiseLinear`: the
     partial ``W_i x_i + s B (A_i x_i)`` summed over tp once, then the bias; B's gradient
     partial until summed."""

@@ -277,19 +277,23 @@ def decoder_layers(module: nn.Module) -> list[nn.Module]:
 def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
     """Split every decoder block of ``module`` over the 1-D ``tp_mesh`` (in place): the
     :data:`TP_PLAN` linears become :mod:`rpeg.runtime.tensor_parallel` column/row-wise
-    linears (DTensor parameters, plain activations); a peft LoRA layer on one of them is
-    split with it (:func:`rpeg.runtime.lora_tp.shard_lora_linear`)."""
+    linears (DTensor parameters, plain activations). A wrapped target splits itself with its
+    ``split_for_tp(style, tp_mesh, where=...)`` (a LoRA layer: rpeg.runtime.lora_tp)."""
     if tp_mesh.size() == 1:
         return
     for i, layer in enumerate(decoder_layers(module)):
         for name, style in TP_PLAN.items():
             if not _has(layer, name):
                 continue
-            target = layer.get_submodule(name)
-            if hasattr(target, "base_layer") and hasattr(target, "lora_A"):  # peft LoRA
-                from rpeg.runtime.lora_tp import shard_lora_linear
-
-                shard_lora_linear(target, style, tp_mesh, where=f"layers.{i}.{name}")
+            target, where = layer.get_submodule(name), f"layers.{i}.{name}"
+            split = getattr(target, "split_for_tp", None)  # a wrapper that splits itself
+            if split is not None:
+                split(style, tp_mesh, where=where)
+            elif hasattr(target, "base_layer"):
+                raise TypeError(
+                    f"{where} is a {type(target).__name__} wrapper that cannot split itself "
+                    "(a peft LoRA model not built by rpeg.runtime.lora.apply_lora?)"
+                )
             else:
                 shard_linear(target, style, tp_mesh)
         for norm, consumers in TP_SHARED_INPUTS.items():

@@ -27,6 +27,8 @@ s A_o[2:4] q[2:4] = 2 * 6 = 12, 18 summed. The split factors' gradients are the 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -91,6 +93,31 @@ def test_what_the_split_does_not_take_is_refused_by_name():
         shard_lora_linear(torch.nn.Linear(4, 4), "colwise", None)
     with pytest.raises(ValueError, match="allowed colwise, rowwise"):
         shard_lora_linear(T.toy().q_proj, "diagonal", None)
+
+
+def test_apply_lora_layers_split_themselves_and_a_foreign_wrapper_is_named(tiny):
+    """apply_lora gives every injected layer lora_tp.LoraLinear (peft's forward, plus
+    split_for_tp); a peft model injected elsewhere is refused by the TP plan by name, before
+    any mesh is used."""
+    from types import SimpleNamespace
+
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from rpeg.config import LoraSection
+    from rpeg.runtime.lora import apply_lora, lora_layers
+    from rpeg.runtime.lora_tp import LoraLinear
+    from rpeg.runtime.tensor_parallel import apply_tensor_parallel
+
+    model, _ = tiny
+    m = apply_lora(copy.deepcopy(model), LoraSection(rank=2, target_modules=["q_proj"]))
+    assert [type(x).__name__ for _, x in lora_layers(m)] == ["LoraLinear"] * 2
+    assert all(isinstance(x, LoraLinear) for _, x in lora_layers(m))
+    foreign = inject_adapter_in_model(
+        LoraConfig(r=2, target_modules=["q_proj"]), copy.deepcopy(model)
+    )
+    two = SimpleNamespace(size=lambda: 2)
+    with pytest.raises(TypeError, match=r"layers\.0\.self_attn\.q_proj is a Linear wrapper"):
+        apply_tensor_parallel(foreign, two)
 
 
 # ------------------------------------------------------------------------------ spawned
