@@ -151,10 +151,10 @@ def reference() -> dict:
     }
 
 
-def sharded(cfg, lay, mesh):
+def sharded(cfg, lay, mesh, lora=None):
     from rpeg.runtime.parallel import LOCAL, process_group_reduce
 
-    w = lora_policy(cfg)
+    w = lora_policy(cfg, lora)
     reduce = process_group_reduce(mesh.get_group("dp")) if lay.dp > 1 else LOCAL
     w.apply_layout(lay, mesh, reduce)
     return w
@@ -200,6 +200,25 @@ def policy_case(lay, mesh, rank: int, url: str | None) -> dict:
     }
 
 
+def dropout_case(lay, mesh, rank: int) -> dict:
+    """Dropout 0.5 at ``lay``, each rank's generator seeded apart (its own masks): one train
+    step; the replicated factors' local weights after it and the step's loss terms."""
+    from torch.distributed.tensor import DTensor
+
+    w = sharded(C.config(), lay, mesh, {**LORA, "dropout": 0.5})
+    b = C.with_old_logprobs(C.batch(0), w)
+    torch.manual_seed(100 + rank)
+    metrics = w.train_step(b)
+    return {
+        "metrics": metrics,
+        "replicated": {
+            n: p.to_local().detach().clone()
+            for n, p in w.lm.named_parameters()
+            if ".lora_" in n and isinstance(p, DTensor) and p.placements[0].is_replicate()
+        },
+    }
+
+
 # --- spawned bodies ---------------------------------------------------------------------------
 def body(rank: int, world: int, port: int, cases: list, q) -> None:
     import torch.distributed as dist
@@ -213,6 +232,8 @@ def body(rank: int, world: int, port: int, cases: list, q) -> None:
             mesh = build_mesh(lay)
             if kind == "toy":
                 res = toy_case(mesh)
+            elif kind == "dropout":
+                res = dropout_case(lay, mesh, rank)
             else:
                 res = policy_case(lay, mesh, rank, kw.get("url"))
             buf = io.BytesIO()

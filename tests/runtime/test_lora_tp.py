@@ -130,6 +130,7 @@ def tp2(tmp_path_factory):
     cases = [
         ("toy", "toy", {"layout": {"dp": 1, "tp": 2}}),
         ("policy", "policy", {"layout": {"dp": 1, "tp": 2}, "url": url}),
+        ("dropout", "dropout", {"layout": {"dp": 1, "tp": 2}}),
     ]
     out = T.spawn(2, cases, port=29771)
     return out, url
@@ -189,6 +190,20 @@ def test_a_lora_policy_at_tp2_equals_one_process(tp2, single):
         res = out["policy"][r]
         assert res["classes"] == ["ColwiseLoraLinear", "RowwiseLoraLinear"]
         _check_policy(res, single)
+
+
+@pytest.mark.slow
+def test_dropout_at_tp2_keeps_the_replicated_factors_equal_on_both_ranks(tp2):
+    """Dropout 0.5 with each rank's own generator (masks that differ between ranks, so not
+    one process's): the step runs, and the replicated factors (column-wise A, row-wise B: 2
+    layers x 5 + 2 x 2 = 14 tensors) are still equal on both ranks after it, since their
+    gradients are summed over tp before the update."""
+    out, _ = tp2
+    a, b = out["dropout"][0], out["dropout"][1]
+    assert len(a["replicated"]) == 14 and a["replicated"].keys() == b["replicated"].keys()
+    for k, v in a["replicated"].items():
+        assert torch.equal(v, b["replicated"][k]), k
+    assert a["metrics"]["grad_norm"] == b["metrics"]["grad_norm"] > 0
 
 
 @pytest.mark.slow
