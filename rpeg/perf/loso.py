@@ -33,6 +33,7 @@ from rpeg.perf.loso_lengths import (
     LEN_FINE,
     LEN_GRID,
     LEN_SHRINK,
+    MIN_LENGTH_SOURCES,
     at,
     multiplier,
     prior_kind,
@@ -69,6 +70,8 @@ _LG = np.log(np.array(GRID))
 _FINE = np.linspace(_LG[0], _LG[-1], 49)
 #: pseudo-weight pulling a system's log factors to the pooled ones (pooled: to 0)
 SHRINK = 20.0
+#: log residual beyond which the fit's loss grows linearly (a factor of 2)
+HUBER = math.log(2.0)
 #: weight of a published stage time relative to a step time
 STAGE_WEIGHT = 0.5
 #: the calibration whose interval carries only the row's unknown inputs
@@ -240,6 +243,14 @@ def price_rows(
     return priced, refused
 
 
+def _loss(r: Any) -> Any:
+    """Huber loss of log residuals: squared up to ``HUBER``, linear beyond, so that a row
+    the model misses by more than 2x (a mechanism it lacks, a row read wrongly) pulls the
+    fitted quantities no harder than one it misses by 2x."""
+    a = np.abs(r)
+    return np.where(a <= HUBER, a * a, 2 * HUBER * a - HUBER * HUBER)
+
+
 def _stage(pred: Any, kind: str) -> float:
     return sum(s.time_s for s in pred.stages.values() if kind in s.kinds)
 
@@ -251,12 +262,12 @@ def _objective(rows: list[Priced], weights: dict[str, float], lm: dict[str, floa
     for p in rows:
         w = weights[p.source]
         lk = multiplier(lm, p.kind)
-        obj += w * (math.log(p.measured_s) - _interp(at(p.step, lk), _FG, _FT)) ** 2
+        obj += w * _loss(math.log(p.measured_s) - _interp(at(p.step, lk), _FG, _FT))
         for st, m in p.stage_meas.items():
             pr = float(at(p.stage_pred[st], lk)) if st in p.stage_pred else 0.0
             if pr:
                 lf = _FG if st == "generate" else _FT
-                obj += STAGE_WEIGHT * w * (math.log(m) - (math.log(pr) - lf)) ** 2
+                obj += STAGE_WEIGHT * w * _loss(math.log(m) - (math.log(pr) - lf))
     return obj
 
 
@@ -274,14 +285,15 @@ def fit(rows: list[Priced], lm: dict[str, float] | None = None) -> dict[str, tup
 def fit_lengths(rows: list[Priced]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """The log length multiplier of each kind and the factors fitted with them: coordinate
     descent over :data:`LEN_FINE` per kind (two rounds), minimising the factors' objective
-    plus ``LEN_SHRINK`` x multiplier^2; a kind no row of ``rows`` takes stays at 0."""
+    plus ``LEN_SHRINK`` x multiplier^2; a kind whose rows come from fewer than
+    ``MIN_LENGTH_SOURCES`` sources stays at 0 (the documented median)."""
     rows = [p for p in rows if p.measured_s]
     lm = {k: 0.0 for k in KINDS}
     best = _fit(rows, lm)
     for _ in range(2):
         for k in KINDS:
-            if not any(p.kind == k for p in rows):
-                continue
+            if len({p.source for p in rows if p.kind == k}) < MIN_LENGTH_SOURCES:
+                continue  # one source's rows moving a prior would be that source's fit
             for v in LEN_FINE:
                 trial = {**lm, k: float(v)}
                 f = _fit(rows, trial)

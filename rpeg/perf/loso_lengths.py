@@ -26,7 +26,9 @@ LOG_LEN = np.log(np.array(LEN_GRID))
 #: candidate log multipliers the fit chooses among (interpolated between grid points)
 LEN_FINE = np.linspace(LOG_LEN[0], LOG_LEN[-1], 17)
 #: pseudo-weight pulling a kind's log multiplier towards 0 (the documented median)
-LEN_SHRINK = 1.0
+LEN_SHRINK = 5.0
+#: fewest sources whose rows of a kind may move its median (one source would be its own fit)
+MIN_LENGTH_SOURCES = 1
 #: the kinds with a median of their own (base models share the instruct median)
 KINDS = ("instruct", "reasoning")
 

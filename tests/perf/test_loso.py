@@ -284,3 +284,13 @@ def test_an_hours_derived_step_is_compared_with_the_step_plus_the_runs_share(mon
     scored = {s.case_id: s for s in loso.score(per_step + hours)}
     assert scored["h0"].pred_loso == pytest.approx(40.0 * 1.05, rel=1e-3)
     assert scored["a0"].pred_loso == pytest.approx(20.0, rel=1e-3)  # a per-step row: as is
+
+
+def test_the_fit_loss_is_squared_to_a_factor_two_and_linear_beyond():
+    c = math.log(2.0)
+    assert float(loso._loss(0.5)) == pytest.approx(0.25)
+    assert float(loso._loss(-0.5)) == pytest.approx(0.25)
+    # |r| = 1 > ln 2: 2 c |r| - c^2
+    assert float(loso._loss(1.0)) == pytest.approx(2 * c - c * c)
+    # a row missed 10x pulls like one missed ~3.3x in squared loss, not 10x
+    assert float(loso._loss(math.log(10.0))) < math.log(10.0) ** 2 / 1.5
