@@ -25,9 +25,11 @@ def register(app: typer.Typer) -> None:
             None, "--dtype", help="float32 | bfloat16 | float16 (default: as trained)"
         ),
     ) -> None:
-        """Write the checkpoint's policy as an HF folder (config.json, model.safetensors,
-        tokenizer files) that transformers' AutoModelForCausalLM and vLLM load; a LoRA run
-        (model.lora, needs --config) also writes peft's adapter to OUT/adapter."""
+        """Write the checkpoint's policy (trainer.pt, rank states, or a sharded group's
+        torch.distributed.checkpoint shards, read in this process) as an HF folder
+        (config.json, model.safetensors, tokenizer files) that transformers'
+        AutoModelForCausalLM and vLLM load; a LoRA run (model.lora, needs --config) also
+        writes peft's adapter to OUT/adapter."""
         from rpeg.runtime.export import export_checkpoint
 
         run = None

@@ -1,13 +1,17 @@
 """A checkpoint as a Hugging Face model folder (``rpeg export``).
 
-The policy's weights of a checkpoint -- the single-process trainer's ``trainer.pt`` or a
-distributed run's rank states -- are loaded into the model's own ``transformers`` class and
+The policy's weights of a checkpoint -- the single-process trainer's ``trainer.pt``, a
+distributed run's rank states, or the torch.distributed.checkpoint shards a sharded (FSDP / TP)
+group wrote (``<step folder>/<group>.dcp``, read whole in this one process) -- are loaded into the model's own ``transformers`` class and
 written with ``save_pretrained`` (``config.json``, ``model.safetensors``) together with the
 tokenizer's files, so ``AutoModelForCausalLM.from_pretrained`` and vLLM load the trained
 weights. ``config.json`` and the tokenizer come from the model folder the run trained
 (``model.path``, given as ``model_path``) or, for the built-in tiny model, from the shape the
 checkpoint's commit marker records. Checkpoint parts are read with the state-file reader
-(safetensors + JSON): nothing in them is executed.
+(safetensors + JSON) and shards with rpeg.runtime.actors.shard_reader (DCP's metadata through an
+unpickler that builds its own classes only, tensors with ``weights_only``): nothing in them is
+executed. A LoRA checkpoint (adapters only, in any of the three) goes through
+rpeg.runtime.lora_export with the run's config.
 """
 
 from __future__ import annotations
@@ -20,14 +24,20 @@ import torch
 from rpeg.errors import ConfigError, Problem
 from rpeg.runtime.actors.checkpoint import CheckpointError, find_checkpoint, loads
 from rpeg.runtime.actors.checkpoint_identity import TRAINER_PART
+from rpeg.runtime.actors.shard_checkpoint import SHARDS_SUFFIX
 
 #: key prefixes of a policy module that are not the causal LM's own (the shared value head)
 _WRAPPER_PREFIX = "lm."
 _VALUE_HEAD_PREFIX = "value_head."
+#: the actor's weights in a sharded group's shards (rpeg.runtime.actors.shard_checkpoint)
+_SHARDED_POLICY = "actor.model."
 
 
-def policy_weights(parts: Mapping[str, bytes]) -> dict[str, torch.Tensor]:
-    """The actor's full weights (LM parameter names) in a checkpoint's parts."""
+def policy_weights(
+    parts: Mapping[str, bytes], meta: Mapping[str, Any] | None = None
+) -> dict[str, torch.Tensor]:
+    """The actor's full weights (LM parameter names) in a checkpoint's parts, or -- for a
+    sharded group (``meta``'s ``sharded_groups``) -- in its shards folder."""
     if TRAINER_PART in parts:
         state = loads(parts[TRAINER_PART])["trainer"]["actor"]
         return lm_weights(state["module"])
@@ -41,9 +51,18 @@ def policy_weights(parts: Mapping[str, bytes]) -> dict[str, torch.Tensor]:
         actor = st.get("actor") if isinstance(st, dict) else None
         if isinstance(actor, dict) and isinstance(actor.get("module"), dict):
             return lm_weights(actor["module"])
+    meta = meta or {}
+    for group in meta.get("sharded_groups") or ():  # the group holding the actor's shards
+        from rpeg.runtime.actors.shard_reader import read_tensors
+
+        module = read_tensors(f"{meta['dir_url']}/{group}{SHARDS_SUFFIX}", _SHARDED_POLICY)
+        if module:
+            return lm_weights(module)
     raise CheckpointError(
-        f"no policy weights in the checkpoint (parts {sorted(parts)}); a checkpoint written "
-        "as torch.distributed shards is exported by resuming it for 0 steps"
+        f"no policy weights in the checkpoint at {meta.get('dir_url', '?')} (parts "
+        f"{sorted(parts)}, shards of {list(meta.get('sharded_groups') or [])}): it holds "
+        "neither a trainer.pt, nor a rank state with the actor's weights, nor a sharded "
+        "group's actor shards"
     )
 
 
@@ -107,13 +126,14 @@ def export_checkpoint(
 
     got = find_checkpoint(checkpoint)
     if got is None:
-        raise CheckpointError(f"no complete checkpoint at {checkpoint}")
+        raise CheckpointError(not_a_checkpoint(checkpoint))
     meta, parts = got
-    weights = policy_weights(parts)
+    weights = policy_weights(parts, meta)
     if any(".lora_" in k for k in weights):
         from rpeg.runtime.lora_export import export_lora
 
-        export_lora(weights, out, config, dtype=dtype, log=log)
+        saved = (meta.get("model") or {}).get("policy", {}).get("lora")
+        export_lora(weights, out, config, dtype=dtype, log=log, saved=saved)
         return f"step {meta.get('step')} of run {meta.get('run_id')}"
     model, tok = _model_and_tokenizer(meta, model_path)
     missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -130,6 +150,21 @@ def export_checkpoint(
     if log:
         log(f"{where}: {sum(p.numel() for p in model.parameters()):,} parameters")
     return where
+
+
+def not_a_checkpoint(url: str) -> str:
+    """Why ``url`` holds nothing to export: what it is and what export reads."""
+    from rpeg.runtime.actors.checkpoint import survey
+
+    found = "; ".join(survey(url)) or "no step-NNNNNNNN folder with a COMMIT.json"
+    hint = ""
+    if url.rstrip("/").endswith(SHARDS_SUFFIX):
+        hint = " (a sharded group's shards alone: name the step folder that holds them)"
+    return (
+        f"no complete checkpoint at {url}{hint}; found: {found}. rpeg export reads an rpeg "
+        "checkpoint: a step folder (COMMIT.json with trainer.pt, rank states or "
+        "<group>.dcp shards), a run folder, or a checkpoint URL holding one run"
+    )
 
 
 #: where ``runtime.export_hf`` writes, under ``runtime.output_dir``

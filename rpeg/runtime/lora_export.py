@@ -32,9 +32,12 @@ def export_lora(
     *,
     dtype: str | None = None,
     log: Callable[[str], None] | None = None,
+    saved: Mapping[str, Any] | None = None,
 ) -> None:
     """Write the adapters of ``weights`` (a LoRA checkpoint's LM state) to ``<out>/adapter``
-    and the merged model to ``out``; ``config``: the run's config (base model, model.lora)."""
+    and the merged model to ``out``; ``config``: the run's config (base model, model.lora),
+    whose model.lora must be ``saved`` (the one the commit marker records) when given -- a
+    different alpha would merge with the wrong scale."""
     if config is None or config.model.lora is None:
         raise ConfigError(
             [
@@ -42,6 +45,19 @@ def export_lora(
                     "--config",
                     "the checkpoint holds LoRA adapters only: name the run's config (with its "
                     "model.lora and base model) so the base can be rebuilt",
+                )
+            ]
+        )
+    import json
+
+    given_lora = json.loads(json.dumps(config.model.lora.model_dump()))
+    if saved is not None and given_lora != saved:
+        raise ConfigError(
+            [
+                Problem(
+                    "--config",
+                    f"model.lora {given_lora} is not the checkpoint's {dict(saved)}: name the "
+                    "config of the run that wrote it",
                 )
             ]
         )

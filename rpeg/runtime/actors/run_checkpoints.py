@@ -11,10 +11,8 @@ from typing import Any
 
 from rpeg.runtime.actors.checkpoint import dumps as checkpoint_dumps
 from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
+from rpeg.runtime.actors.shard_checkpoint import SHARDS_SUFFIX
 from rpeg.runtime.samples import keep_samples_upto
-
-#: a sharded group's shards in a checkpoint's folder: ``<step folder>/<group>.dcp``
-SHARDS_SUFFIX = ".dcp"
 
 
 def _writes_shards(g: Any) -> bool:
@@ -72,7 +70,7 @@ class RunCheckpoints:
         info = self.store.save(
             step_done, parts, meta, before_commit=write_shards if sharded else None
         )
-        if self.config.runtime.export_hf:  # rank-state checkpoints (not torch.distributed shards)
+        if self.config.runtime.export_hf:  # from rank states or the sharded group's shards
             from rpeg.runtime.export import export_at_checkpoint
 
             export_at_checkpoint(self.config, info.path, step_done, print)

@@ -31,6 +31,9 @@ from torch import nn
 
 from rpeg.runtime.lora import adapter_state_names, has_lora
 
+#: a sharded group's shards in a checkpoint's folder: ``<step folder>/<group>.dcp``
+SHARDS_SUFFIX = ".dcp"
+
 
 def _dist():
     import torch.distributed as dist
