@@ -210,7 +210,7 @@ class PolicyWorker:
         prompt_ids: Sequence[Sequence[int]],
         params: SamplingParams | None = None,
         *,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         max_new_tokens: Sequence[int] | None = None,
     ) -> GenerationOutput:
         model = getattr(self.engine, "model", None)

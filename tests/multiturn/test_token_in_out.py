@@ -2,6 +2,7 @@
 exactly; the loss mask covers the model's own tokens only. Expected ids worked by hand from
 the char vocabulary (tests/multiturn/scripted.ch)."""
 
+import pytest
 import torch
 
 from rpeg.runtime.data import Example
@@ -55,6 +56,19 @@ def test_ids_and_masks_across_turns():
     assert m["turns_mean"] == 1.5
     assert m["env_reward_mean"] == 0.5  # row 0's final answer is right, row 1's is not
     assert m["env_errors"] == 0.0
+
+
+def test_turn_shape_metrics_by_hand():
+    """What `rpeg calibrate` fits the turn shape from: the engine decoded 25 ids (the call
+    and the dropped "zz") + 4 in row 0's two turns and 3 in row 1's one turn: 32 / 3 per
+    turn; one observation of 19 ids."""
+    _, _, m = _rollout()
+    assert m["turn_tokens_mean"] == pytest.approx(32 / 3)
+    assert m["observation_tokens_mean"] == 19.0
+    # no observation in the step: no observation figure (not a 0 that would be averaged in)
+    w = ScriptedWorker([[(ch("85") + [EOS], -0.75, True)]])
+    _, m = multiturn_rollout(w, [Example("12x7?", "84")], 1, multiturn())
+    assert m["turn_tokens_mean"] == 3.0 and "observation_tokens_mean" not in m
 
 
 def test_select_keeps_observation_columns():

@@ -95,6 +95,23 @@ def test_a_split_batch_samples_what_the_whole_batch_samples(tiny, params):
     assert not all(torch.equal(whole.response_ids[i], whole.response_ids[i + 4]) for i in range(4))
 
 
+def test_one_seed_per_row_samples_what_those_rows_sample_in_the_whole_batch(tiny):
+    # rows 1, 4 and 6 of a batch, given alone with their seeds 1001, 1004, 1006 (a
+    # multi-turn turn whose other rows finished), draw the whole batch's tokens for them
+    eng = _engine(tiny)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    prompts = PROMPTS * 2
+    whole = eng.generate(prompts, params, seed=1000)
+    rows = [1, 4, 6]
+    some = eng.generate([prompts[r] for r in rows], params, seed=[1000 + r for r in rows])
+    for j, r in enumerate(rows):
+        n = int(whole.lengths[r])
+        assert int(some.lengths[j]) == n
+        assert torch.equal(some.response_ids[j, :n], whole.response_ids[r, :n])
+    with pytest.raises(ValueError, match="2 row seeds for 3 rows"):
+        eng.generate([prompts[r] for r in rows], params, seed=[1, 2])
+
+
 def test_stop_tokens_and_per_sample_caps(tiny):
     eng = _engine(tiny)
     greedy = eng.generate(PROMPTS, SamplingParams(max_new_tokens=6, temperature=0))

@@ -227,6 +227,9 @@ def test_requests_carry_each_samples_seed_and_cap():
     assert out.logprobs_exact
     unseeded = eng.generate([[3]], p)
     assert llm.calls[-1][2][0]["seed"] is None and unseeded.lengths.tolist() == [3]
+    # one seed per row (a multi-turn rollout's later turns): each request gets its own
+    eng.generate([[3], [9]], p, seed=[7, 2**55 + 7])
+    assert [sp["seed"] for sp in llm.calls[-1][2]] == [7, 36028797018963975]
     with pytest.raises(RpegError, match="2 response caps for 1 prompts"):
         eng.generate([[3]], p, max_new_tokens=[1, 2])
 

@@ -61,7 +61,9 @@ class GenerationEngine(Protocol):
     ``params.max_new_tokens``. ``seed`` makes sampling reproducible: prompt ``i`` is sampled
     from its own stream seeded ``seed + i``, whatever else is in the batch, so a batch split
     into parts (the first row of each part seeded with its global index: ``row_sampling.
-    rollout_seed``) samples what the whole batch samples.
+    rollout_seed``) samples what the whole batch samples. ``seed`` may also be one seed per
+    prompt (``row_sampling.row_seeds``): rows that are not consecutive positions (a
+    multi-turn rollout's later turns).
     """
 
     policy_version: int
@@ -71,7 +73,7 @@ class GenerationEngine(Protocol):
         prompt_ids: Sequence[Sequence[int]],
         params: SamplingParams,
         *,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         max_new_tokens: Sequence[int] | None = None,
     ) -> GenerationOutput: ...
 

@@ -6,7 +6,10 @@ its first row) samples the tokens the single-process trainer samples for the who
 up to the last bits of the logits (the layouts sum their matmuls in different orders): runs
 are reproducible across layouts, and ``rpeg train`` and ``--local`` run the same workload
 (the same response lengths step by step). vLLM seeds each request the same way
-(:mod:`rpeg.runtime.engines.vllm`: sample ``i`` of a call gets ``seed + i``).
+(:mod:`rpeg.runtime.engines.vllm`: sample ``i`` of a call gets ``seed + i``). A call may
+instead give every row its own seed (:func:`row_seeds`): a multi-turn rollout's later turns
+generate only the rows still going, each at :func:`turn_seed` of its own row seed, so a
+sample's turns do not depend on which other rows finished before it.
 
 How (a counter-based generator in the sense of Salmon et al., SC'11, "Parallel random numbers:
 as easy as 1, 2, 3"; the mixing function here is a 32-bit integer hash, not Philox):
@@ -25,6 +28,8 @@ no tensor op overflows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 _M32 = 0xFFFFFFFF
@@ -32,6 +37,9 @@ _GOLDEN = 0x9E3779B9
 #: rows one step's rollout may have (row seeds of consecutive steps never overlap)
 ROWS_PER_STEP = 1 << 24
 _SEED_SPACE = 1 << 62
+#: a row's seed at turn ``t`` of a multi-turn sample lies ``t * TURN_STRIDE`` above its own
+#: (turn-0) seed: ``ROWS_PER_STEP * 2**31``, past the rows of every step a run reaches
+TURN_STRIDE = ROWS_PER_STEP << 31
 
 
 def rollout_seed(run_seed: int, step: int, first_row: int = 0) -> int:
@@ -41,6 +49,29 @@ def rollout_seed(run_seed: int, step: int, first_row: int = 0) -> int:
     if not 0 <= first_row < ROWS_PER_STEP:
         raise ValueError(f"first_row={first_row} outside [0, {ROWS_PER_STEP})")
     return ((run_seed * 1_000_003 + step) * ROWS_PER_STEP + first_row) % _SEED_SPACE
+
+
+def turn_seed(row_seed: int, turn: int) -> int:
+    """The seed of a multi-turn sample's turn ``turn`` (0-based) from the sample's own seed
+    ``row_seed`` (its :func:`rollout_seed` row seed): the row seed itself at turn 0 (a
+    single-turn response's), ``+ turn * TURN_STRIDE`` after. A function of the run seed, the
+    step, the row's position and the turn only, never of which rows share the turn's batch;
+    within a run no two (step, row, turn) share a seed (steps < 2**31, turns < 2**7)."""
+    if turn < 0:
+        raise ValueError(f"turn={turn} < 0")
+    return (row_seed + turn * TURN_STRIDE) % _SEED_SPACE
+
+
+def row_seeds(seed: int | Sequence[int], rows: int) -> list[int]:
+    """Each row's seed in a call of ``rows`` rows: ``seed + i`` for an int (a batch whose
+    rows are consecutive positions), or one seed per row as given (rows that are not: the
+    turns of a multi-turn rollout whose other rows have finished)."""
+    if isinstance(seed, int):
+        return [(seed + i) % _SEED_SPACE for i in range(rows)]
+    out = [int(s) % _SEED_SPACE for s in seed]
+    if len(out) != rows:
+        raise ValueError(f"{len(out)} row seeds for {rows} rows")
+    return out
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -59,9 +90,12 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def row_keys(seed: int, rows: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``[rows]`` int64 keys of the rows seeded ``seed, seed + 1, ...``."""
-    s = (torch.arange(rows, dtype=torch.int64, device=device) + seed) % _SEED_SPACE
+def row_keys(
+    seed: int | Sequence[int], rows: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """``[rows]`` int64 keys of the rows seeded ``seed, seed + 1, ...`` (an int) or of the
+    rows' own seeds (a sequence: :func:`row_seeds`)."""
+    s = torch.as_tensor(row_seeds(seed, rows), dtype=torch.int64, device=device)
     return _hash32(_hash32(s & _M32) ^ (s >> 32))
 
 

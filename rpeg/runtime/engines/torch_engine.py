@@ -136,7 +136,7 @@ class TorchEngine:
         prompt_ids: Sequence[Sequence[int]],
         params: SamplingParams,
         *,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         max_new_tokens: Sequence[int] | None = None,
     ) -> GenerationOutput:
         t0 = time.perf_counter()
@@ -210,7 +210,7 @@ class TorchEngine:
         self,
         prompt_ids: Sequence[Sequence[int]],
         params: SamplingParams,
-        seed: int | None,
+        seed: int | Sequence[int] | None,
         max_new_tokens: Sequence[int] | None,
     ) -> Iterator[_Decode]:
         """Prefill, then one token per step; yields the state before the first step and
@@ -227,7 +227,7 @@ class TorchEngine:
         )
         if seed is None:  # a fresh stream, reproducible under torch.manual_seed
             seed = int(torch.randint(0, 1 << 62, (1,)))
-        keys = row_keys(seed, b, dev)  # row i samples from seed + i (engines.row_sampling)
+        keys = row_keys(seed, b, dev)  # row i: seed + i, or seed[i] (engines.row_sampling)
         was_training = self.model.training
         self.model.eval()
         try:

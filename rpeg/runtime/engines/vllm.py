@@ -46,6 +46,7 @@ import torch
 
 from rpeg.errors import RpegError
 from rpeg.runtime.engines.base import GenerationOutput, SamplingParams
+from rpeg.runtime.engines.row_sampling import row_seeds
 from rpeg.runtime.engines.vllm_cuda_transfer import (
     CUDA_IPC,
     NCCL,
@@ -260,10 +261,11 @@ class VLLMEngine:
         prompt_ids: Sequence[Sequence[int]],
         params: SamplingParams,
         *,
-        seed: int | None = None,
+        seed: int | Sequence[int] | None = None,
         max_new_tokens: Sequence[int] | None = None,
     ) -> GenerationOutput:
-        """One request per prompt; sample ``i`` is seeded ``seed + i`` (None: unseeded)."""
+        """One request per prompt; sample ``i`` is seeded ``seed + i``, or ``seed[i]`` for
+        one seed per prompt (None: unseeded)."""
         self.wake_up()
         caps = (
             list(max_new_tokens)
@@ -272,10 +274,8 @@ class VLLMEngine:
         )
         if len(caps) != len(prompt_ids):
             raise RpegError(f"{len(caps)} response caps for {len(prompt_ids)} prompts")
-        requests = [
-            self._sampling_params(params, c, None if seed is None else seed + i)
-            for i, c in enumerate(caps)
-        ]
+        seeds = [None] * len(caps) if seed is None else row_seeds(seed, len(caps))
+        requests = [self._sampling_params(params, c, s) for c, s in zip(caps, seeds, strict=True)]
         # vllm.inputs.TokensPrompt is a TypedDict: this dict is one
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
         t0 = time.perf_counter()

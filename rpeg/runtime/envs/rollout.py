@@ -38,6 +38,7 @@ from rpeg.runtime.actors.fault_points import env_turn
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import Example
 from rpeg.runtime.engines.base import SamplingParams
+from rpeg.runtime.engines.row_sampling import turn_seed
 from rpeg.runtime.engines.torch_engine import left_pad
 from rpeg.runtime.envs.base import EnvStep, make_env
 from rpeg.runtime.envs.chat import ChatTurns
@@ -61,6 +62,8 @@ class _Row:
     done: bool = False
     finished: bool = False  # ended by EOS
     turns: int = 0
+    decoded: int = 0  # tokens the engine generated in its turns (a tool call's tail too)
+    obs_tokens: int = 0  # observation (and chat wrapper) ids appended
     tool_calls: int = 0
     env_reward: float = 0.0
     error: str = ""  # an environment failure (env_timeout / env_error / env_bad_result)
@@ -115,7 +118,10 @@ def multiturn_rollout(
     runner: EnvRunner | None = None,
 ) -> tuple[RolloutBatch, Metrics]:
     """``samples_per_prompt`` multi-turn samples per example (groups contiguous) with the
-    worker's engine; ``multiturn``: a ``task.multiturn`` section."""
+    worker's engine; ``multiturn``: a ``task.multiturn`` section. ``seed``: the first row's
+    seed (``rollout_seed(run seed, step, first_row)``); row ``i`` is the step's row
+    ``first_row + i`` and samples turn ``t`` at ``turn_seed(seed + i, t)`` whatever rows share
+    the turn's batch, so a rollout split into other chunks samples the same transcripts."""
     t0 = time.perf_counter()
     mt = multiturn
     tok = worker.tokenizer
@@ -166,11 +172,10 @@ def multiturn_rollout(
         if not active:
             break
         tg = time.perf_counter()
-        turn_seed = None if seed is None else seed + 100_003 * t
         out = worker.generate(
             [rows[i].prompt + rows[i].ids for i in active],
             params,
-            seed=turn_seed,
+            seed=None if seed is None else [turn_seed(seed + i, t) for i in active],
             max_new_tokens=caps,
         )
         gen_s += time.perf_counter() - tg
@@ -181,6 +186,7 @@ def multiturn_rollout(
             ids = out.response_ids[j, :n].tolist()
             lps = out.logprobs[j, :n].tolist()
             gen_tokens += n
+            r.decoded += n
             cut = find_subsequence(ids, stop_ids)
             if cut is not None:  # a tool call: what follows its close is dropped
                 ids, lps = ids[:cut], lps[:cut]
@@ -241,6 +247,7 @@ def _apply(
         r.done, r.end = True, END_SAMPLE_TOKENS
         return
     r.add(obs, None)
+    r.obs_tokens += len(obs)
     r.observations.append(st.observation)
     r.parts.append(st.observation)
 
@@ -297,6 +304,11 @@ def _metrics(rows: list[_Row], gen_s: float, gen_tokens: int, env_s: float) -> M
         "env_reward_mean": sum(r.env_reward for r in rows) / b,
         "env_errors": float(sum(bool(r.error) for r in rows)),
     }
+    turns, obs = sum(r.turns for r in rows), sum(len(r.observations) for r in rows)
+    if turns:  # the turn shape `rpeg calibrate` fits (rpeg.perf.turn_fit)
+        m["turn_tokens_mean"] = sum(r.decoded for r in rows) / turns
+    if obs:
+        m["observation_tokens_mean"] = sum(r.obs_tokens for r in rows) / obs
     for r in rows:
         if r.error:
             m[f"env_error/{r.error}"] = m.get(f"env_error/{r.error}", 0.0) + 1
