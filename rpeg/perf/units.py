@@ -9,7 +9,7 @@ from typing import Any
 from rpeg.perf import costs, turns
 from rpeg.perf.calibration import Calibration
 from rpeg.perf.lengths import LengthDist, prior_mean
-from rpeg.perf.lora import adapter_memory, trainable_params
+from rpeg.perf.lora import adapter_memory, tp_grad_sum_bytes, trainable_params
 from rpeg.perf.prediction import GB, StageCost, Workload
 from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices
 from rpeg.specs import ClusterSpec, ModelSpec
@@ -244,8 +244,8 @@ def _train_state_per_device(c: UnitContext, u: UnitPlan, trainable: bool) -> dic
     dp = max(1, u.num_devices // (u.tp * u.pp))
     out = {"weights": p_dev * c.wbytes / GB / (dp if fsdp else 1)}
     if trainable:
-        p_train = trainable_params(c.model, c.wl, p_dev)  # LoRA: the adapters (perf.lora)
-        out |= adapter_memory(c.model, c.wl, p_dev, c.wbytes, dp if fsdp else 1)
+        p_train = trainable_params(c.model, c.wl, p_dev, u.tp)  # LoRA: adapters (perf.lora)
+        out |= adapter_memory(c.model, c.wl, p_dev, c.wbytes, dp if fsdp else 1, u.tp)
         out["gradients"] = p_train * 2.0 / GB / (dp if fsdp else 1)
         out["optimizer"] = p_train * 12.0 / dp / GB  # fp32 master + Adam m, v (distributed)
         if unit_keeps_gathered(c, u):
@@ -332,6 +332,12 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         lvl, bw, alpha = costs.group_link(c.cluster, first, tp)
         ar = costs.allreduce_time(tok_dev * m.hidden * 2.0, tp, bw, alpha, cal.nccl_bus_eff)
         comm[lvl] = comm.get(lvl, 0.0) + n_micro * passes * 2 * m.layers / pp * ar
+        if train:  # LoRA: the replicated factors' gradients, summed once per optimizer step
+            g = tp_grad_sum_bytes(m, c.wl, params_per_device(m, tp, pp, ep), tp)
+            ar = c.wl.train_minibatches * costs.allreduce_time(g, tp, bw, alpha, cal.nccl_bus_eff)
+            if ar:
+                comm[lvl] += ar
+                sc.detail["lora_tp_grad_sum_s"] = ar
     # expert parallel: dispatch + combine per MoE layer per pass
     if m.moe and ep > 1:
         # with tensor parallel, sequence parallel splits the tokens over the tp ranks first

@@ -43,3 +43,63 @@ def test_lora_trainer_holds_adapter_state_only():
     # the adapters' own weights: 32,768 x the weights' bytes per parameter
     assert lo["lora_adapters"] == pytest.approx(full["weights"] * share)
     assert "lora_adapters" not in full
+
+
+def test_replicated_factors_by_hand():
+    """Under tp the factor on the unsplit side stays whole (rpeg.runtime.lora_tp): A (r x in)
+    of column-wise q/k/v/gate/up, B (out x r) of row-wise o/down. rpeg-tiny, rank 8 on q and
+    v (column-wise, in 256): 8 * 256 * 2 * 4 layers = 16,384; rank 2 on o (out 256) and down
+    (out 256): 2 * 256 * 2 * 4 = 4,096."""
+    from rpeg.perf.lora import COLUMN_WISE, replicated_lora_params
+    from rpeg.runtime.tensor_parallel import TP_PLAN
+
+    m = priced_model(RunConfig().model)
+    assert replicated_lora_params(m, 8, ("q_proj", "v_proj")) == 16384
+    assert replicated_lora_params(m, 2, ("o_proj", "down_proj")) == 4096
+    # the pure layer's split kinds are the runtime's
+    assert set(COLUMN_WISE) == {k.rsplit(".", 1)[1] for k, v in TP_PLAN.items() if v == "colwise"}
+
+
+def _tp2_train_stage(lora: str):
+    from pathlib import Path
+
+    from rpeg.compile import resolve
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    cfg = RunConfig.from_yaml(root / "tp2-cpu.yaml")
+    if lora:
+        cfg = cfg.with_overrides({"model.lora": {"rank": 8}})
+    _, plan = resolve(None, cfg)
+    assert plan.units["train_actor"].tp == 2
+    wl = Workload.from_config(cfg.workload, cfg.model.lora)
+    pred = predict_plan(plan, wl, algorithm=cfg.algorithm, model=priced_model(cfg.model))
+    (stage,) = [s for s in pred.stages.values() if "optimizer" in s.memory_gb]
+    return cfg, plan, wl, stage
+
+
+def test_lora_at_tp2_holds_the_replicated_factor_whole_and_sums_its_gradient_once():
+    """rpeg-tiny at tp=2, rank 8 on q, v: a rank holds B split (8 * 256 / 2 per module) and A
+    whole (8 * 256): (1,024 + 2,048) * 2 modules * 4 layers = 24,576 adapter parameters, not
+    32,768 / 2 = 16,384; its optimizer, gradients and adapter weights price those. Once per
+    optimizer step it all-reduces the replicated A's gradients over tp: 16,384 x 2 B =
+    32,768 B (the trainer's gradients are priced in bf16)."""
+    from rpeg import specs
+    from rpeg.perf import costs
+    from rpeg.perf.calibration import DEFAULT
+    from rpeg.perf.units import params_per_device
+
+    _, _, _, full = _tp2_train_stage("")
+    cfg, plan, wl, lo = _tp2_train_stage("lora")
+    m = priced_model(cfg.model)
+    p_dev = params_per_device(m, 2, 1, 1)
+    assert lo.memory_gb["optimizer"] == pytest.approx(full.memory_gb["optimizer"] * 24576 / p_dev)
+    assert lo.memory_gb["gradients"] == pytest.approx(full.memory_gb["gradients"] * 24576 / p_dev)
+    assert lo.memory_gb["lora_adapters"] == pytest.approx(full.memory_gb["weights"] * 24576 / p_dev)
+    cluster = specs.cluster(plan.cluster, num_devices=2)
+    lvl, bw, alpha = costs.group_link(cluster, plan.units["train_actor"].devices[0], 2)
+    eff = DEFAULT.nccl_bus_eff
+    # ring all-reduce of 32,768 B over 2 ranks: 2 (1/2) n / (bw eff) + 2 log2(2) alpha
+    one = 32768 / (bw * eff) + 2 * alpha
+    assert lo.detail["lora_tp_grad_sum_s"] == pytest.approx(wl.train_minibatches * one)
+    assert "lora_tp_grad_sum_s" not in full.detail
+    assert lo.comm_s[lvl] - full.comm_s[lvl] == pytest.approx(wl.train_minibatches * one)
