@@ -219,6 +219,56 @@ def dropout_case(lay, mesh, rank: int) -> dict:
     }
 
 
+def one_process_checkpoint(url: str) -> dict:
+    """One process (no process group): one train step, its DCP shards saved to ``url``, then
+    a second step; the merged weights after each (what a resumed tp=2 worker must match)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from rpeg.runtime.actors.shard_checkpoint import save_shards, worker_extras, worker_roles
+
+    w = lora_policy(C.config())
+    w.train_step(C.with_old_logprobs(C.batch(0), w))
+    save_shards(url, worker_roles(actor=w), worker_extras(actor=w))
+    merged1 = w.get_weights()
+    moments = _moments(get_state_dict(w.module, w.optimizer)[1])
+    metrics = w.train_step(C.with_old_logprobs(C.batch(0), w))
+    return {"merged1": merged1, "moments": moments, "merged2": w.get_weights(), "metrics": metrics}
+
+
+def _moments(osd: dict) -> dict:
+    """AdamW's two moments of every parameter of an FQN-keyed optimizer state (cloned)."""
+    return {
+        k: (v["exp_avg"].clone(), v["exp_avg_sq"].clone()) for k, v in osd.get("state", {}).items()
+    }
+
+
+def resume_case(lay, mesh, url: str) -> dict:
+    """At ``lay``: load :func:`one_process_checkpoint`'s shards (tp1 -> this layout), the
+    merged weights, then one more train step (the loaded AdamW moments at work)."""
+    from rpeg.runtime.actors.shard_checkpoint import (
+        load_shards,
+        restore_extras,
+        worker_extras,
+        worker_roles,
+    )
+    from rpeg.runtime.role_state import role_state
+
+    w = sharded(C.config(), lay, mesh)
+    extras = load_shards(url, worker_roles(actor=w), worker_extras(actor=w))
+    restore_extras(extras, actor=w)
+    version = w.policy_version
+    merged1 = w.get_weights()
+    moments = _moments(role_state(w.module, w.optimizer, w.shards)[1])  # gathered on rank 0
+    metrics = w.train_step(C.with_old_logprobs(C.batch(0), w))
+    return {
+        "merged1": merged1,
+        "moments": moments,
+        "merged2": w.get_weights(),
+        "metrics": metrics,
+        "version": version,
+    }
+
+
 # --- spawned bodies ---------------------------------------------------------------------------
 def body(rank: int, world: int, port: int, cases: list, q) -> None:
     import torch.distributed as dist
@@ -234,6 +284,8 @@ def body(rank: int, world: int, port: int, cases: list, q) -> None:
                 res = toy_case(mesh)
             elif kind == "dropout":
                 res = dropout_case(lay, mesh, rank)
+            elif kind == "resume":
+                res = resume_case(lay, mesh, kw["url"])
             else:
                 res = policy_case(lay, mesh, rank, kw.get("url"))
             buf = io.BytesIO()

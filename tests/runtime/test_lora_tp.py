@@ -122,8 +122,18 @@ def test_apply_lora_layers_split_themselves_and_a_foreign_wrapper_is_named(tiny)
 
 # ------------------------------------------------------------------------------ spawned
 @pytest.fixture(scope="module")
-def tp2(tmp_path_factory):
-    """One spawn of two ranks: the toy split and a LoRA policy at tp=2 (DCP shards saved)."""
+def tp1_saved(tmp_path_factory):
+    """A one-process LoRA policy's DCP shards after one step (and its next step's weights)."""
+    import lora_tp_cases as T
+
+    url = str(tmp_path_factory.mktemp("lora_tp1") / "shards")
+    return {"url": url, **T.one_process_checkpoint(url)}
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory, tp1_saved):
+    """One spawn of two ranks: the toy split and a LoRA policy at tp=2 (DCP shards saved),
+    and the one-process shards of ``tp1_saved`` resumed at tp=2."""
     import lora_tp_cases as T
 
     url = str(tmp_path_factory.mktemp("lora_tp") / "shards")
@@ -131,6 +141,7 @@ def tp2(tmp_path_factory):
         ("toy", "toy", {"layout": {"dp": 1, "tp": 2}}),
         ("policy", "policy", {"layout": {"dp": 1, "tp": 2}, "url": url}),
         ("dropout", "dropout", {"layout": {"dp": 1, "tp": 2}}),
+        ("resume", "resume", {"layout": {"dp": 1, "tp": 2}, "url": tp1_saved["url"]}),
     ]
     out = T.spawn(2, cases, port=29771)
     return out, url
@@ -238,6 +249,33 @@ def test_tp2_checkpoints_hold_adapters_only_and_resume_on_one_process(tp2, singl
     v = T.lora_policy(C.config())
     load_adapter_state(v.module, res["weights"])
     torch.testing.assert_close(v.get_weights()[key], single["merged"][key], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_one_process_lora_shards_resume_at_tp2(tp2, tp1_saved):
+    """tp1 -> tp2 (beside tp2 -> tp1 above): the shards a one-process LoRA worker wrote after
+    one step load into both tp=2 ranks (each reads its slices of the split factors, the
+    replicated ones whole, and their AdamW moments): the same merged weights and policy
+    version, AdamW's moments (gathered on rank 0) bit for bit, and the next step gives the one
+    process's next weights and gradient norm. Measured (2026-12-03 07:53 UTC): merged after
+    the load 0.0 apart, after the next step 1.5e-8 (that step moves them by 1.4e-3), gradient
+    norms 1.2e-7 apart."""
+    out, _ = tp2
+    moments = out["resume"][0]["moments"]
+    assert moments.keys() == tp1_saved["moments"].keys() and len(moments) == 28
+    for k, (m, v) in tp1_saved["moments"].items():
+        assert torch.equal(moments[k][0], m) and torch.equal(moments[k][1], v), k
+    for r in (0, 1):
+        res = out["resume"][r]
+        assert res["version"] == 1
+        for k, v in tp1_saved["merged1"].items():
+            torch.testing.assert_close(res["merged1"][k], v, atol=1e-6, rtol=0, msg=k)
+        key = "model.layers.0.self_attn.q_proj.weight"
+        assert not torch.allclose(tp1_saved["merged2"][key], tp1_saved["merged1"][key])
+        for k, v in tp1_saved["merged2"].items():
+            torch.testing.assert_close(res["merged2"][k], v, atol=1e-5, rtol=0, msg=k)
+        want = tp1_saved["metrics"]["grad_norm"]
+        assert res["metrics"]["grad_norm"] == pytest.approx(want, abs=1e-5)
 
 
 @pytest.mark.slow  # four spawned ranks on two cores: ~80 s
