@@ -8,12 +8,9 @@ of each scored row comes from the LOSO residuals of comparable rows of *other* s
 or per model; the analytical constants (rpeg.perf.calibration) are shared by all rows.
 
 Mechanics: each row is priced once per point of a grid of (gen_eff, train_eff) factors with
-its layout solved at the shipped constants; the fit minimises the squared log errors of the
-step times (and of the published generation/training stage times, which separate the two
-factors) over that grid, bilinearly interpolated in log space, with each source weighted
-``1/sqrt(rows)``, the pooled factors over systems of equal total weight, and each system's
-factors shrunk towards the pooled ones (``SHRINK`` pseudo-weight), the pooled ones towards 1. Throughput-only rows are reported, not fitted
-(their token counts rest on unpublished lengths).
+its layout solved at the shipped constants (here); the fit of the system parameters and the
+length-prior multipliers is :mod:`rpeg.perf.loso_fit`. Throughput-only rows are reported,
+not fitted (their token counts rest on unpublished lengths).
 """
 
 from __future__ import annotations
@@ -28,24 +25,15 @@ import numpy as np
 from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
-from rpeg.perf.loso_lengths import (
-    KINDS,
-    LEN_FINE,
-    LEN_GRID,
-    LEN_SHRINK,
-    MIN_LENGTH_SOURCES,
-    at,
-    multiplier,
-    prior_kind,
-    scaled,
-)
+from rpeg.perf.loso_fit import GRID, _interp, _loss, fit, fit_lengths, params  # noqa: F401
+from rpeg.perf.loso_lengths import LEN_GRID, at, multiplier, prior_kind, scaled
 from rpeg.perf.loso_ranges import _bounds, _comparable, _range
 from rpeg.perf.loso_summary import Scored
 from rpeg.perf.pricing import predict
 from rpeg.perf.row_cells import Unpredictable, _float, _number, unknown_names
 from rpeg.perf.rows import read_case
 from rpeg.perf.run_share import fitted_share, from_hours, outside_share
-from rpeg.perf.systems import POOLED, UNKNOWN_WIDEN, normalise
+from rpeg.perf.systems import UNKNOWN_WIDEN, normalise
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError
 
@@ -63,17 +51,6 @@ EXPLICIT = (
     "image_tokens",
 )
 
-#: factor grid each row is priced on (time = modelled / factor)
-GRID = tuple(2 ** (k * 2 / 3) for k in range(-3, 4))  # 0.25 .. 4
-_LG = np.log(np.array(GRID))
-#: fine grid the objective is minimised on (log space, interpolated)
-_FINE = np.linspace(_LG[0], _LG[-1], 49)
-#: pseudo-weight pulling a system's log factors to the pooled ones (pooled: to 0)
-SHRINK = 20.0
-#: log residual beyond which the fit's loss grows linearly (a factor of 2)
-HUBER = math.log(2.0)
-#: weight of a published stage time relative to a step time
-STAGE_WEIGHT = 0.5
 #: the calibration whose interval carries only the row's unknown inputs
 _UNKNOWN_ONLY = replace(
     SHIPPED,
@@ -120,28 +97,6 @@ class Priced:
 
     def log_pred(self, lg: float, lt: float, lm: float = 0.0) -> float:
         return float(_interp(at(self.step, lm), lg, lt))
-
-
-def _interp(step: np.ndarray, lg: Any, lt: Any) -> Any:
-    """Log of the step at (log gen, log train) factors: bilinear in the inverse factors
-    (each unit's time is proportional to 1/factor, so a sum of units is exact and a max of
-    pools piecewise exact) between the grid points."""
-    lg, lt = np.clip(lg, _LG[0], _LG[-1]), np.clip(lt, _LG[0], _LG[-1])
-    i = np.clip(np.searchsorted(_LG, lg) - 1, 0, len(_LG) - 2)
-    j = np.clip(np.searchsorted(_LG, lt) - 1, 0, len(_LG) - 2)
-    inv = np.exp(-_LG)
-    fi = (np.exp(-lg) - inv[i]) / (inv[i + 1] - inv[i])
-    fj = (np.exp(-lt) - inv[j]) / (inv[j + 1] - inv[j])
-    v = (
-        step[i, j] * (1 - fi) * (1 - fj)
-        + step[i + 1, j] * fi * (1 - fj)
-        + step[i, j + 1] * (1 - fi) * fj
-        + step[i + 1, j + 1] * fi * fj
-    )
-    return np.log(v)
-
-
-_FG, _FT = np.meshgrid(_FINE, _FINE, indexing="ij")
 
 
 def _stage_meas(r: dict[str, str]) -> dict[str, float]:
@@ -243,100 +198,8 @@ def price_rows(
     return priced, refused
 
 
-def _loss(r: Any) -> Any:
-    """Huber loss of log residuals: squared up to ``HUBER``, linear beyond, so that a row
-    the model misses by more than 2x (a mechanism it lacks, a row read wrongly) pulls the
-    fitted quantities no harder than one it misses by 2x."""
-    a = np.abs(r)
-    return np.where(a <= HUBER, a * a, 2 * HUBER * a - HUBER * HUBER)
-
-
 def _stage(pred: Any, kind: str) -> float:
     return sum(s.time_s for s in pred.stages.values() if kind in s.kinds)
-
-
-def _objective(rows: list[Priced], weights: dict[str, float], lm: dict[str, float]) -> np.ndarray:
-    """Weighted squared log error of ``rows`` over the fine (gen, train) grid, each row at
-    the length multiplier ``lm`` of its kind."""
-    obj = np.zeros_like(_FG)
-    for p in rows:
-        w = weights[p.source]
-        lk = multiplier(lm, p.kind)
-        obj += w * _loss(math.log(p.measured_s) - _interp(at(p.step, lk), _FG, _FT))
-        for st, m in p.stage_meas.items():
-            pr = float(at(p.stage_pred[st], lk)) if st in p.stage_pred else 0.0
-            if pr:
-                lf = _FG if st == "generate" else _FT
-                obj += STAGE_WEIGHT * w * _loss(math.log(m) - (math.log(pr) - lf))
-    return obj
-
-
-def _argmin(obj: np.ndarray) -> tuple[float, float]:
-    i, j = np.unravel_index(int(np.argmin(obj)), obj.shape)
-    return float(_FINE[i]), float(_FINE[j])
-
-
-def fit(rows: list[Priced], lm: dict[str, float] | None = None) -> dict[str, tuple[float, float]]:
-    """Log (gen, train) factors per system and ``pooled`` from step-time ``rows``, each row
-    at the length multiplier ``lm`` of its kind (default: the documented medians)."""
-    return _fit(rows, lm or {})[0]
-
-
-def fit_lengths(rows: list[Priced]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
-    """The log length multiplier of each kind and the factors fitted with them: coordinate
-    descent over :data:`LEN_FINE` per kind (two rounds), minimising the factors' objective
-    plus ``LEN_SHRINK`` x multiplier^2; a kind whose rows come from fewer than
-    ``MIN_LENGTH_SOURCES`` sources stays at 0 (the documented median)."""
-    rows = [p for p in rows if p.measured_s]
-    lm = {k: 0.0 for k in KINDS}
-    best = _fit(rows, lm)
-    for _ in range(2):
-        for k in KINDS:
-            if len({p.source for p in rows if p.kind == k}) < MIN_LENGTH_SOURCES:
-                continue  # one source's rows moving a prior would be that source's fit
-            for v in LEN_FINE:
-                trial = {**lm, k: float(v)}
-                f = _fit(rows, trial)
-                if f[1] < best[1]:
-                    lm, best = trial, f
-    return lm, best[0]
-
-
-def _fit(rows: list[Priced], lm: dict[str, float]) -> tuple[dict[str, tuple[float, float]], float]:
-    """(factors, objective at them incl. the length penalty); see :func:`fit`."""
-    rows = [p for p in rows if p.measured_s]
-    counts: dict[str, int] = {}
-    for p in rows:
-        counts[p.source] = counts.get(p.source, 0) + 1
-    weights = {s: 1.0 / math.sqrt(n) for s, n in counts.items()}
-    # the pooled factors stand for a system nobody fitted: each system's rows carry the same
-    # total weight (a system with many published runs is still one system)
-    groups: dict[str, list[Priced]] = {}
-    for p in rows:
-        groups.setdefault(p.system, []).append(p)
-    totals = {s: sum(weights[p.source] for p in g) for s, g in groups.items()}
-    mean = sum(totals.values()) / max(1, len(totals))
-    pooled_obj = SHRINK * (_FG**2 + _FT**2)
-    objs = {s: _objective(g, weights, lm) for s, g in groups.items()}
-    for s in groups:
-        pooled_obj = pooled_obj + mean / totals[s] * objs[s]
-    pg, pt = _argmin(pooled_obj)
-    out = {POOLED: (pg, pt)}
-    total = LEN_SHRINK * sum(v * v for v in lm.values())
-    for system in sorted(groups):
-        obj = objs[system] + SHRINK * ((_FG - pg) ** 2 + (_FT - pt) ** 2)
-        if system:
-            out[system] = _argmin(obj)
-            total += float(obj.min())
-        else:  # rows that name no system take the pooled factors
-            total += float(objs[system][_FINE.searchsorted(pg), _FINE.searchsorted(pt)])
-    return out, total
-
-
-def _factors(fitted: dict[str, tuple[float, float]], system: str) -> tuple[float, float, bool]:
-    if system in fitted:
-        return (*fitted[system], True)
-    return (*fitted[POOLED], False)
 
 
 def score(priced: list[Priced]) -> list[Scored]:
@@ -347,18 +210,18 @@ def score(priced: list[Priced]) -> list[Scored]:
     lm_full, full = fit_lengths(per_step(fitted, sh_full))
     out: dict[str, Scored] = {}
     resid_in: dict[str, float] = {}
-    loso_f: dict[str, tuple[float, float, bool, float, float]] = {}
+    loso_f: dict[str, tuple[tuple[float, float], bool, float, float]] = {}
     for source in sorted({p.source for p in priced}):
         others = [p for p in fitted if p.source != source]
         sh = share_of(others)
         lm, fold = fit_lengths(per_step(others, sh))
         for p in priced:
             if p.source == source:
-                loso_f[p.case_id] = (*_factors(fold, p.system), multiplier(lm, p.kind), sh)
+                loso_f[p.case_id] = (*params(fold, p.system), multiplier(lm, p.kind), sh)
     resid_loso: dict[str, float] = {}
     for p in priced:
-        g, t, _ = _factors(full, p.system)
-        lg, lt, known, lk, sh = loso_f[p.case_id]
+        (g, t), _ = params(full, p.system)
+        (lg, lt), known, lk, sh = loso_f[p.case_id]
         s = Scored(p.case_id, p.source, p.system, p.dataset, p.measured_s)
         run_in, run = (1 + sh_full, 1 + sh) if p.from_hours else (1.0, 1.0)
         s.pred_in = run_in * math.exp(p.log_pred(g, t, multiplier(lm_full, p.kind)))

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rpeg.perf import loso, loso_ranges
+from rpeg.perf import loso, loso_fit, loso_ranges
 from rpeg.perf.loso import GRID, Priced
 from rpeg.perf.loso_lengths import LEN_GRID, at
 from rpeg.perf.loso_summary import Scored, summarise
@@ -48,14 +48,14 @@ def _set(system="sys-a", g=0.5, t=2.0, sources=3, per=8):
 
 
 def test_fit_recovers_the_factors_of_a_system(monkeypatch):
-    monkeypatch.setattr(loso, "SHRINK", 1e-6)
+    monkeypatch.setattr(loso_fit, "SHRINK", 1e-6)
     fitted = loso.fit(_set(g=0.5, t=2.0))
     g, t = (math.exp(v) for v in fitted["sys-a"])
     assert g == pytest.approx(0.5, rel=0.04) and t == pytest.approx(2.0, rel=0.04)
 
 
 def test_shrinkage_pulls_a_thin_system_towards_the_pooled_factors(monkeypatch):
-    monkeypatch.setattr(loso, "SHRINK", 2.0)
+    monkeypatch.setattr(loso_fit, "SHRINK", 2.0)
     rows = _set("big", g=1.0, t=1.0, sources=4, per=10) + [
         _row("thin-0", "src-thin", "thin", 10.0, 10.0, 0.5, 0.5)
     ]
@@ -190,7 +190,7 @@ def test_shadow_copies_blank_the_explicit_columns_and_are_not_reported():
 def test_the_pooled_factors_weigh_systems_not_rows(monkeypatch):
     # a system published by 4 sources x 10 rows at factor 1 and one by a single source of 2
     # rows at 0.5: the unknown-system prior lies between them, not at the big system's 1.0
-    monkeypatch.setattr(loso, "SHRINK", 1e-6)
+    monkeypatch.setattr(loso_fit, "SHRINK", 1e-6)
     rows = _set("big", g=1.0, t=1.0, sources=4, per=10)
     rows += [
         _row(f"small-{i}", "src-small", "small", 10.0 + 7 * i, 50.0 - 5 * i, 0.5, 0.5, True)
@@ -229,8 +229,8 @@ def test_the_length_prior_is_fitted_without_the_scored_source(monkeypatch):
     # three sources whose unpublished lengths are 1.41x the documented median: the fit finds
     # it (weak shrinkage), and a fourth source's rows are scored with the others' multiplier
     # even when its own rows say 0.5x
-    monkeypatch.setattr(loso, "LEN_SHRINK", 1e-6)
-    monkeypatch.setattr(loso, "SHRINK", 1e6)  # factors pinned at 1: only the length moves
+    monkeypatch.setattr(loso_fit, "LEN_SHRINK", 1e-6)
+    monkeypatch.setattr(loso_fit, "SHRINK", 1e6)  # factors pinned at 1: only the length moves
     rows = [
         _length_row(f"r{s}-{i}", f"src{s}", "reasoning", 50.0 + 10 * i, math.sqrt(2.0))
         for s in range(3)
@@ -278,7 +278,7 @@ def test_run_share_parses_a_runs_total_time_and_flags_hours_derived_steps():
 def test_an_hours_derived_step_is_compared_with_the_step_plus_the_runs_share(monkeypatch):
     # one source publishes mean steps and run totals (5% outside the steps); another gives
     # only hours / steps: its LOSO prediction is the modelled step x 1.05
-    monkeypatch.setattr(loso, "SHRINK", 1e6)  # factors pinned at 1
+    monkeypatch.setattr(loso_fit, "SHRINK", 1e6)  # factors pinned at 1
     per_step = [replace(_row(f"a{i}", "src-a", "s", 10.0, 10.0), run_share=0.05) for i in range(3)]
     hours = [replace(_row(f"h{i}", "src-h", "s", 30.0, 10.0), from_hours=True) for i in range(2)]
     scored = {s.case_id: s for s in loso.score(per_step + hours)}
