@@ -333,7 +333,9 @@ def calibrate_run(
     skip: int = typer.Option(1, help="warm-up steps left out"),
 ) -> None:
     """Fit this machine's efficiencies and fixed costs from a measured run; later
-    predictions on the run's cluster use them."""
+    predictions on the run's cluster use them. A multi-turn run's turn shape (mean turns,
+    tokens per turn and per observation, environment latency) is fitted too, and printed
+    as the task.multiturn values to set."""
     from rpeg.compile.sources import resolve
     from rpeg.errors import ConfigError, Problem
     from rpeg.perf import fit
@@ -350,6 +352,18 @@ def calibrate_run(
     graph, plan = resolve(None, cfg)
     wl = Workload.from_config(cfg.workload, cfg.model.lora, cfg.task.multiturn)
     measured = fit.read_run(run_dir, skip=skip)
+    shaped = False  # a multi-turn run's turn shape fitted (printed at the end)
+    if wl.turns is not None:  # multi-turn: priced at the run's measured turn shape
+        if measured.turns is None:
+            typer.echo("turns: no turns_mean in metrics.jsonl; priced at the config's shape")
+        else:
+            from rpeg.perf import turn_fit
+
+            pred = fit.predictor(graph, plan, wl, measured)
+            wl, lines = turn_fit.fit_workload(wl, measured.turns, pred)
+            for line in lines:
+                typer.echo(f"turns: {line}")
+            shaped = True
     values, lines = fit.fit(fit.predictor(graph, plan, wl, measured), measured)
     at = fit.measured_workload(wl, measured)
     if at is not wl:
@@ -363,3 +377,11 @@ def calibrate_run(
     typer.echo(
         ", ".join(f"{k}={v:.4g}" for k, v in values.items()) + f" -> {path} [{plan.cluster}]"
     )
+    if shaped:  # the task's, not the cluster's: docs/multiturn.md "Fitting the turn shape"
+        from rpeg.perf.turn_fit import config_lines
+
+        response = at.mean_response_tokens if at is not wl else None
+        prompt = at.mean_prompt_tokens if at.mean_prompt_tokens != wl.mean_prompt_tokens else None
+        typer.echo("the run's turn shape (set these in the task's config; not stored):")
+        for line in config_lines(wl.turns, response, prompt):
+            typer.echo(f"  {line}")

@@ -28,6 +28,7 @@ from typing import Any
 
 from rpeg.errors import Problem, ProblemsError
 from rpeg.perf.calibration import SHIPPED, Calibration, _user_file
+from rpeg.perf.turn_fit import MeasuredTurns, measured_turns
 from rpeg.perf.units import FWD_KINDS, GEN_KIND, TRAIN_KINDS
 
 SCALE_RANGE = (0.01, 100.0)
@@ -46,6 +47,8 @@ class MeasuredRun:
     # step's batch (``num_tokens``) and its mean response length (``response_length``)
     tokens_per_step: float | None = None
     response_tokens: float | None = None
+    # a multi-turn run's per-step turn figures (rpeg.perf.turn_fit); None: single turn
+    turns: MeasuredTurns | None = None
 
 
 def measured_workload(workload: Any, measured: MeasuredRun) -> Any:
@@ -122,6 +125,7 @@ def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
         steps=len(step_s),
         tokens_per_step=med("num_tokens"),
         response_tokens=med("response_length"),
+        turns=measured_turns([h for i, h in enumerate(hist) if _step_index(h, i) in keep]),
     )
 
 

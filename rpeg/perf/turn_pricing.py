@@ -1,6 +1,7 @@
 """Multi-turn rollouts priced turn by turn (pure): the generate stage of a workload with
 :class:`rpeg.perf.turns.Turns` is one generation per turn, from the prefix so far, with the
-samples still alive; the env stage is the environment's calls between the turns.
+samples still alive; the env stage is the environment's calls (the resets, a step after
+each turn).
 docs/multiturn.md "Pricing" has the equations."""
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def multiturn_generation_cost(
 
 def env_cost(c: UnitContext, u: UnitPlan, name: str) -> StageCost:
     """The env stage: each rollout process (one per generation replica) waits for its
-    continuing samples' environment calls at every turn boundary
+    samples' environment calls, the resets and a wave of steps after every turn
     (:func:`rpeg.perf.turns.env_seconds`). No turns stated: nothing to price."""
     sc = StageCost(name, (ENV_KIND,), format_devices(u.devices), u.num_devices)
     t = c.wl.turns

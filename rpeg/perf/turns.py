@@ -11,10 +11,11 @@ takes ``floor(T)`` turns, a share ``T - floor(T)`` one more). What each turn cos
 - the prefill of the prefix: the whole prefix again when the engine keeps no KV across turns
   (RPEG's torch engine re-prefills every turn), or only the new observation tokens when it
   reuses the prefix's KV (vLLM's automatic prefix caching);
-- one environment call per continuing sample, ``env_latency_s`` each, at most
-  ``env_concurrency`` at once per rollout process: ``ceil(n / c) * latency`` per turn
-  boundary for ``n`` continuing samples (RPEG's rollout waits for every row's call before
-  the next turn's batched generate).
+- the environment's calls, ``env_latency_s`` each, at most ``env_concurrency`` at once per
+  rollout process, as RPEG's rollout makes them: a reset per sample before turn 1, and a
+  step per sample after each of its turns (a tool call's result, or the final answer's
+  score); ``ceil(n / c) * latency`` per wave of ``n`` calls (the rollout waits for every
+  row's call before the next turn's batched generate).
 """
 
 from __future__ import annotations
@@ -139,17 +140,22 @@ def transcript_mean(t: Turns, kind: str, calib: object, cap: float) -> float:
 
 
 def env_calls(turns: float) -> float:
-    """Environment steps per sample: one before every turn after the first."""
-    return sum(turn_shares(turns)[1:])
+    """Environment calls per sample: the reset, then a step after each of its turns."""
+    return 1.0 + sum(turn_shares(turns))
+
+
+def env_waves(samples: float, turns: float, concurrency: int) -> float:
+    """Waves of environment calls of one rollout process of ``samples`` samples, at most
+    ``concurrency`` at once: the resets, then after turn ``i`` the steps of the samples
+    alive at it, ``ceil(n / concurrency)`` each."""
+    per = [1.0, *turn_shares(turns)]
+    return float(sum(math.ceil(samples * s / concurrency - 1e-9) for s in per))
 
 
 def env_seconds(samples: float, turns: float, latency_s: float, concurrency: int) -> float:
-    """Wall time of one rollout process's environment calls: at each turn boundary its
-    continuing samples call the environment, ``concurrency`` at once,
-    ``ceil(n / concurrency) * latency_s``."""
-    return sum(
-        math.ceil(samples * s / concurrency - 1e-9) * latency_s for s in turn_shares(turns)[1:]
-    )
+    """Wall time of one rollout process's environment calls: :func:`env_waves` of
+    ``latency_s`` each."""
+    return env_waves(samples, turns, concurrency) * latency_s
 
 
 def reuses_kv(turns: Turns, engine: str, gpu_name: str) -> bool:

@@ -29,24 +29,26 @@ def test_prefill_tokens_re_prefill_vs_kv_reuse_by_hand():
 
 
 def test_transcript_and_env_calls_by_hand():
-    # 3 turns: 3 x 32 generated + 2 x 16 observed = 128; 2 environment steps
+    # 3 turns: 3 x 32 generated + 2 x 16 observed = 128; a reset and 3 steps (the last one
+    # scores the final answer)
     assert T.transcript_tokens(3, 32, 16) == 128
-    assert T.env_calls(3) == 2
-    # 2.5 turns: 2.5 x 32 + 1.5 x 16 = 104; 1.5 steps
+    assert T.env_calls(3) == 4
+    # 2.5 turns: 2.5 x 32 + 1.5 x 16 = 104; 1 + 2.5 calls
     assert T.transcript_tokens(2.5, 32, 16) == 104
-    assert T.env_calls(2.5) == 1.5
+    assert T.env_calls(2.5) == 3.5
 
 
 def test_env_seconds_bounded_concurrency_by_hand():
-    """ceil(n / c) * latency at each turn boundary."""
-    # 48 samples, 8 at once: 6 waves of 0.1 s, 2 boundaries -> 1.2 s
-    assert T.env_seconds(48, 3, 0.1, 8) == pytest.approx(1.2)
-    # 20 samples: ceil(2.5) = 3 waves, 2 boundaries -> 0.6 s
-    assert T.env_seconds(20, 3, 0.1, 8) == pytest.approx(0.6)
-    # 2.5 turns: 20 samples then 10 continue: 3 + 2 waves -> 0.5 s
-    assert T.env_seconds(20, 2.5, 0.1, 8) == pytest.approx(0.5)
-    # one turn: no environment step at all
-    assert T.env_seconds(20, 1, 0.1, 8) == 0.0
+    """ceil(n / c) * latency for the resets and after every turn."""
+    # 48 samples, 8 at once: 6 waves of 0.1 s for the resets and after each of 3 turns
+    assert T.env_waves(48, 3, 8) == 24
+    assert T.env_seconds(48, 3, 0.1, 8) == pytest.approx(2.4)
+    # 20 samples: ceil(2.5) = 3 waves, 4 times -> 1.2 s
+    assert T.env_seconds(20, 3, 0.1, 8) == pytest.approx(1.2)
+    # 2.5 turns: 20 samples for the resets and turns 1-2, then 10: 3 + 3 + 3 + 2 -> 1.1 s
+    assert T.env_seconds(20, 2.5, 0.1, 8) == pytest.approx(1.1)
+    # one turn: the resets and the final answers' steps, 3 + 3 waves
+    assert T.env_seconds(20, 1, 0.1, 8) == pytest.approx(0.6)
 
 
 def test_kv_reuse_follows_the_engine():
@@ -89,16 +91,16 @@ def _predict(cfg, wl=None):
 
 def test_env_stage_adds_waves_of_calls_by_hand():
     """tool-cpu on 2 data-parallel ranks: 6 prompts x 8 = 48 samples, 24 per rollout
-    process; 3 turns = 2 boundaries, 8 calls at once: 2 x ceil(24 / 8) = 6 waves of 0.5 s =
-    3.0 s more in the rollout unit than with a free environment."""
+    process; the resets and 3 turns, 8 calls at once: 4 x ceil(24 / 8) = 12 waves of 0.5 s =
+    6.0 s more in the rollout unit than with a free environment."""
     over = {"task.multiturn.max_turns": 3}
     slow, _ = _predict(_tool_cfg(**over, **{"task.multiturn.env_latency_s": 0.5}))
     free, _ = _predict(_tool_cfg(**over, **{"task.multiturn.env_latency_s": 0.0}))
     unit = "generate+env"
     assert slow.stages[unit].kinds == ("generate", "env")
-    assert slow.stages[unit].time_s - free.stages[unit].time_s == pytest.approx(3.0)
-    assert slow.stages[unit].detail["env.env_calls_per_sample"] == 2
-    assert slow.step_s - free.step_s == pytest.approx(3.0)
+    assert slow.stages[unit].time_s - free.stages[unit].time_s == pytest.approx(6.0)
+    assert slow.stages[unit].detail["env.env_calls_per_sample"] == 4
+    assert slow.step_s - free.step_s == pytest.approx(6.0)
 
 
 def test_re_prefill_and_kv_reuse_priced_per_turn():
@@ -128,11 +130,18 @@ def test_re_prefill_and_kv_reuse_priced_per_turn():
 
 
 def test_one_turn_prices_as_a_single_turn_generation():
-    """A multi-turn workload of one turn (no environment step) generates what a single-turn
-    workload with the turn's cap and mean does: the same generate time, no env time."""
+    """A multi-turn workload of one turn generates what a single-turn workload with the
+    turn's cap and mean does: the same generate time; with a free environment (its calls:
+    the reset and the final answer's step) nothing more."""
     from rpeg.perf import Workload
 
-    cfg = _tool_cfg(**{"task.multiturn.max_turns": 1, "task.multiturn.mean_turn_tokens": 14})
+    cfg = _tool_cfg(
+        **{
+            "task.multiturn.max_turns": 1,
+            "task.multiturn.mean_turn_tokens": 14,
+            "task.multiturn.env_latency_s": 0.0,
+        }
+    )
     multi, wl = _predict(cfg)
     single_wl = dataclasses.replace(
         wl, turns=None, max_response_tokens=28, mean_response_tokens=14.0
@@ -151,14 +160,14 @@ def test_one_turn_prices_as_a_single_turn_generation():
         }
     )
     single = predict(g1, plan1, single_wl, model=priced_model(cfg.model))
-    assert multi.stages["generate+env"].detail["env.env_calls_per_sample"] == 0
+    assert multi.stages["generate+env"].detail["env.env_calls_per_sample"] == 2
     assert multi.stages["generate+env"].time_s == pytest.approx(single.stages["generate"].time_s)
 
 
 def test_the_planner_prices_the_environment():
     """rpeg plan on a multi-turn config: the problem's graph has the env stage, its workload
-    the turns, and the best plan's step grows by at least one wave of calls per boundary:
-    2 turns, 48 samples over at most 2 rollout processes, 8 at once -> >= 3 waves of 1 s."""
+    the turns, and the best plan's step grows by its waves of calls: the resets and 2 turns,
+    48 samples over at most 2 rollout processes, 8 at once -> >= 3 x 3 waves of 1 s."""
     from rpeg.search.optimizer import optimize_problem
     from rpeg.search.problem import problem_from_config
 
@@ -170,4 +179,4 @@ def test_the_planner_prices_the_environment():
 
     slow, free = best(1.0), best(0.0)
     assert slow.plan.graph.options["multiturn"] is True
-    assert slow.step_s - free.step_s >= 3.0 - 1e-9
+    assert slow.step_s - free.step_s >= 9.0 - 1e-9
