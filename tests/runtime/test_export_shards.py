@@ -158,3 +158,33 @@ def test_neither_format_is_a_named_error(tmp_path):
     with pytest.raises(CheckpointError, match="neither a trainer.pt, nor a rank state"):
         export_checkpoint(step, str(tmp_path / "hf"))
     assert main(["export", str(junk), "--out", str(tmp_path / "hf")]) == 2
+
+
+def test_a_resume_reads_plain_values_and_refuses_code(tmp_path):
+    """load_shards (a resume) reads the same folders through the restricted readers: an int
+    extra and AdamW's hyperparameters load; a value whose unpickling would call os.mkdir, or
+    a crafted .metadata, is a CheckpointError and nothing is called."""
+    from rpeg.runtime.actors.shard_checkpoint import load_shards, save_shards
+
+    def roles():
+        lin = torch.nn.Linear(3, 2)
+        return lin, {"actor": (lin, torch.optim.AdamW(lin.parameters(), lr=0.25))}
+
+    src, saved = roles()
+    good = str(tmp_path / "good.dcp")
+    save_shards(good, saved, {"policy_version": 3})
+    dst, fresh = roles()
+    fresh["actor"][1].param_groups[0]["lr"] = 1.0
+    assert load_shards(good, fresh, {"policy_version": 0}) == {"policy_version": 3}
+    assert torch.equal(dst.weight, src.weight)
+    assert fresh["actor"][1].param_groups[0]["lr"] == 0.25  # a plain value, read back
+
+    target = tmp_path / "ran"
+    bad = str(tmp_path / "bad.dcp")
+    save_shards(bad, roles()[1], {"evil": _Mkdir(str(target))})
+    with pytest.raises(CheckpointError, match="evil: refused, not a plain value"):
+        load_shards(bad, roles()[1], {"evil": 0})
+    (tmp_path / "good.dcp" / ".metadata").write_bytes(pickle.dumps(_Mkdir(str(target))))
+    with pytest.raises(CheckpointError, match="mkdir"):
+        load_shards(good, roles()[1], {"policy_version": 0})
+    assert not target.exists()

@@ -21,14 +21,20 @@ are saved once, from rank 0, as plain values.
 
 from __future__ import annotations
 
-import contextlib
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from rpeg.runtime.actors.shard_reader import (
+    is_local_url,
+    local_path,
+    named_errors,
+    safe_reader,
+    single_process_quiet,
+    weights_only_planner,
+)
 from rpeg.runtime.lora import adapter_state_names, has_lora
 
 #: a sharded group's shards in a checkpoint's folder: ``<step folder>/<group>.dcp``
@@ -41,23 +47,6 @@ def _dist():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-@contextlib.contextmanager
-def _single_process_quiet(single: bool):
-    """DCP warns that it assumes one process when no group exists; that is the intent here."""
-    with warnings.catch_warnings():
-        if single:
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def _is_local(url: str) -> bool:
-    return "://" not in url or url.startswith("file://")
-
-
-def _local(url: str) -> str:
-    return url[len("file://") :] if url.startswith("file://") else url
-
-
 def _fs(url: str):
     import fsspec
 
@@ -67,21 +56,11 @@ def _fs(url: str):
 def _writer(url: str):
     from torch.distributed.checkpoint import FileSystemWriter
 
-    if _is_local(url):
-        return FileSystemWriter(_local(url))
+    if is_local_url(url):
+        return FileSystemWriter(local_path(url))
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
     return FsspecWriter(url)
-
-
-def _reader(url: str):
-    from torch.distributed.checkpoint import FileSystemReader
-
-    if _is_local(url):
-        return FileSystemReader(_local(url))
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-    return FsspecReader(url)
 
 
 def _remove(url: str) -> None:
@@ -124,15 +103,15 @@ def save_shards(
     tmp = url.rstrip("/") + ".tmp"
     if rank == 0:
         _remove(tmp)
-        if _is_local(tmp):
+        if is_local_url(tmp):
             import os
 
-            os.makedirs(_local(tmp), exist_ok=True)
+            os.makedirs(local_path(tmp), exist_ok=True)
     if dist:
         dist.barrier()
     state = _state(roles)
     state["extra"] = dict(extra or {})
-    with _single_process_quiet(dist is None):
+    with single_process_quiet(dist is None):
         dcp.save(state, storage_writer=_writer(tmp), no_dist=dist is None)
     if rank == 0:
         fs, path = _fs(url)
@@ -158,7 +137,9 @@ def load_shards(
     """Load ``url`` (written by :func:`save_shards`, at any layout) into ``roles`` at their
     current layout: each rank reads the slices of its shards; optimizer state follows its
     parameters. ``extra``: a template of the extras to read (same keys and value types as
-    saved; tensors of the saved shape). Collective. Returns the loaded extras."""
+    saved; tensors of the saved shape). Collective. Returns the loaded extras. Nothing in the
+    folder runs code: its metadata and non-tensor values (optimizer hyperparameters, versions)
+    are read by rpeg.runtime.actors.shard_reader's restricted readers."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -171,8 +152,14 @@ def load_shards(
     state["extra"] = {
         k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in (extra or {}).items()
     }
-    with _single_process_quiet(dist is None):
-        dcp.load(state, storage_reader=_reader(url), no_dist=dist is None)
+    safe_reader(url).read_metadata()  # a refused metadata named here: DCP would wrap it
+    with single_process_quiet(dist is None), named_errors():
+        dcp.load(
+            state,
+            storage_reader=safe_reader(url),
+            planner=weights_only_planner(),
+            no_dist=dist is None,
+        )
     for name, (module, opt) in roles.items():
         if opt is None:
             set_model_state_dict(module, state[name]["model"])

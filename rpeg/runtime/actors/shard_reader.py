@@ -7,25 +7,28 @@ shard's offsets in the folder's ``.metadata``, so one process can ask for whole 
 DCP assembles them from whatever layout wrote them (FSDP dp=N, tp=N, both).
 
 Why not ``dcp.load`` with torch's own reader: in torch 2.13 ``FileSystemReader.read_metadata``
-is a plain ``pickle.load`` of ``.metadata`` (a crafted file runs code when read), and the
-default load planner reads every non-tensor value with ``torch.load(weights_only=False)``.
+unpickles ``.metadata`` with the unrestricted pickle module (a crafted file runs code when
+read), and the default load planner reads non-tensor values with weights_only off.
 Here ``.metadata`` is read by an unpickler that only builds DCP's own metadata classes,
 ``torch.Size``, torch dtypes and layouts, and paths (anything else is a
 :class:`CheckpointError` naming the global), only tensor entries are asked for, and the
 planner refuses a non-tensor read; the tensor data itself is read by DCP with
-``torch.load(weights_only=True)``. (A resume -- ``load_shards`` -- still uses torch's reader:
-it reads the shards its own run wrote, and its small extras are non-tensor values.)
+``torch.load(weights_only=True)``. A resume (rpeg.runtime.actors.shard_checkpoint.load_shards)
+reads its shards through the same metadata reader, and its non-tensor values (optimizer
+hyperparameters, versions) with ``torch.load(weights_only=True)`` (:func:`weights_only_planner`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pickle
+import warnings
 from typing import Any
 
 import torch
 
 from rpeg.runtime.actors.checkpoint import CheckpointError
-from rpeg.runtime.actors.shard_checkpoint import _is_local, _local, _single_process_quiet
 
 #: DCP's metadata file in a shards folder
 METADATA = ".metadata"
@@ -51,6 +54,38 @@ _ALLOWED = {
     ("pathlib._local", "PosixPath"),
     ("pathlib._local", "WindowsPath"),
 }
+
+
+def is_local_url(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def local_path(url: str) -> str:
+    return url[len("file://") :] if url.startswith("file://") else url
+
+
+@contextlib.contextmanager
+def single_process_quiet(single: bool):
+    """DCP warns that it assumes one process when no group exists; that is the intent here."""
+    with warnings.catch_warnings():
+        if single:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+@contextlib.contextmanager
+def named_errors():
+    """DCP wraps a reader's or planner's error in its ``CheckpointException`` (a
+    BaseException, per rank): the first :class:`CheckpointError` inside is raised as itself."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        for err, _ in exc.failures.values():
+            if isinstance(err, CheckpointError):
+                raise err from None
+        raise
 
 
 def allowed_global(module: str, name: str) -> bool:
@@ -90,13 +125,13 @@ def read_metadata(fh: Any, where: str) -> Any:
     return md
 
 
-def _reader(url: str):
-    """torch's reader of ``url`` with :func:`read_metadata` in place of its ``pickle.load``."""
+def safe_reader(url: str):
+    """torch's reader of ``url`` with :func:`read_metadata` in place of its unrestricted unpickling."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
-    if _is_local(url):
-        base, path = FileSystemReader, _local(url)
+    if is_local_url(url):
+        base, path = FileSystemReader, local_path(url)
     else:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
@@ -129,21 +164,46 @@ def _tensors_only_planner():
     return TensorsOnly()
 
 
+def weights_only_planner():
+    """DCP's default load planner, but a non-tensor value (an optimizer's hyperparameters, an
+    int) is read with ``torch.load(weights_only=True)``: plain values, containers and tensors
+    only; anything else is a :class:`CheckpointError` (torch's own reads it with weights_only
+    off)."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class WeightsOnlyValues(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as exc:
+                fqn = read_item.dest_index.fqn
+                raise CheckpointError(f"{fqn}: refused, not a plain value ({exc})") from None
+            buf = io.BytesIO()  # DCP's own placement of the value, given the checked copy
+            torch.save(obj, buf)
+            buf.seek(0)
+            super().load_bytes(read_item, buf)
+
+    return WeightsOnlyValues()
+
+
 def read_tensors(url: str, prefix: str) -> dict[str, torch.Tensor]:
     """Every tensor of the shards folder ``url`` whose key starts with ``prefix``, whole, on
     the CPU, keyed without the prefix ({} when none). One process, no process group."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    md = _reader(url).read_metadata()
+    md = safe_reader(url).read_metadata()
     state = {
         k: torch.empty(tuple(m.size), dtype=m.properties.dtype)
         for k, m in md.state_dict_metadata.items()
         if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)
     }
     if state:
-        with _single_process_quiet(True):
+        with single_process_quiet(True), named_errors():
             dcp.load(
-                state, storage_reader=_reader(url), planner=_tensors_only_planner(), no_dist=True
+                state,
+                storage_reader=safe_reader(url),
+                planner=_tensors_only_planner(),
+                no_dist=True,
             )
     return {k[len(prefix) :]: v for k, v in state.items()}
