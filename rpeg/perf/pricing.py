@@ -12,6 +12,7 @@ from rpeg.perf.calibration import DEFAULT, Calibration
 from rpeg.perf.calibration import resolve as resolve_calibration
 from rpeg.perf.generation import generation_cost, weight_sync_cost
 from rpeg.perf.prediction import GB, StageCost, StepPrediction, Workload
+from rpeg.perf.roofline import pass_factor
 from rpeg.perf.schedule import record, streamed
 from rpeg.perf.time_sharing import time_shared
 from rpeg.perf.timeline import TimelineRecord
@@ -139,7 +140,7 @@ def _value_head(c: UnitContext, u: UnitPlan, sc: StageCost, train: bool) -> None
     n = u.num_devices
     tok_dev = min(c.tokens / n, c.max_seq * u.micro_batch_size)
     eff = c.gpu.matmul_eff(2.0 * tok_dev * m.hidden)
-    factor = cal.train_eff_factor if train else cal.forward_eff_factor
+    factor = pass_factor(cal.train_eff_factor if train else cal.forward_eff_factor, c.gpu)
     t = flops / (c.peak_flops * n * eff * factor)
     sc.time_s += t
     sc.flops += flops

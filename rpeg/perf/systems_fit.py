@@ -8,15 +8,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from rpeg.perf.loso import (
-    Priced,
-    default_datasets,
-    fit_lengths,
-    per_step,
-    price_rows,
-    score,
-    share_of,
-)
+from rpeg.perf.loso import Priced, default_datasets, per_step, price_rows, score, share_of
+from rpeg.perf.loso_fit import fit_lengths
 from rpeg.perf.loso_ranges import MIN_COMPARABLE, _range
 from rpeg.perf.systems import POOLED, SystemParams
 

@@ -11,6 +11,7 @@ from rpeg.perf.calibration import Calibration
 from rpeg.perf.lengths import LengthDist, prior_mean
 from rpeg.perf.lora import adapter_memory, tp_grad_sum_bytes, trainable_params
 from rpeg.perf.prediction import GB, StageCost, Workload
+from rpeg.perf.roofline import pass_factor
 from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices
 from rpeg.specs import ClusterSpec, ModelSpec
 
@@ -280,7 +281,7 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         / tp
     )
     eff_dense = gpu.matmul_eff(gemm_dense)
-    factor = cal.train_eff_factor if train else cal.forward_eff_factor
+    factor = pass_factor(cal.train_eff_factor if train else cal.forward_eff_factor, gpu)
     peak = c.peak_flops * n
     # flash-attention backward recomputes the scores: 5 s^2 matmuls vs 2 in the forward
     attn = costs.attn_fwd_flops(m, c.seq_sq) * costs.attn_passes(passes, train, cal)
