@@ -3,12 +3,12 @@ through the real runtime and lay predicted beside measured step time and speedup
 
 Each plan runs as its own ``rpeg train CONFIG --steps N`` process (the same path a user
 runs, one at a time so they do not share the machine), writes ``metrics.jsonl`` in its own
-folder, and is measured by the median step after ``skip`` warm-up steps
-(:func:`rpeg.perf.fit.read_run`). The prediction is shown twice: at the config's workload
-(what the planner priced) and at the lengths the run actually produced (the config may
-state no mean response length; the model then assumes the prior), so a length-prior miss
-is not mistaken for a rate miss. The table is also a Prefect markdown artifact when a
-Prefect run is active (:func:`bench_flow`).
+folder, and is measured by the median step after ``skip`` warm-up steps and any further
+warm-up (:func:`rpeg.perf.fit.read_run`). The prediction is shown twice: at the workload
+`rpeg predict` prices (the config's lengths, else those ``rpeg calibrate`` kept for the model
+and task, else the prior's: rpeg.perf.run_lengths) and at the lengths the run actually
+produced, so a length miss is not mistaken for a rate miss. The table is also a Prefect
+markdown artifact when a Prefect run is active (:func:`bench_flow`).
 """
 
 from __future__ import annotations

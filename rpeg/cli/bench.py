@@ -62,14 +62,16 @@ def bench(
     from rpeg.compile.sources import resolve
     from rpeg.errors import ConfigError, Problem
     from rpeg.flows.bench import BenchEntry, bench_flow, run_entries, table
-    from rpeg.perf import Workload, predict
+    from rpeg.perf import predict
     from rpeg.perf.fit import measured_workload
+    from rpeg.perf.run_lengths import configured_workload
 
     if skip >= steps:
         raise ConfigError([Problem("--skip", f"{skip} leaves no step of --steps {steps}")])
     cfg = _config_for(plan)
-    wl = Workload.from_config(cfg.workload, multiturn=cfg.task.multiturn)
     graph, chosen = resolve(None, cfg)
+    # the config's lengths, else those `rpeg calibrate` measured for this model and task
+    wl = configured_workload(cfg, chosen.cluster)
     plans = {"chosen": (chosen, graph, "the plan given")}
     if baselines:
         from rpeg.search.optimizer import optimize_problem
@@ -104,5 +106,7 @@ def bench(
         res = run_entries(entries, steps, out, skip=skip, reprice=reprice)
     for line in table(res, "chosen"):
         typer.echo(line)
+    for note in wl.assumed:
+        typer.echo(f"predicted s: {note}")
     if any(r.measured_s is None for r in res):
         raise typer.Exit(1)

@@ -85,7 +85,7 @@ def predict(
     ),
 ) -> None:
     """Predict one RL step of a plan: per-stage time, memory, comm; step time, throughput, MFU."""
-    from rpeg.perf import Workload, predict_plan
+    from rpeg.perf import predict_plan
     from rpeg.perf.timeline import gantt as draw
     from rpeg.plan import Plan
 
@@ -107,9 +107,10 @@ def predict(
     from rpeg.perf import build_graph
     from rpeg.perf.calibration import DEFAULT, SHIPPED
     from rpeg.perf.interval import Unknowns, predict_interval
+    from rpeg.perf.run_lengths import configured_workload
     from rpeg.perf.systems import normalise, system_params, widen
 
-    wl = Workload.from_config(cfg.workload, cfg.model.lora, cfg.task.multiturn)
+    wl = configured_workload(cfg, plan.cluster)  # lengths `rpeg calibrate` measured, if any
     sysname = normalise(system) or "rpeg"
     params = None if sysname == "rpeg" else system_params(sysname)
     calib = DEFAULT if params is None else params.calibration(SHIPPED)
@@ -374,6 +375,14 @@ def calibrate_run(
     for line in lines:
         typer.echo(line)
     path = fit.write(plan.cluster, values, f"rpeg calibrate {run_dir}", out)
+    if at is not wl and wl.turns is None:  # kept for predictions of this model and task
+        from rpeg.perf import run_lengths as RL
+
+        prompt = at.mean_prompt_tokens if at.mean_prompt_tokens != wl.mean_prompt_tokens else None
+        found = RL.RunLengths(at.mean_response_tokens, prompt, at.length_sigma, str(run_dir))
+        RL.store(plan.cluster, RL.task_key(cfg), found, out)
+        sig = f" and length sigma {at.length_sigma:.3g}" if at.length_sigma else ""
+        typer.echo(f"lengths{sig} kept for later predictions of {RL.task_key(cfg)}")
     typer.echo(
         ", ".join(f"{k}={v:.4g}" for k, v in values.items()) + f" -> {path} [{plan.cluster}]"
     )

@@ -28,6 +28,7 @@ from typing import Any
 
 from rpeg.errors import Problem, ProblemsError
 from rpeg.perf.calibration import SHIPPED, Calibration, _user_file
+from rpeg.perf.run_lengths import LENGTHS_KEY, sigma_for_max
 from rpeg.perf.turn_fit import MeasuredTurns, measured_turns
 from rpeg.perf.units import FWD_KINDS, GEN_KIND, TRAIN_KINDS
 
@@ -47,6 +48,7 @@ class MeasuredRun:
     # step's batch (``num_tokens``) and its mean response length (``response_length``)
     tokens_per_step: float | None = None
     response_tokens: float | None = None
+    response_max: float | None = None  # the step's longest response (``response_length_max``)
     # a multi-turn run's per-step turn figures (rpeg.perf.turn_fit); None: single turn
     turns: MeasuredTurns | None = None
 
@@ -65,6 +67,11 @@ def measured_workload(workload: Any, measured: MeasuredRun) -> Any:
         prompt = measured.tokens_per_step / workload.samples - r
         if prompt > 0:
             change["mean_prompt_tokens"] = prompt
+    if measured.response_max:  # the spread: the longest of a step's samples
+        cap = float(workload.max_response_tokens)
+        sigma = sigma_for_max(r, measured.response_max, workload.samples, cap)
+        if sigma is not None:
+            change["length_sigma"] = sigma
     return replace(workload, **change)
 
 
@@ -78,9 +85,33 @@ def _step_index(h: dict, i: int) -> int:
     return int(v) if isinstance(v, float) else int(v) - 1
 
 
+#: a leading step slower than this times the median of the run's second half is warm-up
+WARM_UP_FACTOR = 1.25
+
+
+def settled(keep: set[int], step_s: dict[int, Any]) -> set[int]:
+    """``keep`` without its leading steps that are still warming up: slower than
+    :data:`WARM_UP_FACTOR` x the median step of the second half of ``keep`` (allocator and
+    page-cache warm-up, a machine that just started its other processes: a calibration run
+    on this 2-core VM took 2.7-3.4 s in steps 2-4 and 1.0-1.4 s after, 2026-12-03 07:30
+    UTC). At least the second half is kept; steps without a ``step_s`` are kept."""
+    order = sorted(keep)
+    times = [float(step_s[k]) for k in order if isinstance(step_s.get(k), (int, float))]
+    if len(times) < 4:
+        return keep
+    limit = WARM_UP_FACTOR * statistics.median(times[len(times) // 2 :])
+    drop = set()
+    for k in order[: len(order) // 2]:
+        t = step_s.get(k)
+        if not isinstance(t, (int, float)) or t <= limit:
+            break
+        drop.add(k)
+    return keep - drop
+
+
 def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
-    """Median unit and step times of a run folder (first ``skip`` steps left out when the
-    run has more)."""
+    """Median unit and step times of a run folder: the first ``skip`` steps left out when the
+    run has more, and the warm-up beyond them (:func:`settled`)."""
     d = Path(run_dir)
     problems = []
     tl, mj = d / "timeline.json", d / "metrics.jsonl"
@@ -96,6 +127,7 @@ def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
         raise RunDataError([Problem(str(d), f"unreadable JSON: {exc}")]) from None
     steps = sorted({_step_index(h, i) for i, h in enumerate(hist)})
     keep = set(steps[skip:]) if len(steps) > skip else set(steps)
+    keep = settled(keep, {_step_index(h, i): h.get("step_s") for i, h in enumerate(hist)})
     step_s = [
         float(h["step_s"])
         for i, h in enumerate(hist)
@@ -125,6 +157,7 @@ def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
         steps=len(step_s),
         tokens_per_step=med("num_tokens"),
         response_tokens=med("response_length"),
+        response_max=med("response_length_max"),
         turns=measured_turns([h for i, h in enumerate(hist) if _step_index(h, i) in keep]),
     )
 
@@ -138,7 +171,9 @@ def predictor(graph: Any, plan: Any, workload: Any, measured: MeasuredRun | None
 
     if measured is not None:
         workload = measured_workload(workload, measured)
-    cl = specs.cluster(plan.cluster, num_devices=max(plan.num_devices, 1))
+    cl = specs.cluster(plan.cluster)
+    if cl.gpu.name != "cpu":  # CPU workers beyond the cores time-share them (perf.time_sharing)
+        cl = cl.sized(num_devices=max(plan.num_devices, 1))
     return lambda cal: predict(graph, plan, workload, cluster=cl, calib=cal)
 
 
@@ -158,15 +193,21 @@ def fit(
     """The fitted values and one line per fitted quantity. ``predict_fn(calib)`` predicts
     the measured run's plan with ``calib``."""
     pred = predict_fn(base)
+    # priced again at twice the rates: the part of a unit that halves is the work the
+    # scale applies to; the rest (dispatch, and on CPU workers the gloo collectives,
+    # rpeg.perf.eager_cpu.scaled) is fixed
+    keys = ("gen_eff_scale", "train_eff_scale", "fwd_eff_scale")
+    fast = predict_fn(replace(base, **{k: 2.0 * getattr(base, k) for k in keys}))
     sums: dict[str, list[float]] = {}
     lines = []
     for name, st in pred.stages.items():
         cls = _class(st.kinds)
         if cls is None or name not in measured.unit_s:
             continue
+        work = 2.0 * (st.time_s - fast.stages[name].time_s)
         s = sums.setdefault(cls, [0.0, 0.0])
-        s[0] += st.time_s
-        s[1] += measured.unit_s[name]
+        s[0] += work
+        s[1] += measured.unit_s[name] - (st.time_s - work)
         lines.append(f"{name}: predicted {st.time_s:.4g} s, measured {measured.unit_s[name]:.4g} s")
     if not sums:
         raise RunDataError(
@@ -221,7 +262,10 @@ def write(cluster: str, values: dict[str, float], source: str, path: Path | None
     data = data if isinstance(data, dict) else {}
     entry = {k: round(float(v), 6) for k, v in values.items()}
     entry["source"] = f"{source} ({time.strftime('%Y-%m-%d')})"
-    data.setdefault("clusters", {})[cluster] = entry
+    old = data.setdefault("clusters", {}).get(cluster)
+    if isinstance(old, dict) and LENGTHS_KEY in old:  # the tasks' lengths (perf.run_lengths)
+        entry[LENGTHS_KEY] = old[LENGTHS_KEY]
+    data["clusters"][cluster] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

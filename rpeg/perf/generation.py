@@ -5,7 +5,7 @@ every equation is in docs/perf-model.md ("Equations")."""
 
 from __future__ import annotations
 
-from rpeg.perf import costs
+from rpeg.perf import costs, eager_cpu
 from rpeg.perf.prediction import GB, StageCost
 from rpeg.perf.units import GEN_KIND, UnitContext, _pick
 from rpeg.plan.schema import InfeasiblePlan, UnitPlan, format_devices
@@ -139,7 +139,7 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
         t += bulk + tail
         sc.detail.update(batch=min(S, b_max), longest_response=lmax, tail_s=tail, bulk_s=bulk)
     level = c.cluster.span_level_contiguous(first, tp) if tp > 1 else "device"
-    sc.time_s = t / cal.gen_eff_scale
+    sc.time_s = eager_cpu.scaled(gpu, t - comm, comm, cal.gen_eff_scale)
     sc.flops = fl * replica * replicas
     sc.hbm_bytes = by * replica * replicas
     sc.comm_s = {level: comm} if comm else {}

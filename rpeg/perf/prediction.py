@@ -41,6 +41,12 @@ class Workload:
     # multi-turn rollouts (task.multiturn with an env): priced turn by turn (rpeg.perf.turns);
     # None = single turn
     turns: Turns | None = None
+    # sigma of the lognormal response lengths where a run measured it (rpeg.perf.run_lengths);
+    # None = the calibration's length_sigma
+    length_sigma: float | None = None
+    # what the workload's lengths rest on beyond the config (listed with the prediction's
+    # assumptions): "lengths measured by rpeg calibrate on RUN" (rpeg.perf.run_lengths)
+    assumed: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, w: Any, lora: Any = None, multiturn: Any = None) -> Workload:

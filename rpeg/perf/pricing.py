@@ -14,7 +14,7 @@ from rpeg.perf.generation import generation_cost, weight_sync_cost
 from rpeg.perf.prediction import GB, StageCost, StepPrediction, Workload
 from rpeg.perf.roofline import pass_factor
 from rpeg.perf.schedule import record, streamed
-from rpeg.perf.time_sharing import time_shared
+from rpeg.perf.time_sharing import busy_floor, time_shared, unit_context
 from rpeg.perf.timeline import TimelineRecord
 from rpeg.perf.turn_pricing import ENV_KIND, env_cost, multiturn_generation_cost
 from rpeg.perf.units import (
@@ -177,6 +177,7 @@ def price_unit(
     if members is None:
         known = ", ".join(n for n, _ in info["units"])
         raise KeyError(f"no execution unit {unit!r} in the graph (units: {known})")
+    c = unit_context(c, cluster.num_devices, unit_plan(plan, unit).num_devices)
     gen_plan, train_plan = _gen_train_plans(plan, info["units"])
     return _price_unit(c, info, unit, members, gen_plan, train_plan)
 
@@ -211,7 +212,7 @@ def predict(
     calib = resolve_calibration(calib, cluster.name)
     info = graph_info(graph)
     units = info["units"]
-    cluster = time_shared(cluster, plan, units)
+    cores, cluster = cluster.num_devices, time_shared(cluster, plan, units)
     c = UnitContext(plan, wl, cluster, model, calib)
     # device checks
     for uname, _ in units:
@@ -231,7 +232,8 @@ def predict(
 
     stages: dict[str, StageCost] = {}
     for uname, members in units:
-        stages[uname] = _price_unit(c, info, uname, members, gen_plan, train_plan)
+        cu = unit_context(c, cores, unit_plan(plan, uname).num_devices)  # CPU: core share
+        stages[uname] = _price_unit(cu, info, uname, members, gen_plan, train_plan)
 
     # memory: co-resident units per pool
     cap = cluster.gpu.hbm_gb
@@ -291,6 +293,12 @@ def predict(
             timeline.append(record(stages[uname], s, s + d))
             pool_busy[i] = s + d
         step = max(pool_busy.values())
+        # CPU workers of the pools share the machine's cores (rpeg.perf.time_sharing)
+        times = {n: stages[n].time_s for n, _ in units}
+        floor = busy_floor(c, cores, times, {n: plan.units[n].num_devices for n in times})
+        if floor > step:
+            timeline.append(TimelineRecord("cores shared", "all", step, floor, kind="cpu_share"))
+            step = floor
     elif multi_pool and plan.streaming:
         # k = 0 with streaming: the consumers take the batch in train_minibatches chunks as
         # generation finishes them (evenly over the generation) -- a flow shop: each chunk

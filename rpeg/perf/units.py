@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpeg.perf import costs, turns
+from rpeg.perf import costs, eager_cpu, turns
 from rpeg.perf.calibration import Calibration
 from rpeg.perf.lengths import LengthDist, prior_mean
 from rpeg.perf.lora import adapter_memory, tp_grad_sum_bytes, trainable_params
@@ -125,7 +125,7 @@ class UnitContext:
         self.peak_flops = self.gpu.peak_flops(self.prec) * (
             calib.fp8_gemm_eff if self.prec == "fp8" else 1.0
         )
-        self.assumptions: list[str] = []
+        self.assumptions: list[str] = list(wl.assumed)  # e.g. lengths a run measured
         cap = float(wl.max_response_tokens)
         mean = wl.mean_response_tokens
         if wl.turns is not None:  # multi-turn: the transcript's turns and observations
@@ -139,7 +139,7 @@ class UnitContext:
                 f"mean response length unpublished: assumed {mean:.0f} tokens (prior of "
                 f"{kind} models at a {cap:.0f}-token cap)"
             )
-        self.lengths = LengthDist(mean, cap, calib.length_sigma)
+        self.lengths = LengthDist(mean, cap, wl.length_sigma or calib.length_sigma)
         self.N = wl.samples
         self.P = wl.mean_prompt_tokens
         # a vision tower: the images' LM tokens are part of every sample's prompt, and the
@@ -260,7 +260,8 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     tp, pp, cp, ep = u.tp, u.pp, u.cp, u.ep
     dp = max(1, n // (tp * pp * cp))
     sc = StageCost(name, (kind,), format_devices(u.devices), n)
-    recompute = u.recompute and train
+    cpu = eager_cpu.is_cpu(gpu)  # RPEG's eager CPU workers (rpeg.perf.eager_cpu)
+    recompute = u.recompute and train and not cpu
     if train:
         flops = costs.train_flops(m, c.tokens, c.seq_sq, recompute)
         passes = 4.0 if recompute else 3.0
@@ -272,6 +273,9 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     tok_mb = c.max_seq * u.micro_batch_size if u.seq_packing else (c.P + c.R) * u.micro_batch_size
     tok_rank = c.tokens / dp
     tok_mb = min(tok_mb, tok_rank)
+    vbytes = eager_cpu.comm_value_bytes(c.wl.precision)
+    mb = eager_cpu.micro_batches(c, dp, u.micro_batch_size, train)  # the runtime's, on CPU
+    tok_mb = mb.tokens if cpu else tok_mb
     tok_dev = tok_mb / cp
     gemm_dense = (
         2.0
@@ -306,7 +310,7 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         t_comp += t_vocab
         sc.detail["vocab_s"] = t_vocab
     # fixed per-layer cost per micro-batch and pass (launch / host sync / MoE routing)
-    n_micro_dev = c.tokens / dp / min(tok_mb, c.tokens / dp)
+    n_micro_dev = mb.count if cpu else c.tokens / dp / min(tok_mb, c.tokens / dp)
     per_layer = (gpu.layer_overhead_s or cal.layer_overhead_s) * m.dense_layers + (
         cal.moe_layer_overhead_s * m.moe_layers
     )
@@ -325,13 +329,13 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         else max(1.0, tok_rank / tok_mb)
     )
     bubble = (pp - 1) / mbs_per_minibatch if pp > 1 else 0.0
-    n_micro = tok_rank / tok_mb
+    n_micro = mb.count if cpu else tok_rank / tok_mb
     comm: dict[str, float] = {}
     first = u.devices[0]
     # tensor parallel: 2 all-reduces (or RS+AG) per layer per pass of one micro-batch
     if tp > 1:
         lvl, bw, alpha = costs.group_link(c.cluster, first, tp)
-        ar = costs.allreduce_time(tok_dev * m.hidden * 2.0, tp, bw, alpha, cal.nccl_bus_eff)
+        ar = costs.allreduce_time(tok_dev * m.hidden * vbytes, tp, bw, alpha, cal.nccl_bus_eff)
         comm[lvl] = comm.get(lvl, 0.0) + n_micro * passes * 2 * m.layers / pp * ar
         if train:  # LoRA: the replicated factors' gradients, summed once per optimizer step
             g = tp_grad_sum_bytes(m, c.wl, params_per_device(m, tp, pp, ep), tp)
@@ -374,7 +378,7 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     if train and dp > 1:
         lvl = c.cluster.span_level_contiguous(first, n)
         link = c.cluster.link(lvl)
-        p_bytes = state["weights"] * GB / c.wbytes * 2.0
+        p_bytes = state["weights"] * GB / c.wbytes * vbytes
         per_step = 2 * costs.gather_time(
             p_bytes, dp, link.bytes_per_s, link.latency_s, cal.nccl_bus_eff
         )
@@ -392,25 +396,26 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
                     p_bytes * dp, dp, link.bytes_per_s, link.latency_s, cal.nccl_bus_eff
                 )
             )
-            t_comp = max(t_comp, fs * c.wl.train_minibatches)
+            t_comp = eager_cpu.overlap(gpu, t_comp, fs * c.wl.train_minibatches, comm, lvl)
         comm[lvl] = comm.get(lvl, 0.0) + per_step * c.wl.train_minibatches
     if not train and u.engine == "fsdp" and dp > 1:
         lvl = c.cluster.span_level_contiguous(first, n)
         link = c.cluster.link(lvl)
-        p_bytes = m.params * 2.0 / (tp * pp)
+        p_bytes = m.params * vbytes / (tp * pp)
         fs = n_micro * costs.gather_time(
             p_bytes, dp, link.bytes_per_s, link.latency_s, cal.nccl_bus_eff
         )
-        t_comp = max(t_comp, fs)
+        t_comp = eager_cpu.overlap(gpu, t_comp, fs, comm, lvl)
     # optimizer update: read/write 16 B per local parameter
     t_opt = 0.0
     if train:
         t_opt = (
-            c.wl.train_minibatches * state["optimizer"] * GB / 12.0 * 16.0 * 2 / gpu.hbm_bytes_per_s
+            c.wl.train_minibatches
+            * eager_cpu.updated_gb(state["optimizer"], cpu and u.engine != "fsdp", dp)
+            * (GB / 12.0 * 16.0 * 2 / gpu.hbm_bytes_per_s)
         )
-    sc.time_s = (t_comp * (1.0 + bubble) + sum(comm.values()) + t_opt) / (
-        cal.train_eff_scale if train else cal.fwd_eff_scale
-    )
+    scale = cal.train_eff_scale if train else cal.fwd_eff_scale
+    sc.time_s = eager_cpu.scaled(gpu, t_comp * (1.0 + bubble) + t_opt, sum(comm.values()), scale)
     sc.flops = flops
     sc.comm_s = comm
     # activations per device

@@ -1,8 +1,10 @@
 """`rpeg calibrate RUN_DIR` fits this machine's efficiencies and fixed costs from a measured
 timeline; the next prediction on that cluster uses them. The measured run here is written
-by hand: every unit takes twice its predicted time and the step 0.5 s more than its units."""
+by hand: every unit takes what the model prices at half its rates (work twice as long;
+dispatch and gloo collectives unchanged) and the step 0.5 s more than its units."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -42,6 +44,9 @@ def _write_run(run, pred, factor=2.0, extra=0.5, steps=4, fixed=None):
     return hist
 
 
+HALF = replace(SHIPPED, gen_eff_scale=0.5, train_eff_scale=0.5, fwd_eff_scale=0.5)
+
+
 @pytest.fixture
 def case():
     cfg = RunConfig.from_yaml(CONFIG)
@@ -51,8 +56,7 @@ def case():
 
 def test_fit_recovers_the_scales_and_the_overhead(tmp_path, case):
     cfg, graph, plan, wl = case
-    base = predict(graph, plan, wl, calib=SHIPPED)
-    _write_run(tmp_path / "run", base)
+    _write_run(tmp_path / "run", predict(graph, plan, wl, calib=HALF), factor=1.0)
     measured = fit.read_run(tmp_path / "run")
     assert measured.steps == 3  # the warm-up step is left out
     values, lines = fit.fit(lambda cal: predict(graph, plan, wl, calib=cal), measured)
@@ -93,7 +97,7 @@ def test_fit_measures_the_rule_rewards_host_cost_per_sample(tmp_path, case):
 def test_cli_calibrate_then_default_predictions_use_it(tmp_path, case, capsys):
     cfg, graph, plan, wl = case
     base = predict(graph, plan, wl, calib=SHIPPED)
-    hist = _write_run(tmp_path / "run", base)
+    hist = _write_run(tmp_path / "run", predict(graph, plan, wl, calib=HALF), factor=1.0)
     out = tmp_path / "calibration.yaml"
     try:
         rc = main(["calibrate", str(tmp_path / "run"), "--config", CONFIG])
@@ -155,3 +159,44 @@ def test_metrics_step_counts_from_one_and_older_runs_still_read(tmp_path, case):
     (tmp_path / "run" / "metrics.jsonl").write_text("\n".join(json.dumps(h) for h in old))
     assert fit.read_run(tmp_path / "run") == new
     assert new.steps == 3  # steps 2-4 of the timeline's 1-3: an off-by-one join keeps 2
+
+
+def test_cli_keeps_the_runs_lengths_for_later_predictions(tmp_path, case, capsys):
+    """The run's batches held 6 prompt + 3 response tokens a sample, the longest response of
+    a step 5: calibrate keeps them (and the spread that makes 5 the expected longest of 128
+    samples) for the model and task; a later prediction from the same config uses them."""
+    from rpeg.perf import run_lengths as RL
+    from rpeg.perf.calibration import _user_file
+
+    cfg, graph, plan, wl = case
+    hist = _write_run(tmp_path / "run", predict(graph, plan, wl, calib=HALF), factor=1.0)
+    for h in hist:
+        h.update(num_tokens=128 * 9, response_length=3.0, response_length_max=5.0)
+    (tmp_path / "run" / "metrics.jsonl").write_text("\n".join(json.dumps(h) for h in hist))
+    try:
+        assert main(["calibrate", str(tmp_path / "run"), "--config", CONFIG]) == 0
+        assert "kept for later predictions of model=rpeg-tiny" in capsys.readouterr().out
+        later = RL.configured_workload(cfg)
+        assert later.mean_prompt_tokens == pytest.approx(6.0)
+        assert later.mean_response_tokens == pytest.approx(3.0)
+        from rpeg.perf.lengths import LengthDist
+
+        spread = LengthDist(3.0, 16.0, later.length_sigma)
+        assert spread.expected_max(128) == pytest.approx(5.0, rel=1e-3)
+        assert later.assumed and str(tmp_path / "run") in later.assumed[0]
+    finally:
+        _user_file().unlink(missing_ok=True)
+
+
+def test_warm_up_steps_beyond_skip_are_left_out():
+    """Steps 2-3 of 8 still warming up (3.0 s against ~1 s after): the second half of the
+    kept steps 2-8 is steps 5-8 at 1.1, 1.0, 0.9, 1.0 s, median 1.0; steps slower than 1.25 s
+    at the start go, the first settled step (4, at 1.2 s) ends the warm-up."""
+    times = {0: 5.0, 1: 3.0, 2: 3.0, 3: 1.2, 4: 1.1, 5: 1.0, 6: 0.9, 7: 1.0}
+    assert fit.settled(set(range(1, 8)), times) == {3, 4, 5, 6, 7}
+    # a run that is settled after its first step keeps everything after it
+    even = {k: 1.0 + 0.01 * k for k in range(8)}
+    assert fit.settled(set(range(1, 8)), even) == set(range(1, 8))
+    # at least the second half stays, whatever the first half did
+    slow_start = {0: 9.0, 1: 9.0, 2: 9.0, 3: 9.0, 4: 1.0, 5: 9.0, 6: 1.0, 7: 1.0}
+    assert fit.settled(set(range(8)), slow_start) == {4, 5, 6, 7}

@@ -266,6 +266,11 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         elif self.reference is not None:
             self.reference.reduce = self.reduce
 
+    def _tp_index(self) -> int:
+        """This rank's index inside its tensor-parallel group (0 before the layout exists)."""
+        lay = getattr(self, "layout", None)
+        return 0 if lay is None else lay.tp_index(self.rank)
+
     def policy_version(self) -> int:
         return -1 if self.actor is None else int(self.actor.policy_version)
 
@@ -318,7 +323,9 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
             metrics=m,
             spans=tuple(Span(*sp) for sp in spans),
             pid=os.getpid(),
-            num_tokens=None if batch is None else float(batch.num_tokens),
+            # the tp ranks of one dp index hold the same rows: the batch's tokens are
+            # counted once, on tp index 0 (the group's metrics sum them over the ranks)
+            num_tokens=None if batch is None or self._tp_index() else float(batch.num_tokens),
             rows=None if batch is None else int(batch.size),
             batch_bytes=0 if batch is None else int(tensor_bytes(batch)),
             samples=SM.samples_from_batch(batch, step, rules=self.rewards.names) if logged else (),

@@ -1,0 +1,100 @@
+"""RPEG's eager CPU runtime as the performance model prices it (rpeg.perf.eager_cpu): the
+runtime's micro-batches (per optimizer step, by sample count), no activation recompute,
+fp32 values on the wire, gloo collectives neither scaled by the fitted compute efficiency nor
+hidden under the compute, and data-parallel replicas that each update all parameters. The
+expected values are worked out by hand from the specs (rpeg-tiny, local-cpu)."""
+
+from dataclasses import replace
+
+import pytest
+
+from rpeg import specs
+from rpeg.compile.sources import resolve
+from rpeg.perf import Workload, costs, eager_cpu
+from rpeg.perf.calibration import SHIPPED
+from rpeg.perf.pricing import predict
+from rpeg.preflight import load_config
+
+CPU = specs.cluster("local-cpu").gpu
+H100 = specs.cluster("dgx-h100").gpu
+
+
+def test_micro_batches_are_cut_per_optimizer_step_by_sample_count():
+    # 128 samples over dp 2 in 4 optimizer steps: 16 rows a step; mbs 4 -> 4 a step, 16 in
+    # all, of 4 rows x 9 tokens; mbs 64 -> one a step (4 in all) of 16 x 9 = 144 tokens
+    assert eager_cpu.split(128, 9.0, 2, 4, 4) == eager_cpu.MicroBatches(16.0, 36.0)
+    assert eager_cpu.split(128, 9.0, 2, 64, 4) == eager_cpu.MicroBatches(4.0, 144.0)
+    # a forward pass (one "step"): 128 rows on one rank, mbs 64 -> 2 of 576 tokens
+    assert eager_cpu.split(128, 9.0, 1, 64, 1) == eager_cpu.MicroBatches(2.0, 576.0)
+    # 10 rows at mbs 4: ceil(2.5) = 3 micro-batches of 10/3 rows
+    mb = eager_cpu.split(10, 9.0, 1, 4, 1)
+    assert mb.count == 3.0 and mb.tokens == pytest.approx(30.0)
+
+
+def test_collectives_are_not_scaled_on_cpu_and_not_hidden_under_compute():
+    assert eager_cpu.scaled(CPU, 1.0, 0.2, 0.25) == pytest.approx(4.2)  # 1/0.25 + 0.2
+    assert eager_cpu.scaled(H100, 1.0, 0.2, 0.25) == pytest.approx(4.8)  # 1.2/0.25
+    comm: dict[str, float] = {"domain": 0.1}
+    assert eager_cpu.overlap(CPU, 1.0, 0.4, comm, "domain") == 1.0
+    assert comm == {"domain": pytest.approx(0.5)}
+    gpu_comm: dict[str, float] = {}
+    assert eager_cpu.overlap(H100, 1.0, 1.4, gpu_comm, "domain") == 1.4 and not gpu_comm
+    assert eager_cpu.updated_gb(0.5, True, 2) == 1.0 and eager_cpu.updated_gb(0.5, False, 2) == 0.5
+    assert eager_cpu.comm_value_bytes("fp32") == 4.0 and eager_cpu.comm_value_bytes("bf16") == 2.0
+
+
+@pytest.fixture
+def builtin():
+    cfg = load_config("configs/builtin.yaml")
+    g, plan = resolve(None, cfg)
+    wl = replace(Workload.from_config(cfg.workload), mean_prompt_tokens=6.0)
+    return g, plan, replace(wl, mean_response_tokens=3.0)
+
+
+def test_data_parallel_gradients_go_over_gloo_in_fp32(builtin):
+    """The built-in plan: train_actor on 2 CPU workers (dp 2, replicas), 4 optimizer steps,
+    each all-reducing the fp32 gradients of rpeg-tiny's P parameters: a reduce-scatter and
+    an all-gather of 4P bytes over 2 ranks, (1/2) 4P / (bw x eff) + alpha each."""
+    g, plan, wl = builtin
+    p = specs.model("rpeg-tiny").params
+    link = specs.cluster("local-cpu").link("domain")
+    one = 0.5 * 4.0 * p / (link.bytes_per_s * SHIPPED.nccl_bus_eff) + link.latency_s
+    st = predict(g, plan, wl, calib=SHIPPED).stages["train_actor"]
+    assert st.comm_s["domain"] == pytest.approx(4 * 2 * one)
+    assert st.detail["micro_batches"] == 4.0  # 16 rows a step at mbs 64
+    # the fitted scale applies to the work, not to the collectives or the dispatch
+    fast = predict(g, plan, wl, calib=replace(SHIPPED, train_eff_scale=2.0))
+    work = 2 * (st.time_s - fast.stages["train_actor"].time_s)
+    assert st.time_s - work == pytest.approx(4 * 2 * one + st.detail["dispatch_s"])
+
+
+def test_recompute_costs_nothing_on_cpu_where_the_runtime_does_not_checkpoint(builtin):
+    g, plan, wl = builtin
+    u = plan.units["train_actor"]
+    on = plan.model_copy(
+        update={"units": {**plan.units, "train_actor": u.model_copy(update={"recompute": True})}}
+    )
+    off = plan.model_copy(
+        update={"units": {**plan.units, "train_actor": u.model_copy(update={"recompute": False})}}
+    )
+    t_on = predict(g, on, wl, calib=SHIPPED).stages["train_actor"].time_s
+    assert t_on == pytest.approx(predict(g, off, wl, calib=SHIPPED).stages["train_actor"].time_s)
+
+
+def test_fsdp_gathers_add_to_the_pass_on_cpu(builtin):
+    """The same plan with an FSDP trainer: per micro-batch an all-gather of the parameters
+    and a reduce-scatter of the gradients (kept gathered from forward to backward: 2
+    collectives), each moving the rank's half of 4P bytes, added to the collectives."""
+    g, plan, wl = builtin
+    u = plan.units["train_actor"]
+    fsdp = plan.model_copy(
+        update={"units": {**plan.units, "train_actor": u.model_copy(update={"engine": "fsdp"})}}
+    )
+    p = specs.model("rpeg-tiny").params
+    link = specs.cluster("local-cpu").link("domain")
+    eff = SHIPPED.nccl_bus_eff
+    per_step = 2 * costs.gather_time(4.0 * p / 2, 2, link.bytes_per_s, link.latency_s, eff)
+    per_micro = 2 * costs.gather_time(4.0 * p, 2, link.bytes_per_s, link.latency_s, eff)
+    st = predict(g, fsdp, wl, calib=SHIPPED).stages["train_actor"]
+    assert st.detail["fsdp_collectives_per_micro_batch"] == 2.0
+    assert st.comm_s["domain"] == pytest.approx(4 * per_step + 4 * per_micro)
