@@ -335,8 +335,8 @@ def calibrate_run(
 ) -> None:
     """Fit this machine's efficiencies and fixed costs from a measured run; later
     predictions on the run's cluster use them. A multi-turn run's turn shape (mean turns,
-    tokens per turn and per observation, environment latency) is fitted too, and printed
-    as the task.multiturn values to set."""
+    tokens per turn and per observation, environment latency) is fitted too and kept for
+    later predictions of the same model and task."""
     from rpeg.compile.sources import resolve
     from rpeg.errors import ConfigError, Problem
     from rpeg.perf import fit
@@ -386,11 +386,23 @@ def calibrate_run(
     typer.echo(
         ", ".join(f"{k}={v:.4g}" for k, v in values.items()) + f" -> {path} [{plan.cluster}]"
     )
-    if shaped:  # the task's, not the cluster's: docs/multiturn.md "Fitting the turn shape"
+    if shaped:  # kept for predictions of this model and task: docs/multiturn.md
+        from rpeg.perf import turn_store as TS
         from rpeg.perf.turn_fit import config_lines
 
+        t = wl.turns
         response = at.mean_response_tokens if at is not wl else None
         prompt = at.mean_prompt_tokens if at.mean_prompt_tokens != wl.mean_prompt_tokens else None
-        typer.echo("the run's turn shape (set these in the task's config; not stored):")
-        for line in config_lines(wl.turns, response, prompt):
+        kept = TS.StoredTurns(
+            mean_turns=t.turns,
+            observation_tokens=t.observation_tokens,
+            env_latency_s=t.env_latency_s,
+            mean_turn_tokens=t.mean_turn_tokens,
+            prompt_tokens=prompt,
+            source=str(run_dir),
+        )
+        TS.store(plan.cluster, TS.turn_key(cfg), kept, out)
+        typer.echo(f"turn shape kept for later predictions of {TS.turn_key(cfg)}")
+        typer.echo("(a value the config states wins; to state them:)")
+        for line in config_lines(t, response, prompt):
             typer.echo(f"  {line}")

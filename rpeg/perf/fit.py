@@ -30,6 +30,7 @@ from rpeg.errors import Problem, ProblemsError
 from rpeg.perf.calibration import SHIPPED, Calibration, _user_file
 from rpeg.perf.run_lengths import LENGTHS_KEY, sigma_for_max
 from rpeg.perf.turn_fit import MeasuredTurns, measured_turns
+from rpeg.perf.turn_store import TURNS_KEY
 from rpeg.perf.units import FWD_KINDS, GEN_KIND, TRAIN_KINDS
 
 SCALE_RANGE = (0.01, 100.0)
@@ -263,8 +264,9 @@ def write(cluster: str, values: dict[str, float], source: str, path: Path | None
     entry = {k: round(float(v), 6) for k, v in values.items()}
     entry["source"] = f"{source} ({time.strftime('%Y-%m-%d')})"
     old = data.setdefault("clusters", {}).get(cluster)
-    if isinstance(old, dict) and LENGTHS_KEY in old:  # the tasks' lengths (perf.run_lengths)
-        entry[LENGTHS_KEY] = old[LENGTHS_KEY]
+    for key in (LENGTHS_KEY, TURNS_KEY):  # the tasks' lengths and turn shapes, kept
+        if isinstance(old, dict) and key in old:
+            entry[key] = old[key]
     data["clusters"][cluster] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))

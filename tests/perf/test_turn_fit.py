@@ -94,13 +94,15 @@ def _write_run(run, pred, steps):
 def test_cli_calibrate_of_a_multiturn_run_prints_the_turn_shape(tmp_path, capsys):
     """configs/tool-cpu.yaml on 2 data-parallel ranks: 48 samples, 24 per rollout process
     (the plan's, read off the env stage), so the hand-worked values above. The shape is
-    printed, not written to calibration.yaml (a cluster's file)."""
+    printed as config values and kept for later predictions of the same model and task,
+    which take it where their config states none."""
     from rpeg.cli import main
     from rpeg.compile.sources import resolve
     from rpeg.config import RunConfig
     from rpeg.perf.calibration import SHIPPED, _user_file
     from rpeg.perf.prediction import Workload
     from rpeg.perf.pricing import predict
+    from rpeg.perf.run_lengths import configured_workload
 
     cfg = RunConfig.from_yaml("configs/tool-cpu.yaml").with_overrides(
         {"task.multiturn.max_turns": 3, "cluster.num_devices": 2, "cluster.n_workers": 2}
@@ -127,6 +129,21 @@ def test_cli_calibrate_of_a_multiturn_run_prints_the_turn_shape(tmp_path, capsys
         ):
             assert line in out.splitlines(), (line, out)
         stored = _user_file().read_text()
-        assert "gen_eff_scale" in stored and "mean_turns" not in stored
+        assert "gen_eff_scale" in stored and "mean_turns: 1.75" in stored
+        later = configured_workload(cfg, plan.cluster)  # rpeg predict / bench of the task
+        t = later.turns
+        assert (t.mean_turns, t.mean_turn_tokens, t.observation_tokens) == (1.75, 22.0, 13.0)
+        assert t.env_latency_s == pytest.approx(0.015 / 9, rel=1e-3)  # rounded to 6 places
+        assert later.mean_prompt_tokens == 26.0
+        assert (
+            predict(graph, plan, later)
+            .assumptions[0]
+            .startswith(
+                f"turn shape measured by rpeg calibrate on {tmp_path / 'run'}: mean_turns 1.75"
+            )
+        )
+        # calibrating again (a single-turn run or another task) keeps the stored shape
+        assert main(["calibrate", str(tmp_path / "run"), "--config", str(path)]) == 0
+        assert "mean_turns: 1.75" in _user_file().read_text()
     finally:
         _user_file().unlink(missing_ok=True)
