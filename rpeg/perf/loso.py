@@ -31,7 +31,7 @@ from rpeg.perf.loso_ranges import _bounds, _comparable, _range
 from rpeg.perf.loso_summary import Scored
 from rpeg.perf.pricing import predict
 from rpeg.perf.row_cells import Unpredictable, _float, _number, unknown_names
-from rpeg.perf.rows import read_case
+from rpeg.perf.rows import assumed_values, read_case
 from rpeg.perf.run_share import fitted_share, from_hours, outside_share
 from rpeg.perf.systems import UNKNOWN_WIDEN, normalise
 from rpeg.plan.schema import InfeasiblePlan
@@ -81,6 +81,7 @@ class Priced:
     unknown_hi: float
     unknown: tuple[str, ...] = ()
     solved: dict[str, Any] = field(default_factory=dict)  # blank layout fields -> chosen
+    assumed: tuple[str, ...] = ()  # "column=value" of the priors it took (rows.assumed_values)
     # "explicit": the row states recipe columns beyond the shared schema; "shared": it does
     # not (as runs described only by the shared columns); its residuals calibrate rows of
     # the same regime
@@ -193,6 +194,7 @@ def price_rows(
                 unknown_hi=math.log(hi / base.step_s),
                 unknown=case.unknown,
                 solved=dict(lay.solved),
+                assumed=assumed_values(case, calib),
             )
         )
     return priced, refused
@@ -227,7 +229,7 @@ def score(priced: list[Priced]) -> list[Scored]:
         s.pred_in = run_in * math.exp(p.log_pred(g, t, multiplier(lm_full, p.kind)))
         s.pred_loso = run * math.exp(p.log_pred(lg, lt, lk))
         s.system_fitted = known
-        s.unknown, s.solved = p.unknown, p.solved
+        s.unknown, s.solved, s.assumed = p.unknown, p.solved, p.assumed
         if p.measured_s:
             resid_in[p.case_id] = math.log(p.measured_s / s.pred_in)
             resid_loso[p.case_id] = math.log(p.measured_s / s.pred_loso)

@@ -49,7 +49,7 @@ def lines(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> l
             )
             if s.solved:
                 out.append(f"{'':46s}solved: " + ", ".join(f"{k}={v}" for k, v in s.solved.items()))
-            assumed = [u for u in s.unknown if u != "gpu_memory_utilization"]
+            assumed = s.assumed or [u for u in s.unknown if u != "gpu_memory_utilization"]
             if assumed:
                 out.append(f"{'':46s}assumed (prior): " + ", ".join(assumed))
             for st, (p, m) in s.stages.items():
@@ -145,6 +145,7 @@ def to_json(scored: list[Scored], refused: list[Scored], datasets: list[str]) ->
                 "system_fitted": s.system_fitted,
                 "solved": s.solved,
                 "unknown": list(s.unknown),
+                "assumed": list(s.assumed),
                 "stages": {
                     k: {"predicted_s": p, "measured_s": m} for k, (p, m) in s.stages.items()
                 },

@@ -31,6 +31,7 @@ class Scored:
     tput: tuple[float, float] | None = None  # LOSO predicted, measured tokens/s
     unknown: tuple[str, ...] = ()
     solved: dict[str, Any] = field(default_factory=dict)
+    assumed: tuple[str, ...] = ()  # "column=value" of the priors taken
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,8 @@ def read_case(r: dict[str, str]) -> RowCase:
     mean = _float(r, "avg_gen_len")
     if mean is None:
         unknown.append("avg_gen_len")
+    if _number(r, "train_minibatches") is None:
+        unknown.append("train_minibatches")  # one optimizer step per RL step
     if not (r.get("precision") or "").strip():
         unknown.append("precision")
     prec = ((r.get("precision") or PRIORS["precision"]).split() or ["bf16"])[0].lower()
@@ -305,6 +307,34 @@ def read_case(r: dict[str, str]) -> RowCase:
         unknown=tuple(unknown),
         system=(r.get("system") or "").strip().lower(),
     )
+
+
+def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ...]:
+    """``column=value`` for each prior ``case`` took (its ``unknown`` columns but the
+    layout ones, which are solved and listed apart), e.g. ``max_gen_len=32768``."""
+    from rpeg.perf.lengths import prior_mean
+
+    wl = case.workload
+
+    def yn(v: Any) -> str:
+        return "yes" if v else "no"
+
+    kind = wl.response_kind or case.model.kind
+    vision = case.model.vision
+    values = {
+        "placement": "colocated" if case.colocated else "disaggregated",
+        "act_ckpt": yn(case.recompute),
+        "seq_packing": yn(case.packing),
+        "streaming": yn(case.streaming),
+        "reuse_rollout_logprobs": yn(case.reuse),
+        "avg_prompt_len": f"{wl.mean_prompt_tokens:.0f}",
+        "max_gen_len": f"{wl.max_response_tokens}",
+        "avg_gen_len": f"{prior_mean(kind, wl.max_response_tokens, calib):.0f} ({kind} prior)",
+        "precision": wl.precision,
+        "image_tokens": f"{vision.image_tokens:.0f}" if vision is not None else "0",
+        "train_minibatches": f"{wl.train_minibatches}",
+    }
+    return tuple(f"{u}={values[u]}" for u in case.unknown if u in values)
 
 
 def row_case(r: dict[str, str], calib: Calibration = SHIPPED) -> tuple[Any, Plan, Workload]:

@@ -1,0 +1,72 @@
+"""A row that leaves optional columns blank is predicted with each prior's value listed
+(issue 30 item 4, rpeg.perf.rows.assumed_values); only an unknown model or GPU is refused,
+naming how to add it."""
+
+import csv
+
+import pytest
+
+from rpeg.perf import loso
+from rpeg.perf.rows import assumed_values, read_case
+
+BLANK = {
+    "case_id": "blank-1",
+    "source": "user",
+    "algorithm": "grpo",
+    "model": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+    "gpu": "H100",
+    "num_gpus": "16",
+    "gpus_per_node": "8",
+    "num_prompts": "32",
+    "samples_per_prompt": "8",
+    "measured_step_s": "300",
+}
+
+
+def test_every_prior_a_blank_row_takes_is_listed_with_its_value():
+    case = read_case(dict(BLANK))
+    got = dict(a.split("=", 1) for a in assumed_values(case))
+    # a reasoning model with neither max_gen_len nor max_seq_len: the recipes' 32,768 budget;
+    # its mean: lognormal median 6,000, sigma 1, truncated at 32,768:
+    # 6000 e^0.5 Phi(ln(32768/6000) - 1) + 32768 (1 - Phi(ln(32768/6000))) = 8,959
+    assert got["max_gen_len"] == "32768"
+    assert got["avg_gen_len"] == "8959 (reasoning prior)"
+    assert got["avg_prompt_len"] == "150"
+    assert got["precision"] == "bf16"
+    assert got["train_minibatches"] == "1"  # a blank was taken as 1 without saying so
+    assert got["placement"] == "colocated"
+    assert got["act_ckpt"] == "yes" and got["seq_packing"] == "yes"
+    assert "gpu_memory_utilization" not in got  # solved with the layout, listed apart
+
+
+def test_a_row_publishing_a_column_does_not_list_it():
+    case = read_case({**BLANK, "max_gen_len": "4096", "train_minibatches": "4"})
+    names = {a.split("=", 1)[0] for a in assumed_values(case)}
+    assert "max_gen_len" not in names and "train_minibatches" not in names
+    assert "avg_gen_len" in names
+
+
+@pytest.mark.parametrize(
+    ("cell", "value", "says"),
+    [
+        ("model", "acme-7b", "unknown model 'acme-7b' (add it: rpeg specs add-model --from-hf"),
+        ("gpu", "H300", "unknown GPU 'H300' (add it to the user gpus.yaml; catalog: a100-40g"),
+    ],
+)
+def test_only_an_unknown_model_or_gpu_is_refused_naming_how_to_add_it(cell, value, says):
+    priced, (refused,) = loso.price_rows([{**BLANK, cell: value}], "mine")
+    assert not priced
+    assert refused.reason.startswith(says)
+
+
+def test_validate_prints_the_assumed_values(tmp_path):
+    path = tmp_path / "mine.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(BLANK) + ["system"])
+        w.writeheader()
+        w.writerow({**BLANK, "model": "qwen3.5-9b", "system": "my-own-stack"})
+    priced, refused = loso.price_rows(list(csv.DictReader(path.open())), "mine")
+    assert not refused
+    (p,) = priced
+    assert "image_tokens=0" in p.assumed  # Qwen3.5 is multimodal; text RL: no images
+    assert "max_gen_len=32768" in p.assumed
