@@ -123,12 +123,14 @@ def test_an_fsdp_dp2_run_exports_the_full_model(tmp_path, dask_cluster):
         for u in ("generate", "reward", "ref_logprob", "old_logprob", "advantage", "sync_weights")
     }
     units["train_actor"] = {"devices": "0-1", "engine": "fsdp"}
-    cfg = _config(tmp_path, units, **{"optim.lr": 1e-3})
+    # runtime.export_hf: the driver also exports the shards at the checkpoint
+    cfg = _config(tmp_path, units, **{"optim.lr": 1e-3, "runtime.export_hf": True})
     own = _one_step(cfg, dask_cluster)
     assert len(_shards(tmp_path)) == 1
     out = tmp_path / "hf"
     export_checkpoint(str(tmp_path / "ck"), str(out))  # the tiny model's shape: the marker's
     want = _own(own)
     assert (_exported(out) - want).abs().max() < TOL
+    assert (_exported(tmp_path / "out" / "hf" / "step-00000001") - want).abs().max() < TOL
     start, _, _ = build_policy(cfg)  # the run's initial weights
     assert (_logits(start) - want).abs().max() > 100 * TOL  # the step moved them
