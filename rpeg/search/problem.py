@@ -8,6 +8,7 @@ from typing import Any
 
 from rpeg.ir import Graph, build
 from rpeg.perf.prediction import Workload
+from rpeg.perf.run_lengths import configured_workload
 from rpeg.search.space import SearchSpace, SpaceOptions
 
 
@@ -102,8 +103,9 @@ def problem_from_config(config: Any) -> PlanProblem:
         base=base,
         model=model,
         cluster=cl,
-        # LoRA: perf.lora; multi-turn: perf.turns
-        workload=Workload.from_config(config.workload, config.model.lora, config.task.multiturn),
+        # LoRA: perf.lora; multi-turn: perf.turns; lengths `rpeg calibrate` kept for the model
+        # and task where the config states none (perf.run_lengths)
+        workload=configured_workload(config, cl.name),
         num_devices=n,
         max_staleness=config.runtime.max_staleness,
     )

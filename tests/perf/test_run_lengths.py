@@ -49,6 +49,10 @@ def test_lengths_are_kept_per_model_and_task_and_used_unless_the_config_states_t
             "lengths measured by rpeg calibrate on run A: 2.9 response tokens, "
             "6.1 prompt tokens, length sigma 0.25",
         )
+        # the planner prices the same workload (rpeg plan, the bench's baselines)
+        from rpeg.search.problem import problem_from_config
+
+        assert problem_from_config(cfg).workload == wl
         # a config stating its mean response keeps it (and its spread), takes the prompt
         own = cfg.with_overrides(
             {"workload": {**cfg.workload.model_dump(), "mean_response_tokens": 5}}
