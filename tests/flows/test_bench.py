@@ -112,3 +112,20 @@ def test_cli_bench_runs_the_builtin_config_through_the_runtime(tmp_path, capsys)
     cells = [c.strip() for c in row.split("|")]
     assert float(cells[4]) > 0  # measured seconds per step
     assert (tmp_path / "chosen" / "metrics.jsonl").is_file()
+
+
+def test_warm_up_steps_beyond_skip_are_not_measured(tmp_path):
+    """A run whose steps 2-3 still warm up (2x the settled 0.8 s, the first step 3x): with
+    --skip 1 the leading steps slower than 1.25x the second half's median (0.8 s) are left
+    out too, so the measured median is the settled 0.8 s, not 1.6 s."""
+
+    def runner(config: Path, steps: int, out: Path):
+        out.mkdir(parents=True, exist_ok=True)
+        slow = [3.0, 2.0, 2.0] + [1.0] * (steps - 3)
+        lines = [json.dumps({"step": i + 1, "step_s": 0.8 * slow[i]}) for i in range(steps)]
+        (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        (out / "timeline.json").write_text(json.dumps({"records": []}))
+        return 0, ""
+
+    (res,) = B.run_entries(_entries(tmp_path, {"chosen": 1.0}), 8, tmp_path, runner=runner)
+    assert res.measured_s == pytest.approx(0.8) and res.steps == 5
