@@ -399,6 +399,7 @@ def calibrate_run(
             env_latency_s=t.env_latency_s,
             mean_turn_tokens=t.mean_turn_tokens,
             prompt_tokens=prompt,
+            response_tokens=response,
             source=str(run_dir),
         )
         TS.store(plan.cluster, TS.turn_key(cfg), kept, out)

@@ -34,6 +34,9 @@ class StoredTurns:
     env_latency_s: float
     mean_turn_tokens: float | None = None
     prompt_tokens: float | None = None  # the run's mean prompt (workload.mean_prompt_tokens)
+    # the run's mean transcript (workload.mean_response_tokens: what the trainer's passes
+    # see; shorter than the turns' tokens by the tails generated after a tool call's close)
+    response_tokens: float | None = None
     source: str = ""
 
 
@@ -77,7 +80,7 @@ def store(cluster: str, key: str, turns: StoredTurns, path: Path | None = None) 
         entry = clusters[cluster] = {}
     row: dict[str, Any] = {
         k: round(float(v), 6)
-        for k in (*FIELDS, "prompt_tokens")
+        for k in (*FIELDS, "prompt_tokens", "response_tokens")
         if (v := getattr(turns, k)) is not None
     }
     row["source"] = turns.source
@@ -108,6 +111,7 @@ def lookup(cluster: str, key: str, path: Path | None = None) -> StoredTurns | No
         env_latency_s=need[2],
         mean_turn_tokens=num("mean_turn_tokens"),
         prompt_tokens=num("prompt_tokens"),
+        response_tokens=num("response_tokens"),
         source=str(row.get("source", "")),
     )
 
@@ -124,8 +128,9 @@ def _states(section: Any, name: str) -> bool:
 def with_stored_turns(workload: Any, config: Any, cluster: str, path: Path | None = None) -> Any:
     """``workload`` (a multi-turn :class:`rpeg.perf.prediction.Workload` of ``config``) with
     the turn shape ``rpeg calibrate`` stored for its model and task on ``cluster`` in place
-    of every value ``config.task.multiturn`` does not state (and the run's mean prompt where
-    ``workload.mean_prompt_tokens`` is unset), and the assumption that says so; ``workload`` itself when it is single-turn, nothing is stored, or all are stated."""
+    of every value ``config.task.multiturn`` does not state (and the run's mean prompt and
+    transcript where ``workload.mean_prompt_tokens`` / ``mean_response_tokens`` are unset),
+    and the assumption that says so; ``workload`` itself when it is single-turn, nothing is stored, or all are stated."""
     if workload.turns is None:
         return workload
     found = lookup(cluster, turn_key(config), path)
@@ -142,13 +147,15 @@ def with_stored_turns(workload: Any, config: Any, cluster: str, path: Path | Non
         change["mean_turns"] = min(max(change["mean_turns"], 1.0), float(t.max_turns))
     if "mean_turn_tokens" in change:
         change["mean_turn_tokens"] = min(change["mean_turn_tokens"], float(t.max_turn_tokens))
-    prompt = found.prompt_tokens if not config.workload.mean_prompt_tokens else None
-    if not change and prompt is None:
+    w = config.workload
+    lengths = {
+        "mean_prompt_tokens": (found.prompt_tokens, w.mean_prompt_tokens, "prompt"),
+        "mean_response_tokens": (found.response_tokens, w.mean_response_tokens, "transcript"),
+    }
+    more = {k: v for k, (v, own, _) in lengths.items() if v is not None and not own}
+    if not change and not more:
         return workload
     said = [f"{k} {v:.4g}" for k, v in change.items()]
-    more: dict[str, Any] = {}
-    if prompt is not None:
-        more["mean_prompt_tokens"] = prompt
-        said.append(f"{prompt:.4g} prompt tokens")
+    said += [f"{v:.4g} {lengths[k][2]} tokens" for k, v in more.items()]
     note = f"turn shape measured by rpeg calibrate on {found.source}: {', '.join(said)}"
     return replace(workload, turns=replace(t, **change), assumed=(*workload.assumed, note), **more)

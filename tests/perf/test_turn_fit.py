@@ -134,7 +134,7 @@ def test_cli_calibrate_of_a_multiturn_run_prints_the_turn_shape(tmp_path, capsys
         t = later.turns
         assert (t.mean_turns, t.mean_turn_tokens, t.observation_tokens) == (1.75, 22.0, 13.0)
         assert t.env_latency_s == pytest.approx(0.015 / 9, rel=1e-3)  # rounded to 6 places
-        assert later.mean_prompt_tokens == 26.0
+        assert later.mean_prompt_tokens == 26.0 and later.mean_response_tokens == 45.5
         assert (
             predict(graph, plan, later)
             .assumptions[0]

@@ -97,6 +97,19 @@ def test_stored_means_are_clamped_to_a_later_configs_caps(tmp_path):
     assert t.mean_turns == 2.5 and t.mean_turn_tokens == 28.0  # the turn cap is 28
 
 
+def test_the_runs_prompt_and_transcript_apply_where_the_workload_states_none(tmp_path):
+    path = tmp_path / "calibration.yaml"
+    cfg = _cfg()
+    kept = TS.StoredTurns(1.5, 20.0, 0.01, prompt_tokens=26.0, response_tokens=23.2, source="r")
+    TS.store("local-cpu", TS.turn_key(cfg), kept, path)
+    got = TS.with_stored_turns(_workload(cfg), cfg, "local-cpu", path)
+    assert (got.mean_prompt_tokens, got.mean_response_tokens) == (26.0, 23.2)
+    assert got.assumed[-1].endswith("26 prompt tokens, 23.2 transcript tokens")
+    own = _cfg(**{"workload.mean_response_tokens": 30.0})
+    got = TS.with_stored_turns(_workload(own), own, "local-cpu", path)
+    assert (got.mean_prompt_tokens, got.mean_response_tokens) == (26.0, 30.0)
+
+
 def test_a_row_missing_a_number_is_not_used(tmp_path):
     path = tmp_path / "calibration.yaml"
     path.write_text("clusters:\n  c:\n    turns:\n      k: {mean_turns: 1.5, source: x}\n")
