@@ -146,6 +146,11 @@ def unknown_names(r: dict[str, str]) -> str:
     from rpeg import specs
 
     bad = []
+    for k in ("model", "gpu"):
+        if not (r.get(k) or "").strip():
+            bad.append(f"{k} not published (a catalog name: `rpeg specs list`)")
+    if bad:
+        return "; ".join(bad)
     if model_name(r) not in specs.models():
         bad.append(
             f"unknown model {r.get('model')!r} (add it: rpeg specs add-model --from-hf config.json)"

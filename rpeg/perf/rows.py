@@ -189,6 +189,10 @@ def read_case(r: dict[str, str]) -> RowCase:
     critic_cell = (r.get("has_critic") or "").strip()
     algo = (r.get("algorithm") or "").strip().lower()
     has_critic = _yes(r, "has_critic") if critic_cell else algo in ("ppo", "ppo-gae", "gae")
+    # blank: on-policy without partial rollout, no reference model, GRPO (no critic)
+    unknown += [c for c in ("staleness", "partial_rollout", "has_ref") if not _cell(r, c)]
+    if not critic_cell and not algo:
+        unknown.append("algorithm")
     builder = "ppo" if has_critic else "grpo"
     graph = builders.build(builder, use_reference=has_ref, staleness=min(staleness, 1000))
     backend = (r.get("train_backend") or "").lower()
@@ -309,6 +313,10 @@ def read_case(r: dict[str, str]) -> RowCase:
     )
 
 
+def _cell(r: dict[str, str], k: str) -> str:
+    return (r.get(k) or "").strip()
+
+
 def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ...]:
     """``column=value`` for each prior ``case`` took (its ``unknown`` columns but the
     layout ones, which are solved and listed apart), e.g. ``max_gen_len=32768``."""
@@ -333,6 +341,10 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "precision": wl.precision,
         "image_tokens": f"{vision.image_tokens:.0f}" if vision is not None else "0",
         "train_minibatches": f"{wl.train_minibatches}",
+        "staleness": f"{case.staleness}",
+        "partial_rollout": yn(case.partial),
+        "has_ref": yn(case.has_ref),
+        "algorithm": case.builder,
     }
     return tuple(f"{u}={values[u]}" for u in case.unknown if u in values)
 

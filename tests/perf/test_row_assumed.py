@@ -24,7 +24,7 @@ BLANK = {
 
 
 def test_every_prior_a_blank_row_takes_is_listed_with_its_value():
-    case = read_case(dict(BLANK))
+    case = read_case({**BLANK, "algorithm": ""})
     got = dict(a.split("=", 1) for a in assumed_values(case))
     # a reasoning model with neither max_gen_len nor max_seq_len: the recipes' 32,768 budget;
     # its mean: lognormal median 6,000, sigma 1, truncated at 32,768:
@@ -37,6 +37,15 @@ def test_every_prior_a_blank_row_takes_is_listed_with_its_value():
     assert got["placement"] == "colocated"
     assert got["act_ckpt"] == "yes" and got["seq_packing"] == "yes"
     assert "gpu_memory_utilization" not in got  # solved with the layout, listed apart
+    # the run's shape: on-policy, no partial rollout, no reference model, GRPO
+    assert (got["staleness"], got["partial_rollout"], got["has_ref"]) == ("0", "no", "no")
+    assert got["algorithm"] == "grpo"
+
+
+def test_a_blank_staleness_with_partial_rollout_is_one_step():
+    case = read_case({**BLANK, "partial_rollout": "yes", "algorithm": "ppo"})
+    got = dict(a.split("=", 1) for a in assumed_values(case))
+    assert got["staleness"] == "1" and "partial_rollout" not in got and "algorithm" not in got
 
 
 def test_a_row_publishing_a_column_does_not_list_it():
@@ -51,6 +60,7 @@ def test_a_row_publishing_a_column_does_not_list_it():
     [
         ("model", "acme-7b", "unknown model 'acme-7b' (add it: rpeg specs add-model --from-hf"),
         ("gpu", "H300", "unknown GPU 'H300' (add it to the user gpus.yaml; catalog: a100-40g"),
+        ("model", "", "model not published (a catalog name: `rpeg specs list`)"),
     ],
 )
 def test_only_an_unknown_model_or_gpu_is_refused_naming_how_to_add_it(cell, value, says):
