@@ -388,6 +388,7 @@ def calibrate_run(
     )
     if shaped:  # kept for predictions of this model and task: docs/multiturn.md
         from rpeg.perf import turn_store as TS
+        from rpeg.perf.run_lengths import task_key
         from rpeg.perf.turn_fit import config_lines
 
         t = wl.turns
@@ -402,8 +403,9 @@ def calibrate_run(
             response_tokens=response,
             source=str(run_dir),
         )
-        TS.store(plan.cluster, TS.turn_key(cfg), kept, out)
-        typer.echo(f"turn shape kept for later predictions of {TS.turn_key(cfg)}")
+        key = TS.turn_key(cfg, task_key(cfg))
+        TS.store(plan.cluster, key, kept, out)
+        typer.echo(f"turn shape kept for later predictions of {key}")
         typer.echo("(a value the config states wins; to state them:)")
         for line in config_lines(t, response, prompt):
             typer.echo(f"  {line}")

@@ -105,7 +105,7 @@ def configured_workload(config: Any, cluster: str | None = None) -> Any:
     if wl.turns is not None:  # multi-turn: the turn shape measured for it, if any
         from rpeg.perf.turn_store import with_stored_turns
 
-        return with_stored_turns(wl, config, name)
+        return with_stored_turns(wl, config, name, task_key(config))
     if w.mean_response_tokens and w.mean_prompt_tokens:
         return wl
     found = lookup(name, task_key(config))

@@ -40,16 +40,15 @@ class StoredTurns:
     source: str = ""
 
 
-def turn_key(config: Any) -> str:
-    """The model and task a multi-turn run config's turn shape belongs to: the length key
-    (model, task, difficulty, caps, temperature) and the environment, its tools, and the
-    turn caps (what the policy does with them); not the layout, the cluster, the algorithm
-    or ``env_concurrency`` (which changes the waves, not a call's latency)."""
-    from rpeg.perf.run_lengths import task_key
-
+def turn_key(config: Any, task: str) -> str:
+    """The model and task a multi-turn run config's turn shape belongs to: ``task``, the
+    key of its lengths (:func:`rpeg.perf.run_lengths.task_key`: model, task, difficulty,
+    caps, temperature), and the environment, its tools and the turn caps (what the policy
+    does with them); not the layout, the cluster, the algorithm or ``env_concurrency``
+    (which changes the waves, not a call's latency)."""
     mt = config.task.multiturn
     return (
-        f"{task_key(config)}, env={mt.env}, tools={'+'.join(mt.tools)}, "
+        f"{task}, env={mt.env}, tools={'+'.join(mt.tools)}, "
         f"max_turns={mt.max_turns}, max_turn_tokens={mt.max_turn_tokens}"
     )
 
@@ -125,15 +124,18 @@ def _states(section: Any, name: str) -> bool:
     return value is not None and (field is None or value != field.default)
 
 
-def with_stored_turns(workload: Any, config: Any, cluster: str, path: Path | None = None) -> Any:
+def with_stored_turns(
+    workload: Any, config: Any, cluster: str, task: str, path: Path | None = None
+) -> Any:
     """``workload`` (a multi-turn :class:`rpeg.perf.prediction.Workload` of ``config``) with
-    the turn shape ``rpeg calibrate`` stored for its model and task on ``cluster`` in place
+    the turn shape ``rpeg calibrate`` stored for its model and task (``task``: its length
+    key, :func:`turn_key`) on ``cluster`` in place
     of every value ``config.task.multiturn`` does not state (and the run's mean prompt and
     transcript where ``workload.mean_prompt_tokens`` / ``mean_response_tokens`` are unset),
     and the assumption that says so; ``workload`` itself when it is single-turn, nothing is stored, or all are stated."""
     if workload.turns is None:
         return workload
-    found = lookup(cluster, turn_key(config), path)
+    found = lookup(cluster, turn_key(config, task), path)
     if found is None:
         return workload
     mt = config.task.multiturn

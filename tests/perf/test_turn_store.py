@@ -3,6 +3,7 @@ task in calibration.yaml; a later prediction of that task takes the values its c
 not state (rpeg.perf.turn_store). Values written by hand."""
 
 from rpeg.perf import turn_store as TS
+from rpeg.perf.run_lengths import task_key
 
 
 def _cfg(**over):
@@ -42,8 +43,8 @@ def test_store_and_lookup_keep_other_entries(tmp_path):
 def test_a_later_prediction_takes_what_its_config_does_not_state(tmp_path):
     path = tmp_path / "calibration.yaml"
     cfg = _cfg()
-    TS.store("local-cpu", TS.turn_key(cfg), SHAPE, path)
-    got = TS.with_stored_turns(_workload(cfg), cfg, "local-cpu", path)
+    TS.store("local-cpu", TS.turn_key(cfg, task_key(cfg)), SHAPE, path)
+    got = TS.with_stored_turns(_workload(cfg), cfg, "local-cpu", task_key(cfg), path)
     t = got.turns
     assert (t.mean_turns, t.mean_turn_tokens, t.observation_tokens, t.env_latency_s) == (
         1.75,
@@ -57,16 +58,16 @@ def test_a_later_prediction_takes_what_its_config_does_not_state(tmp_path):
     )
     # a value the config states wins; the others still come from the run
     stated = _cfg(**{"task.multiturn.env_latency_s": 0.5})
-    t = TS.with_stored_turns(_workload(stated), stated, "local-cpu", path).turns
+    t = TS.with_stored_turns(_workload(stated), stated, "local-cpu", task_key(stated), path).turns
     assert t.env_latency_s == 0.5 and t.mean_turns == 1.75
     # another turn cap is another task: nothing applies
     other = _cfg(**{"task.multiturn.max_turns": 3})
-    assert TS.turn_key(other) != TS.turn_key(cfg)
+    assert TS.turn_key(other, task_key(other)) != TS.turn_key(cfg, task_key(cfg))
     wl = _workload(other)
-    assert TS.with_stored_turns(wl, other, "local-cpu", path) is wl
+    assert TS.with_stored_turns(wl, other, "local-cpu", task_key(other), path) is wl
     # another cluster: nothing stored there
     wl = _workload(cfg)
-    assert TS.with_stored_turns(wl, cfg, "a100-80g", path) is wl
+    assert TS.with_stored_turns(wl, cfg, "a100-80g", task_key(cfg), path) is wl
 
 
 def test_a_config_written_out_whole_states_only_what_differs_from_the_defaults(tmp_path):
@@ -79,8 +80,8 @@ def test_a_config_written_out_whole_states_only_what_differs_from_the_defaults(t
     whole.write_text(_cfg(**{"task.multiturn.observation_tokens": 9.0}).to_yaml())
     cfg = RunConfig.from_yaml(str(whole))
     assert "env_latency_s" in cfg.task.multiturn.model_fields_set
-    TS.store("local-cpu", TS.turn_key(cfg), SHAPE, path)
-    t = TS.with_stored_turns(_workload(cfg), cfg, "local-cpu", path).turns
+    TS.store("local-cpu", TS.turn_key(cfg, task_key(cfg)), SHAPE, path)
+    t = TS.with_stored_turns(_workload(cfg), cfg, "local-cpu", task_key(cfg), path).turns
     assert (t.mean_turns, t.env_latency_s, t.observation_tokens) == (1.75, 0.0015, 9.0)
 
 
@@ -89,11 +90,11 @@ def test_stored_means_are_clamped_to_a_later_configs_caps(tmp_path):
     cfg = _cfg(**{"task.multiturn.max_turns": 3})
     TS.store(
         "local-cpu",
-        TS.turn_key(cfg),
+        TS.turn_key(cfg, task_key(cfg)),
         TS.StoredTurns(2.5, 13.0, 0.001, mean_turn_tokens=40.0, source="r"),
         path,
     )
-    t = TS.with_stored_turns(_workload(cfg), cfg, "local-cpu", path).turns
+    t = TS.with_stored_turns(_workload(cfg), cfg, "local-cpu", task_key(cfg), path).turns
     assert t.mean_turns == 2.5 and t.mean_turn_tokens == 28.0  # the turn cap is 28
 
 
@@ -101,12 +102,12 @@ def test_the_runs_prompt_and_transcript_apply_where_the_workload_states_none(tmp
     path = tmp_path / "calibration.yaml"
     cfg = _cfg()
     kept = TS.StoredTurns(1.5, 20.0, 0.01, prompt_tokens=26.0, response_tokens=23.2, source="r")
-    TS.store("local-cpu", TS.turn_key(cfg), kept, path)
-    got = TS.with_stored_turns(_workload(cfg), cfg, "local-cpu", path)
+    TS.store("local-cpu", TS.turn_key(cfg, task_key(cfg)), kept, path)
+    got = TS.with_stored_turns(_workload(cfg), cfg, "local-cpu", task_key(cfg), path)
     assert (got.mean_prompt_tokens, got.mean_response_tokens) == (26.0, 23.2)
     assert got.assumed[-1].endswith("26 prompt tokens, 23.2 transcript tokens")
     own = _cfg(**{"workload.mean_response_tokens": 30.0})
-    got = TS.with_stored_turns(_workload(own), own, "local-cpu", path)
+    got = TS.with_stored_turns(_workload(own), own, "local-cpu", task_key(own), path)
     assert (got.mean_prompt_tokens, got.mean_response_tokens) == (26.0, 30.0)
 
 
