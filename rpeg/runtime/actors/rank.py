@@ -309,7 +309,7 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
                 m, spans = self._run_stages(step, kinds, examples, seed, first_row=first)
         from rpeg.runtime import samples as SM
         from rpeg.runtime.actors.dataplane import tensor_bytes
-        from rpeg.runtime.actors.unit_result import Span, UnitResult
+        from rpeg.runtime.actors.unit_result import Span, UnitResult, counted_tokens
 
         batch = self.store.get(step)
         m["unit_s"] = time.perf_counter() - t0
@@ -323,9 +323,10 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
             metrics=m,
             spans=tuple(Span(*sp) for sp in spans),
             pid=os.getpid(),
-            # the tp ranks of one dp index hold the same rows: the batch's tokens are
-            # counted once, on tp index 0 (the group's metrics sum them over the ranks)
-            num_tokens=None if batch is None or self._tp_index() else float(batch.num_tokens),
+            # counted once per dp index, on tp index 0 (unit_result.counted_tokens)
+            num_tokens=counted_tokens(
+                None if batch is None else batch.num_tokens, self._tp_index()
+            ),
             rows=None if batch is None else int(batch.size),
             batch_bytes=0 if batch is None else int(tensor_bytes(batch)),
             samples=SM.samples_from_batch(batch, step, rules=self.rewards.names) if logged else (),

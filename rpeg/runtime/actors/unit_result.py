@@ -37,6 +37,15 @@ class UnitResult:
     samples: tuple = ()  # rpeg.runtime.samples.Sample rows of a logged step's advantage unit
 
 
+def counted_tokens(batch_tokens: float | None, tp_index: int) -> float | None:
+    """The tokens a rank reports for the step's batch (``num_tokens``, summed over the
+    group's ranks by :data:`REDUCTIONS`): the tp ranks of one dp index hold the same rows,
+    so only tp index 0 counts them; None without a batch or on the other tp ranks."""
+    if batch_tokens is None or tp_index:
+        return None
+    return float(batch_tokens)
+
+
 def _mean(vals: Sequence[float]) -> float:
     return sum(vals) / len(vals)
 
