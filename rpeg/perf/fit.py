@@ -167,14 +167,13 @@ def predictor(graph: Any, plan: Any, workload: Any, measured: MeasuredRun | None
     """``calib -> StepPrediction`` for a run's plan, on its cluster sized to the plan's devices
     (a run config names the cluster and how many of its devices it uses); with ``measured``,
     at the run's measured lengths (:func:`measured_workload`)."""
-    from rpeg import specs
     from rpeg.perf.pricing import predict
+    from rpeg.perf.time_sharing import run_cluster
 
     if measured is not None:
         workload = measured_workload(workload, measured)
-    cl = specs.cluster(plan.cluster)
-    if cl.gpu.name != "cpu":  # CPU workers beyond the cores time-share them (perf.time_sharing)
-        cl = cl.sized(num_devices=max(plan.num_devices, 1))
+    # CPU: the machine's cores, the workers beyond them time-share (perf.time_sharing)
+    cl = run_cluster(plan.cluster, plan.num_devices)
     return lambda cal: predict(graph, plan, workload, cluster=cl, calib=cal)
 
 

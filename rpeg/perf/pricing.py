@@ -294,11 +294,7 @@ def predict(
             pool_busy[i] = s + d
         step = max(pool_busy.values())
         # CPU workers of the pools share the machine's cores (rpeg.perf.time_sharing)
-        times = {n: stages[n].time_s for n, _ in units}
-        floor = busy_floor(c, cores, times, {n: plan.units[n].num_devices for n in times})
-        if floor > step:
-            timeline.append(TimelineRecord("cores shared", "all", step, floor, kind="cpu_share"))
-            step = floor
+        step = _cores_shared(c, cores, plan, stages, step, timeline)
     elif multi_pool and plan.streaming:
         # k = 0 with streaming: the consumers take the batch in train_minibatches chunks as
         # generation finishes them (evenly over the generation) -- a flow shop: each chunk
@@ -306,6 +302,7 @@ def predict(
         # its pool is free (units of one pool take turns). Every unit streams but the
         # weight sync, which follows the last update.
         step = streamed(stages, units, pool_of, max(1, wl.train_minibatches), timeline)
+        step = _cores_shared(c, cores, plan, stages, step, timeline)  # pools at once, too
     else:
         t = 0.0
         for uname, _ in units:
@@ -404,3 +401,22 @@ def _merge(name: str, parts: list[StageCost], u: UnitPlan) -> StageCost:
         for k, v in p.detail.items():
             sc.detail[f"{p.name}.{k}"] = v
     return sc
+
+
+def _cores_shared(
+    c: Any,
+    cores: int,
+    plan: Plan,
+    stages: dict[str, StageCost],
+    step: float,
+    timeline: list[TimelineRecord],
+) -> float:
+    """Pools that run at the same time (k >= 1, or streaming at k = 0): on CPU workers the
+    step is at least the units' work over the cores (:func:`busy_floor`), a ``cores shared``
+    Gantt record from the pools' end to it."""
+    times = {n: st.time_s for n, st in stages.items()}
+    floor = busy_floor(c, cores, times, {n: plan.units[n].num_devices for n in times})
+    if floor <= step:
+        return step
+    timeline.append(TimelineRecord("cores shared", "all", step, floor, kind="cpu_share"))
+    return floor

@@ -1,6 +1,6 @@
 """CPU workers that outnumber the machine's cores (pure). Used by
-:func:`rpeg.perf.pricing.predict` and ``price_unit``; docs/perf-model.md, "Calibration from
-a run".
+:func:`rpeg.perf.pricing.predict` and ``price_unit``; :func:`run_cluster` sizes the cluster
+for the planner and ``rpeg calibrate``; docs/perf-model.md, "Calibration from a run".
 
 A CPU device is a one-thread worker process. A plan may place more workers than the machine
 has cores (the shipped 4-device CPU configs on a 2-core machine); the operating system then
@@ -24,6 +24,21 @@ from rpeg.perf.eager_cpu import is_cpu
 from rpeg.perf.units import unit_plan
 from rpeg.plan.schema import Plan
 from rpeg.specs import ClusterSpec
+
+
+def run_cluster(name: str, num_devices: int | None = None) -> ClusterSpec:
+    """The catalog cluster ``name`` that a run on ``num_devices`` devices is priced on (the
+    planner's problem, ``rpeg calibrate``'s fit): a GPU cluster sized to enough nodes for the
+    devices; a CPU cluster as the catalog states it -- its devices are the machine's cores,
+    and a plan's workers beyond them share those cores (:func:`time_shared` in the pricing),
+    as ``rpeg predict`` and ``rpeg bench`` price them. Sizing local-cpu to two nodes for a
+    4-worker plan would price 4 cores on a 2-core machine."""
+    from rpeg import specs
+
+    cl = specs.cluster(name)
+    if is_cpu(cl.gpu) or num_devices is None:
+        return cl
+    return cl.sized(num_devices=max(1, num_devices))
 
 
 def time_shared(cluster: ClusterSpec, plan: Plan, units: list[Any]) -> ClusterSpec:

@@ -3,7 +3,7 @@ search-space options (pure)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rpeg.ir import Graph, build
@@ -13,6 +13,34 @@ from rpeg.search.space import SearchSpace, SpaceOptions
 
 
 # --- the problem ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OwnSettings:
+    """The unit settings of the config's own plan (its ``plan`` section; else the plan
+    ``rpeg train`` runs: every unit at ``workload.micro_batch_size``, engine auto).
+    :func:`default_space` always holds them, so the cell of the user's own plan is searched
+    with its layouts and the planner never picks a plan it prices slower than the user's."""
+
+    micro_batch_sizes: tuple[int, ...] = ()
+    engines: tuple[str, ...] = ()
+    tp: tuple[int, ...] = ()
+
+
+def own_settings(config: Any) -> OwnSettings:
+    """:class:`OwnSettings` of a :class:`rpeg.config.RunConfig`."""
+    from rpeg.plan import Plan
+
+    if config.plan is None:
+        return OwnSettings((config.workload.micro_batch_size,), ("auto",), (1,))
+    p = Plan.from_yaml(config.plan) if isinstance(config.plan, str) else config.plan
+    p = Plan.from_dict(p) if isinstance(p, dict) else p
+    units = list(p.units.values())
+    return OwnSettings(
+        tuple(sorted({u.micro_batch_size for u in units})),
+        tuple(sorted({u.engine for u in units})),
+        tuple(sorted({u.tp for u in units})),
+    )
+
+
 @dataclass
 class PlanProblem:
     """Everything fixed by the user: graph family, model, cluster, workload, staleness bound."""
@@ -25,6 +53,7 @@ class PlanProblem:
     workload: Workload
     num_devices: int
     max_staleness: int
+    own: OwnSettings = field(default_factory=OwnSettings)
 
     @property
     def max_seq_tokens(self) -> int:
@@ -47,11 +76,16 @@ class PlanProblem:
 
 def default_space(prob: PlanProblem) -> SpaceOptions:
     """The space for a problem: on the CPU profile only what the CPU runtime executes
-    (data parallelism: tp = pp = cp = 1)."""
+    (data parallelism: tp = pp = cp = 1, engine auto); always the micro-batch sizes,
+    engines and tp degrees of the config's own plan (:class:`OwnSettings`) besides."""
     so = SpaceOptions(max_staleness=prob.max_staleness)
     if prob.cluster.gpu.name == "cpu":
         so = so.restrict(tp=(1,), pp=(1,), cp=(1,), gen_pp=(1,), engines=("auto",))
-    return so
+    return so.restrict(
+        micro_batch_sizes=tuple(sorted({*so.micro_batch_sizes, *prob.own.micro_batch_sizes})),
+        engines=tuple(dict.fromkeys((*so.engines, *prob.own.engines))),
+        tp=tuple(sorted({*so.tp, *prob.own.tp})),
+    )
 
 
 def search_space(prob: PlanProblem, options: SpaceOptions | None = None) -> SearchSpace:
@@ -82,12 +116,13 @@ def resolve_model(name: str) -> Any:
 
 def problem_from_config(config: Any) -> PlanProblem:
     """Build the :class:`PlanProblem` of a :class:`rpeg.config.RunConfig`."""
-    from rpeg import specs
+    from rpeg.perf.time_sharing import run_cluster
     from rpeg.specs.hf import priced_model
 
     # model.path's own config.json (never the built-in tiny model's shape), else the catalog
     model = priced_model(config.model, catalog=resolve_model)
-    cl = specs.cluster(config.cluster.name, num_devices=config.cluster.num_devices)
+    # a CPU cluster keeps the machine's cores, its workers time-share them (as predict prices)
+    cl = run_cluster(config.cluster.name, config.cluster.num_devices)
     n = config.cluster.num_devices or cl.num_devices
     algo = config.algorithm.name
     opts: dict[str, Any] = {
@@ -108,4 +143,5 @@ def problem_from_config(config: Any) -> PlanProblem:
         workload=configured_workload(config, cl.name),
         num_devices=n,
         max_staleness=config.runtime.max_staleness,
+        own=own_settings(config),
     )

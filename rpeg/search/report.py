@@ -13,10 +13,14 @@ def plan_in_words(c: Candidate, cluster: Any) -> list[str]:
     """One line per decision, in plain words."""
     st, pl, plan = c.structure, c.placement, c.plan
     gpn = cluster.gpus_per_node
+
+    def nodes(n: int) -> int:  # a CPU machine's workers beyond its cores stay on its nodes
+        return min(cluster.num_nodes, n // gpn) or 1
+
     lines = []
     if pl.colocated:
         lines.append(
-            f"All stages time-share the same {pl.num_devices} devices ({pl.num_devices // gpn or 1} nodes)"
+            f"All stages time-share the same {pl.num_devices} devices ({nodes(pl.num_devices)} nodes)"
             + (
                 ", offloading idle model state to host memory"
                 if pl.offload
@@ -26,9 +30,9 @@ def plan_in_words(c: Candidate, cluster: Any) -> list[str]:
         )
     else:
         lines.append(
-            f"Generation runs on devices 0-{pl.gen_devices - 1} ({pl.gen_devices // gpn or 1} nodes), "
+            f"Generation runs on devices 0-{pl.gen_devices - 1} ({nodes(pl.gen_devices)} nodes), "
             f"training and the log-prob passes on {pl.gen_devices}-{pl.num_devices - 1} "
-            f"({pl.train_devices // gpn or 1} nodes)"
+            f"({nodes(pl.train_devices)} nodes)"
             + (", offloading idle state there" if pl.offload else "")
             + "."
         )
