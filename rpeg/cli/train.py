@@ -42,6 +42,19 @@ def _with_run_id(cfg, quiet: bool):
 INTERRUPTED_EXIT = 130
 
 
+def _take_sigint() -> None:
+    """SIGINT stops the run (exit 130) even when it was started with SIGINT ignored, as a
+    background job of a non-interactive shell is (``rpeg train ... &``, nohup): Python then
+    installs no KeyboardInterrupt handler and ``kill -INT`` would do nothing (as ``rpeg
+    deploy`` does for its own command)."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _interrupted(cfg) -> typer.Exit:
     """Ctrl-C: say what was kept and how to go on; exit 130."""
     rt = cfg.runtime
@@ -169,6 +182,7 @@ def register(app: typer.Typer) -> None:
         from rpeg.infra.lifeline import start_lifeline
 
         start_lifeline()  # services this command starts die with it, even on kill -9
+        _take_sigint()
         if local:
             from rpeg.runtime.local_trainer import LocalTrainer
 

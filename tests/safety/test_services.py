@@ -353,3 +353,20 @@ def test_ctrl_c_stops_rpeg_train_promptly_with_exit_130_and_takes_its_services(t
         with contextlib.suppress(ProcessLookupError):
             os.killpg(cmd.pid, signal.SIGKILL)
         _kill_if_same(kids)
+
+
+def test_rpeg_train_takes_sigint_when_started_with_it_ignored():
+    """A background job of a non-interactive shell (``rpeg train ... &``, nohup) starts with
+    SIGINT ignored, and Python then installs no KeyboardInterrupt handler: ``kill -INT`` did
+    nothing (the slow Ctrl-C test failed whenever pytest itself ran in the background)."""
+    from rpeg.cli.train import _take_sigint
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _take_sigint()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, lambda *_: None)  # a handler someone set: kept
+        _take_sigint()
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
