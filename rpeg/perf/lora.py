@@ -33,15 +33,7 @@ def lora_params(m: ModelSpec, rank: int, targets: tuple[str, ...]) -> float:
     """Adapter parameters of rank ``rank`` on ``targets``: r * (in + out) per wrapped Linear
     (A is r x in, B is out x r), every layer; MLP kinds once per expert of an MoE layer.
     Names this model has no Linear for count nothing."""
-    dims = module_dims(m)
-    experts = m.moe.experts if m.moe is not None else 1
-    per_layer = 0
-    for t in targets:
-        if t in dims:
-            i, o = dims[t]
-            mlp = t in ("gate_proj", "up_proj", "down_proj")
-            per_layer += rank * (i + o) * (experts if mlp else 1)
-    return float(per_layer * m.layers)
+    return _per_target(m, targets, lambda t, i, o: rank * (i + o))
 
 
 #: Linear kinds tensor parallelism splits column-wise (output features), as the runtime's
@@ -54,14 +46,21 @@ def replicated_lora_params(m: ModelSpec, rank: int, targets: tuple[str, ...]) ->
     """The adapter parameters a tensor-parallel layout replicates instead of splitting
     (rpeg.runtime.lora_tp): A (r x in) of a column-wise target, B (out x r) of a row-wise
     one, every layer; MLP kinds once per expert."""
+    return _per_target(m, targets, lambda t, i, o: rank * (i if t in COLUMN_WISE else o))
+
+
+def _per_target(m: ModelSpec, targets: tuple[str, ...], count) -> float:
+    """``count(target, in, out)`` summed over the targets this model has a Linear for, once
+    per expert for MLP kinds of an MoE layer, over every layer."""
     dims = module_dims(m)
     experts = m.moe.experts if m.moe is not None else 1
     per_layer = 0
     for t in targets:
         if t in dims:
             i, o = dims[t]
-            mlp = t in ("gate_proj", "up_proj", "down_proj")
-            per_layer += rank * (i if t in COLUMN_WISE else o) * (experts if mlp else 1)
+            per_layer += count(t, i, o) * (
+                experts if t in ("gate_proj", "up_proj", "down_proj") else 1
+            )
     return float(per_layer * m.layers)
 
 
