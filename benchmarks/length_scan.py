@@ -4,7 +4,7 @@ Sets ``avg_gen_len`` of every selected row (all rows whose case_id starts with `
 to each value of a grid, predicts them with the model as shipped, and prints the errors and
 the smallest achievable max error over the grid. Use it to tell a model gap from a data gap:
 if no single length brings every row of one recipe within the target, the rows disagree with
-each other, not with the model (docs/perf-model.md, "Validation: leave-one-source-out").
+each other, not with the model (docs/validation.md, "What remains").
 
     python benchmarks/length_scan.py --prefix verl-fa-7b          # the shipped data set
     python benchmarks/length_scan.py other.csv --prefix verl-fa-7b

@@ -46,11 +46,16 @@ class Calibration:
     # at ~5-10 us a launch and ~30 us a sync): per expert per MoE layer per micro-batch per
     # pass, s. Megatron-Core's grouped GEMM (and any EP layout) does not pay it.
     moe_expert_loop_s: float = 0.0001
-    # Weight refit trainer -> rollout engine: fixed cost per weight tensor of the HF layout
-    # (layout conversion, per-tensor gather/broadcast or IPC handle, engine-side load), s.
-    # ~1 ms: a Python-driven collective + vLLM load_weights call per tensor. Dominates for
-    # fine-grained MoE (DeepSeek-V3: 45k tensors -> ~55 s per step, any GPU count).
-    refit_tensor_s: float = 0.0012
+    # Weight refit trainer -> rollout engine on a GPU stack: seconds per GB of the model's
+    # weights in the HF layout (bf16), paid once per refit. verl and NeMo-RL export full
+    # (unsharded) HF tensors -- the trainer gathers its TP/EP/FSDP shards -- and every engine
+    # rank's vLLM ``load_weights`` receives each whole tensor and narrows it to its shard, so
+    # the hand-off moves the whole model whatever the engine's TP. Basis: every DeepSeek-V3
+    # row (128-512 GPUs, H100 and GB200, colocated and 1-off) carries ~55-60 s per step
+    # beyond compute for 1,342 GB of bf16 weights, independent of GPU count and type: 1/23
+    # GB/s. A cluster that measured its own per-tensor cost (``runtime.refit_tensor_ms``,
+    # rpeg's CPU runtime) is priced by that instead. docs/perf-model.md, "Weight sync".
+    refit_s_per_gb: float = 1.0 / 23.0
     # Flash-attention backward / forward cost ratio (hardware FLOPs): the backward recomputes
     # the s^2 scores and runs 5 s^2-sized matmuls against 2 in the forward (FlashAttention-2,
     # Dao 2023). A kernel fact, not fitted: matters at long context (9-30k tokens).

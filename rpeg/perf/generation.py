@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rpeg.perf import costs, eager_cpu
 from rpeg.perf.prediction import GB, StageCost
-from rpeg.perf.units import GEN_KIND, UnitContext, _pick
+from rpeg.perf.units import GEN_KIND, UnitContext
 from rpeg.plan.schema import InfeasiblePlan, UnitPlan, format_devices
 
 
@@ -169,7 +169,9 @@ def weight_sync_cost(
         and gen.devices[0] <= train.devices[-1]
         and train.devices[0] <= gen.devices[-1]
     )
-    t_tensor = _pick(c.cluster.refit_tensor_s, cal.refit_tensor_s)
+    # a stack that measured its per-tensor hand-off (rpeg's CPU runtime) prices by that;
+    # a GPU stack moves the whole model in the HF layout to every engine rank
+    t_tensor = c.cluster.refit_tensor_s
     if same and c.cluster.reuses_rollout_logprobs:
         # one process holds the training model and the generator (rpeg's CPU runtime): at
         # k = 0 the generator IS the training model (a version bump, no copy); at k >= 1 its
@@ -178,7 +180,7 @@ def weight_sync_cost(
             sc.detail.update(in_process=1.0, refit_bytes_s=0.0, refit_tensors_s=0.0)
             return sc
         t = 2.0 * gen_shard / c.gpu.hbm_bytes_per_s
-        t_tensors = m.hf_tensors * t_tensor
+        t_tensors = m.hf_tensors * (t_tensor or 0.0)
         sc.time_s = t + t_tensors
         sc.detail.update(in_process=1.0, refit_bytes_s=t, refit_tensors_s=t_tensors)
         sc.hbm_bytes = 2.0 * gen_shard * gen.num_devices
@@ -191,9 +193,20 @@ def weight_sync_cost(
         lvl = c.cluster.span_level(allv)
         link = c.cluster.link(lvl)
     t = gen_shard / (link.bytes_per_s * cal.nccl_bus_eff) + 2 * m.layers * link.latency_s
-    t_tensors = m.hf_tensors * t_tensor
+    if t_tensor is not None:
+        t_tensors = m.hf_tensors * t_tensor
+        sc.detail.update(refit_tensors_s=t_tensors, hf_tensors=m.hf_tensors)
+    else:
+        t_tensors = export_gb(m, c.wl.precision) * cal.refit_s_per_gb
+        sc.detail.update(refit_export_s=t_tensors)
     sc.time_s = t + t_tensors
-    sc.detail.update(refit_bytes_s=t, refit_tensors_s=t_tensors, hf_tensors=m.hf_tensors)
+    sc.detail.update(refit_bytes_s=t)
     sc.comm_s = {lvl: t}
     sc.hbm_bytes = gen_shard * gen.num_devices
     return sc
+
+
+def export_gb(model: object, precision: str) -> float:
+    """GB of the model's weights in the HF layout a refit hands over: bf16 (fp8 rollouts
+    quantize on load), fp32 for an fp32 run."""
+    return model.params * (4.0 if precision == "fp32" else 2.0) / GB  # type: ignore[attr-defined]

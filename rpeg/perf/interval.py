@@ -75,7 +75,7 @@ def _variants(cal: Calibration, unknown: Unknowns) -> list[tuple[str, Calibratio
         out.append(("compute", _scaled(cal, cmp_, 1 + sign * u_cmp, 0.95), {}))
         out.append(("comm", _scaled(cal, ("nccl_bus_eff",), 1 + sign * u_com, 0.95), {}))
         out.append(("fixed", _scaled(cal, fixed, fx**sign), {}))
-        out.append(("refit", _scaled(cal, ("refit_tensor_s",), fx**sign), {}))
+        out.append(("refit", _scaled(cal, ("refit_s_per_gb",), fx**sign), {}))
         if unknown.response_length:
             s = cal.length_prior_spread**sign
             out.append(

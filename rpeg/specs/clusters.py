@@ -49,7 +49,7 @@ class ClusterSpec:
     # the runtime reuses the sampling log-probs as old log-probs when the rollout ran on the
     # trainer's current weights (one model for sampling and training: rpeg's CPU runtime)
     reuses_rollout_logprobs: bool = False
-    # per weight tensor of a refit (overrides Calibration.refit_tensor_s): rpeg's CPU runtime
+    # per weight tensor of a refit (replaces Calibration.refit_s_per_gb): rpeg's CPU runtime
     # copies a state dict in process, far cheaper than a GPU stack's per-tensor collective +
     # engine load
     refit_tensor_s: float | None = None

@@ -208,5 +208,30 @@ def test_cpu_runtime_weight_sync_is_a_version_bump_at_k0_and_an_in_process_copy_
     assert sc.detail["refit_bytes_s"] == pytest.approx(copy_s, rel=1e-6)
     assert sc.detail["refit_tensors_s"] == pytest.approx(m.hf_tensors * cl.refit_tensor_s)
     assert sc.time_s == pytest.approx(copy_s + m.hf_tensors * cl.refit_tensor_s + cl.dispatch_s)
-    # a GPU stack keeps the calibration's per-tensor refit cost
+    # a GPU stack has no per-tensor figure: it pays the whole-model export (next test)
     assert specs.cluster("dgx-h100").refit_tensor_s is None
+
+
+@pytest.mark.parametrize("gen_tp", [1, 2, 8])
+def test_gpu_refit_moves_the_whole_hf_model_to_every_engine_rank(gen_tp):
+    """A GPU stack's refit = the engine shard over the link + the whole bf16 model in the HF
+    layout at 1/refit_s_per_gb (every engine rank's load_weights receives unsharded
+    tensors), whatever the engine's TP. Hand-worked for Llama-3.1-8B: 8.03e9 params x 2 B
+    = 16.06 GB at 23 GB/s = 0.698 s (DeepSeek-V3, the constant's basis: 1,342 GB -> 58 s)."""
+    g = builders.build("grpo")
+    plan = colocated_plan(g, "dgx-h100", **KW)
+    plan = plan.model_copy(
+        update={
+            "units": {
+                k: (u.model_copy(update={"tp": gen_tp}) if "generate" in k else u)
+                for k, u in plan.units.items()
+            }
+        }
+    )
+    m = specs.model("llama3.1-8b")
+    sc = predict(g, plan, WL).stages["sync_weights"]
+    assert m.params == pytest.approx(8.03e9, rel=1e-3)
+    assert sc.detail["refit_export_s"] == pytest.approx(0.698, rel=2e-3)
+    export = sc.detail["refit_export_s"]
+    assert "refit_tensors_s" not in sc.detail
+    assert sc.time_s == pytest.approx(export + sc.detail["refit_bytes_s"] + DEFAULT.dispatch_s)
