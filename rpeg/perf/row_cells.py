@@ -60,11 +60,21 @@ def _cluster_for(gpu: str, gpus_per_node: int | None) -> str:
     for name in candidates:
         if specs.cluster(name).gpus_per_node == gpus_per_node:
             return name
-    sizes = sorted({specs.cluster(n).gpus_per_node for n in candidates})
-    raise Unpredictable(
-        f"gpus_per_node={gpus_per_node}: catalog clusters of {gpu} have {sizes} GPUs per node "
-        "(add one to clusters.yaml)"
-    )
+    # a node size the catalog lacks: the default cluster's links with that many GPUs a node
+    # (the row lists it as assumed: rpeg.perf.rows)
+    try:
+        derived = specs.cluster(candidates[0]).with_node_size(gpus_per_node)
+    except ValueError as exc:
+        raise Unpredictable(f"gpus_per_node: {exc}") from None
+    specs.add_run_cluster(derived)
+    return derived.name
+
+
+def derived_cluster(name: str) -> bool:
+    """Whether ``name`` is a cluster derived for a row's node size (not in the catalog)."""
+    from rpeg import specs
+
+    return name not in specs.clusters()
 
 
 # Names a data set may use for a catalog GPU (lower-cased, spaces as dashes).

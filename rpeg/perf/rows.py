@@ -25,6 +25,7 @@ from rpeg.perf.row_cells import (
     _staleness,
     _tri,
     _yes,
+    derived_cluster,
     gpu_name,
     model_name,
     resolve_model,
@@ -216,7 +217,9 @@ def read_case(r: dict[str, str]) -> RowCase:
     streaming = prior("streaming") and not colocated and staleness == 0
     reuse = prior("reuse_rollout_logprobs")
     gpn = _number(r, "gpus_per_node")
-    cluster_name = _cluster_for(gpu_name(r), int(gpn) if gpn else None)
+    cluster_name = _cluster_for(gpu_name(r), int(gpn) if gpn is not None else None)
+    if derived_cluster(cluster_name):
+        unknown.append("cluster")  # the catalog has no node of this size: links derived
     prompt = _float(r, "avg_prompt_len")
     if prompt is None:
         unknown.append("avg_prompt_len")
@@ -345,6 +348,7 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "partial_rollout": yn(case.partial),
         "has_ref": yn(case.has_ref),
         "algorithm": case.builder,
+        "cluster": case.cluster_name,
     }
     return tuple(f"{u}={values[u]}" for u in case.unknown if u in values)
 

@@ -87,8 +87,19 @@ def model(name: str) -> ModelSpec:
     return _get("model", models(), name)
 
 
+#: clusters derived at run time (a published run's node size, rpeg.perf.row_cells), by name
+_RUN_CLUSTERS: dict[str, ClusterSpec] = {}
+
+
+def add_run_cluster(spec: ClusterSpec) -> None:
+    """Make ``spec`` (derived from a catalog cluster) known to :func:`cluster` in this
+    process, beside the catalog."""
+    _RUN_CLUSTERS[spec.name] = spec
+
+
 def cluster(
     name: str, *, num_nodes: int | None = None, num_devices: int | None = None
 ) -> ClusterSpec:
     """A named cluster, optionally resized to ``num_nodes`` (or enough for ``num_devices``)."""
-    return _get("cluster", clusters(), name).sized(num_nodes=num_nodes, num_devices=num_devices)
+    spec = _RUN_CLUSTERS.get(name) or _get("cluster", clusters(), name)
+    return spec.sized(num_nodes=num_nodes, num_devices=num_devices)

@@ -70,6 +70,22 @@ class ClusterSpec:
     def rack_size(self) -> int:
         return self.gpus_per_node * self.nodes_per_rack
 
+    def with_node_size(self, gpus_per_node: int) -> ClusterSpec:
+        """This cluster's GPU, links and per-GPU network share with ``gpus_per_node`` GPUs a
+        node (a published run on a node size the catalog lacks): NICs scale with the GPUs,
+        a scale-up domain that was the node stays the node; named ``<name>-<n>-per-node``."""
+        if gpus_per_node < 1:
+            raise ValueError(f"gpus_per_node={gpus_per_node}: must be >= 1")
+        ratio = gpus_per_node / self.gpus_per_node
+        return replace(
+            self,
+            name=f"{self.name}-{gpus_per_node}-per-node",
+            gpus_per_node=gpus_per_node,
+            nics_per_node=max(1, round(self.nics_per_node * ratio)),
+            nvlink_domain=0 if self.nvlink_domain in (0, self.gpus_per_node) else self.nvlink_domain,
+            source=f"{self.name} with {gpus_per_node} GPUs per node (derived)",
+        )
+
     def sized(self, *, num_nodes: int | None = None, num_devices: int | None = None) -> ClusterSpec:
         """The same cluster with ``num_nodes`` nodes (or enough nodes for ``num_devices``)."""
         if num_devices is not None:

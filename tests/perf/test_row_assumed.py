@@ -80,3 +80,31 @@ def test_validate_prints_the_assumed_values(tmp_path):
     (p,) = priced
     assert "image_tokens=0" in p.assumed  # Qwen3.5 is multimodal; text RL: no images
     assert "max_gen_len=32768" in p.assumed
+
+
+def test_a_node_size_the_catalog_lacks_is_derived_and_listed_not_refused():
+    """H100 nodes of 4 GPUs (no such catalog cluster): priced on dgx-h100's links with 4 GPUs
+    a node, listed as assumed; a gen TP of 8 then crosses the node (NICs, not NVLink), so the
+    same run costs more than on 8-GPU nodes."""
+    from rpeg import specs
+    from rpeg.perf.calibration import SHIPPED
+    from rpeg.perf.pricing import predict
+    from rpeg.perf.solve import solve_layout
+
+    row = {**BLANK, "gen_tp": "8", "train_tp": "1", "max_gen_len": "4096"}
+    priced, refused = loso.price_rows([{**row, "gpus_per_node": "4"}], "mine")
+    assert not refused
+    assert "cluster=dgx-h100-4-per-node" in priced[0].assumed
+    cl = specs.cluster("dgx-h100-4-per-node")
+    base = specs.cluster("dgx-h100")
+    assert (cl.gpus_per_node, cl.domain_size, cl.nics_per_node) == (4, 4, base.nics_per_node // 2)
+    assert cl.gpu == base.gpu and cl.gbps_per_nic == base.gbps_per_nic
+
+    def step(gpn):
+        case = read_case({**row, "gpus_per_node": gpn})
+        lay, _ = solve_layout(case, SHIPPED)
+        return predict(case.graph, case.plan(lay), case.workload, calib=SHIPPED).step_s
+
+    assert step("4") > step("8")
+    priced, (refused,) = loso.price_rows([{**row, "gpus_per_node": "0"}], "mine")
+    assert "gpus_per_node" in refused.reason
