@@ -89,6 +89,9 @@ GPU_ALIASES = {
     "a800-80gb": "a800",
     "h800-80g": "h800",
     "h200-141g": "h200",
+    "h200-141gb": "h200",
+    "gh200-144gb": "gh200-144g",
+    "gh200-96gb": "gh200",
     "mi300": "mi300x",
 }
 
@@ -125,7 +128,8 @@ def resolve_model(name: str) -> tuple[str, str | None]:
     if key in catalog:
         return key, None
     compact = {_compact(n): n for n in catalog}
-    stem, kind = re.sub(r"-\d{4}$", "", key), None  # release date suffix (-2507)
+    # release date (-2507) and version (-v0.1) suffixes
+    stem, kind = re.sub(r"-(?:\d{4}|v\d+(?:\.\d+)*)$", "", key), None
     for _ in range(2):
         if _compact(stem) in compact:
             return compact[_compact(stem)], kind
@@ -145,9 +149,29 @@ def model_name(r: dict[str, str]) -> str:
     return resolve_model(r.get("model") or "")[0]
 
 
+# words of a GPU's marketing name that do not tell catalog GPUs apart: the vendor, the memory
+# technology ("HBM3"), the form factor of the SXM parts
+_GPU_NOISE = re.compile(r"^(?:nvidia|amd|instinct|tesla|geforce|hbm\d*e?|sxm\d?)$")
+_GPU_MEMORY = re.compile(r"^\d+(?:gb?)$")
+
+
 def gpu_name(r: dict[str, str]) -> str:
-    """The catalog GPU a row names (``H100`` -> ``h100-sxm``, ``A800-80GB`` -> ``a800``)."""
+    """The catalog GPU a row names (``H100`` -> ``h100-sxm``, ``A800-80GB`` -> ``a800``,
+    ``NVIDIA H100 80GB HBM3`` -> ``h100-sxm``, ``A100-PCIe-80GB`` -> ``a100-pcie``): the name
+    as written, an alias, or -- dropping the vendor, memory technology and SXM words, then the
+    memory size -- the first of those that the catalog or the aliases hold. The name as
+    written when none does (refused by :func:`unknown_names`)."""
+    from rpeg import specs
+
     k = _key(r.get("gpu") or "")
+    catalog = specs.gpus()
+    words = k.split("-")
+    plain = [w for w in words if not _GPU_NOISE.match(w)]
+    sizeless = [w for w in plain if not _GPU_MEMORY.match(w)]
+    for cand in (k, "-".join(plain), "-".join(sizeless)):
+        cand = GPU_ALIASES.get(cand, cand)
+        if cand in catalog:
+            return cand
     return GPU_ALIASES.get(k, k)
 
 

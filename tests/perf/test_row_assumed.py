@@ -108,3 +108,36 @@ def test_a_node_size_the_catalog_lacks_is_derived_and_listed_not_refused():
     assert step("4") > step("8")
     priced, (refused,) = loso.price_rows([{**row, "gpus_per_node": "0"}], "mine")
     assert "gpus_per_node" in refused.reason
+
+
+@pytest.mark.parametrize(
+    ("written", "catalog"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("A100-SXM4-80GB", "a100-80g"),
+        ("A100-PCIe-80GB", "a100-pcie"),
+        ("A100 40GB", "a100-40g"),
+        ("AMD Instinct MI300X", "mi300x"),
+        ("GH200 144GB HBM3e", "gh200-144g"),
+        ("H100 NVL", "h100-nvl"),
+        ("H300", "h300"),  # no such GPU: kept as written, refused by unknown_names
+    ],
+)
+def test_marketing_gpu_names_reach_the_catalog(written, catalog):
+    from rpeg.perf.row_cells import gpu_name
+
+    assert gpu_name({"gpu": written}) == catalog
+
+
+@pytest.mark.parametrize(
+    ("written", "catalog", "kind"),
+    [
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b-instruct", None),
+        ("Qwen/Qwen3-4B-Instruct-2507", "qwen3-4b", "instruct"),
+        ("Qwen3-30B-A3B-Base", "qwen3-30b-a3b", "base"),
+    ],
+)
+def test_version_and_date_suffixes_reach_the_catalog(written, catalog, kind):
+    from rpeg.perf.row_cells import resolve_model
+
+    assert resolve_model(written) == (catalog, kind)

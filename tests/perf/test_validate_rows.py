@@ -72,9 +72,11 @@ def test_placement_is_checked():
 def test_gpus_per_node_picks_a_matching_catalog_cluster():
     _, plan, _ = row_case(_row(gpus_per_node="8"))
     assert plan.cluster == "dgx-h100"
+    # no 4-GPU H100 node in the catalog: dgx-h100's links with 4 GPUs a node (derived)
+    _, plan, _ = row_case(_row(gpus_per_node="4"))
+    assert plan.cluster == "dgx-h100-4-per-node"
     res = _one(gpus_per_node="4")
-    assert res.prediction is None
-    assert "gpus_per_node=4" in res.reason and "[8]" in res.reason
+    assert res.prediction is not None
 
 
 def test_gb200_rows_keep_the_nvl72_cluster():
