@@ -77,12 +77,13 @@ class ClusterSpec:
         if gpus_per_node < 1:
             raise ValueError(f"gpus_per_node={gpus_per_node}: must be >= 1")
         ratio = gpus_per_node / self.gpus_per_node
+        node_domain = self.nvlink_domain in (0, self.gpus_per_node)
         return replace(
             self,
             name=f"{self.name}-{gpus_per_node}-per-node",
             gpus_per_node=gpus_per_node,
             nics_per_node=max(1, round(self.nics_per_node * ratio)),
-            nvlink_domain=0 if self.nvlink_domain in (0, self.gpus_per_node) else self.nvlink_domain,
+            nvlink_domain=0 if node_domain else self.nvlink_domain,
             source=f"{self.name} with {gpus_per_node} GPUs per node (derived)",
         )
 
