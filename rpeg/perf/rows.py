@@ -217,6 +217,8 @@ def read_case(r: dict[str, str]) -> RowCase:
     streaming = prior("streaming") and not colocated and staleness == 0
     reuse = prior("reuse_rollout_logprobs")
     gpn = _number(r, "gpus_per_node")
+    if gpn is not None and (gpn < 1 or gpn != int(gpn)):
+        raise Unpredictable(f"gpus_per_node={gpn:g}: must be a whole number >= 1")
     cluster_name = _cluster_for(gpu_name(r), int(gpn) if gpn is not None else None)
     if derived_cluster(cluster_name):
         unknown.append("cluster")  # the catalog has no node of this size: links derived

@@ -106,8 +106,9 @@ def test_a_node_size_the_catalog_lacks_is_derived_and_listed_not_refused():
         return predict(case.graph, case.plan(lay), case.workload, calib=SHIPPED).step_s
 
     assert step("4") > step("8")
-    priced, (refused,) = loso.price_rows([{**row, "gpus_per_node": "0"}], "mine")
-    assert "gpus_per_node" in refused.reason
+    for bad in ("0", "-4", "1.5"):
+        priced, (refused,) = loso.price_rows([{**row, "gpus_per_node": bad}], "mine")
+        assert refused.reason.startswith(f"gpus_per_node={bad}: must be a whole number >= 1")
 
 
 @pytest.mark.parametrize(
