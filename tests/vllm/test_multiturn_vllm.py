@@ -222,18 +222,11 @@ def _train_multiturn(tmp_path, ranks: int) -> None:
     }
     extra = ["--local"]
     if ranks > 1:
-        devices = f"0-{ranks - 1}"
+        from cpu_plans import all_units_on
+
         # the multi-turn graph fuses the env stage with generation (docs/multiturn.md)
         units = ("generate+env", "reward", "ref_logprob", "old_logprob", "advantage")
-        units += ("train_actor", "sync_weights")
-        cfg["cluster"] = {"name": "local-cpu", "n_workers": ranks, "num_devices": ranks}
-        cfg["plan"] = {
-            "cluster": "local-cpu",
-            "model": "rpeg-tiny",
-            "graph": {"builder": None},
-            "staleness": 0,
-            "units": {u: {"devices": devices} for u in units},
-        }
+        cfg |= all_units_on((*units, "train_actor", "sync_weights"), ranks)
         extra = []
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cpu_plans import all_units_on
 from leaks import settle, shm_segments, vllm_processes
 
 pytestmark = pytest.mark.slow
@@ -54,15 +55,7 @@ def _config(tmp_path: Path, model_dir: Path, *, ranks: int) -> Path:
         "runtime": {"engine": "vllm", "output_dir": str(tmp_path / "out")},
     }
     if ranks > 1:
-        devices = f"0-{ranks - 1}"
-        cfg["cluster"] = {"name": "local-cpu", "n_workers": ranks, "num_devices": ranks}
-        cfg["plan"] = {
-            "cluster": "local-cpu",
-            "model": "rpeg-tiny",
-            "graph": {"builder": None},
-            "staleness": 0,
-            "units": {u: {"devices": devices} for u in (*UNITS, "sync_weights")},
-        }
+        cfg |= all_units_on((*UNITS, "sync_weights"), ranks)
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
