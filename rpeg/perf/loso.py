@@ -125,10 +125,16 @@ def price_rows(
         system = normalise(r.get("system") or "")
         try:
             step = _number(r, "measured_step_s")
+            tput = _throughput(r)
+            if step is not None and not step > 0:
+                raise Unpredictable(
+                    f"measured_step_s={step:g}: must be a positive number of seconds"
+                )
+            if tput is not None and not tput > 0:
+                raise Unpredictable(f"throughput {tput:g} tokens/s: must be positive")
         except Unpredictable as exc:
             refused.append(Scored(cid, src, system, dataset, None, f"unreadable: {exc}"))
             continue
-        tput = _throughput(r)
         if step is None and tput is None:
             continue  # nothing measured: not a row of the check
         bad = unknown_names(r)
@@ -166,6 +172,8 @@ def price_rows(
                 Unknowns.of(case.unknown),
                 point=base.step_s,
             )
+            # the row's measured parts, read before it counts (a bad cell refuses the row)
+            measured = (_stage_meas(r), from_hours(r), outside_share(r, step))
         except (Unpredictable, InfeasiblePlan, SpecError, ValueError, GraphError) as exc:
             reason = " ".join(str(exc).split())
             if isinstance(exc, InfeasiblePlan):
@@ -187,9 +195,9 @@ def price_rows(
                 tokens_per_step=tokens,
                 stage_pred=stage_pred,
                 kind=kind,
-                from_hours=from_hours(r),
-                run_share=outside_share(r, step),
-                stage_meas=_stage_meas(r),
+                from_hours=measured[1],
+                run_share=measured[2],
+                stage_meas=measured[0],
                 unknown_lo=math.log(base.step_s / max(lo, 1e-9)) if lo > 0 else 1.0,
                 unknown_hi=math.log(hi / base.step_s),
                 unknown=case.unknown,

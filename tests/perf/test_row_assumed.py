@@ -142,3 +142,30 @@ def test_version_and_date_suffixes_reach_the_catalog(written, catalog, kind):
     from rpeg.perf.row_cells import resolve_model
 
     assert resolve_model(written) == (catalog, kind)
+
+
+@pytest.mark.parametrize(
+    ("cell", "value", "says"),
+    [
+        ("measured_step_s", "0", "unreadable: measured_step_s=0: must be a positive number"),
+        ("measured_step_s", "-1", "unreadable: measured_step_s=-1: must be a positive number"),
+        ("num_gpus", "yes", "unreadable: num_gpus='yes' is not a number"),
+        ("measured_train_s", "abc", "measured_train_s='abc' is not a number"),
+    ],
+)
+def test_a_bad_measured_cell_refuses_its_row_not_the_check(cell, value, says, tmp_path):
+    """One unreadable or impossible cell refuses that row, naming it; the other rows are
+    still scored (a step of 0 s used to end `rpeg validate` with a math domain error)."""
+    shipped = list(csv.DictReader(loso.default_datasets()["steps_dev"].open()))
+    good = [r for r in shipped if r["source"].startswith("NeMo-RL")][:4]
+    good[2]["source"] = good[3]["source"] = "another report"  # two sources: a LOSO fold each
+    bad = {**good[0], "case_id": "bad-1", cell: value}
+    path = tmp_path / "mine.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(shipped[0]))
+        w.writeheader()
+        w.writerows([*good, bad])
+    scored, refused = loso.run({"mine": path})
+    (why,) = [s.reason for s in refused if s.case_id == "bad-1"]
+    assert says in why
+    assert {s.case_id for s in scored if s.pred_loso} == {r["case_id"] for r in good}
