@@ -48,11 +48,37 @@ _FAMILIES = {
 _GATED = ("qwen3-next", "qwen3.5")
 
 
+def _qwen3_vl_vision_params(v: dict[str, Any], lm_hidden: int) -> tuple[int, int]:
+    """(parameters, ViT patches per LM token) of a Qwen3-VL vision tower (transformers'
+    modeling_qwen3_vl): a Conv3d patch embedding with bias, a learned position embedding
+    (``num_position_embeddings`` x h), ``depth`` blocks of [two LayerNorms, qkv + proj with
+    biases, an fc1/fc2 MLP with biases], the merger (LayerNorm(h), then m^2 h -> m^2 h -> LM
+    width with biases) and one more merger per ``deepstack_visual_indexes`` entry whose
+    LayerNorm is on the m^2 h shuffled width. Checked: Qwen3-VL-8B's tower 576,388,336."""
+    h = int(v.get("hidden_size") or 0)
+    depth = int(v.get("depth") or 0)
+    f = int(v.get("intermediate_size") or 4 * h)
+    block = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+    patch = int(v.get("patch_size") or 16)
+    chans = int(v.get("in_channels") or v.get("in_chans") or 3)
+    embed = chans * int(v.get("temporal_patch_size") or 2) * patch * patch * h + h
+    pos = int(v.get("num_position_embeddings") or 0) * h
+    m = int(v.get("spatial_merge_size") or 2)
+    out = int(v.get("out_hidden_size") or lm_hidden)
+    wide = m * m * h
+    mlp = wide * wide + wide + wide * out + out
+    deepstack = len(v.get("deepstack_visual_indexes") or ())
+    return depth * block + embed + pos + (2 * h + mlp) + deepstack * (2 * wide + mlp), m * m
+
+
 def _vision_params(v: dict[str, Any], lm_hidden: int) -> tuple[int, int]:
-    """(parameters, ViT patches per LM token) of a Qwen-VL-style vision tower: ``depth``
+    """(parameters, ViT patches per LM token) of a Qwen-VL-style vision tower (Qwen3-VL's
+    layout when the config has its deepstack or position-embedding fields: ``depth``
     blocks of attention (qkv + proj with biases, 4h^2) and an MLP (SwiGLU 3hf for
     ``silu``, else 2hf), the patch embedding (channels x temporal x patch^2 x h), and the
     patch merger (LayerNorm'd MLP from m^2 h to m^2 h to the LM width)."""
+    if "deepstack_visual_indexes" in v or "num_position_embeddings" in v:
+        return _qwen3_vl_vision_params(v, lm_hidden)
     h = int(v.get("hidden_size") or v.get("embed_dim") or 0)
     depth = int(v.get("depth") or v.get("num_hidden_layers") or 0)
     f = int(v.get("intermediate_size") or h * float(v.get("mlp_ratio") or 4))

@@ -129,3 +129,73 @@ def test_vision_tower_costs_per_image_token_in_every_pass():
     d = vl.stages["train_actor"].flops - tx.stages["train_actor"].flops
     assert d == pytest.approx(passes * tower, rel=1e-6)
     assert vl.step_s > tx.step_s
+
+
+def test_qwen3_vl_vision_tower_by_hand_and_the_catalog_entry():
+    """Qwen3-VL's tower (transformers modeling_qwen3_vl): Conv3d patch embedding with bias,
+    learned position embedding, LayerNorm'd blocks with a biased fc1/fc2 MLP, the merger and
+    one deepstack merger per listed layer. Small by hand, then Qwen3-VL-8B's config as
+    published against the catalog's entry (which was counted independently, in its source)."""
+    small = {
+        "model_type": "qwen3_vl",
+        "text_config": {
+            "model_type": "qwen3_vl_text",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 100,
+        },
+        "vision_config": {
+            "depth": 2,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "hidden_act": "gelu_pytorch_tanh",
+            "patch_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+            "spatial_merge_size": 2,
+            "out_hidden_size": 64,
+            "num_position_embeddings": 9,
+            "deepstack_visual_indexes": [0],
+        },
+    }
+    m = _model(small)
+    # blocks 2 x (4x16^2 + 4x16 attention biases + 2x16x32 + 32 + 16 MLP with biases + 4x16
+    # norms); patch embedding 3x2x2x2x16 + 16 bias; positions 9x16; merger LayerNorm(16)
+    # 2x16 + 64x64 + 64 + 64x64 + 64; one deepstack merger: LayerNorm(64) 2x64 + the same MLP
+    mlp = 64 * 64 + 64 + 64 * 64 + 64
+    want = 2 * (1024 + 64 + 1024 + 32 + 16 + 64) + 384 + 16 + 144 + (32 + mlp) + (128 + mlp)
+    assert m.vision.params == want and m.vision.patch_merge == 4
+    cfg8b = {
+        "model_type": "qwen3_vl",
+        "text_config": {
+            "model_type": "qwen3_vl_text",
+            "hidden_size": 4096,
+            "num_hidden_layers": 36,
+            "intermediate_size": 12288,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+            "tie_word_embeddings": False,
+        },
+        "vision_config": {
+            "depth": 27,
+            "hidden_size": 1152,
+            "intermediate_size": 4304,
+            "hidden_act": "gelu_pytorch_tanh",
+            "patch_size": 16,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+            "spatial_merge_size": 2,
+            "out_hidden_size": 4096,
+            "num_position_embeddings": 2304,
+            "deepstack_visual_indexes": [8, 16, 24],
+        },
+    }
+    from rpeg import specs
+
+    assert _model(cfg8b).vision.params == specs.model("qwen3-vl-8b-instruct").vision.params
