@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import sharding_cases as C
 import torch
+import tp_mlp_cases as T
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def test_rank_reduce_over_a_gloo_pair_sums_and_maxes(two_ranks):
 
 
 def test_a_split_mlp_equals_its_dense_twin_forward_and_backward(two_ranks):
-    mlp, x = C.mlp_reference()
+    mlp, x = T.mlp_reference()
     x = x.clone().requires_grad_(True)
     y = mlp(x)
     (y * torch.arange(8.0)).sum().backward()
@@ -58,7 +59,7 @@ def test_a_split_mlp_equals_its_dense_twin_forward_and_backward(two_ranks):
 def test_one_copy_after_a_shared_norm_sums_both_consumers_gradients(two_ranks):
     """gate and up read the norm's output: one f on it (backward: one all-reduce of the sum of
     both partial gradients) gives the dense input and weight gradients."""
-    gm, x = C.GatedMLP(), C.gated_input().requires_grad_(True)
+    gm, x = T.GatedMLP(), T.gated_input().requires_grad_(True)
     (gm(x) * torch.arange(8.0)).sum().backward()
     for r in (0, 1):
         got = two_ranks[r]
