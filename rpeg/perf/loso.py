@@ -173,7 +173,7 @@ def price_rows(
                 point=base.step_s,
             )
             # the row's measured parts, read before it counts (a bad cell refuses the row)
-            measured = (_stage_meas(r), from_hours(r), outside_share(r, step))
+            stage_meas, hours, run_share = _stage_meas(r), from_hours(r), outside_share(r, step)
         except (Unpredictable, InfeasiblePlan, SpecError, ValueError, GraphError) as exc:
             reason = " ".join(str(exc).split())
             if isinstance(exc, InfeasiblePlan):
@@ -195,9 +195,9 @@ def price_rows(
                 tokens_per_step=tokens,
                 stage_pred=stage_pred,
                 kind=kind,
-                from_hours=measured[1],
-                run_share=measured[2],
-                stage_meas=measured[0],
+                from_hours=hours,
+                run_share=run_share,
+                stage_meas=stage_meas,
                 unknown_lo=math.log(base.step_s / max(lo, 1e-9)) if lo > 0 else 1.0,
                 unknown_hi=math.log(hi / base.step_s),
                 unknown=case.unknown,
