@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from rpeg.config.yaml_io import safe_yaml
 from rpeg.errors import ConfigError, Problem
 
 
@@ -22,7 +23,16 @@ def looks_like_override(arg: str | None) -> bool:
     if not arg or "=" not in arg or "\n" in arg or "://" in arg.split("=", 1)[0]:
         return False
     key = arg.split("=", 1)[0]
-    return bool(key) and all(p.isidentifier() for p in key.split(".")) and not Path(arg).exists()
+    return bool(key) and all(p.isidentifier() for p in key.split(".")) and not _is_file(arg)
+
+
+def _is_file(arg: str) -> bool:
+    """Whether ``arg`` names an existing path; a name the OS cannot hold (longer than 255
+    bytes per component: a long ``task.system_prompt=...``) is no file (issue 44)."""
+    try:
+        return Path(arg).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -37,9 +47,11 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             continue
         key, text = item.split("=", 1)
         try:
-            out[key] = yaml.safe_load(text) if text.strip() else ""
+            out[key] = safe_yaml(text, key) if text.strip() else ""
         except yaml.YAMLError as exc:
             problems.append(Problem(key, f"value {text!r} is not valid YAML: {exc}"))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems, title="invalid overrides")
     return out

@@ -269,11 +269,11 @@ class Plan(_Base):
 
     @classmethod
     def from_yaml(cls, text_or_path: str | Path) -> Plan:
-        from rpeg.config import read_text_or_path
+        from rpeg.config import read_text_or_path, safe_yaml
 
         text, source = read_text_or_path(text_or_path)
         try:
-            data = yaml.safe_load(text)
+            data = safe_yaml(text, source or "plan")
         except yaml.YAMLError as exc:
             raise ConfigError([Problem(source or "plan", f"not valid YAML: {exc}")]) from None
         if not isinstance(data, dict):
