@@ -59,6 +59,7 @@ def bench(
 ) -> None:
     """Run the chosen plan (and with --baselines each baseline plan) for N steps on this
     cluster and print predicted vs measured step time and speedup side by side."""
+    from rpeg.cli.perf import plan_model_known
     from rpeg.compile.sources import resolve
     from rpeg.errors import ConfigError, Problem
     from rpeg.flows.bench import BenchEntry, bench_flow, run_entries, table
@@ -70,6 +71,7 @@ def bench(
         raise ConfigError([Problem("--skip", f"{skip} leaves no step of --steps {steps}")])
     cfg = _config_for(plan)
     graph, chosen = resolve(None, cfg)
+    plan_model_known(chosen, cfg, plan)  # a model known only by its folder: read from it
     # the config's lengths, else those `rpeg calibrate` measured for this model and task
     wl = configured_workload(cfg, chosen.cluster)
     plans = {"chosen": (chosen, graph, "the plan given")}

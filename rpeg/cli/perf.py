@@ -104,6 +104,7 @@ def predict(
     from rpeg.preflight import load_config
 
     cfg = load_config(None if config is None else str(config))
+    plan_model_known(plan, cfg, config)
     from rpeg.perf import build_graph
     from rpeg.perf.calibration import DEFAULT, SHIPPED
     from rpeg.perf.interval import Unknowns, predict_interval
@@ -167,6 +168,37 @@ def predict(
         typer.echo(f"assumption: {a}")
     if gantt:
         typer.echo(f"gantt: {gantt}")
+
+
+def plan_model_known(plan, cfg, config_path: Path | str | None) -> None:
+    """Make the model ``plan`` names known to the performance model: a model known only by
+    its folder (``rpeg plan`` of a config whose ``model.path`` is set and ``model.name`` left
+    at its default names the plan after the folder) is read from the run config's folder,
+    the same reading as ``rpeg specs add-model --from-hf``. A name neither the catalog nor
+    the config's folder knows is refused, naming what to pass."""
+    from rpeg import specs
+    from rpeg.errors import ConfigError, Problem
+    from rpeg.specs import SpecError
+    from rpeg.specs.hf import priced_model, prices_folder
+
+    if prices_folder(cfg.model):
+        priced_model(cfg.model)  # the folder's spec, known by its name in this process
+    try:
+        specs.model(plan.model)
+    except SpecError:
+        used = f"of the run config {config_path}" if config_path else "(no run config given)"
+        raise ConfigError(
+            [
+                Problem(
+                    "plan.model",
+                    f"{plan.model!r} is not a catalog model and not the model folder "
+                    f"{used}; pass --config RUN.yaml whose model.path is that folder (what "
+                    "`rpeg plan RUN.yaml --out PLAN.yaml` writes beside the plan as "
+                    "PLAN.config.yaml), or add it: rpeg specs add-model --from-hf "
+                    f"FOLDER/config.json --name {plan.model}",
+                )
+            ]
+        ) from None
 
 
 def specs_list(ctx: typer.Context) -> None:

@@ -1,0 +1,74 @@
+"""``rpeg predict`` and ``rpeg bench`` of the plan ``rpeg plan`` wrote for a model known only by
+its folder (issue 41, item 6): the plan names the folder ('model' here); the predictor reads
+the folder's config.json from the run config beside the plan (or ``--config``), as
+``rpeg specs add-model --from-hf`` would. Without a config naming the folder it is a named
+refusal (exit 2), not "unknown model"."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from rpeg.cli import main
+
+
+@pytest.fixture
+def planned(user_files, tmp_path, capsys):
+    cfg = tmp_path / "my.yaml"
+    cfg.write_text(yaml.safe_dump({"model": {"path": user_files["model"]}}))
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(cfg), "--out", str(plan), "--max-candidates", "4"]) == 0
+    capsys.readouterr()
+    assert yaml.safe_load(plan.read_text())["model"] == "model"  # the folder's name
+    return cfg, plan
+
+
+def _weights_gb(capsys) -> float:
+    d = json.loads(capsys.readouterr().out)
+    return d["stages"]["train_actor"]["memory_gb"]["weights"]
+
+
+def test_predict_reads_the_folder_from_the_config_beside_the_plan(planned, capsys):
+    from tests.firstday.test_plan_user_model import TINY_QWEN_PARAMS
+
+    _, plan = planned
+    assert main(["predict", str(plan), "--json"]) == 0
+    # the trainer's fp32 weights of the folder's model: its own size, not rpeg-tiny's
+    assert _weights_gb(capsys) == pytest.approx(TINY_QWEN_PARAMS * 4 / 1e9, rel=1e-9)
+
+
+def test_predict_with_the_users_config(planned, capsys, tmp_path):
+    cfg, plan = planned
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    moved = alone / "plan.yaml"  # no plan.config.yaml beside it
+    moved.write_text(plan.read_text())
+    assert main(["predict", str(moved), "--config", str(cfg)]) == 0
+    assert "step=" in capsys.readouterr().out
+
+
+def test_a_folder_model_without_its_config_is_refused_by_name(planned, capsys, tmp_path):
+    _, plan = planned
+    alone = tmp_path / "alone2"
+    alone.mkdir()
+    moved = alone / "plan.yaml"
+    moved.write_text(plan.read_text())
+    from rpeg import specs
+
+    specs._RUN_MODELS.pop("model", None)  # a fresh process knows only the catalog
+    assert main(["predict", str(moved)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "plan.model" in err and "'model' is not a catalog model" in err
+    assert "--config" in err and "rpeg specs add-model --from-hf" in err
+
+
+@pytest.mark.slow
+def test_bench_runs_the_plan_of_a_folder_model(planned, capsys, tmp_path):
+    _, plan = planned
+    out = tmp_path / "bench"
+    code = main(["bench", str(plan), "--steps", "2", "--no-artifact", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "| chosen: the plan given |" in text
