@@ -45,3 +45,21 @@ LR = 1e-4
 # runtime (rpeg.config.RuntimeConfig)
 MAX_STALENESS = 0  # bound k on policy-version lag: 0 = on-policy
 CHECKPOINT_EVERY = 10  # steps
+VAL_EVERY = 0  # validate every this many steps; 0 = only at the end (verl: trainer.test_freq)
+VAL_BEFORE_TRAIN = True  # validate once before the first step (verl: val_before_train)
+
+# task (rpeg.config.TaskConfig)
+#: rewards by a row's data_source (verl's default_compute_score routing); keys are exact
+#: names or fnmatch patterns, values reward names (rpeg.runtime.rewards)
+REWARD_BY_SOURCE = {
+    "openai/gsm8k": "exact_numeric",
+    "gsm8k": "exact_numeric",
+    "lighteval/MATH": "math_equivalence",
+    "DigitalLearningGmbH/MATH-lighteval": "math_equivalence",
+    "HuggingFaceH4/MATH-500": "math_equivalence",
+    "math": "math_equivalence",
+    "math_dapo": "math_equivalence",
+    "aime*": "math_equivalence",
+    "numina_*": "math_equivalence",
+    "numeric": "exact_numeric",
+}

@@ -78,6 +78,17 @@ class RuntimeConfig(Section):
         "URL holding one run) of any run; later checkpoints go under this run's id",
     )
     checkpoint_every: int = Field(defaults.CHECKPOINT_EVERY, ge=1)
+    val_every: int | None = Field(
+        defaults.VAL_EVERY,
+        ge=0,
+        description="validate (greedy, on the held-out or task.val_url prompts) every this "
+        "many steps, metrics val/<metric> in the step's line (verl's test_freq); 0 or None = "
+        "only after the last step",
+    )
+    val_before_train: bool = Field(
+        defaults.VAL_BEFORE_TRAIN,
+        description="validate once before the first step (the 'before RL' accuracy)",
+    )
     keep_last: int = Field(3, ge=1)
     resume: bool = False
     worker_stall_warn_s: float = Field(

@@ -244,7 +244,26 @@ class TaskConfig(Section):
         "register_reward) when imported; imported by the preflight, the local trainer and "
         "every worker's actors, so they must be importable there (installed or on PYTHONPATH)",
     )
-    heldout_size: int = Field(64, ge=0)
+    heldout_size: int = Field(
+        64,
+        ge=0,
+        description="prompts held out for validation: taken out of the training data "
+        "(at most half of a file's rows) when val_url is not set",
+    )
+    val_url: str | None = Field(
+        None,
+        description="a separate validation file (verl's data.val_files): any data kind the "
+        "training data accepts (jsonl, parquet, a datasets folder; read with the same "
+        "prompt_key / answer_key / chat template); None = hold heldout_size prompts out of "
+        "the training file",
+    )
+    reward_by_source: dict[str, str | list[str]] = Field(
+        default_factory=lambda: dict(defaults.REWARD_BY_SOURCE),
+        description="rewards by a row's data_source column (verl's default_compute_score): "
+        "{source or fnmatch pattern: reward name(s)}; a matching row is scored by them in "
+        "place of the correctness rules of rewards (exact_numeric, math_equivalence, "
+        "countdown); {} = off",
+    )
     seed: int = 0
     max_reward_error_share: float = Field(
         0.5,

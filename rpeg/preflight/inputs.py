@@ -122,4 +122,20 @@ def check_task(config: RunConfig) -> list[Problem]:
         from rpeg.runtime.datasets.files import RowKeys
 
         out += check_examples(t.url, t.kind, keys=RowKeys.from_task(t))
+    if t.val_url:  # the validation file (rpeg.runtime.task_data)
+        from rpeg.runtime.datasets.files import RowKeys
+        from rpeg.runtime.task_data import val_kind
+
+        out += check_examples(
+            t.val_url, val_kind(t), keys=RowKeys.from_task(t), where="task.val_url"
+        )
+    for src, rules in t.reward_by_source.items():
+        for name in [rules] if isinstance(rules, str) else rules:
+            if name not in known:
+                out.append(
+                    Problem(
+                        f"task.reward_by_source[{src!r}]",
+                        f"unknown reward {name!r}; registered: {known}",
+                    )
+                )
     return out

@@ -34,7 +34,7 @@ TOKEN_FIELDS = (
 )
 #: prompt tensor fields: ``[B, P]`` (left-padded)
 PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
-TEXT_FIELDS = ("prompts", "responses", "reference_answers")
+TEXT_FIELDS = ("prompts", "responses", "reference_answers", "data_sources")
 
 
 @dataclass
@@ -79,6 +79,7 @@ class RolloutBatch:
     reward_parts: torch.Tensor | None = None
     temperature: float = 1.0
     response_attention: torch.Tensor | None = None
+    data_sources: list[str] = field(default_factory=list)  # each row's data_source ([] = none)
 
     # --- derived ----------------------------------------------------------------------------
     @property

@@ -34,6 +34,7 @@ class Example:
     messages: tuple[ChatMessage, ...] = ()  # chat data: the prompt's messages
     system_prompt: str = ""  # task.system_prompt (put before prompts without one)
     rendered: str = ""  # the exact prompt text (chat template applied); "" = not rendered
+    data_source: str = ""  # the row's data_source column (verl); "" = none (rewards by source)
 
     def prompt(self, template: str = "{question}") -> str:
         """The text the model gets: the rendered prompt when there is one
@@ -165,12 +166,16 @@ class CountdownSource:
 
 
 # --- files (rpeg.runtime.datasets.files reads them) ------------------------------------------
-def load_examples(url: str, kind: str | None = None, keys: RowKeys = RowKeys()) -> list[Example]:
+def load_examples(
+    url: str, kind: str | None = None, keys: RowKeys = RowKeys(), where: str = "task.url"
+) -> list[Example]:
     """Read a data file (local path or fsspec URL) into examples; every bad row (up to
     ``MAX_ROW_PROBLEMS``) is reported at once (rpeg.runtime.datasets.files)."""
     return [
-        Example(r.question, r.answer, r.solution, r.messages, r.system_prompt)
-        for r in load_row_texts(url, kind, keys)
+        Example(
+            r.question, r.answer, r.solution, r.messages, r.system_prompt, data_source=r.data_source
+        )
+        for r in load_row_texts(url, kind, keys, where)
     ]
 
 

@@ -20,17 +20,27 @@ reused child processes, ``task.reward_timeout_s`` per sample, slow samples score
 in both runtimes, ``--local`` included. A reward passed as a ``(name, fn)`` pair, defined in ``__main__``
 or registered at run time (importing its module does not register it) cannot be built by a
 child: it runs in the calling thread, without a limit.
+
+Rewards by data source (``task.reward_by_source``, verl's ``default_compute_score``): a row
+whose ``data_source`` matches a key of the mapping (exactly, or as an ``fnmatch`` pattern such
+as ``numina_*``) is scored by the mapped rule(s) *in place of* the task's correctness rules
+(``exact_numeric``, ``math_equivalence``, ``countdown``); the task's other rules (``format``,
+your own) still score every row, and rows of other sources get ``task.rewards`` unchanged. A
+task whose rewards hold no correctness rule is routed only by the keys you wrote yourself
+(the shipped defaults, :data:`rpeg.defaults.REWARD_BY_SOURCE`, never replace your own
+scoring).
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import inspect
 import math
 import operator
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,6 +254,57 @@ class RewardResult:
     errors: int = 0  # reward calls that raised (each gave 0)
     per_reward: dict[str, list[float]] = field(default_factory=dict)
     error_messages: list[str] = field(default_factory=list)
+    #: per rule: which samples it scored (rewards by data source leave some out; absent = all)
+    applied: dict[str, list[bool]] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)  # each sample's data_source ("" = none)
+
+    def rule_means(self) -> dict[str, float]:
+        """Each rule's mean over the samples it scored (``reward/<rule>``)."""
+        out = {}
+        for name, vals in self.per_reward.items():
+            on = self.applied.get(name) or [True] * len(vals)
+            got = [v for v, a in zip(vals, on, strict=True) if a]
+            if got:
+                out[name] = sum(got) / len(got)
+        return out
+
+    def source_means(self) -> dict[str, tuple[float, float, int]]:
+        """(mean reward, accuracy, samples) per named data source."""
+        out: dict[str, tuple[float, float, int]] = {}
+        for src in dict.fromkeys(s for s in self.sources if s):
+            idx = [i for i, s in enumerate(self.sources) if s == src]
+            n = len(idx)
+            out[src] = (
+                sum(self.rewards[i] for i in idx) / n,
+                sum(self.correct[i] for i in idx) / n,
+                n,
+            )
+        return out
+
+
+def source_rules(
+    by_source: Mapping[str, str | Sequence[str]] | None, where: str = "task.reward_by_source"
+) -> dict[str, tuple[str, ...]]:
+    """``task.reward_by_source`` as {source or pattern: rule names}; every name must be a
+    registered reward (ConfigError naming the key and the registered rewards)."""
+    out: dict[str, tuple[str, ...]] = {}
+    problems = []
+    for src, rules in (by_source or {}).items():
+        names = (rules,) if isinstance(rules, str) else tuple(rules)
+        if not names:
+            problems.append(Problem(f"{where}[{src!r}]", "names no reward"))
+        bad = [n for n in names if n not in _REGISTRY]
+        if bad:
+            problems.append(
+                Problem(
+                    f"{where}[{src!r}]",
+                    f"unknown reward(s) {bad}; registered: {sorted(_REGISTRY)}",
+                )
+            )
+        out[str(src)] = names
+    if problems:
+        raise ConfigError(problems)
+    return out
 
 
 class RewardSet:
@@ -263,6 +324,7 @@ class RewardSet:
         isolation: str = "auto",
         timeout_s: float = 30.0,
         modules: Sequence[str] = (),
+        by_source: Mapping[str, str | Sequence[str]] | None = None,
     ):
         self.fns: list[tuple[str, RewardFn]] = []
         for item in names:
@@ -280,6 +342,10 @@ class RewardSet:
             )
         corr = [n for n, _ in self.fns if n in CORRECTNESS_REWARDS]
         self.correctness = corr[0] if corr else self.fns[0][0]
+        self.by_source = source_rules(by_source)
+        self._route_cache: dict[str, tuple[str, ...] | None] = {}
+        self._extra: list[tuple[str, RewardFn]] = []  # routed rules not in task.rewards
+        self._set_columns(self.by_source.values())
         self.max_error_share = max_error_share
         self.isolation = isolation
         self.timeout_s = timeout_s
@@ -295,18 +361,67 @@ class RewardSet:
         problems = load_reward_modules(modules)
         if problems:
             raise ConfigError(problems)
+        by_source = getattr(task, "reward_by_source", None)
+        if by_source and not any(r in CORRECTNESS_REWARDS for r in task.rewards):
+            # the task scores with its own rules: only the keys the user wrote route
+            from rpeg import defaults
+
+            by_source = {
+                k: v
+                for k, v in by_source.items()
+                if k not in defaults.REWARD_BY_SOURCE or defaults.REWARD_BY_SOURCE[k] != v
+            }
         return cls(
             task.rewards,
             max_error_share=task.max_reward_error_share,
             timeout_s=task.reward_timeout_s,
             modules=modules,
+            by_source=by_source,
         )
 
     @property
     def names(self) -> list[str]:
         """The rules in the order of :attr:`RewardResult.per_reward` (a batch's
-        ``reward_parts`` columns)."""
-        return list(dict.fromkeys(n for n, _ in self.fns))
+        ``reward_parts`` columns): the task's, then the routed ones it does not hold."""
+        return list(dict.fromkeys(n for n, _ in [*self.fns, *self._extra]))
+
+    # --- rewards by data source ------------------------------------------------------------
+    def _set_columns(self, routed: Sequence[Sequence[str]]) -> None:
+        have = {n for n, _ in self.fns}
+        extra = [n for rules in routed for n in rules if n not in have]
+        self._extra = [(n, get_reward(n)) for n in dict.fromkeys(extra)]
+
+    def route(self, source: str) -> tuple[str, ...] | None:
+        """The rules that replace the correctness rules for ``source`` (None: not routed)."""
+        if not source or not self.by_source:
+            return None
+        if source not in self._route_cache:
+            got = self.by_source.get(source)
+            if got is None:
+                got = next(
+                    (r for k, r in self.by_source.items() if fnmatch.fnmatchcase(source, k)),
+                    None,
+                )
+            self._route_cache[source] = got
+        return self._route_cache[source]
+
+    def use_sources(self, sources: Sequence[str]) -> None:
+        """Keep only the routed rules that ``sources`` (the data's sources) use as columns,
+        so a batch's ``reward_parts`` hold no rule that never scores a row of this data."""
+        used = [r for r in (self.route(s) for s in dict.fromkeys(sources)) if r is not None]
+        self._set_columns(used)
+
+    def rules_for(self, source: str) -> list[str]:
+        """The names of the rules that score a sample of ``source``."""
+        routed = self.route(source)
+        base = [n for n, _ in self.fns]
+        if routed is None:
+            return base
+        return list(dict.fromkeys([*(n for n in base if n not in CORRECTNESS_REWARDS), *routed]))
+
+    def _correctness_of(self, rules: Sequence[str]) -> str:
+        corr = [n for n in rules if n in CORRECTNESS_REWARDS]
+        return corr[0] if corr else (self.correctness if self.correctness in rules else rules[0])
 
     def _isolate(self, name: str, fn: RewardFn) -> bool:
         """Whether ``name`` runs in the verifier pool (module doc)."""
@@ -319,26 +434,48 @@ class RewardSet:
         return needs_main_thread(name) and not on_main
 
     def __call__(
-        self, prompts: Sequence[str], responses: Sequence[str], refs: Sequence[str]
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        refs: Sequence[str],
+        sources: Sequence[str] | None = None,
     ) -> RewardResult:
+        """Score every sample; ``sources``: each sample's ``data_source`` (rewards by source,
+        module doc; None or "" = the task's rules)."""
+        items = list(zip(prompts, responses, refs, strict=True))
+        srcs = [str(x or "") for x in (sources or [""] * len(items))]
+        if len(srcs) != len(items):
+            raise ValueError(f"{len(srcs)} sources for {len(items)} samples")
+        rules = {src: self.rules_for(src) for src in dict.fromkeys(srcs)}
         per: dict[str, list[float]] = {}
+        applied: dict[str, list[bool]] = {}
         errors = 0
         msgs: list[str] = []
-        items = list(zip(prompts, responses, refs, strict=True))
-        for name, fn in self.fns:
+        for name, fn in [*self.fns, *self._extra]:
+            on = [name in rules[s] for s in srcs]
+            if name in per or not any(on):
+                if name not in per:
+                    per[name], applied[name] = [0.0] * len(items), on
+                continue
+            mine = [it for it, o in zip(items, on, strict=True) if o]
             if self._isolate(name, fn):
-                outcomes = verifier_pool().map(name, fn, items, self.timeout_s, self.modules)
+                outcomes = verifier_pool().map(name, fn, mine, self.timeout_s, self.modules)
                 if (
                     not needs_main_thread(name)
                     and outcomes
                     and all(NOT_REGISTERED in err for _, err in outcomes)
                 ):  # registered at run time, not by importing its module: inline from now
                     self._inline.add(name)
-                    outcomes = [call_reward(fn, *it) for it in items]
+                    outcomes = [call_reward(fn, *it) for it in mine]
             else:
-                outcomes = [call_reward(fn, *it) for it in items]
+                outcomes = [call_reward(fn, *it) for it in mine]
+            scored = iter(outcomes)
             vals = []
-            for v, err in outcomes:
+            for o in on:
+                if not o:
+                    vals.append(0.0)
+                    continue
+                v, err = next(scored)
                 if v is not None and not math.isfinite(v):
                     v, err = None, f"ValueError: non-finite reward {v}"
                 if v is None:  # a broken reward must never kill the step on its own
@@ -347,14 +484,16 @@ class RewardSet:
                         msgs.append(f"{name}: {err}")
                     v = 0.0
                 vals.append(v)
-            per[name] = vals
-        calls = len(items) * len(self.fns)
+            per[name], applied[name] = vals, on
+        calls = sum(len(rules[s]) for s in srcs)
         if self.max_error_share is not None and calls and errors / calls > self.max_error_share:
             raise RewardErrorShare(
                 f"{errors} of {calls} reward calls raised ({errors / calls:.0%} > "
                 f"task.max_reward_error_share={self.max_error_share:g}); first: "
                 + "; ".join(msgs[:3])
             )
-        total = [sum(vs) for vs in zip(*per.values(), strict=True)]
-        correct = [1.0 if v >= 1.0 else 0.0 for v in per[self.correctness]]
-        return RewardResult(total, correct, errors, per, msgs)
+        total = [sum(vs) for vs in zip(*per.values(), strict=True)] if items else []
+        corr = {src: self._correctness_of(r) for src, r in rules.items()}
+        correct = [1.0 if per[corr[s]][i] >= 1.0 else 0.0 for i, s in enumerate(srcs)]
+        routed = any(self.route(s) is not None for s in rules)
+        return RewardResult(total, correct, errors, per, msgs, applied if routed else {}, srcs)

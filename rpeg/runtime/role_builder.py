@@ -24,7 +24,7 @@ from rpeg.runtime.data import DataCursor, Example
 from rpeg.runtime.engines.choice import build_engine
 from rpeg.runtime.rewards import RewardSet
 from rpeg.runtime.roles import PolicyWorker
-from rpeg.runtime.task_data import build_task_data
+from rpeg.runtime.task_data import build_task_data, task_sources
 
 #: the roles a process may hold
 ROLE_NAMES = ("actor", "reference", "critic")
@@ -147,6 +147,7 @@ def build_roles(
     rewards = RewardSet.from_task(c.task)
     model, tok, info = build_policy(c, log, device)
     cursor, heldout = build_task_data(c.task, tok, c.workload.max_prompt_tokens)
+    rewards.use_sources(task_sources(cursor, heldout))  # rewards by data_source: its columns
     if place is not None:
         place(model)
     from rpeg.runtime.model_io import torch_dtype

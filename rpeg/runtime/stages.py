@@ -141,6 +141,7 @@ def _rollout_batch(
         prompts=[p for p in prompts for _ in range(samples_per_prompt)],
         responses=texts,
         reference_answers=[ex.answer for ex in examples for _ in range(samples_per_prompt)],
+        data_sources=[ex.data_source for ex in examples for _ in range(samples_per_prompt)],
         sample_index=sample_index.to(torch.long),
         temperature=params.temperature if params.temperature > 0 else 1.0,
     )
@@ -165,7 +166,9 @@ def reward_stage(
     With ``overlong_penalty_tokens = W`` > 0 (DAPO soft overlong punishment) a response longer
     than ``max_response_tokens - W`` loses ``(len - (max - W)) / W`` (at most 1)."""
     t0 = time.perf_counter()
-    res = rewards(batch.prompts, batch.responses, batch.reference_answers)
+    res = rewards(
+        batch.prompts, batch.responses, batch.reference_answers, batch.data_sources or None
+    )
     r = torch.tensor(res.rewards, dtype=torch.float32)
     if overlong_penalty_tokens and max_response_tokens:
         start = max_response_tokens - overlong_penalty_tokens
@@ -179,9 +182,11 @@ def reward_stage(
         "accuracy": float(correct.mean()),
         "reward_errors": float(res.errors),
     }
-    for name, vals in res.per_reward.items():
-        if len(res.per_reward) > 1:
-            m[f"reward/{name}"] = sum(vals) / max(len(vals), 1)
+    if len(res.per_reward) > 1:  # each rule's mean over the samples it scored
+        m.update({f"reward/{name}": v for name, v in res.rule_means().items()})
+    for src, (rew, acc, _n) in res.source_means().items():  # rewards by data source
+        m[f"reward/{src}"] = rew
+        m[f"accuracy/{src}"] = acc
     parts = torch.tensor(list(res.per_reward.values()), dtype=torch.float32).reshape(
         len(res.per_reward), len(res.rewards)
     )

@@ -45,6 +45,21 @@ class RowText:
     solution: str
     messages: tuple[ChatMessage, ...] = ()
     system_prompt: str = ""
+    data_source: str = ""  # the row's ``data_source`` column (verl), "" when absent
+
+
+#: the column naming where a row comes from (verl's parquet files: ``openai/gsm8k``, ...)
+DATA_SOURCE_KEY = "data_source"
+
+
+def row_source(row: Any) -> str:
+    """The row's ``data_source`` as text ("" when absent or not text/number)."""
+    v = row.get(DATA_SOURCE_KEY) if isinstance(row, dict) else None
+    if isinstance(v, str):
+        return v.strip()
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return str(v)
+    return ""
 
 
 @dataclass(frozen=True)
@@ -165,6 +180,7 @@ def row_text(row: dict[str, Any], where: str, keys: RowKeys = RowKeys()) -> RowT
         solution=a,
         messages=messages,
         system_prompt=keys.system_prompt or "",
+        data_source=row_source(row),
     )
 
 
@@ -220,7 +236,12 @@ def _table_rows(url: str, kind: str) -> list[Any]:
 
 
 def read_rows(
-    url: str, kind: str, problems: list[Problem], limit: int, keys: RowKeys = RowKeys()
+    url: str,
+    kind: str,
+    problems: list[Problem],
+    limit: int,
+    keys: RowKeys = RowKeys(),
+    where: str = "task.url",
 ) -> list[tuple[int, Any]]:
     """(line or row number, row) of every parsable row; every bad one (up to ``limit``)
     becomes a problem, the rest are counted in one more."""
@@ -232,20 +253,16 @@ def read_rows(
         try:
             import pyarrow  # noqa: F401
         except ImportError:
-            problems.append(
-                Problem("task.url", f"reading {kind} needs pyarrow (pip install pyarrow)")
-            )
+            problems.append(Problem(where, f"reading {kind} needs pyarrow (pip install pyarrow)"))
             return []
     if kind == "hf":
         files = _hf_files(url)
         if not files:
-            problems.append(
-                Problem("task.url", f"{url!r} holds no .arrow, .parquet or .jsonl files")
-            )
+            problems.append(Problem(where, f"{url!r} holds no .arrow, .parquet or .jsonl files"))
             return []
         n = 0
         for f, k in files:
-            got = read_rows(f, k, problems, limit, keys) if k == "jsonl" else None
+            got = read_rows(f, k, problems, limit, keys, where) if k == "jsonl" else None
             items = [r for _, r in got] if got is not None else _table_rows(f, k)
             rows += [(n + i, r) for i, r in enumerate(items, start=1)]
             n += len(items)
@@ -282,33 +299,40 @@ def file_kind(url: str, kind: str | None) -> str:
 
 
 def check_examples(
-    url: str, kind: str | None = None, limit: int = MAX_ROW_PROBLEMS, keys: RowKeys = RowKeys()
+    url: str,
+    kind: str | None = None,
+    limit: int = MAX_ROW_PROBLEMS,
+    keys: RowKeys = RowKeys(),
+    where: str = "task.url",
 ) -> list[Problem]:
-    """Every problem with a data file (missing, empty, each bad row up to ``limit``)."""
+    """Every problem with a data file (missing, empty, each bad row up to ``limit``);
+    ``where``: the config field that names the file."""
     problems: list[Problem] = []
     kind = file_kind(url, kind)
     try:
-        rows = read_rows(url, kind, problems, limit, keys)
+        rows = read_rows(url, kind, problems, limit, keys, where)
     except FileNotFoundError:
-        return [Problem("task.url", f"file {url!r} not found")]
+        return [Problem(where, f"file {url!r} not found")]
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        return [Problem("task.url", f"{url!r} cannot be read: {type(exc).__name__}: {exc}")]
+        return [Problem(where, f"{url!r} cannot be read: {type(exc).__name__}: {exc}")]
     if not rows and not problems:
-        problems.append(Problem("task.url", f"{url!r} holds no examples"))
+        problems.append(Problem(where, f"{url!r} holds no examples"))
     return problems
 
 
-def load_row_texts(url: str, kind: str | None = None, keys: RowKeys = RowKeys()) -> list[RowText]:
+def load_row_texts(
+    url: str, kind: str | None = None, keys: RowKeys = RowKeys(), where: str = "task.url"
+) -> list[RowText]:
     """Read a data file (local path or fsspec URL) into row texts; every bad row (up to
     :data:`MAX_ROW_PROBLEMS`) is reported at once."""
     kind = file_kind(url, kind)
     problems: list[Problem] = []
     try:
-        rows = read_rows(url, kind, problems, MAX_ROW_PROBLEMS, keys)
+        rows = read_rows(url, kind, problems, MAX_ROW_PROBLEMS, keys, where)
     except FileNotFoundError:
-        raise ConfigError([Problem("task.url", f"file {url!r} not found")]) from None
+        raise ConfigError([Problem(where, f"file {url!r} not found")]) from None
     if problems:
         raise ConfigError(problems, title=f"invalid data file {url}")
     if not rows:
-        raise ConfigError([Problem("task.url", f"{url!r} holds no examples")])
+        raise ConfigError([Problem(where, f"{url!r} holds no examples")])
     return [row_text(r, f"{url}:{i}", keys) for i, r in rows]

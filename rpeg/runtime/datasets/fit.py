@@ -49,12 +49,20 @@ def fit_prompt_lengths(config: Any, log: Callable[[str], None] | None = None):
             "warning: the model's tokenizer has a chat template and task.chat_template is "
             "none: prompts go to the model as plain text"
         )
+    from rpeg.runtime.task_data import heldout_count, load_val_examples, split_line
+
+    val = load_val_examples(t) if t.val_url else []
     if t.kind not in FILE_KINDS:
         if fmt.chat:
             say(f"prompts: {fmt.describe()}")
+        if val:
+            _, vr = render_examples(
+                val, tok, fmt, max_prompt_tokens=None, overlong=t.overlong, where="task.val_url"
+            )
+            say(f"validation: {len(val)} prompts from {t.val_url}, longest {vr.longest} tokens")
         return config
     examples = load_examples(t.url, t.kind, RowKeys.from_task(t))
-    if t.heldout_size and len(examples) < 2:
+    if t.heldout_size and len(examples) < 2 and not t.val_url:
         say(
             f"warning: {t.url} holds {len(examples)} row: nothing is held out "
             "(task.heldout_size takes at most half the rows), so no held-out accuracy"
@@ -70,13 +78,24 @@ def fit_prompt_lengths(config: Any, log: Callable[[str], None] | None = None):
         )
     user_set = "max_prompt_tokens" in w.model_fields_set
     limit = w.max_prompt_tokens if user_set else None
-    _, report = render_examples(examples, tok, fmt, max_prompt_tokens=limit, overlong=t.overlong)
+    kept, report = render_examples(examples, tok, fmt, max_prompt_tokens=limit, overlong=t.overlong)
+    longest = report.longest
+    if val:  # the validation prompts count for the fitted limit too
+        vkept, vr = render_examples(
+            val, tok, fmt, max_prompt_tokens=limit, overlong=t.overlong, where="task.val_url"
+        )
+        longest = max(longest, vr.longest)
+    held = len(vkept) if val else heldout_count(t, len(kept))
+    split = split_line(t, len(kept) - (0 if val else held), held)
+    if val and len(vkept) < len(val):
+        split += f" ({len(val) - len(vkept)} over max_prompt_tokens={limit} left out)"
     if not user_set:
-        config = config.with_overrides({"workload.max_prompt_tokens": report.longest})
+        config = config.with_overrides({"workload.max_prompt_tokens": longest})
         say(
-            f"{report.line(report.longest)}; workload.max_prompt_tokens = {report.longest} "
+            f"{report.line(longest)}; workload.max_prompt_tokens = {longest} "
             "(the longest prompt; set it to filter or truncate longer ones)"
         )
     else:
         say(report.line(w.max_prompt_tokens))
+    say(split)
     return config

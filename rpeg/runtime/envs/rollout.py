@@ -137,7 +137,7 @@ def multiturn_rollout(
     tasks = rep  # what reset sees; with a chat template its answer is the last user message
     if chat is not None:
         tasks = [dataclasses.replace(ex, rendered="", messages=(), system_prompt="") for ex in rep]
-    envs = [make_env(mt.env, mt.tools, prompt_template) for _ in rep]
+    envs = [make_env(mt.env, mt.tools, prompt_template, mt.env_timeout_s) for _ in rep]
     m: Metrics = {}
     te = time.perf_counter()
     firsts = runner.run_all(
@@ -283,6 +283,7 @@ def _batch(worker, examples, k, prompts, rows: list[_Row], params, first_row, ch
         prompts=list(prompts),
         responses=responses,
         reference_answers=[ex.answer for ex in examples for _ in range(k)],
+        data_sources=[ex.data_source for ex in examples for _ in range(k)],
         sample_index=first_row + torch.arange(b, dtype=torch.long),
         temperature=params.temperature if params.temperature > 0 else 1.0,
         response_attention=attn,
