@@ -23,6 +23,7 @@ from typing import Protocol
 from rpeg.runtime.data import Example
 from rpeg.runtime.envs.answers import final_answer_reward
 from rpeg.runtime.envs.calculator import CalcError
+from rpeg.runtime.envs.tool_sandbox import TOOL_TIMEOUT_S, tool_pool
 from rpeg.runtime.envs.tools import (
     ERROR_CLOSE,
     ERROR_OPEN,
@@ -62,7 +63,12 @@ class ToolEnv:
     calculator expression it does not allow) and the episode goes on. A turn without a call
     ends it with the final-answer reward (1 when the number after the last observation is
     the reference answer). A tool that raises anything else, or returns non-text, raises out
-    of :meth:`step`: the rollout makes that sample an error sample."""
+    of :meth:`step`: the rollout makes that sample an error sample.
+
+    A built-in tool (one of :data:`TOOLS` defined in ``rpeg.runtime.envs``) runs in a child
+    process killed after ``timeout_s`` (:mod:`rpeg.runtime.envs.tool_sandbox`): no answer in
+    time is a ``ToolTimeout`` (an ``env_timeout`` sample). Another function (a caller's own
+    ``registry``) runs inline, under the rollout's thread timeout only."""
 
     def __init__(
         self,
@@ -70,11 +76,30 @@ class ToolEnv:
         *,
         template: str = "{question}",
         registry: dict[str, Tool] | None = None,
+        timeout_s: float = TOOL_TIMEOUT_S,
     ):
         reg = TOOLS if registry is None else registry
         self.tools = {n: reg[n] for n in tools}
         self.template = template
         self.answer = ""
+        self.timeout_s = timeout_s
+        if any(self._sandboxed(t) for t in self.tools.values()):
+            tool_pool().warm()
+
+    @staticmethod
+    def _sandboxed(tool: Tool) -> bool:
+        builtin = getattr(tool.fn, "__module__", "") or ""
+        return TOOLS.get(tool.name) is tool and builtin.startswith("rpeg.runtime.envs.")
+
+    def _run(self, tool: Tool, argument: str) -> object:
+        if not self._sandboxed(tool):
+            return tool.fn(argument)
+        got = tool_pool().call(tool.name, argument, self.timeout_s)
+        if "refused" in got:
+            raise CalcError(got["refused"])
+        if "error" in got:
+            raise RuntimeError(f"tool {tool.name!r}: {got['error']}")
+        return got["result"]
 
     def reset(self, task: Example) -> str:
         self.answer = task.answer
@@ -91,7 +116,7 @@ class ToolEnv:
                 f"{ERROR_OPEN}unknown tool; use {allowed}{ERROR_CLOSE}", 0.0, False, True
             )
         try:
-            result = tool.fn(call.argument)
+            result = self._run(tool, call.argument)
         except CalcError as exc:  # the tool refuses the argument: the model reads why
             return EnvStep(f"{ERROR_OPEN}{exc}{ERROR_CLOSE}", 0.0, False, True)
         if not isinstance(result, str):
@@ -109,7 +134,14 @@ def environment_names() -> list[str]:
     return sorted(ENVIRONMENTS)
 
 
-def make_env(name: str, tools: Sequence[str], template: str) -> Environment:
+def make_env(
+    name: str, tools: Sequence[str], template: str, timeout_s: float | None = None
+) -> Environment:
+    """The environment ``name``; ``timeout_s`` (the rollout's ``env_timeout_s``) bounds the
+    tool calls of a :class:`ToolEnv`."""
     if name not in ENVIRONMENTS:
         raise ValueError(f"unknown environment {name!r}; allowed: {', '.join(environment_names())}")
-    return ENVIRONMENTS[name](tools, template)
+    env = ENVIRONMENTS[name](tools, template)
+    if timeout_s is not None and isinstance(env, ToolEnv):
+        env.timeout_s = timeout_s
+    return env

@@ -4,7 +4,11 @@ Allowed: integer and decimal literals, ``+ - * /``, unary ``+ -``, parentheses, 
 with a small integer exponent. Everything else (names, calls, attributes, subscripts,
 strings, comparisons, ``__import__``...) is refused with :class:`CalcError`. Limits keep
 every call cheap: the text's length, the number of AST nodes, the size of every literal and
-intermediate value, the exponent. Arithmetic is exact (:class:`fractions.Fraction`); the
+intermediate value, the exponent, and the bits of every exact value (numerator plus
+denominator), checked *before* each operation from its operands' bits: ``(1/7)**8`` nested
+eight deep has a small value but a denominator of 7**(8**8), which Python would spend minutes
+computing with the GIL held (issue 44). The tool also runs in a child process that is killed
+at the environment's timeout (:mod:`rpeg.runtime.envs.tool_sandbox`). Arithmetic is exact (:class:`fractions.Fraction`); the
 result is written as an integer when whole, else as a decimal rounded to 6 places.
 """
 
@@ -23,6 +27,9 @@ MAX_NODES = 48
 MAX_ABS = 10**15
 #: the largest exponent ``**`` accepts (0 .. MAX_EXPONENT, integers only)
 MAX_EXPONENT = 8
+#: the most bits an exact value (numerator + denominator) may hold, and the most an operation
+#: may be about to produce: a 4,096-bit product takes microseconds
+MAX_BITS = 4096
 
 _BINARY = {
     ast.Add: operator.add,
@@ -43,6 +50,18 @@ def _bounded(v: Fraction) -> Fraction:
     return v
 
 
+def _bits(v: Fraction) -> int:
+    return v.numerator.bit_length() + v.denominator.bit_length()
+
+
+def _room(bits: int) -> None:
+    """Refuse an operation whose result may need more than :data:`MAX_BITS` (checked before
+    computing it: the bits of a sum, product or quotient are at most the operands' sum plus
+    one; of a power, the base's times the exponent)."""
+    if bits > MAX_BITS:
+        raise CalcError(f"result too precise (over {MAX_BITS} bits of numerator and denominator)")
+
+
 def _walk(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Expression):
         return _walk(node.body)
@@ -61,11 +80,13 @@ def _walk(node: ast.AST) -> Fraction:
             raise CalcError(f"exponent must be an integer in 0..{MAX_EXPONENT}")
         if base == 0 and exp == 0:
             raise CalcError("0**0 is undefined")
+        _room(_bits(base) * int(exp))
         return _bounded(base ** int(exp))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         left, right = _walk(node.left), _walk(node.right)
         if isinstance(node.op, ast.Div) and right == 0:
             raise CalcError("division by zero")
+        _room(_bits(left) + _bits(right) + 1)
         return _bounded(_BINARY[type(node.op)](left, right))
     raise CalcError(f"not allowed: {type(node).__name__}")
 

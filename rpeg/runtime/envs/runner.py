@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rpeg.runtime.envs.base import BadToolResult, EnvStep
+from rpeg.runtime.envs.tool_sandbox import ToolTimeout
 
 #: error reasons of environment calls (the rollout adds its caps: turn_cap, sample_cap)
 ENV_TIMEOUT, ENV_ERROR, ENV_BAD_RESULT = "env_timeout", "env_error", "env_bad_result"
@@ -48,6 +49,8 @@ class _Call:
                 )
             else:
                 self.outcome = EnvOutcome(step=got)
+        except ToolTimeout as exc:  # the tool's process was killed at its limit
+            self.outcome = EnvOutcome(error=ENV_TIMEOUT, detail=str(exc)[:200])
         except BadToolResult as exc:
             self.outcome = EnvOutcome(error=ENV_BAD_RESULT, detail=str(exc)[:200])
         except Exception as exc:  # noqa: BLE001 - any failure is this sample's, counted
