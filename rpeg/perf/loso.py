@@ -27,6 +27,7 @@ from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
 from rpeg.perf.loso_fit import GRID, _interp, _loss, fit, fit_lengths, params  # noqa: F401
 from rpeg.perf.loso_lengths import LEN_GRID, at, multiplier, prior_kind, scaled
+from rpeg.perf.loso_oneshot import one_shot
 from rpeg.perf.loso_ranges import _bounds, _comparable, _range
 from rpeg.perf.loso_summary import Scored
 from rpeg.perf.pricing import predict
@@ -95,6 +96,9 @@ class Priced:
     # time outside its steps where it publishes its total and mean step times
     from_hours: bool = False
     run_share: float | None = None
+    # what a calibrating row shares with another of its source (rpeg.perf.loso_oneshot):
+    # the row's model, GPU and mode (placement, on/off-policy) as written
+    traits: tuple[str, ...] = ()
 
     def log_pred(self, lg: float, lt: float, lm: float = 0.0) -> float:
         return float(_interp(at(self.step, lm), lg, lt))
@@ -203,9 +207,17 @@ def price_rows(
                 unknown=case.unknown,
                 solved=dict(lay.solved),
                 assumed=assumed_values(case, calib),
+                traits=_traits(r),
             )
         )
     return priced, refused
+
+
+def _traits(r: dict[str, str]) -> tuple[str, ...]:
+    """(model, gpu, mode) of a row as written, for the one-shot transfer."""
+    cell = lambda c: " ".join((r.get(c) or "").lower().split())  # noqa: E731
+    stale = cell("staleness") not in ("", "0")
+    return cell("model"), cell("gpu"), f"{cell('placement')}/{'off' if stale else 'on'}"
 
 
 def _stage(pred: Any, kind: str) -> float:
@@ -258,6 +270,14 @@ def score(priced: list[Priced]) -> list[Scored]:
         pool, own = _comparable(resid_loso, steps, p, p.source)
         widen = 1.0 if (own and s.system_fitted) else UNKNOWN_WIDEN
         s.lo_loso, s.hi_loso = _bounds(p, s.pred_loso, *_range(pool, widen))
+    rel = {
+        k: (s.lo_loso / s.pred_loso, s.hi_loso / s.pred_loso)
+        for k, s in out.items()
+        if s.lo_loso is not None and s.pred_loso
+    }
+    folds = {k: (v[0][0], v[0][1], v[2], v[3]) for k, v in loso_f.items()}
+    for cid, v in one_shot(steps, folds, rel).items():
+        out[cid].one_shot = v
     return [out[p.case_id] for p in priced if not p.shadow]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rpeg.perf.loso_oneshot import summary as one_shot
 from rpeg.perf.loso_summary import Scored, Summary, by, stage_errors, summarise
 
 
@@ -72,16 +73,20 @@ def lines(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> l
             "  in-sample  " + _summary_line("factors fitted on all sources", summarise(sub, False))
         )
         out.append("  LOSO       " + _summary_line("scored source left out", summarise(sub)))
+        out.append("  one-shot   " + _one_shot_line(one_shot(sub)))
     if len(datasets) > 1:
         out.append("pooled:")
         out.append("  in-sample  " + _summary_line("all data sets", summarise(allrows, False)))
         out.append("  LOSO       " + _summary_line("all data sets", summarise(allrows)))
-    out.append("by source (LOSO):")
+        out.append("  one-shot   " + _one_shot_line(one_shot(allrows)))
+    out.append("by source (LOSO; one-shot: another row of the source calibrated the model):")
     for k, v in by(allrows, "source").items():
         if v.rows:
+            o = one_shot([s for s in allrows if (s.source or "?") == k])
             out.append(
                 f"  {k}: MAPE={_pct(v.mape)} max={_pct(v.max_ape)} "
                 f"coverage={_pct(100 * v.coverage)} n={v.predicted}/{v.rows}"
+                + (f"; one-shot MAPE={_pct(o['mape'])}" if o["rows"] else "")
             )
     out.append("by system (LOSO):")
     for k, v in by(allrows, "system").items():
@@ -93,13 +98,21 @@ def lines(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> l
     for st, (mape, mx, n) in stage_errors(scored).items():
         out.append(f"  stage {st}: MAPE={mape:.1f}% max={mx:.1f}% n={n} (LOSO)")
     pooled = summarise(allrows)
+    o = one_shot(allrows)
     out.append(
         f"MAPE={_pct(pooled.mape)} max={_pct(pooled.max_ape)} n={pooled.predicted} "
         f"coverage={_pct(100 * pooled.coverage)} median_width={_pct(100 * pooled.median_width)} "
         f"predicted_share={_pct(100 * pooled.predicted_share)} (leave-one-source-out, "
-        f"{' + '.join(datasets)})"
+        f"{' + '.join(datasets)}); one-shot MAPE={_pct(o['mape'])} n={o['rows']}"
     )
     return out
+
+
+def _one_shot_line(o: dict[str, float]) -> str:
+    return (
+        f"MAPE={_pct(o['mape'])} max={_pct(o['max_ape'])} coverage={_pct(100 * o['coverage'])} "
+        f"rows={o['rows']}  [one row of the source calibrates, the others scored]"
+    )
 
 
 def to_json(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> dict[str, Any]:
@@ -113,14 +126,20 @@ def to_json(scored: list[Scored], refused: list[Scored], datasets: list[str]) ->
     return {
         "loso": pooled_loso.as_dict(),
         "in_sample": pooled_in.as_dict(),
+        "one_shot": one_shot(allrows),
         "datasets": {
             ds: {
                 "loso": summarise([s for s in allrows if s.dataset == ds]).as_dict(),
+                "one_shot": one_shot([s for s in allrows if s.dataset == ds]),
                 "in_sample": summarise([s for s in allrows if s.dataset == ds], False).as_dict(),
             }
             for ds in datasets
         },
-        "by_source": {k: v.as_dict() for k, v in by(allrows, "source").items() if v.rows},
+        "by_source": {
+            k: {**v.as_dict(), "one_shot": one_shot([s for s in allrows if (s.source or "?") == k])}
+            for k, v in by(allrows, "source").items()
+            if v.rows
+        },
         "by_system": {k: v.as_dict() for k, v in by(allrows, "system").items() if v.rows},
         "stage_errors": {k: {"mape": v[0], "max_ape": v[1], "n": v[2]} for k, v in stages.items()},
         # the pooled LOSO figures under the names earlier versions printed
@@ -149,6 +168,10 @@ def to_json(scored: list[Scored], refused: list[Scored], datasets: list[str]) ->
                 "stages": {
                     k: {"predicted_s": p, "measured_s": m} for k, (p, m) in s.stages.items()
                 },
+                # mean over the calibrating rows of its source (None: no other row)
+                "one_shot_step_s": (
+                    sum(p for p, _, _ in s.one_shot) / len(s.one_shot) if s.one_shot else None
+                ),
             }
             for s in scored
             if s.measured_s

@@ -32,6 +32,9 @@ class Scored:
     unknown: tuple[str, ...] = ()
     solved: dict[str, Any] = field(default_factory=dict)
     assumed: tuple[str, ...] = ()  # "column=value" of the priors taken
+    # one-shot: (prediction, low, high) per calibrating row of its source
+    # (rpeg.perf.loso_oneshot); empty when its source has no other step-time row
+    one_shot: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
