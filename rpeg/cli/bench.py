@@ -72,6 +72,11 @@ def bench(
     cfg = _config_for(plan)
     graph, chosen = resolve(None, cfg)
     plan_model_known(chosen, cfg, plan)  # a model known only by its folder: read from it
+    from rpeg.preflight import preflight
+
+    # a plan this machine cannot run (a GPU cluster's plan, more devices than CPUs) is
+    # refused now, not after a Prefect server and one failed run per plan
+    preflight(cfg.with_overrides({"runtime.output_dir": str(out / "chosen")}))
     # the config's lengths, else those `rpeg calibrate` measured for this model and task
     wl = configured_workload(cfg, chosen.cluster)
     plans = {"chosen": (chosen, graph, "the plan given")}

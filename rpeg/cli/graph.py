@@ -219,15 +219,20 @@ def render(
         target = out or Path(f"{g.name}.{fmt}")
         from rpeg.ir import visual
 
-        if not visual.has_graphviz():
-            written = visual.render(g, target, images=())
-            typer.echo(
-                "warning: Graphviz `dot` not found; wrote "
-                + ", ".join(str(p) for p in written)
-                + " instead (install graphviz for PNG/SVG)",
-                err=True,
+        if not visual.has_graphviz():  # refused: no picture, and no other files instead
+            stem = target.with_suffix("")
+            raise ir.GraphError(
+                [
+                    Problem(
+                        "--out" if out is not None else "--format",
+                        f"a {fmt.upper()} picture needs Graphviz's `dot` program, which is not "
+                        "on PATH: install graphviz (apt install graphviz, brew install "
+                        "graphviz, conda install graphviz), or write text instead: "
+                        f"--out {stem}.dot (DOT) or --out {stem}.mmd (Mermaid)",
+                    )
+                ],
+                title="cannot draw the picture",
             )
-            return
         target.parent.mkdir(parents=True, exist_ok=True)
         visual.dot_to_image(ir.to_dot(g), target, fmt)
         typer.echo(str(target))

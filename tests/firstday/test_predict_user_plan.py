@@ -72,3 +72,17 @@ def test_bench_runs_the_plan_of_a_folder_model(planned, capsys, tmp_path):
     text = capsys.readouterr().out
     assert code == 0, text
     assert "| chosen: the plan given |" in text
+
+
+def test_bench_refuses_a_plan_this_machine_cannot_run_before_starting(tmp_path, capsys):
+    """A GPU cluster's plan (the README's 256-GH200 plan) is refused before a Prefect server or
+    a run starts: one named refusal (exit 2), no run folder."""
+    plan = tmp_path / "gpu-plan.yaml"
+    flags = ["--model", "qwen2.5-7b", "--gpu", "h100", "--gpus", "8", "--max-candidates", "4"]
+    assert main(["plan", *flags, "--out", str(plan)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "bench"
+    assert main(["bench", str(plan), "--no-artifact", "--out", str(out)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "run refused before anything started" in err and "cluster.name" in err
+    assert not out.exists()

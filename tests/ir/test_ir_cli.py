@@ -109,13 +109,16 @@ def test_render_text_formats(capsys, tmp_path):
     assert "'jpeg' is not one of dot, mermaid, png, svg, yaml" in capsys.readouterr().err
 
 
-def test_render_png_falls_back_without_graphviz(capsys, tmp_path, monkeypatch):
+def test_render_png_without_graphviz_is_refused(capsys, tmp_path, monkeypatch):
+    """No picture can be drawn: a named refusal (exit 2) saying what to install or write
+    instead, not other files written in its place (issue 41, Low)."""
     monkeypatch.setattr(visual, "has_graphviz", lambda: False)
     out = tmp_path / "g.png"
-    assert main(["graph", "render", "ppo", "--out", str(out)]) == 0
-    assert "Graphviz `dot` not found" in capsys.readouterr().err
-    assert (tmp_path / "g.mmd").exists() and (tmp_path / "g.dot").exists()
-    assert not out.exists()
+    assert main(["graph", "render", "ppo", "--out", str(out)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--out: a PNG picture needs Graphviz" in err and "install graphviz" in err
+    assert f"--out {tmp_path / 'g'}.dot" in err
+    assert not list(tmp_path.iterdir())
 
 
 def test_render_png_with_graphviz(capsys, tmp_path):
