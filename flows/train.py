@@ -163,6 +163,8 @@ def _train(
         c.runtime.steps,
         checkpoint_every=c.runtime.checkpoint_every if run.store is not None else None,
         max_recoveries=c.runtime.step_retries,
+        val_every=c.runtime.val_every,
+        val_before_train=c.runtime.val_before_train,
     )
     from rpeg.runtime.actors.predicted import unit_memory_gib
 

@@ -59,6 +59,7 @@ def checkpoint_task(run: Any, step_done: int, state: dict[str, Any]) -> dict[str
 
 
 @task(name="evaluate", task_run_name="evaluate {when}", **_OPTS)
-def evaluate_task(run: Any, when: str = "after") -> float:
-    """Greedy held-out accuracy on the trainer's rank 0 (``when``: before/after training)."""
+def evaluate_task(run: Any, when: str = "after") -> dict[str, float]:
+    """Validation metrics on the trainer's rank 0 (``when``: before or after training, or
+    after a step: rpeg.runtime.validation)."""
     return run.evaluate()

@@ -33,7 +33,7 @@ from rpeg.runtime.engines.choice import resolve_engine
 from rpeg.runtime.engines.residency import EngineResidency
 from rpeg.runtime.engines.row_sampling import rollout_seed
 from rpeg.runtime.micro_batches import unit_micro_batches
-from rpeg.runtime.role_builder import all_roles, build_roles, greedy_accuracy
+from rpeg.runtime.role_builder import all_roles, build_roles
 from rpeg.runtime.samples import keep_samples_upto
 
 
@@ -129,12 +129,21 @@ class LocalTrainer:
         return m
 
     # --- evaluation -----------------------------------------------------------------------
-    def evaluate(self, examples: list[Example] | None = None) -> float:
-        """Greedy accuracy on the held-out examples (a fraction in [0, 1])."""
+    def validate(self, examples: list[Example] | None = None) -> dict[str, float]:
+        """Validation metrics (``val/accuracy``, ``val/<source>/accuracy``, ...:
+        rpeg.runtime.validation) of the current weights on the held-out examples."""
+        from rpeg.runtime.validation import validation_metrics
+
         examples = self.heldout if examples is None else examples
-        return greedy_accuracy(
+        return validation_metrics(
             self.actor, self.tokenizer, examples, self.rewards, self.config.task.prompt_template
         )
+
+    def evaluate(self, examples: list[Example] | None = None) -> float:
+        """Greedy accuracy on the held-out examples (a fraction in [0, 1]; NaN without)."""
+        from rpeg.runtime.validation import accuracy_of
+
+        return accuracy_of(self.validate(examples))
 
     # --- run ------------------------------------------------------------------------------
     def run(self, steps: int | None = None, out_dir: str | Path | None = None) -> dict:
@@ -152,18 +161,25 @@ class LocalTrainer:
             from rpeg.runtime.samples import SAMPLES_FILE
 
             (out / SAMPLES_FILE).unlink(missing_ok=True)
-        acc_before = self._restore(store) if (rt.resume or rt.resume_from) else None
-        if acc_before is not None:  # steps after the checkpoint log their samples again
+        resuming = bool(rt.resume or rt.resume_from)
+        acc_before = self._restore(store) if resuming else None
+        if resuming:  # steps after the checkpoint log their samples again
             keep_samples_upto(out, self.step_index)
         resumed_at = self.step_index  # steps_run: this call's steps (after a resume: fewer)
-        if acc_before is None:
-            acc_before = self.evaluate()
-        else:
-            self.log(f"resumed at step {self.step_index} (run {getattr(store, 'run_id', '')})")
-        self.log(f"held-out greedy accuracy before RL: {acc_before:.3f}")
         from rpeg.runtime.loggers import RunLoggers
+        from rpeg.runtime.validation import accuracy_of, due, val_line
 
         tb = RunLoggers(out, self.config)  # runtime.loggers, as the distributed runtime's
+        if resuming:
+            self.log(f"resumed at step {self.step_index} (run {getattr(store, 'run_id', '')})")
+        elif rt.val_before_train:
+            before = self.validate()
+            acc_before = accuracy_of(before)
+            self.log(val_line(before, "before RL"))
+            tb.add(0, before)  # verl's step-0 validation
+        if acc_before is not None:
+            self.log(f"held-out greedy accuracy before RL: {acc_before:.3f}")
+        acc_after = None
         with open(out / "metrics.jsonl", "w") as fh:
             fh.writelines(json.dumps(h) + "\n" for h in self.history)
             fh.flush()
@@ -175,11 +191,19 @@ class LocalTrainer:
             shown = StepProgress(steps, echo=self.log, bar=bar, start=self.step_index)
             while self.step_index < steps:
                 m = self.step()
+                val = None
+                if due(self.step_index, steps, rt.val_every):  # in the step's line
+                    val = self.validate()
+                    m.update(val)
+                    if self.step_index == steps:
+                        acc_after = accuracy_of(val)
                 fh.write(json.dumps(m) + "\n")
                 fh.flush()
                 watch.check(int(m["step"]) - 1, m)  # after its line: the record shows the step
                 tb.add(self.step_index, m)
                 shown.update(int(m["step"]), m)
+                if val is not None:
+                    self.log(val_line(val, f"after step {self.step_index}"))
                 self._log_samples(int(m["step"]) - 1, out)  # before a checkpoint covers it
                 if store is not None and (
                     self.step_index % rt.checkpoint_every == 0 or self.step_index == steps
@@ -187,7 +211,8 @@ class LocalTrainer:
                     self._save(store, acc_before)
             shown.close()
         tb.close()
-        acc_after = self.evaluate()
+        if acc_after is None:  # nothing left to run (resumed at the end)
+            acc_after = self.evaluate()
         self.log(f"held-out greedy accuracy after RL: {acc_after:.3f}")
         from rpeg.runtime.summary import run_summary
 
@@ -243,7 +268,7 @@ class LocalTrainer:
         # the frozen reference is rebuilt from its source on resume, as it always was here
         return {"actor": self.actor, "critic": self.critic}
 
-    def _save(self, store: CheckpointStore, acc_before: float) -> None:
+    def _save(self, store: CheckpointStore, acc_before: float | None) -> None:
         state = {
             "trainer": self.state_dict(),
             "history": self.history,
@@ -276,10 +301,13 @@ class LocalTrainer:
         state = loads(parts[TRAINER_PART])
         self.load_state_dict(state["trainer"])
         self.history = list(state.get("history", []))
-        return float(state["heldout_acc_before"])
+        got = state.get("heldout_acc_before")  # None: runtime.val_before_train was off
+        return None if got is None else float(got)
 
 
-def plot_rewards(history: list[dict], path: Path, acc_before: float, acc_after: float) -> None:
+def plot_rewards(
+    history: list[dict], path: Path, acc_before: float | None, acc_after: float
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -291,7 +319,8 @@ def plot_rewards(history: list[dict], path: Path, acc_before: float, acc_after: 
     ax.plot(steps, [h["accuracy"] for h in history], label="sample accuracy", alpha=0.6)
     ax.set_xlabel("RL step")
     ax.set_ylabel("reward")
-    ax.set_title(f"held-out greedy acc {acc_before:.2f} -> {acc_after:.2f}")
+    before = "-" if acc_before is None else f"{acc_before:.2f}"
+    ax.set_title(f"held-out greedy acc {before} -> {acc_after:.2f}")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -227,40 +227,7 @@ def greedy_accuracy(
 ) -> float:
     """Greedy accuracy of the actor's *current* weights on ``examples`` (a fraction in
     [0, 1]; NaN without examples), even when its generator lags behind: generation runs on
-    a torch engine over the actor's own model."""
-    from rpeg.runtime import stages
-    from rpeg.runtime.engines.torch_engine import TorchEngine
+    a torch engine over the actor's own model (rpeg.runtime.validation)."""
+    from rpeg.runtime.validation import accuracy_of, validation_metrics
 
-    if not examples:
-        return float("nan")
-    w = copy.copy(actor)
-    w.engine = TorchEngine(
-        actor.lm,
-        tokenizer.pad_token_id,
-        tokenizer.eos_token_id,
-        compute_dtype=getattr(actor, "compute_dtype", torch.float32),
-    )
-    mt = getattr(actor, "multiturn", None)  # set by build_roles for multi-turn tasks
-    if mt is not None:
-        from rpeg.runtime.envs.rollout import multiturn_rollout
-
-        batch, _ = multiturn_rollout(
-            w,
-            examples,
-            1,
-            mt,
-            prompt_template=prompt_template,
-            params=actor.sampling_params(greedy=True),
-            seed=0,
-        )
-    else:
-        batch, _ = stages.generate_stage(
-            w,
-            examples,
-            1,
-            prompt_template=prompt_template,
-            params=actor.sampling_params(greedy=True),
-            seed=0,
-        )
-    _, rm = stages.reward_stage(batch, rewards)
-    return rm["accuracy"]
+    return accuracy_of(validation_metrics(actor, tokenizer, examples, rewards, prompt_template))

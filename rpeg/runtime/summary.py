@@ -104,6 +104,8 @@ def heldout_phrase(summary: Mapping[str, Any]) -> str:
     """The summary's held-out accuracy for a person: ``before -> after``, or why there is none
     (a one-row data set holds nothing out: it printed ``nan -> nan``)."""
     before, after = summary.get("heldout_acc_before"), summary.get("heldout_acc_after")
+    if before is None and after is not None and not math.isnan(after):
+        return f"held-out greedy accuracy after RL {after:.3f} (runtime.val_before_train: false)"
     if before is None or after is None or math.isnan(before) or math.isnan(after):
         return (
             "no held-out accuracy (the held-out set is empty: task.heldout_size takes at most "

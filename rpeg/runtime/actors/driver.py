@@ -390,8 +390,9 @@ class DistributedRun(RunDataPlane, RunCheckpoints):
         }
 
     # ---------------------------------------------------------------- results
-    def evaluate(self) -> float:
-        """Greedy held-out accuracy of the trainer's current weights."""
+    def evaluate(self) -> dict[str, float]:
+        """Validation metrics (``val/accuracy``, ...: rpeg.runtime.validation) of the
+        trainer's current weights on the held-out prompts."""
         return self.group(self.compiled.trainer_group).evaluate()
 
     def param_checksums(self) -> list[float]:

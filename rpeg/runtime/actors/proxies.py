@@ -223,10 +223,11 @@ class RankGroup:
     def memory_info(self) -> list[dict[str, Any]]:
         return self._all(lambda r, a: a.memory_info())
 
-    def evaluate(self) -> float:
-        """Greedy held-out accuracy (rank 0's). Every rank is called: a sharded (fsdp/tp)
-        model's forward is a collective, rank 0 alone would wait for its peers forever."""
-        return float(self._all(lambda r, a: a.evaluate())[0])
+    def evaluate(self) -> dict[str, float]:
+        """Validation metrics (rank 0's; rpeg.runtime.validation). Every rank is called: a
+        sharded (fsdp/tp) model's forward is a collective, rank 0 alone would wait for its
+        peers forever."""
+        return dict(self._all(lambda r, a: a.evaluate())[0])
 
     def param_checksums(self) -> list[float]:
         """Sum of the actor's weights on every rank (a collective when sharded)."""

@@ -404,10 +404,11 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
             )
 
     # ---------------------------------------------------------------- evaluation
-    def evaluate(self) -> float:
-        from rpeg.runtime.role_builder import greedy_accuracy
+    def evaluate(self) -> dict[str, float]:
+        """Validation metrics of this rank's actor (rpeg.runtime.validation)."""
+        from rpeg.runtime.validation import validation_metrics
 
-        return greedy_accuracy(
+        return validation_metrics(
             self.actor,
             self.tokenizer,
             self.heldout,

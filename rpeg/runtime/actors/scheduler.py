@@ -44,6 +44,7 @@ from rpeg.runtime.actors import staleness as st
 from rpeg.runtime.actors.regeneration import begun_samples, regenerated
 from rpeg.runtime.actors.scheduler_invariants import SchedulerInvariants
 from rpeg.runtime.actors.step_messages import (
+    STEP_VALIDATION,
     BatchTaken,
     BeginStep,
     Checkpoint,
@@ -92,6 +93,8 @@ class StepScheduler(SchedulerInvariants):
         *,
         checkpoint_every: int | None = None,
         max_recoveries: int = 0,
+        val_every: int | None = None,
+        val_before_train: bool = True,
     ):
         if steps < 0:
             raise SchedulerError(f"steps must be >= 0 (got {steps})")
@@ -99,6 +102,9 @@ class StepScheduler(SchedulerInvariants):
         self.steps = steps
         self.checkpoint_every = checkpoint_every
         self.max_recoveries = max_recoveries
+        # validation (runtime.val_every, runtime.val_before_train; rpeg.runtime.validation)
+        self.val_every = val_every
+        self.val_before_train = val_before_train
         self.unit_names = tuple(u.name for u in plan.units)
         self.B = plan.samples_per_step
         # --- run state (checkpointed: see state_dict)
@@ -196,7 +202,7 @@ class StepScheduler(SchedulerInvariants):
         return self._started()
 
     def _started(self) -> list[Any]:
-        if self.acc_before is None:
+        if self.acc_before is None and self.val_before_train and not self.history:
             return [self._emit(Evaluate("before"))]
         return self._begin_step()
 
@@ -212,6 +218,11 @@ class StepScheduler(SchedulerInvariants):
         if ev.when == "before":
             self.acc_before = ev.accuracy
             return self._begin_step()
+        if ev.when.startswith(STEP_VALIDATION):  # in the step's line (runtime.val_every)
+            self.history[self.step - 1].update(ev.metrics)
+            if self.step >= self.steps:
+                self.acc_after = ev.accuracy
+            return self._after_step(self.history[self.step - 1])
         self.acc_after = ev.accuracy
         self.phase = "done"
         return [Finish(self.acc_before, self.acc_after)]
@@ -219,6 +230,9 @@ class StepScheduler(SchedulerInvariants):
     # ---------------------------------------------------------------- a step
     def _begin_step(self) -> list[Any]:
         if self.step >= self.steps:
+            if self.acc_after is not None:  # validated after the last step
+                self.phase = "done"
+                return [Finish(self.acc_before, self.acc_after)]
             self.phase = "finishing"
             return [self._emit(Evaluate("after"))]
         self.phase = "step"
@@ -331,6 +345,13 @@ class StepScheduler(SchedulerInvariants):
         self.step += 1
         self.done, self.parts, self.lags = set(), {}, ()
         self.trained = self.synced = False
+        if self.step >= self.steps or (self.val_every and self.step % self.val_every == 0):
+            self.phase = "validating"  # the metrics join the step's line, then on
+            return [self._emit(Evaluate(f"{STEP_VALIDATION}{self.step}"))]
+        return self._after_step(m)
+
+    def _after_step(self, m: dict[str, float]) -> list[Any]:
+        """A finished (and validated) step: its checkpoint, or its record and the next."""
         every = self.checkpoint_every
         if every and (self.step % every == 0 or self.step == self.steps):
             self.phase = "checkpoint"

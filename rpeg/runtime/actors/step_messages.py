@@ -41,16 +41,24 @@ class SyncWeights:
         return WeightsSynced(self.version, dict(metrics or {}))
 
 
+#: ``Evaluate.when`` of a validation after a step: ``"after step 5"`` (runtime.val_every)
+STEP_VALIDATION = "after step "
+
+
 @dataclass(frozen=True)
 class Evaluate:
-    when: str  # "before" | "after"
+    when: str  # "before" | "after" | "after step <n>" (1-based)
 
     @property
     def key(self) -> tuple:
         return ("evaluate", self.when)
 
-    def done(self, accuracy: float) -> Evaluated:
-        return Evaluated(self.when, float(accuracy))
+    def done(self, result: float | dict[str, float]) -> Evaluated:
+        """``result``: the validation metrics (rpeg.runtime.validation), or an accuracy."""
+        if isinstance(result, dict):
+            acc = float(result.get("val/accuracy", float("nan")))
+            return Evaluated(self.when, acc, dict(result))
+        return Evaluated(self.when, float(result))
 
 
 @dataclass(frozen=True)
@@ -195,6 +203,7 @@ class WeightsSynced:
 class Evaluated:
     when: str
     accuracy: float
+    metrics: dict[str, float] = field(default_factory=dict, hash=False)  # val/<metric>
 
 
 @dataclass(frozen=True)

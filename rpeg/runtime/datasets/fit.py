@@ -92,10 +92,9 @@ def fit_prompt_lengths(config: Any, log: Callable[[str], None] | None = None):
     if not user_set:
         config = config.with_overrides({"workload.max_prompt_tokens": longest})
         say(
-            f"{report.line(longest)}; workload.max_prompt_tokens = {longest} "
+            f"{report.line(longest, split, longest)}; workload.max_prompt_tokens = {longest} "
             "(the longest prompt; set it to filter or truncate longer ones)"
         )
     else:
-        say(report.line(w.max_prompt_tokens))
-    say(split)
+        say(report.line(w.max_prompt_tokens, split, longest))
     return config

@@ -119,8 +119,11 @@ class PromptReport:
     longest: int
     fmt: PromptFormat
 
-    def line(self, limit: int) -> str:
-        what = f"data: {self.total - self.filtered} prompts, longest {self.longest} tokens"
+    def line(self, limit: int, head: str = "", longest: int | None = None) -> str:
+        """``head``: what the data is split into (default ``data: N prompts``);
+        ``longest``: the longest prompt counted (default: this report's)."""
+        head = head or f"data: {self.total - self.filtered} prompts"
+        what = f"{head}, longest {self.longest if longest is None else longest} tokens"
         if self.filtered:
             what += f"; {self.filtered} longer than max_prompt_tokens={limit} filtered out"
         if self.truncated:
