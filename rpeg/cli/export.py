@@ -24,12 +24,20 @@ def register(app: typer.Typer) -> None:
         dtype: str | None = typer.Option(
             None, "--dtype", help="float32 | bfloat16 | float16 (default: as trained)"
         ),
+        force: bool = typer.Option(
+            False,
+            "--force",
+            help="write into a non-empty --out that holds a previous export (its "
+            "rpeg-export.json): only that export's files are replaced; other files never",
+        ),
     ) -> None:
         """Write the checkpoint's policy (trainer.pt, rank states, or a sharded group's
         torch.distributed.checkpoint shards, read in this process) as an HF folder
         (config.json, model.safetensors, tokenizer files) that transformers'
         AutoModelForCausalLM and vLLM load; a LoRA run (model.lora, needs --config) also
-        writes peft's adapter to OUT/adapter."""
+        writes peft's adapter to OUT/adapter. A non-empty OUT is refused (exit 2) unless
+        --force, and --force replaces only the files a previous export listed in
+        OUT/rpeg-export.json."""
         from rpeg.runtime.export import export_checkpoint
 
         run = None
@@ -39,6 +47,12 @@ def register(app: typer.Typer) -> None:
             run = load_config(config)  # a LoRA run's base model and model.lora too
             model = run.model.path if model is None else model
         where = export_checkpoint(
-            checkpoint, out, model_path=model, dtype=dtype, log=typer.echo, config=run
+            checkpoint,
+            out,
+            model_path=model,
+            dtype=dtype,
+            log=typer.echo,
+            config=run,
+            force=force,
         )
         typer.echo(f"exported {where} to {out}")

@@ -118,10 +118,27 @@ def export_checkpoint(
     dtype: str | None = None,
     log: Callable[[str], None] | None = None,
     config: Any = None,
+    force: bool = False,
 ) -> str:
     """Write the policy of ``checkpoint`` (a step folder, a run folder, or a checkpoint URL
     holding one run) to the HF folder ``out``; returns the step folder it came from. A LoRA
-    checkpoint (adapters only) needs the run's ``config``: rpeg.runtime.lora_export."""
+    checkpoint (adapters only) needs the run's ``config``: rpeg.runtime.lora_export. A
+    non-empty ``out`` is refused before the checkpoint is read unless ``force``, and then only
+    a previous export's files are replaced (rpeg.runtime.export_out)."""
+    from rpeg.runtime.export_out import staged_export
+
+    with staged_export(out, force) as stage:
+        return _export_into(checkpoint, stage, model_path, dtype, log, config)
+
+
+def _export_into(
+    checkpoint: str,
+    out: str,
+    model_path: str | None,
+    dtype: str | None,
+    log: Callable[[str], None] | None,
+    config: Any,
+) -> str:
     from rpeg.runtime.model_io import save_pretrained, torch_dtype
 
     got = find_checkpoint(checkpoint)
@@ -190,7 +207,8 @@ def export_at_checkpoint(
 
     out = export_dir(config, step)
     try:
-        export_checkpoint(checkpoint, out, model_path=config.model.path, config=config)
+        # force: a recomputed step's folder holds this run's earlier export (its manifest)
+        export_checkpoint(checkpoint, out, model_path=config.model.path, config=config, force=True)
     except Exception as exc:  # noqa: BLE001 -- an export never stops the run
         warnings.warn(f"runtime.export_hf: step {step} not exported: {exc}", stacklevel=2)
         return None
