@@ -67,6 +67,10 @@ class Calibration:
     nccl_bus_eff: float = 0.70
     # Effective host<->device copy bandwidth (PCIe gen5 x16 in practice), GB/s, for offload.
     host_link_gbps: float = 25.0
+    # Host memory traffic of a CPU Adam (optimizer offload) per GPU it serves, GB/s: the
+    # update reads fp32 master, m, v and gradient and writes master, m, v (28 B/parameter);
+    # a socket's ~200 GB/s over 8 GPUs. docs/perf-model.md, "Memory".
+    host_adam_gbps: float = 25.0
     # Fixed per-RL-step orchestration overhead (Ray/actor calls, data marshalling), s.
     # A cluster's `runtime.step_overhead_s` (clusters.yaml) overrides it.
     step_overhead_s: float = 3.0

@@ -121,7 +121,7 @@ def price_rows(
 ) -> tuple[list[Priced], list[Scored]]:
     """Every row with a measurement priced on the grid; the rest as Scored with a reason."""
     from rpeg.perf.published import _throughput
-    from rpeg.perf.solve import solve_layout
+    from rpeg.perf.solve import solve_row
 
     priced, refused = [], []
     for r in rows:
@@ -146,7 +146,7 @@ def price_rows(
             if bad:
                 raise Unpredictable(bad)
             case = read_case(r)
-            lay, base = solve_layout(case, calib)
+            case, lay, base = solve_row(case, calib)
             plan = case.plan(lay)
             kind = ""
             if "avg_gen_len" in case.unknown:

@@ -47,6 +47,11 @@ class Workload:
     # what the workload's lengths rest on beyond the config (listed with the prediction's
     # assumptions): "lengths measured by rpeg calibrate on RUN" (rpeg.perf.run_lengths)
     assumed: tuple[str, ...] = ()
+    # the trainers' optimizer state and update on the host (CPU offload of the optimizer:
+    # DeepSpeed ZeRO-Offload, Megatron's CPU optimizer): no device bytes, the gradients down
+    # and the parameters up over the host link and a CPU Adam per optimizer step. Assumed by
+    # the row solver (rpeg.perf.solve.solve_row) for a published run no layout fits without
+    assumed_optimizer_on_host: bool = False
 
     @classmethod
     def from_config(cls, w: Any, lora: Any = None, multiturn: Any = None) -> Workload:

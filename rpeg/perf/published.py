@@ -29,7 +29,7 @@ from rpeg.perf.row_cells import (  # noqa: F401 (_cluster_for: re-exported)
     unknown_names,
 )
 from rpeg.perf.rows import PRIORS, RowCase, read_case, row_case  # noqa: F401 (re-exported)
-from rpeg.perf.solve import solve_layout
+from rpeg.perf.solve import solve_row
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError
 
@@ -282,7 +282,7 @@ def validate_rows(
             continue
         try:
             case = read_case(r)
-            lay, pred = solve_layout(case, calib)
+            case, lay, pred = solve_row(case, calib)
             res.solved = lay.solved
             res.unknown = case.unknown
             if intervals:

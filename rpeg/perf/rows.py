@@ -30,7 +30,7 @@ from rpeg.perf.row_cells import (
     model_name,
     resolve_model,
 )
-from rpeg.perf.solve import Layout, solve_layout
+from rpeg.perf.solve import Layout, solve_row
 from rpeg.plan.schema import GraphRef, Plan, UnitPlan
 
 # Priors of inputs a row may leave blank (docs/perf-model.md, "Unknown inputs").
@@ -358,7 +358,7 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
 def row_case(r: dict[str, str], calib: Calibration = SHIPPED) -> tuple[Any, Plan, Workload]:
     """The (graph, plan, workload) a CSV row describes, blank layout fields solved."""
     case = read_case(r)
-    lay, _ = solve_layout(case, calib)
+    case, lay, _ = solve_row(case, calib)
     return case.graph, case.plan(lay), case.workload
 
 

@@ -175,3 +175,31 @@ def solve_layout(case: Any, calib: Calibration = DEFAULT) -> tuple[Layout, StepP
             + ", ".join(f"{k}={v}" for k, v in solved.items())
         )
     return replace(lay, solved=solved), pred
+
+
+def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, Layout, StepPrediction]:
+    """:func:`solve_layout` for a run that happened (a published row): when no layout fits
+    the devices' memory as the row is described, what such systems do to fit is assumed
+    where the row does not say -- activation recompute and the solved layouts are already
+    among the candidates; then the trainer's optimizer on the host (CPU offload:
+    ``Workload.assumed_optimizer_on_host``). Returns the case as priced (its workload
+    carries the measure), the layout (``solved`` names the measure) and the prediction.
+    A run that happened is never refused for memory while such a measure remains; the
+    last refusal is raised when none fits."""
+    try:
+        lay, pred = solve_layout(case, calib)
+        return case, lay, pred
+    except InfeasiblePlan as exc:
+        if exc.reason != "memory" or case.workload.assumed_optimizer_on_host:
+            raise
+        first = exc
+    fitted = replace(case, workload=replace(case.workload, assumed_optimizer_on_host=True))
+    try:
+        lay, pred = solve_layout(fitted, calib)
+    except InfeasiblePlan:
+        raise first from None
+    pred.assumptions.append(
+        "no layout fits the devices' memory as described: the trainer's optimizer assumed "
+        "on the host (CPU offload), priced over the host link and a CPU Adam"
+    )
+    return fitted, replace(lay, solved={**lay.solved, "optimizer": "host"}), pred

@@ -249,9 +249,31 @@ def _train_state_per_device(c: UnitContext, u: UnitPlan, trainable: bool) -> dic
         out |= adapter_memory(c.model, c.wl, p_dev, c.wbytes, dp if fsdp else 1, u.tp)
         out["gradients"] = p_train * 2.0 / GB / (dp if fsdp else 1)
         out["optimizer"] = p_train * 12.0 / dp / GB  # fp32 master + Adam m, v (distributed)
+        if c.wl.assumed_optimizer_on_host:
+            out["optimizer"] = 0.0  # on the host (priced in pass_cost: host_optimizer_s)
         if unit_keeps_gathered(c, u):
             out["gathered_weights"] = gathered_extra_gb(p_dev, c.wbytes, dp)
     return out
+
+
+#: bytes per parameter of an offloaded optimizer step over the host link (fp32 gradients
+#: down, bf16 parameters up) and of its CPU Adam in host memory (read master, m, v, gradient;
+#: write master, m, v)
+HOST_LINK_BYTES_PER_PARAM = 6.0
+HOST_ADAM_BYTES_PER_PARAM = 28.0
+
+
+def host_optimizer_s(c: UnitContext, u: UnitPlan, dp: int) -> float:
+    """Seconds of one optimizer step with the optimizer on the host, per device: its shard
+    of the trainable parameters (distributed over ``dp``) moved over the host link and
+    updated by a CPU Adam."""
+    p_dev = params_per_device(c.model, u.tp, u.pp, u.ep)
+    p_opt = trainable_params(c.model, c.wl, p_dev, u.tp) / max(1, dp)
+    cal = c.calib
+    return p_opt * (
+        HOST_LINK_BYTES_PER_PARAM / (cal.host_link_gbps * GB)
+        + HOST_ADAM_BYTES_PER_PARAM / (cal.host_adam_gbps * GB)
+    )
 
 
 def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) -> StageCost:
@@ -414,6 +436,8 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
             * eager_cpu.updated_gb(state["optimizer"], cpu and u.engine != "fsdp", dp)
             * (GB / 12.0 * 16.0 * 2 / gpu.hbm_bytes_per_s)
         )
+    if train and c.wl.assumed_optimizer_on_host:
+        t_opt += c.wl.train_minibatches * host_optimizer_s(c, u, dp)
     scale = cal.train_eff_scale if train else cal.fwd_eff_scale
     sc.time_s = eager_cpu.scaled(gpu, t_comp * (1.0 + bubble) + t_opt, sum(comm.values()), scale)
     sc.flops = flops

@@ -1,0 +1,70 @@
+"""A run that happened is never refused for memory while a measure its system would have
+taken remains (rpeg.perf.solve.solve_row): the trainer's optimizer on the host."""
+
+from dataclasses import replace
+
+import pytest
+
+from rpeg.perf import loso
+from rpeg.perf.calibration import SHIPPED
+from rpeg.perf.pricing import predict
+from rpeg.perf.published import read_rows
+from rpeg.perf.rows import read_case
+from rpeg.perf.solve import solve_layout, solve_row
+from rpeg.plan.schema import InfeasiblePlan
+
+
+def _row(case_id):
+    for path in loso.default_datasets().values():
+        for r in read_rows(path):
+            if r["case_id"] == case_id:
+                return r
+    raise KeyError(case_id)
+
+
+def test_a_published_run_no_layout_fits_is_priced_with_the_optimizer_on_the_host():
+    # verl's DeepSeek-671B on 96 H20: Megatron TP8 x PP12 leaves no data parallelism to
+    # shard the optimizer over (its script offloads it to the CPU; the row does not say)
+    case = read_case(_row("verl-dpsk671b-96g"))
+    with pytest.raises(InfeasiblePlan) as exc:
+        solve_layout(case, SHIPPED)
+    assert exc.value.reason == "memory"
+    priced, lay, pred = solve_row(case, SHIPPED)
+    assert lay.solved["optimizer"] == "host"
+    assert priced.workload.assumed_optimizer_on_host
+    train = pred.stages["train_actor"]
+    assert train.memory_gb["optimizer"] == 0.0
+    assert max(s.peak_memory_gb for s in pred.stages.values()) <= 96.0
+    assert any("optimizer assumed on the host" in a for a in pred.assumptions)
+    # the host step costs time: the same plan with the optimizer on the device (memory
+    # unchecked) trains faster
+    on_device = predict(
+        case.graph, case.plan(lay), case.workload, calib=SHIPPED, check_memory=False
+    )
+    assert train.time_s > on_device.stages["train_actor"].time_s
+
+
+def test_a_run_that_fits_is_priced_as_described():
+    case = read_case(_row("nemo-v0.5-h100bf16-llama-grpo-on-16g"))
+    priced, lay, pred = solve_row(case, SHIPPED)
+    assert priced is case and "optimizer" not in lay.solved
+    assert pred.step_s == pytest.approx(solve_layout(case, SHIPPED)[1].step_s)
+    assert pred.stages["train_actor"].memory_gb["optimizer"] > 0
+
+
+def test_the_host_optimizer_time_grows_with_the_updates_per_step():
+    case = read_case(_row("verl-dpsk671b-96g"))
+    priced, lay, _ = solve_row(case, SHIPPED)
+    plan = case.plan(lay)
+    times = [
+        predict(
+            priced.graph,
+            plan,
+            replace(priced.workload, train_minibatches=k),
+            calib=SHIPPED,
+        )
+        .stages["train_actor"]
+        .detail["optimizer_s"]
+        for k in (1, 2)
+    ]
+    assert times[1] == pytest.approx(2 * times[0]) and times[0] > 1.0
