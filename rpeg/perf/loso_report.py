@@ -55,16 +55,10 @@ def lines(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> l
                 out.append(f"{'':46s}assumed (prior): " + ", ".join(assumed))
             for st, (p, m) in s.stages.items():
                 out.append(f"{'':46s}{st}: {p:.1f} s vs {m:.1f} s ({100 * (p - m) / m:+.0f}%)")
-        for s in mine:
-            if s.tput:
-                p, m = s.tput
-                out.append(
-                    f"{s.case_id:44s} throughput tok/s LOSO {p:,.0f} measured {m:,.0f} "
-                    f"({100 * (p - m) / m:+.0f}%)"
-                )
         for s in refused:
             if s.dataset == ds:
                 out.append(f"{s.case_id:44s} not predicted: {s.reason}")
+    out += _throughput_lines(scored)
     out.append("== summary (step-time rows; coverage = share inside the printed range) ==")
     for ds in datasets:
         sub = [s for s in allrows if s.dataset == ds]
@@ -105,6 +99,30 @@ def lines(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> l
         f"predicted_share={_pct(100 * pooled.predicted_share)} (leave-one-source-out, "
         f"{' + '.join(datasets)}); one-shot MAPE={_pct(o['mape'])} n={o['rows']}"
     )
+    return out
+
+
+def _throughput_lines(scored: list[Scored]) -> list[str]:
+    """Rows that publish only a throughput (no step time), summarised per source apart from
+    the step-time figures they do not enter (docs/validation.md "Throughput-only rows")."""
+    from statistics import median
+
+    errors: dict[str, list[float]] = {}
+    for s in scored:
+        if s.tput:
+            p, m = s.tput
+            errors.setdefault(s.source or "?", []).append(100 * (p - m) / m)
+    if not errors:
+        return []
+    out = [
+        "== throughput-only rows: predicted vs published tokens/s, in no figure above "
+        "(docs/validation.md 'Throughput-only rows'; each row: --json throughput_rows) =="
+    ]
+    for src, e in errors.items():
+        out.append(
+            f"  {src}: {len(e)} rows, median {median(e):+.0f}% "
+            f"(from {min(e):+.0f}% to {max(e):+.0f}%)"
+        )
     return out
 
 
@@ -179,6 +197,7 @@ def to_json(scored: list[Scored], refused: list[Scored], datasets: list[str]) ->
         "throughput_rows": [
             {
                 "case_id": s.case_id,
+                "source": s.source,
                 "predicted_tokens_per_s": s.tput[0],
                 "measured_tokens_per_s": s.tput[1],
             }
