@@ -26,6 +26,7 @@ COMMAND_MODULES: list[str] = [
     "rpeg.cli.plan",
     "rpeg.cli.config_cmd",
     "rpeg.cli.export",
+    "rpeg.cli.eval",
     "rpeg.cli.bench",
 ]
 
