@@ -46,7 +46,8 @@ def _is_hf_folder(path: str) -> bool:
 
 def _run_checkpoint(folder: str, config: Any) -> str | None:
     """The checkpoint location of a run folder: the folder itself, or its run's place at
-    ``runtime.checkpoint_url``."""
+    ``runtime.checkpoint_url`` (``<url>/<run_id>``: never another run's checkpoints; the URL
+    alone only for a config without a run id)."""
     from rpeg.runtime.actors.checkpoint import find_checkpoint
 
     rt = config.runtime
@@ -54,7 +55,8 @@ def _run_checkpoint(folder: str, config: Any) -> str | None:
     if rt.checkpoint_url:
         if rt.run_id:
             places.append(f"{rt.checkpoint_url.rstrip('/')}/{rt.run_id}")
-        places.append(rt.checkpoint_url)
+        else:
+            places.append(rt.checkpoint_url)
     for url in places:
         try:
             if find_checkpoint(url) is not None:

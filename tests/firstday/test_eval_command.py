@@ -141,6 +141,14 @@ def test_a_run_folder_and_a_checkpoint_are_evaluated_from_their_weights(
     )
     assert code == 0, err
     assert json.loads(out)["metrics"] == from_run["metrics"]
+    # a run folder whose own run wrote no checkpoint is refused, even when another run's
+    # checkpoints sit at the same checkpoint_url
+    other = tmp_path / "other"
+    other.mkdir()
+    trained = {"runtime.run_id": "never-checkpointed"}
+    (other / "config.yaml").write_text(cfg.with_overrides(trained).to_yaml())
+    code, _, err = _eval(capsys, str(other), "--data", str(data))
+    assert code == 2 and "has no checkpoint" in err
 
 
 def test_what_is_not_a_model_is_refused_with_exit_2(tmp_path, capsys, user_files):
