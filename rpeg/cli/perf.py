@@ -66,7 +66,11 @@ def validate(
 
 
 def predict(
-    plan_path: Path = typer.Argument(..., help="plan YAML"),
+    plan_path: Path = typer.Argument(
+        ...,
+        help="a plan YAML (`rpeg plan --out PLAN.yaml`), or a run config with a plan "
+        "section (its workload is the config's)",
+    ),
     config: Path | None = typer.Option(
         None,
         "--config",
@@ -89,18 +93,27 @@ def predict(
     from rpeg.perf.timeline import gantt as draw
     from rpeg.plan import Plan
 
-    plan = Plan.from_yaml(plan_path)
-    if config is None:
-        sibling = plan_path.with_name(plan_path.stem + ".config.yaml")
-        if sibling.exists():
-            config = sibling
-            typer.echo(f"workload from {sibling}", err=True)
-        else:
-            typer.echo(
-                "warning: no --config and no PLAN.config.yaml beside the plan: "
-                "predicting the built-in task's workload",
-                err=True,
+    config_plan = _run_config_with_plan(plan_path)  # None: PLAN is a plan YAML
+    if config_plan is not None:  # a run config: its own plan and workload
+        if config is not None:
+            from rpeg.errors import ConfigError, Problem
+
+            raise ConfigError(
+                [Problem("--config", f"{plan_path} is a run config: it is the workload")]
             )
+        plan, config = config_plan, plan_path
+    else:
+        plan = Plan.from_yaml(plan_path)
+    sibling = plan_path.with_name(plan_path.stem + ".config.yaml")
+    if config is None and sibling.exists():
+        config = sibling
+        typer.echo(f"workload from {sibling}", err=True)
+    elif config is None:
+        typer.echo(
+            "warning: no --config and no PLAN.config.yaml beside the plan: "
+            "predicting the built-in task's workload",
+            err=True,
+        )
     from rpeg.preflight import load_config
 
     cfg = load_config(None if config is None else str(config))
@@ -168,6 +181,36 @@ def predict(
         typer.echo(f"assumption: {a}")
     if gantt:
         typer.echo(f"gantt: {gantt}")
+
+
+def _run_config_with_plan(path: Path):
+    """The plan of the run config at ``path`` (its ``plan`` section, inline or a file), or
+    None when ``path`` is a plan YAML. A run config without a plan is refused, naming how to
+    get one."""
+    import yaml
+
+    from rpeg.errors import ConfigError, Problem
+
+    if not path.is_file():
+        raise ConfigError([Problem(str(path), "file not found (a plan YAML or a run config)")])
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or "units" in data:
+        return None  # a plan (Plan.from_yaml names its problems)
+    from rpeg.compile.sources import resolve
+    from rpeg.preflight import load_config
+
+    cfg = load_config(str(path))
+    if cfg.plan is None:
+        raise ConfigError(
+            [
+                Problem(
+                    str(path),
+                    "a run config without a plan section: plan it with "
+                    f"`rpeg plan {path} --out PLAN.yaml`, then `rpeg predict PLAN.yaml`",
+                )
+            ]
+        )
+    return resolve(None, cfg)[1]
 
 
 def plan_model_known(plan, cfg, config_path: Path | str | None) -> None:

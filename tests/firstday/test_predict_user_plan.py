@@ -86,3 +86,12 @@ def test_bench_refuses_a_plan_this_machine_cannot_run_before_starting(tmp_path, 
     err = " ".join(capsys.readouterr().err.split())
     assert "run refused before anything started" in err and "cluster.name" in err
     assert not out.exists()
+
+
+def test_predict_of_a_run_config_without_a_plan_names_how_to_plan_it(capsys):
+    from pathlib import Path
+
+    cfg = Path(__file__).resolve().parents[2] / "configs" / "builtin.yaml"
+    assert main(["predict", str(cfg)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "a run config without a plan section" in err and f"rpeg plan {cfg} --out" in err
