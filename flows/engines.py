@@ -73,26 +73,25 @@ def local_train(
     out.mkdir(parents=True, exist_ok=True)
     # the restored steps once, then one appended line per step (issue 28: the whole history
     # was rewritten every step, 2.2 s a step at 50k steps)
-    with open(out / "metrics.jsonl", "w") as fh:
-        fh.writelines(json.dumps(h) + "\n" for h in history)
-        fh.flush()
-        while tr.step_index < rt.steps:
-            m = tr.step()
-            history.append(m)
-            fh.write(json.dumps(m) + "\n")
-            fh.flush()
-            if on_step is not None:
-                on_step(tr.step_index, rt.steps, m)
-            if store is not None and (
-                tr.step_index % rt.checkpoint_every == 0 or tr.step_index == rt.steps
-            ):
-                state = {
-                    "trainer": tr.state_dict(),
-                    "history": history,
-                    "heldout_acc_before": acc_before,
-                }
-                meta = local_meta(config.model, config)  # resume checks compare it
-                store.save(tr.step_index, {TRAINER_PART: dumps(state)}, meta=meta)
+    from rpeg.runtime.run_folder import append_lines, rewrite_lines
+
+    rewrite_lines(out / "metrics.jsonl", [json.dumps(h) for h in history])
+    while tr.step_index < rt.steps:
+        m = tr.step()
+        history.append(m)
+        append_lines(out / "metrics.jsonl", [json.dumps(m)])
+        if on_step is not None:
+            on_step(tr.step_index, rt.steps, m)
+        if store is not None and (
+            tr.step_index % rt.checkpoint_every == 0 or tr.step_index == rt.steps
+        ):
+            state = {
+                "trainer": tr.state_dict(),
+                "history": history,
+                "heldout_acc_before": acc_before,
+            }
+            meta = local_meta(config.model, config)  # resume checks compare it
+            store.save(tr.step_index, {TRAINER_PART: dumps(state)}, meta=meta)
     acc_after = tr.evaluate()
     from rpeg.runtime.summary import run_summary
 

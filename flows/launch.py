@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from rpeg.flows import artifacts as art
-from rpeg.flows.outputs import base_folder, point_latest, run_folder
+from rpeg.flows.outputs import base_folder, point_latest, run_folder, safe_name
 
 from rpeg.config import RunConfig
 
@@ -107,8 +107,29 @@ def with_run_folder(config: RunConfig, param_output_dir: str = "") -> RunConfig:
     return config.with_overrides({"runtime.output_dir": str(folder)})
 
 
+def prepare_deployed(config: RunConfig, param_output_dir: str = "") -> Any:
+    """A deployed run prepared as ``rpeg train`` prepares one
+    (:func:`rpeg.preflight.prepare.prepare_run`): its run id is the flow run's name (unless
+    the config sets one or the run resumes), its folder ``<base>/<run name>/``. Raises the
+    named error of a refusal (ConfigError, RunLocked) before any cluster starts."""
+    from prefect.runtime import flow_run
+
+    from rpeg.preflight.prepare import prepare_run
+
+    if param_output_dir:
+        config = config.with_overrides({"runtime.output_dir": param_output_dir})
+    prepared = prepare_run(
+        config,
+        cluster_devices=10**6 if config.cluster.address else None,
+        new_id=safe_name(flow_run.name or f"run-{short_id()}"),
+        log=run_logger().info,
+    )
+    return prepared
+
+
 __all__ = [
     "config_run_name",
+    "prepare_deployed",
     "refuse",
     "retrain_run_name",
     "run_logger",

@@ -43,6 +43,28 @@ def validate_before_start(
     return compiled
 
 
+def remember_checked(config: RunConfig, cluster_devices: int | None, compiled: Any) -> None:
+    """Remember a step checked by :func:`rpeg.preflight.prepare.prepare_run` for the flow
+    body in this process (as ``validate_before_start(..., remember=True)`` does)."""
+    _REMEMBERED.clear()
+    _REMEMBERED[(config.model_dump_json(), cluster_devices)] = (time.monotonic(), compiled)
+
+
+def warm_up_before_ranks(config: RunConfig, compiled: Any, log: Any = None) -> bool:
+    """The distributed run's SFT warm-up in the driver, before any rank starts, when the
+    ranks run on CPU: its progress reaches the console and the ranks read the cached result
+    (rpeg.runtime.warmup; a GPU rank warms up where it runs, one rank computing under the
+    cache entry's lock). True when it ran or found the entry cached."""
+    if not config.warmup_sft_steps:
+        return False
+    if any(g.device_type != "cpu" for g in compiled.actor_groups):
+        return False
+    from rpeg.runtime.role_builder import build_policy
+
+    build_policy(config, log=log)
+    return True
+
+
 def forget_checked() -> None:
     """Drop a remembered step (a run that stopped before its flow body took it)."""
     _REMEMBERED.clear()
@@ -72,8 +94,10 @@ def _phase(shown: bool, msg: str, *args: Any) -> None:
     """A start-up phase: the run's log, and the console when the progress is shown (the
     CLI quiets Prefect's console logs: ~16 s of start-up used to pass without a word)."""
     run_logger().info(msg, *args)
-    if shown:
-        print(f"start-up: {msg % args}", flush=True)
+    if shown:  # through the start-up ticker: it repeats the phase while nothing is printed
+        from rpeg.runtime.progress import announce
+
+        announce(f"start-up: {msg % args}", label=msg % args)
 
 
 def _setup(

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from rpeg.flows.launch import run_logger
 
 from rpeg.runtime.progress import StepProgress
+from rpeg.runtime.run_folder import append_lines, rewrite_lines
 
 log = logging.getLogger("rpeg.flows.train")
 
@@ -39,16 +39,12 @@ class _Metrics:
         self.tb = RunLoggers(out, config)  # as the local trainer's
 
     def append(self, metrics: dict[str, float]) -> None:
-        """One step's line at the end of the file (the common case: the next step)."""
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(metrics) + "\n")
+        """One step's line at the end of the file (the common case: the next step), in one
+        O_APPEND write: a whole line (rpeg.runtime.run_folder.append_lines)."""
+        append_lines(self.path, [json.dumps(metrics)])
 
     def write_all(self, metrics: dict[int, dict[str, float]]) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            for s in sorted(metrics):
-                fh.write(json.dumps(metrics[s]) + "\n")
-        os.replace(tmp, self.path)
+        rewrite_lines(self.path, [json.dumps(metrics[s]) for s in sorted(metrics)])
 
     def scalar(self, step: int, m: dict[str, float]) -> None:
         self.tb.add(step + 1, m)  # the console's count
@@ -71,6 +67,7 @@ class _Sink:
         from concurrent.futures import ThreadPoolExecutor
 
         self.steps = steps
+        self.shown = progress  # the console gets the run's story (as --local prints it)
         self.metrics = _Metrics(out, config)
         self.progress = StepProgress(steps, progress)  # the local trainer's too
         self.checkpoint_url = checkpoint_url
@@ -80,6 +77,36 @@ class _Sink:
         self.watch: Any = None  # rpeg.runtime.degenerate.DegenerateWatch, set by _train
         self.samples_from: list[Any] | None = None  # the driver's logged samples, per step
         self._samples_seen = 0
+
+    def say(self, line: str) -> None:
+        """A line of the run's story: the run's log, and the console when progress is shown
+        (the same lines ``--local`` prints)."""
+        run_logger().info("%s", line)
+        if self.shown:
+            from rpeg.runtime.progress import announce
+
+            announce(line)
+
+    def evaluating(self, when: str) -> None:
+        if self.shown and when == "before":  # before the first step: the start-up's phase
+            from rpeg.runtime.progress import announce
+
+            what = "evaluating the held-out greedy accuracy before RL"
+            announce(f"start-up: {what}", label=what)
+
+    def evaluated(self, when: str, accuracy: float, metrics: dict | None = None) -> None:
+        """A validation's lines (rpeg.runtime.validation, as ``--local`` prints them); the
+        one before RL also goes to TensorBoard at step 0 (a step's are in its line)."""
+        from rpeg.runtime.validation import val_line
+
+        if metrics:
+            self.say(val_line(metrics, "before RL" if when == "before" else when))
+            if when == "before":
+                self._pending.append(self._writer.submit(self.metrics.scalar, -1, metrics))
+        last = when == "after" or when == f"after step {self.steps}"
+        if when == "before" or last:
+            which = "before" if when == "before" else "after"
+            self.say(f"held-out greedy accuracy {which} RL: {accuracy:.3f}")
 
     def record(self, ins: Any, history: dict[int, dict[str, float]]) -> None:
         import contextvars
@@ -110,7 +137,7 @@ class _Sink:
         self.progress.update(ins.step + 1, ins.metrics)
         if ins.checkpoint is not None:
             where = self.checkpoint_url(ins.checkpoint)
-            run_logger().info("checkpoint after step %d: %s", ins.checkpoint, where)
+            self.say(f"checkpoint step {ins.checkpoint}: {where}")
             if ins.checkpoint == self.steps:  # one artifact per run: the final checkpoint
                 _artifacts("publish_checkpoint", where, ins.checkpoint)
         _artifacts("publish_step", ins.step + 1, self.steps, ins.metrics)

@@ -35,7 +35,8 @@ from rpeg.flows.run_setup import (  # noqa: E402
     _setup,
     _stall_monitor,
     forget_checked,
-    validate_before_start,
+    remember_checked,
+    warm_up_before_ranks,
 )
 from rpeg.flows.step_sink import _artifacts, _Sink  # noqa: E402
 
@@ -106,12 +107,17 @@ def _drive(run: Any, sched: Any, event: Any, sink: _Sink, hook: Any) -> Any:
                 elif isinstance(ins, M.Record):
                     sink.record(ins, sched.history)
                 else:  # the only work in flight and nothing queued: run it in place
+                    if isinstance(ins, M.Evaluate):
+                        sink.evaluating(ins.when)
                     here = inline if not running and not todo else pool
                     fut = submit(run, ins, here)
                     running[fut] = ins
                     fut.add_done_callback(finished.put)
             fut = finished.get()
-            todo.extend(sched.handle(_outcome(running.pop(fut), fut)))
+            event = _outcome(running.pop(fut), fut)
+            if isinstance(event, M.Evaluated):
+                sink.evaluated(event.when, event.accuracy, event.metrics)
+            todo.extend(sched.handle(event))
     finally:
         pool.shutdown(wait=False)
 
@@ -178,6 +184,9 @@ def _train(
     rlog = run_logger()
     monitor = None
     try:
+        if c.warmup_sft_steps:  # once, here, so that its progress is shown (not per rank)
+            _phase(progress, "warm-up of the policy (%d steps, cached)", c.warmup_sft_steps)
+            warm_up_before_ranks(c, compiled, log=sink.say)
         n = sum(len(g.devices) for g in compiled.actor_groups)
         _phase(
             progress,
@@ -191,6 +200,7 @@ def _train(
         state = run.restore() if c.runtime.resume else None
         if state is not None:
             rlog.info("resumed from checkpoint at step %d", state["step"])
+            sink.say(f"resumed at step {state['step']} (run {c.runtime.run_id})")
         ins = _drive(run, sched, M.Start(state), sink, fault_hook)
         while isinstance(ins, M.Recover):
             log.warning("%s; recovering from the last checkpoint", ins.reason)
@@ -333,32 +343,37 @@ def run_train(
     _cluster: Any = None,
     _fault_hook: Any = None,
     _with_extra: bool = False,
+    run_folder: bool = False,
+    _prepared: Any = None,
 ) -> dict[str, Any]:
     """Run :func:`rl_train` on Prefect's ephemeral API; return the summary dict (same keys as
-    the single-process trainer's). Bad input is refused before any actor starts."""
-    from rpeg.runtime.datasets.fit import fit_prompt_lengths
+    the single-process trainer's). Prepared as ``rpeg train`` prepares (rpeg.preflight.prepare:
+    the data's prompt lengths, the run id, every check, the locks) before Prefect or Dask
+    start; bad input is refused then. ``run_folder``: write under ``<output_dir>/<run id>/``
+    as ``rpeg train`` does (default: into ``runtime.output_dir`` itself)."""
     from rpeg.runtime.main_guard import protect_unguarded_main
 
     # a script without `if __name__ == "__main__":` is not re-run by the spawned workers
     protect_unguarded_main(log=print if progress else None)
-    from rpeg.errors import ConfigError
-
-    data_error = None
-    try:  # the data's prompts measured once: max_prompt_tokens fits them unless set
-        config = fit_prompt_lengths(config, log=print if progress else None)
-    except ConfigError as exc:  # bad rows are listed with every other problem below
-        data_error = exc
-    # fail fast, before Prefect or Dask start; against an existing cluster the device count
-    # is checked once connected (still before any actor starts)
+    # against an existing cluster the device count is checked once connected (still before
+    # any actor starts)
     address = cluster_address or config.cluster.address
-    # remembered: the flow body below takes this compiled step instead of checking again
     devices = 10**6 if address else None
-    validate_before_start(config, cluster_devices=devices, remember=data_error is None)
-    if data_error is not None:
-        raise data_error
+    prepared = _prepared
+    if prepared is None:
+        from rpeg.preflight.prepare import prepare_run
+
+        prepared = prepare_run(
+            config,
+            cluster_devices=devices,
+            run_folder=run_folder,
+            log=print if progress else None,
+        )
+    # remembered: the flow body below takes this compiled step instead of checking again
+    remember_checked(prepared.config, devices, prepared.compiled)
     try:
         return _run_checked(
-            config,
+            prepared.config,
             cluster_address,
             resume,
             summary_json,
@@ -369,6 +384,8 @@ def run_train(
         )
     finally:
         forget_checked()
+        if _prepared is None:  # the caller's preparation is the caller's to release
+            prepared.release()
 
 
 def _run_checked(

@@ -4,8 +4,10 @@ Parameters (:class:`rpeg.flows.params.TrainParams`, one form field each, steps f
 run is refused, before anything starts, when a parameter is out of range or the config
 (with the parameters applied) does not validate -- also when the run was created with
 the UI's "Validate parameters" switch off -- with one ERROR log line, a ``train-refused``
-artifact and a Failed state saying why. Otherwise the run gets its own output folder
-(``<output>/<run name>/``), publishes the plan report (with the step graph), trains on
+artifact and a Failed state saying why. Otherwise the run is prepared as ``rpeg train`` prepares
+it (:func:`rpeg.preflight.prepare.prepare_run`: ``workload.max_prompt_tokens`` from the data,
+every check, the run's locks; a refusal is the same one line and artifact, before any cluster
+starts), gets its own output folder (``<output>/<run name>/``, the run name is its run id), publishes the plan report (with the step graph), trains on
 Dask actors *in this flow run* (its tasks, one log line per step and the progress bar are
 this run's, no subflow) and publishes the results once: metrics table, reward/accuracy
 curve, predicted-vs-measured Gantt chart, summary, checkpoint location.
@@ -55,27 +57,33 @@ def train(
     logger = launch.run_logger()
     try:
         params = P.validate_params(P.TrainParams, values)
-        cfg = launch.with_run_folder(params.resolve(), params.output_dir)
-        from rpeg.flows.run_setup import validate_before_start
-
-        validate_before_start(cfg, cluster_devices=10**6 if cfg.cluster.address else None)
-    except RpegError as exc:
+        prepared = launch.prepare_deployed(params.resolve(), params.output_dir)
+    except RpegError as exc:  # before any cluster starts: one line, an artifact, Failed
         return launch.refuse(exc)
-    logger.info(
-        "train %s: %d steps, k=%d, lr=%g, %d prompts x %d samples, output %s",
-        params.config or "built-in config",
-        cfg.runtime.steps,
-        cfg.runtime.max_staleness,
-        cfg.optim.lr,
-        cfg.workload.num_prompts,
-        cfg.workload.samples_per_prompt,
-        cfg.runtime.output_dir,
-    )
-    md, predicted = reports.plan_report(cfg)
-    art.publish_plan_report(md)
-    from rpeg.flows.engines import dask_train
+    cfg = prepared.config
+    try:
+        logger.info(
+            "train %s: %d steps, k=%d, lr=%g, %d prompts x %d samples, output %s",
+            params.config or "built-in config",
+            cfg.runtime.steps,
+            cfg.runtime.max_staleness,
+            cfg.optim.lr,
+            cfg.workload.num_prompts,
+            cfg.workload.samples_per_prompt,
+            cfg.runtime.output_dir,
+        )
+        md, predicted = reports.plan_report(cfg)
+        art.publish_plan_report(md)
+        from rpeg.flows.engines import dask_train
+        from rpeg.flows.run_setup import forget_checked, remember_checked
 
-    summary = dask_train(cfg, resume=params.resume)
+        remember_checked(cfg, 10**6 if cfg.cluster.address else None, prepared.compiled)
+        try:
+            summary = dask_train(cfg, resume=params.resume)
+        finally:
+            forget_checked()
+    finally:
+        prepared.release()
     art.publish_results(summary, cfg.runtime.output_dir, predicted=predicted)
     summary.pop("_extra", None)
     return summary

@@ -21,21 +21,66 @@ def _echo_summary(summary: dict, out_dir: Path, extra: str = "") -> None:
     )
 
 
-def _with_run_id(cfg, quiet: bool):
-    """Fix the checkpoint run id once, before anything starts (a fresh id, or with
-    ``--resume`` the run found at the checkpoint URL), and say where checkpoints go."""
-    rt = cfg.runtime
-    if not rt.checkpoint_url:
-        return cfg
-    from rpeg.runtime.actors.checkpoint import resolve_run_id
+def _announce(prepared, quiet: bool) -> None:
+    """Where this run writes: its folder and its checkpoints."""
+    if quiet:
+        return
+    rt = prepared.config.runtime
+    for note in prepared.notes:
+        typer.echo(note)
+    where = f"outputs in {rt.output_dir}/"
+    if rt.checkpoint_url:
+        where += f"; checkpoints in {rt.checkpoint_url.rstrip('/')}/{rt.run_id}/"
+    typer.echo(f"run id {rt.run_id}: {where}")
 
-    if not rt.run_id:
-        cfg = cfg.with_overrides({"runtime.run_id": resolve_run_id(rt)})
-    if not quiet:
-        typer.echo(
-            f"run id {cfg.runtime.run_id}: checkpoints in {rt.checkpoint_url.rstrip('/')}/{cfg.runtime.run_id}/"
+
+def _run(prepared, local: bool, cluster: str | None, resume: bool, quiet: bool, ticker) -> dict:
+    """Train the prepared run on the chosen runtime; the summary."""
+    cfg = prepared.config
+    out_dir = Path(cfg.runtime.output_dir)
+    _announce(prepared, quiet)
+    from rpeg.infra.lifeline import start_lifeline
+
+    start_lifeline()  # services this command starts die with it, even on kill -9
+    _take_sigint()
+    if local:
+        from rpeg.runtime.local_trainer import LocalTrainer
+
+        log = (lambda s: None) if quiet else ticker.echo
+        ticker.phase("loading the model")
+        trainer = LocalTrainer(cfg, log=log, progress=not quiet)  # a bar on a terminal
+        try:
+            summary = trainer.run()
+        except KeyboardInterrupt:
+            raise _interrupted(cfg) from None
+        finally:
+            trainer.close()  # a vLLM engine's processes and shared memory
+        _echo_summary(summary, out_dir, "config.yaml, metrics.jsonl, reward_curve.png")
+        return summary
+    # quiet Prefect console logs (the progress bar is the live view); set before import
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    ticker.phase("starting the Prefect API")
+    from rpeg.flows.train import run_train
+    from rpeg.infra.interrupts import start_ephemeral_api
+
+    start_ephemeral_api()  # now, so that Ctrl-C leaves it up for the flow's crash record
+    if not os.environ.get("RPEG_DEBUG"):
+        from rpeg.cli.console import console_without_known_tracebacks
+
+        console_without_known_tracebacks()
+    try:
+        summary = run_train(
+            cfg,
+            cluster_address=cluster,
+            resume=resume,
+            summary_json=None,
+            progress=not quiet,
+            _prepared=prepared,
         )
-    return cfg
+    except KeyboardInterrupt:
+        raise _interrupted(cfg) from None
+    _echo_summary(summary, out_dir, "config.yaml, metrics.jsonl, timeline.json, compiled_step.yaml")
+    return summary
 
 
 #: the exit status of a command stopped by SIGINT (the shells' 128 + 2)
@@ -151,72 +196,35 @@ def register(app: typer.Typer) -> None:
             overrides["cluster.address"] = cluster
         if overrides:
             cfg = cfg.with_overrides(overrides)
-        out_dir = Path(cfg.runtime.output_dir)
         if local and cluster is not None:
             from rpeg.errors import RpegError
 
             raise RpegError("--local and --cluster exclude each other")
-        # the data's prompts as the model gets them (chat template), measured once: the
-        # default max_prompt_tokens fits them; overlong ones are counted (task.overlong)
-        from rpeg.errors import ConfigError
-        from rpeg.runtime.datasets.fit import fit_prompt_lengths
+        from rpeg.runtime.progress import startup_ticker
 
-        data_error = None
-        try:  # (the distributed runtime's run_train does this itself)
-            if local:
-                cfg = fit_prompt_lengths(cfg, log=None if quiet else typer.echo)
-        except ConfigError as exc:  # bad rows are listed with every other problem below
-            data_error = exc
-        # one validation pass before anything starts: every problem at once, exit 2
-        from rpeg.preflight import preflight
+        ticker = startup_ticker(enabled=not quiet)  # a line at least every few seconds
+        ticker.phase("reading the data and checking the config")
+        # one preparation path (as a deployed run's and run_train's): the data's prompts
+        # measured (max_prompt_tokens), the run id, the run folder, every check at once
+        # (exit 2), the run's locks, its config.yaml
+        from rpeg.preflight.prepare import prepare_run
 
-        preflight(
-            cfg,
-            local=local,
-            cluster_devices=None if cluster is None else 10**6,
-            output_files={"--summary-json": summary_json},
-        )
-        if data_error is not None:
-            raise data_error
-        cfg = _with_run_id(cfg, quiet)
-        from rpeg.infra.lifeline import start_lifeline
-
-        start_lifeline()  # services this command starts die with it, even on kill -9
-        _take_sigint()
-        if local:
-            from rpeg.runtime.local_trainer import LocalTrainer
-
-            log = (lambda s: None) if quiet else (lambda s: typer.echo(s))
-            trainer = LocalTrainer(cfg, log=log, progress=not quiet)  # a bar on a terminal
-            try:
-                summary = trainer.run()
-            except KeyboardInterrupt:
-                raise _interrupted(cfg) from None
-            finally:
-                trainer.close()  # a vLLM engine's processes and shared memory
-            _echo_summary(summary, out_dir, "metrics.jsonl, reward_curve.png")
-        else:
-            # quiet Prefect console logs (the progress bar is the live view); set before import
-            os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-            from rpeg.flows.train import run_train
-            from rpeg.infra.interrupts import start_ephemeral_api
-
-            start_ephemeral_api()  # now, so that Ctrl-C leaves it up for the flow's crash record
-            if not os.environ.get("RPEG_DEBUG"):
-                from rpeg.cli.console import console_without_known_tracebacks
-
-                console_without_known_tracebacks()
-            try:
-                summary = run_train(
-                    cfg,
-                    cluster_address=cluster,
-                    resume=resume,
-                    summary_json=None,
-                    progress=not quiet,
-                )
-            except KeyboardInterrupt:
-                raise _interrupted(cfg) from None
-            _echo_summary(summary, out_dir, "metrics.jsonl, timeline.json, compiled_step.yaml")
+        try:
+            prepared = prepare_run(
+                cfg,
+                local=local,
+                cluster_devices=None if cluster is None else 10**6,
+                output_files={"--summary-json": summary_json},
+                log=None if quiet else ticker.echo,
+            )
+        except BaseException:
+            ticker.stop()
+            raise
+        try:
+            summary = _run(prepared, local, cluster, resume, quiet, ticker)
+        finally:
+            ticker.stop()
+            prepared.release()
         if summary_json:
             p = Path(summary_json)
             p.parent.mkdir(parents=True, exist_ok=True)

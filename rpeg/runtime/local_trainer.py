@@ -173,6 +173,9 @@ class LocalTrainer:
         if resuming:
             self.log(f"resumed at step {self.step_index} (run {getattr(store, 'run_id', '')})")
         elif rt.val_before_train:
+            from rpeg.runtime.progress import current_ticker  # rpeg train's start-up lines
+
+            current_ticker().phase("evaluating the held-out set before RL")
             before = self.validate()
             acc_before = accuracy_of(before)
             self.log(val_line(before, "before RL"))
@@ -180,36 +183,36 @@ class LocalTrainer:
         if acc_before is not None:
             self.log(f"held-out greedy accuracy before RL: {acc_before:.3f}")
         acc_after = None
-        with open(out / "metrics.jsonl", "w") as fh:
-            fh.writelines(json.dumps(h) + "\n" for h in self.history)
-            fh.flush()
-            from rpeg.runtime.degenerate import DegenerateWatch
-            from rpeg.runtime.progress import StepProgress
+        from rpeg.runtime.run_folder import append_lines, rewrite_lines
 
-            watch = DegenerateWatch(rt.degenerate_steps_limit)
-            bar = None if self.progress else False  # None: a bar when stdout is a terminal
-            shown = StepProgress(steps, echo=self.log, bar=bar, start=self.step_index)
-            while self.step_index < steps:
-                m = self.step()
-                val = None
-                if due(self.step_index, steps, rt.val_every):  # in the step's line
-                    val = self.validate()
-                    m.update(val)
-                    if self.step_index == steps:
-                        acc_after = accuracy_of(val)
-                fh.write(json.dumps(m) + "\n")
-                fh.flush()
-                watch.check(int(m["step"]) - 1, m)  # after its line: the record shows the step
-                tb.add(self.step_index, m)
-                shown.update(int(m["step"]), m)
-                if val is not None:
-                    self.log(val_line(val, f"after step {self.step_index}"))
-                self._log_samples(int(m["step"]) - 1, out)  # before a checkpoint covers it
-                if store is not None and (
-                    self.step_index % rt.checkpoint_every == 0 or self.step_index == steps
-                ):
-                    self._save(store, acc_before)
-            shown.close()
+        metrics_path = out / "metrics.jsonl"
+        rewrite_lines(metrics_path, [json.dumps(h) for h in self.history])
+        from rpeg.runtime.degenerate import DegenerateWatch
+        from rpeg.runtime.progress import StepProgress
+
+        watch = DegenerateWatch(rt.degenerate_steps_limit)
+        bar = None if self.progress else False  # None: a bar when stdout is a terminal
+        shown = StepProgress(steps, echo=self.log, bar=bar, start=self.step_index)
+        while self.step_index < steps:
+            m = self.step()
+            val = None
+            if due(self.step_index, steps, rt.val_every):  # in the step's line
+                val = self.validate()
+                m.update(val)
+                if self.step_index == steps:
+                    acc_after = accuracy_of(val)
+            append_lines(metrics_path, [json.dumps(m)])  # a whole line, one write
+            watch.check(int(m["step"]) - 1, m)  # after its line: the record shows the step
+            tb.add(self.step_index, m)
+            shown.update(int(m["step"]), m)
+            if val is not None:
+                self.log(val_line(val, f"after step {self.step_index}"))
+            self._log_samples(int(m["step"]) - 1, out)  # before a checkpoint covers it
+            if store is not None and (
+                self.step_index % rt.checkpoint_every == 0 or self.step_index == steps
+            ):
+                self._save(store, acc_before)
+        shown.close()
         tb.close()
         if acc_after is None:  # nothing left to run (resumed at the end)
             acc_after = self.evaluate()

@@ -99,8 +99,9 @@ def append_samples(out_dir: str | Path, samples: Sequence[Sample]) -> Path:
     """Append ``samples`` to ``<out_dir>/samples.jsonl``; the path."""
     path = Path(out_dir) / SAMPLES_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as fh:
-        fh.writelines(json.dumps(asdict(s)) + "\n" for s in samples)
+    from rpeg.runtime.run_folder import append_lines
+
+    append_lines(path, [json.dumps(asdict(s)) for s in samples])  # whole lines, one write
     return path
 
 

@@ -2,6 +2,14 @@
 
 Cache root: ``$RPEG_CACHE`` or ``~/.cache/rpeg``; entry ``warmup/<sha256 of the config>``
 holds the warmed-up model and tokenizer (HF format), so reruns skip the warm-up.
+
+Once per run, not once per rank: the entry is computed under a file lock
+(``warmup/<key>.lock``, ``flock``): the first process computes it while the others wait
+(saying so every :data:`WARMUP_LOG_EVERY_S` seconds) and then read it (issue 41: both ranks
+of a distributed run computed the same warm-up, two ``.tmp`` folders). The distributed
+runtime's driver warms up before the ranks start when they run on CPU
+(``rpeg.flows.run_setup.warm_up_before_ranks``), so its lines reach the console. Progress: a line at the
+first and last step and whenever :data:`WARMUP_LOG_EVERY_S` seconds passed.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from rpeg.runtime.data import Example
 from rpeg.runtime.engines.torch_engine import left_pad, positions_from_mask
 
 WARMUP_VERSION = "1"
+#: seconds between two warm-up progress lines (the first and last step always have one)
+WARMUP_LOG_EVERY_S = 5.0
 
 
 def cache_root() -> Path:
@@ -72,6 +82,7 @@ def supervised_warmup(
     dev = next(model.parameters()).device  # the batch goes where the model is
     model.train()
     loss_v = float("nan")
+    t_line = t0
     # a synthetic source is indexable by any integer; a file data set is a finite list
     size = source.__len__() if hasattr(source, "__len__") else None  # None = infinite
     if size == 0:
@@ -94,27 +105,73 @@ def supervised_warmup(
         opt.step()
         sched.step()
         loss_v = loss.item()
-        if log and (step % 50 == 0 or step == steps - 1):
-            log(f"warm-up step {step + 1}/{steps}: loss {loss_v:.3f}")
+        now = time.perf_counter()
+        if log and (step == 0 or step == steps - 1 or now - t_line >= WARMUP_LOG_EVERY_S):
+            t_line = now
+            left = (now - t0) / (step + 1) * (steps - step - 1)
+            log(
+                f"warm-up step {step + 1}/{steps}: loss {loss_v:.3f} ({now - t0:.0f} s"
+                + (f", ~{left:.0f} s left)" if step < steps - 1 else ")")
+            )
     model.eval()
     return {"warmup_loss": loss_v, "warmup_s": time.perf_counter() - t0}
 
 
+def _cache_path(key_parts: dict, kw: dict) -> Path:
+    key = warmup_key({**key_parts, **{k: v for k, v in kw.items() if k != "log"}})
+    return cache_root() / "warmup" / key
+
+
+@contextlib.contextmanager
+def _entry_lock(path: Path, log=None):
+    """Hold ``<entry>.lock`` (``flock``; released when the process dies); while another
+    process holds it, say so every WARMUP_LOG_EVERY_S seconds."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        t0 = time.monotonic()
+        t_line = None
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                now = time.monotonic()
+                if log and (t_line is None or now - t_line >= WARMUP_LOG_EVERY_S):
+                    log(f"warm-up: another process computes it; waiting ({now - t0:.0f} s)")
+                    t_line = now
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def cached_warmup(model, tokenizer, source, key_parts: dict, *, log=None, device=None, **kw):
     """Run :func:`supervised_warmup` unless a cached result exists; return (model, info). A
-    cached model is read onto ``device`` (None: the CPU)."""
+    cached model is read onto ``device`` (None: the CPU). One process computes an entry,
+    the others wait for it (module doc)."""
     from rpeg.runtime.model_io import load_model, save_pretrained
 
-    key = warmup_key({**key_parts, **{k: v for k, v in kw.items() if k != "log"}})
-    path = cache_root() / "warmup" / key
-    if (path / "config.json").exists():
+    path = _cache_path(key_parts, kw)
+
+    def cached():
         if log:
             log(f"warm-up: cached at {path}")
-        cached = load_model(str(path), device=device)
-        return cached, {"warmup_cached": 1.0, "warmup_path": str(path)}
-    info = supervised_warmup(model, tokenizer, source, log=log, **kw)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    save_pretrained(model, tokenizer, str(tmp))
-    with contextlib.suppress(OSError):  # another process won the race; keep theirs
-        tmp.rename(path)
+        return load_model(str(path), device=device), {
+            "warmup_cached": 1.0,
+            "warmup_path": str(path),
+        }
+
+    if (path / "config.json").exists():
+        return cached()
+    with _entry_lock(path, log):
+        if (path / "config.json").exists():  # computed while this process waited
+            return cached()
+        info = supervised_warmup(model, tokenizer, source, log=log, **kw)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        save_pretrained(model, tokenizer, str(tmp))
+        with contextlib.suppress(OSError):  # another host's process won the race
+            tmp.rename(path)
     return model, {**info, "warmup_cached": 0.0, "warmup_path": str(path)}

@@ -55,7 +55,7 @@ def test_train_with_dotted_overrides(user_files, tmp_path, capsys):
     code = main(["train", cfg, "algorithm.kl_coef=0.01", "runtime.steps=2", "--local"])
     out = capsys.readouterr().out
     assert code == 0, out
-    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    lines = (tmp_path / "out" / "latest" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2  # runtime.steps=2 overrode the file's default of 60
     assert "done: 2 steps" in out
 
@@ -113,7 +113,7 @@ def test_readme_quickstart_your_model_your_parquet(user_files, tmp_path, monkeyp
     assert ran == ["config", "train", "export"]
     out = capsys.readouterr().out
     assert "chat template applied" in out and "done: 2 steps" in out
-    text = (tmp_path / "runs/my/samples.jsonl").read_text()
+    text = (tmp_path / "runs/my/latest/samples.jsonl").read_text()  # the run's folder
     samples = [json.loads(s) for s in text.splitlines()]
     assert {s["step"] for s in samples} == {1, 2}
     from transformers import AutoModelForCausalLM
@@ -138,4 +138,4 @@ def test_done_line_counts_the_steps_of_this_call_after_resume(user_files, tmp_pa
     out = capsys.readouterr().out
     assert "step 3/4: reward" in out and "step 1/4" not in out
     assert "done: 2 steps (now 4 in all)" in out, out[-600:]
-    assert len((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()) == 4
+    assert len((tmp_path / "out" / "latest" / "metrics.jsonl").read_text().splitlines()) == 4

@@ -49,15 +49,15 @@ def test_a_link_planted_in_the_output_folder_is_refused(tmp_path):
 def test_rpeg_train_local_stops_before_writing_through_the_link(tmp_path, capsys):
     from rpeg.cli import main
 
-    out = tmp_path / "out"
-    out.mkdir()
+    out = tmp_path / "out" / "r1"  # the run folder of run r1 (output_dir/run id)
+    out.mkdir(parents=True)
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
     os.symlink(victim, out / "metrics.jsonl")
-    cfg = {"runtime": {"output_dir": str(out), "checkpoint_url": "memory://ck", "steps": 1}}
+    cfg = {"runtime": {"output_dir": str(out.parent), "checkpoint_url": "memory://ck", "steps": 1}}
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    code = main(["train", str(path), "--local", "--quiet"])
+    code = main(["train", str(path), "--local", "--quiet", "--run-id", "r1"])
     err = capsys.readouterr().err
     assert code == 2, err
     assert "runtime.checkpoint_url" in err and "is a symbolic link" in err

@@ -1,0 +1,67 @@
+"""One preparation path (issue 41, item 2): a deployed ``train`` run derives from the data
+what ``rpeg train`` derives (workload.max_prompt_tokens from the prompts as the model gets
+them), in its own run folder; a refused one is a named error and a markdown artifact,
+before any Dask cluster starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from rpeg.config import RunConfig
+from tests.firstday.conftest import run_yaml
+
+
+@pytest.fixture
+def flow_body(monkeypatch):
+    """The deployed ``train`` flow's body with the cluster, the training and the artifacts
+    replaced by recorders (what is tested is what happens before them)."""
+    from rpeg.flows import engines, train_form
+    from rpeg.infra import cluster
+
+    seen: dict = {"refused": [], "trained": []}
+
+    def no_cluster(*a, **k):
+        raise AssertionError("a Dask cluster started")
+
+    monkeypatch.setattr(cluster, "start_cluster", no_cluster)
+    monkeypatch.setattr(
+        engines, "dask_train", lambda cfg, resume=False: seen["trained"].append(cfg) or {}
+    )
+    monkeypatch.setattr(train_form.reports, "plan_report", lambda cfg: ("", None))
+    monkeypatch.setattr(train_form.art, "publish_plan_report", lambda md: None)
+    monkeypatch.setattr(train_form.art, "publish_results", lambda *a, **k: None)
+    monkeypatch.setattr(train_form.launch.art, "publish_refused", seen["refused"].append)
+    return train_form.train.fn, seen
+
+
+def test_a_deployed_run_derives_max_prompt_tokens_as_rpeg_train(user_files, tmp_path, flow_body):
+    from rpeg.runtime.datasets.fit import fit_prompt_lengths
+
+    body, seen = flow_body
+    path = run_yaml(user_files, tmp_path)
+    default = RunConfig().workload.max_prompt_tokens
+    cli = fit_prompt_lengths(RunConfig.from_yaml(path))  # what `rpeg train` derives
+    assert cli.workload.max_prompt_tokens > default  # (the issue: 360 prompts filtered out)
+    body(steps=1, config=path)
+    assert seen["refused"] == []
+    (cfg,) = seen["trained"]
+    assert cfg.workload.max_prompt_tokens == cli.workload.max_prompt_tokens
+    folder = tmp_path / "out" / cfg.runtime.run_id  # its own run folder, its config.yaml
+    assert cfg.runtime.output_dir == str(folder)
+    saved = RunConfig.from_yaml(str(folder / "config.yaml"))
+    assert saved.workload.max_prompt_tokens == cli.workload.max_prompt_tokens
+
+
+def test_a_refused_deployed_run_is_a_named_error_and_an_artifact(user_files, tmp_path, flow_body):
+    body, seen = flow_body
+    path = run_yaml(
+        user_files,
+        tmp_path,
+        workload={"max_prompt_tokens": 4},
+        task={"overlong": "error"},
+    )
+    state = body(steps=1, config=path)
+    assert state.is_failed() and seen["trained"] == []
+    (line,) = seen["refused"]
+    assert "\n" not in line and "workload.max_prompt_tokens" in line
+    assert state.message == line
