@@ -157,7 +157,7 @@ def test_rpeg_train_local_finishes_with_a_reward_that_hangs(tmp_path):
         timeout=800,
     )
     assert got.returncode == 0, got.stderr[-3000:]
-    (line,) = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    (line,) = (tmp_path / "out" / "latest" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(line)["reward_errors"] > 0  # the hanging samples, timed out
 
 

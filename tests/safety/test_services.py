@@ -322,7 +322,7 @@ def test_ctrl_c_stops_rpeg_train_promptly_with_exit_130_and_takes_its_services(t
     kids: dict[int, float] = {}
     try:
         deadline = time.monotonic() + 240
-        metrics = out / "metrics.jsonl"
+        metrics = out / "latest" / "metrics.jsonl"  # the run folder
         while time.monotonic() < deadline and cmd.poll() is None:
             if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
                 break
