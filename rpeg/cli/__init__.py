@@ -49,6 +49,7 @@ def _root(
 
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
+importlib.import_module("rpeg.cli.help_text").reflow_help(app)  # paragraphs, not source lines
 
 
 def main(argv: list[str] | None = None) -> int:

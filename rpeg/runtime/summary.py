@@ -37,6 +37,9 @@ def run_summary(
 ) -> dict[str, Any]:
     """``history``: one metrics dict per finished step (a list in step order, or a dict
     keyed by step). ``median_step_s`` is over the steps that report ``step_s``.
+    ``reward_first10`` / ``reward_last10``: the mean reward of the first and the last
+    ``window`` steps; a run shorter than two windows compares its first and last halves
+    (disjoint: a 6-step run's steps 1-3 vs 4-6), never a window with itself.
 
     ``wall_s``: this call's wall time. After a resume (``resumed_at``: the steps restored from
     the checkpoint) the summary's ``wall_s`` is the run's in all: this call's plus the
@@ -45,6 +48,7 @@ def run_summary(
     if isinstance(history, Mapping):
         history = [history[s] for s in sorted(history)]
     rewards = [float(h.get("reward_mean", 0.0)) for h in history]
+    window = max(1, min(window, len(history) // 2))  # first and last windows disjoint
     times = [float(h["step_s"]) for h in history if "step_s" in h]
     before = sum(float(h.get("step_s", 0.0)) for h in history[:resumed_at])
     out = {

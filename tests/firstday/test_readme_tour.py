@@ -8,7 +8,7 @@ process, in a folder holding ``configs/``, ``scripts/``, a ``config.json`` and t
 * ``my.yaml`` is the README's YAML block with its two placeholder paths replaced by the test's
   tiny Qwen2 folder and verl Parquet (tests/firstday/tiny_hf.py);
 * ``config.json`` (``rpeg specs add-model --from-hf config.json``) is that folder's;
-* ``<run>`` is the run the tour started in the slow part.
+* ``<run>`` / ``<run_id>`` are the runs the tour started in the slow part.
 
 How each line runs (the ``how`` of :data:`TOUR`):
 
@@ -66,7 +66,7 @@ TOUR: dict[str, tuple[str, list[str]]] = {
     "python3 scripts/gpu_check.py --device cuda": ("gpu", []),
     "rpeg train my.yaml --local runtime.steps=2": ("slow", ["runtime.checkpoint_every=1"]),
     "rpeg train my.yaml": ("slow", ["runtime.steps=1"]),
-    "rpeg export checkpoints/my --out my-model-rl --config my.yaml": ("slow", []),
+    "rpeg export 'checkpoints/my/<run_id>' --out my-model-rl --config my.yaml": ("slow", []),
 }
 
 
@@ -221,7 +221,10 @@ def test_tour_users_model_lines(tour):
     _ok(run("rpeg config show my.yaml", tour))
     _slow("rpeg train my.yaml --local runtime.steps=2", tour)
     _slow("rpeg train my.yaml", tour)
-    _slow("rpeg export checkpoints/my --out my-model-rl --config my.yaml", tour)
+    # <run_id>: the newest run's checkpoints (both lines above wrote some under checkpoints/my)
+    newest = max((tour / "checkpoints" / "my").iterdir(), key=lambda p: p.stat().st_mtime)
+    line = "rpeg export 'checkpoints/my/<run_id>' --out my-model-rl --config my.yaml"
+    _ok(run(line.replace("<run_id>", newest.name), tour))
     assert (tour / "my-model-rl" / "config.json").is_file()
     _slow("rpeg train my.yaml algorithm.kl_coef=0.01 runtime.steps=2", tour)
     run_dir = _run_folder(tour / "runs" / "my")

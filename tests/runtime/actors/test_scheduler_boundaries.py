@@ -67,7 +67,8 @@ def test_run_summary_by_hand():
     s = run_summary(hist, wall_s=9.0, acc_before=0.1, acc_after=0.2, window=2)
     assert tuple(s) == SUMMARY_KEYS
     assert s["steps"] == 3 and s["median_step_s"] == 2.0
-    assert s["reward_first10"] == 0.5 and s["reward_last10"] == 0.75
+    # 3 steps are shorter than two windows of 2: steps 1 vs 3, not (1, 2) vs (2, 3)
+    assert s["reward_first10"] == 0.0 and s["reward_last10"] == 0.5
     # keyed by step, and a step without a time (never recorded) does not break the median
     s2 = run_summary(
         {1: {"reward_mean": 1.0}, 0: {"reward_mean": 0.0, "step_s": 4.0}},
@@ -75,5 +76,6 @@ def test_run_summary_by_hand():
         acc_before=None,
         acc_after=None,
     )
-    assert s2["median_step_s"] == 4.0 and s2["reward_first10"] == 0.5
+    assert s2["median_step_s"] == 4.0
+    assert s2["reward_first10"] == 0.0 and s2["reward_last10"] == 1.0  # step 0 vs step 1
     assert run_summary([], wall_s=0.0, acc_before=None, acc_after=None)["median_step_s"] == 0.0
