@@ -113,7 +113,12 @@ class RuntimeConfig(Section):
         "(algorithm, staleness, layout -- resharded, data-parallel replicas only -- or model); "
         "anything else that differs is refused before the run starts (docs/runtime.md Faults)",
     )
-    output_dir: str = Field("runs/latest", description="metrics, plots, summaries")
+    output_dir: str = Field(
+        "runs/latest",
+        description="where run folders go: rpeg train and deployed runs write "
+        "<output_dir>/<run_id>/ (config.yaml, metrics, samples, tb, plots) and point "
+        "<output_dir>/latest at the newest; a folder named latest puts them beside it",
+    )
     log_samples_every: int = Field(
         1,
         ge=0,
