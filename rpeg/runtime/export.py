@@ -17,6 +17,7 @@ rpeg.runtime.lora_export with the run's config.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -128,7 +129,10 @@ def export_checkpoint(
     from rpeg.runtime.export_out import staged_export
 
     with staged_export(out, force) as stage:
-        return _export_into(checkpoint, stage, model_path, dtype, log, config)
+        where = _export_into(checkpoint, stage, model_path, dtype, log, config)
+        for f in Path(stage).rglob("*.safetensors"):  # safetensors writes 0600: others read it
+            f.chmod(0o644)
+        return where
 
 
 def _export_into(

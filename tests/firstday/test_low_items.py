@@ -69,3 +69,18 @@ def test_rpeg_help_wraps_paragraphs_not_source_lines():
     # a command's own help: its first paragraph reflowed the same way
     own = [x.strip() for x in _help("export", columns=1000) if x.strip()]
     assert any(x.startswith("Write the checkpoint's policy") and x.endswith(".json.") for x in own)
+
+
+def test_exported_weights_are_readable_by_others(tmp_path):
+    """safetensors writes its files 0600; an export is for others to load (0644)."""
+    import stat
+
+    from rpeg.runtime.export import export_checkpoint
+    from tests.safety.test_export_out import _checkpoint
+
+    out = tmp_path / "hf"
+    export_checkpoint(_checkpoint(tmp_path), str(out))
+    weights = list(out.glob("*.safetensors"))
+    assert weights
+    for f in weights:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644, (f.name, oct(f.stat().st_mode))
