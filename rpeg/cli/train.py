@@ -166,12 +166,16 @@ def register(app: typer.Typer) -> None:
             None, "--summary-json", help="write a JSON summary here"
         ),
         out: str | None = typer.Option(
-            None, "--out", help="output dir (overrides runtime.output_dir)"
+            None,
+            "--out",
+            help="where run folders go (overrides runtime.output_dir): this run writes "
+            "OUT/<run id>/ and points OUT/latest at it",
         ),
         quiet: bool = typer.Option(False, "--quiet", help="no progress bar / per-step lines"),
     ) -> None:
-        """Train a policy with RL; writes metrics.jsonl (+ timeline.json, compiled_step.yaml on
-        the distributed runtime) to the output dir. Bad input (a plan that needs more devices
+        """Train a policy with RL; writes its resolved config.yaml, metrics.jsonl, samples.jsonl
+        (+ timeline.json, compiled_step.yaml on the distributed runtime) to its own run folder
+        <output dir>/<run id>/, locked while it runs. Bad input (a plan that needs more devices
         than the cluster has, an unknown role, an unwritable checkpoint URL) is refused before
         any actor starts (exit 2)."""
         from rpeg.cli.overrides import load_with_overrides

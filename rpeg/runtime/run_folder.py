@@ -133,6 +133,25 @@ def config_in(folder: str | Path) -> Path | None:
     return p if p.is_file() else None
 
 
+def checkpoints_of(folder: str | Path) -> str | None:
+    """Where the run of a run folder checkpoints: ``<checkpoint_url>/<run id>`` read from
+    its ``config.yaml`` (None: no config.yaml, or the run kept no checkpoints). For commands
+    that take the run folder alone (``rpeg export``, ``rpeg eval``)."""
+    import yaml
+
+    path = config_in(folder)
+    if path is None:
+        return None
+    try:
+        rt = (yaml.safe_load(path.read_text()) or {}).get("runtime") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    url, rid = rt.get("checkpoint_url"), rt.get("run_id")
+    if not url or not rid:
+        return None
+    return f"{str(url).rstrip('/')}/{rid}"
+
+
 # ------------------------------------------------------------------------------- locks
 def _alive(pid: int) -> bool:
     try:
@@ -307,6 +326,7 @@ __all__ = [
     "RunLocked",
     "append_lines",
     "base_folder",
+    "checkpoints_of",
     "config_in",
     "is_run_folder",
     "local_checkpoint_dir",

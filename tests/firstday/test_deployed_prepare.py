@@ -65,3 +65,23 @@ def test_a_refused_deployed_run_is_a_named_error_and_an_artifact(user_files, tmp
     (line,) = seen["refused"]
     assert "\n" not in line and "workload.max_prompt_tokens" in line
     assert state.message == line
+
+
+@pytest.mark.slow
+def test_a_deployed_verl_run_trains_as_rpeg_train_does(user_files, tmp_path):
+    """The issue's failure: the deployed flow on a verl parquet filtered out every prompt
+    (max_prompt_tokens 32) after its cluster started. Now it trains, with the first step's
+    reward of ``run_train`` on the same config."""
+    from rpeg.flows.train import run_train
+    from rpeg.flows.train_form import train
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    deployed = train(steps=1, config=run_yaml(user_files, tmp_path / "a"))
+    assert isinstance(deployed, dict), deployed  # a Failed state otherwise
+    cfg = RunConfig.from_yaml(run_yaml(user_files, tmp_path / "b")).with_overrides(
+        {"runtime.steps": 1}
+    )
+    direct = run_train(cfg, progress=False)
+    assert deployed["steps"] == direct["steps"] == 1
+    assert deployed["reward_first10"] == direct["reward_first10"]

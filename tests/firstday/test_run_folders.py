@@ -72,3 +72,21 @@ def test_a_real_latest_folder_is_kept_not_deleted(tmp_path):
     assert os.readlink(tmp_path / "latest") == "run-2"
     (kept,) = tmp_path.glob("latest.before-*")
     assert (kept / "metrics.jsonl").read_text() == "mine\n"
+
+
+def test_a_run_folder_names_its_checkpoints(tmp_path):
+    """What `rpeg export` / `rpeg eval` read from a run folder alone."""
+    from rpeg.preflight.prepare import prepare_run
+
+    cfg = RunConfig().with_overrides(
+        {
+            "runtime.output_dir": str(tmp_path / "runs"),
+            "runtime.checkpoint_url": str(tmp_path / "ck"),
+            "optim.warmup_sft_steps": 0,
+        }
+    )
+    p = prepare_run(cfg, local=True)
+    p.release()
+    rid = p.config.runtime.run_id
+    assert RF.checkpoints_of(tmp_path / "runs" / "latest") == f"{tmp_path / 'ck'}/{rid}"
+    assert RF.checkpoints_of(tmp_path) is None  # not a run folder
