@@ -32,6 +32,7 @@ from rpeg.perf.loso_ranges import _bounds, _comparable, _range
 from rpeg.perf.loso_summary import Scored
 from rpeg.perf.pricing import predict
 from rpeg.perf.row_cells import Unpredictable, _float, _number, unknown_names
+from rpeg.perf.row_text import system_of
 from rpeg.perf.rows import assumed_values, read_case
 from rpeg.perf.run_share import fitted_share, from_hours, outside_share
 from rpeg.perf.systems import UNKNOWN_WIDEN, normalise
@@ -126,7 +127,7 @@ def price_rows(
     priced, refused = [], []
     for r in rows:
         cid, src = r.get("case_id") or "?", r.get("source") or ""
-        system = normalise(r.get("system") or "")
+        system = normalise(r.get("system") or system_of(r))
         try:
             step = _number(r, "measured_step_s")
             tput = _throughput(r)
@@ -302,6 +303,18 @@ def default_datasets() -> dict[str, Path]:
     return {
         "steps_dev": Path(str(base.joinpath("published_runs.csv"))),
         "steps_dev2": Path(str(base.joinpath("published_runs2.csv"))),
+    }
+
+
+def shared_copies() -> dict[str, Path]:
+    """The shipped data sets as ../shared/validation gives them (its columns only: the
+    recipe columns beyond the shared schema left to the rows' free text): label -> path."""
+    from importlib import resources
+
+    base = resources.files("rpeg.perf").joinpath("data")
+    return {
+        "steps_dev (shared schema)": Path(str(base.joinpath("shared_steps_dev.csv"))),
+        "steps_dev2 (shared schema)": Path(str(base.joinpath("shared_steps_dev2.csv"))),
     }
 
 

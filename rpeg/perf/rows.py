@@ -1,7 +1,8 @@
 """One published-run CSV row -> what it describes (pure).
 
-Every row is read from its own cells with the same rules for every source: no case id, no
-free-text parsing. A blank cell means "unknown": layout fields (gen_tp, train_tp, the pool
+Every row is read from its own cells with the same rules for every source: no case id; the
+free-text columns only fill a blank recipe column they state unambiguously
+(rpeg.perf.row_text). A blank cell means "unknown": layout fields (gen_tp, train_tp, the pool
 split, gpu_memory_utilization) stay open and are solved (rpeg.perf.solve); other unknowns
 take the documented prior of :data:`PRIORS` and widen the row's interval
 (rpeg.perf.interval). Column meanings: docs/perf-model.md, "The published-runs data set".
@@ -147,10 +148,14 @@ class RowCase:
 
 
 def read_case(r: dict[str, str]) -> RowCase:
-    """Parse one row (Unpredictable with the column and value when a cell is unusable)."""
+    """Parse one row (Unpredictable with the column and value when a cell is unusable).
+    A blank column the row's free text states unambiguously takes that value
+    (rpeg.perf.row_text)."""
     from rpeg import specs
     from rpeg.ir import builders
+    from rpeg.perf.row_text import with_text
 
+    r = with_text(r)
     model = specs.model(model_name(r))
     if model.unsupported:
         raise Unpredictable(f"model {model.name}: {model.unsupported}")

@@ -1,0 +1,136 @@
+"""What a published row's free-text columns say about the columns beyond the shared schema
+(pure).
+
+A run described only by the shared schema (../shared/validation's columns: the ones a user
+fills) leaves the recipe columns blank -- activation checkpointing, packing, the engine's
+memory share, the executing system, a base checkpoint -- and often states them in its
+``notes`` / ``model_arch_notes`` (a recipe's ``act_ckpt=True``, a script's
+``gpu_memory_utilization=0.7``, "Base checkpoint"). Here each such column is read from that
+text where the text is *unambiguous*: one recognised statement, or several that agree; two
+statements that disagree (``mem_fraction 0.8 (0.7 for >1B)``) leave the column blank, and a
+column the row states itself is never overridden. The system is the family that publishes
+or runs the row (the ``train_backend`` cell, else the ``source`` / ``measured_by`` cells,
+when the notes name no other family) with its training backend. docs/perf-model.md, "The
+published-runs data set".
+"""
+
+from __future__ import annotations
+
+import re
+
+#: free-text columns read for recipe settings
+TEXT = ("notes", "model_arch_notes")
+
+_TRUE = {"true", "yes", "1", "full", "on"}
+_FALSE = {"false", "no", "0", "none", "off", "selective"}
+_FLAGS = r"(true|false|yes|no|1|0|full|selective|none|on|off)\b"
+
+#: column -> patterns whose first group is a true/false word
+_BOOL: dict[str, tuple[str, ...]] = {
+    "act_ckpt": (
+        r"\b(?:act(?:ivation)?_?ckpt|activation_checkpointing|gradient_checkpointing|"
+        r"enable_gradient_checkpointing|recompute_granularity|recompute_activations?)"
+        r"\s*[=:]?\s*" + _FLAGS,
+    ),
+    "seq_packing": (r"\bseq(?:uence)?_packing\s*[=:]?\s*" + _FLAGS,),
+    "reuse_rollout_logprobs": (r"\buse_rollout_log_probs\s*[=:]?\s*" + _FLAGS,),
+}
+#: column -> phrases that state the value without a flag
+_PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
+    "act_ckpt": ((r"\bactivation (?:checkpointing|recompute) (?:on|enabled)\b", "yes"),),
+    # verl's dynamic batch size packs a micro-batch to a token budget; remove_padding
+    # concatenates the sequences (both: no padding tokens are computed)
+    "seq_packing": (
+        (r"\b(?:use_)?dynamic[_ ]bsz\b", "yes"),
+        (r"\b(?:use_)?remove_padding\b", "yes"),
+    ),
+    "reuse_rollout_logprobs": ((r"\bold_log_prob not recomputed\b", "yes"),),
+    "model_kind": ((r"\bbase (?:checkpoint|model)\b", "base"),),
+}
+_UTIL = (
+    r"\b(?:vllm_)?gpu_mem(?:ory)?_util(?:ization)?\s*[=:]?\s*(0?\.\d+|1\.0)\b",
+    r"\bmem_fraction(?:_static)?\s*[=:]?\s*(0?\.\d+)\b",
+)
+#: family -> pattern naming it
+FAMILIES: dict[str, str] = {
+    "nemo-rl": r"\bnemo[- _]?rl\b",
+    "verl": r"\bverl\b",
+    "areal": r"\bareal\b|\brealhf\b",
+    "slime": r"\bslime\b|\bmiles\b",
+    "openrlhf": r"\bopenrlhf\b",
+    "skyrl": r"\bskyrl\b",
+}
+
+
+def _system(family: str, backend: str) -> str:
+    """The name in rpeg.perf.systems.SYSTEMS of ``family`` with ``backend``; '' when the
+    pair names none."""
+    mega = "megatron" in backend
+    fsdp = any(k in backend for k in ("fsdp", "dtensor"))
+    if family == "nemo-rl":
+        return "nemo-rl-megatron" if mega else ("nemo-rl-dtensor" if fsdp else "")
+    if family == "verl":
+        return "verl-megatron" if mega else ("verl-fsdp" if fsdp else "")
+    if family == "slime":
+        return "slime-megatron"
+    if family == "openrlhf":
+        return "openrlhf-deepspeed"
+    return family  # areal, skyrl
+
+
+def families(text: str) -> set[str]:
+    low = text.lower()
+    return {f for f, pat in FAMILIES.items() if re.search(pat, low)}
+
+
+def system_of(r: dict[str, str]) -> str:
+    """The executing system the row's text names unambiguously; '' when it does not."""
+    backend = (r.get("train_backend") or "").lower()
+    own = families(backend)
+    if len(own) == 1:
+        return _system(own.pop(), backend)
+    pub = families(" ".join(r.get(c) or "" for c in ("source", "source_locator", "measured_by")))
+    other = families(" ".join(r.get(c) or "" for c in TEXT)) - pub
+    if len(pub) == 1 and not other:
+        return _system(pub.pop(), backend)
+    return ""
+
+
+def _one(values: list[str]) -> str:
+    return values[0] if values and all(v == values[0] for v in values) else ""
+
+
+def read(r: dict[str, str]) -> dict[str, str]:
+    """column -> value the row's free text states unambiguously (cells spelled as the
+    columns take them: yes/no, a share, a kind, a system name)."""
+    text = " ".join(r.get(c) or "" for c in TEXT).lower()
+    out: dict[str, str] = {}
+    for col in set(_BOOL) | set(_PHRASES):
+        found = []
+        for pat in _BOOL.get(col, ()):
+            for m in re.finditer(pat, text):
+                found.append("yes" if m.group(1) in _TRUE else "no")
+        for pat, value in _PHRASES.get(col, ()):
+            found += [value] * len(re.findall(pat, text))
+        if v := _one(found):
+            out[col] = v
+    utils = []
+    for pat in _UTIL:
+        for m in re.finditer(pat, text):
+            utils.append(str(float(m.group(1))))
+            # "0.8 (0.7 for >1B)": an alternative in brackets makes the statement conditional
+            alt = re.match(r"\s*\((0?\.\d+)", text[m.end() :])
+            if alt:
+                utils.append(str(float(alt.group(1))))
+    if u := _one(utils):
+        out["gpu_memory_utilization"] = u
+    if s := system_of(r):
+        out["system"] = s
+    return out
+
+
+def with_text(r: dict[str, str]) -> dict[str, str]:
+    """``r`` with each blank column its free text states (:func:`read`) filled in; the
+    cells the row states are kept."""
+    fill = {k: v for k, v in read(r).items() if not (r.get(k) or "").strip()}
+    return {**r, **fill} if fill else r

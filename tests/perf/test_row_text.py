@@ -1,0 +1,137 @@
+"""The recipe columns a row's free text states (rpeg.perf.row_text), and the shared-schema
+copies of the shipped data sets scored as runs described only by the shared columns. Nothing
+here reads ../shared: the copies are package data."""
+
+import csv
+
+import pytest
+
+from rpeg.perf import loso
+from rpeg.perf.loso_summary import summarise
+from rpeg.perf.row_text import read, system_of, with_text
+from rpeg.perf.rows import read_case
+
+#: the columns of ../shared/validation/steps_dev*.csv (its README's schema)
+SHARED = [
+    "case_id",
+    "source",
+    "source_locator",
+    "measured_by",
+    "algorithm",
+    "model",
+    "model_arch_notes",
+    "gpu",
+    "num_gpus",
+    "gpus_per_node",
+    "placement",
+    "gen_gpus",
+    "train_gpus",
+    "gen_tp",
+    "gen_pp",
+    "gen_ep",
+    "train_tp",
+    "train_pp",
+    "train_cp",
+    "train_ep",
+    "train_backend",
+    "precision",
+    "num_prompts",
+    "samples_per_prompt",
+    "train_minibatches",
+    "avg_prompt_len",
+    "avg_gen_len",
+    "max_gen_len",
+    "max_seq_len",
+    "staleness",
+    "partial_rollout",
+    "has_ref",
+    "has_critic",
+    "measured_step_s",
+    "measured_gen_s",
+    "measured_train_s",
+    "measured_other",
+    "inferred_fields",
+    "notes",
+]
+
+
+def _rows(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_the_shared_copies_hold_the_shared_columns_and_the_shipped_cases():
+    shipped = {r["case_id"] for p in loso.default_datasets().values() for r in _rows(p)}
+    for path in loso.shared_copies().values():
+        rows = _rows(path)
+        assert list(rows[0]) == SHARED
+        assert {r["case_id"] for r in rows} <= shipped and len(rows) >= 30
+
+
+def test_what_the_text_states_agrees_with_every_transcribed_column():
+    # the shipped sets' explicit columns were transcribed by hand from the same sources:
+    # wherever a shared-schema copy's text states a column, it must say the same
+    shipped = {r["case_id"]: r for p in loso.default_datasets().values() for r in _rows(p)}
+    compared = 0
+    for path in loso.shared_copies().values():
+        for r in _rows(path):
+            ref = shipped[r["case_id"]]
+            for col, value in read(r).items():
+                want = (ref.get(col) or "").strip().lower()
+                if not want:
+                    continue
+                compared += 1
+                if col == "gpu_memory_utilization":
+                    assert float(value) == float(want), (r["case_id"], col)
+                else:
+                    assert value == want, (r["case_id"], col, value, want)
+    assert compared >= 200  # system, packing, memory share, recompute, kind on most rows
+
+
+def test_a_statement_that_is_conditional_or_contradicted_is_left_blank():
+    assert read({"notes": "SGLang mem_fraction 0.8 (0.7 for >1B)"}) == {}
+    assert read({"notes": "act_ckpt=True for the 8B; act_ckpt=False for the 32B"}) == {}
+    got = read({"notes": "recipe: seq_packing=True, act_ckpt=False, vllm_gpu_mem_util=0.6"})
+    assert got == {"seq_packing": "yes", "act_ckpt": "no", "gpu_memory_utilization": "0.6"}
+    assert read({"model_arch_notes": "MoE 128e top-8 (Base checkpoint)"}) == {"model_kind": "base"}
+    assert read({"notes": "a database of baseline runs"}) == {}
+
+
+def test_a_cell_the_row_states_is_never_overridden():
+    r = {"act_ckpt": "no", "notes": "act_ckpt=True, use_dynamic_bsz"}
+    assert with_text(r) == {**r, "seq_packing": "yes"}
+
+
+def test_the_system_is_the_family_of_the_backend_or_the_publisher_with_its_backend():
+    assert system_of({"train_backend": "areal-realhf (megatron-style 3D)"}) == "areal"
+    assert system_of({"source": "NeMo-RL summary", "train_backend": "megatron"}) == (
+        "nemo-rl-megatron"
+    )
+    assert system_of({"source": "verl docs", "train_backend": "fsdp2"}) == "verl-fsdp"
+    # a paper of one system timing another system: not unambiguous
+    r = {"source": "AReaL paper", "train_backend": "fsdp", "notes": "run with verl code"}
+    assert system_of(r) == ""
+    assert system_of({"source": "a blog", "train_backend": "megatron"}) == ""
+
+
+def test_a_base_checkpoint_in_the_text_takes_the_base_length_prior():
+    path = loso.shared_copies()["steps_dev2 (shared schema)"]
+    (row,) = [r for r in _rows(path) if r["case_id"] == "verl-fa-30b-async-96-32"]
+    assert "base checkpoint" in row["model_arch_notes"].lower()
+    assert read_case(row).workload.response_kind == "base"
+    blank = {**row, "model_arch_notes": ""}
+    assert read_case(blank).workload.response_kind != "base"
+
+
+@pytest.mark.slow
+def test_the_shared_schema_copies_score_within_five_points_of_the_transcribed_sets():
+    scored, refused = loso.run()
+    transcribed = {
+        ds: summarise([s for s in scored + refused if s.dataset == ds])
+        for ds in loso.default_datasets()
+    }
+    scored, refused = loso.run(loso.shared_copies())
+    for ds, ref in transcribed.items():
+        got = summarise([s for s in scored + refused if s.dataset == f"{ds} (shared schema)"])
+        assert got.mape <= ref.mape + 5.0, (ds, got.mape, ref.mape)
+        assert got.predicted_share >= 0.95 and got.coverage >= 0.8
