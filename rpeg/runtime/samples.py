@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -140,12 +141,40 @@ def _short(text: str, n: int = 80) -> str:
     return text if len(text) <= n else "..." + text[-(n - 3) :]
 
 
+#: a chat template's markup: special tokens (``<|im_start|>``, ``<|eot_id|>``, ``<s>``),
+#: Mistral/Llama-2 instruction marks
+_MARKUP = re.compile(r"<\|[^|<>]{1,40}\|>|</?s>|\[/?INST\]|<<(?:/)?SYS>>")
+_ROLE = re.compile(r"^\s*(system|user|assistant|human|gpt|developer)\s*(\n|$)", re.IGNORECASE)
+
+
+def question(prompt: str) -> str:
+    """The question of a templated prompt: the last message's text between the chat
+    template's markup (ChatML, Llama 3, Mistral), its role line left out; a prompt without
+    such markup as it is."""
+    parts = _MARKUP.split(prompt)
+    if len(parts) == 1:
+        return prompt
+    texts = [_ROLE.sub("", x, count=1).strip() for x in parts]
+    texts = [x for x in texts if x]
+    return texts[-1] if texts else prompt.strip()
+
+
+def _quoted(text: str, n: int = 80, head: bool = False) -> str:
+    """``text`` in quotes, newlines as one ``\\n``, cut to ``n`` characters (its start with
+    ``head``, else its end)."""
+    text = text.replace("\n", "\\n")
+    if len(text) > n:
+        text = text[: n - 3] + "..." if head else "..." + text[-(n - 3) :]
+    return f'"{text}"'
+
+
 def sample_lines(samples: Sequence[Sample], n: int = PRINTED_SAMPLES) -> list[str]:
-    """A few samples as console lines."""
+    """A few samples as console lines: the prompt's question (not its template's tail), the
+    end of the response, the reference answer."""
     return [
         f"  sample step {s.step} #{s.index}: reward {s.reward:.2f} adv {s.advantage:+.2f} "
-        f"| prompt {_short(s.prompt)!r} | response {_short(s.response)!r} "
-        f"| answer {s.reference_answer!r}"
+        f"| prompt {_quoted(question(s.prompt), 100, head=question(s.prompt) != s.prompt)} "
+        f"| response {_quoted(s.response)} | answer {_quoted(s.reference_answer)}"
         for s in samples[:n]
     ]
 

@@ -84,3 +84,45 @@ def test_exported_weights_are_readable_by_others(tmp_path):
     assert weights
     for f in weights:
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, (f.name, oct(f.stat().st_mode))
+
+
+QUESTION = "Natalia sold clips to 48 of her friends.\nHow many clips did she sell?"
+
+
+def _sample(prompt: str):
+    from rpeg.runtime.samples import Sample
+
+    return Sample(3, 0, prompt, "48 + 24 = 72.\n#### 72", "72", 1.0, 1.0, 0.5, 12, 2)
+
+
+def test_console_sample_shows_the_question_of_a_chat_prompt():
+    from rpeg.runtime.samples import sample_lines
+    from tests.firstday.tiny_hf import build_tokenizer
+
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant. " * 4},
+        {"role": "user", "content": QUESTION},
+    ]
+    prompt = build_tokenizer().apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    assert prompt.endswith("<|im_start|>assistant\n")  # the template's tail
+    (line,) = sample_lines([_sample(prompt)])
+    shown = QUESTION.replace("\n", "\\n")  # a newline shown once escaped: backslash, n
+    assert f'prompt "{shown}"' in line, line
+    assert "\\\\n" not in line and "im_start" not in line and "helpful" not in line
+    assert 'response "48 + 24 = 72.\\n#### 72"' in line and 'answer "72"' in line
+
+
+def test_console_sample_of_a_plain_prompt_and_of_llama3():
+    from rpeg.runtime.samples import sample_lines
+
+    (plain,) = sample_lines([_sample("12+34=")])
+    assert 'prompt "12+34="' in plain
+    llama3 = (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+        f"<|start_header_id|>user<|end_header_id|>\n\n{QUESTION}<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    (line,) = sample_lines([_sample(llama3)])
+    assert 'prompt "Natalia sold clips' in line and "Be brief" not in line
