@@ -49,6 +49,7 @@ KNOBS = {
     "max_response_tokens": ("max_response_tokens",),
     "train_minibatches": ("train_minibatches",),
     "checkpoint_every": ("checkpoint_every",),
+    "val_every": ("val_every",),
 }
 
 

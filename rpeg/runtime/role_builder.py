@@ -67,7 +67,9 @@ def build_policy(
                 "model": key_model,
                 "task": [t.kind, t.url, t.difficulty, t.seed, t.heldout_size, t.prompt_template]
                 + ([t.prompt_key, t.answer_key, t.system_prompt, t.chat_template] if t.url else [])
-                + ([t.multiturn.model_dump()] if t.multiturn.env else []),
+                + ([t.multiturn.model_dump()] if t.multiturn.env else [])
+                # a validation file leaves the training data whole (older keys unchanged)
+                + ([{"val_url": t.val_url}] if t.val_url else []),
             },
             steps=warmup_steps,
             lr=o.warmup_sft_lr,
