@@ -67,8 +67,11 @@ def local_train(
             history = list(state.get("history", []))
             acc_before = state.get("heldout_acc_before")
             resumed_at = tr.step_index
-    if acc_before is None:
+    from rpeg.runtime.validation import accuracy_of, due
+
+    if acc_before is None and rt.val_before_train and not resumed_at:
         acc_before = tr.evaluate()
+    acc_after = None
     out = Path(rt.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     # the restored steps once, then one appended line per step (issue 28: the whole history
@@ -78,6 +81,10 @@ def local_train(
     rewrite_lines(out / "metrics.jsonl", [json.dumps(h) for h in history])
     while tr.step_index < rt.steps:
         m = tr.step()
+        if due(tr.step_index, rt.steps, rt.val_every):  # runtime.val_every, and the last
+            m.update(tr.validate())
+            if tr.step_index == rt.steps:
+                acc_after = accuracy_of(m)
         history.append(m)
         append_lines(out / "metrics.jsonl", [json.dumps(m)])
         if on_step is not None:
@@ -92,7 +99,8 @@ def local_train(
             }
             meta = local_meta(config.model, config)  # resume checks compare it
             store.save(tr.step_index, {TRAINER_PART: dumps(state)}, meta=meta)
-    acc_after = tr.evaluate()
+    if acc_after is None:  # nothing left to run (resumed at the end)
+        acc_after = tr.evaluate()
     from rpeg.runtime.summary import run_summary
 
     summary = run_summary(
