@@ -68,7 +68,10 @@ def _run_checkpoint(folder: str, config: Any) -> str | None:
 
 def resolve_model(source: str, config_path: str | None = None) -> ModelSource:
     """See the module doc; ConfigError (exit 2) naming what ``source`` was found to be."""
-    from rpeg.preflight import load_config
+    from rpeg.config import RunConfig
+
+    def load_config(path: str) -> RunConfig:
+        return RunConfig.from_yaml(path)
 
     run_cfg = Path(source) / RUN_CONFIG
     if run_cfg.is_file():  # a run folder
