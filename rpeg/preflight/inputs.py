@@ -105,10 +105,15 @@ def check_algorithm(config: RunConfig) -> list[Problem]:
 def check_task(config: RunConfig) -> list[Problem]:
     from rpeg.runtime.data import check_template
     from rpeg.runtime.datasets.files import check_examples
-    from rpeg.runtime.rewards import load_reward_modules, registered_rewards
+    from rpeg.runtime.rewards import (
+        REWARD_IMPORT_TIMEOUT_S,
+        load_reward_modules,
+        registered_rewards,
+    )
 
     t = config.task
-    out: list[Problem] = load_reward_modules(t.reward_modules)  # their rewards register now
+    # their rewards register now; each import tried first in a child stopped at the timeout
+    out: list[Problem] = load_reward_modules(t.reward_modules, REWARD_IMPORT_TIMEOUT_S)
     known = registered_rewards()
     for i, name in enumerate(t.rewards):
         if name not in known:

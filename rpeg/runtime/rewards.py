@@ -123,23 +123,90 @@ def get_reward(name: str) -> RewardFn:
     return _REGISTRY[name]
 
 
-def load_reward_modules(names: list[str]) -> list[Problem]:
+#: how long importing a ``task.reward_modules`` module may take in the preflight's child
+#: process (seconds; a module importing torch takes a few on a loaded machine)
+REWARD_IMPORT_TIMEOUT_S = 120.0
+#: modules whose import this process tried in a child -> why it failed ("" imported)
+_PROBED: dict[str, str] = {}
+
+_PROBE = """
+import importlib, json, os, sys
+try:
+    importlib.import_module(sys.argv[1])
+    got = {"ok": True}
+except SystemExit as exc:
+    got = {"error": f"SystemExit: the module called sys.exit({exc.code!r}) on import"}
+except BaseException as exc:
+    got = {"error": f"{type(exc).__name__}: {exc}"}
+sys.stdout.write("\\n" + json.dumps(got) + "\\n")
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def probe_import(name: str, timeout_s: float) -> str:
+    """Import ``name`` in a child process killed after ``timeout_s``; returns why it failed
+    ("" when it imported). A hanging or ``sys.exit``-ing import stops the child, not this
+    process."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE, name],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return f"the import did not finish within {timeout_s:g} s (stopped)"
+    lines = [x for x in done.stdout.splitlines() if x.strip()]
+    try:
+        got = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        got = {}
+    if got.get("ok"):
+        return ""
+    return got.get("error") or f"the importing process ended with exit code {done.returncode}"
+
+
+def load_reward_modules(names: list[str], timeout_s: float | None = None) -> list[Problem]:
     """Import each module of ``task.reward_modules`` (an importable name: installed in the
     workers' environment or on their PYTHONPATH, as the workers see it); a module that
     registers its rewards with :func:`register_reward` at import. Problems name the module
-    and the import error. Imported once per process (Python's module cache)."""
+    and the import error; a module calling ``sys.exit`` is one too. With ``timeout_s`` (the
+    preflight) each module not imported yet is first imported in a child process stopped
+    after ``timeout_s``, so a hanging import is a named problem, not a hung command.
+    Imported once per process (Python's module cache)."""
     import importlib
+    import sys
 
     out = []
     for i, name in enumerate(names):
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
+        why = ""
+        if timeout_s is not None and name not in sys.modules:
+            if name not in _PROBED:
+                _PROBED[name] = probe_import(name, timeout_s)
+            why = _PROBED[name]
+        if not why:
+            try:
+                importlib.import_module(name)
+            except SystemExit as exc:  # a module must not end the process importing it
+                why = f"SystemExit: the module called sys.exit({exc.code!r}) on import"
+            except Exception as exc:  # noqa: BLE001 - any import failure is the user's to see
+                why = f"{type(exc).__name__}: {exc}"
+        if why:
             out.append(
                 Problem(
                     f"task.reward_modules[{i}]",
-                    f"cannot import {name!r} ({type(exc).__name__}: {exc}); it must be "
-                    "importable in the driver and on every worker (installed, or on PYTHONPATH)",
+                    f"cannot import {name!r} ({why}); it must be importable in the driver "
+                    "and on every worker (installed, or on PYTHONPATH)",
                 )
             )
     return out
