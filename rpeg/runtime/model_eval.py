@@ -161,7 +161,7 @@ def evaluate_model(
             )
             say(f"eval: {where} loaded")
         fixed = "workload.max_prompt_tokens" in (overrides or {})
-        metrics = _evaluate_folder(folder, cfg, samples, fit_prompts=not fixed)
+        metrics = _evaluate_folder(folder, cfg, samples, fit_prompts=not fixed, log=say)
     return {
         "model": src.described,
         "data": data,
@@ -178,7 +178,11 @@ def _keys(cfg: Any) -> Any:
 
 
 def _evaluate_folder(
-    folder: str, cfg: Any, samples: int, fit_prompts: bool = True
+    folder: str,
+    cfg: Any,
+    samples: int,
+    fit_prompts: bool = True,
+    log: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
     """The validation metrics of the model in ``folder``; ``fit_prompts``: the prompt
     length limit is the data's longest prompt (else the config's, per ``task.overlong``)."""
@@ -207,6 +211,9 @@ def _evaluate_folder(
     )
     if fit_prompts:
         cfg = cfg.with_overrides({"workload.max_prompt_tokens": report.longest})
+    if log is not None:  # before the generation, the long part
+        how = "greedy" if samples == 1 else f"{samples} samples each"
+        log(f"eval: answering {len(examples)} prompts ({how}), longest {report.longest} tokens")
     rewards = RewardSet.from_task(t)
     rewards.use_sources([e.data_source for e in examples])
     actor = PolicyWorker(model, tok, workload=cfg.workload, trainable=False, seed=cfg.runtime.seed)
