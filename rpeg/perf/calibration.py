@@ -104,6 +104,11 @@ class Calibration:
     # gather; training adds the backward's read and gradient write.
     vocab_passes_fwd: float = 3.0
     vocab_passes_train: float = 6.0
+    # Speculative decoding: the share of draft tokens the target accepts, each given the
+    # previous one accepted (DeepSeek-V3's MTP head: 85-90% for its one draft token; EAGLE
+    # heads on RL prompts at rollout batch sizes lower), where a run does not publish its
+    # acceptance length: mean tokens per step = 1 + r + ... + r^k for k drafts.
+    spec_accept_rate: float = 0.8
     # Interval bounds (rpeg.perf.interval): relative uncertainty of each term's efficiency,
     # factor on the fixed costs, and the spread (ratio) of the response-length prior's
     # median. docs/perf-model.md, "Intervals".

@@ -145,15 +145,18 @@ def decode_step_time(
     kvbytes: float,
     calib: Calibration,
     precision: str,
+    verify: float = 1.0,
 ) -> tuple[float, float, float, float]:
     """One decode step of ``batch`` sequences with mean ``context`` tokens on one replica.
-    Returns (seconds, flops, hbm bytes, comm seconds).
+    Returns (seconds, flops, hbm bytes, comm seconds). ``verify``: tokens per sequence the
+    step runs (1 + draft tokens under speculative decoding): the weights and the KV cache
+    are read once, the matmul and attention work and the TP all-reduces grow with it.
 
     t = max(bytes / (HBM * eff), flops / (peak * eff_gemm)) + TP all-reduces + overhead,
     bytes = weights read / (tp*pp) + batch*context*kv_bytes_per_token / kv_split.
     """
     shards = tp * pp
-    w = weight_bytes_read(model, batch, wbytes) / shards
+    w = weight_bytes_read(model, batch * verify, wbytes) / shards
     kv = kv_cache_bytes(model, batch * context, tp, kvbytes) / pp
     # hybrid linear attention: each live sequence's fixed state is read (and written) per step
     kv += batch * model.linear_state_bytes(kvbytes) / (tp * pp)
@@ -168,8 +171,8 @@ def decode_step_time(
         + w_exp / (bw * calib.moe_expert_hbm_eff)
         + kv / (bw * kv_eff)
     )
-    flops = batch * (2.0 * model.matmul_params + model.attn_flops_fwd(context)) / shards
-    gemm = 2.0 * batch * model.hidden * max(model.ffn_hidden, model.attn_width) / tp
+    flops = batch * verify * (2.0 * model.matmul_params + model.attn_flops_fwd(context)) / shards
+    gemm = 2.0 * batch * verify * model.hidden * max(model.ffn_hidden, model.attn_width) / tp
     t_cmp = flops / (gpu.peak_flops(precision) * gpu.matmul_eff(gemm))
     t_comm = 0.0
     if tp > 1:
@@ -178,7 +181,7 @@ def decode_step_time(
             2
             * model.layers
             / pp
-            * allreduce_time(batch * model.hidden * 2.0, tp, bw, alpha, calib.nccl_bus_eff)
+            * allreduce_time(batch * verify * model.hidden * 2.0, tp, bw, alpha, calib.nccl_bus_eff)
         )
     overhead = calib.decode_step_overhead_s + batch * calib.decode_seq_overhead_s
     return max(t_mem, t_cmp) + t_comm + overhead, flops, nbytes, t_comm

@@ -5,6 +5,8 @@ every equation is in docs/perf-model.md ("Equations")."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rpeg.perf import costs, eager_cpu
 from rpeg.perf.prediction import GB, StageCost
 from rpeg.perf.units import GEN_KIND, UnitContext
@@ -21,6 +23,19 @@ def prefill_time(
     flops = costs.forward_flops(m, tokens, seq_sq) / (u.tp * u.pp) + extra_flops
     gemm = 2.0 * min(tokens, 8192) * m.hidden * max(m.ffn_hidden, m.attn_width) / u.tp
     return flops / (c.peak_flops * c.gpu.matmul_eff(gemm) * c.calib.train_eff_factor), flops
+
+
+def spec_accept_len(wl: Any, cal: Any) -> float:
+    """Mean tokens a decode step advances a sequence by: 1 without speculative decoding;
+    the workload's published acceptance length; else the prior 1 + r + ... + r^k (each of
+    the k drafts accepted with ``Calibration.spec_accept_rate`` given the previous one)."""
+    k = wl.spec_draft_tokens
+    if not k:
+        return 1.0
+    if wl.spec_accept_len is not None:
+        return min(max(1.0, wl.spec_accept_len), 1.0 + k)
+    r = cal.spec_accept_rate
+    return sum(r**i for i in range(k + 1))
 
 
 def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: bool) -> StageCost:
@@ -63,8 +78,14 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
     b_kv = kv_tokens / (c.P + L.mean)
     b_max = max(1.0, min(cal.max_num_seqs, b_kv))
 
+    k = c.wl.spec_draft_tokens
+    accept = spec_accept_len(c.wl, cal)
+
     def step(b: float, ctx: float) -> tuple[float, float, float, float]:
-        return costs.decode_step_time(
+        """One decode step, per token it advances a sequence by (speculative decoding: a
+        verification of 1 + k tokens and k sequential draft passes of one layer each,
+        advancing ``accept`` tokens)."""
+        ts, f1, b1, cm = costs.decode_step_time(
             m,
             gpu,
             c.cluster,
@@ -77,7 +98,16 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
             kvbytes=c.kvbytes,
             calib=cal,
             precision=c.prec,
+            verify=1.0 + k,
         )
+        if k:
+            one, f0, b0, _ = costs.decode_step_time(
+                m, gpu, c.cluster, batch=b, context=ctx, tp=tp, pp=pp, first_device=first,
+                wbytes=c.wbytes, kvbytes=c.kvbytes, calib=cal, precision=c.prec,
+            )  # fmt: skip
+            draft = k / m.layers  # a draft pass: one layer's share of a single-token step
+            ts, f1, b1 = ts + draft * one, f1 + draft * f0, b1 + draft * b0
+        return ts / accept, f1 / accept, b1 / accept, cm / accept
 
     t = fl = by = comm = 0.0
     # prefill of all prompts (compute-bound)

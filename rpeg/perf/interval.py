@@ -35,6 +35,7 @@ class Unknowns:
     gpu_memory_utilization: bool = False
     recompute: bool = False
     seq_packing: bool = False
+    spec_accept: bool = False  # speculative decoding's acceptance length (its prior)
 
     @classmethod
     def of(cls, names: Any) -> Unknowns:
@@ -45,6 +46,7 @@ class Unknowns:
             gpu_memory_utilization="gpu_memory_utilization" in s,
             recompute="act_ckpt" in s,
             seq_packing="seq_packing" in s,
+            spec_accept="spec_accept_len" in s,
         )
 
 
@@ -89,6 +91,10 @@ def _variants(cal: Calibration, unknown: Unknowns) -> list[tuple[str, Calibratio
             out.append(("prompt_length", cal, {"prompt": PROMPT_FACTOR**sign}))
         if unknown.gpu_memory_utilization:
             out.append(("kv_budget", cal, {"util": UTIL_RANGE[0 if sign > 0 else 1]}))
+        if unknown.spec_accept:
+            # the acceptance rate from half the prior's rejections to twice them
+            rej = (1.0 - cal.spec_accept_rate) * 2.0**-sign
+            out.append(("spec_accept", replace(cal, spec_accept_rate=max(0.0, 1.0 - rej)), {}))
     if unknown.recompute:
         out.append(("recompute", cal, {"recompute": "flip"}))
     if unknown.seq_packing:

@@ -51,6 +51,9 @@ EXPLICIT = (
     "system",
     "model_kind",
     "image_tokens",
+    "spec_decode",
+    "spec_draft_tokens",
+    "spec_accept_len",
 )
 
 #: the calibration whose interval carries only the row's unknown inputs

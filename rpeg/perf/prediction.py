@@ -52,6 +52,12 @@ class Workload:
     # and the parameters up over the host link and a CPU Adam per optimizer step. Assumed by
     # the row solver (rpeg.perf.solve.solve_row) for a published run no layout fits without
     assumed_optimizer_on_host: bool = False
+    # speculative decoding in the rollout engine: draft tokens proposed per decode step
+    # (MTP heads, an EAGLE draft head; 0 = none) and the mean tokens a verification step
+    # advances a sequence by (accepted drafts + the bonus token); None = the prior
+    # (rpeg.perf.generation.spec_accept_len). docs/perf-model.md, "Speculative decoding"
+    spec_draft_tokens: int = 0
+    spec_accept_len: float | None = None
 
     @classmethod
     def from_config(cls, w: Any, lora: Any = None, multiturn: Any = None) -> Workload:

@@ -46,6 +46,24 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "reuse_rollout_logprobs": ((r"\bold_log_prob not recomputed\b", "yes"),),
     "model_kind": ((r"\bbase (?:checkpoint|model)\b", "base"),),
+    # speculative decoding: EAGLE is only a draft method; MTP heads may only be trained,
+    # so MTP counts where the text speaks of speculative decoding or drafts
+    "spec_decode": (
+        (r"\beagle(?:-?\d)?\b", "eagle"),
+        (
+            r"\bmtp\b(?=.{0,80}\b(?:speculative|draft))|\b(?:speculative|draft)\b.{0,80}\bmtp\b",
+            "mtp",
+        ),
+        (
+            r"\bmtp (?:disabled|off)\b|\b(?:without|no) mtp\b|\bmtp\s*[=:]\s*(?:false|off|none|0)\b",
+            "none",
+        ),
+    ),
+}
+#: column -> pattern whose first group is the number
+_NUMBERS: dict[str, str] = {
+    "spec_draft_tokens": r"\bnum_speculative_tokens\s*[=:]?\s*(\d+)\b",
+    "spec_accept_len": r"\baccept(?:ance|ed)?[_ ]len(?:gth)?\s*(?:[=:]|of)?\s*(\d+(?:\.\d+)?)",
 }
 _UTIL = (
     r"\b(?:vllm_)?gpu_mem(?:ory)?_util(?:ization)?\s*[=:]?\s*(0?\.\d+|1\.0)\b",
@@ -124,6 +142,9 @@ def read(r: dict[str, str]) -> dict[str, str]:
                 utils.append(str(float(alt.group(1))))
     if u := _one(utils):
         out["gpu_memory_utilization"] = u
+    for col, pat in _NUMBERS.items():
+        if v := _one([str(float(m.group(1))) for m in re.finditer(pat, text)]):
+            out[col] = str(int(float(v))) if col == "spec_draft_tokens" else v
     if s := system_of(r):
         out["system"] = s
     return out

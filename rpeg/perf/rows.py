@@ -61,6 +61,13 @@ PRIORS: dict[str, Any] = {
 #: precision cells meaning fp32-master mixed precision with bf16/fp16 compute
 AMP_NAMES = ("amp", "mixed", "bf16-mixed", "fp32-master", "mixed-precision")
 
+#: speculative decoding of the rollout engine (``spec_decode`` column): none, a model's
+#: multi-token-prediction heads as the draft (one draft token per head), an EAGLE draft head
+SPEC_METHODS = ("", "none", "mtp", "eagle")
+#: EAGLE draft tokens per step where a row does not say (vLLM / SGLang RL recipes'
+#: ``num_speculative_tokens`` 3)
+EAGLE_DRAFT_TOKENS = 3
+
 #: what a model was trained to emit (``model_kind`` column; blank = the catalog's kind)
 MODEL_KINDS = ("base", "instruct", "reasoning")
 
@@ -268,7 +275,21 @@ def read_case(r: dict[str, str]) -> RowCase:
         raise Unpredictable(
             f"precision={prec!r}; allowed: bf16, fp16, fp8, fp32, amp (mixed, fp32 master)"
         )
+    spec = (r.get("spec_decode") or "").strip().lower()
+    if spec not in SPEC_METHODS:
+        raise Unpredictable(
+            f"spec_decode={spec!r}; allowed: {', '.join(SPEC_METHODS[1:])} or blank"
+        )
+    drafts = 0
+    if spec in ("mtp", "eagle"):
+        drafts = _opt_int(r, "spec_draft_tokens") or (
+            (model.mtp_layers or 1) if spec == "mtp" else EAGLE_DRAFT_TOKENS
+        )
+        if _float(r, "spec_accept_len") is None:
+            unknown.append("spec_accept_len")  # the prior (rpeg.perf.generation)
     wl = Workload(
+        spec_draft_tokens=drafts,
+        spec_accept_len=_float(r, "spec_accept_len") if drafts else None,
         num_prompts=_int(r, "num_prompts"),
         samples_per_prompt=_int(r, "samples_per_prompt"),
         mean_prompt_tokens=prompt,

@@ -135,3 +135,14 @@ def test_the_shared_schema_copies_score_within_five_points_of_the_transcribed_se
         got = summarise([s for s in scored + refused if s.dataset == f"{ds} (shared schema)"])
         assert got.mape <= ref.mape + 5.0, (ds, got.mape, ref.mape)
         assert got.predicted_share >= 0.95 and got.coverage >= 0.8
+
+
+def test_speculative_decoding_is_read_where_the_text_speaks_of_drafts():
+    assert read({"model_arch_notes": "61L (MTP disabled)"}) == {"spec_decode": "none"}
+    got = read({"notes": "SGLang rollout with MTP speculative decoding, num_speculative_tokens=2"})
+    assert got == {"spec_decode": "mtp", "spec_draft_tokens": "2"}
+    assert read({"notes": "EAGLE-3 draft head; acceptance length 2.6"}) == {
+        "spec_decode": "eagle",
+        "spec_accept_len": "2.6",
+    }
+    assert read({"notes": "the model was trained with an MTP loss"}) == {}

@@ -1,0 +1,93 @@
+"""Speculative decoding in the rollout engine (rpeg.perf.generation): a verification of 1 + k
+tokens reads the weights and KV once and advances a sequence by the acceptance length."""
+
+from dataclasses import replace
+
+import pytest
+
+from rpeg.perf import loso
+from rpeg.perf.calibration import SHIPPED
+from rpeg.perf.generation import spec_accept_len
+from rpeg.perf.interval import Unknowns, predict_interval
+from rpeg.perf.published import read_rows
+from rpeg.perf.row_cells import Unpredictable
+from rpeg.perf.rows import read_case
+from rpeg.perf.solve import solve_row
+
+
+def _row(case_id, **cells):
+    for path in loso.default_datasets().values():
+        for r in read_rows(path):
+            if r["case_id"] == case_id:
+                return {**r, **{k: str(v) for k, v in cells.items()}}
+    raise KeyError(case_id)
+
+
+def _gen(r):
+    case = read_case(r)
+    case, lay, pred = solve_row(case, SHIPPED)
+    return case, lay, pred.stages["generate"]
+
+
+def test_the_prior_acceptance_length_is_the_geometric_sum_of_the_rate():
+    case = read_case(_row("nemo-v0.5-h100bf16-dsv3-grpo-on-256g", spec_decode="mtp"))
+    wl = case.workload
+    assert wl.spec_draft_tokens == max(1, case.model.mtp_layers) == 1
+    r = SHIPPED.spec_accept_rate
+    assert spec_accept_len(wl, SHIPPED) == pytest.approx(1 + r)
+    assert "spec_accept_len" in case.unknown
+    eagle = read_case(_row("nemo-v0.5-h100bf16-llama-grpo-on-16g", spec_decode="eagle"))
+    assert spec_accept_len(eagle.workload, SHIPPED) == pytest.approx(1 + r + r**2 + r**3)
+    # a published acceptance length is taken as given, within [1, 1 + k]
+    assert spec_accept_len(replace(eagle.workload, spec_accept_len=2.2), SHIPPED) == 2.2
+    assert spec_accept_len(replace(eagle.workload, spec_accept_len=9.0), SHIPPED) == 4.0
+
+
+def test_memory_bound_decoding_is_faster_by_the_acceptance_length():
+    # one sequence per replica: every decode step streams the weights (memory-bound)
+    cells = dict(num_prompts=1, samples_per_prompt=1, gen_tp=8)
+    _, lay, plain = _gen(_row("nemo-v0.5-h100bf16-llama-grpo-on-16g", **cells))
+    case, _, spec = _gen(
+        _row(
+            "nemo-v0.5-h100bf16-llama-grpo-on-16g",
+            spec_decode="eagle",
+            spec_accept_len=2.5,
+            **cells,
+        )
+    )
+    decode = lambda s: s.time_s - s.detail["prefill_s"]  # noqa: E731
+    layers = case.model.layers
+    # 3 drafts of one layer each ride on every verification step
+    assert decode(spec) / decode(plain) == pytest.approx((1 + 3 / layers) / 2.5, rel=0.1)
+
+
+def test_compute_bound_decoding_gains_nothing_from_drafts():
+    # a 1.5B model at 2,048 short live sequences: the matmuls, not the weight reads, set the step;
+    # a verification of 4 tokens costs most of 4 steps' work
+    from rpeg import specs
+    from rpeg.perf.costs import decode_step_time
+
+    cl = specs.cluster("dgx-h100")
+    kw = dict(
+        context=100.0, tp=1, pp=1, first_device=0, wbytes=2.0, kvbytes=2.0, calib=SHIPPED,
+        precision="bf16",
+    )  # fmt: skip
+    m = specs.model("deepseek-r1-distill-qwen-1.5b")
+    big = [decode_step_time(m, cl.gpu, cl, batch=2048, verify=v, **kw)[0] for v in (1, 4)]
+    assert big[1] > 1.5 * big[0]  # the verification's matmul work grows with the drafts
+    assert big[1] / 1.5 > big[0]  # at an acceptance length of 1.5: slower per token
+    one = [decode_step_time(m, cl.gpu, cl, batch=1, verify=v, **kw)[0] for v in (1, 4)]
+    assert one[1] < 1.1 * one[0]  # one sequence: memory-bound, the drafts ride along
+    assert one[1] / 1.5 < 0.75 * one[0]
+
+
+def test_an_unknown_acceptance_widens_the_range_and_a_bad_method_is_refused():
+    r = _row("nemo-v0.5-h100bf16-dsv3-grpo-on-256g", spec_decode="mtp")
+    case, lay, pred = solve_row(read_case(r), SHIPPED)
+    args = (case.graph, case.plan(lay), case.workload, SHIPPED)
+    lo, hi = predict_interval(*args, Unknowns.of(case.unknown), point=pred.step_s)
+    known = tuple(u for u in case.unknown if u != "spec_accept_len")
+    lo2, hi2 = predict_interval(*args, Unknowns.of(known), point=pred.step_s)
+    assert hi - lo > hi2 - lo2
+    with pytest.raises(Unpredictable, match="spec_decode='medusa'; allowed: none, mtp, eagle"):
+        read_case({**r, "spec_decode": "medusa"})
