@@ -134,7 +134,8 @@ def test_rpeg_train_local_shows_progress_from_its_start_to_the_first_step(tmp_pa
     env = dict(os.environ, RPEG_CACHE=str(tmp_path / "cache"))
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rpeg.cli", "train", "--local", "--out", str(tmp_path / "o")]
+        [sys.executable, "-c", "import sys; from rpeg.cli import main; sys.exit(main())"]
+        + ["train", "--local", "--out", str(tmp_path / "o")]
         + ["runtime.steps=1", "optim.warmup_sft_steps=60", "workload.num_prompts=2"]
         + ["workload.samples_per_prompt=2"],
         stdout=subprocess.PIPE,
