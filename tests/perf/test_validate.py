@@ -133,6 +133,7 @@ def test_cli_validate_default_table_and_json(capsys):
     out = capsys.readouterr().out
     assert "MAPE=" in out and "coverage=" in out and "median_width=" in out
     assert "stage train_actor" in out and "not predicted" in out
+    assert "one-shot   MAPE=" in out  # one row of a source calibrates, the others scored
     assert main(["validate", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     row = data["rows"][0]
@@ -149,6 +150,13 @@ def test_cli_validate_default_table_and_json(capsys):
     assert data["loso"]["predicted_share"] >= 0.95
     assert data["loso"]["coverage"] >= 0.8
     assert data["in_sample"]["rows"] == data["loso"]["rows"]
+    # one-shot beside LOSO, pooled and per data set: every source with two step rows
+    assert {"mape", "max_ape", "coverage", "rows"} <= set(data["one_shot"])
+    assert (
+        sum(ds["one_shot"]["rows"] for ds in data["datasets"].values())
+        == (data["one_shot"]["rows"])
+    )
+    assert data["one_shot"]["rows"] >= 80 and 0 < data["one_shot"]["coverage"] <= 1
     assert "NeMo-RL performance summary v0.4" in data["by_source"]
     assert "verl-fsdp" in data["by_system"]
 
