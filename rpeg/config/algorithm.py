@@ -157,9 +157,14 @@ class AlgorithmConfig(Section):
         return data
 
 
+#: the largest learning rate accepted: Adam fine-tuning runs at 1e-7..1e-3; 1e30 trained a
+#: collapsed model for 20 steps before the degenerate-training stop (issue 44)
+MAX_LR = 10.0
+
+
 class OptimConfig(Section):
-    lr: float = Field(defaults.LR, gt=0.0)
-    critic_lr: float = Field(1e-4, gt=0.0)
+    lr: float = Field(defaults.LR, gt=0.0, le=MAX_LR)
+    critic_lr: float = Field(1e-4, gt=0.0, le=MAX_LR)
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     warmup_sft_steps: int | None = Field(
@@ -169,5 +174,5 @@ class OptimConfig(Section):
         "built-in tiny model (random init; 150 leaves it at ~35% held-out accuracy) and 0 for a "
         "model loaded from model.path",
     )
-    warmup_sft_lr: float = Field(1e-3, gt=0.0)
+    warmup_sft_lr: float = Field(1e-3, gt=0.0, le=MAX_LR)
     warmup_sft_batch_size: int = Field(64, ge=1, description="examples per warm-up step")

@@ -56,9 +56,14 @@ class ClusterConfig(Section):
     tls_key_file: str | None = Field(None, description="client private key (tls://)")
 
 
+#: the largest run seed: numpy's and Python's generators take 32 bits, and per-row sampling
+#: seeds add step, row and turn offsets below 2**63 (2**70 failed after start, issue 44)
+MAX_SEED = 2**32 - 1
+
+
 class RuntimeConfig(Section):
     steps: int = Field(60, ge=1, description="RL steps to run")
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the run's generators")
     max_staleness: int = Field(
         defaults.MAX_STALENESS, ge=0, description="bound k on policy-version lag (0 = on-policy)"
     )

@@ -82,6 +82,13 @@ class ModelConfig(Section):
         return self
 
 
+#: the most samples one step may hold and the longest prompt or response cap (tokens): far
+#: above any run (2**24 = 16.7M), low enough that the planner's arithmetic stays finite
+#: (1e9 x 1e9 samples ended `rpeg plan` in a StatisticsError, issue 44)
+MAX_SAMPLES_PER_STEP = 2**24
+MAX_TOKENS = 2**24
+
+
 class WorkloadConfig(Section):
     """What one RL step processes."""
 
@@ -92,13 +99,14 @@ class WorkloadConfig(Section):
     max_prompt_tokens: int = Field(
         defaults.MAX_PROMPT_TOKENS,
         ge=1,
+        le=MAX_TOKENS,
         description="longest prompt in tokens; with a data file and this field unset, "
         "rpeg train sets it to the longest prompt of the data (after the chat template)",
     )
     mean_prompt_tokens: float | None = Field(
         None, gt=0, description="for the performance model; None = max_prompt_tokens"
     )
-    max_response_tokens: int = Field(defaults.MAX_RESPONSE_TOKENS, ge=1)
+    max_response_tokens: int = Field(defaults.MAX_RESPONSE_TOKENS, ge=1, le=MAX_TOKENS)
     mean_response_tokens: float | None = Field(
         None,
         gt=0,
@@ -124,6 +132,15 @@ class WorkloadConfig(Section):
     @property
     def samples_per_step(self) -> int:
         return self.num_prompts * self.samples_per_prompt
+
+    @model_validator(mode="after")
+    def _within_limits(self) -> WorkloadConfig:
+        if self.samples_per_step > MAX_SAMPLES_PER_STEP:
+            raise ValueError(
+                f"num_prompts*samples_per_prompt={self.samples_per_step} samples a step; at "
+                f"most {MAX_SAMPLES_PER_STEP}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _minibatches_divide(self) -> WorkloadConfig:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rpeg.errors import ConfigError, Problem
 from rpeg.ir import Graph, build
 from rpeg.perf.prediction import Workload
 from rpeg.perf.run_lengths import configured_workload
@@ -114,6 +115,23 @@ def resolve_model(name: str) -> Any:
     return specs.model(name)  # raises SpecError listing the known models
 
 
+def _check_context(model: Any, workload: Any) -> None:
+    """A response cap over the model's context (``max_position``, where the catalog or the
+    folder's config.json says it) is refused: no sample of that length can exist (issue 44:
+    a cap 30,000x the context was priced silently)."""
+    ctx = int(getattr(model, "max_position", 0) or 0)
+    if ctx and workload.max_response_tokens > ctx:
+        raise ConfigError(
+            [
+                Problem(
+                    "workload.max_response_tokens",
+                    f"{workload.max_response_tokens} tokens is over the context of "
+                    f"{getattr(model, 'name', 'the model')} ({ctx} tokens); at most {ctx}",
+                )
+            ]
+        )
+
+
 def problem_from_config(config: Any) -> PlanProblem:
     """Build the :class:`PlanProblem` of a :class:`rpeg.config.RunConfig`."""
     from rpeg.perf.time_sharing import run_cluster
@@ -121,6 +139,7 @@ def problem_from_config(config: Any) -> PlanProblem:
 
     # model.path's own config.json (never the built-in tiny model's shape), else the catalog
     model = priced_model(config.model, catalog=resolve_model)
+    _check_context(model, config.workload)
     # a CPU cluster keeps the machine's cores, its workers time-share them (as predict prices)
     cl = run_cluster(config.cluster.name, config.cluster.num_devices)
     n = config.cluster.num_devices or cl.num_devices

@@ -9,6 +9,12 @@ Columns (:class:`RowKeys`): GSM8K (``question``, ``answer`` with the final answe
 ``####``) by default; verl (``prompt`` = chat messages, ``reward_model.ground_truth``) and
 TRL conversational data (``prompt`` = messages) with ``task.prompt_key`` /
 ``task.answer_key``.
+
+Reading is bounded (issue 44): a data file must be a regular file of at most
+:data:`MAX_DATA_BYTES` (``/dev/zero``, a pipe or a socket is refused before a byte is read), a
+JSON line at most :data:`MAX_LINE_CHARS`; an unreadable parquet or Arrow file is a problem
+naming the file; a null prompt or answer is named as null, not as a missing column; a file
+whose prompts are all empty is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ MAX_ROW_PROBLEMS = 20
 DEFAULT_PROMPT_KEYS = ("question", "problem", "prompt")
 #: answer columns tried in order when task.answer_key is not set
 DEFAULT_ANSWER_KEYS = ("answer", "solution")
+#: the largest data file read (bytes) and the longest JSON line (characters)
+MAX_DATA_BYTES = 4 * 2**30
+MAX_LINE_CHARS = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -134,16 +143,29 @@ def row_problem(row: Any, keys: RowKeys = RowKeys()) -> str | None:
     hint = f"columns: {sorted(map(str, row))}; set task.prompt_key / task.answer_key"
     if keys.prompt_key:
         q = dotted_get(row, keys.prompt_key)
-        if q is _MISSING or q is None:
+        if q is _MISSING:
             return f"row has no {pk} ({hint})"
+        if q is None:
+            return f"{pk} is null in this row (a prompt must be text or chat messages)"
     else:
         _, q = _first(row, DEFAULT_PROMPT_KEYS)
     if keys.answer_key:
         a = dotted_get(row, keys.answer_key)
-        if a is _MISSING or a is None:
+        if a is _MISSING:
             return f"row has no {ak} ({hint})"
+        if a is None:
+            return f"{ak} is null in this row (an answer must be text or a number)"
     else:
         _, a = _first(row, DEFAULT_ANSWER_KEYS)
+    nulls = [
+        repr(k)
+        for k, got, names in (("q", q, DEFAULT_PROMPT_KEYS), ("a", a, DEFAULT_ANSWER_KEYS))
+        if got is _MISSING
+        for k in names
+        if k in row and row[k] is None
+    ]
+    if nulls:
+        return f"{', '.join(nulls)} {'is' if len(nulls) == 1 else 'are'} null in this row ({hint})"
     if q is _MISSING or a is _MISSING:
         return f"row needs 'question' and 'answer' fields ({hint})"
     if isinstance(q, list):
@@ -220,6 +242,33 @@ def _hf_files(url: str) -> list[tuple[str, str]]:
     return [(proto + p if proto and not p.startswith(proto) else p, k) for p, k in found]
 
 
+def readable_problem(url: str) -> str | None:
+    """Why ``url`` is not a data file to read (not a regular file, or over
+    :data:`MAX_DATA_BYTES`), or None. ``FileNotFoundError`` when it does not exist."""
+    import os
+    import stat
+
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("file", "local"):
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            return "is a folder; expected a data file (task.kind: hf reads a folder)"
+        if not stat.S_ISREG(st.st_mode):
+            return "is not a regular file (a device, pipe or socket: its reads may never end)"
+        size = st.st_size
+    else:
+        info = fs.info(path)
+        if info.get("type") not in (None, "file"):
+            return f"is a {info.get('type')}; expected a data file"
+        size = int(info.get("size") or 0)
+    if size > MAX_DATA_BYTES:
+        return f"is {size} bytes; a data file is read up to {MAX_DATA_BYTES} bytes"
+    return None
+
+
 def _table_rows(url: str, kind: str) -> list[Any]:
     import fsspec
     import pyarrow as pa
@@ -233,6 +282,25 @@ def _table_rows(url: str, kind: str) -> list[Any]:
         return pa.ipc.open_stream(pa.py_buffer(data)).read_all().to_pylist()
     except pa.ArrowInvalid:
         return pa.ipc.open_file(pa.py_buffer(data)).read_all().to_pylist()
+
+
+def _table_or_problem(url: str, kind: str, problems: list[Problem], where: str) -> list[Any]:
+    """The rows of a parquet / Arrow file; an unreadable one is a problem naming the file (a
+    corrupt parquet was ``ArrowInvalid ... '<Buffer>'``, exit 1, the file unnamed)."""
+    import pyarrow as pa
+
+    try:
+        return _table_rows(url, kind)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        problems.append(
+            Problem(
+                where,
+                f"{url!r} is not a readable {kind} file ({type(exc).__name__}: {str(exc).strip()})",
+            )
+        )
+        return []
 
 
 def read_rows(
@@ -255,6 +323,11 @@ def read_rows(
         except ImportError:
             problems.append(Problem(where, f"reading {kind} needs pyarrow (pip install pyarrow)"))
             return []
+    if kind != "hf":
+        why = readable_problem(url)
+        if why:
+            problems.append(Problem(where, f"{url!r} {why}"))
+            return []
     if kind == "hf":
         files = _hf_files(url)
         if not files:
@@ -262,17 +335,33 @@ def read_rows(
             return []
         n = 0
         for f, k in files:
-            got = read_rows(f, k, problems, limit, keys, where) if k == "jsonl" else None
-            items = [r for _, r in got] if got is not None else _table_rows(f, k)
+            if k == "jsonl":
+                got = read_rows(f, k, problems, limit, keys, where)
+                items = [r for _, r in got]
+            else:
+                why = readable_problem(f)
+                items = _table_or_problem(f, k, problems, where) if not why else []
+                if why:
+                    problems.append(Problem(where, f"{f!r} {why}"))
             rows += [(n + i, r) for i, r in enumerate(items, start=1)]
             n += len(items)
         if any(k == "jsonl" for _, k in files):
             return rows  # their rows were checked file by file
     elif kind == "parquet":
-        rows = list(enumerate(_table_rows(url, "parquet"), start=1))
+        rows = list(enumerate(_table_or_problem(url, "parquet", problems, where), start=1))
     else:
         with fsspec.open(url, "r") as fh:
-            for i, line in enumerate(fh, start=1):
+            i = 0
+            while True:
+                line = fh.readline(MAX_LINE_CHARS + 1)
+                if not line:
+                    break
+                i += 1
+                if len(line) > MAX_LINE_CHARS:
+                    while line and not line.endswith("\n"):  # the rest of the line, skipped
+                        line = fh.readline(MAX_LINE_CHARS)
+                    bad.append((i, f"line longer than {MAX_LINE_CHARS} characters"))
+                    continue
                 if not line.strip():
                     continue
                 try:
@@ -317,7 +406,22 @@ def check_examples(
         return [Problem(where, f"{url!r} cannot be read: {type(exc).__name__}: {exc}")]
     if not rows and not problems:
         problems.append(Problem(where, f"{url!r} holds no examples"))
+    elif rows and not problems and all(_empty_prompt(r, keys) for _, r in rows):
+        problems.append(
+            Problem(
+                where,
+                f"all {len(rows)} prompts of {url!r} are empty: the model would be trained "
+                "on no question (check task.prompt_key)",
+            )
+        )
     return problems
+
+
+def _empty_prompt(row: Any, keys: RowKeys) -> bool:
+    q = dotted_get(row, keys.prompt_key) if keys.prompt_key else _first(row, DEFAULT_PROMPT_KEYS)[1]
+    if isinstance(q, list):
+        return all(not str(m.get("content", "")).strip() for m in q if isinstance(m, dict))
+    return isinstance(q, str) and not q.strip()
 
 
 def load_row_texts(

@@ -6,6 +6,12 @@ did not set it, and otherwise counts what ``task.overlong`` will filter or trunc
 refuses the run for ``error``), saying so in one line; it warns when the tokenizer has a
 chat template that ``task.chat_template: none`` leaves unused, and when rows have an empty
 answer (every answer empty: the run would train on reward 0, silently before).
+
+Every prompt length is capped by the model's context (:func:`model_context`) less
+``workload.max_response_tokens`` before anything is allocated: a fitted limit never exceeds
+it, and longer prompts are filtered, truncated or refused as ``task.overlong`` says (issue 44:
+3 prompts of 100k characters made the limit 100,013 tokens for a 256-token model and the
+warm-up grew to 23.8 GB). A response cap that leaves no room for a prompt is refused.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from rpeg.errors import ConfigError, Problem
 
 FILE_KINDS = ("jsonl", "parquet", "hf")
 
@@ -28,6 +36,45 @@ def task_tokenizer(config: Any):
     return build_char_tokenizer()
 
 
+def model_context(config: Any) -> int | None:
+    """The policy's context in tokens (``max_position_embeddings``): ``model.path``'s
+    ``config.json`` (its ``text_config`` for a multimodal folder), or the built-in tiny
+    model's shape; None when the folder does not say."""
+    if config.model.path:
+        import json
+
+        import fsspec
+
+        try:
+            with fsspec.open(f"{config.model.path.rstrip('/')}/config.json", "r") as fh:
+                cfg = json.load(fh)
+        except (OSError, ValueError):
+            return None  # the preflight names an unreadable model folder
+        if not isinstance(cfg, dict):
+            return None
+        if "max_position_embeddings" not in cfg and isinstance(cfg.get("text_config"), dict):
+            cfg = cfg["text_config"]
+        v = cfg.get("max_position_embeddings")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    from rpeg.runtime.model_io.loading import TINY_SHAPE
+
+    return int({**TINY_SHAPE, **(config.model.tiny_shape or {})}["max_position_embeddings"])
+
+
+def context_problems(config: Any) -> list[Problem]:
+    """A response cap that leaves no room for a prompt in the model's context."""
+    ctx, r = model_context(config), config.workload.max_response_tokens
+    if ctx is not None and r >= ctx:
+        return [
+            Problem(
+                "workload.max_response_tokens",
+                f"{r} tokens leave no room for a prompt in the model's context of {ctx} tokens "
+                f"(max_position_embeddings); at most {ctx - 1}",
+            )
+        ]
+    return []
+
+
 def fit_prompt_lengths(config: Any, log: Callable[[str], None] | None = None):
     """``config`` with ``workload.max_prompt_tokens`` fitted to the data when unset (see the
     module doc); ConfigError for unreadable data or, with ``task.overlong: error``, for
@@ -38,6 +85,8 @@ def fit_prompt_lengths(config: Any, log: Callable[[str], None] | None = None):
 
     say = log or (lambda s: None)
     t, w = config.task, config.workload
+    if context_problems(config):
+        raise ConfigError(context_problems(config))
     if check_template(t.prompt_template):
         return config  # the preflight names the template's problem
     if t.kind not in FILE_KINDS and not config.model.path:
@@ -78,11 +127,28 @@ def fit_prompt_lengths(config: Any, log: Callable[[str], None] | None = None):
         )
     user_set = "max_prompt_tokens" in w.model_fields_set
     limit = w.max_prompt_tokens if user_set else None
-    kept, report = render_examples(examples, tok, fmt, max_prompt_tokens=limit, overlong=t.overlong)
+    ctx = model_context(config)
+    budget = None if ctx is None else ctx - w.max_response_tokens  # > 0: context_problems
+    what = "workload.max_prompt_tokens"
+    if budget is not None and (limit is None or budget < limit):
+        limit = budget  # a limit from the data (or the user's) never runs past the context
+        what = (
+            f"the model's context ({ctx} tokens) less workload.max_response_tokens "
+            f"({w.max_response_tokens})"
+        )
+    kept, report = render_examples(
+        examples, tok, fmt, max_prompt_tokens=limit, overlong=t.overlong, limit_what=what
+    )
     longest = report.longest
     if val:  # the validation prompts count for the fitted limit too
         vkept, vr = render_examples(
-            val, tok, fmt, max_prompt_tokens=limit, overlong=t.overlong, where="task.val_url"
+            val,
+            tok,
+            fmt,
+            max_prompt_tokens=limit,
+            overlong=t.overlong,
+            where="task.val_url",
+            limit_what=what,
         )
         longest = max(longest, vr.longest)
     held = len(vkept) if val else heldout_count(t, len(kept))
@@ -92,9 +158,10 @@ def fit_prompt_lengths(config: Any, log: Callable[[str], None] | None = None):
     if not user_set:
         config = config.with_overrides({"workload.max_prompt_tokens": longest})
         say(
-            f"{report.line(longest, split, longest)}; workload.max_prompt_tokens = {longest} "
-            "(the longest prompt; set it to filter or truncate longer ones)"
+            f"{report.line(limit or longest, split, longest)}; workload.max_prompt_tokens = "
+            f"{longest} (the longest prompt; set it to filter or truncate longer ones)"
+            + (f"; prompts capped by {what}" if limit is not None else "")
         )
     else:
-        say(report.line(w.max_prompt_tokens, split, longest))
+        say(report.line(limit, split, longest))
     return config

@@ -151,9 +151,11 @@ def render_examples(
     max_prompt_tokens: int | None,
     overlong: str = "filter",
     where: str = "task.url",
+    limit_what: str = "workload.max_prompt_tokens",
 ) -> tuple[list[Any], PromptReport]:
     """Every example with its prompt text rendered (``Example.rendered``) and overlong ones
-    handled per ``overlong``; ``max_prompt_tokens`` None = no limit."""
+    handled per ``overlong``; ``max_prompt_tokens`` None = no limit; ``limit_what``: where
+    the limit comes from, for the errors."""
     out, filtered, truncated, longest, over = [], 0, 0, 0, []
     for ex in examples:
         text = render(ex, tokenizer, fmt)
@@ -171,14 +173,15 @@ def render_examples(
                 over.append(n)
         longest = max(longest, n)
         out.append(dataclasses.replace(ex, rendered=text))
+    fix = "raise it, or " if limit_what == "workload.max_prompt_tokens" else ""
     if over:
         raise ConfigError(
             [
                 Problem(
-                    "workload.max_prompt_tokens",
-                    f"{len(over)} of {len(examples)} prompts are longer than "
-                    f"{max_prompt_tokens} tokens (the longest {max(over)}); raise it, or set "
-                    "task.overlong: filter (drop them) or truncate",
+                    "task.overlong" if limit_what != "workload.max_prompt_tokens" else limit_what,
+                    f"{len(over)} of {len(examples)} prompts of {where} are longer than "
+                    f"{max_prompt_tokens} tokens ({limit_what}; the longest {max(over)}); "
+                    f"{fix}set task.overlong: filter (drop them) or truncate",
                 )
             ]
         )
@@ -187,8 +190,8 @@ def render_examples(
             [
                 Problem(
                     where,
-                    f"all {len(examples)} prompts are longer than workload.max_prompt_tokens="
-                    f"{max_prompt_tokens} and were filtered out; raise it",
+                    f"all {len(examples)} prompts are longer than {max_prompt_tokens} tokens "
+                    f"({limit_what}) and were filtered out",
                 )
             ]
         )
