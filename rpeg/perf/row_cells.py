@@ -229,7 +229,11 @@ def _opt_int(r: dict[str, str], k: str) -> int | None:
 
 
 def _float(r: dict[str, str], k: str) -> float | None:
+    """A positive measurement; blank or 0 = unpublished (None); a negative value is a row
+    the model cannot read (it was silently replaced by the prior, issue 44)."""
     v = _number(r, k)
+    if v is not None and v < 0:
+        raise Unpredictable(f"{k}={v:g}: must be >= 0 (blank when not published)")
     return None if v is None or v <= 0 else v
 
 
