@@ -121,11 +121,25 @@ def replica_layout(layout: Any) -> bool:
 def identity_mismatches(
     meta: dict[str, Any], ident: dict[str, Any], allow: tuple[str, ...] = ()
 ) -> list[Problem]:
-    """The fields of :func:`run_identity` that differ from the marker's (a marker written
-    before they were recorded has none: nothing to compare), unless allowed. A layout
-    change is refused even when allowed unless both layouts are replicas."""
+    """The fields of :func:`run_identity` that differ from the marker's, unless allowed. A
+    layout change is refused even when allowed unless both layouts are replicas. A marker
+    written before these fields were recorded cannot be compared: it is refused, naming the
+    fields, unless ``allow`` states each (issue 44: another layout then failed 38 s after
+    start with ``KeyError: 'g1-rank0.pt'``)."""
     where = f"checkpoint step {meta.get('step')} of run {meta.get('run_id')}"
     out = []
+    unrecorded = [f for f in ident if f not in meta and f not in allow]
+    if unrecorded:
+        flags = " ".join(f"--allow-change {f}" for f in unrecorded)
+        out.append(
+            Problem(
+                "--resume",
+                f"{where} has an old commit marker that does not record its "
+                f"{', '.join(unrecorded)} (written before rpeg recorded them), so this run "
+                f"cannot be checked against it; resume with the run's own settings and state "
+                f"it with {flags}, or start a new run",
+            )
+        )
     for field, now in ident.items():
         if field not in meta or meta[field] == now:
             continue

@@ -102,8 +102,12 @@ def test_allow_change_layout_refuses_a_tensor_parallel_reshard():
     [p] = identity_mismatches(meta, now, allow=("layout",))
     assert "only data-parallel replicas" in str(p)
     assert identity_mismatches(meta, {"layout": {"g0": "dp2xtp1"}}, allow=("layout",)) == []
-    # a marker written before these fields were recorded: nothing to compare
-    assert identity_mismatches({"step": 1}, {"algorithm": "ppo", "staleness": 3}) == []
+    # a marker written before these fields were recorded: refused naming them (issue 44),
+    # unless each is stated
+    [old] = identity_mismatches({"step": 1}, {"algorithm": "ppo", "staleness": 3})
+    assert "old commit marker" in str(old) and "--allow-change staleness" in str(old)
+    allow = ("algorithm", "staleness")
+    assert identity_mismatches({"step": 1}, {"algorithm": "ppo", "staleness": 3}, allow) == []
 
 
 def test_layout_of_names_the_trainable_groups_shape():
