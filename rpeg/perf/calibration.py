@@ -69,7 +69,7 @@ class Calibration:
     host_link_gbps: float = 25.0
     # Host memory traffic of a CPU Adam (optimizer offload) per GPU it serves, GB/s: the
     # update reads fp32 master, m, v and gradient and writes master, m, v (28 B/parameter);
-    # a socket's ~200 GB/s over 8 GPUs. docs/perf-model.md, "Memory".
+    # a socket's ~200 GB/s over 8 GPUs. docs/perf-model.md, "Equations" (memory).
     host_adam_gbps: float = 25.0
     # Fixed per-RL-step orchestration overhead (Ray/actor calls, data marshalling), s.
     # A cluster's `runtime.step_overhead_s` (clusters.yaml) overrides it.

@@ -55,7 +55,7 @@ class Workload:
     # speculative decoding in the rollout engine: draft tokens proposed per decode step
     # (MTP heads, an EAGLE draft head; 0 = none) and the mean tokens a verification step
     # advances a sequence by (accepted drafts + the bonus token); None = the prior
-    # (rpeg.perf.generation.spec_accept_len). docs/perf-model.md, "Speculative decoding"
+    # (rpeg.perf.generation.spec_accept_len). docs/perf-model.md, "Equations"
     spec_draft_tokens: int = 0
     spec_accept_len: float | None = None
 
