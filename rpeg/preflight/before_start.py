@@ -72,6 +72,14 @@ def preflight(
     problems += check_task(config)
     problems += check_places(config, local)
     problems += check_generation_engine(config)
+    from rpeg.runtime.actors.fault_points import fault_problems
+
+    faults, notes = fault_problems()  # a test hook: checked now, ignored unless enabled
+    problems += [Problem(where, what) for where, what in faults]
+    for note in notes:
+        import warnings
+
+        warnings.warn(note, stacklevel=2)
     from rpeg.runtime.loggers import logger_problems
 
     problems += logger_problems(config)

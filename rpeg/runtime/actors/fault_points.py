@@ -26,7 +26,11 @@ the group, rank and step of the last one that started (phase ``generate``), and
 :func:`env_turn` -- called by the multi-turn rollout (rpeg.runtime.envs.rollout) -- checks
 them with the turn.
 
-Nothing fires without the variable; the check is one ``os.environ`` lookup.
+Nothing fires without the variable, and the variable is read only where tests enable fault
+injection: ``RPEG_TEST_FAULTS=1`` beside it (:func:`arm` sets both), so a production run with
+a stray ``RPEG_FAULT_AT`` in its environment never ends itself (issue 44). The preflight
+checks an enabled point's syntax before anything starts (:func:`fault_problems`) and warns
+about a disabled one. The check is one ``os.environ`` lookup.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import os
 from dataclasses import dataclass
 
 ENV = "RPEG_FAULT_AT"
+#: the variable that enables fault injection (``1``); without it ``RPEG_FAULT_AT`` is ignored
+ENABLE = "RPEG_TEST_FAULTS"
 PHASES = ("generate", "train", "sync", "checkpoint", "env")
 EXIT_CODE = 137  # what a kill -9 leaves (128 + SIGKILL)
 
@@ -111,7 +117,7 @@ def fault_point(group: str, rank: int, phase: str, step: int, turn: int | None =
     point and its ``once`` file does not exist yet (it is created first)."""
     if phase == "generate":
         _GENERATING[:] = [(group, rank, step)]
-    text = os.environ.get(ENV)
+    text = armed()
     if not text:
         return
     point = FaultPoint.parse(text)
@@ -130,16 +136,42 @@ def env_turn(turn: int) -> None:
     """A multi-turn rollout's environment steps of model turn ``turn`` (from 1) begin: the
     ``env`` fault point of the generating unit this process runs (nothing outside a rank's
     unit, e.g. in the single-process trainer)."""
-    if _GENERATING and os.environ.get(ENV):
+    if _GENERATING and armed():
         group, rank, step = _GENERATING[0]
         fault_point(group, rank, "env", step, turn)
 
 
+def armed() -> str | None:
+    """``RPEG_FAULT_AT``'s text where fault injection is enabled (``RPEG_TEST_FAULTS=1``),
+    else None."""
+    if os.environ.get(ENABLE) != "1":
+        return None
+    return os.environ.get(ENV) or None
+
+
+def fault_problems() -> tuple[list[tuple[str, str]], list[str]]:
+    """Before a run starts: (problems as (where, what), warnings) of this environment's
+    fault point -- a malformed enabled one is a problem; a set but disabled one a warning."""
+    text = os.environ.get(ENV)
+    if not text:
+        return [], []
+    if os.environ.get(ENABLE) != "1":
+        return [], [f"{ENV} is set but ignored: fault injection is a test hook ({ENABLE}=1)"]
+    try:
+        FaultPoint.parse(text)
+    except ValueError as exc:
+        return [(ENV, str(exc))], []
+    return [], []
+
+
 def arm(spec: str | None) -> None:
-    """Set (``spec``) or clear (None) ``RPEG_FAULT_AT`` in this process: what a test runs on
-    every running worker (``client.run(arm, spec)``; ``os.environ.__setitem__`` would be
-    pickled with a copy of the caller's environment and set that copy)."""
+    """Set (``spec``) or clear (None) ``RPEG_FAULT_AT`` -- and ``RPEG_TEST_FAULTS`` -- in this
+    process: what a test runs on every running worker (``client.run(arm, spec)``;
+    ``os.environ.__setitem__`` would be pickled with a copy of the caller's environment and
+    set that copy)."""
     if spec is None:
         os.environ.pop(ENV, None)
+        os.environ.pop(ENABLE, None)
     else:
         os.environ[ENV] = spec
+        os.environ[ENABLE] = "1"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rpeg.runtime.actors.fault_points import ENV, FaultPoint
+from rpeg.runtime.actors.fault_points import ENABLE, ENV, FaultPoint
 
 
 def test_an_env_point_names_its_turn_and_only_env_points_do():
@@ -28,7 +28,7 @@ def test_an_env_point_names_its_turn_and_only_env_points_do():
 
 
 def _script(lines: list[str], once, tmp_path) -> subprocess.CompletedProcess:
-    env = {**os.environ, ENV: f"group=gen rank=0 phase=env step=2 turn=2 once={once}"}
+    env = {**os.environ, ENV: f"group=gen rank=0 phase=env step=2 turn=2 once={once}", ENABLE: "1"}
     code = "\n".join(["from rpeg.runtime.actors.fault_points import env_turn, fault_point", *lines])
     return subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path

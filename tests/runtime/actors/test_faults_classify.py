@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from rpeg.runtime.actors.failures import classify, first_cause, peer_lost
-from rpeg.runtime.actors.fault_points import ENV, FaultPoint
+from rpeg.runtime.actors.fault_points import ENABLE, ENV, FaultPoint
 from rpeg.runtime.actors.proxies import collect
 
 # the survivor's error of issue 28 (kill -9 of rank 1 during the gradient all-reduce)
@@ -95,7 +95,7 @@ def test_fault_point_ends_the_process_once(tmp_path):
         "fault_point('trainer', 1, 'train', 2)\n"
         "print('survived')\n"
     )
-    env = {**os.environ, ENV: f"group=trainer rank=1 phase=train step=2 once={once}"}
+    env = {**os.environ, ENV: f"group=trainer rank=1 phase=train step=2 once={once}", ENABLE: "1"}
     first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert first.returncode == 137 and "survived" not in first.stdout
     assert "trainer 1 train 2" in once.read_text()
