@@ -22,7 +22,6 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -345,8 +344,10 @@ def start_cluster(
         common["dashboard_address"] = "127.0.0.1:0"
         common["scheduler_kwargs"] = {"dashboard": False}
     from rpeg.infra.interrupts import services_ignore_sigint
+    from rpeg.infra.store_dirs import make_store_dir, sweep_stale
 
-    store_dir = tempfile.mkdtemp(prefix="rpeg-cluster-")  # mode 0700; removed by close()
+    sweep_stale()  # the folders of killed drivers, which could not remove their own
+    store_dir = make_store_dir()  # mode 0700, owner recorded; removed by close()
     env = {
         "OMP_NUM_THREADS": str(torch_threads),
         "MKL_NUM_THREADS": str(torch_threads),
