@@ -185,7 +185,11 @@ def _train(
     monitor = None
     try:
         if c.warmup_sft_steps:  # once, here, so that its progress is shown (not per rank)
-            _phase(progress, "warm-up of the policy (%d steps, cached)", c.warmup_sft_steps)
+            _phase(
+                progress,
+                "SFT warm-up of the policy (%d steps, once for all ranks; cached for later runs)",
+                c.warmup_sft_steps,
+            )
             warm_up_before_ranks(c, compiled, log=sink.say)
         n = sum(len(g.devices) for g in compiled.actor_groups)
         _phase(
