@@ -50,7 +50,9 @@ def remember_checked(config: RunConfig, cluster_devices: int | None, compiled: A
     _REMEMBERED[(config.model_dump_json(), cluster_devices)] = (time.monotonic(), compiled)
 
 
-def warm_up_before_ranks(config: RunConfig, compiled: Any, log: Any = None) -> bool:
+def warm_up_before_ranks(
+    config: RunConfig, compiled: Any, log: Any = None, progress: bool = False
+) -> bool:
     """The distributed run's SFT warm-up in the driver, before any rank starts, when the
     ranks run on CPU: its progress reaches the console and the ranks read the cached result
     (rpeg.runtime.warmup; a GPU rank warms up where it runs, one rank computing under the
@@ -61,6 +63,11 @@ def warm_up_before_ranks(config: RunConfig, compiled: Any, log: Any = None) -> b
         return False
     from rpeg.runtime.role_builder import build_policy
 
+    _phase(
+        progress,
+        "SFT warm-up of the policy (%d steps, once for all ranks; cached for later runs)",
+        config.warmup_sft_steps,
+    )
     build_policy(config, log=log)
     return True
 

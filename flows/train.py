@@ -184,13 +184,8 @@ def _train(
     rlog = run_logger()
     monitor = None
     try:
-        if c.warmup_sft_steps:  # once, here, so that its progress is shown (not per rank)
-            _phase(
-                progress,
-                "SFT warm-up of the policy (%d steps, once for all ranks; cached for later runs)",
-                c.warmup_sft_steps,
-            )
-            warm_up_before_ranks(c, compiled, log=sink.say)
+        # CPU ranks: the warm-up once, here, so that its progress is shown (not per rank)
+        warm_up_before_ranks(c, compiled, log=sink.say, progress=progress)
         n = sum(len(g.devices) for g in compiled.actor_groups)
         _phase(
             progress,
