@@ -6,9 +6,12 @@ Each run (parameters :class:`rpeg.flows.params.RetrainParams`, one form field ea
    ``retrain-refused`` artifact, before anything starts);
 2. finds the newest file under ``data_glob`` (fsspec; retried) as ``task.url``;
 3. finds the latest complete checkpoint under the checkpoint URL (step ``s``; retried);
-4. trains ``steps`` more steps (runtime.steps = s + steps, resume on) on Dask actors
-   (engine ``dask``) or with the single-process trainer (engine ``local``), in a task with a
-   timeout that is retried once (a retry resumes), writing to ``<output>/<run name>/``;
+4. derives what the data says (``workload.max_prompt_tokens``, as ``rpeg train`` does; the
+   Dask engine's round is prepared by :func:`rpeg.preflight.prepare.prepare_run`: every check
+   and the run's locks, a refusal before any cluster starts), then trains ``steps`` more
+   steps (runtime.steps = s + steps, resume on) on Dask actors (engine ``dask``) or with the
+   single-process trainer (engine ``local``), in a task with a timeout that is retried once
+   (a retry resumes), writing to ``<output>/<run name>/``;
 5. scores the run by the held-out greedy accuracy after training and promotes it unless it
    regressed: ``<checkpoint_url>/latest-good.json`` plus, with ``keep_promoted``, a copy in
    ``<checkpoint_url>/latest-good/`` (what the ``retrain-latest-good`` artifact names).
@@ -143,12 +146,34 @@ def retrain(
         if params.engine == "dask":
             config = config.with_overrides({"runtime.run_id": RUN_ID})
         config = launch.with_run_folder(config, params.output_dir)
-        if params.engine == "dask":
-            from rpeg.flows.run_setup import validate_before_start
+        prepared = None
+        if params.engine == "dask":  # prepared as `rpeg train` prepares a run (its locks too)
+            from rpeg.preflight.prepare import prepare_run
 
-            validate_before_start(config)
+            prepared = prepare_run(config, run_folder=False, log=logger.info)
+            config = prepared.config
+        else:  # the single-process engine's flat checkpoints: the data's lengths alone
+            from rpeg.runtime.datasets.fit import fit_prompt_lengths
+
+            config = fit_prompt_lengths(config, log=logger.info)
     except RpegError as exc:
         return launch.refuse(exc)
+    try:
+        return _train_and_decide(params, config, base_step, previous, data_url)
+    finally:
+        if prepared is not None:
+            prepared.release()
+
+
+def _train_and_decide(
+    params: P.RetrainParams,
+    config: RunConfig,
+    base_step: int,
+    previous: dict[str, Any] | None,
+    data_url: str | None,
+) -> dict[str, Any]:
+    """Train the prepared round, publish its results, promote or not."""
+    logger = launch.run_logger()
     logger.info(
         "retrain %s: from step %d to step %d (%s engine), output %s",
         params.config or "built-in config",

@@ -67,6 +67,40 @@ def test_a_refused_deployed_run_is_a_named_error_and_an_artifact(user_files, tmp
     assert state.message == line
 
 
+@pytest.mark.parametrize("engine", ["dask", "local"])
+def test_a_retrain_round_derives_max_prompt_tokens_too(user_files, tmp_path, monkeypatch, engine):
+    """The retrain deployment on newest data: the same derivation before its training task."""
+    from rpeg.flows import retrain as R
+
+    from rpeg.runtime.datasets.fit import fit_prompt_lengths
+
+    got: list[dict] = []
+
+    class Recorder:  # the training task: records what it was given
+        def with_options(self, **kw):
+            return self
+
+        def __call__(self, config_json, engine):
+            got.append(config_json)
+            return {"steps": 1}
+
+    monkeypatch.setattr(R, "train_task", Recorder())
+    monkeypatch.setattr(
+        R, "find_latest_checkpoint", lambda at, url: {"step": 0, "latest_good": None}
+    )
+    monkeypatch.setattr(R.reports, "plan_report", lambda cfg: ("", None))
+    monkeypatch.setattr(R.art, "publish_plan_report", lambda md: None)
+    monkeypatch.setattr(R.art, "publish_results", lambda *a, **k: None)
+    monkeypatch.setattr(R, "_decide", lambda *a: {"decided": True})
+    path = run_yaml(user_files, tmp_path)
+    out = R.retrain.fn(config=path, checkpoint_url=str(tmp_path / "ck"), engine=engine, steps=1)
+    assert out == {"decided": True}
+    (cfg,) = [RunConfig.from_dict(c) for c in got]
+    want = fit_prompt_lengths(RunConfig.from_yaml(path)).workload.max_prompt_tokens
+    assert want > RunConfig().workload.max_prompt_tokens
+    assert cfg.workload.max_prompt_tokens == want
+
+
 @pytest.mark.slow
 def test_a_deployed_verl_run_trains_as_rpeg_train_does(user_files, tmp_path):
     """The issue's failure: the deployed flow on a verl parquet filtered out every prompt
