@@ -399,6 +399,11 @@ def _run_checked(
 ) -> dict[str, Any]:
     """run_train after its checks: the flow on Prefect's API, or the inner flow for tests."""
     if _cluster is None and _fault_hook is None and not _with_extra:
+        from rpeg.infra.interrupts import start_ephemeral_api
+
+        # Prefect's own start waits 20 s, short of a loaded machine's (issue 44): ours waits
+        # up to EPHEMERAL_STARTUP_TIMEOUT_S and says so
+        start_ephemeral_api(log=print if progress else None)
         return _finished_despite_api(
             lambda: rl_train(
                 config=config.model_dump(mode="json"),

@@ -33,6 +33,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 _LOCK = threading.Lock()
@@ -62,10 +63,12 @@ def services_ignore_sigint() -> Iterator[None]:
                 _SAVED = None
 
 
-def start_ephemeral_api() -> bool:
+def start_ephemeral_api(log=None) -> bool:
     """Start Prefect's ephemeral API server now, in a session of its own (the terminal's
-    Ctrl-C does not reach it); True if this call started it (False: an API URL is set,
-    ephemeral mode is off, or it already runs)."""
+    Ctrl-C does not reach it), waiting on its ``/health`` up to :func:`_startup_timeout_s`
+    (a loaded machine's start-up fits); True if this call started it (False: an API URL is
+    set, ephemeral mode is off, or it already runs). ``log``: told when the wait begins, every
+    :data:`PROGRESS_EVERY_S` while it lasts, and how long it took."""
     try:
         import prefect.server.api.server as server_module
         from prefect.settings import PREFECT_API_URL
@@ -79,12 +82,31 @@ def start_ephemeral_api() -> bool:
     real = getattr(server_module, "subprocess", None)
     if real is not None:
         server_module.subprocess = _OwnSession(real)
+    timeout = _startup_timeout_s()
+    shown = timeout or os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
+    done = threading.Event()
+    t0 = time.monotonic()
+    if log is not None:
+        log(f"starting Prefect's API server (waiting up to {shown} s for its health check)")
+
+        def tick() -> None:
+            while not done.wait(PROGRESS_EVERY_S):
+                log(f"  ... Prefect's API server still starting ({time.monotonic() - t0:.0f} s)")
+
+        threading.Thread(target=tick, daemon=True, name="rpeg-api-wait").start()
     try:
-        server.start(timeout=_startup_timeout_s())
+        server.start(timeout=timeout)
     finally:
+        done.set()
         if real is not None:
             server_module.subprocess = real
+    if log is not None:
+        log(f"Prefect's API server ready ({time.monotonic() - t0:.1f} s)")
     return True
+
+
+#: how often the wait for the API server is reported (seconds)
+PROGRESS_EVERY_S = 10.0
 
 
 #: seconds the ephemeral API may take to start when the user has not set Prefect's own
