@@ -108,7 +108,14 @@ def prepare_run(
         try:
             folder.mkdir(parents=True, exist_ok=True)
             RF.write_config(folder, config)
-            RF.point_latest(folder)
+            latest = folder.parent / RF.LATEST
+            was_real = latest.is_dir() and not latest.is_symlink()
+            if RF.point_latest(folder) is not None and was_real:
+                kept = sorted(folder.parent.glob(f"{RF.LATEST}.before-*"))[-1:]
+                prepared.notes.append(
+                    f"{latest} was a folder of earlier outputs: kept as {kept[0] if kept else '?'}"
+                    f"; {latest} now points at this run's folder"
+                )
         except BaseException:
             prepared.release()
             raise

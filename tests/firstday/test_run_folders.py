@@ -24,10 +24,14 @@ def test_a_run_writes_its_own_folder_with_its_config(tmp_path, capsys):
     out = tmp_path / "runs"
     (out / "old").mkdir(parents=True)
     (out / "old" / "metrics.jsonl").write_text('{"step": 1}\n')  # an earlier run's
+    (out / "latest").mkdir()  # outputs of a run from before run folders
+    (out / "latest" / "metrics.jsonl").write_text('{"step": 7}\n')
     code = main(["train", "--local", "--out", str(out), *FAST])
     said = capsys.readouterr().out
     assert code == 0, said
-    (folder,) = [p for p in out.iterdir() if p.name not in ("old", "latest")]
+    (kept,) = out.glob("latest.before-*")  # kept, not deleted, and said so
+    assert (kept / "metrics.jsonl").read_text() == '{"step": 7}\n' and f"kept as {kept}" in said
+    (folder,) = [p for p in out.iterdir() if p.name not in ("old", "latest", kept.name)]
     assert (out / "latest").is_symlink() and (out / "latest").resolve() == folder.resolve()
     assert f"outputs in {folder}/" in said
     for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "reward_curve.png", "tb"):
