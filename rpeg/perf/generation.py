@@ -5,6 +5,7 @@ every equation is in docs/perf-model.md ("Equations")."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rpeg.perf import costs, eager_cpu
@@ -138,6 +139,23 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
         t += t_re
         fl += re_fl
         sc.detail.update(batch=b_eff, decode_steps=n_steps, reprefill_s=t_re, live_context=ctx)
+    elif c.wl.gen_static_batch:
+        # static batches: ceil(S / b) batches, each b sequences decoded until the longest of
+        # its b responses ends (a finished sequence is padding, still computed)
+        b = max(1, min(int(c.wl.gen_static_batch), math.ceil(S)))
+        batches = math.ceil(S / b)
+        lmax = L.expected_max(b)
+        K = 12
+        seg = lmax / K
+        one = 0.0
+        for i in range(K):
+            ts, f1, b1, cm = step(b, c.P + (i + 0.5) * seg)
+            one += seg * ts
+            fl += batches * seg * f1
+            by += batches * seg * b1
+            comm += batches * seg * cm
+        t += batches * one
+        sc.detail.update(batch=b, static_batches=batches, longest_response=lmax)
     else:
         lmax = L.expected_max(c.N)
         bulk = 0.0

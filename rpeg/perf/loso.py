@@ -54,6 +54,9 @@ EXPLICIT = (
     "spec_decode",
     "spec_draft_tokens",
     "spec_accept_len",
+    "gen_batching",
+    "gen_batch_size",
+    "zero_stage",
 )
 
 #: the calibration whose interval carries only the row's unknown inputs

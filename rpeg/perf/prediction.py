@@ -58,6 +58,11 @@ class Workload:
     # (rpeg.perf.generation.spec_accept_len). docs/perf-model.md, "Equations"
     spec_draft_tokens: int = 0
     spec_accept_len: float | None = None
+    # an engine without continuous batching (DeepSpeed-Chat's hybrid engine, HF ``generate``):
+    # sequences per generation batch of a replica; each batch decodes until its longest
+    # response ends, finished sequences still computed. None = continuous batching (vLLM,
+    # SGLang, TensorRT-LLM)
+    gen_static_batch: int | None = None
 
     @classmethod
     def from_config(cls, w: Any, lora: Any = None, multiturn: Any = None) -> Workload:

@@ -46,6 +46,12 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "reuse_rollout_logprobs": ((r"\bold_log_prob not recomputed\b", "yes"),),
     "model_kind": ((r"\bbase (?:checkpoint|model)\b", "base"),),
+    # DeepSpeed-Chat generates inside its training engine (the "hybrid engine"): HF-style
+    # static batches, no continuous batching (verl also calls its colocation a hybrid engine)
+    "gen_batching": (
+        (r"\bdeepspeed[- ]?chat\b.{0,200}\bhybrid[_ ]engine\b", "static"),
+        (r"\bhybrid[_ ]engine\b.{0,200}\bdeepspeed[- ]?chat\b", "static"),
+    ),
     # speculative decoding: EAGLE is only a draft method; MTP heads may only be trained,
     # so MTP counts where the text speaks of speculative decoding or drafts
     "spec_decode": (
@@ -62,6 +68,8 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 #: column -> pattern whose first group is the number
 _NUMBERS: dict[str, str] = {
+    "zero_stage": r"\bzero(?:_stage\s*[=:]?\s*|[- ]?stage[- ]?|-)([0-3])\b",
+    "gen_batch_size": r"\bper_device_generation_batch_size\s*[=:]?\s*(\d+)\b",
     "spec_draft_tokens": r"\bnum_speculative_tokens\s*[=:]?\s*(\d+)\b",
     "spec_accept_len": r"\baccept(?:ance|ed)?[_ ]len(?:gth)?\s*(?:[=:]|of)?\s*(\d+(?:\.\d+)?)",
 }
@@ -76,6 +84,7 @@ FAMILIES: dict[str, str] = {
     "areal": r"\bareal\b|\brealhf\b",
     "slime": r"\bslime\b|\bmiles\b",
     "openrlhf": r"\bopenrlhf\b",
+    "deepspeed-chat": r"\bdeepspeed[- ]?chat\b|\bds-?chat\b",
     "skyrl": r"\bskyrl\b",
 }
 
@@ -93,6 +102,8 @@ def _system(family: str, backend: str) -> str:
         return "slime-megatron"
     if family == "openrlhf":
         return "openrlhf-deepspeed"
+    if family == "deepspeed-chat":
+        return "deepspeed-chat"
     return family  # areal, skyrl
 
 
@@ -144,7 +155,7 @@ def read(r: dict[str, str]) -> dict[str, str]:
         out["gpu_memory_utilization"] = u
     for col, pat in _NUMBERS.items():
         if v := _one([str(float(m.group(1))) for m in re.finditer(pat, text)]):
-            out[col] = str(int(float(v))) if col == "spec_draft_tokens" else v
+            out[col] = v if col == "spec_accept_len" else str(int(float(v)))
     if s := system_of(r):
         out["system"] = s
     return out

@@ -61,6 +61,10 @@ PRIORS: dict[str, Any] = {
 #: precision cells meaning fp32-master mixed precision with bf16/fp16 compute
 AMP_NAMES = ("amp", "mixed", "bf16-mixed", "fp32-master", "mixed-precision")
 
+#: sequences per generation batch of an engine without continuous batching where a row does
+#: not say (DeepSpeed-Chat's ``per_device_generation_batch_size`` default)
+STATIC_GEN_BATCH = 16
+
 #: speculative decoding of the rollout engine (``spec_decode`` column): none, a model's
 #: multi-token-prediction heads as the draft (one draft token per head), an EAGLE draft head
 SPEC_METHODS = ("", "none", "mtp", "eagle")
@@ -212,6 +216,13 @@ def read_case(r: dict[str, str]) -> RowCase:
     # ZeRO-3 (DeepSpeed, OpenRLHF) shards parameters like FSDP; everything else (Megatron,
     # ReaL/AReaL 3D) keeps replicated TP/PP shards
     engine = "fsdp" if any(k in backend for k in ("fsdp", "deepspeed", "zero")) else "megatron"
+    zero = _opt_int(r, "zero_stage")
+    if zero is not None and zero not in (0, 1, 2, 3):
+        raise Unpredictable(f"zero_stage={zero}; allowed: 0, 1, 2, 3 or blank")
+    if zero is not None and zero < 3:
+        # ZeRO-1/2: replicated weights, the optimizer (and gradients) sharded over the data
+        # parallel ranks, no parameter gathers: priced as the distributed-optimizer trainer
+        engine = "megatron"
 
     def prior(col: str) -> Any:
         v = _tri(r, col)
@@ -275,6 +286,16 @@ def read_case(r: dict[str, str]) -> RowCase:
         raise Unpredictable(
             f"precision={prec!r}; allowed: bf16, fp16, fp8, fp32, amp (mixed, fp32 master)"
         )
+    batching = (r.get("gen_batching") or "continuous").strip().lower()
+    if batching not in ("continuous", "static"):
+        raise Unpredictable(f"gen_batching={batching!r}; allowed: continuous, static or blank")
+    static = None
+    if batching == "static":
+        static = _opt_int(r, "gen_batch_size") or STATIC_GEN_BATCH
+        if static < 1:
+            raise Unpredictable(f"gen_batch_size={static}: must be a whole number >= 1")
+        if _opt_int(r, "gen_batch_size") is None:
+            unknown.append("gen_batch_size")
     spec = (r.get("spec_decode") or "").strip().lower()
     if spec not in SPEC_METHODS:
         raise Unpredictable(
@@ -288,6 +309,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         if _float(r, "spec_accept_len") is None:
             unknown.append("spec_accept_len")  # the prior (rpeg.perf.generation)
     wl = Workload(
+        gen_static_batch=static,
         spec_draft_tokens=drafts,
         spec_accept_len=_float(r, "spec_accept_len") if drafts else None,
         num_prompts=_int(r, "num_prompts"),

@@ -37,6 +37,7 @@ SYSTEMS: dict[str, str] = {
     "nemo-rl-megatron": "NVIDIA NeMo-RL with the Megatron-Core trainer (vLLM rollout)",
     "nemo-rl-dtensor": "NVIDIA NeMo-RL with the DTensor (FSDP2) trainer",
     "openrlhf-deepspeed": "OpenRLHF with DeepSpeed ZeRO trainers (vLLM rollout)",
+    "deepspeed-chat": "DeepSpeed-Chat (ZeRO trainers, generation in the hybrid engine)",
     "areal": "AReaL (ReaL/Megatron-style 3D trainer, SGLang rollout, asynchronous)",
     "slime-megatron": "slime (and its fork Miles): Megatron trainer, SGLang rollout",
     "skyrl": "SkyRL (FSDP trainer, vLLM rollout)",
