@@ -87,7 +87,9 @@ def run_entries(
             )
             continue
         try:
-            measured = read_run(run_dir, skip=skip)
+            # `rpeg train --out DIR` writes DIR/<run id>/ and points DIR/latest at it
+            latest = run_dir / "latest"
+            measured = read_run(latest if latest.exists() else run_dir, skip=skip)
         except (RunDataError, OSError) as exc:
             results.append(BenchResult(e.name, e.description, e.predicted_s, None, error=str(exc)))
             continue
