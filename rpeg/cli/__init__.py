@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
             return exc.exit_code
         if debug:
             raise
+        from rpeg.cli.write_errors import write_error_message
+
+        full = write_error_message(exc)  # a full disk names its file, exit 2 (issue 44)
+        if full:
+            typer.echo(f"error: {full}", err=True)
+            return 2
         typer.echo(
             f"error: {type(exc).__name__}: {exc}\n(run with --debug for the traceback)", err=True
         )
