@@ -15,9 +15,8 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /
 
 
 def test_a_failed_write_without_a_file_in_the_error_is_named_from_its_frame():
-    with pytest.raises(OSError) as got:
-        with open("/dev/full", "w") as fh:
-            fh.write("x" * 100_000)
+    with pytest.raises(OSError) as got, open("/dev/full", "w") as fh:
+        fh.write("x" * 100_000)
     assert got.value.errno == errno.ENOSPC and got.value.filename is None  # what Python says
     msg = write_error_message(got.value)
     assert msg.startswith("disk full writing /dev/full")
