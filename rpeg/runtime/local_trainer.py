@@ -301,11 +301,44 @@ class LocalTrainer:
                 f"checkpoint step {meta.get('step')} was written by the distributed runtime "
                 f"(parts {sorted(parts)}, no {TRAINER_PART}); resume it without --local"
             )
-        state = loads(parts[TRAINER_PART])
-        self.load_state_dict(state["trainer"])
+        failed: list[str] = []
+        while True:  # a part that verifies but does not load (another model's weights under
+            # a forged checksum, issue 44): named, and the previous checkpoint is loaded
+            try:
+                state = loads(parts[TRAINER_PART])
+                self.load_state_dict(state["trainer"])
+                break
+            except (CheckpointError, KeyError, TypeError) as exc:
+                part = f"{meta.get('dir_url', meta.get('step'))}/{TRAINER_PART}"
+                failed.append(f"{part}: {exc}")
+                older = _older_checkpoint(store, int(meta.get("step") or 0))
+                if older is None:
+                    raise CheckpointError(
+                        "; ".join(failed) + "; no earlier checkpoint of the run loads"
+                    ) from None
+                self.log(
+                    f"warning: {part} does not load ({exc}); falling back to checkpoint "
+                    f"step {older[0].get('step')}"
+                )
+                meta, parts = older
         self.history = list(state.get("history", []))
         got = state.get("heldout_acc_before")  # None: runtime.val_before_train was off
         return None if got is None else float(got)
+
+
+def _older_checkpoint(store: CheckpointStore | None, step: int):
+    """The newest complete, verified checkpoint of ``store`` before ``step`` holding a
+    trainer part (None: none)."""
+    if store is None:
+        return None
+    for s in sorted((s for s in store.complete_steps() if s < step), reverse=True):
+        try:
+            meta, parts = store.verify(s)
+        except CheckpointError:
+            continue
+        if TRAINER_PART in parts:
+            return meta, parts
+    return None
 
 
 def plot_rewards(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpeg.runtime.actors.checkpoint.layout import dumps, loads
+from rpeg.runtime.actors.checkpoint.layout import CheckpointError, dumps, loads
 
 
 # --------------------------------------------------------------------------- roles' state
@@ -37,7 +37,16 @@ def load_roles_state(st: dict[str, Any], roles: dict[str, Any]) -> None:
     share the actor's model must not keep generating from the weights it started with)."""
     for name, wk in roles.items():
         if wk is not None and st.get(name) is not None:
-            wk.load_state_dict(st[name])
+            try:
+                wk.load_state_dict(st[name])
+            except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+                # tensors of another shape or names (another model's weights under a
+                # checksum anyone can forge): a CheckpointError, not a state_dict traceback
+                first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+                raise CheckpointError(
+                    f"the saved {name} state does not fit this run's {name} "
+                    f"({type(exc).__name__}: {first})"
+                ) from None
     actor = roles.get("actor")
     if actor is None:
         return
