@@ -163,7 +163,7 @@ MAX_LR = 10.0
 
 
 class OptimConfig(Section):
-    lr: float = Field(defaults.LR, gt=0.0, le=MAX_LR)
+    lr: float = Field(defaults.LR, gt=0.0, le=MAX_LR, description="at most 10")
     critic_lr: float = Field(1e-4, gt=0.0, le=MAX_LR)
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)

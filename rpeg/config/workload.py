@@ -106,7 +106,13 @@ class WorkloadConfig(Section):
     mean_prompt_tokens: float | None = Field(
         None, gt=0, description="for the performance model; None = max_prompt_tokens"
     )
-    max_response_tokens: int = Field(defaults.MAX_RESPONSE_TOKENS, ge=1, le=MAX_TOKENS)
+    max_response_tokens: int = Field(
+        defaults.MAX_RESPONSE_TOKENS,
+        ge=1,
+        le=MAX_TOKENS,
+        description="longest response in tokens; less than the model's context (checked "
+        "before start)",
+    )
     mean_response_tokens: float | None = Field(
         None,
         gt=0,
