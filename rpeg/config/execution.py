@@ -63,7 +63,9 @@ MAX_SEED = 2**32 - 1
 
 class RuntimeConfig(Section):
     steps: int = Field(60, ge=1, description="RL steps to run")
-    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of the run's generators (0 .. 2**32-1)")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="seed of the run's generators (0 .. 2**32-1)"
+    )
     max_staleness: int = Field(
         defaults.MAX_STALENESS, ge=0, description="bound k on policy-version lag (0 = on-policy)"
     )
