@@ -104,7 +104,7 @@ class Priced:
     from_hours: bool = False
     run_share: float | None = None
     # what a calibrating row shares with another of its source (rpeg.perf.loso_oneshot):
-    # the row's model, GPU and mode (placement, on/off-policy) as written
+    # the row's model, GPU and mode (placement, on/off-policy) as written, and its system
     traits: tuple[str, ...] = ()
 
     def log_pred(self, lg: float, lt: float, lm: float = 0.0) -> float:
@@ -214,7 +214,7 @@ def price_rows(
                 unknown=case.unknown,
                 solved=dict(lay.solved),
                 assumed=assumed_values(case, calib),
-                traits=_traits(r),
+                traits=(*_traits(r), system),
             )
         )
     return priced, refused

@@ -12,7 +12,7 @@ published step time alone cannot separate generation from training; setting each
 from published stage times instead was tried and scored worse: docs/validation.md.)
 
 The shift reaches another row of the source in the share the two rows' errors are shared:
-for their class of pair (same model, GPU and mode or not), the least-squares transfer
+for their class of pair (same model, GPU, mode and system or not), the least-squares transfer
 ``sum e_c e_r / sum e_c^2`` of the leave-one-source-out log errors of the *other* sources'
 pairs (a user's one run says little about a run of another model, and the data say how
 little). The calibrating row never scores itself. Each row's one-shot error is its mean over
@@ -82,7 +82,7 @@ MIN_PAIRS = 6
 
 
 def _transfers(group: list[Any], resid: dict[str, float]) -> dict[tuple[bool, ...], float]:
-    """Per class of pair (model, GPU, mode shared or not): the share of one row's LOSO log
+    """Per class of pair (model, GPU, mode, system shared or not): the share of one row's LOSO log
     error that another row of the same source repeats, ``sum e_c e_r / sum e_c^2`` over the
     ordered pairs of ``group`` (rows of other sources); key ``()``: all pairs."""
     by_source: dict[str, list[Any]] = {}
