@@ -157,14 +157,15 @@ def _group_problems(step: CompiledStep) -> list[Problem]:
             )
         if g.fsdp and not g.trainable:
             ps.append(Problem(f"{where}.fsdp", "FSDP needs a trainable role in the group"))
-        if not isinstance(g.reshard_after_forward, bool):
-            ps.append(
-                Problem(
-                    f"{where}.reshard_after_forward",
-                    f"{g.reshard_after_forward!r}: must be true or false (a compiled step "
-                    "holds the resolved setting)",
+        for knob in ("reshard_after_forward", "recompute"):
+            if not isinstance(getattr(g, knob), bool):
+                ps.append(
+                    Problem(
+                        f"{where}.{knob}",
+                        f"{getattr(g, knob)!r}: must be true or false (a compiled step "
+                        "holds the resolved setting)",
+                    )
                 )
-            )
     return ps
 
 

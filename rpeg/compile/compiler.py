@@ -260,6 +260,7 @@ def _tasks(
                 concurrent_with=tuple(conc),
                 max_tokens_per_micro_batch=budget if forward else None,
                 stream_chunk_prompts=_chunk(config, by_name[group_of[n]]) if u.streaming else 0,
+                offload=bool(plan.units[n].offload),
             )
         )
     return tuple(out)

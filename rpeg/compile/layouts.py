@@ -95,6 +95,33 @@ def _keeps_gathered(config: Any, up: Any, dtype: str, model: Any) -> bool:
     return keeps_gathered(setting, extra, device_gb)
 
 
+def _recomputes(config: Any, up: Any, model: Any) -> bool:
+    """The training unit ``up``'s ``recompute`` resolved: an explicit bool as given; ``auto``
+    by the performance model's rule (:func:`rpeg.perf.units.recomputes`: the activations
+    one micro-batch keeps without recompute, over a share of the device's memory); no
+    recompute when the model or cluster cannot be sized."""
+    from rpeg import specs
+    from rpeg.errors import RpegError
+    from rpeg.perf.calibration import Calibration
+    from rpeg.perf.units import full_activation_bytes, recomputes
+
+    setting = up.recompute
+    if setting != "auto":
+        return bool(setting)
+    try:
+        device_gb = specs.cluster(config.cluster.name).gpu.usable_hbm_gb
+    except RpegError:
+        return False
+    if model is None:
+        return False
+    w = config.workload
+    tokens = up.micro_batch_size * (w.max_prompt_tokens + w.max_response_tokens)
+    if w.max_tokens_per_micro_batch:
+        tokens = min(tokens, w.max_tokens_per_micro_batch)
+    act = full_activation_bytes(model, tokens / up.cp, up.tp, up.pp, 1.0, Calibration())
+    return recomputes(setting, act / 1e9, device_gb)
+
+
 def _device_type(config: Any) -> str:
     """``cuda`` unless the catalog cluster's device is the CPU. An unknown cluster name is
     the catalog's error (a SpecError naming the known clusters), never a silent ``cpu``."""
@@ -194,6 +221,7 @@ def _layout(
         gen_engine=None if gp is None else str(gp.engine),
         gen_memory_utilization=None if gp is None else gp.gpu_memory_utilization,
         reshard_after_forward=not (fsdp and dp > 1 and _keeps_gathered(config, up, dtype, model)),
+        recompute=bool(train) and _recomputes(config, plan.units[train[0]], model),
         device_type=dev,
         dtype=dtype,
         backend="nccl" if dev == "cuda" else "gloo",

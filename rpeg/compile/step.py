@@ -58,6 +58,8 @@ class GroupSpec:
     ``vllm``; None: the group generates nothing) and ``gen_memory_utilization`` its KV-cache
     share of the device. ``reshard_after_forward``: FSDP training frees each block's gathered
     parameters after its forward (the plan's setting, ``auto`` resolved by the compiler).
+    ``recompute``: training checkpoints every decoder layer (the training unit's
+    ``recompute``, ``auto`` resolved by the compiler: rpeg.perf.units.recomputes).
     """
 
     name: str
@@ -73,6 +75,7 @@ class GroupSpec:
     gen_engine: str | None = None
     gen_memory_utilization: float | None = None
     reshard_after_forward: bool = True
+    recompute: bool = False
     device_type: DeviceType = DEFAULT_DEVICE_TYPE
     dtype: Dtype = DEFAULT_DTYPE
     backend: Backend = "gloo"
@@ -101,7 +104,8 @@ class TaskSpec:
     and ``max_tokens_per_micro_batch`` (a token budget; None: by count) apply to its forward
     passes; ``stream_chunk_prompts`` > 0: a streaming rollout hands on that many prompt
     groups at a time. ``shared_forward``: actor-critic sharing, logits and values from one
-    forward."""
+    forward. ``offload``: the state of the roles the unit computes with goes to host memory
+    once it has run, and comes back before a unit uses it (rpeg.runtime.unit_memory)."""
 
     name: str
     stages: tuple[str, ...]
@@ -117,6 +121,7 @@ class TaskSpec:
     concurrent_with: tuple[str, ...] = ()
     max_tokens_per_micro_batch: int | None = None
     stream_chunk_prompts: int = 0
+    offload: bool = False
 
     @property
     def generates(self) -> bool:

@@ -1,15 +1,15 @@
 """How RPEG's own runtime executes a forward or training unit on CPU "devices" (pure).
 
 A CPU device is a one-thread worker process running eager PyTorch (``runtime.torch_threads``
-1). Three facts of that runtime change what a unit costs, and are priced where the cluster's
+1). Two facts of that runtime change what a unit costs, and are priced where the cluster's
 device is ``cpu`` (:func:`rpeg.perf.units.pass_cost`); docs/perf-model.md, "Calibration from
 a run":
 
 * micro-batches are cut by sample count inside each of the ``train_minibatches`` optimizer
   steps (``rpeg.runtime.micro_batches``): a rank runs ``minibatches x ceil(rows / mbs)``
   micro-batches, each paying the eager per-layer cost, whatever the packing budget says;
-* layers are not checkpointed (no activation recompute), so a training micro-batch is three
-  passes (forward, backward for inputs and weights) even where the plan asks for recompute;
+* decoder layers are checkpointed where the plan asks for recompute
+  (rpeg.runtime.unit_memory), as on a GPU: four passes instead of three;
 * gradients, FSDP shards and tensor-parallel activations of an fp32 run move as fp32 (4
   bytes a value) over gloo, not the 2 bytes of a bf16 GPU run (:func:`comm_value_bytes`).
 """

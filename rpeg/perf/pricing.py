@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from rpeg.perf import eager_cpu
 from rpeg.perf.calibration import DEFAULT, Calibration
 from rpeg.perf.calibration import resolve as resolve_calibration
 from rpeg.perf.generation import generation_cost, weight_sync_cost
@@ -243,7 +244,14 @@ def predict(
         names = [n for n, _ in units if n in group]
         if not names:
             continue
-        all_off = all(plan.units[n].offload for n in names) and len(names) > 1
+        # offload moves each unit's roles to host memory between uses (the runtime's
+        # rpeg.runtime.unit_memory); on CPU workers the host is the device: nothing is freed
+        # and nothing moves, so nothing is priced
+        all_off = (
+            all(plan.units[n].offload for n in names)
+            and len(names) > 1
+            and not eager_cpu.is_cpu(cluster.gpu)
+        )
         # weights of the same role are shared by its units on the same devices
         peaks = [stages[n].peak_memory_gb for n in names]
         if all_off:

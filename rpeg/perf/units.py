@@ -203,6 +203,30 @@ def _dense_expert_split(m: ModelSpec) -> tuple[float, float]:
 GATHERED_MEMORY_SHARE = 0.10
 
 
+#: ``recompute: auto`` checkpoints a training unit's decoder layers when the activations it
+#: would keep without recompute pass this share of a device's memory
+RECOMPUTE_MEMORY_SHARE = 0.25
+
+
+def recomputes(setting: bool | str, act_full_gb: float, device_gb: float) -> bool:
+    """Whether a training pass checkpoints its decoder layers (``UnitPlan.recompute``; ``auto``:
+    when ``act_full_gb``, the activations kept without recompute, pass
+    :data:`RECOMPUTE_MEMORY_SHARE` of ``device_gb``)."""
+    if setting == "auto":
+        return act_full_gb > RECOMPUTE_MEMORY_SHARE * device_gb
+    return bool(setting)
+
+
+def full_activation_bytes(
+    m: ModelSpec, tok_dev: float, tp: int, pp: int, in_flight: float, cal: Calibration
+) -> float:
+    """Bytes of the activations one rank keeps for backward without recompute: ``tok_dev``
+    tokens of a micro-batch through its ``layers / pp`` layers, ``in_flight`` micro-batches
+    (a pipeline holds up to ``pp``)."""
+    per = cal.act_bytes_per_hidden_full / tp
+    return tok_dev * m.hidden * per * (m.layers / pp) * in_flight
+
+
 def params_per_device(m: ModelSpec, tp: int, pp: int, ep: int) -> float:
     """Parameters one rank of a ``tp x pp`` (``ep`` for experts) layout holds unsharded."""
     expert_all = m.moe_layers * m.moe.experts * m.expert_params if m.moe else 0
@@ -283,13 +307,6 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     dp = max(1, n // (tp * pp * cp))
     sc = StageCost(name, (kind,), format_devices(u.devices), n)
     cpu = eager_cpu.is_cpu(gpu)  # RPEG's eager CPU workers (rpeg.perf.eager_cpu)
-    recompute = u.recompute and train and not cpu
-    if train:
-        flops = costs.train_flops(m, c.tokens, c.seq_sq, recompute)
-        passes = 4.0 if recompute else 3.0
-    else:
-        flops = costs.forward_flops(m, c.tokens, c.seq_sq)
-        passes = 1.0
     dense_p, expert_p = _dense_expert_split(m)
     # tokens in one micro-batch (packed to the sequence budget) and per device
     tok_mb = c.max_seq * u.micro_batch_size if u.seq_packing else (c.P + c.R) * u.micro_batch_size
@@ -299,6 +316,19 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     mb = eager_cpu.micro_batches(c, dp, u.micro_batch_size, train)  # the runtime's, on CPU
     tok_mb = mb.tokens if cpu else tok_mb
     tok_dev = tok_mb / cp
+    tok_rank_mb = c.tokens / dp / max(1, c.wl.train_minibatches) / tok_mb
+    in_flight = min(pp, max(1.0, tok_rank_mb)) if train else 1.0
+    act_full = full_activation_bytes(m, tok_dev, tp, pp, in_flight, cal)
+    # the runtime checkpoints each decoder layer (rpeg.runtime.unit_memory) when the
+    # plan says so; ``auto``: when the activations kept without it would crowd the device
+    recompute = train and recomputes(u.recompute, act_full / GB, gpu.usable_hbm_gb)
+    sc.detail["recompute"] = float(recompute)
+    if train:
+        flops = costs.train_flops(m, c.tokens, c.seq_sq, recompute)
+        passes = 4.0 if recompute else 3.0
+    else:
+        flops = costs.forward_flops(m, c.tokens, c.seq_sq)
+        passes = 1.0
     gemm_dense = (
         2.0
         * tok_dev

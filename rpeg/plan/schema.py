@@ -153,7 +153,13 @@ class UnitPlan(_Base):
         ge=1,
         description="samples (or packed sequences) per micro-batch",
     )
-    recompute: bool = Field(True, description="full activation recompute in training")
+    recompute: bool | Literal["auto"] = Field(
+        "auto",
+        description="training: checkpoint every decoder layer (keep its input, recompute its "
+        "activations in backward: one more forward pass, a layer's activations instead of all "
+        "of them); auto = true when the activations kept without it pass "
+        "rpeg.perf.units.RECOMPUTE_MEMORY_SHARE of a device's memory",
+    )
     offload: bool = Field(False, description="offload this unit's state to host memory when idle")
     engine: Engine = "auto"
     gpu_memory_utilization: float = Field(
@@ -174,7 +180,7 @@ class UnitPlan(_Base):
     def _devices(cls, v: Any) -> tuple[int, ...]:
         return parse_devices(v)
 
-    @field_validator("reshard_after_forward", mode="before")
+    @field_validator("reshard_after_forward", "recompute", mode="before")
     @classmethod
     def _reshard(cls, v: Any) -> bool | str:
         if isinstance(v, bool) or v == "auto":

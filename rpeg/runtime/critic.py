@@ -49,14 +49,27 @@ class CriticWorker:
     def device(self) -> torch.device:
         return module_device(self.module)
 
-    def apply_layout(self, layout, mesh, reduce: RankReduce) -> None:
+    def apply_layout(
+        self, layout, mesh, reduce: RankReduce, *, source=None, device: torch.device | None = None
+    ) -> None:
         """Shard the critic like :meth:`PolicyWorker.apply_layout` (trunk blocks over tp,
-        FSDP2 over dp with the value head as its own unit); rebuilds the optimizer."""
+        FSDP2 over dp with the value head as its own unit); rebuilds the optimizer. With a
+        ``source`` (built on the meta device) the trunk is filled from the LM's weights under
+        the LM's trunk prefix and the value head initialised, on ``device``."""
         from rpeg.runtime.sharding import shard_roles
 
         self.shards = shard_roles(
             self.module, self.module.trunk, layout, mesh, heads=[self.module.value_head]
         )
+        if source is not None:
+            from rpeg.runtime.materialize import init_head, materialize, prefixed
+
+            if device is None:
+                raise ValueError("apply_layout: a source needs the device to build on")
+            prefix = self.module.trunk_prefix + "."
+            materialize(self.module.trunk, device, prefixed(source.fetch, prefix), "critic")
+            self.module.value_head.to_empty(device=device)
+            init_head(self.module.value_head)
         self.reduce = reduce
         self.optimizer = adamw(
             self.module.parameters(),

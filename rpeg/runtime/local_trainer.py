@@ -80,6 +80,16 @@ class LocalTrainer:
         self.actor.max_staleness = self.k  # checked before every optimizer update
         # colocated: the engine sleeps while the trainer runs (where it has sleep mode)
         self.residency = EngineResidency(self.actor.engine, colocated=True, log=self.log)
+        from rpeg.runtime.unit_memory import Offloader, apply_recompute
+
+        if compiled.actor_groups and compiled.actor_groups[0].recompute:
+            for wk in (self.actor, self.critic):  # the plan's recompute: layers checkpointed
+                if wk is not None and getattr(wk, "optimizer", None) is not None:
+                    apply_recompute(wk.module)
+        # units with offload: their roles' state in host memory between uses (here the
+        # host is the device: the moves run and cost nothing)
+        roles = {"actor": self.actor, "reference": self.reference, "critic": self.critic}
+        self.offloader = Offloader(roles, next(self.actor.module.parameters()).device)
         self.step_index = 0
         self.history: list[dict[str, float]] = []
 
@@ -99,6 +109,7 @@ class LocalTrainer:
         roles = (self.actor, self.reference, self.critic)
         synced = False
         for unit in self.compiled.tasks:
+            self.offloader.before(unit.kinds)
             with unit_micro_batches(roles, unit.micro_batch_size, unit.max_tokens_per_micro_batch):
                 for kind in unit.kinds:
                     if kind == StageKind.sync_weights:
@@ -119,6 +130,8 @@ class LocalTrainer:
                     else:
                         batch, sm = stages.run_stage(kind, ctx, batch)
                     m.update(sm)
+            self.offloader.after(unit.kinds, unit.offload)
+        self.offloader.restore_all()  # resident between steps (checkpoints, evaluation)
         if not synced:  # a graph without a sync_weights stage still obeys the bound
             m.update(weight_sync.refresh_lagging_engine(self.actor, self.residency, self.k))
         self.last_batch = batch

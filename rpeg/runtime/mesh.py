@@ -24,6 +24,7 @@ class Layout:
     device_type: str = DEFAULT_DEVICE_TYPE
     dtype: str = DEFAULT_DTYPE
     reshard_after_forward: bool = True
+    recompute: bool = False  # training checkpoints every decoder layer (rpeg.runtime.unit_memory)
 
     @property
     def world_size(self) -> int:
@@ -51,6 +52,7 @@ class Layout:
             device_type=group.device_type,
             dtype=group.dtype,
             reshard_after_forward=group.reshard_after_forward,
+            recompute=group.recompute,
         )
         if lay.world_size != ws:
             raise ConfigError(

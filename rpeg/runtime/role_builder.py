@@ -82,6 +82,28 @@ def build_policy(
     return model, tok, info
 
 
+def build_policy_meta(config: RunConfig, log: Callable[[str], None] | None = None):
+    """(model on the meta device, tokenizer, info, source): :func:`build_policy` for a rank
+    that builds its roles sharded (rpeg.runtime.materialize). A ``model.path`` folder without
+    a warm-up is read tensor by tensor from its safetensors files when each role is filled
+    (the whole model is never in memory); the built-in model and a warmed-up one are built as
+    :func:`build_policy` builds them (one seeded pass, so the weights are the same as an
+    unsharded run's) and serve as the source until every role is filled."""
+    from rpeg.runtime.materialize import ModuleSource, SafetensorsSource, meta_causal_lm
+    from rpeg.runtime.model_io import load_tokenizer, torch_dtype
+    from rpeg.runtime.model_io.loading import _fetch_folder, model_config
+
+    mc = config.model
+    if mc.path and not config.warmup_sft_steps:
+        local = _fetch_folder(mc.path, "model.path")
+        cfg = model_config(local, "model.path", mc.path)
+        model = meta_causal_lm(cfg, torch_dtype(mc.dtype))
+        return model, load_tokenizer(local), {}, SafetensorsSource(local)
+    full, tok, info = build_policy(config, log)
+    meta = meta_causal_lm(full.config, next(full.parameters()).dtype)
+    return meta, tok, info, ModuleSource(full)
+
+
 def all_roles(config: RunConfig) -> tuple[str, ...]:
     """The roles of a process that runs the whole step (the local trainer): the actor, a
     frozen reference when the algorithm uses one, a separate critic for PPO without a
@@ -109,6 +131,9 @@ class Roles:
     actor: PolicyWorker | None = None
     reference: PolicyWorker | None = None
     critic: CriticWorker | None = None
+    #: the initial weights of roles built on the meta device (``sharded_build``): each role
+    #: is filled from it once laid out (rpeg.runtime.materialize); None otherwise
+    source: Any = None
 
 
 def build_roles(
@@ -124,6 +149,7 @@ def build_roles(
     compute_dtype: torch.dtype | None = None,
     engine_memory: float | None = None,
     device: torch.device | None = None,
+    sharded_build: bool = False,
 ) -> Roles:
     """The task's data and rewards and the ``roles`` (of :data:`ROLE_NAMES`) of one process.
 
@@ -138,7 +164,13 @@ def build_roles(
     Precision (rpeg.runtime.precision): trainable roles hold fp32 master weights; frozen ones
     (the reference, a generator's own copy, an actor that only generates) hold
     ``compute_dtype``; every forward runs under autocast to ``compute_dtype`` (None: the
-    compiler's rule for ``workload.precision`` on the model's device)."""
+    compiler's rule for ``workload.precision`` on the model's device).
+
+    ``sharded_build``: the roles are built on the meta device and :attr:`Roles.source` holds
+    their initial weights; the caller lays each role out and fills it from the source
+    (``apply_layout(..., source=...)``), so the process never holds a whole copy of any
+    role (a torch engine without LoRA: a vLLM engine loads whole weights, LoRA adapters
+    initialise on construction)."""
     unknown = sorted(set(roles) - set(ROLE_NAMES))
     if unknown:
         raise ValueError(f"roles {unknown}: allowed {', '.join(ROLE_NAMES)}")
@@ -147,10 +179,16 @@ def build_roles(
     torch.set_num_threads(c.runtime.torch_threads)
     random.seed(c.runtime.seed)
     rewards = RewardSet.from_task(c.task)
-    model, tok, info = build_policy(c, log, device)
+    if sharded_build and c.model.lora is not None:
+        raise ValueError("sharded_build: LoRA adapters are built on a whole model")
+    source = None
+    if sharded_build:
+        model, tok, info, source = build_policy_meta(c, log)
+    else:
+        model, tok, info = build_policy(c, log, device)
     cursor, heldout = build_task_data(c.task, tok, c.workload.max_prompt_tokens)
     rewards.use_sources(task_sources(cursor, heldout))  # rewards by data_source: its columns
-    if place is not None:
+    if place is not None and source is None:
         place(model)
     from rpeg.runtime.model_io import torch_dtype
     from rpeg.runtime.precision import MASTER_DTYPE, compute_dtype_name, frozen_dtype
@@ -160,7 +198,7 @@ def build_roles(
         compute_dtype = torch_dtype(compute_dtype_name(c.workload.precision, dev, c.model.dtype))
     frozen = frozen_dtype(compute_dtype)
     model.to(dtype=MASTER_DTYPE)  # masters (a no-op for the fp32 default)
-    out = Roles(rewards, cursor, heldout, tok, info)
+    out = Roles(rewards, cursor, heldout, tok, info, source=source)
     ppo = recipe(a.name).critic
     if "reference" in roles:
         out.reference = PolicyWorker(
@@ -175,6 +213,8 @@ def build_roles(
     if "actor" in roles:
         engine = None
         kind = engine_kind(model)
+        if sharded_build and kind != "torch":
+            raise ValueError(f"sharded_build: a {kind} engine loads whole weights")
         if kind == "vllm" or lagging_engine:  # a generator with its own weights
             engine = build_engine(
                 kind,

@@ -129,7 +129,15 @@ class PolicyWorker:
         return module_device(self.lm)
 
     def apply_layout(
-        self, layout, mesh, reduce: RankReduce, gen_layout=None, gen_mesh=None
+        self,
+        layout,
+        mesh,
+        reduce: RankReduce,
+        gen_layout=None,
+        gen_mesh=None,
+        *,
+        source=None,
+        device: torch.device | None = None,
     ) -> None:
         """Shard this role over ``mesh`` as ``layout`` says (rpeg.runtime.sharding): tensor
         parallelism of the LM's blocks, FSDP2 over dp; the optimizer is rebuilt over the
@@ -137,7 +145,11 @@ class PolicyWorker:
         statistics. The torch engine generates on the same shards, or -- with a different
         ``gen_layout`` (the plan's generation tp, over ``gen_mesh``) -- on its own copy at that
         layout, refreshed by weight sync; a private engine copy (bounded staleness) is sharded
-        at the generation layout too."""
+        at the generation layout too.
+
+        ``source`` (a role built on the meta device: rpeg.runtime.materialize): once laid
+        out, every module of the role (LM, value head, the engine's own copy) gets storage on
+        ``device`` at its shard's size and is filled from the source, one tensor at a time."""
         from rpeg.runtime.lora import base_copy
         from rpeg.runtime.sharding import shard_roles
 
@@ -157,10 +169,21 @@ class PolicyWorker:
         heads = [self.module.value_head] if self.shared_critic else []
         self.shards = shard_roles(self.module, self.lm, layout, mesh, heads=heads)
         self.reduce = reduce
-        if self.optimizer is not None:
-            self.optimizer = self._make_optimizer()
         if isinstance(eng, TorchEngine) and eng.model is not self.lm:
             shard_roles(eng.model, eng.model, gen_layout, gen_mesh)
+        if source is not None:
+            from rpeg.runtime.materialize import init_head, materialize
+
+            if device is None:
+                raise ValueError("apply_layout: a source needs the device to build on")
+            materialize(self.lm, device, source.fetch, "actor" if self.trainable else "reference")
+            for h in heads:
+                h.to_empty(device=device)
+                init_head(h)
+            if isinstance(eng, TorchEngine) and eng.model is not self.lm:
+                materialize(eng.model, device, source.fetch, "generator")
+        if self.optimizer is not None:  # over the laid-out (and filled) parameters
+            self.optimizer = self._make_optimizer()
 
     # --- generation -----------------------------------------------------------------------
     def encode_prompts(

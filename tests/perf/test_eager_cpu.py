@@ -68,17 +68,22 @@ def test_data_parallel_gradients_go_over_gloo_in_fp32(builtin):
     assert st.time_s - work == pytest.approx(4 * 2 * one + st.detail["dispatch_s"])
 
 
-def test_recompute_costs_nothing_on_cpu_where_the_runtime_does_not_checkpoint(builtin):
+def test_recompute_is_priced_on_cpu_where_the_runtime_checkpoints(builtin):
+    """The runtime checkpoints decoder layers on CPU too (rpeg.runtime.unit_memory): a
+    training micro-batch pays a fourth pass and keeps less activation memory; ``auto`` on the
+    built-in model (activations far under a quarter of a worker's memory) is no recompute."""
     g, plan, wl = builtin
     u = plan.units["train_actor"]
-    on = plan.model_copy(
-        update={"units": {**plan.units, "train_actor": u.model_copy(update={"recompute": True})}}
-    )
-    off = plan.model_copy(
-        update={"units": {**plan.units, "train_actor": u.model_copy(update={"recompute": False})}}
-    )
-    t_on = predict(g, on, wl, calib=SHIPPED).stages["train_actor"].time_s
-    assert t_on == pytest.approx(predict(g, off, wl, calib=SHIPPED).stages["train_actor"].time_s)
+
+    def at(setting):
+        units = {**plan.units, "train_actor": u.model_copy(update={"recompute": setting})}
+        return predict(g, plan.model_copy(update={"units": units}), wl, calib=SHIPPED)
+
+    on, off, auto = (at(x).stages["train_actor"] for x in (True, False, "auto"))
+    assert on.detail["recompute"] == 1.0 and off.detail["recompute"] == 0.0
+    assert on.time_s > off.time_s
+    assert on.memory_gb["activations"] < off.memory_gb["activations"]
+    assert auto.time_s == pytest.approx(off.time_s)
 
 
 def test_fsdp_gathers_add_to_the_pass_on_cpu(builtin):

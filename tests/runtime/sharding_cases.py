@@ -159,17 +159,28 @@ def _init(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def sharded_policy(cfg, layout, mesh):
-    from rpeg.runtime.parallel import LOCAL, process_group_reduce
+def meta_model():
+    """(the test model on the meta device, its tokenizer, a source of its initial weights):
+    how a rank of a sharded layout builds it (rpeg.runtime.materialize)."""
+    from rpeg.runtime.materialize import ModuleSource, meta_causal_lm
 
     m, tok = model()
+    return meta_causal_lm(m.config, torch.float32), tok, ModuleSource(m)
+
+
+def sharded_policy(cfg, layout, mesh, meta: bool = False):
+    """The test policy laid out at ``layout``; ``meta``: built on the meta device and filled
+    with this rank's shards (sharded construction), else built whole and then sharded."""
+    from rpeg.runtime.parallel import LOCAL, process_group_reduce
+
+    m, tok, source = meta_model() if meta else (*model(), None)
     w = policy(cfg, m, tok)
     reduce = process_group_reduce(mesh.get_group("dp")) if layout.dp > 1 else LOCAL
-    w.apply_layout(layout, mesh, reduce)
+    w.apply_layout(layout, mesh, reduce, source=source, device=torch.device("cpu"))
     return w
 
 
-def train_case(cfg, layout, mesh, rank: int, role: str = "actor") -> dict:
+def train_case(cfg, layout, mesh, rank: int, role: str = "actor", meta: bool = False) -> dict:
     """First step at ``layout``: metrics of this rank's shard and the full weights after
     (of the whole role module: LM and value head)."""
     from rpeg.runtime.parallel import LOCAL, process_group_reduce
@@ -177,12 +188,13 @@ def train_case(cfg, layout, mesh, rank: int, role: str = "actor") -> dict:
 
     rows = rows_of(layout.dp_index(rank), layout.dp)
     if role == "critic":
-        w = critic(cfg, model()[0])
+        m, _, source = meta_model() if meta else (*model(), None)
+        w = critic(cfg, m)
         reduce = process_group_reduce(mesh.get_group("dp")) if layout.dp > 1 else LOCAL
-        w.apply_layout(layout, mesh, reduce)
+        w.apply_layout(layout, mesh, reduce, source=source, device=torch.device("cpu"))
         b = batch(0).select(rows)
     else:
-        w = sharded_policy(cfg, layout, mesh)
+        w = sharded_policy(cfg, layout, mesh, meta)
         b = with_old_logprobs(batch(0).select(rows), w)
     full = param_bytes_full(w.module)
     local = param_bytes_local(w.module)
@@ -335,7 +347,8 @@ def body(rank: int, world: int, port: int, cases: list, q) -> None:
             sharding.FSDP_UNIT_BYTES = kw.get("fsdp_unit_bytes", default_unit)
             if kind == "train":
                 lay = Layout(**kw["layout"])
-                res = train_case(cfg, lay, build_mesh(lay), rank, kw.get("role", "actor"))
+                role = kw.get("role", "actor")
+                res = train_case(cfg, lay, build_mesh(lay), rank, role, kw.get("meta", False))
             elif kind == "forward":
                 lay = Layout(**kw["layout"])
                 res = forward_case(kw["model_type"], lay, build_mesh(lay))

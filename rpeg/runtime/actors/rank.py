@@ -44,7 +44,7 @@ from rpeg.runtime.micro_batches import unit_micro_batches
 #: is internal); the batch store and data plane, weight sync and checkpoints are mixins
 REMOTE = {
     "lifecycle": ("ping", "rendezvous", "init_process_group", "close"),
-    "units": ("run_unit", "run_units", "evaluate"),
+    "units": ("run_unit", "run_units", "evaluate", "resident"),
     "data": ("put_batch", "get_batch", "drop", "rows", "pull", "commit", "received", "chunk"),
     "weight sync": (
         "get_weight_buckets",
@@ -64,6 +64,13 @@ REMOTE = {
         "collective_timeout_s",
     ),
 }
+
+
+def sharded_build(layout, engine: str, lora: bool) -> bool:
+    """Whether a rank builds its roles on the meta device and fills only its shards
+    (rpeg.runtime.materialize): a sharded layout (tp > 1 or FSDP over dp > 1) with the torch
+    engine and no LoRA (a vLLM engine and LoRA adapters start from whole weights)."""
+    return layout.sharded and engine == "torch" and not lora
 
 
 class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
@@ -149,10 +156,11 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
             )
         )
         trainable = "actor" in self.trainable
+        engine = rank_engine(c, self.group)  # "torch" | "vllm"
         built = build_roles(
             c,
             self.roles,
-            engine_kind=lambda _model: rank_engine(c, self.group),  # "torch" | "vllm"
+            engine_kind=lambda _model: engine,
             actor_trainable=trainable,
             # vLLM holds its own weights; with torch and k>0 colocated: a lagging copy
             lagging_engine=trainable and self.k > 0 and not async_rollout,
@@ -162,7 +170,11 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
             # fp32 masters for trainable roles, compute in the plan's dtype (rpeg.runtime.precision)
             compute_dtype=torch_dtype(self.layout.dtype),
             engine_memory=self.group.gen_memory_utilization,  # the plan's generate unit
+            # a sharded layout: roles built on the meta device, each filled with its shard
+            # once laid out (_apply_layout; rpeg.runtime.materialize)
+            sharded_build=sharded_build(self.layout, engine, c.model.lora is not None),
         )
+        self._source = built.source
         self.rewards, self.heldout = built.rewards, built.heldout
         self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
         self.actor, self.reference, self.critic = built.actor, built.reference, built.critic
@@ -173,6 +185,18 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         # colocated (this rank trains the actor): the engine sleeps while the trainer runs
         self.residency = EngineResidency(
             None if self.actor is None else self.actor.engine, colocated=trainable
+        )
+        from rpeg.runtime.unit_memory import Offloader, apply_recompute
+
+        if self.group.recompute:  # the plan's training unit: every decoder layer checkpointed
+            for name in self.trainable:
+                wk = getattr(self, name, None)
+                if wk is not None:
+                    apply_recompute(wk.module)
+        # units with offload: their roles' state in host memory between uses
+        self.offloader = Offloader(
+            {"actor": self.actor, "reference": self.reference, "critic": self.critic},
+            self.device,
         )
 
     def _fault(self, phase: str, step: int) -> None:
@@ -257,14 +281,20 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         self.mesh = build_mesh(lay)
         self.reduce = process_group_reduce(self.mesh.get_group("dp")) if lay.dp > 1 else LOCAL
         gen_mesh = self.mesh if self.gen_layout is lay else build_mesh(self.gen_layout)
+        fill = {"source": self._source, "device": self.device}
         if self.actor is not None:
-            self.actor.apply_layout(lay, self.mesh, self.reduce, self.gen_layout, gen_mesh)
+            self.actor.apply_layout(lay, self.mesh, self.reduce, self.gen_layout, gen_mesh, **fill)
         if self.critic is not None:
-            self.critic.apply_layout(lay, self.mesh, self.reduce)
+            self.critic.apply_layout(lay, self.mesh, self.reduce, **fill)
         if self.reference is not None and lay.sharded:
-            self.reference.apply_layout(lay, self.mesh, self.reduce)
+            self.reference.apply_layout(lay, self.mesh, self.reduce, **fill)
         elif self.reference is not None:
             self.reference.reduce = self.reduce
+        if self._source is not None:  # every role filled: the whole weights are dropped
+            close = getattr(self._source, "close", None)
+            if close is not None:
+                close()
+            self._source = None
 
     def _tp_index(self) -> int:
         """This rank's index inside its tensor-parallel group (0 before the layout exists)."""
@@ -276,6 +306,13 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
 
     def engine_version(self) -> int:
         return -1 if self.actor is None else int(self.actor.engine.policy_version)
+
+    def resident(self) -> None:
+        """Every role offloaded by a unit back on this rank's device (before what reads
+        them outside the units: checkpoints, weight sync, evaluation)."""
+        off = getattr(self, "offloader", None)
+        if off is not None:
+            off.restore_all()
 
     # ---------------------------------------------------------------- stages
     def run_unit(self, step: int, call: UnitCall) -> Any:
@@ -298,6 +335,7 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         f0 = self._forwards
         roles = (self.actor, self.reference, self.critic)
         budget = unit.max_tokens_per_micro_batch
+        self.offloader.before(kinds)
         with unit_micro_batches(roles, unit.micro_batch_size, budget):
             if stream_from is not None:
                 m, spans = self._consume_stream(step, kinds, stream_from)
@@ -311,6 +349,9 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         from rpeg.runtime.actors.dataplane import tensor_bytes
         from rpeg.runtime.actors.unit_result import Span, UnitResult, counted_tokens
 
+        self.offloader.after(kinds, unit.offload)
+        if unit.offload:  # moves so far (either way): the plan's offload at work
+            m["offload_moves"] = float(self.offloader.moves)
         batch = self.store.get(step)
         m["unit_s"] = time.perf_counter() - t0
         m["forward_calls"] = float(self._forwards - f0)
@@ -408,6 +449,7 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         """Validation metrics of this rank's actor (rpeg.runtime.validation)."""
         from rpeg.runtime.validation import validation_metrics
 
+        self.resident()
         return validation_metrics(
             self.actor,
             self.tokenizer,

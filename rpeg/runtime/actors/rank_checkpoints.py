@@ -16,12 +16,14 @@ class RankCheckpoints:
         """Weights, optimizers, RNG states and policy/engine versions of this rank (``light``:
         RNG states and versions only, for a group whose ranks write their shards themselves:
         :meth:`save_shards`)."""
+        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors.checkpoint import rank_state_bytes
 
         self._fault("checkpoint", self.policy_version())
         return rank_state_bytes(self.rank, self.group.name, self._roles(), light)
 
     def load_state_bytes(self, data: bytes) -> int:
+        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors.checkpoint import load_rank_state_bytes
 
         load_rank_state_bytes(data, self._roles())
@@ -36,6 +38,7 @@ class RankCheckpoints:
         torch.distributed.checkpoint, atomically; every rank of the group calls it with the
         same ``url`` (rpeg.runtime.actors.shard_checkpoint). Loadable at another layout by
         :meth:`load_shards`. The frozen reference is not written (rebuilt from its source)."""
+        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors import shard_checkpoint as SC
 
         self._fault("checkpoint", self.policy_version())
@@ -48,6 +51,7 @@ class RankCheckpoints:
         """Load :meth:`save_shards`' checkpoint (written at any layout) into this rank's
         shards; a lagging engine copy gets the loaded weights. Returns the policy version.
         Collective."""
+        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors import shard_checkpoint as SC
 
         template = SC.worker_extras(actor=self.actor, critic=self.critic)
@@ -68,6 +72,7 @@ class RankCheckpoints:
     def param_checksum(self) -> float:
         """Sum of the actor's full weights (data-parallel ranks must agree). Sharded: a
         collective, every rank of the group calls it."""
+        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.sharding import full_state_dict
 
         return float(sum(float(v.double().sum()) for v in full_state_dict(self.actor.lm).values()))

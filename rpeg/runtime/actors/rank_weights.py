@@ -16,6 +16,7 @@ class RankWeightSync:
 
     # ---------------------------------------------------------------- weight sync
     def get_weight_buckets(self, bucket_bytes: int) -> tuple[list[Any], int]:
+        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors.weight_sync import pack
 
         return pack(self.actor.get_weights(), bucket_bytes), int(self.actor.policy_version)
@@ -49,6 +50,7 @@ class RankWeightSync:
         """Trainer ranks: gather the full weights one tensor at a time (a collective when
         sharded) into ``bucket_bytes`` buckets on this rank's device; rank 0 broadcasts each
         over the weight-sync group as it fills (GPU: no host copy; the others drop theirs)."""
+        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors.weight_sync import send_buckets, stream_buckets
 
         self._fault("sync", self.policy_version())
@@ -70,6 +72,7 @@ class RankWeightSync:
         """Generator ranks: receive the broadcast buckets (layout from this rank's own full
         parameter shapes: same names, dtypes and order as the sender's) and load them; a
         tensor-parallel generator keeps its own slice (``set_weights`` reshards)."""
+        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors.weight_sync import receive_weights
 
         self._fault("sync", self.engine_version())
@@ -81,5 +84,6 @@ class RankWeightSync:
 
     def weights_checksum(self) -> list[float]:
         """Per-tensor sums of the full actor weights, name order (sync tests)."""
+        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         full = self.actor.get_weights()
         return [float(full[k].double().sum()) for k in sorted(full)]

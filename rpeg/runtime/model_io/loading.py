@@ -176,14 +176,12 @@ def _quiet() -> None:
         pass
 
 
-def load_model(url: str, dtype: str = "float32", where: str = "model.path", device=None):
-    """Load a causal LM (Llama / Qwen2 / Qwen3, safetensors) from a folder or fsspec URL;
-    onto ``device`` when it is not the CPU without a copy in host memory
-    (:func:`load_on_device`)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def model_config(local: str, where: str = "model.path", url: str | None = None):
+    """The transformers config of a local model folder, checked: a ``config.json`` and a
+    supported ``model_type`` (its code is never run)."""
+    from transformers import AutoConfig
 
-    _quiet()
-    local = _fetch_folder(url, where)
+    url = url or local
     if not Path(local, "config.json").exists():
         raise ConfigError(
             [Problem(where, f"{url!r} has no config.json (not a Hugging Face model folder)")]
@@ -198,6 +196,18 @@ def load_model(url: str, dtype: str = "float32", where: str = "model.path", devi
                 )
             ]
         )
+    return cfg
+
+
+def load_model(url: str, dtype: str = "float32", where: str = "model.path", device=None):
+    """Load a causal LM (Llama / Qwen2 / Qwen3, safetensors) from a folder or fsspec URL;
+    onto ``device`` when it is not the CPU without a copy in host memory
+    (:func:`load_on_device`)."""
+    from transformers import AutoModelForCausalLM
+
+    _quiet()
+    local = _fetch_folder(url, where)
+    cfg = model_config(local, where, url)
     if device is not None and torch.device(device).type != "cpu":
         return load_on_device(local, cfg, dtype, device, where)
     return AutoModelForCausalLM.from_pretrained(

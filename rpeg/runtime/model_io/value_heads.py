@@ -47,6 +47,7 @@ class CriticModel(nn.Module):
     def __init__(self, lm):
         super().__init__()
         self.trunk = trunk_of(lm)
+        self.trunk_prefix = lm.base_model_prefix  # the trunk's names in the LM's state dict
         self.config = lm.config
         self.value_head = _beside(ValueHead(lm.config.hidden_size), lm)
 
