@@ -38,6 +38,9 @@ def register(app: typer.Typer) -> None:
         writes peft's adapter to OUT/adapter. A non-empty OUT is refused (exit 2) unless
         --force, and --force replaces only the files a previous export listed in
         OUT/rpeg-export.json."""
+        from rpeg.runtime.export_out import check_out
+
+        check_out(out, force)  # a refusal before torch and the checkpoint are loaded
         from rpeg.runtime.export import export_checkpoint
 
         run = None
