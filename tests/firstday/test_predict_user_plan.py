@@ -22,6 +22,11 @@ def planned(user_files, tmp_path, capsys):
     assert main(["plan", str(cfg), "--out", str(plan), "--max-candidates", "4"]) == 0
     capsys.readouterr()
     assert yaml.safe_load(plan.read_text())["model"] == "model"  # the folder's name
+    from rpeg import specs
+
+    # `rpeg predict` runs in a fresh process, which knows only the catalog (planning made the
+    # folder's model known in this one)
+    specs._RUN_MODELS.pop("model", None)
     return cfg, plan
 
 
@@ -55,9 +60,6 @@ def test_a_folder_model_without_its_config_is_refused_by_name(planned, capsys, t
     alone.mkdir()
     moved = alone / "plan.yaml"
     moved.write_text(plan.read_text())
-    from rpeg import specs
-
-    specs._RUN_MODELS.pop("model", None)  # a fresh process knows only the catalog
     assert main(["predict", str(moved)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "plan.model" in err and "'model' is not a catalog model" in err
