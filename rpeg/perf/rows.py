@@ -100,6 +100,9 @@ class RowCase:
     unknown: tuple[str, ...]
     # the executing system (``system`` column; rpeg.perf.systems), '' = not stated
     system: str = ""
+    # the row leaves the trainer's pipeline size blank (priced at 1 unless nothing fits:
+    # rpeg.perf.solve.solve_row)
+    pp_open: bool = False
 
     def plan(self, lay: Layout) -> Plan:
         """The plan of this row with every layout field set (``lay``)."""
@@ -363,6 +366,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         workload=wl,
         unknown=tuple(unknown),
         system=(r.get("system") or "").strip().lower(),
+        pp_open=not (r.get("train_pp") or "").strip(),
     )
 
 

@@ -177,29 +177,50 @@ def solve_layout(case: Any, calib: Calibration = DEFAULT) -> tuple[Layout, StepP
     return replace(lay, solved=solved), pred
 
 
+#: pipeline stages a Megatron-style trainer of a row that states none may be assumed to take
+#: when nothing else fits (the fewest that do)
+FIT_PP = (2, 4, 8, 16, 32)
+
+
 def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, Layout, StepPrediction]:
     """:func:`solve_layout` for a run that happened (a published row): when no layout fits
     the devices' memory as the row is described, what such systems do to fit is assumed
     where the row does not say -- activation recompute and the solved layouts are already
     among the candidates; then the trainer's optimizer on the host (CPU offload:
-    ``Workload.assumed_optimizer_on_host``). Returns the case as priced (its workload
-    carries the measure), the layout (``solved`` names the measure) and the prediction.
-    A run that happened is never refused for memory while such a measure remains; the
-    last refusal is raised when none fits."""
+    ``Workload.assumed_optimizer_on_host``); then, for a Megatron-style trainer whose
+    pipeline size the row leaves blank (``case.pp_open``), the fewest pipeline stages of
+    :data:`FIT_PP` that fit. Returns the case as priced (its workload carries the measure),
+    the layout (``solved`` names each measure) and the prediction. A run that happened is
+    never refused for memory while such a measure remains; the first refusal is raised when
+    none fits."""
     try:
         lay, pred = solve_layout(case, calib)
         return case, lay, pred
-    except InfeasiblePlan as exc:
-        if exc.reason != "memory" or case.workload.assumed_optimizer_on_host:
+    except (InfeasiblePlan, ValueError) as exc:
+        if case.workload.assumed_optimizer_on_host:
             raise
         first = exc
     fitted = replace(case, workload=replace(case.workload, assumed_optimizer_on_host=True))
-    try:
-        lay, pred = solve_layout(fitted, calib)
-    except InfeasiblePlan:
-        raise first from None
-    pred.assumptions.append(
-        "no layout fits the devices' memory as described: the trainer's optimizer assumed "
-        "on the host (CPU offload), priced over the host link and a CPU Adam"
-    )
-    return fitted, replace(lay, solved={**lay.solved, "optimizer": "host"}), pred
+    tries = [fitted]
+    if getattr(case, "pp_open", False) and case.engine != "fsdp":
+        layers = case.model.layers
+        tries += [
+            replace(fitted, layout=replace(fitted.layout, train_pp=pp))
+            for pp in FIT_PP
+            if pp <= layers and (fitted.layout.train_gpus or case.num_gpus) % pp == 0
+        ]
+    for trial in tries:
+        try:
+            lay, pred = solve_layout(trial, calib)
+        except (InfeasiblePlan, ValueError):
+            continue
+        pred.assumptions.append(
+            "no layout fits the devices' memory as described: the trainer's optimizer assumed "
+            "on the host (CPU offload), priced over the host link and a CPU Adam"
+            + (f"; {lay.train_pp} pipeline stages" if trial is not fitted else "")
+        )
+        solved = {**lay.solved, "optimizer": "host"}
+        if trial is not fitted:
+            solved["train_pp"] = lay.train_pp
+        return trial, replace(lay, solved=solved), pred
+    raise first

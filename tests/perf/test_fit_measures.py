@@ -68,3 +68,48 @@ def test_the_host_optimizer_time_grows_with_the_updates_per_step():
         for k in (1, 2)
     ]
     assert times[1] == pytest.approx(2 * times[0]) and times[0] > 1.0
+
+
+def _described(**cells):
+    """A run described in the shared schema only (blank cells unknown)."""
+    path = loso.shared_copies()["steps_dev (shared schema)"]
+    with open(path) as fh:
+        header = fh.readline().strip().split(",")
+    return {**{k: "" for k in header}, **{k: str(v) for k, v in cells.items()}}
+
+
+def test_a_trainer_with_no_stated_pipeline_takes_the_fewest_stages_that_fit():
+    # DeepSeek-V3 GRPO on 64 H800 with a Megatron trainer and no layout stated:
+    # weights + gradients alone are 2.7 TB, 42 GB a GPU only when split 64 ways
+    row = _described(
+        case_id="dsv3-64",
+        source="a report",
+        model="deepseek-v3",
+        gpu="h800",
+        num_gpus=64,
+        gpus_per_node=8,
+        placement="colocated",
+        train_backend="megatron",
+        num_prompts=64,
+        samples_per_prompt=8,
+        avg_prompt_len=256,
+        avg_gen_len=1024,
+        max_gen_len=2048,
+        measured_step_s=300,
+    )
+    case = read_case(row)
+    assert case.pp_open
+    with pytest.raises(InfeasiblePlan):
+        solve_layout(case, SHIPPED)
+    priced, lay, pred = solve_row(case, SHIPPED)
+    assert lay.solved["optimizer"] == "host" and lay.solved["train_pp"] >= 2
+    assert max(s.peak_memory_gb for s in pred.stages.values()) <= 80.0
+    # fewer stages do not fit
+    fewer = replace(priced, layout=replace(priced.layout, train_pp=lay.train_pp // 2))
+    with pytest.raises(InfeasiblePlan):
+        solve_layout(fewer, SHIPPED)
+    # a row that states its pipeline keeps it: nothing is assumed against a stated cell
+    stated = read_case({**row, "train_pp": "1"})
+    assert not stated.pp_open
+    with pytest.raises(InfeasiblePlan):
+        solve_row(stated, SHIPPED)
