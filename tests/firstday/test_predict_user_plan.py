@@ -97,3 +97,35 @@ def test_predict_of_a_run_config_without_a_plan_names_how_to_plan_it(capsys):
     assert main(["predict", str(cfg)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "a run config without a plan section" in err and f"rpeg plan {cfg} --out" in err
+
+
+def test_bench_of_a_run_config_prices_the_folder_model(user_files, tmp_path, capsys, monkeypatch):
+    """``rpeg bench my.yaml`` (a run config naming only model.path): the chosen plan is
+    priced as the folder's model, not as the built-in tiny model compile's default plan
+    names. The runs themselves are replaced by a stand-in (the slow test runs them)."""
+    import rpeg.flows.bench as FB
+
+    from rpeg.compile.sources import resolve
+    from rpeg.perf import predict
+    from rpeg.perf.run_lengths import configured_workload
+    from rpeg.preflight import load_config
+
+    cfg_path = tmp_path / "my.yaml"
+    cfg_path.write_text(yaml.safe_dump({"model": {"path": user_files["model"]}}))
+    seen = {}
+
+    def stand_in(entries, steps, out, **kw):
+        seen.update({e.name: e.predicted_s for e in entries})
+        return [FB.BenchResult(e.name, e.description, e.predicted_s, 1.0) for e in entries]
+
+    monkeypatch.setattr(FB, "run_entries", stand_in)
+    out = tmp_path / "bench"
+    assert main(["bench", str(cfg_path), "--no-artifact", "--out", str(out)]) == 0
+    cfg = load_config(str(cfg_path))
+    graph, default = resolve(None, cfg)
+    wl = configured_workload(cfg, default.cluster)
+    as_folder = predict(graph, default.model_copy(update={"model": "model"}), wl).step_s
+    as_tiny = predict(graph, default, wl).step_s
+    assert default.model == "rpeg-tiny" and abs(as_folder - as_tiny) > 0.05 * as_tiny
+    assert seen["chosen"] == pytest.approx(as_folder, rel=1e-9)
+    assert yaml.safe_load((out / "chosen.plan.yaml").read_text())["model"] == "model"
