@@ -45,7 +45,20 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
         (r"\b(?:use_)?remove_padding\b", "yes"),
     ),
     "reuse_rollout_logprobs": ((r"\bold_log_prob not recomputed\b", "yes"),),
-    "model_kind": ((r"\bbase (?:checkpoint|model)\b", "base"),),
+    "model_kind": (
+        (r"\bbase (?:checkpoint|model)\b", "base"),
+        (r"\binstruct (?:checkpoint|model)\b", "instruct"),
+        # Qwen3-style hybrid models: the chat template's thinking switch
+        (
+            r"\benable_thinking\s*[=:]\s*(?:false|0|no)\b|\bthinking (?:mode )?(?:disabled|off)\b"
+            r"|/no_think\b|\bnon-thinking\b",
+            "instruct",
+        ),
+        (
+            r"\benable_thinking\s*[=:]\s*(?:true|1|yes)\b|\bthinking (?:mode )?(?:enabled|on)\b",
+            "reasoning",
+        ),
+    ),
     # DeepSpeed-Chat generates inside its training engine (the "hybrid engine"): HF-style
     # static batches, no continuous batching (verl also calls its colocation a hybrid engine)
     "gen_batching": (

@@ -146,3 +146,19 @@ def test_speculative_decoding_is_read_where_the_text_speaks_of_drafts():
         "spec_accept_len": "2.6",
     }
     assert read({"notes": "the model was trained with an MTP loss"}) == {}
+
+
+def test_the_checkpoint_kind_is_read_from_the_thinking_switch_and_named_checkpoints():
+    assert read({"notes": "Qwen3-8B, enable_thinking=False"}) == {"model_kind": "instruct"}
+    assert read({"notes": "Qwen3 in thinking mode enabled"}) == {"model_kind": "reasoning"}
+    assert read({"model_arch_notes": "Instruct checkpoint"}) == {"model_kind": "instruct"}
+    # two kinds named: not unambiguous
+    assert read({"notes": "the base model and the instruct model are compared"}) == {}
+    row = _described_kind("qwen3-8b", "non-thinking mode")
+    assert read_case(row).workload.response_kind == "instruct"
+
+
+def _described_kind(model, notes):
+    path = loso.shared_copies()["steps_dev (shared schema)"]
+    row = _rows(path)[0]
+    return {**row, "model": model, "notes": notes, "model_arch_notes": ""}
