@@ -18,6 +18,9 @@ How each line runs (the ``how`` of :data:`TOUR`):
 * ``help``: ``--help`` only (a deployment serves until Ctrl-C);
 * ``slow``: as written plus the cheap flags in ``extra`` (one or two RL steps), marked slow;
 * ``gpu``: ``--help`` in the main suite, as written where CUDA is present.
+
+The "From Python" block is compiled in the main suite and run as written (a script in the
+tour's folder) in the slow part.
 """
 
 from __future__ import annotations
@@ -260,3 +263,24 @@ def test_tour_bench(tour):
         _ok(run("rpeg plan configs/builtin.yaml --out cpu-plan.yaml", tour))
     out = _slow("rpeg bench cpu-plan.yaml --baselines", tour, timeout=1800)
     assert "| chosen: the plan given |" in out
+
+
+def _python_block() -> str:
+    (block,) = [b for s in _sections() for b in _blocks(s, "python")]
+    return block
+
+
+def test_tour_python_block_compiles():
+    code = _python_block()
+    assert "run_train(" in code and "optimize(" in code
+    compile(code, "README.md (From Python)", "exec")
+
+
+@pytest.mark.slow
+def test_tour_python_block_runs_as_written(tour):
+    script = tour / "tour_api.py"
+    script.write_text(_python_block())
+    res = subprocess.run(
+        [sys.executable, str(script)], cwd=tour, capture_output=True, text=True, timeout=900
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
