@@ -24,8 +24,9 @@ def _cfg(tmp_path, **over):
         "task.heldout_size": 4,
         "model.tiny_shape": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
         "optim.warmup_sft_steps": 0,
-        "runtime.steps": 4,
-        "runtime.checkpoint_every": 2,
+        "runtime.steps": 2,
+        "runtime.checkpoint_every": 1,
+        "runtime.val_before_train": False,
         "runtime.checkpoint_url": str(tmp_path / "ck"),
         "runtime.output_dir": str(tmp_path / "out"),
         "runtime.run_id": "run-f",
@@ -50,24 +51,24 @@ def _forge(step_dir):
 def test_a_forged_part_is_named_and_the_previous_checkpoint_loaded(tmp_path):
     from rpeg.runtime.local_trainer import LocalTrainer
 
-    LocalTrainer(_cfg(tmp_path)).run()  # checkpoints after steps 2 and 4
-    _forge(tmp_path / "ck" / "run-f" / "step-00000004")
+    LocalTrainer(_cfg(tmp_path)).run()  # checkpoints after steps 1 and 2
+    _forge(tmp_path / "ck" / "run-f" / "step-00000002")
     lines: list[str] = []
     resumed = LocalTrainer(
-        _cfg(tmp_path, **{"runtime.resume": True, "runtime.steps": 5}), log=lines.append
+        _cfg(tmp_path, **{"runtime.resume": True, "runtime.steps": 3}), log=lines.append
     )
     resumed.run()
     said = "\n".join(lines)
-    assert "step-00000004/trainer.pt does not load" in said
-    assert "falling back to checkpoint step 2" in said
+    assert "step-00000002/trainer.pt does not load" in said
+    assert "falling back to checkpoint step 1" in said
     assert "does not fit this run's actor" in said
-    assert resumed.step_index == 5  # steps 3-5 trained from step 2's state
+    assert resumed.step_index == 3  # steps 2-3 trained from step 1's state
 
 
 def test_with_nothing_to_fall_back_to_the_error_names_the_file(tmp_path):
     from rpeg.runtime.local_trainer import LocalTrainer
 
-    LocalTrainer(_cfg(tmp_path, **{"runtime.steps": 2})).run()
-    _forge(tmp_path / "ck" / "run-f" / "step-00000002")
-    with pytest.raises(CheckpointError, match="step-00000002/trainer.pt.*does not fit"):
+    LocalTrainer(_cfg(tmp_path, **{"runtime.steps": 1})).run()
+    _forge(tmp_path / "ck" / "run-f" / "step-00000001")
+    with pytest.raises(CheckpointError, match="step-00000001/trainer.pt.*does not fit"):
         LocalTrainer(_cfg(tmp_path, **{"runtime.resume": True})).run()
