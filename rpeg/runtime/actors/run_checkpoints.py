@@ -7,8 +7,10 @@ complete checkpoint. A mixin of :class:`rpeg.runtime.actors.driver.DistributedRu
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
+from rpeg.runtime.actors.checkpoint import CheckpointError
 from rpeg.runtime.actors.checkpoint import dumps as checkpoint_dumps
 from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
 from rpeg.runtime.actors.shard_checkpoint import SHARDS_SUFFIX
@@ -87,7 +89,28 @@ class RunCheckpoints:
         got = self.store.latest()
         if got is None:
             return None
-        _meta, parts = got
+        failed: list[str] = []
+        while True:  # a part that verifies but does not load (another model's weights under a
+            # forged checksum, issue 44): named, and the previous checkpoint is loaded
+            try:
+                return self._restore_from(*got)
+            except CheckpointError as exc:
+                where = f"checkpoint {got[0].get('dir_url', got[0].get('step'))}"
+                failed.append(f"{where}: {exc}")
+                older = _older_verified(self.store, int(got[0].get("step") or 0))
+                if older is None:
+                    raise CheckpointError(
+                        "; ".join(failed) + "; no earlier checkpoint of the run loads"
+                    ) from None
+                warnings.warn(
+                    f"{where} does not load ({exc}); falling back to checkpoint step "
+                    f"{older[0].get('step')}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                got = older
+
+    def _restore_from(self, _meta: dict[str, Any], parts: dict[str, bytes]) -> dict[str, Any]:
         shards = set(_meta.get("sharded_groups", ()))
         for g in self.compiled.actor_groups:
             if g.trainable and g.name in shards:  # weights and optimizer from the shards
@@ -112,6 +135,8 @@ class RunCheckpoints:
         the checkpoint holds."""
         name = f"{g.name}-rank{r}.pt"
         if name in parts or "layout" not in self.config.runtime.allow_change:
+            if name not in parts:
+                raise CheckpointError(f"no part {name} (parts {sorted(parts)})")
             return parts[name]
         if f"{g.name}-rank0.pt" in parts:
             return parts[f"{g.name}-rank0.pt"]
@@ -119,3 +144,13 @@ class RunCheckpoints:
         if len(firsts) != 1:
             raise KeyError(f"{name}: the checkpoint holds {sorted(parts)}; cannot reshard")
         return parts[firsts[0]]
+
+
+def _older_verified(store: Any, step: int) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+    """The newest complete, verified checkpoint of ``store`` before ``step`` (None: none)."""
+    for s in sorted((s for s in store.complete_steps() if s < step), reverse=True):
+        try:
+            return store.verify(s)
+        except CheckpointError:
+            continue
+    return None
