@@ -10,7 +10,7 @@ from rpeg.infra import interrupts
 
 
 class _SlowServer:
-    """Stands in for Prefect's SubprocessASGIServer: its start takes 2.5 s."""
+    """Stands in for Prefect's SubprocessASGIServer: its start takes 1.2 s."""
 
     started: list = []
 
@@ -19,14 +19,14 @@ class _SlowServer:
 
     def start(self, timeout=None):
         _SlowServer.started.append(timeout)
-        time.sleep(2.5)
+        time.sleep(1.2)
         self.running = True
 
 
 def _patch(monkeypatch):
     _SlowServer.started = []
     monkeypatch.setattr(server_module, "SubprocessASGIServer", _SlowServer)
-    monkeypatch.setattr(interrupts, "PROGRESS_EVERY_S", 1.0)
+    monkeypatch.setattr(interrupts, "PROGRESS_EVERY_S", 0.3)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setattr(interrupts, "_ephemeral_allowed", lambda: True)
     from prefect.settings import PREFECT_API_URL
