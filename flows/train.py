@@ -359,6 +359,8 @@ def run_train(
     address = cluster_address or config.cluster.address
     devices = 10**6 if address else None
     prepared = _prepared
+    if resume and not config.runtime.resume:  # the run id is the resumed run's (prepare_run)
+        config = config.with_overrides({"runtime.resume": True})
     if prepared is None:
         from rpeg.preflight.prepare import prepare_run
 

@@ -145,6 +145,7 @@ def predict(
             str(gantt),
             title=f"{plan.model} on {plan.cluster}: {pred.step_s:.1f} s/step",
         )
+    peaks, why = _rank_peaks(plan, cfg)
     if as_json:
         typer.echo(
             json.dumps(
@@ -153,6 +154,7 @@ def predict(
                     "predicted_low_s": low,
                     "predicted_high_s": high,
                     "system": sysname,
+                    "rank_memory": [p.to_dict() for p in peaks],
                 },
                 indent=1,
             )
@@ -177,10 +179,34 @@ def predict(
             f"system {sysname}: rollout x{params.gen_eff:.2f}, training x{params.train_eff:.2f} "
             f"of the modelled rate ({params.rows} published rows, {params.sources} sources)"
         )
+    for p in peaks:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in p.parts.items() if v >= 0.005)
+        typer.echo(
+            f"rank memory: group {p.group} ({p.ranks} ranks): {p.peak_gb:.2f} GB peak per rank "
+            f"in {p.phase} ({parts})"
+        )
+    if why:
+        typer.echo(f"rank memory: not predicted ({why})")
     for a in pred.assumptions:
         typer.echo(f"assumption: {a}")
     if gantt:
         typer.echo(f"gantt: {gantt}")
+
+
+def _rank_peaks(plan, cfg) -> tuple[list, str]:
+    """Each actor group's predicted peak per rank as the runtime would build the plan
+    (rpeg.compile.memory), and why not when the plan does not compile for this run."""
+    from rpeg.compile import compile_step
+    from rpeg.compile.memory import rank_peaks
+    from rpeg.errors import RpegError
+    from rpeg.specs.hf import priced_model
+
+    try:
+        model = priced_model(cfg.model)
+        step = compile_step(plan, cfg, cluster_devices=plan.num_devices, model=model)
+        return rank_peaks(step, cfg, model), ""
+    except RpegError as exc:
+        return [], str(exc).splitlines()[0]
 
 
 def _run_config_with_plan(path: Path):

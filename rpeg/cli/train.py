@@ -19,6 +19,27 @@ def _echo_summary(summary: dict, out_dir: Path, extra: str = "") -> None:
         f"(median step {summary['median_step_s']:.2f}s); reward {summary['reward_first10']:.3f} -> "
         f"{summary['reward_last10']:.3f}; {heldout_phrase(summary)}; outputs in {out_dir}/ ({extra})"
     )
+    for line in memory_lines(summary):
+        typer.echo(line)
+
+
+def memory_lines(summary: dict) -> list[str]:
+    """One line per actor group: each rank's measured peak memory beside the predicted one
+    (rpeg.compile.memory), when the run measured them (the distributed runtime)."""
+    measured = summary.get("peak_memory") or {}
+    predicted = summary.get("predicted_peak_memory") or {}
+    out = []
+    for group, ranks in measured.items():
+        peaks = [r.get("peak_rss_bytes", 0) / 1e9 for r in ranks if isinstance(r, dict)]
+        if not peaks:
+            continue
+        pred = predicted.get(group, {}).get("peak_gb")
+        vs = f"; predicted {pred:.2f} GB per rank" if pred else ""
+        out.append(
+            f"memory: group {group}: measured peak per rank "
+            f"{', '.join(f'{p:.2f}' for p in peaks)} GB{vs}"
+        )
+    return out
 
 
 def _announce(prepared, quiet: bool) -> None:

@@ -47,7 +47,11 @@ def policy_model(config: Any, model: Any = None) -> Any:
         return model
     from rpeg import specs
     from rpeg.errors import RpegError
+    from rpeg.specs.hf import TINY_NAME, tiny_model
 
+    m = config.model
+    if m.path is None and m.tiny_shape and m.name == TINY_NAME:
+        return tiny_model(m.tiny_shape)  # the built-in model at the shape that runs
     try:
         return specs.model(config.model.name)
     except RpegError:  # a name the catalog lacks: nothing to check the layout against

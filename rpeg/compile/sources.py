@@ -74,6 +74,23 @@ def default_plan(graph: Any, config: Any) -> Any:
 
 def resolve(plan_or_graph: Any, config: Any) -> tuple[Any, Any]:
     """(graph, plan) from a Plan, a Graph, a plan dict/YAML path, or None (from config)."""
+    graph, plan = _resolve(plan_or_graph, config)
+    return graph, _running_model(plan, config)
+
+
+def _running_model(plan: Any, config: Any) -> Any:
+    """``plan`` naming the model that runs: the built-in model widened by
+    ``model.tiny_shape`` is priced at that shape (rpeg.specs.hf.tiny_model), not as the
+    catalog's default ``rpeg-tiny``."""
+    from rpeg.specs.hf import TINY_NAME, tiny_model
+
+    m = getattr(config, "model", None)
+    if plan.model != TINY_NAME or m is None or m.path or not m.tiny_shape:
+        return plan
+    return plan.model_copy(update={"model": tiny_model(m.tiny_shape).name})
+
+
+def _resolve(plan_or_graph: Any, config: Any) -> tuple[Any, Any]:
     from rpeg.ir import Graph
     from rpeg.plan import Plan
 

@@ -101,6 +101,8 @@ def preflight(
             problems += list(exc.problems)
         if compiled is not None and not problems:
             problems += check_resumed_layout(config, compiled)
+        if compiled is not None and not problems:
+            problems += check_rank_memory(config, compiled, model, cluster_devices)
         if compiled is not None and config.cluster.address is None and cluster_devices is None:
             # a LocalCluster's workers see this machine's GPUs
             from rpeg.infra.devices import device_view
@@ -114,3 +116,37 @@ def preflight(
     if problems:
         raise ConfigError(problems, title="run refused before anything started")
     return compiled
+
+
+def check_rank_memory(config: Any, compiled: Any, model: Any, cluster_devices: Any) -> list:
+    """Each rank's predicted peak memory (rpeg.compile.memory) against what a worker has:
+    ``cluster.worker_memory`` (``auto``: this machine's memory split over a LocalCluster's
+    workers, as Dask splits it) on CPU workers, the GPU's memory on GPUs. A rank over it is
+    refused now, naming its group and the numbers, instead of dying in its first step."""
+    from rpeg.compile.memory import memory_problems, rank_peaks, worker_memory_gb
+
+    try:
+        peaks = rank_peaks(compiled, config, model)
+    except ProblemsError:
+        return []
+    cpu = [p for p, g in zip(peaks, compiled.actor_groups, strict=True) if g.device_type == "cpu"]
+    gpu = [p for p, g in zip(peaks, compiled.actor_groups, strict=True) if g.device_type != "cpu"]
+    out = []
+    if cpu:
+        machine = None
+        if config.cluster.address is None and cluster_devices is None:
+            from distributed.system import MEMORY_LIMIT  # the machine's, or its cgroup's
+
+            machine = MEMORY_LIMIT / 1e9
+        limit = worker_memory_gb(config, machine)
+        where = f"cluster.worker_memory ({config.cluster.worker_memory}, per worker)"
+        out += memory_problems(cpu, limit, where)
+    if gpu:
+        from rpeg import specs
+
+        try:
+            hbm = specs.cluster(config.cluster.name).gpu.hbm_gb
+        except Exception:  # noqa: BLE001 - an unknown cluster is check_machine's problem
+            hbm = None
+        out += memory_problems(gpu, hbm, f"a {config.cluster.name} GPU's memory")
+    return out

@@ -45,15 +45,18 @@ class WeightSource(Protocol):
 
 
 class ModuleSource:
-    """The state of an in-memory (unsharded) model, by name; :meth:`close` drops it."""
+    """The state of an in-memory (unsharded) model, by name; :meth:`close` drops it. With
+    :attr:`consume` set (one role reads it), each tensor is dropped as it is fetched, so the
+    whole model shrinks while the rank's shard grows."""
 
     def __init__(self, model: nn.Module):
         self._state: dict[str, torch.Tensor] | None = dict(model.state_dict())
+        self.consume = False
 
     def fetch(self, name: str) -> torch.Tensor | None:
         if self._state is None:
             raise RuntimeError("ModuleSource used after close()")
-        t = self._state.get(name)
+        t = self._state.pop(name, None) if self.consume else self._state.get(name)
         return None if t is None else t.detach()
 
     def close(self) -> None:
@@ -174,6 +177,38 @@ def materialize(module: nn.Module, device: torch.device, fetch: Fetch, where: st
         raise KeyError(
             f"{where or 'model'}: the weights lack {missing[:5]} ({len(missing)} in all)"
         )
+    return held
+
+
+def materialize_like(module: nn.Module, device: torch.device, twin: nn.Module) -> int:
+    """Give a laid-out meta ``module`` storage on ``device`` and fill each local shard from
+    ``twin``'s (a role laid out the same way: the reference takes the actor's initial
+    shards, cast to its own dtype), with no full tensor anywhere. Returns the bytes held."""
+    from torch.distributed.tensor import DTensor
+
+    from rpeg.runtime.model_io.loading import _rebuild_rotary
+
+    module.to_empty(device=device)
+    if hasattr(module, "tie_weights") and getattr(module.config, "tie_word_embeddings", False):
+        module.tie_weights()
+    _rebuild_rotary(module, device)
+    theirs = twin.state_dict(keep_vars=True)
+    held = 0
+    seen: set[int] = set()
+    with torch.no_grad():
+        for name, cur in module.state_dict(keep_vars=True).items():
+            src = theirs[name]
+            if isinstance(cur, DTensor) != isinstance(src, DTensor) or (
+                isinstance(cur, DTensor) and tuple(cur.placements) != tuple(src.placements)
+            ):
+                raise ValueError(f"{name}: laid out differently from the role it copies")
+            local = cur._local_tensor if isinstance(cur, DTensor) else cur
+            if id(local) in seen:
+                continue
+            seen.add(id(local))
+            theirs_local = src._local_tensor if isinstance(src, DTensor) else src
+            local.copy_(theirs_local.detach())
+            held += local.numel() * local.element_size()
     return held
 
 

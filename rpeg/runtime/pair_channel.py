@@ -50,7 +50,7 @@ _CONNECT_TIMEOUT_S = 60.0
 
 #: the most bytes one exchange moves at a time (larger tensors go in chunks): bounds the
 #: shared memory of a channel to 2 regions of this size per rank
-CHUNK_BYTES = 64 << 20
+CHUNK_BYTES = 16 << 20  # 64 MiB held 0.27 GB per rank of a pair (own + peer's regions)
 
 _HEADER_BYTES = 16  # bytes of this chunk, and the size of a region whose fd comes along
 _NAME_BYTES = 40  # "rpeg-pair-" + 24 hex digits + padding, sent as a fixed-size uint8 tensor

@@ -138,6 +138,7 @@ class PolicyWorker:
         *,
         source=None,
         device: torch.device | None = None,
+        like=None,
     ) -> None:
         """Shard this role over ``mesh`` as ``layout`` says (rpeg.runtime.sharding): tensor
         parallelism of the LM's blocks, FSDP2 over dp; the optimizer is rebuilt over the
@@ -149,7 +150,9 @@ class PolicyWorker:
 
         ``source`` (a role built on the meta device: rpeg.runtime.materialize): once laid
         out, every module of the role (LM, value head, the engine's own copy) gets storage on
-        ``device`` at its shard's size and is filled from the source, one tensor at a time."""
+        ``device`` at its shard's size and is filled from the source, one tensor at a time;
+        ``like`` (a frozen role laid out as that LM: the reference beside the actor): the LM
+        is filled from ``like``'s shards instead, the source left to the others."""
         from rpeg.runtime.lora import base_copy
         from rpeg.runtime.sharding import shard_roles
 
@@ -172,11 +175,16 @@ class PolicyWorker:
         if isinstance(eng, TorchEngine) and eng.model is not self.lm:
             shard_roles(eng.model, eng.model, gen_layout, gen_mesh)
         if source is not None:
-            from rpeg.runtime.materialize import init_head, materialize
+            from rpeg.runtime.materialize import init_head, materialize, materialize_like
 
             if device is None:
                 raise ValueError("apply_layout: a source needs the device to build on")
-            materialize(self.lm, device, source.fetch, "actor" if self.trainable else "reference")
+            if like is not None:
+                materialize_like(self.lm, device, like)
+            else:
+                materialize(
+                    self.lm, device, source.fetch, "actor" if self.trainable else "reference"
+                )
             for h in heads:
                 h.to_empty(device=device)
                 init_head(h)
@@ -228,6 +236,28 @@ class PolicyWorker:
             top_k=w.top_k,
         )
 
+    def _decoding(self):
+        """The context of a decode loop. An FSDP model whose layout keeps a rank's unsharded
+        shard resident anyway (``reshard_after_forward`` false: the extra fits the memory
+        share the plan allows) stays gathered for the whole loop (:func:`gathered_blocks`:
+        one gather, then each rank stops at its own longest row); otherwise each forward
+        gathers one unit at a time -- a rank's peak holds one unit beyond its shard, not the
+        whole model -- and the dp ranks decode in lockstep (the engine's ``lockstep``)."""
+        model = getattr(self.engine, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            return nullcontext()
+        lay = getattr(self.shards, "layout", None)
+        per_forward = (
+            model is self.lm
+            and lay is not None
+            and lay.fsdp
+            and lay.dp > 1
+            and lay.reshard_after_forward
+        )
+        if isinstance(self.engine, TorchEngine):
+            self.engine.lockstep = self.reduce if per_forward else None
+        return nullcontext() if per_forward else gathered_blocks(model)
+
     def generate(
         self,
         prompt_ids: Sequence[Sequence[int]],
@@ -236,8 +266,7 @@ class PolicyWorker:
         seed: int | Sequence[int] | None = None,
         max_new_tokens: Sequence[int] | None = None,
     ) -> GenerationOutput:
-        model = getattr(self.engine, "model", None)
-        with gathered_blocks(model) if isinstance(model, torch.nn.Module) else nullcontext():
+        with self._decoding():
             return self.engine.generate(
                 prompt_ids,
                 params or self.sampling_params(),
@@ -256,8 +285,7 @@ class PolicyWorker:
     ) -> Iterator[tuple[list[int], GenerationOutput]]:
         """:meth:`generate`, releasing finished groups of rows as they finish
         (:func:`rpeg.runtime.engines.base.generate_in_groups`)."""
-        model = getattr(self.engine, "model", None)
-        with gathered_blocks(model) if isinstance(model, torch.nn.Module) else nullcontext():
+        with self._decoding():
             yield from generate_in_groups(
                 self.engine, prompt_ids, params, groups=groups, min_groups=min_groups, seed=seed
             )

@@ -283,6 +283,45 @@ def prices_folder(model: Any) -> bool:
     return model.name == default
 
 
+#: the built-in model's catalog name, and its ``model.tiny_shape`` keys (Hugging Face config
+#: names) -> catalog field names
+TINY_NAME = "rpeg-tiny"
+_TINY_KEYS = {
+    "vocab_size": "vocab",
+    "hidden_size": "hidden",
+    "intermediate_size": "ffn_hidden",
+    "num_hidden_layers": "layers",
+    "num_attention_heads": "heads",
+    "num_key_value_heads": "kv_heads",
+    "max_position_embeddings": "max_position",
+}
+
+
+def tiny_model(shape: dict[str, int] | None) -> Any:
+    """The ModelSpec of the built-in model widened by ``model.tiny_shape`` (``shape``: its
+    overrides; none: the catalog's ``rpeg-tiny``), named by its shape (``rpeg-tiny-h1536-l8``)
+    and made known by that name in this process. What the runtime builds is what is
+    priced: a 302M-parameter ``tiny_shape`` is not planned as the 4M-parameter default."""
+    from dataclasses import replace
+
+    from rpeg import specs
+
+    base = specs.model(TINY_NAME)
+    if not shape:
+        return base
+    upd = {_TINY_KEYS[k]: int(v) for k, v in shape.items() if k in _TINY_KEYS}
+    hidden = upd.get("hidden", base.hidden)
+    heads = upd.get("heads", base.heads)
+    if "heads" in upd and "kv_heads" not in upd:
+        upd["kv_heads"] = heads
+    upd["head_dim"] = hidden // heads if heads else base.head_dim
+    spec = replace(base, **upd)
+    name = f"{TINY_NAME}-h{spec.hidden}-l{spec.layers}-f{spec.ffn_hidden}-a{spec.heads}x{spec.kv_heads}"
+    spec = replace(spec, name=name)
+    specs.add_run_model(spec)
+    return spec
+
+
 def priced_model(model: Any, catalog: Any = None) -> Any:
     """The ModelSpec the performance model prices for a run's ``model`` section: the folder's
     ``config.json`` when :func:`prices_folder`, else the catalog entry of ``model.name``
@@ -294,4 +333,7 @@ def priced_model(model: Any, catalog: Any = None) -> Any:
         spec = model_from_folder(model.path)
         specs.add_run_model(spec)  # plans name it: pricing them finds this spec
         return spec
+    shaped = not getattr(model, "path", None) and getattr(model, "tiny_shape", None)
+    if shaped and model.name == TINY_NAME:
+        return tiny_model(model.tiny_shape)
     return (catalog or specs.model)(model.name)

@@ -53,7 +53,9 @@ def test_first_day_both_runtimes(user_files, tmp_path, data):
         if runtime == "distributed":
             assert "start-up: LocalCluster up in" in log  # the start-up phases, as they happen
             assert "start-up: actors ready" in log
-        rows = [json.loads(x) for x in (d / "out" / "latest" / "samples.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(x) for x in (d / "out" / "latest" / "samples.jsonl").read_text().splitlines()
+        ]
         assert sorted({r["step"] for r in rows}) == [1, 2, 3] and len(rows) == 12
         assert all(r["prompt"].startswith("<|im_start|>user\n") for r in rows)
         assert all(r["prompt"].endswith("<|im_start|>assistant\n") for r in rows)

@@ -67,7 +67,7 @@ def test_sharded_construction_trains_as_the_whole_model():
         ("critic_fsdp", "train", {"layout": fsdp, **critic, "meta": True}),
         ("critic_tp2", "train", {"layout": tp2, **critic, "meta": True}),
     ]
-    out = C.spawn(2, cases, port=29691)
+    out = C.spawn(2, cases, port=29697)
     _check(*ref, out["fsdp"], 2, 1)
     _check(*ref, out["tp2"], 1, 2)
     _check(*shared, out["shared_fsdp"], 2, 1, keys=(*LOSSES, "value_loss"))

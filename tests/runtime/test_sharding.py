@@ -179,9 +179,10 @@ def test_checkpoint_saved_at_fsdp_dp2_resumes_at_tp2(tmp_path):
 @pytest.mark.slow
 def test_generation_on_shards_equals_single_process():
     """Greedy decode on tp=2 shards, on fsdp dp=2 shards (ranks with different prompts and
-    row counts), on fsdp dp=2 shards whose ranks decode 6 and 3 tokens (after the first
-    forward the gathered units run no collective, so the rank done first just stops) and on
-    an engine copy at tp=2 beside fsdp dp=2 training."""
+    row counts), on fsdp dp=2 shards whose ranks decode 6 and 3 tokens -- gathered per
+    forward (the ranks decode in lockstep until both are done) and kept gathered for the
+    loop (reshard_after_forward false: no collective after the first forward, the rank done
+    first just stops) -- and on an engine copy at tp=2 beside fsdp dp=2 training."""
     m, tok = C.model()
     single = C.policy(C.config(), m, tok)
     cases = [
@@ -189,13 +190,20 @@ def test_generation_on_shards_equals_single_process():
         ("fsdp", "generate", {"layout": {"dp": 2, "fsdp": True}}),
         ("fsdp_gen_tp2", "generate", {"layout": {"dp": 2, "fsdp": True}, "gen": {"tp": 2}}),
         ("fsdp_uneven", "generate", {"layout": {"dp": 2, "fsdp": True}, "caps": {1: 3}}),
+        # kept gathered (reshard_after_forward false): one gather, each rank its own loop
+        (
+            "fsdp_kept_uneven",
+            "generate",
+            {"layout": {"dp": 2, "fsdp": True, "reshard_after_forward": False}, "caps": {1: 3}},
+        ),
     ]
     out = C.spawn(2, cases, port=29691)
-    uneven = out.pop("fsdp_uneven")
-    for r, cap in ((0, 6), (1, 3)):
-        rows = uneven[r]["rows"]
-        assert uneven[r]["tokens"] == C.greedy(single, rows, cap), r
-        assert max(len(t) for t in uneven[r]["tokens"]) == cap  # the ranks' loops differ
+    for name in ("fsdp_uneven", "fsdp_kept_uneven"):  # per-forward gathers: in lockstep
+        uneven = out.pop(name)
+        for r, cap in ((0, 6), (1, 3)):
+            rows = uneven[r]["rows"]
+            assert uneven[r]["tokens"] == C.greedy(single, rows, cap), (name, r)
+            assert max(len(t) for t in uneven[r]["tokens"]) == cap
     for name in ("tp2", "fsdp", "fsdp_gen_tp2"):
         for r, res in out[name].items():
             ref = {
@@ -275,14 +283,23 @@ def test_fsdp_units_group_blocks_up_to_the_size():
     assert fsdp_units(blocks, 10**9) == []  # a small model: one unit, the root
 
 
-def test_adamw_step_equals_torch_adamw():
+@pytest.mark.parametrize("chunk_bytes", [None, 1, 64])
+def test_adamw_step_equals_torch_adamw(chunk_bytes, monkeypatch):
     """The optimizer's own step (local tensors of DTensor parameters) on plain tensors is
     torch's AdamW (to 1e-7: foreach and per-tensor kernels may round differently), weight
-    decay included."""
+    decay included; also when the multi-tensor update runs in chunks of whole tensors (1
+    byte: a tensor a call; 64 bytes: the small tensors together, the 60-byte one alone)."""
+    from rpeg.runtime import updates
     from rpeg.runtime.updates import adamw
 
+    if chunk_bytes is not None:
+        monkeypatch.setattr(updates, "OPTIMIZER_CHUNK_BYTES", chunk_bytes)
     g = torch.Generator().manual_seed(0)
-    ours = [torch.nn.Parameter(torch.randn(5, 3, generator=g)), torch.nn.Parameter(torch.randn(4))]
+    ours = [
+        torch.nn.Parameter(torch.randn(5, 3, generator=g)),
+        torch.nn.Parameter(torch.randn(4)),
+        torch.nn.Parameter(torch.randn(2, 2, generator=g)),
+    ]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     a = adamw(ours, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99))
     b = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), foreach=False)

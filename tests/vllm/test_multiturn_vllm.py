@@ -252,7 +252,10 @@ def _train_multiturn(tmp_path, ranks: int) -> None:
     assert not settle(lambda: shm_segments() - shm0), "a /dev/shm segment outlived the run"
     out = json.loads(summary.read_text())
     assert out["steps"] == 2 and out["weight_sync_bytes"] > 0
-    rows = [json.loads(x) for x in (tmp_path / "out" / "latest" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x)
+        for x in (tmp_path / "out" / "latest" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["weight_sync_bytes"] > 0

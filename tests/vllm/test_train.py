@@ -92,7 +92,10 @@ def _check(out: dict, tmp_path: Path) -> None:
     # log-probs), so the first update's forward measures them (rollout_correction.measure)
     assert {"logprob_mismatch_mean", "logprob_mismatch_k3"} <= set(out), sorted(out)
     assert 0 <= out["logprob_mismatch_mean"] < 1e-4
-    rows = [json.loads(x) for x in (tmp_path / "out" / "latest" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x)
+        for x in (tmp_path / "out" / "latest" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["weight_sync_bytes"] > 0

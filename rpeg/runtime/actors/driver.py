@@ -301,9 +301,20 @@ class DistributedRun(RunDataPlane, RunCheckpoints):
         (:func:`rpeg.runtime.summary.distributed_summary`)."""
         from rpeg.runtime.summary import distributed_summary
 
-        return distributed_summary(
+        out = distributed_summary(
             self.compiled.actor_groups, self._rank_info(), self.sync_log, hist
         )
+        # each rank's predicted peak beside its measured one (rpeg.compile.memory)
+        from rpeg.compile.memory import rank_peaks
+        from rpeg.errors import RpegError
+        from rpeg.specs.hf import priced_model
+
+        try:
+            peaks = rank_peaks(self.compiled, self.config, priced_model(self.config.model))
+        except RpegError:
+            peaks = []
+        out["predicted_peak_memory"] = {p.group: p.to_dict() for p in peaks}
+        return out
 
     # ---------------------------------------------------------------- async rollout
     def rollout(self, step: int) -> dict[str, float]:

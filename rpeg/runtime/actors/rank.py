@@ -175,9 +175,21 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
             sharded_build=sharded_build(self.layout, engine, c.model.lora is not None),
         )
         self._source = built.source
+        if self.device.type == "cpu" and self._large_blocks(built):
+            from rpeg.runtime.unit_memory import return_large_allocations
+
+            self.large_allocations_returned = return_large_allocations()
         self.rewards, self.heldout = built.rewards, built.heldout
         self.tokenizer, self.warmup_info = built.tokenizer, built.warmup_info
         self.actor, self.reference, self.critic = built.actor, built.reference, built.critic
+        if self._source is not None and hasattr(self._source, "consume"):
+            # the actor's LM is the source's one reader (the reference copies the actor's
+            # shards): each full tensor is dropped once the actor holds its slice
+            own_copy = self.actor is not None and (
+                self.gen_layout is not self.layout
+                or getattr(self.actor.engine, "model", None) is not self.actor.lm
+            )
+            self._source.consume = self.actor is not None and self.critic is None and not own_copy
         if self.actor is not None:
             self.actor.max_staleness = self.k  # checked before every optimizer update
         from rpeg.runtime.engines.residency import EngineResidency
@@ -197,6 +209,23 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         self.offloader = Offloader(
             {"actor": self.actor, "reference": self.reference, "critic": self.critic},
             self.device,
+        )
+
+    @staticmethod
+    def _large_blocks(built) -> bool:
+        """Whether the rank's model has blocks FSDP splits (rpeg.runtime.sharding.block_parts)."""
+        from rpeg.runtime.sharding import FSDP_SPLIT_BYTES
+        from rpeg.runtime.tensor_parallel import decoder_layers
+
+        wk = built.actor or built.reference or built.critic
+        lm = getattr(wk, "lm", None) or getattr(getattr(wk, "module", None), "trunk", None)
+        try:
+            blocks = decoder_layers(lm)
+        except (TypeError, AttributeError):
+            return False
+        block = blocks[0] if blocks else None
+        return (
+            block is not None and sum(p.numel() * 4 for p in block.parameters()) > FSDP_SPLIT_BYTES
         )
 
     def _fault(self, phase: str, step: int) -> None:
@@ -287,7 +316,9 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         if self.critic is not None:
             self.critic.apply_layout(lay, self.mesh, self.reduce, **fill)
         if self.reference is not None and lay.sharded:
-            self.reference.apply_layout(lay, self.mesh, self.reduce, **fill)
+            # the reference starts as the actor: its shards are copied, cast to its dtype
+            like = None if self.actor is None or fill["source"] is None else self.actor.lm
+            self.reference.apply_layout(lay, self.mesh, self.reduce, like=like, **fill)
         elif self.reference is not None:
             self.reference.reduce = self.reduce
         if self._source is not None:  # every role filled: the whole weights are dropped

@@ -64,7 +64,9 @@ class RankCheckpoints:
         if self.actor is not None:
             # a lagging engine copy restarts at the loaded weights (lag 0: within any bound k)
             eng = self.actor.engine
-            if getattr(eng, "model", None) is not self.actor.lm:  # vLLM has no .model
+            if hasattr(eng, "update_from") and eng.model is not self.actor.lm:
+                eng.update_from(self.actor.weight_source(), self.actor.policy_version)
+            elif getattr(eng, "model", None) is not self.actor.lm:  # vLLM has no .model
                 eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
             eng.policy_version = self.actor.policy_version
         return self.policy_version()
@@ -73,6 +75,8 @@ class RankCheckpoints:
         """Sum of the actor's full weights (data-parallel ranks must agree). Sharded: a
         collective, every rank of the group calls it."""
         self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
-        from rpeg.runtime.sharding import full_state_dict
+        from rpeg.runtime.sharding import full_tensor_source
 
-        return float(sum(float(v.double().sum()) for v in full_state_dict(self.actor.lm).values()))
+        # one gathered tensor at a time: a rank never holds the whole model for a checksum
+        meta, fetch = full_tensor_source(self.actor.lm)
+        return float(sum(float(fetch(k).double().sum()) for k in meta))

@@ -217,7 +217,10 @@ def refresh_lagging_engine(actor: Any, residency: Any, k: int) -> dict[str, floa
         return {}
     t0 = time.perf_counter()
     residency.before_update()
-    eng.update_weights(actor.get_weights(), actor.policy_version)
+    if isinstance(eng, TorchEngine):  # tensor by tensor from the trainer's shards
+        eng.update_from(actor.weight_source(), actor.policy_version)
+    else:
+        eng.update_weights(actor.get_weights(), actor.policy_version)
     residency.after_update()
     out = {"weight_sync_s": time.perf_counter() - t0}
     moved = getattr(eng, "last_update", None)  # vLLM: bytes sent to its workers

@@ -97,6 +97,10 @@ class TorchEngine:
         # every forward runs under autocast to this dtype (rpeg.runtime.precision.compute):
         # a trainer's fp32 master weights shared with the engine still decode in bf16
         self.compute_dtype = compute_dtype
+        # a RankReduce over the ranks whose forwards are collectives (an FSDP model gathered
+        # per forward): they decode in lockstep, the same number of steps, until every
+        # rank's rows are done; None: each rank stops at its own longest row
+        self.lockstep = None
 
     @property
     def device(self) -> torch.device:
@@ -106,13 +110,26 @@ class TorchEngine:
         return p._local_tensor.device if isinstance(p, DTensor) else p.device
 
     def _finished(self, done: torch.Tensor) -> bool:
-        return bool(done.all())
+        if self.lockstep is None:
+            return bool(done.all())
+        left = torch.tensor([0.0 if bool(done.all()) else 1.0])
+        return float(self.lockstep.max(left)[0]) == 0.0  # every rank of the group is done
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], policy_version: int) -> None:
         """Load full weights (a sharded engine model takes its shard of each)."""
         from rpeg.runtime.sharding import load_full_state_dict
 
         load_full_state_dict(self.model, state_dict)
+        self.policy_version = policy_version
+
+    def update_from(self, source, policy_version: int) -> None:
+        """Load the weights of ``source`` = ``(meta, fetch)`` (a trainer's
+        ``weight_source``: full tensors gathered one at a time) into this engine's model,
+        which keeps its slice of each: the sync never holds a whole copy of the model."""
+        from rpeg.runtime.sharding import load_tensors
+
+        meta, fetch = source
+        load_tensors(self.model, list(meta), fetch)
         self.policy_version = policy_version
 
     def _forward(self, ids, mask, pos, past):
@@ -222,6 +239,8 @@ class TorchEngine:
             dtype=torch.long,
         ).to(dev)
         r_max = int(caps.max())
+        if self.lockstep is not None:  # the longest cap of the group
+            r_max = int(self.lockstep.max(torch.tensor([float(r_max)]))[0])
         stop = torch.as_tensor(
             sorted({self.eos_id, *params.stop_token_ids}), dtype=torch.long, device=dev
         )

@@ -1,0 +1,254 @@
+"""Peak memory of one rank as RPEG's runtime lays it out (pure).
+
+The per-unit memory of :mod:`rpeg.perf.units` prices a unit the way published trainers hold
+it (bf16 weights, fused kernels). This module prices what a rank of RPEG's own runtime holds,
+part by part, from the compiled groups (``rpeg.compile.GroupSpec``: dp, tp, FSDP, recompute,
+the roles and which train) -- what ``rpeg predict`` reports per rank, what the run summary
+and ``rpeg bench`` set beside the measured peak, and what the preflight refuses before start
+when it exceeds a worker's memory. docs/parallelism.md "Where a rank's bytes live" walks
+through it with the measured table.
+
+Resident between units (``s`` = the role's shard divisor: tp, times dp under FSDP):
+
+* a trained role: fp32 master weights ``4P/s`` and AdamW's two moments ``8P/s``;
+* a frozen role (the reference, an actor that only generates): ``P/s`` in the compute dtype;
+* a generator's own copy (a lagging torch engine, another generation tp): ``P/gen_tp``;
+* the process itself (:data:`CPU_BASELINE_GB` on a CPU worker; the framework reserve on a GPU).
+
+Transient, the largest of three phases:
+
+* training: fp32 gradients ``4P/s`` (freed after the step's last update), FSDP's buffers
+  (the whole model when it stays gathered from forward to backward; else
+  :data:`FSDP_TRAIN_UNITS` gathered blocks: the one computing, the one prefetched, a block's
+  unsharded gradients and the collectives' staging), and the micro-batch's activations: per token and layer :data:`ACT_FLOATS_PER_HIDDEN`
+  ``x hidden +`` :data:`ACT_FLOATS_PER_FFN` ``x ffn`` values kept for backward, or with
+  recompute :data:`RECOMPUTE_FLOATS_PER_HIDDEN` ``x hidden`` per layer plus one layer's worth;
+* generation (torch engine): under FSDP the whole model gathered for the decode loop when
+  the layout keeps it gathered, else :data:`FSDP_FORWARD_UNITS` blocks (each forward gathers
+  one unit at a time, the dp ranks in lockstep); the KV cache of the rank's rows;
+* log-prob passes: :data:`FSDP_FORWARD_UNITS` blocks and the logits chunk.
+
+A vLLM engine holds its weights and KV cache in its own process (its share of the device is
+the plan's ``gpu_memory_utilization``), priced by :mod:`rpeg.perf.generation`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rpeg.perf.prediction import GB
+
+#: activation values kept for backward per token and decoder layer, per unit of the hidden
+#: size and of the MLP width (a Hugging Face Llama-style block, eager, SDPA attention):
+#: measured with ``torch.autograd.graph.saved_tensors_hooks`` over 8 shapes (hidden 256-1536,
+#: MLP 1024-6144, 4-16 heads, 28-56 tokens), the difference of 2- and 1-layer models, the
+#: weights left out: 10.0 x hidden + 4.0 x MLP values exactly (docs/measurements.md)
+ACT_FLOATS_PER_HIDDEN = 10.0
+ACT_FLOATS_PER_FFN = 4.0
+#: with every layer checkpointed: values kept per token and layer (its input and the
+#: rotary tables' share), the same measurement with gradient checkpointing on
+RECOMPUTE_FLOATS_PER_HIDDEN = 2.0
+#: resident memory of a CPU rank before any model: the Python process with torch,
+#: transformers, Dask's worker and the runtime imported (measured: 0.27 GB after the imports,
+#: 0.42 GB at a rank's start inside a Dask worker; docs/measurements.md)
+CPU_BASELINE_GB = 0.42
+#: the shared memory of a same-host 2-rank channel (rpeg.runtime.pair_channel): two regions
+#: of ``CHUNK_BYTES`` (16 MiB) written by the rank, two of its peer's mapped and read
+PAIR_CHANNEL_GB = 4 * 16 * 2**20 / 1e9
+#: FSDP's transient buffers in units of one gathered block (compute dtype), measured on the
+#: 302M model at fsdp dp=2 (RSS high-water mark less the resident state, docs/measurements.md):
+#: training 4.8 (the computing and the prefetched block, the block's unsharded gradients,
+#: the gather and reduce-scatter staging), a forward-only pass 3.0
+FSDP_TRAIN_UNITS = 5.0
+FSDP_FORWARD_UNITS = 3.0
+#: FSDP's unit: consecutive decoder blocks until this many bytes, and the block size past
+#: which attention and MLP are units of their own (rpeg.runtime.sharding)
+FSDP_UNIT_BYTES = 25 * 2**20
+FSDP_SPLIT_BYTES = 64 * 2**20
+#: tokens of the chunked log-prob head (rpeg.runtime.model_io.logprobs)
+LOGITS_CHUNK_TOKENS = 1024
+
+_DTYPE_BYTES = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0}
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Predicted peak of each rank of one actor group: ``parts`` (GB) of the resident state
+    and of the phase that sets the peak (``phase``: train, generate or logprob)."""
+
+    group: str
+    ranks: int
+    parts: dict[str, float] = field(default_factory=dict)
+    phase: str = ""
+
+    @property
+    def peak_gb(self) -> float:
+        return sum(self.parts.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "ranks": self.ranks,
+            "phase": self.phase,
+            "peak_gb": self.peak_gb,
+            "parts": dict(self.parts),
+        }
+
+
+def _params(model: Any) -> float:
+    return float(model.params)
+
+
+def _layer_params(model: Any) -> float:
+    """Parameters of one decoder block (the matmuls; norms are negligible)."""
+    emb = model.vocab * model.hidden * (1 if model.tied_embeddings else 2)
+    return max(0.0, (_params(model) - emb) / max(1, model.layers))
+
+
+def _unit_bytes(model: Any, cb: float, tp: int) -> float:
+    """Bytes of the largest gathered FSDP unit: blocks grouped up to :data:`FSDP_UNIT_BYTES`
+    (of the rank's fp32 masters), at least one block; a block past :data:`FSDP_SPLIT_BYTES`
+    is split into its attention and MLP, and those into their matrices while past it (the
+    largest counts)."""
+    block = _layer_params(model) * 4.0 / tp
+    if block > FSDP_SPLIT_BYTES:  # split into attention and MLP, their matrices past it
+        mlp = 3.0 * model.hidden * model.ffn_hidden
+        attn = _layer_params(model) - mlp
+        parts = [
+            p / (n if p * 4.0 / tp > FSDP_SPLIT_BYTES else 1) for p, n in ((mlp, 3), (attn, 4))
+        ]
+        return max(parts) * cb / tp
+    per_unit = max(1, math.ceil(FSDP_UNIT_BYTES / block)) if block > 0 else 1
+    return per_unit * _layer_params(model) * cb / tp
+
+
+def activation_bytes(model: Any, tokens: float, cb: float, tp: int, recompute: bool) -> float:
+    """Bytes a training micro-batch of ``tokens`` keeps for backward on one rank (module doc)."""
+    per_layer = (ACT_FLOATS_PER_HIDDEN * model.hidden + ACT_FLOATS_PER_FFN * model.ffn_hidden) / tp
+    if recompute:
+        kept = RECOMPUTE_FLOATS_PER_HIDDEN * model.hidden * model.layers
+        return tokens * cb * (kept + per_layer)
+    return tokens * cb * per_layer * model.layers
+
+
+def kv_bytes(model: Any, rows: float, seq: float, cb: float, tp: int) -> float:
+    """The torch engine's KV cache for ``rows`` sequences of ``seq`` tokens on one rank."""
+    return rows * seq * model.kv_bytes_per_token(cb) / tp
+
+
+def rank_memory(
+    groups: Iterable[Any],
+    model: Any,
+    wl: Any,
+    *,
+    train_micro_batch: Mapping[str, int],
+    staleness: int,
+    baseline_gb: float | None = None,
+) -> list[RankMemory]:
+    """The predicted peak of a rank of each compiled group (module doc). ``wl``: the perf
+    Workload; ``train_micro_batch``: group -> its training unit's micro-batch size (samples);
+    ``staleness``: the compiled bound (a trained torch generator keeps a lagging copy when
+    > 0); ``baseline_gb``: the process's own (None: :data:`CPU_BASELINE_GB` on CPU, the
+    framework reserve ``1.0`` GB on a GPU)."""
+    out = []
+    P = _params(model)
+    samples = float(wl.num_prompts * wl.samples_per_prompt)
+    seq = float(wl.max_prompt_tokens + wl.max_response_tokens)
+    for g in groups:
+        cb = _DTYPE_BYTES.get(str(g.dtype), 4.0)
+        tp, dp = max(1, g.tp), max(1, g.dp)
+        fsdp = bool(g.fsdp) and dp > 1
+        s = tp * (dp if fsdp else 1)
+        cpu = str(g.device_type) == "cpu"
+        base = baseline_gb if baseline_gb is not None else (CPU_BASELINE_GB if cpu else 1.0)
+        roles, trained = set(g.roles), set(g.trainable)
+        res: dict[str, float] = {"process": base}
+        if cpu and 2 in (dp, tp):  # a same-host pair's shared-memory channel
+            res["pair_channel"] = PAIR_CHANNEL_GB
+        if "actor" in roles:
+            if "actor" in trained:
+                res["actor_weights"] = 4.0 * P / s / GB
+                res["actor_optimizer"] = 8.0 * P / s / GB
+            else:
+                res["actor_weights"] = cb * P / s / GB
+        if "reference" in roles:
+            res["reference"] = cb * P / (s if (fsdp or tp > 1) else 1) / GB
+        critic_p = P - model.vocab * model.hidden * (0 if model.tied_embeddings else 1)
+        if "critic" in roles:
+            res["critic_weights"] = 4.0 * critic_p / s / GB
+            res["critic_optimizer"] = 8.0 * critic_p / s / GB
+        gen_tp = max(1, getattr(g, "gen_tp", tp) or tp)
+        generates = getattr(g, "gen_engine", None) not in (None, "vllm") and "actor" in roles
+        own_copy = generates and (
+            gen_tp != tp or ("actor" in trained and staleness > 0 and not fsdp and tp == 1)
+        )
+        if own_copy:
+            res["generator_copy"] = cb * P / gen_tp / GB
+        phases: dict[str, dict[str, float]] = {}
+        unit = _unit_bytes(model, cb, tp) if fsdp else 0.0
+        if trained:
+            rows = samples / dp / max(1, wl.train_minibatches)
+            mbs = min(float(train_micro_batch.get(g.name, rows) or rows), rows)
+            trained_p = (P if "actor" in trained else 0.0) + (
+                critic_p if "critic" in trained else 0.0
+            )
+            # gradients live from the first backward to the step's last update (then freed)
+            t = {"gradients": 4.0 * trained_p / s / GB}
+            if fsdp:
+                keep = not getattr(g, "reshard_after_forward", True)
+                t["gathered"] = (cb * P / tp + 2 * unit if keep else FSDP_TRAIN_UNITS * unit) / GB
+            t["activations"] = (
+                activation_bytes(model, mbs * seq, cb, tp, bool(getattr(g, "recompute", False)))
+                / GB
+            )
+            t["logits"] = min(mbs * seq, LOGITS_CHUNK_TOKENS) * model.vocab * 4.0 * 2 / tp / GB
+            phases["train"] = t
+        if generates:
+            gen_dp = max(1, g.world_size // gen_tp)
+            rows = samples / gen_dp
+            gen = {"kv_cache": kv_bytes(model, rows, seq, cb, gen_tp) / GB}
+            if fsdp and not own_copy:
+                # kept gathered for the decode loop, or one unit at a time in lockstep
+                # (rpeg.runtime.roles.PolicyWorker._decoding)
+                keep = not getattr(g, "reshard_after_forward", True)
+                gen["gathered"] = (cb * P / tp if keep else FSDP_FORWARD_UNITS * unit) / GB
+            gen["logits"] = rows * model.vocab * 4.0 / GB
+            phases["generate"] = gen
+        if roles & {"reference", "actor", "critic"}:
+            rows = samples / dp
+            tok = min(rows * seq, LOGITS_CHUNK_TOKENS)
+            phases["logprob"] = {
+                "gathered": FSDP_FORWARD_UNITS * unit / GB,
+                "logits": tok * model.vocab * 4.0 / tp / GB,
+            }
+        phase, extra = max(phases.items(), key=lambda kv: sum(kv[1].values()), default=("", {}))
+        out.append(
+            RankMemory(
+                g.name,
+                int(g.world_size),
+                {**res, **{f"{phase}:{k}": v for k, v in extra.items()}},
+                phase,
+            )
+        )
+    return out
+
+
+def parse_size_gb(text: str) -> float | None:
+    """GB of a size such as ``8GiB``, ``12GB``, ``500MB`` (None for ``auto`` and ``0``)."""
+    t = str(text).strip()
+    if t in ("auto", "0", ""):
+        return None
+    units = {"": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20}
+    units.update({"g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40})
+    num = t.rstrip("BbIiKkMmGgTt ")
+    unit = t[len(num) :].strip().lower()
+    try:
+        value = float(num)
+    except ValueError:
+        value = None
+    if unit not in units or value is None:
+        raise ValueError(f"{text!r}: expected a size such as 8GiB")
+    return value * units[unit] / GB
