@@ -9,7 +9,9 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export(
         checkpoint: str = typer.Argument(
-            ..., help="a step folder, a run folder, or a checkpoint URL holding one run"
+            ...,
+            help="a step folder, a checkpoint run folder, a checkpoint URL holding one run, "
+            "or a run's output folder (runs/<run>: its config.yaml names the rest)",
         ),
         out: str = typer.Option(..., "--out", help="the Hugging Face folder to write"),
         model: str | None = typer.Option(
@@ -44,6 +46,12 @@ def register(app: typer.Typer) -> None:
         from rpeg.runtime.export import export_checkpoint
 
         run = None
+        from rpeg.runtime import run_folder as RF
+
+        kept = RF.checkpoints_of(checkpoint)  # an output run folder: its config.yaml says
+        if kept is not None:  # where its checkpoints are, and which model it trained
+            config = config or str(RF.config_in(checkpoint))
+            checkpoint = kept
         if config is not None:
             from rpeg.preflight import load_config
 

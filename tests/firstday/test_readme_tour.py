@@ -69,7 +69,7 @@ TOUR: dict[str, tuple[str, list[str]]] = {
     "python3 scripts/gpu_check.py --device cuda": ("gpu", []),
     "rpeg train my.yaml --local runtime.steps=2": ("slow", ["runtime.checkpoint_every=1"]),
     "rpeg train my.yaml": ("slow", ["runtime.steps=1"]),
-    "rpeg export 'checkpoints/my/<run_id>' --out my-model-rl --config my.yaml": ("slow", []),
+    "rpeg export runs/my/latest --out my-model-rl": ("slow", []),
 }
 
 
@@ -224,10 +224,8 @@ def test_tour_users_model_lines(tour):
     _ok(run("rpeg config show my.yaml", tour))
     _slow("rpeg train my.yaml --local runtime.steps=2", tour)
     _slow("rpeg train my.yaml", tour)
-    # <run_id>: the newest run's checkpoints (both lines above wrote some under checkpoints/my)
-    newest = max((tour / "checkpoints" / "my").iterdir(), key=lambda p: p.stat().st_mtime)
-    line = "rpeg export 'checkpoints/my/<run_id>' --out my-model-rl --config my.yaml"
-    _ok(run(line.replace("<run_id>", newest.name), tour))
+    # the newest run's folder (runs/my/latest): its config.yaml names its checkpoints
+    _ok(run("rpeg export runs/my/latest --out my-model-rl", tour))
     assert (tour / "my-model-rl" / "config.json").is_file()
     _slow("rpeg train my.yaml algorithm.kl_coef=0.01 runtime.steps=2", tour)
     run_dir = _run_folder(tour / "runs" / "my")

@@ -15,12 +15,17 @@ class RankCheckpoints:
     def state_bytes(self, light: bool = False) -> bytes:
         """Weights, optimizers, RNG states and policy/engine versions of this rank (``light``:
         RNG states and versions only, for a group whose ranks write their shards themselves:
-        :meth:`save_shards`)."""
+        :meth:`save_shards`). A data-parallel replica other than the first (an unsharded
+        layout, dp index > 0) holds rank 0's weights and optimizer state: it writes the light
+        state, and a restore gives it rank 0's (RunCheckpoints._restore_from), so a
+        checkpoint moves one copy of the model through the driver, not one per rank."""
         self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors.checkpoint import rank_state_bytes
 
         self._fault("checkpoint", self.policy_version())
-        return rank_state_bytes(self.rank, self.group.name, self._roles(), light)
+        lay = getattr(self, "layout", None)
+        replica = lay is not None and not lay.sharded and lay.dp_index(self.rank) > 0
+        return rank_state_bytes(self.rank, self.group.name, self._roles(), light or replica)
 
     def load_state_bytes(self, data: bytes) -> int:
         self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)

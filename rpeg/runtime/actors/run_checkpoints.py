@@ -115,6 +115,11 @@ class RunCheckpoints:
         for g in self.compiled.actor_groups:
             if g.trainable and g.name in shards:  # weights and optimizer from the shards
                 self.group(g.name).load_shards(f"{_meta['dir_url']}/{g.name}{SHARDS_SUFFIX}")
+            elif g.trainable and g.world_size > 1:
+                # data-parallel replicas: rank 0 wrote the weights and optimizer state for
+                # all of them (RankActor.state_bytes); each then takes its own RNG states
+                first = self._rank_part(parts, g, 0)
+                self.group(g.name).load_state_bytes([first] * g.world_size)
             if g.trainable:
                 self.group(g.name).load_state_bytes(
                     [self._rank_part(parts, g, r) for r in range(g.world_size)]
