@@ -107,6 +107,11 @@ class _Sink:
         if when == "before" or last:
             which = "before" if when == "before" else "after"
             self.say(f"held-out greedy accuracy {which} RL: {accuracy:.3f}")
+        if when == "before" and self.shown:  # until the first step's line: what runs now
+            from rpeg.runtime.progress import announce
+
+            what = "step 1 (rollout, rewards, training)"
+            announce(f"start-up: {what}", label=what)
 
     def record(self, ins: Any, history: dict[int, dict[str, float]]) -> None:
         import contextvars

@@ -6,9 +6,12 @@ RankActor), with the performance model's prediction for the same plan next to wh
 ``--device cuda`` (default): one NVIDIA GPU, bf16, a Qwen2-0.5B-shaped model (hidden 896,
 24 layers, 14 heads, 2 KV heads, MLP 4864; 358M parameters outside the embeddings) on the
 project's character-level tokenizer (vocab 100), random init: rewards stay near 0, which does
-not matter for throughput. The prediction prices the catalog's qwen2.5-0.5b-instruct on the
-catalog cluster named after the GPU (its 151k-token vocabulary makes the LM head ~136M
-parameters more than the model measured).
+not matter for throughput. The prediction prices that model as it runs (the built-in model at
+its ``tiny_shape``: rpeg.specs.hf.tiny_model, the torch engine, the plan the run compiles) on
+the catalog cluster named after the GPU; each rank's predicted peak memory is the run
+summary's (rpeg.compile.memory). ``--margin`` (0.5 on cuda): exit 3 when the median step or a
+rank's peak is off its prediction by more; ``--gpu-tests``: the gpu-marked tests after it,
+in the same window (exit 4 when they fail).
 
 ``--device cpu``: the CPU rehearsal of the same path (scripts/device_rehearsal.sh runs it on
 every commit): two ranks on gloo, fp32, a 2-layer tiny model, priced on ``local-cpu``.
@@ -124,10 +127,15 @@ def stage_rows(history: list[dict[str, Any]], pred: dict[str, Any]) -> list[dict
 
 def memory_rows(summary: dict[str, Any], pred: dict[str, Any]) -> list[dict[str, Any]]:
     """Per group and rank: the measured peak (device allocator on a GPU, else the process's
-    resident set) beside the largest predicted peak per device."""
-    predicted = max(pred["device_memory_gb"].values(), default=0.0) * 1e9 / 2**30
+    resident set) beside the rank's predicted peak (the run summary's
+    ``predicted_peak_memory``: rpeg.compile.memory), else the largest predicted peak per
+    device of the unit prices."""
+    unit_peak = max(pred["device_memory_gb"].values(), default=0.0) * 1e9 / 2**30
+    per_rank = summary.get("predicted_peak_memory") or {}
     rows = []
     for group, ranks in (summary.get("peak_memory") or {}).items():
+        rank_peak = (per_rank.get(group) or {}).get("peak_gb")
+        predicted = unit_peak if rank_peak is None else rank_peak * 1e9 / 2**30
         for r, m in enumerate(ranks):
             dev = m.get("peak_device_bytes")
             rows.append({
@@ -158,7 +166,7 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"peak memory {m['group']} rank {m['rank']} ({m['device']}, {m['what']}): "
             f"{m['measured_peak_gib']:.2f} GiB measured, {m['predicted_peak_gib']:.2f} GiB "
-            "predicted per device"
+            "predicted"
         )
     lines.append(
         f"step: {result['step_s']:.2f} s measured (median after the first), "
@@ -174,6 +182,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", default="gpu-check", help="run folder (metrics, summary)")
     ap.add_argument("--json", default=None, help="figures (default OUT/gpu_check.json)")
+    ap.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        help="exit 3 when the median step or a rank's peak memory is off the prediction by "
+        "more than this share (default: 0.5 on cuda; none on cpu, whose rehearsal runs on "
+        "loaded CI machines)",
+    )
+    ap.add_argument(
+        "--gpu-tests",
+        action="store_true",
+        help="then run the gpu-marked tests (python -m pytest -m gpu tests) in the same window",
+    )
     a = ap.parse_args(argv)
     if a.steps < 1:
         ap.error("--steps must be >= 1")
@@ -222,8 +243,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"plan: group {g.name} on devices {g.devices} ({g.device_type}, {g.dtype}, "
               f"backend {g.backend}, dp={g.dp} tp={g.tp})")  # fmt: skip
+    # the plan the run compiles, naming the model that runs (the tiny_shape is priced at its
+    # shape: rpeg.specs.hf.tiny_model), on the catalog cluster of the GPU
     _, plan = resolve(None, cfg)
-    plan = plan.model_copy(update={"cluster": cluster, "model": price_model, "num_nodes": 1})
+    plan = plan.model_copy(update={"cluster": cluster, "num_nodes": 1})
+    price_model = plan.model
     pred = predict_plan(plan, Workload.from_config(cfg.workload), algorithm=cfg.algorithm)
     pd = pred.to_dict() | {"timeline": None}
 
@@ -249,12 +273,46 @@ def main(argv: list[str] | None = None) -> int:
         "predicted_model": price_model,
         "predicted": pd,
     }
+    margin = a.margin if a.margin is not None else (0.5 if a.device == "cuda" else None)
+    result["margin"] = margin
+    result["off"] = off_margin(result, margin)
     print(report(result))
     path = Path(a.json) if a.json else out / "gpu_check.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=str))
     print(f"figures: {path}")
-    return 0
+    rc = 0
+    for line in result["off"]:
+        print(f"gpu_check: past the margin {margin:.0%}: {line}", file=sys.stderr)
+        rc = 3
+    if a.gpu_tests:
+        import subprocess
+
+        tests = subprocess.call([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "tests"])
+        print(f"gpu-marked tests: exit {tests}")
+        rc = rc or (4 if tests not in (0, 5) else 0)
+    return rc
+
+
+def off_margin(result: dict[str, Any], margin: float | None) -> list[str]:
+    """What is off its prediction by more than ``margin`` (a share): the median step, each
+    rank's peak memory."""
+    if margin is None:
+        return []
+    out = []
+    pairs = [("step", result["step_s"], result["predicted_step_s"])]
+    pairs += [
+        (
+            f"peak memory {m['group']} rank {m['rank']}",
+            m["measured_peak_gib"],
+            m["predicted_peak_gib"],
+        )
+        for m in result["memory"]
+    ]
+    for what, got, want in pairs:
+        if want and abs(got / want - 1) > margin:
+            out.append(f"{what}: {got:.3g} measured, {want:.3g} predicted ({got / want - 1:+.0%})")
+    return out
 
 
 if __name__ == "__main__":

@@ -87,3 +87,16 @@ def test_gpu_names_map_to_catalog_clusters():
     assert gpu_check.cluster_for("NVIDIA GH200 480GB") == "gh200-alps"
     assert gpu_check.cluster_for("NVIDIA H100 80GB HBM3") == "dgx-h100"
     assert gpu_check.cluster_for("Tesla V100") == "dgx-h100"  # the default
+
+
+def test_memory_rows_use_the_ranks_predicted_peak_and_the_margin_flags_what_is_off():
+    summary = {
+        "peak_memory": {"g0": [{"device": "cpu", "peak_rss_bytes": 2**30}]},
+        "predicted_peak_memory": {"g0": {"peak_gb": 2**31 / 1e9}},
+    }
+    rows = gpu_check.memory_rows(summary, PRED)
+    assert rows[0]["predicted_peak_gib"] == pytest.approx(2.0)  # the rank's, not the unit's
+    result = {"step_s": 1.0, "predicted_step_s": 1.2, "memory": rows}
+    assert gpu_check.off_margin(result, None) == []
+    off = gpu_check.off_margin(result, 0.4)  # memory 1 vs 2 GiB: -50%; step -17%
+    assert len(off) == 1 and off[0].startswith("peak memory g0 rank 0")

@@ -195,6 +195,9 @@ class LocalTrainer:
             tb.add(0, before)  # verl's step-0 validation
         if acc_before is not None:
             self.log(f"held-out greedy accuracy before RL: {acc_before:.3f}")
+        from rpeg.runtime.progress import current_ticker  # until the first step's line
+
+        current_ticker().phase("step 1 (rollout, rewards, training)")
         acc_after = None
         from rpeg.runtime.run_folder import append_lines, rewrite_lines
 

@@ -183,3 +183,30 @@ def test_a_separate_generator_rank_never_sleeps(monkeypatch):
     (llm,) = mod.built
     assert not llm.enable_sleep_mode  # built awake: a sleep/wake call would have raised
     assert _events(llm) == [("generate",)] * 2
+
+
+def test_the_trainers_cached_memory_is_released_before_each_wake(monkeypatch):
+    """Before a sleeping engine wakes (weights, then the KV cache), the trainer's cached
+    CUDA blocks go back to the device (residency.release_cached_memory; on CUDA it is
+    torch.cuda.empty_cache: tests/runtime/test_vllm_gpu.py): here its calls are recorded in
+    the engine's order of events."""
+    from rpeg.runtime.engines import residency
+
+    mod = _with_fake_vllm(monkeypatch, platform_sleep=True)
+    released: list[int] = []
+    monkeypatch.setattr(
+        residency, "release_cached_memory", lambda: released.append(len(mod.built[0].calls))
+    )
+    trainer, _ = _two_steps(RunConfig().with_overrides(CFG))
+    (llm,) = mod.built
+    wakes = [i for i, c in enumerate(llm.calls) if c[0] == "wake_up"]
+    assert released == wakes  # each release right before a wake_up, none elsewhere
+    assert len(released) == 4  # two steps, two wakes each
+
+
+def test_release_cached_memory_is_a_no_op_without_cuda():
+    import torch
+
+    from rpeg.runtime.engines.residency import release_cached_memory
+
+    assert release_cached_memory() is (torch.cuda.is_available() and torch.cuda.is_initialized())

@@ -48,11 +48,27 @@ class EngineResidency:
             self.engine.sleep(level=1)
 
     def before_update(self) -> None:
-        """A weight update follows: bring the weights back (not the KV cache yet)."""
+        """A weight update follows: bring the weights back (not the KV cache yet), after the
+        trainer's cached blocks went back to the device (:func:`release_cached_memory`)."""
         if self.active:
+            release_cached_memory()
             self.engine.wake_up(tags=("weights",))
 
     def after_update(self) -> None:
         """The update is loaded: bring the KV cache back for the next rollout."""
         if self.active:
+            release_cached_memory()
             self.engine.wake_up(tags=("kv_cache",))
+
+
+def release_cached_memory() -> bool:
+    """Hand the trainer's cached CUDA blocks back to the device before a sleeping engine
+    wakes: PyTorch's caching allocator keeps freed blocks for reuse, and vLLM's wake
+    allocates through its own allocator, which cannot use them (verl empties the cache at
+    the same point). True when there was a CUDA context to release."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    torch.cuda.empty_cache()
+    return True
