@@ -65,7 +65,8 @@ PAIR_CHANNEL_GB = 4 * 16 * 2**20 / 1e9
 FSDP_TRAIN_UNITS = 5.0
 FSDP_FORWARD_UNITS = 3.0
 #: FSDP's unit: consecutive decoder blocks until this many bytes, and the block size past
-#: which attention and MLP are units of their own (rpeg.runtime.sharding)
+#: which attention and MLP are units of their own (defined here, used by
+#: rpeg.runtime.sharding: the runtime builds the units this prices)
 FSDP_UNIT_BYTES = 25 * 2**20
 FSDP_SPLIT_BYTES = 64 * 2**20
 #: tokens of the chunked log-prob head (rpeg.runtime.model_io.logprobs)

@@ -134,6 +134,18 @@ def init_head(module: nn.Module) -> None:
             (p._local_tensor if isinstance(p, DTensor) else p).zero_()
 
 
+def _allocate(module: nn.Module, device: torch.device) -> None:
+    """Storage on ``device`` for a laid-out meta ``module`` (each parameter at its shard's
+    size); tied weights tied again (``to_empty`` gives plain tied tensors their own storage)
+    and rotary buffers recomputed."""
+    from rpeg.runtime.model_io.loading import _rebuild_rotary
+
+    module.to_empty(device=device)
+    if hasattr(module, "tie_weights") and getattr(module.config, "tie_word_embeddings", False):
+        module.tie_weights()
+    _rebuild_rotary(module, device)
+
+
 def materialize(module: nn.Module, device: torch.device, fetch: Fetch, where: str = "") -> int:
     """Give a laid-out meta ``module`` storage on ``device`` (each parameter at its local
     shard's size) and fill it from ``fetch`` one full tensor at a time; tied weights are tied
@@ -141,12 +153,7 @@ def materialize(module: nn.Module, device: torch.device, fetch: Fetch, where: st
     ``fetch`` lacks is an error naming it (``where``: the role, for the message)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    from rpeg.runtime.model_io.loading import _rebuild_rotary
-
-    module.to_empty(device=device)
-    if hasattr(module, "tie_weights") and getattr(module.config, "tie_word_embeddings", False):
-        module.tie_weights()  # to_empty gives plain (replicated) tied tensors their own storage
-    _rebuild_rotary(module, device)
+    _allocate(module, device)
     held = 0
     missing: list[str] = []
     seen: set[int] = set()
@@ -186,12 +193,7 @@ def materialize_like(module: nn.Module, device: torch.device, twin: nn.Module) -
     shards, cast to its own dtype), with no full tensor anywhere. Returns the bytes held."""
     from torch.distributed.tensor import DTensor
 
-    from rpeg.runtime.model_io.loading import _rebuild_rotary
-
-    module.to_empty(device=device)
-    if hasattr(module, "tie_weights") and getattr(module.config, "tie_word_embeddings", False):
-        module.tie_weights()
-    _rebuild_rotary(module, device)
+    _allocate(module, device)
     theirs = twin.state_dict(keep_vars=True)
     held = 0
     seen: set[int] = set()

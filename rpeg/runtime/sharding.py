@@ -42,6 +42,8 @@ import torch
 from torch import nn
 
 from rpeg.errors import ConfigError
+from rpeg.perf.rank_memory import FSDP_SPLIT_BYTES as _SPLIT_BYTES
+from rpeg.perf.rank_memory import FSDP_UNIT_BYTES as _UNIT_BYTES
 from rpeg.runtime.mesh import Layout, build_mesh, layout_problems, process_group_backend  # noqa: F401 -- for tests, benchmarks
 from rpeg.runtime.tensor_parallel import apply_tensor_parallel, decoder_layers, sum_partial_grads
 
@@ -59,7 +61,7 @@ logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERR
 #: the transient memory of one gathered unit. 25 MiB is DDP's bucket (Li et al. 2020,
 #: arXiv:2006.15704); any block of a 0.5B+ model in bf16 is past it, so those keep one unit
 #: per block as torchtitan wraps them.
-FSDP_UNIT_BYTES = 25 * 2**20
+FSDP_UNIT_BYTES = _UNIT_BYTES  # one definition: the memory model prices the same units
 
 
 #: a decoder block holding more parameter bytes than this (this rank's) is sharded as smaller
@@ -69,7 +71,7 @@ FSDP_UNIT_BYTES = 25 * 2**20
 #: five units in training) shrink with the largest unit: at the 302M model's fp32 blocks of
 #: 151 MB, fsdp dp=2, a rank's training peak fell from 4.28 to 4.01 GB with attention + MLP
 #: units and further with the MLP's three matrices (docs/measurements.md)
-FSDP_SPLIT_BYTES = 64 * 2**20
+FSDP_SPLIT_BYTES = _SPLIT_BYTES
 
 
 def block_parts(module: nn.Module) -> list[nn.Module]:
@@ -415,22 +417,12 @@ def load_tensors(model: nn.Module, names: Iterable[str], fetch) -> None:
 def load_full_state_dict(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Load an unsharded ``state`` (every rank holds the whole of it) into a sharded or plain
     ``model``: each DTensor takes its local slice, no communication. Strict on keys."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     if missing or unexpected:
         raise KeyError(f"state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    with torch.no_grad():
-        for k, cur in own.items():
-            src = state[k]
-            if isinstance(cur, DTensor):
-                full = src.to(device=cur._local_tensor.device, dtype=cur.dtype)
-                d = distribute_tensor(full, cur.device_mesh, cur.placements, src_data_rank=None)
-                cur._local_tensor.copy_(d._local_tensor)
-            else:
-                cur.copy_(src.to(device=cur.device, dtype=cur.dtype))
+    load_tensors(model, list(own), state.__getitem__)
 
 
 def _to_cpu(obj):

@@ -39,5 +39,3 @@ def test_replicas_write_one_copy_and_resume(tmp_path, prefect_harness, dask_clus
         resume=True,
     )
     assert s["steps"] == 3 and s["steps_run"] == 1
-    versions = {r["policy_version"] for r in s["_extra"].get("versions", [])} or None
-    assert versions in (None, {3})
