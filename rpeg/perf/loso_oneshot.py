@@ -13,9 +13,14 @@ from published stage times instead was tried and scored worse: docs/validation.m
 
 The shift reaches another row of the source in the share the two rows' errors are shared:
 for their class of pair (same model, GPU, mode and system or not), the least-squares transfer
-``sum e_c e_r / sum e_c^2`` of the leave-one-source-out log errors of the *other* sources'
-pairs (a user's one run says little about a run of another model, and the data say how
-little). The calibrating row never scores itself. Each row's one-shot error is its mean over
+``sum d_c d_r / sum d_c^2`` over the *other* sources' pairs, where ``d`` is a row's own
+calibration -- the log factor shift (plus the log of any remaining ratio) that makes it exact
+from its leave-one-source-out fit. The transfer is measured in the quantity it moves: a step
+error is not a factor error when fixed costs (weight sync, start-up, the optimizer) take part
+of the step, and a row whose step barely answers the factors needs a large shift to be exact
+(measured on step errors instead: one-shot 20.6 -> 23.0%, docs/validation.md). A user's one
+run says little about a run of another model, and the data say how little. The calibrating
+row never scores itself. Each row's one-shot error is its mean over
 the choice of calibrating row; ranges are the row's LOSO range, moved with its prediction.
 """
 
@@ -81,10 +86,17 @@ def calibrate(p: Any, fold: Fold) -> Calibrated:
 MIN_PAIRS = 6
 
 
+def shift_of(cal: Calibrated) -> float:
+    """A row's calibration as one log factor shift: the common shift of both factors plus the
+    log of the ratio that remains beyond the factor grid."""
+    return cal.d_gen + math.log(cal.ratio)
+
+
 def _transfers(group: list[Any], resid: dict[str, float]) -> dict[tuple[bool, ...], float]:
-    """Per class of pair (model, GPU, mode, system shared or not): the share of one row's LOSO log
-    error that another row of the same source repeats, ``sum e_c e_r / sum e_c^2`` over the
-    ordered pairs of ``group`` (rows of other sources); key ``()``: all pairs."""
+    """Per class of pair (model, GPU, mode, system shared or not): the share of one row's
+    calibration shift that another row of the same source repeats, ``sum d_c d_r / sum d_c^2``
+    over the ordered pairs of ``group`` (rows of other sources; ``resid``: case id -> d);
+    key ``()``: all pairs."""
     by_source: dict[str, list[Any]] = {}
     for p in group:
         by_source.setdefault(p.source, []).append(p)
@@ -126,8 +138,8 @@ def one_shot(rows: list[Any], folds: dict[str, Fold], ranges: dict[str, tuple[fl
     A calibrating row's shifts reach another row of its source in the share its error is
     shared: the transfer of their class of pair, measured on the other sources' rows."""
     rows = [p for p in rows if p.measured_s and not p.shadow]
-    zero = Calibrated(0.0, 0.0)
-    resid = {p.case_id: math.log(p.measured_s / _pred(p, folds[p.case_id], zero)) for p in rows}
+    cals = {p.case_id: calibrate(p, folds[p.case_id]) for p in rows}
+    resid = {k: shift_of(c) for k, c in cals.items()}
     by_source: dict[str, list[Any]] = {}
     for p in rows:
         by_source.setdefault(p.source, []).append(p)
@@ -137,7 +149,7 @@ def one_shot(rows: list[Any], folds: dict[str, Fold], ranges: dict[str, tuple[fl
             continue
         rho = _transfers([p for p in rows if p.source != source], resid)
         for c in group:
-            cal = calibrate(c, folds[c.case_id])
+            cal = cals[c.case_id]
             for p in group:
                 if p is c:
                     continue
