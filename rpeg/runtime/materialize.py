@@ -14,7 +14,9 @@ scatters), which holds the whole state dict on rank 0.
 Sources:
 
 * :class:`SafetensorsSource` -- a Hugging Face folder: each tensor read on its own from its
-  ``.safetensors`` file (``safe_open``; the files are memory-mapped, never loaded whole).
+  ``.safetensors`` file (``safe_open``; the files are memory-mapped, never loaded whole). A
+  folder stored in another layout than the model's (a mixture-of-experts model's per-expert
+  files, which transformers fuses on load) is read once whole by ``from_pretrained``.
 * :class:`ModuleSource` -- an in-memory model: the built-in random-init model (its values
   come from one seeded pass over the whole model, as ``create_tiny`` draws them, so that the
   sharded and the unsharded constructions start from the same weights) and the supervised
@@ -85,16 +87,40 @@ class SafetensorsSource:
                     for k in fh.keys():  # noqa: SIM118 -- safe_open has no __iter__
                         self._where[k] = f
         self._open: dict[Path, object] = {}
+        self._folder = folder
+        self._converted: dict[str, torch.Tensor] | None = None
 
     def names(self) -> list[str]:
         return list(self._where)
+
+    def _converted_state(self) -> dict[str, torch.Tensor]:
+        """The folder's weights as the model names them, for a folder stored in another
+        layout that transformers converts on load (a mixture-of-experts model's per-expert
+        files: rpeg.runtime.model_io.loading.stored_as_converted): read whole, once, by
+        ``from_pretrained`` on the host; {} for a folder stored as the model names it."""
+        if self._converted is None:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            from rpeg.runtime.model_io.loading import stored_as_converted
+
+            self._converted = {}
+            if not (self._folder / "config.json").exists():
+                return self._converted
+            cfg = AutoConfig.from_pretrained(self._folder, trust_remote_code=False)
+            if stored_as_converted(str(self._folder), cfg):
+                lm = AutoModelForCausalLM.from_pretrained(
+                    self._folder, dtype="auto", use_safetensors=True, trust_remote_code=False
+                )
+                self._converted = dict(lm.state_dict())
+        return self._converted
 
     def fetch(self, name: str) -> torch.Tensor | None:
         from safetensors import safe_open
 
         f = self._where.get(name)
         if f is None:
-            return None
+            t = self._converted_state().get(name)
+            return None if t is None else t.detach()
         fh = self._open.get(f)
         if fh is None:
             fh = self._open[f] = safe_open(str(f), framework="pt")
@@ -102,6 +128,7 @@ class SafetensorsSource:
 
     def close(self) -> None:
         self._open.clear()
+        self._converted = None
 
 
 def on_meta(model: nn.Module) -> bool:

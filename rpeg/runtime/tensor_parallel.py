@@ -106,7 +106,7 @@ def sum_partial_grads(module: nn.Module | None) -> None:
         g = m.weight.grad
         if g is None:
             continue
-        group = _tp_group(m.weight)
+        group = getattr(m, TP_GROUP_ATTR, None) or _tp_group(m.weight)
         local = _shard(g)
         buckets.setdefault((id(group), local.dtype), (group, []))[1].append(local)
     for group, grads in buckets.values():
@@ -242,7 +242,10 @@ def shard_linear(linear: nn.Linear, style: str, tp_mesh) -> None:
 
 
 # --- the decoder's split ---------------------------------------------------------------
-#: submodule of a decoder block -> tensor-parallel style (Megatron split of attention / MLP)
+#: submodule of a decoder block -> tensor-parallel style: the hand-written Megatron split of
+#: attention and MLP, used only for a config without its own ``base_model_tp_plan``
+#: (transformers ships one for Llama, Qwen2/3, Qwen3-MoE, Mixtral, Gemma 3, OLMo 2, ...;
+#: rpeg.runtime.model_io.architectures.layer_tp_plan)
 TP_PLAN: dict[str, str] = {
     "self_attn.q_proj": "colwise",
     "self_attn.k_proj": "colwise",
@@ -260,9 +263,39 @@ TP_SHARED_INPUTS: dict[str, tuple[str, ...]] = {
     "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj"),
 }
 
+#: attribute holding the tp process group of a :data:`PARTIAL_GRAD` module whose weight is a
+#: plain (or dp-only) tensor: a per-head norm the plan keeps whole
+#: (``replicated_with_grad_allreduce``)
+TP_GROUP_ATTR = "tp_group"
+
+
+def _pretrained(module: nn.Module) -> Any:
+    """The first transformers ``PreTrainedModel`` in ``module`` (itself, an LM a wrapper
+    holds, a critic's trunk), or None."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover
+        return None
+    return next((m for m in module.modules() if isinstance(m, PreTrainedModel)), None)
+
 
 def decoder_layers(module: nn.Module) -> list[nn.Module]:
-    """The decoder blocks of a causal LM, its trunk, or a wrapper holding one (``lm``/``trunk``)."""
+    """The decoder blocks of a causal LM, its trunk, or a wrapper holding one, in order: the
+    modules of the model's own decoder-layer classes (its ``_no_split_modules``: what
+    transformers keeps whole on one device), else ``model.layers`` / ``layers``."""
+    lm = _pretrained(module)
+    names = set(getattr(lm, "_no_split_modules", None) or ())
+    if names:
+        found: list[nn.Module] = []
+        inside: set[int] = set()
+        for m in module.modules():
+            if id(m) in inside:
+                continue
+            if type(m).__name__ in names:
+                found.append(m)
+                inside.update(id(x) for x in m.modules())
+        if found:
+            return found
     for path in ("model.layers", "layers", "lm.model.layers", "trunk.layers"):
         obj: Any = module
         for part in path.split("."):
@@ -275,17 +308,39 @@ def decoder_layers(module: nn.Module) -> list[nn.Module]:
 
 
 def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
-    """Split every decoder block of ``module`` over the 1-D ``tp_mesh`` (in place): the
-    :data:`TP_PLAN` linears become :mod:`rpeg.runtime.tensor_parallel` column/row-wise
-    linears (DTensor parameters, plain activations). A wrapped target splits itself with its
-    ``split_for_tp(style, tp_mesh, where=...)`` (a LoRA layer: rpeg.runtime.lora_tp)."""
+    """Split every decoder block of ``module`` over the 1-D ``tp_mesh`` (in place) as the
+    model's own tensor-parallel plan says (``base_model_tp_plan``; the hand-written
+    :data:`TP_PLAN` for a config without one): its ``colwise`` / ``rowwise`` linears become
+    :mod:`rpeg.runtime.tensor_parallel` column/row-wise linears (DTensor parameters, plain
+    activations), its ``replicated_with_grad_allreduce`` modules (per-head q/k norms) stay
+    whole with their gradients summed over tp (:func:`sum_partial_grads`). A model the
+    runtime cannot split (rpeg.runtime.model_io.architectures.tp_problems) is refused by
+    name. A wrapped target splits itself with its ``split_for_tp(style, tp_mesh, where=...)``
+    (a LoRA layer: rpeg.runtime.lora_tp)."""
     if tp_mesh.size() == 1:
         return
+    from rpeg.errors import ConfigError
+    from rpeg.runtime.model_io.architectures import RUN_STYLES, layer_tp_plan, tp_problems
+
+    lm = _pretrained(module)
+    cfg = getattr(lm, "config", None)
+    if cfg is not None:
+        probs = tp_problems(cfg, tp_mesh.size())
+        if probs:
+            raise ConfigError(probs, title="the layout does not divide the model")
+        plan = {n: RUN_STYLES[s] for n, s in layer_tp_plan(cfg)[0].items()}
+    else:
+        plan = dict(TP_PLAN)
+    group = tp_mesh.get_group()
     for i, layer in enumerate(decoder_layers(module)):
-        for name, style in TP_PLAN.items():
+        for name, style in plan.items():
             if not _has(layer, name):
                 continue
             target, where = layer.get_submodule(name), f"layers.{i}.{name}"
+            if style == "replicated":
+                setattr(target, PARTIAL_GRAD, True)
+                setattr(target, TP_GROUP_ATTR, group)
+                continue
             split = getattr(target, "split_for_tp", None)  # a wrapper that splits itself
             if split is not None:
                 split(style, tp_mesh, where=where)
@@ -298,9 +353,14 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
                 shard_linear(target, style, tp_mesh)
         for norm, consumers in TP_SHARED_INPUTS.items():
             if _has(layer, norm) and all(_has(layer, c) for c in consumers):
-                copy_once_after(
-                    layer.get_submodule(norm), [layer.get_submodule(c) for c in consumers]
-                )
+                linears = [
+                    getattr(layer.get_submodule(c), "base_layer", None) or layer.get_submodule(c)
+                    for c in consumers
+                ]
+                if all(isinstance(c, ColwiseLinear) for c in linears):
+                    copy_once_after(
+                        layer.get_submodule(norm), [layer.get_submodule(c) for c in consumers]
+                    )
 
 
 def _has(module: nn.Module, dotted: str) -> bool:

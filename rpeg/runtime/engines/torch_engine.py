@@ -263,7 +263,8 @@ class TorchEngine:
             if self.use_cache:
                 from transformers import DynamicCache
 
-                past = DynamicCache()
+                cfg = getattr(self.model, "config", None)  # a hybrid model's layer kinds
+                past = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
             logits, past = self._forward(ids, mask, pos, past)
             full_ids, full_mask = ids, mask
             last_pos = pos[:, -1:]

@@ -15,8 +15,11 @@ import torch
 from torch import nn
 
 from rpeg.errors import ConfigError, Problem
+from rpeg.runtime.model_io.architectures import TESTED_MODEL_TYPES, config_problems
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+#: the model types the test suite trains and exports; any causal LM transformers implements
+#: is accepted (rpeg.runtime.model_io.architectures.config_problems), custom code never
+SUPPORTED_MODEL_TYPES = TESTED_MODEL_TYPES
 REQUIRED_SPECIAL_TOKENS = ("pad_token_id", "eos_token_id")
 
 #: Shape of the built-in ``rpeg-tiny`` model (Llama architecture, char-level vocab of 100).
@@ -141,15 +144,9 @@ def create_model(config, seed: int | None = 0, dtype: str = "float32"):
     """Random-init causal LM from a transformers config (deterministic under ``seed``)."""
     from transformers import AutoModelForCausalLM
 
-    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(
-            [
-                Problem(
-                    "model",
-                    f"model_type {config.model_type!r} not supported; allowed: {SUPPORTED_MODEL_TYPES}",
-                )
-            ]
-        )
+    probs = config_problems(config, "model")
+    if probs:
+        raise ConfigError(probs)
     if seed is not None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -178,7 +175,8 @@ def _quiet() -> None:
 
 def model_config(local: str, where: str = "model.path", url: str | None = None):
     """The transformers config of a local model folder, checked: a ``config.json`` and a
-    supported ``model_type`` (its code is never run)."""
+    ``model_type`` transformers implements as a causal LM (custom code, ``auto_map``, is
+    refused: it is never run)."""
     from transformers import AutoConfig
 
     url = url or local
@@ -186,21 +184,27 @@ def model_config(local: str, where: str = "model.path", url: str | None = None):
         raise ConfigError(
             [Problem(where, f"{url!r} has no config.json (not a Hugging Face model folder)")]
         )
+    import json
+    from types import SimpleNamespace
+
+    try:
+        raw = json.loads(Path(local, "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError([Problem(where, f"{url!r}: config.json unreadable: {exc}")]) from None
+    fields = raw if isinstance(raw, dict) else {}
+    probs = config_problems(SimpleNamespace(**fields), where)  # before transformers reads it
+    if probs:
+        raise ConfigError(probs)
     cfg = AutoConfig.from_pretrained(local, trust_remote_code=False)  # never run its code
-    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(
-            [
-                Problem(
-                    where,
-                    f"model_type {cfg.model_type!r} not supported; allowed: {SUPPORTED_MODEL_TYPES}",
-                )
-            ]
-        )
+    probs = config_problems(cfg, where)
+    if probs:
+        raise ConfigError(probs)
     return cfg
 
 
 def load_model(url: str, dtype: str = "float32", where: str = "model.path", device=None):
-    """Load a causal LM (Llama / Qwen2 / Qwen3, safetensors) from a folder or fsspec URL;
+    """Load a causal LM (any ``model_type`` transformers implements; safetensors) from a
+    folder or fsspec URL;
     onto ``device`` when it is not the CPU without a copy in host memory
     (:func:`load_on_device`)."""
     from transformers import AutoModelForCausalLM
@@ -223,21 +227,83 @@ def load_model_and_tokenizer(
 
 
 def _rebuild_rotary(model, device) -> None:
-    """Recompute the non-persistent buffers (rotary ``inv_freq``) of a model materialised
-    with ``to_empty``: they are not in its checkpoint. Any other non-persistent buffer is
-    refused (its values would be garbage)."""
+    """Recompute the non-persistent buffers (rotary ``inv_freq``, Gemma's ``embed_scale``) of
+    a model materialised with ``to_empty``: they are not in its checkpoint. A rotary module is
+    built afresh on ``device``; any other module's buffers are set by its model's own
+    ``_init_weights`` (run with that module's parameters swapped for meta placeholders, so
+    only buffers are written). A module neither covers is refused (its values would be
+    garbage)."""
     persistent = set(model.state_dict())
+    owner = _pretrained_of(model)
     for name, mod in model.named_modules():
         own = [b for b, _ in mod.named_buffers(recurse=False)]
         lost = [b for b in own if (f"{name}.{b}" if name else b) not in persistent]
         if not lost:
             continue
-        if not type(mod).__name__.endswith("RotaryEmbedding"):
+        if type(mod).__name__.endswith("RotaryEmbedding") and hasattr(mod, "config"):
+            with torch.device(device):  # transformers builds them with torch.arange
+                fresh = type(mod)(config=mod.config)
+            for b in lost:
+                mod._buffers[b] = fresh._buffers[b]
+            continue
+        if owner is None:
             raise TypeError(f"{type(mod).__name__} {name!r} has buffers {lost} not in checkpoints")
-        with torch.device(device):  # transformers builds them with torch.arange
-            fresh = type(mod)(config=getattr(mod, "config", model.config))
-        for b in lost:
-            mod._buffers[b] = fresh._buffers[b]
+        _init_buffers(owner, mod, lost, name)
+
+
+def _pretrained_of(model):
+    """The first transformers ``PreTrainedModel`` in ``model`` (itself or a wrapped LM)."""
+    from transformers import PreTrainedModel
+
+    return next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+
+
+def _init_buffers(owner, mod, lost: list[str], name: str) -> None:
+    """``owner._init_weights(mod)`` writing ``mod``'s buffers only (its parameters replaced by
+    meta tensors for the call, so a loaded or sharded weight is never touched)."""
+    saved = dict(mod._parameters)
+    for b in lost:  # NaN until set: what _init_weights leaves unset is found below
+        if mod._buffers[b].is_floating_point():
+            mod._buffers[b].fill_(float("nan"))
+    mod._parameters = {
+        k: None if v is None else nn.Parameter(torch.empty(v.shape, device="meta"), False)
+        for k, v in saved.items()
+    }
+    try:
+        with torch.no_grad():
+            owner._init_weights(mod)
+    finally:
+        mod._parameters = saved
+    unset = [
+        b for b in lost if mod._buffers[b].is_floating_point() and mod._buffers[b].isnan().any()
+    ]
+    if unset:
+        raise TypeError(
+            f"{type(mod).__name__} {name!r}: buffers {unset} are not in checkpoints and the "
+            "model's _init_weights does not set them"
+        )
+
+
+def stored_as_converted(local: str, cfg) -> bool:
+    """True when the folder's weights are stored under other names or shapes than the model
+    built from ``cfg`` holds them, and transformers converts them on load (its checkpoint
+    conversion mapping: a mixture-of-experts model's fused ``experts.gate_up_proj`` is
+    written as one ``experts.<i>.gate_proj`` ... per expert)."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    if not get_checkpoint_conversion_mapping(getattr(cfg, "model_type", None)):
+        return False
+    from safetensors import safe_open
+
+    with torch.device("meta"):
+        from transformers import AutoModelForCausalLM
+
+        names = set(AutoModelForCausalLM.from_config(cfg, trust_remote_code=False).state_dict())
+    for f in sorted(Path(local).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            if any(k not in names for k in fh.keys()):  # noqa: SIM118
+                return True
+    return False
 
 
 def load_on_device(local: str, cfg, dtype: str, device, where: str = "model.path"):
@@ -251,6 +317,12 @@ def load_on_device(local: str, cfg, dtype: str, device, where: str = "model.path
     files = sorted(Path(local).glob("*.safetensors"))
     if not files:
         raise ConfigError([Problem(where, f"{local!r} has no .safetensors weights")])
+    if stored_as_converted(local, cfg):  # per-expert files of a fused model: transformers
+        model = AutoModelForCausalLM.from_pretrained(  # converts them (on the host, once)
+            local, dtype=torch_dtype(dtype), use_safetensors=True, trust_remote_code=False
+        )
+        model.generation_config.pad_token_id = cfg.pad_token_id
+        return model.to(device).eval()
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(
             cfg, dtype=torch_dtype(dtype), trust_remote_code=False
