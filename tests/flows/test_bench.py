@@ -111,7 +111,8 @@ def test_cli_bench_runs_the_builtin_config_through_the_runtime(tmp_path, capsys)
     row = next(x for x in out.splitlines() if x.startswith("| chosen"))
     cells = [c.strip() for c in row.split("|")]
     assert float(cells[4]) > 0  # measured seconds per step
-    assert (tmp_path / "chosen" / "metrics.jsonl").is_file()
+    # `rpeg train --out DIR` writes a run folder DIR/<run id>/ and points DIR/latest at it
+    assert (tmp_path / "chosen" / "latest" / "metrics.jsonl").is_file()
 
 
 def test_warm_up_steps_beyond_skip_are_not_measured(tmp_path):

@@ -62,6 +62,7 @@ def test_sync_run_reproduces_the_single_process_trainer(
         "param_bytes_per_rank",
         "full_param_bytes",
         "peak_memory",
+        "predicted_peak_memory",  # the plan's per-rank peak beside it (docs/parallelism.md)
         "driver_bytes_per_step",
         "batch_bytes_per_step",
         "actor_to_actor_bytes_per_step",
