@@ -127,11 +127,41 @@ class Cluster:
     store_dir: str | None = None
     _closed: bool = field(default=False, repr=False)
 
+    #: "local" (a LocalCluster or an existing scheduler) or "slurm" (rpeg.infra.slurm_cluster)
+    kind: str = "local"
+    #: what each worker said about itself (:func:`worker_facts`), by worker name; kept for the
+    #: run summary of a Slurm cluster (its job ids), refreshed when the workers change
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _facts_of: frozenset = field(default=frozenset(), repr=False)
+
     @property
     def workers(self) -> list[str]:
-        """Worker addresses in a stable order (by name, then address)."""
+        """The addresses of the workers that declare a ``device`` resource (every worker when
+        none does: workers started without ``--resources device=1``), ordered by node, then
+        by name with numbers compared as numbers (:func:`placement_order`): device i of a
+        plan is the i-th, so consecutive devices -- a tensor-parallel group -- share a node."""
         info = self.client.scheduler_info(n_workers=-1)["workers"]
-        return [a for a, w in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
+        addrs = placement_order(info)
+        if self.kind == "slurm" and addrs and frozenset(addrs) != self._facts_of:
+            self._record_facts(addrs)
+        return addrs
+
+    def _record_facts(self, addrs: list[str]) -> None:
+        with contextlib.suppress(Exception):
+            res = self.client.run(worker_facts, workers=addrs, on_error="return")
+            self.facts = {
+                str(f["name"]): f for f in (res.get(a) for a in addrs) if isinstance(f, dict)
+            }
+            self._facts_of = frozenset(addrs)
+
+    def summary_fields(self) -> dict[str, Any]:
+        """Run-summary fields of the cluster: for a Slurm cluster its workers' job ids
+        (``slurm_job_ids``) and what each worker reported, in placement order (``workers``:
+        node, local id, daemon or not, the collectives' interface variables); {} otherwise."""
+        if self.kind != "slurm":
+            return {}
+        ids = sorted({f["slurm_job_id"] for f in self.facts.values() if f.get("slurm_job_id")})
+        return {"slurm_job_ids": ids, "workers": list(self.facts.values())}
 
     def live_workers(self, expect: int, timeout_s: float = 90.0, min_ok: int = 1) -> list[str]:
         """Wait until the scheduler lists no dead worker and at least ``expect`` workers answer.
@@ -216,6 +246,60 @@ class Cluster:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _natural(text: str) -> tuple:
+    """A sort key comparing the numbers in ``text`` as numbers: rank-2 before rank-10."""
+    import re
+
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part)
+        for part in re.split(r"(\d+)", text)
+        if part
+    )
+
+
+def placement_order(info: dict[str, dict[str, Any]]) -> list[str]:
+    """Worker addresses for placement from ``scheduler_info()["workers"]``: only workers with
+    a ``device`` resource when any has one; ordered by name, numbers as numbers
+    (``0-2`` < ``0-10`` < ``1-0``), then grouped by host in the order hosts first appear, so
+    that one node's workers are consecutive -- (node, local GPU) order for Slurm's
+    ``<job>-<local id>`` names, ``rank-<procid>`` names and dask-cuda's numbered ones."""
+    devices = {a: w for a, w in info.items() if (w.get("resources") or {}).get("device", 0) >= 1}
+    pool = devices or info
+    by_name = sorted(pool, key=lambda a: (_natural(str(pool[a].get("name"))), _natural(a)))
+    hosts: dict[str, list[str]] = {}
+    for a in by_name:
+        hosts.setdefault(
+            str(pool[a].get("host") or a.split("://")[-1].rsplit(":", 1)[0]), []
+        ).append(a)
+    return [a for group in hosts.values() for a in group]
+
+
+def worker_facts(dask_worker: Any = None) -> dict[str, Any]:
+    """Run on a worker (``client.run`` passes ``dask_worker``): its name, node, Slurm job and
+    local id, whether its process is a daemon, and the collectives' network variables."""
+    import multiprocessing
+    import socket
+
+    w = dask_worker
+    env = os.environ
+    return {
+        "name": w.name,
+        "address": w.address,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "daemon": multiprocessing.current_process().daemon,
+        "slurm_job_id": env.get("SLURM_JOB_ID"),
+        "slurm_node": env.get("SLURMD_NODENAME"),
+        "slurm_localid": env.get("SLURM_LOCALID"),
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+        "env": {
+            k: env[k]
+            for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_NET", "OMP_NUM_THREADS")
+            if k in env
+        },
+    }
 
 
 def listens_on_all_interfaces(address: str) -> bool:
@@ -313,6 +397,11 @@ def start_cluster(
     if direct_to_workers is None:
         direct_to_workers = getattr(cc, "direct_to_workers", True)
     configure_dask(torch_threads, profile=dashboard_address is not None)  # its page is there
+    if not address and getattr(cc, "kind", "local") == "slurm":
+        from rpeg.infra import slurm_cluster
+
+        client, jq = slurm_cluster.start(cc, n_workers, torch_threads, direct_to_workers)
+        return Cluster(client=client, local=jq, address=jq.scheduler_address, kind="slurm")
     from distributed import Client, LocalCluster
 
     from rpeg.runtime.actors import serializers

@@ -24,7 +24,13 @@ from rpeg.config.algorithm import (
     RolloutCorrectionConfig,
     RolloutCorrectionMode,
 )
-from rpeg.config.execution import MAX_DEVICES, ClusterConfig, RuntimeConfig, SearchConfig
+from rpeg.config.execution import (
+    MAX_DEVICES,
+    ClusterConfig,
+    RuntimeConfig,
+    SearchConfig,
+    SlurmConfig,
+)
 from rpeg.config.run import RunConfig, problems_from_pydantic
 from rpeg.config.section import Section
 from rpeg.config.workload import (
@@ -62,6 +68,7 @@ __all__ = [
     "RunConfig",
     "RuntimeConfig",
     "SearchConfig",
+    "SlurmConfig",
     "Section",
     "TaskConfig",
     "ToolName",

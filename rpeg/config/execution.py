@@ -3,9 +3,10 @@ checkpoints, faults, outputs, engine) and the plan search. Each default written 
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from rpeg import defaults
 from rpeg.config.section import Section
@@ -13,6 +14,86 @@ from rpeg.config.section import Section
 #: the most devices a run or a plan may name: 131,072 (beyond the largest GPU clusters built;
 #: ``rpeg plan`` searched 16k devices in ~30 s and 131k in ~150 s on a 2-core CPU)
 MAX_DEVICES = 1 << 17
+
+
+#: a Slurm time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch --time)
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{2}){0,2}$")
+#: a network interface name as Linux allows it (no blanks, no slash, at most 15 characters)
+_IFACE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+
+
+class SlurmConfig(Section):
+    """``cluster.kind: slurm``: the Dask workers are Slurm jobs (dask-jobqueue's SLURMCluster,
+    one job per node; inside it one ``srun`` task per worker, docs/operating.md "Slurm")."""
+
+    partition: str | None = Field(None, description="sbatch --partition; None = the default")
+    account: str | None = Field(None, description="sbatch --account; None = none")
+    nodes: int | None = Field(
+        None, ge=1, description="nodes (one job each); None = as many as the plan's ranks need"
+    )
+    gpus_per_node: int = Field(
+        0, ge=0, le=64, description="GPUs of a node (--gpus-per-node); one worker per GPU"
+    )
+    workers_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="workers of a node; None = gpus_per_node (1 without GPUs). With GPUs it "
+        "must equal gpus_per_node: one worker per GPU",
+    )
+    cpus_per_worker: int = Field(1, ge=1, le=1024, description="srun --cpus-per-task of a worker")
+    memory_per_worker: str | None = Field(
+        None,
+        description="memory of a worker, e.g. 64GiB (--mem of the job, Dask's limit); "
+        "None = no --mem, no limit",
+    )
+    time: str = Field("01:00:00", description="sbatch --time (HH:MM:SS or D-HH:MM:SS)")
+    job_name: str = Field("rpeg-worker", min_length=1, max_length=64)
+    python: str | None = Field(
+        None,
+        description="the Python of the compute nodes (with rpeg installed); None = the "
+        "driver's interpreter (a shared file system)",
+    )
+    prologue: list[str] = Field(
+        default_factory=list,
+        description="shell lines run before the workers (module load, source a venv)",
+    )
+    extra_directives: list[str] = Field(
+        default_factory=list, description="more sbatch options, e.g. --exclusive"
+    )
+    log_directory: str | None = Field(None, description="the jobs' stdout/stderr; None = none")
+    start_timeout_s: float = Field(
+        600.0, gt=0, description="how long to wait for every worker to join (queued jobs)"
+    )
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str) -> str:
+        if not _SLURM_TIME.match(v):
+            raise ValueError(f"got {v!r}; allowed: a Slurm time such as 30, 01:00:00 or 1-12:00:00")
+        return v
+
+    @field_validator("extra_directives")
+    @classmethod
+    def _directives(cls, v: list[str]) -> list[str]:
+        bad = [d for d in v if not d.startswith("-") or "\n" in d]
+        if bad:
+            raise ValueError(f"got {bad}; allowed: sbatch options such as --exclusive")
+        return v
+
+    @model_validator(mode="after")
+    def _one_worker_per_gpu(self) -> SlurmConfig:
+        if self.gpus_per_node and self.workers_per_node not in (None, self.gpus_per_node):
+            raise ValueError(
+                f"workers_per_node {self.workers_per_node} with gpus_per_node "
+                f"{self.gpus_per_node}: allowed: {self.gpus_per_node} or None (one worker per GPU)"
+            )
+        return self
+
+    @property
+    def per_node(self) -> int:
+        """Workers of one node."""
+        return self.workers_per_node or self.gpus_per_node or 1
 
 
 class ClusterConfig(Section):
@@ -54,6 +135,64 @@ class ClusterConfig(Section):
     tls_ca_file: str | None = Field(None, description="CA bundle for a tls:// scheduler")
     tls_cert_file: str | None = Field(None, description="client certificate (tls://)")
     tls_key_file: str | None = Field(None, description="client private key (tls://)")
+    kind: Literal["local", "slurm"] = Field(
+        "local",
+        description="local = a LocalCluster (or the scheduler at cluster.address); slurm = "
+        "a scheduler here and workers as Slurm jobs (cluster.slurm)",
+    )
+    interface: str | None = Field(
+        None,
+        description="network interface of the scheduler, the workers and the collectives "
+        "(NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME), e.g. ib0, hsn0; needed with kind slurm",
+    )
+    nccl_net: str | None = Field(
+        None,
+        description="NCCL_NET of the workers: the network plugin NCCL must use, e.g. "
+        "'AWS Libfabric' (aws-ofi-nccl, Slingshot), IB, Socket; None = NCCL's choice",
+    )
+    worker_env: dict[str, str] = Field(
+        default_factory=dict, description="more environment variables of the Slurm workers"
+    )
+    slurm: SlurmConfig = Field(default_factory=SlurmConfig)
+
+    @field_validator("interface")
+    @classmethod
+    def _iface(cls, v: str | None) -> str | None:
+        if v is not None and not _IFACE.match(v):
+            raise ValueError(f"got {v!r}; allowed: a network interface name such as ib0, eth0, lo")
+        return v
+
+    @field_validator("worker_env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k)]
+        if bad:
+            raise ValueError(
+                f"names {bad}; allowed: environment variable names ([A-Za-z_][A-Za-z0-9_]*)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _slurm_kind(self) -> ClusterConfig:
+        if self.kind != "slurm":
+            return self
+        if self.address:
+            raise ValueError(
+                f"kind slurm starts its own scheduler but address is {self.address!r}: "
+                "allowed: kind local with an address, or kind slurm without one"
+            )
+        if self.device_type == "cuda" and not self.slurm.gpus_per_node:
+            raise ValueError(
+                "kind slurm with device_type cuda needs slurm.gpus_per_node >= 1 "
+                "(one worker per GPU)"
+            )
+        if not self.interface:
+            raise ValueError(
+                "kind slurm needs interface: the network interface the scheduler, the workers "
+                "and NCCL/gloo listen on (e.g. ib0, hsn0, eth0; lo for a one-machine Slurm); "
+                "nothing listens on every interface"
+            )
+        return self
 
 
 #: the largest run seed: numpy's and Python's generators take 32 bits, and per-row sampling

@@ -107,12 +107,14 @@ def test_slurm_jobqueue_recipe_validates():
         from dask_jobqueue import SLURMCluster
     except ImportError:
         return
-    from dask_jobqueue.core import JobQueueCluster  # pragma: no cover - optional
+    from dask_jobqueue.core import Job, JobQueueCluster  # pragma: no cover - optional
+    from dask_jobqueue.slurm import SLURMJob
 
-    names = set(inspect.signature(SLURMCluster.__init__).parameters) | set(
-        inspect.signature(JobQueueCluster.__init__).parameters
-    )
-    assert {"queue", "cores", "memory", "walltime"} <= names
+    # SLURMCluster passes its job keywords on to SLURMJob (and Job): every recipe key is one
+    names = set()
+    for f in (SLURMCluster.__init__, JobQueueCluster.__init__, SLURMJob.__init__, Job.__init__):
+        names |= set(inspect.signature(f).parameters)
+    assert set(cl) <= names, set(cl) - names
 
 
 def test_slurm_recipe_rejects_missing_device_resource(tmp_path):

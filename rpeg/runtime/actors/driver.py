@@ -314,6 +314,11 @@ class DistributedRun(RunDataPlane, RunCheckpoints):
         except RpegError:
             peaks = []
         out["predicted_peak_memory"] = {p.group: p.to_dict() for p in peaks}
+        # the cluster's own fields (a Slurm cluster: its workers' job ids; rpeg.infra.cluster)
+        fields = getattr(self.cluster, "summary_fields", None)
+        extra = fields() if callable(fields) else None
+        if isinstance(extra, dict):
+            out.update(extra)
         return out
 
     # ---------------------------------------------------------------- async rollout
