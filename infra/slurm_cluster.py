@@ -135,7 +135,7 @@ def job_kwargs(
     of kind slurm) and ``n_workers`` ranks' workers (pure: no dask-jobqueue needed)."""
     s = cc.slurm
     per, _ = workers_and_nodes(cc, n_workers)
-    python = python or s.python or sys.executable
+    python = python or s.python or shlex.quote(sys.executable)  # s.python: a shell word ($HOME)
     directives = [
         "--nodes=1",
         f"--ntasks-per-node={per}",
@@ -164,7 +164,7 @@ def job_kwargs(
         # no --mem line without memory_per_worker (skipped below; jobqueue cannot format 0)
         "job_mem": None if s.memory_per_worker else "0",
         "interface": cc.interface,
-        "python": f"{srun_prefix(cc, per)} {shlex.quote(python)}",
+        "python": f"{srun_prefix(cc, per)} {python}",
         "worker_command": WORKER_MODULE,
         "worker_extra_args": [
             "--resources",

@@ -1,14 +1,14 @@
-"""Dask on SLURM through dask-jobqueue (GH200 on CSCS Alps by default).
+"""A Slurm-backed Dask cluster on its own (``cluster.kind: slurm`` without a run).
 
-    python infra/slurm/jobqueue_cluster.py [infra/slurm/alps-gh200.yaml] [--jobs 2] [--print-script]
+    python infra/slurm/jobqueue_cluster.py [infra/slurm/alps-gh200.yaml] [--workers 8] [--print-script]
 
-Run it on a login node (or inside a small allocation): it starts a Dask scheduler *here*,
-submits ``jobs`` SLURM jobs whose workers connect back, prints the scheduler address and
-waits. Point RPEG at it with ``cluster.address`` in the run config, ``--param
-cluster_address=tcp://...`` on ``rpeg deploy``, or the "Dask scheduler" field of the UI form.
-``--print-script`` prints the generated sbatch script and exits (no job submitted).
-
-dask-jobqueue is imported lazily (``pip install dask-jobqueue``); nothing in RPEG needs it.
+Run it on a login node: it starts the Dask scheduler *here* (on ``cluster.interface``), submits
+the jobs of ``--workers`` workers (one job per node, one srun task per GPU: the same jobs a run
+with ``cluster.kind: slurm`` submits, rpeg.infra.slurm_cluster), prints the scheduler address
+and waits. Point runs at it with ``cluster.address`` (kind local), ``--cluster tcp://...`` on
+``rpeg train``, or ``--param cluster_address=...`` on ``rpeg deploy``; several runs can then
+share the allocation. ``--print-script`` prints the sbatch script and exits (nothing submitted).
+The YAML is a run config (only its ``cluster`` section is read, validated like any run's).
 """
 
 from __future__ import annotations
@@ -22,71 +22,55 @@ from typing import Any
 import yaml
 
 DEFAULT = Path(__file__).with_name("alps-gh200.yaml")
-REQUIRED = (
-    "queue",
-    "cores",
-    "processes",
-    "memory",
-    "walltime",
-    "worker_extra_args",
-    "job_extra_directives",
-)
 
 
-def load_recipe(path: str | Path = DEFAULT) -> dict[str, Any]:
-    """Read and check a recipe: {cluster: SLURMCluster kwargs, jobs: int, dask_config: {...}}."""
-    data = yaml.safe_load(Path(path).read_text())
-    cl = data.get("cluster") or {}
-    missing = [k for k in REQUIRED if k not in cl]
-    if missing:
-        raise ValueError(f"{path}: cluster section lacks {missing}")
-    args = cl["worker_extra_args"]
-    if "--resources" not in args or args[args.index("--resources") + 1] != "device=1":
-        raise ValueError(
-            f"{path}: worker_extra_args must carry '--resources device=1' (one actor per device)"
-        )
-    if cl["cores"] % cl["processes"]:
-        raise ValueError(
-            f"{path}: cores ({cl['cores']}) must be a multiple of processes ({cl['processes']})"
-        )
-    return data
+def load_recipe(path: str | Path = DEFAULT) -> Any:
+    """The ``cluster`` section of a run-config YAML, validated (a ``ConfigError`` names the
+    field and the allowed values); it must be ``kind: slurm``."""
+    from rpeg.config import RunConfig
+    from rpeg.errors import ConfigError, Problem
 
-
-def make_cluster(path: str | Path = DEFAULT, jobs: int | None = None):
-    """Start the SLURMCluster of a recipe and scale it to ``jobs`` jobs."""
-    import dask
-
-    try:
-        from dask_jobqueue import SLURMCluster
-    except ImportError as exc:  # pragma: no cover - optional
-        raise SystemExit("dask-jobqueue is not installed: pip install dask-jobqueue") from exc
-    recipe = load_recipe(path)
-    dask.config.set(recipe.get("dask_config") or {})
-    kw = {k: v for k, v in recipe["cluster"].items() if v is not None}
-    cluster = SLURMCluster(**kw)
-    cluster.scale(jobs=jobs or recipe.get("jobs", 1))
-    return cluster
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    cc = RunConfig.from_dict({"cluster": data.get("cluster") or {}}).cluster
+    if cc.kind != "slurm":
+        raise ConfigError([Problem("cluster.kind", f"{path}: got {cc.kind!r}; allowed: 'slurm'")])
+    return cc
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("recipe", nargs="?", default=str(DEFAULT))
-    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=None, help="default: one node's")
     ap.add_argument("--print-script", action="store_true")
     a = ap.parse_args(argv)
-    cluster = make_cluster(a.recipe, 0 if a.print_script else a.jobs)
+    from rpeg.infra import slurm_cluster
+    from rpeg.infra.cluster import configure_dask
+
+    cc = load_recipe(a.recipe)
+    n = a.workers or cc.slurm.per_node * (cc.slurm.nodes or 1)
     if a.print_script:
+        from dask_jobqueue import SLURMCluster
+
+        kw = slurm_cluster.job_kwargs(cc, n, sec=slurm_cluster.security(cc))
+        # this machine may lack the interface: a scheduler on loopback, only to print the
+        # script (its scheduler address is then 127.0.0.1; the rest is what a run submits)
+        kw["scheduler_options"]["interface"] = "lo"
+        cluster = SLURMCluster(**kw)
         print(cluster.job_script())
         cluster.close()
         return 0
+    configure_dask()
+    client, cluster = slurm_cluster.start(cc, n)
     print(
-        f"scheduler: {cluster.scheduler_address}  (Ctrl-C closes the cluster and cancels the jobs)",
+        f"scheduler: {cluster.scheduler_address}  jobs {slurm_cluster.job_ids(cluster)}  "
+        "(Ctrl-C closes the cluster and cancels the jobs)",
         flush=True,
     )
     try:
         while True:
             time.sleep(60)
     except KeyboardInterrupt:
+        client.close()
         cluster.close()
     return 0
 

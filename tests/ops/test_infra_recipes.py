@@ -90,45 +90,43 @@ def test_prefect_server_uses_postgres_and_auth_from_secrets():
     assert ("StatefulSet", "prefect-postgres") in docs and ("Service", "prefect-postgres") in docs
 
 
-def test_slurm_jobqueue_recipe_validates():
+def _jobqueue_script():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("jq", INFRA / "slurm" / "jobqueue_cluster.py")
     jq = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(jq)  # imports no dask_jobqueue at module level
-    r = jq.load_recipe(INFRA / "slurm" / "alps-gh200.yaml")
-    cl = r["cluster"]
-    assert cl["processes"] == 4 and "--gpus-per-node=4" in cl["job_extra_directives"]
-    assert r["dask_config"]["distributed.worker.daemon"] is False
-    assert cl["scheduler_options"]["dashboard_address"].startswith("127.0.0.1:")
-    try:
-        import inspect
-
-        from dask_jobqueue import SLURMCluster
-    except ImportError:
-        return
-    from dask_jobqueue.core import Job, JobQueueCluster  # pragma: no cover - optional
-    from dask_jobqueue.slurm import SLURMJob
-
-    # SLURMCluster passes its job keywords on to SLURMJob (and Job): every recipe key is one
-    names = set()
-    for f in (SLURMCluster.__init__, JobQueueCluster.__init__, SLURMJob.__init__, Job.__init__):
-        names |= set(inspect.signature(f).parameters)
-    assert set(cl) <= names, set(cl) - names
+    return jq
 
 
-def test_slurm_recipe_rejects_missing_device_resource(tmp_path):
-    import importlib.util
+def test_slurm_gh200_recipe_is_a_valid_cluster_section():
+    from rpeg.infra.slurm_cluster import job_kwargs
 
-    spec = importlib.util.spec_from_file_location("jq", INFRA / "slurm" / "jobqueue_cluster.py")
-    jq = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(jq)
+    cc = _jobqueue_script().load_recipe(INFRA / "slurm" / "alps-gh200.yaml")
+    assert cc.kind == "slurm" and cc.interface == "hsn0" and cc.nccl_net == "AWS Libfabric"
+    assert cc.slurm.gpus_per_node == 4 and cc.slurm.per_node == 4
+    kw = job_kwargs(cc, 8)
+    assert "--gpus-per-node=4" in kw["job_extra_directives"]
+    assert {"--gpus-per-task=1", "--cpus-per-task=72"} <= set(kw["python"].split())
+    assert kw["python"].split()[-1] == "$HOME/rpeg-venv/bin/python"  # left to the job's shell
+    assert "export DASK_DISTRIBUTED__WORKER__DAEMON=False" in kw["job_script_prologue"]
+    assert kw["scheduler_options"]["dashboard_address"].startswith("127.0.0.1:")
+
+
+def test_slurm_recipe_of_another_kind_is_refused(tmp_path):
+    from rpeg.errors import ConfigError
+
     data = yaml.safe_load((INFRA / "slurm" / "alps-gh200.yaml").read_text())
-    data["cluster"]["worker_extra_args"] = ["--nthreads", "1"]
+    data["cluster"]["kind"] = "local"
     p = tmp_path / "bad.yaml"
     p.write_text(yaml.safe_dump(data))
-    with pytest.raises(ValueError, match="device=1"):
-        jq.load_recipe(p)
+    with pytest.raises(ConfigError, match="cluster.kind"):
+        _jobqueue_script().load_recipe(p)
+    data["cluster"]["kind"] = "slurm"
+    data["cluster"]["slurm"]["cpus_per_worker"] = 0
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="cluster.slurm.cpus_per_worker"):
+        _jobqueue_script().load_recipe(p)
 
 
 def test_sbatch_script_is_valid_bash():
@@ -151,15 +149,14 @@ def _unsets_malloc_trim(value: str) -> bool:
 def test_slurm_recipes_unset_dask_malloc_trim():
     import re
 
-    import yaml
 
     sbatch = (INFRA / "slurm" / "rpeg-dask.sbatch").read_text()
     m = re.search(r'DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="([^"]+)"', sbatch)
     assert m and _unsets_malloc_trim(m.group(1))
-    recipe = yaml.safe_load((INFRA / "slurm" / "alps-gh200.yaml").read_text())
-    lines = [x for x in recipe["cluster"]["job_script_prologue"] if "PRE_SPAWN_ENVIRON" in x]
-    m = re.search(r'PRE_SPAWN_ENVIRON="([^"]+)"', lines[0])
-    assert m and _unsets_malloc_trim(m.group(1))
+    from rpeg.infra.slurm_cluster import worker_env
+
+    cc = _jobqueue_script().load_recipe(INFRA / "slurm" / "alps-gh200.yaml")
+    assert _unsets_malloc_trim(worker_env(cc)["DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"])
 
 
 def test_worker_environ_drops_malloc_trim_unless_the_user_sets_it(monkeypatch):
