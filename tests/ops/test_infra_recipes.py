@@ -44,25 +44,40 @@ def test_every_k8s_manifest_has_required_keys():
                     assert "hostPort" not in str(c.get("ports", "")), f"{f}: no hostPort"
 
 
-def test_dask_operator_cluster_one_device_per_worker():
-    (d,) = _docs(INFRA / "k8s" / "dask-cluster.yaml")
-    assert d["apiVersion"] == "kubernetes.dask.org/v1" and d["kind"] == "DaskCluster"
+def test_dask_operator_cluster_one_pod_per_node_one_worker_per_gpu():
+    docs = _docs(INFRA / "k8s" / "dask-cluster.yaml")
+    [d] = [x for x in docs if x["kind"] == "DaskCluster"]
+    assert d["apiVersion"] == "kubernetes.dask.org/v1"
     w = d["spec"]["worker"]
     assert isinstance(w["replicas"], int) and w["replicas"] >= 1
+    # a pod holds all of its node's GPUs, and no two pods share a node
+    anti = w["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
+    assert anti[0]["labelSelector"]["matchLabels"]["dask.org/component"] == "worker"
     (c,) = w["spec"]["containers"]
+    gpus = c["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpus > 1
+    # dask-cuda's worker: one process per GPU of the pod, each device=1, one thread
     args = [str(a) for a in c["args"]]
-    assert args[:2] == ["dask", "worker"]
+    assert args[:3] == ["dask", "cuda", "worker"]
     assert args[args.index("--resources") + 1] == "device=1"
     assert args[args.index("--nthreads") + 1] == "1"
+    assert "--nworkers" not in args  # dask cuda worker: one per visible GPU
     assert "rpeg.runtime.actors.serializers" in args
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["DASK_DISTRIBUTED__WORKER__DAEMON"] == "False"
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"
     assert _unsets_malloc_trim(env["DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON"])
     svc = d["spec"]["scheduler"]["service"]
     assert svc["type"] == "ClusterIP"
     assert 8786 in [p["port"] for p in svc["ports"]]
     assert svc["selector"]["dask.org/cluster-name"] == d["metadata"]["name"]
+    # only the namespace's pods reach the cluster's pods
+    [pol] = [x for x in docs if x["kind"] == "NetworkPolicy"]
+    assert pol["spec"]["podSelector"]["matchLabels"]["dask.org/cluster-name"] == "rpeg-dask"
+    assert pol["spec"]["policyTypes"] == ["Ingress"]
 
 
 def test_prefect_server_uses_postgres_and_auth_from_secrets():
@@ -148,7 +163,6 @@ def _unsets_malloc_trim(value: str) -> bool:
 
 def test_slurm_recipes_unset_dask_malloc_trim():
     import re
-
 
     sbatch = (INFRA / "slurm" / "rpeg-dask.sbatch").read_text()
     m = re.search(r'DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="([^"]+)"', sbatch)
