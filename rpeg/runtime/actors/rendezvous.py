@@ -14,11 +14,13 @@
 * :func:`master_store` / :func:`join_store` -- a ``TCPStore`` on rank 0 bound to port 0: the
   OS picks a free port and the store keeps it bound, so no other process can take the port
   between choosing and binding it (the race of "find a free port, release it, bind it again");
-  rank 0 reports ``host:port`` and the other ranks connect. A TCPStore listens on every
-  interface (torch has no bind address for it), so when the worker's own address is a
-  loopback one (a LocalCluster: every rank is on this machine) the store is a ``FileStore`` in
-  a private temporary folder instead and nothing listens at all; rank 0 reports
-  ``file:<path>``.
+  rank 0 reports ``host:port`` and the other ranks connect. The store's socket is bound to
+  the worker's own address (the interface the scheduler reaches it on, ``cluster.interface``
+  for a Slurm cluster) and handed to the TCPStore (``master_listen_fd``): torch binding it
+  itself would listen on every interface. The store has no authentication (docs/operating.md
+  "What the network carries"). When the worker's own address is a loopback one (a
+  LocalCluster: every rank is on this machine) the store is a ``FileStore`` in a private
+  temporary folder instead and nothing listens at all; rank 0 reports ``file:<path>``.
 """
 
 from __future__ import annotations
@@ -129,13 +131,23 @@ def master_store(timeout_s: float = 120.0) -> tuple[Any, str]:
         parent = parent if parent and os.path.isdir(parent) else None
         path = str(Path(tempfile.mkdtemp(prefix="rpeg-store-", dir=parent)) / "store")  # 0700
         return dist.FileStore(path, -1), f"file:{path}"
+    # bound to the worker's own address only (torch binds every interface when it binds
+    # itself): the socket is bound here, on port 0 (the OS picks a free one), and handed over
+    lsock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        lsock.bind((host, 0))
+        lsock.listen(256)
+    except OSError:
+        lsock.close()
+        raise
     store = dist.TCPStore(
         host,
-        0,
+        lsock.getsockname()[1],
         None,
         True,
         datetime.timedelta(seconds=timeout_s),
         wait_for_workers=False,
+        master_listen_fd=lsock.detach(),  # the store owns the socket from here on
     )
     return store, f"{host}:{store.port}"
 
