@@ -113,6 +113,9 @@ def preflight(
     from rpeg.preflight.lora import check_lora
 
     problems += check_lora(config, compiled)  # model.lora: its targets (docs/lora.md)
+    from rpeg.preflight.architecture import check_architecture
+
+    problems += check_architecture(config, compiled)  # model type, tp (docs/models.md)
     if problems:
         raise ConfigError(problems, title="run refused before anything started")
     return compiled

@@ -1,7 +1,7 @@
 """A catalog model entry from a Hugging Face ``config.json`` (pure: reads JSON, runs nothing).
 
 ``entry_from_hf(config)`` maps the fields of the common decoder families (Llama, Mistral,
-Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V2/V3), the hybrid linear-attention ones
+Qwen2/2.5, Qwen3, Qwen3-MoE, Mixtral, gpt-oss, Gemma 3, OLMo 2, DeepSeek-V2/V3), the hybrid linear-attention ones
 (Qwen3-Next, Qwen3.5: Gated DeltaNet layers, gated full attention every N layers, MTP
 layers) and the Qwen-VL vision-language ones (a vision tower's parameters from its
 ``vision_config``) onto the catalog's fields;
@@ -30,6 +30,9 @@ _FAMILIES = {
     "qwen2_moe": ("qwen2", True, False),
     "qwen3": ("qwen3", False, True),
     "qwen3_moe": ("qwen3", False, True),
+    "gemma3_text": ("gemma3", False, True),
+    "olmo2": ("olmo2", False, True),
+    "gpt_oss": ("gpt-oss", True, False),
     "deepseek_v2": ("deepseek", False, False),
     "deepseek_v3": ("deepseek", False, False),
     # hybrid Gated DeltaNet + gated attention (linear layers, a full layer every N)

@@ -85,12 +85,18 @@ def lm_logprobs(
     """One forward of ``lm`` over ``input_ids [B,P+R]`` keeping the last ``R + 1`` positions
     (``R = labels.shape[1]``, or ``request.extra["keep"]`` without labels); returns the
     filled ``request`` (log-probs of ``labels`` under ``softmax(logits / temperature)``,
-    entropy and hidden states as asked)."""
+    entropy and hidden states as asked). A training forward (grad enabled) of a
+    mixture-of-experts model also returns its router's terms in ``request.extra["router"]``
+    (rpeg.runtime.model_io.moe: the loss to add, the metrics)."""
     req = request or LogprobRequest()
     req.labels = labels
     keep = labels.shape[1] + 1 if labels is not None else int(req.extra["keep"])
     head = install_logprob_head(lm)
     head.__dict__["_rpeg_request"] = req
+    from rpeg.runtime.model_io import moe
+
+    # a training forward of a mixture-of-experts model: its router's load-balancing loss
+    kw = {"output_router_logits": True} if torch.is_grad_enabled() and moe.routes(lm) else {}
     try:
         out = lm(
             input_ids=input_ids,
@@ -98,9 +104,12 @@ def lm_logprobs(
             position_ids=position_ids,
             logits_to_keep=keep,
             use_cache=False,
+            **kw,
         )
     finally:
         head.__dict__.pop("_rpeg_request", None)
     if labels is None:
         req.extra["logits"] = out.logits
+    if kw:
+        req.extra["router"] = moe.capture(lm, out, attention_mask)
     return req

@@ -146,3 +146,55 @@ def test_sharded_build_reads_the_folder_as_transformers_does(model_type, tmp_pat
     materialize(meta, torch.device("cpu"), src.fetch, "actor")
     with torch.no_grad():
         torch.testing.assert_close(meta.eval()(input_ids=IDS).logits, ref(input_ids=IDS).logits)
+
+
+@pytest.mark.parametrize(("model_type", "refused"), [("olmo2", True), ("qwen3_moe", False)])
+def test_a_tp_plan_the_model_cannot_run_is_refused_before_start(model_type, refused, tmp_path):
+    import yaml
+
+    from rpeg.preflight import preflight
+
+    folder = write_tiny_folder(model_type, tmp_path / model_type)
+    data = yaml.safe_load(open("configs/tp2-cpu.yaml"))
+    data["model"] = {"path": str(folder)}
+    data["plan"].pop("model")
+    data["runtime"] = {"output_dir": str(tmp_path / "out")}
+    cfg = RunConfig.from_dict(data)
+    if not refused:
+        assert preflight(cfg, cluster_devices=2) is not None
+        return
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg, cluster_devices=2)
+    text = str(err.value)
+    assert "before anything started" in text
+    assert "model_type 'olmo2' cannot run at tp=2" in text and "colwise_gather_output" in text
+
+
+#: what the catalog's derived count leaves out (docs/models.md): gpt-oss's attention sinks and
+#: biases, Gemma 3's two extra norms a layer, OLMo 2's q/k norms over all heads (priced per head),
+#: Qwen3-Next's per-head gated-attention norms
+APPROXIMATE = {"gpt_oss": 0.03, "gemma3_text": 0.01, "olmo2": 0.01, "qwen3_next": 0.01}
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_the_planner_prices_the_model_the_runtime_builds(model_type, tmp_path):
+    """The catalog entry read from the folder's config.json (what `rpeg plan` / `rpeg bench`
+    price for ``model.path``) counts the parameters transformers builds."""
+    from transformers import AutoModelForCausalLM
+
+    from rpeg.specs.hf import model_from_folder
+
+    folder = write_tiny_folder(model_type, tmp_path / model_type)
+    spec = model_from_folder(str(folder))
+    with torch.device("meta"):
+        built = sum(
+            p.numel() for p in AutoModelForCausalLM.from_config(spec_cfg(folder)).parameters()
+        )
+    rel = APPROXIMATE.get(model_type, 0.0)
+    assert spec.params == pytest.approx(built, rel=rel, abs=0)
+
+
+def spec_cfg(folder):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)

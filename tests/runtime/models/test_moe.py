@@ -1,0 +1,76 @@
+"""Mixture-of-experts training (issue 40 item 2): the router's load-balancing loss is added as
+the model defines it (``router_aux_loss_coef * aux_loss``, the model's own loss function over
+the attention mask) and logged with per-layer expert-load imbalance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rpeg.config import RunConfig
+from tests.runtime.models.tiny_folders import MOE_TYPES, tiny_hf_config, write_tiny_folder
+
+
+@pytest.mark.parametrize("model_type", MOE_TYPES)
+def test_the_router_term_is_the_one_the_models_own_loss_adds(model_type):
+    from transformers import AutoModelForCausalLM
+
+    from rpeg.runtime.model_io import lm_logprobs
+    from rpeg.runtime.model_io.moe import router_loss
+
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(tiny_hf_config(model_type, router_aux_loss_coef=0.3))
+    ids = torch.randint(4, 100, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding: not counted by the model's loss, nor here
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    req = lm_logprobs(lm, ids, mask, pos, ids[:, -3:])
+    ours = router_loss(req.extra["router"])
+    labels = ids.masked_fill(mask == 0, -100)
+    kw = {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "labels": labels}
+    with_router = lm(**kw, output_router_logits=True).loss  # CE + coef * aux, the model's
+    ce = lm(**kw, output_router_logits=False).loss
+    torch.testing.assert_close(ours, with_router - ce, atol=1e-6, rtol=1e-5)
+    assert float(ours) > 0
+    ours.backward()  # the router learns from it
+    gate = next(
+        p
+        for n, p in lm.named_parameters()
+        if n.endswith("layers.0.mlp.gate.weight") or n.endswith("layers.0.mlp.router.weight")
+    )
+    assert gate.grad is not None and gate.grad.abs().sum() > 0
+
+
+def test_no_router_term_without_grad_or_on_a_dense_model():
+    from transformers import AutoModelForCausalLM
+
+    from rpeg.runtime.model_io import lm_logprobs
+
+    ids = torch.randint(4, 100, (1, 6))
+    mask, pos = torch.ones_like(ids), torch.arange(6)[None]
+    moe = AutoModelForCausalLM.from_config(tiny_hf_config("qwen3_moe"))
+    with torch.no_grad():  # log-probs for the rollout: no router loss computed
+        assert "router" not in lm_logprobs(moe, ids, mask, pos, ids[:, -2:]).extra
+    dense = AutoModelForCausalLM.from_config(tiny_hf_config("llama"))
+    assert "router" not in lm_logprobs(dense, ids, mask, pos, ids[:, -2:]).extra
+
+
+def test_the_trainer_logs_the_router_loss_and_each_layers_imbalance(tmp_path):
+    from rpeg.runtime.local_trainer import LocalTrainer
+
+    folder = write_tiny_folder("qwen3_moe", tmp_path / "m")
+    cfg = RunConfig.from_dict(
+        {
+            "model": {"path": str(folder)},
+            "algorithm": {"entropy_coef": 0.05},
+            "workload": {"num_prompts": 2, "samples_per_prompt": 2, "max_response_tokens": 4},
+            "task": {"heldout_size": 2},
+            "runtime": {"steps": 1, "output_dir": str(tmp_path / "out")},
+        }
+    )
+    m = LocalTrainer(cfg).step()
+    # E * sum_i f_i P_i (f: top-k assignments per token): top_k = 2 when routing is balanced
+    assert 1.0 < m["router_aux_loss"] < 4.0
+    for i in (0, 1):  # 4 experts, top-2: 1 = balanced, at most 2 (an expert in every top-2)
+        assert 1.0 <= m[f"expert_imbalance_l{i}"] <= 2.0
+    assert m["expert_imbalance_max"] == max(m["expert_imbalance_l0"], m["expert_imbalance_l1"])
