@@ -116,15 +116,41 @@ _SUFFIX_KIND = {
 }
 
 
+#: a size token of a model name (8b, 1.5b, a3b, 8x7b): where an architecture's name ends
+_SIZE = re.compile(r"^(?:\d+x)?a?\d+(?:\.\d+)?[bm]$")
+
+
 def resolve_model(name: str) -> tuple[str, str | None]:
     """(catalog model, kind of the checkpoint when the name says it) for a model as written:
     ``Qwen/Qwen2.5-7B-Instruct`` -> qwen2.5-7b-instruct; ``Qwen3-30B-A3B-Base`` -> the
     catalog's qwen3-30b-a3b with kind base; ``Qwen3-4B-Instruct-2507`` -> qwen3-4b,
-    instruct; ``Llama-3.1-8B`` -> llama3.1-8b. The name unchanged when nothing matches."""
+    instruct; ``Llama-3.1-8B`` and ``Meta-Llama-3.1-8B`` -> llama3.1-8b. A fine-tune named
+    after a cataloged architecture and its size (``OpenRLHF/Llama-3-8b-sft-mixture``) takes
+    that architecture, kind unsaid. The name unchanged when nothing matches."""
+    found = _resolve(_key(name))
+    if found is not None:
+        return found
+    key = _key(name)
+    if key.startswith("meta-llama"):  # Meta's checkpoint names: Meta-Llama-3-8B-Instruct
+        found = _resolve(key[len("meta-") :])
+        if found is not None:
+            return found
+        key = key[len("meta-") :]
+    words = key.split("-")
+    for n in range(len(words) - 1, 0, -1):  # the longest head ending in a size: a fine-tune
+        if _SIZE.match(words[n - 1]):
+            found = _resolve("-".join(words[:n]))
+            if found is not None:
+                return found[0], None
+    return _key(name), None
+
+
+def _resolve(key: str) -> tuple[str, str | None] | None:
+    """:func:`resolve_model` of a catalog key as written, without the fine-tune rule; None
+    when nothing matches."""
     from rpeg import specs
 
     catalog = specs.models()
-    key = _key(name)
     if key in catalog:
         return key, None
     compact = {_compact(n): n for n in catalog}
@@ -141,7 +167,7 @@ def resolve_model(name: str) -> tuple[str, str | None]:
         return compact[_compact(stem)], kind
     if _compact(stem + "-instruct") in compact:  # a base checkpoint of a cataloged instruct
         return compact[_compact(stem + "-instruct")], kind or "base"
-    return key, None
+    return None
 
 
 def model_name(r: dict[str, str]) -> str:

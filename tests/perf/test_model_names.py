@@ -1,0 +1,93 @@
+"""Model names as published runs write them resolve onto the catalog's architectures
+(rpeg.perf.row_cells.resolve_model), so a run on a known architecture is priced, not refused
+as an unknown model: Meta's own checkpoint names, fine-tunes named after their base, and the
+architectures issue 43's unseen runs used (Llama-3 8B/70B, Llama-3.1-405B, QwQ-32B, ...)."""
+
+import pytest
+
+from rpeg import specs
+from rpeg.perf import loso
+from rpeg.perf.published import read_rows
+from rpeg.perf.row_cells import resolve_model, unknown_names
+
+
+@pytest.mark.parametrize(
+    ("written", "catalog", "kind"),
+    [
+        ("Llama-3-8B", "llama3-8b", None),
+        ("Meta-Llama-3-8B-Instruct", "llama3-8b", "instruct"),
+        ("meta-llama/Meta-Llama-3-70B-Instruct", "llama3-70b", "instruct"),
+        ("meta-llama/Meta-Llama-3.1-70B-Instruct", "llama3.1-70b", "instruct"),
+        ("Llama-3.1-405B-Instruct", "llama3.1-405b", "instruct"),
+        ("Qwen/QwQ-32B", "qwq-32b", None),
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "deepseek-r1-distill-llama-70b", None),
+        ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b", "instruct"),
+        # fine-tunes named after their base and size take its architecture, kind unsaid
+        ("OpenRLHF/Llama-3-8b-sft-mixture", "llama3-8b", None),
+        ("hkust-nlp/Qwen2.5-7B-SimpleRL-Zoo", "qwen2.5-7b", None),
+        # names that resolved before resolve as before
+        ("Qwen3-30B-A3B-Base", "qwen3-30b-a3b", "base"),
+        ("Qwen3-4B-Instruct-2507", "qwen3-4b", "instruct"),
+        ("Qwen2.5-Math-7B", "qwen2.5-math-7b", None),
+    ],
+)
+def test_published_names_resolve(written, catalog, kind):
+    assert resolve_model(written) == (catalog, kind)
+    assert catalog in specs.models()
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        "Qwen2.5-Coder-7B-Instruct",  # not the qwen2.5-7b entry: no head of it is cataloged
+        "Llama-3.1-Nemotron-70B-Instruct",
+        "some-lab/unknown-13b-model",
+    ],
+)
+def test_a_name_no_cataloged_head_matches_stays_unknown(written):
+    name, kind = resolve_model(written)
+    assert name not in specs.models() and kind is None
+    assert "unknown model" in unknown_names({"model": written, "gpu": "H100"})
+
+
+def test_llama3_shapes_are_the_llama31_ones():
+    for old, new in (("llama3-8b", "llama3.1-8b"), ("llama3-70b", "llama3.1-70b")):
+        a, b = specs.model(old), specs.model(new)
+        assert (a.params, a.kv_bytes_per_token(2)) == (b.params, b.kv_bytes_per_token(2))
+        assert a.max_position == 8192  # Llama 3: an 8K context
+
+
+def _row(**cells):
+    base = read_rows(loso.default_datasets()["steps_dev"])[0]
+    r = {k: "" for k in base}
+    r.update(case_id="syn", source="synthetic", measured_step_s="100", gpus_per_node="8")
+    r.update({k: str(v) for k, v in cells.items()})
+    return r
+
+
+@pytest.mark.parametrize(
+    "cells",
+    [
+        # a 405B PPO with critic and reference, described in the shared schema only
+        dict(
+            model="meta-llama/Llama-3.1-405B-Instruct", gpu="H100", num_gpus=256,
+            placement="colocated", algorithm="ppo", has_critic="yes", has_ref="yes",
+            num_prompts=64, samples_per_prompt=1, max_gen_len=1024, train_backend="megatron",
+        ),
+        # an OpenRLHF 70B PPO on 32 A800 (its checkpoint named after Llama-3-70B)
+        dict(
+            model="OpenRLHF/Llama-3-70b-sft", gpu="A800", num_gpus=32,
+            placement="disaggregated", gen_gpus=8, train_gpus=24, algorithm="ppo",
+            has_critic="yes", has_ref="yes", num_prompts=128, samples_per_prompt=1,
+            max_gen_len=1024, train_backend="deepspeed",
+        ),
+        dict(
+            model="Qwen/QwQ-32B", gpu="H800", num_gpus=64, placement="colocated",
+            algorithm="grpo", num_prompts=64, samples_per_prompt=8, max_gen_len=16384,
+        ),
+    ],
+)  # fmt: skip
+def test_runs_on_these_architectures_are_priced_not_refused(cells):
+    priced, refused = loso.price_rows([_row(**cells)], "synthetic")
+    assert [r.reason for r in refused] == [] and len(priced) == 1
+    assert priced[0].step.min() > 0
