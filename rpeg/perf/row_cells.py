@@ -176,8 +176,9 @@ def model_name(r: dict[str, str]) -> str:
 
 
 # words of a GPU's marketing name that do not tell catalog GPUs apart: the vendor, the memory
-# technology ("HBM3"), the form factor of the SXM parts
-_GPU_NOISE = re.compile(r"^(?:nvidia|amd|instinct|tesla|geforce|hbm\d*e?|sxm\d?)$")
+# technology ("HBM3"), the form factor of the SXM parts, the system it sits in (HGX/DGX boards,
+# a GB200 NVL72 rack; "H100 NVL", a card of its own, is matched whole first)
+_GPU_NOISE = re.compile(r"^(?:nvidia|amd|instinct|tesla|geforce|hbm\d*e?|sxm\d?|hgx|dgx|nvl\d+)$")
 _GPU_MEMORY = re.compile(r"^\d+(?:gb?)$")
 
 
@@ -223,19 +224,49 @@ def unknown_names(r: dict[str, str]) -> str:
     return "; ".join(bad)
 
 
-_NUMBER = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+_NUMBER = re.compile(
+    r"^\s*(?:~|≈|about\s+|approx\.?\s*)?([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+)
+#: what may follow a number: an annotation ("8 (inferred)", "92.8 s", "4096 tokens") or nothing
+_ANNOTATION = re.compile(r"^(?:$|[\s(\[;,/]|s\b)")
+#: a duration written in units: 1h2m, 1m32s, 2 min
+_DURATION = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)\s*h(?:ours?)?)?\s*(?:(\d+(?:\.\d+)?)\s*m(?:in)?)?"
+    r"\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
+)
+#: columns that are token caps: "16k" is 16,384 there (context sizes are powers of two), 1,000
+#: elsewhere ("1.2k" mean tokens)
+_CAPS = ("max_gen_len", "max_seq_len", "gen_cap")
 
 
 def _number(r: dict[str, str], k: str) -> float | None:
-    """The leading number of column ``k`` ("8", "8.0", "8 (inferred)"); None when blank.
-    Anything else is a row the model cannot read, reported with the column and value."""
+    """The number of column ``k``; None when blank. Read: "8", "8.0", "~8" (approximate),
+    an annotation after it ("8 (inferred)", "92.8 s"), a thousands suffix ("16k": 16,384 in
+    a token cap, else 16,000), a product of counts ("8x2"), a duration in a seconds column
+    ("1m32s"), a percentage ("60%": 0.6). Anything else -- a unit it does not know ("16gb") -- is a row the model cannot
+    read, reported with the column and value (never read as its leading digits)."""
     v = (r.get(k) or "").strip()
     if not v:
         return None
+    if k.endswith("_s"):
+        d = _DURATION.match(v)
+        if d is not None and (d.group(1) or d.group(2)):
+            h, mi, sec = (float(x) if x else 0.0 for x in d.groups())
+            return 3600 * h + 60 * mi + sec
     m = _NUMBER.match(v)
     if m is None:
         raise Unpredictable(f"{k}={v!r} is not a number")
-    return float(m.group(1))
+    x, rest = float(m.group(1)), v[m.end() :]
+    if re.match(r"^[kK]\b", rest):
+        return x * (1024 if k in _CAPS else 1000)
+    if rest.startswith("%"):
+        return x / 100
+    prod = re.match(r"^\s*[x×*]\s*(\d+)\b", rest)
+    if prod is not None:
+        return x * int(prod.group(1))
+    if not _ANNOTATION.match(rest):
+        raise Unpredictable(f"{k}={v!r} is not a number (a unit it does not know)")
+    return x
 
 
 def _int(r: dict[str, str], k: str, default: int | None = None, minimum: int = 1) -> int:

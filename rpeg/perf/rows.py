@@ -60,6 +60,25 @@ PRIORS: dict[str, Any] = {
 
 #: precision cells meaning fp32-master mixed precision with bf16/fp16 compute
 AMP_NAMES = ("amp", "mixed", "bf16-mixed", "fp32-master", "mixed-precision")
+#: other spellings of a precision (PyTorch dtype names; FP8 recipes by their format)
+PRECISION_NAMES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "fp8-hybrid": "fp8",
+    "fp8-e4m3": "fp8",
+    "e4m3": "fp8",
+}
+#: other spellings of the two placements (only unambiguous ones: "hybrid" or "async" is not)
+PLACEMENT_NAMES = {
+    "colocate": "colocated",
+    "co-located": "colocated",
+    "collocated": "colocated",
+    "disaggregate": "disaggregated",
+    "separate": "disaggregated",
+    "separated": "disaggregated",
+}
 
 #: sequences per generation batch of an engine without continuous batching where a row does
 #: not say (DeepSpeed-Chat's ``per_device_generation_batch_size`` default)
@@ -177,6 +196,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     gen_n = _opt_int(r, "gen_gpus")
     train_n = _opt_int(r, "train_gpus")
     placement = (r.get("placement") or "").strip().lower()
+    placement = PLACEMENT_NAMES.get(placement, placement)
     if not placement:
         # blank: two pools that add up are disaggregated; otherwise one shared pool
         split = gen_n is not None and train_n is not None and gen_n != train_n
@@ -280,6 +300,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     if not (r.get("precision") or "").strip():
         unknown.append("precision")
     prec = ((r.get("precision") or PRIORS["precision"]).split() or ["bf16"])[0].lower()
+    prec = PRECISION_NAMES.get(prec, prec)
     if prec in AMP_NAMES:
         # fp32 master weights, bf16 autocast compute: priced as bf16 compute with the same
         # 16 B/parameter of training state (fp32 weights 4 + grads 4 + Adam 8 = bf16 2 +

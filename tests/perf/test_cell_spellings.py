@@ -1,0 +1,81 @@
+"""Cells as people write them in the shared schema are read for what they say, or refused by
+name -- never read as their leading digits ("16k" was 16 tokens, "8x2" 8 GPUs, "1m32s" one
+second) and never refused for a common spelling ("bfloat16", "colocate", "~93", "GB200
+NVL72")."""
+
+import pytest
+
+from rpeg.perf import loso
+from rpeg.perf.published import read_rows
+from rpeg.perf.row_cells import Unpredictable, _number, gpu_name
+from rpeg.perf.rows import read_case
+
+
+@pytest.mark.parametrize(
+    ("column", "cell", "value"),
+    [
+        ("max_gen_len", "16k", 16384),  # a token cap: context sizes are powers of two
+        ("max_seq_len", "4K", 4096),
+        ("avg_gen_len", "1.2k", 1200),  # a mean: thousands
+        ("avg_gen_len", "~1000", 1000),
+        ("measured_step_s", "≈93", 93),
+        ("measured_step_s", "1m32s", 92),
+        ("measured_step_s", "1h 2m", 3720),
+        ("measured_step_s", "92.8 s", 92.8),
+        ("measured_step_s", "92.8s", 92.8),
+        ("num_gpus", "8x2", 16),
+        ("num_gpus", "16 (2 nodes)", 16),
+        ("gpu_memory_utilization", "60%", 0.6),
+        ("train_tp", "8 (inferred)", 8),
+    ],
+)
+def test_a_number_as_written(column, cell, value):
+    assert _number({column: cell}, column) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(("column", "cell"), [("num_gpus", "16gb"), ("max_gen_len", "2M")])
+def test_a_unit_it_does_not_know_is_named_not_dropped(column, cell):
+    with pytest.raises(Unpredictable, match=f"{column}='{cell}' is not a number"):
+        _number({column: cell}, column)
+
+
+@pytest.mark.parametrize(
+    ("written", "catalog"),
+    [
+        ("GB200 NVL72", "gb200"),
+        ("B200 HGX", "b200"),
+        ("DGX H100", "h100-sxm"),
+        ("H100 NVL", "h100-nvl"),
+    ],
+)
+def test_the_system_a_gpu_sits_in_is_not_its_name(written, catalog):
+    assert gpu_name({"gpu": written}) == catalog
+
+
+def _row(**cells):
+    for r in read_rows(loso.default_datasets()["steps_dev"]):
+        if r["case_id"] == "nemo-v0.5-h100bf16-llama-grpo-on-16g":
+            return {**r, **cells}
+    raise KeyError
+
+
+@pytest.mark.parametrize(
+    ("cells", "same_as"),
+    [
+        (dict(placement="colocate"), dict(placement="colocated")),
+        (dict(placement="Co-located"), dict(placement="colocated")),
+        (dict(precision="bfloat16"), dict(precision="bf16")),
+        (dict(precision="float16"), dict(precision="fp16")),
+        (dict(max_gen_len="4k"), dict(max_gen_len="4096")),
+    ],
+)
+def test_a_spelling_reads_as_the_canonical_cell(cells, same_as):
+    a, b = read_case(_row(**cells)), read_case(_row(**same_as))
+    assert (a.colocated, a.workload) == (b.colocated, b.workload)
+
+
+def test_an_ambiguous_placement_is_still_refused_by_name():
+    with pytest.raises(
+        Unpredictable, match="placement='hybrid'; allowed: colocated, disaggregated"
+    ):
+        read_case(_row(placement="hybrid"))
