@@ -25,6 +25,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
+from rpeg.infra.network import collective_env
+
 PRELOAD = "rpeg.runtime.actors.serializers"
 LOST_WORKER_TIMEOUT = "600s"  # configure_dask says why
 
@@ -302,6 +304,23 @@ def worker_facts(dask_worker: Any = None) -> dict[str, Any]:
     }
 
 
+def _env_plugin(env: dict[str, str]):
+    """A worker plugin that sets ``env`` in every worker process, those that join later
+    included (before any actor creates a process group: NCCL and gloo read them then)."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class _CollectiveEnv(WorkerPlugin):
+        name = "rpeg-collective-env"
+
+        def __init__(self, values: dict[str, str]):
+            self.values = dict(values)
+
+        def setup(self, worker):
+            os.environ.update(self.values)
+
+    return _CollectiveEnv(env)
+
+
 def listens_on_all_interfaces(address: str) -> bool:
     """``":8787"``, ``"8787"``, ``"0.0.0.0:8787"``, ``"[::]:8787"``: a server bound there
     accepts connections on every interface."""
@@ -419,6 +438,8 @@ def start_cluster(
         )
         with contextlib.suppress(Exception):
             client.register_plugin(_preload_plugin())
+        if collective_env(cc):  # the config's interface / plugin reach workers started elsewhere
+            client.register_plugin(_env_plugin(collective_env(cc)))
         client.run(serializers.register)
         return Cluster(client=client, address=address, owned=False)
     common: dict[str, Any] = {
@@ -438,6 +459,7 @@ def start_cluster(
     sweep_stale()  # the folders of killed drivers, which could not remove their own
     store_dir = make_store_dir()  # mode 0700, owner recorded; removed by close()
     env = {
+        **collective_env(cc),
         "OMP_NUM_THREADS": str(torch_threads),
         "MKL_NUM_THREADS": str(torch_threads),
         STORE_DIR_ENV: store_dir,

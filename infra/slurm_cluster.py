@@ -49,6 +49,8 @@ def workers_and_nodes(cc: Any, n_workers: int) -> tuple[int, int]:
 def worker_env(cc: Any, torch_threads: int = 1) -> dict[str, str]:
     """The environment every Slurm worker gets (exported by the job script, inherited by
     ``srun``'s tasks and the nanny's worker process)."""
+    from rpeg.infra.network import collective_env
+
     env = {
         "DO_NOT_TRACK": "1",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -64,12 +66,7 @@ def worker_env(cc: Any, torch_threads: int = 1) -> dict[str, str]:
         # rpeg.infra.slurm_worker names the job's workers <job>-<local id> when several
         "RPEG_SLURM_WORKERS_PER_NODE": str(cc.slurm.per_node),
     }
-    if cc.interface:
-        env["NCCL_SOCKET_IFNAME"] = cc.interface
-        env["GLOO_SOCKET_IFNAME"] = cc.interface
-    if cc.nccl_net:
-        env["NCCL_NET"] = cc.nccl_net
-    env.update(cc.worker_env)
+    env.update(collective_env(cc))
     return env
 
 

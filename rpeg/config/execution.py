@@ -142,8 +142,9 @@ class ClusterConfig(Section):
     )
     interface: str | None = Field(
         None,
-        description="network interface of the scheduler, the workers and the collectives "
-        "(NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME), e.g. ib0, hsn0; needed with kind slurm",
+        description="network interface of the collectives (NCCL_SOCKET_IFNAME, "
+        "GLOO_SOCKET_IFNAME of every worker) and, with kind slurm, of the scheduler and the "
+        "workers, e.g. ib0, hsn0; needed with kind slurm",
     )
     nccl_net: str | None = Field(
         None,
@@ -151,7 +152,9 @@ class ClusterConfig(Section):
         "'AWS Libfabric' (aws-ofi-nccl, Slingshot), IB, Socket; None = NCCL's choice",
     )
     worker_env: dict[str, str] = Field(
-        default_factory=dict, description="more environment variables of the Slurm workers"
+        default_factory=dict,
+        description="more environment variables of the workers (every kind; a Slurm job "
+        "exports them, other workers get them before any process group starts)",
     )
     slurm: SlurmConfig = Field(default_factory=SlurmConfig)
 

@@ -184,3 +184,18 @@ def test_placement_uses_only_workers_that_declare_a_device():
     assert "tcp://h:9" not in placement_order(info)
     plain = _info([("b", "h"), ("a", "h")], resources={})
     assert [plain[a]["name"] for a in placement_order(plain)] == ["a", "b"]
+
+
+def test_collective_env_comes_from_the_cluster_config_of_any_kind():
+    from rpeg.infra.network import collective_env
+
+    cc = RunConfig.from_dict(
+        {"cluster": {"interface": "ib0", "nccl_net": "IB", "worker_env": {"NCCL_DEBUG": "WARN"}}}
+    ).cluster
+    assert collective_env(cc) == {
+        "NCCL_SOCKET_IFNAME": "ib0",
+        "GLOO_SOCKET_IFNAME": "ib0",
+        "NCCL_NET": "IB",
+        "NCCL_DEBUG": "WARN",
+    }
+    assert collective_env(RunConfig().cluster) == {}  # nothing named: NCCL's own choice
