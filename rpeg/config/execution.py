@@ -48,7 +48,9 @@ class SlurmConfig(Section):
         "None = no --mem, no limit",
     )
     time: str = Field("01:00:00", description="sbatch --time (HH:MM:SS or D-HH:MM:SS)")
-    job_name: str = Field("rpeg-worker", min_length=1, max_length=64)
+    job_name: str = Field(
+        "rpeg-worker", min_length=1, max_length=64, description="sbatch --job-name of the jobs"
+    )
     python: str | None = Field(
         None,
         description="the Python of the compute nodes (with rpeg installed); None = the "
