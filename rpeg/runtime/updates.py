@@ -135,6 +135,10 @@ def minibatch_updates(
     ``grad_norm_key``; an update whose gradient norm is not finite is skipped (its gradients
     dropped, the weights and optimizer state untouched) and counted in
     :data:`SKIPPED_UPDATES`."""
+    if getattr(role, "pipeline", None) is not None:  # pp > 1: rpeg.runtime.pipeline
+        from rpeg.runtime.pipeline import pipelined_updates
+
+        return pipelined_updates(role, batch, micro_loss, grad_norm_key)
     module, shards = role.module, role.shards
     module.train()
     with shards.training_pass(module) if shards is not None else contextlib.nullcontext():

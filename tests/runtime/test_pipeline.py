@@ -1,0 +1,179 @@
+"""Pipeline parallelism (rpeg.runtime.pipeline): the schedules' orders, the layer split, the
+bubble, refusals by name; on spawned gloo ranks (slow) pp=2 under 1F1B, interleaved 1F1B and
+GPipe, and pp=2 x dp=2, each equal to one process (loss, log-probs, gradients, weights) on the
+built-in tiny model widened to 8 layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rpeg.errors import ConfigError
+from rpeg.runtime.pipeline import (
+    PP_SCHEDULES,
+    Action,
+    PipeLayout,
+    bubble_fraction,
+    check_orders,
+    chunks_per_rank,
+    pipeline_problems,
+    schedule_orders,
+    split_layers,
+)
+
+TOL = 1e-5
+KEYS = ("pg_loss", "kl", "entropy")
+
+
+# --- pure: orders, split, bubble -----------------------------------------------------------
+@pytest.mark.parametrize("schedule", PP_SCHEDULES)
+@pytest.mark.parametrize("pp", [2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+def test_every_schedule_runs_each_chunk_once_without_deadlock(schedule, pp, m):
+    orders = schedule_orders(schedule, pp, m)
+    chunks = pp * chunks_per_rank(schedule)
+    check_orders(orders, chunks, m)  # raises on a deadlock, a missing or a repeated action
+
+
+def test_one_f_one_b_keeps_at_most_pp_minus_rank_micro_batches_in_flight():
+    pp, m = 4, 8
+    for r, order in enumerate(schedule_orders("1f1b", pp, m)):
+        live = peak = 0
+        for a in order:
+            live += 1 if a.kind == "F" else -1
+            peak = max(peak, live)
+        assert peak == pp - r  # GPipe would hold all m
+    gpipe = schedule_orders("gpipe", pp, m)[0]
+    assert [a.kind for a in gpipe] == ["F"] * m + ["B"] * m
+
+
+def test_interleaved_rank_holds_chunks_r_and_r_plus_pp():
+    orders = schedule_orders("interleaved_1f1b", 2, 4)
+    assert {a.chunk for a in orders[0]} == {0, 2}
+    assert {a.chunk for a in orders[1]} == {1, 3}
+    # rank 0's first forwards: micro-batches 0, 1 through chunk 0, then through chunk 2
+    assert orders[0][:4] == [
+        Action("F", 0, 0),
+        Action("F", 0, 1),
+        Action("F", 2, 0),
+        Action("F", 2, 1),
+    ]
+
+
+def test_check_orders_names_a_deadlock():
+    # rank 1 waits for a backward of chunk 0 it must send itself first: never happens
+    bad = [
+        [Action("F", 0, 0), Action("B", 0, 0)],
+        [Action("B", 1, 0), Action("F", 1, 0)],
+    ]
+    with pytest.raises(ValueError, match="deadlocks"):
+        check_orders(bad, 2, 1)
+    with pytest.raises(ValueError, match="once"):
+        check_orders([[Action("F", 0, 0)], [Action("F", 1, 0)]], 2, 1)
+
+
+def test_split_layers_contiguous_last_chunk_not_larger():
+    assert split_layers(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    assert split_layers(7, 2) == [range(0, 4), range(4, 7)]
+    with pytest.raises(ValueError):
+        split_layers(3, 4)
+
+
+def test_bubble_matches_one_f_one_b_and_interleaved_formulas():
+    assert bubble_fraction("1f1b", 4, 8) == pytest.approx(3 / 11)
+    assert bubble_fraction("gpipe", 4, 8) == pytest.approx(3 / 11)
+    assert bubble_fraction("interleaved_1f1b", 4, 8) == pytest.approx(3 / 19)
+    assert bubble_fraction("1f1b", 1, 8) == 0.0
+
+
+def test_bubble_equals_the_idle_slots_of_the_replayed_schedule():
+    """The formula is the replay's idle share when every action takes one slot per chunk
+    (forward and backward alike): rounds x chunk-time vs the busy time of a rank."""
+    for schedule in ("1f1b", "interleaved_1f1b"):
+        pp, m = 4, 8
+        v = chunks_per_rank(schedule)
+        rounds = check_orders(schedule_orders(schedule, pp, m), pp * v, m)
+        busy = 2 * m * v  # slots of one rank
+        # forward sweep and backward sweep each add pp - 1 slots of fill / drain
+        assert rounds == busy + 2 * (pp - 1)
+        assert 1 - busy / rounds == pytest.approx(bubble_fraction(schedule, pp, m))
+
+
+def test_unknown_schedule_and_too_few_layers_refused_by_name():
+    with pytest.raises(ConfigError, match="pp_schedule.*allowed: 1f1b, interleaved_1f1b, gpipe"):
+        chunks_per_rank("zero_bubble")
+    p = pipeline_problems(4, 4, "interleaved_1f1b", where="plan.units.train")
+    assert p and p[0].where == "plan.units.train.pp" and "at least 8 decoder layers" in p[0].what
+    assert pipeline_problems(8, 4, "interleaved_1f1b") == []
+
+
+def test_pipe_layout_places_tp_innermost_then_pp_then_dp():
+    lay = PipeLayout(pp=2, dp=2, tp=2)
+    assert lay.world_size == 8
+    assert lay.pp_ranks(5) == [5, 7] and lay.dp_ranks(5) == [1, 5] and lay.tp_ranks(5) == [4, 5]
+    assert (lay.dp_index(5), lay.pp_index(5), lay.tp_index(5)) == (1, 0, 1)
+
+
+# --- spawned gloo ranks ----------------------------------------------------------------------
+def _name(k: str) -> str:
+    # the last rank's copy of the tied LM head is the embedding of the one process
+    return "model.embed_tokens.weight" if k == "lm_head.weight" else k
+
+
+def _check_rank(ref: dict, out: dict, loss_of=None) -> None:
+    torch.testing.assert_close(out["logprobs"], ref["logprobs"], atol=TOL, rtol=0)
+    if loss_of is None:
+        for k in KEYS:
+            assert out["metrics"][k] == pytest.approx(ref["metrics"][k], abs=TOL), k
+    assert out["metrics"]["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], abs=TOL)
+    for k, g in out["grads"].items():
+        torch.testing.assert_close(g, ref["grads"][_name(k)], atol=TOL, rtol=0, msg=k)
+    for k, v in out["weights"].items():
+        torch.testing.assert_close(v, ref["weights"][_name(k)], atol=TOL, rtol=0, msg=k)
+
+
+def _check_cover(ref: dict, res: dict) -> None:
+    """The ranks' parameters together are the whole model's, each layer on one stage."""
+    held = {_name(k) for out in res.values() for k in out["grads"]}
+    assert held == set(ref["grads"])
+    layers = sorted(i for out in res.values() if out["dp_index"] == 0 for i in out["layers"])
+    assert layers == list(range(8))
+
+
+@pytest.fixture(scope="module")
+def ref():
+    import pipeline_cases as C
+
+    return C.reference(C.config())
+
+
+@pytest.mark.slow  # two spawned ranks, three schedules: ~1 min on 2 shared cores
+def test_pp2_schedules_equal_single_process(ref):
+    import pipeline_cases as C
+
+    cfg = C.config()
+    cases = [(s, "pipeline_case", (cfg, 2, 1, s)) for s in PP_SCHEDULES]
+    out = C.spawn(2, cases, port=29841)
+    for s in PP_SCHEDULES:
+        res = out[s]
+        _check_cover(ref, res)
+        assert res[0]["layers"] == ([0, 1, 2, 3] if s != "interleaved_1f1b" else [0, 1, 4, 5])
+        for r in res:
+            _check_rank(ref, res[r])
+
+
+@pytest.mark.slow  # four spawned ranks
+def test_pp2_x_dp2_equals_single_process(ref):
+    import pipeline_cases as C
+
+    cfg = C.config()
+    out = C.spawn(4, [("pp_dp", "pipeline_case", (cfg, 2, 2, "1f1b"))], port=29861)["pp_dp"]
+    _check_cover(ref, out)
+    # each dp index's loss metrics are its share of the global mini-batch: their mean is it
+    for k in KEYS:
+        mean = sum(out[r]["metrics"][k] for r in (0, 2)) / 2
+        assert mean == pytest.approx(ref["metrics"][k], abs=TOL), k
+    for res in out.values():
+        rows = C.S.rows_of(res["dp_index"], 2)
+        mine = {**ref, "logprobs": ref["logprobs"][rows]}
+        _check_rank(mine, res, loss_of="dp")
