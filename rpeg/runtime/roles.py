@@ -13,7 +13,7 @@ checkpoint everything (weights, optimizer, RNG, policy version).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
 
 import torch
@@ -100,9 +100,6 @@ class PolicyWorker:
         )
         if isinstance(self.engine, TorchEngine):
             self.engine.compute_dtype = compute_dtype
-        # ``lm -> engine``: an engine built by apply_layout from the laid-out weights (a vLLM
-        # engine of a role built on the meta device: rpeg.runtime.role_builder)
-        self.pending_engine: Callable[[torch.nn.Module], GenerationEngine] | None = None
         self.shards = None  # rpeg.runtime.sharding.Shards once apply_layout ran
         self.optimizer = None
         if trainable:
@@ -163,8 +160,7 @@ class PolicyWorker:
         gen_mesh = gen_mesh if gen_mesh is not None else mesh
         eng = self.engine
         own = (gen_layout.dp, gen_layout.tp, gen_layout.fsdp) != (layout.dp, layout.tp, layout.fsdp)
-        pending = self.pending_engine
-        if own and pending is None and isinstance(eng, TorchEngine) and eng.model is self.lm:
+        if own and isinstance(eng, TorchEngine) and eng.model is self.lm:
             # copied before the LM is sharded; synced like the lagging copy (k = 0: every step)
             eng = self.engine = TorchEngine(
                 base_copy(self.lm).to(dtype=frozen_dtype(self.compute_dtype)),
@@ -194,9 +190,6 @@ class PolicyWorker:
                 init_head(h)
             if isinstance(eng, TorchEngine) and eng.model is not self.lm:
                 materialize(eng.model, device, source.fetch, "generator")
-        if pending is not None:  # a vLLM engine from the laid-out weights (role_builder)
-            self.pending_engine = None
-            self.engine = pending(self.lm)
         if self.optimizer is not None:  # over the laid-out (and filled) parameters
             self.optimizer = self._make_optimizer()
 
