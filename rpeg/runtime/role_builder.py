@@ -169,8 +169,9 @@ def build_roles(
     ``sharded_build``: the roles are built on the meta device and :attr:`Roles.source` holds
     their initial weights; the caller lays each role out and fills it from the source
     (``apply_layout(..., source=...)``), so the process never holds a whole copy of any
-    role (a torch engine without LoRA: a vLLM engine loads whole weights, LoRA adapters
-    initialise on construction)."""
+    role (without LoRA: LoRA adapters initialise on construction). A vLLM engine is then
+    built by the actor's ``apply_layout`` from the laid-out actor's weights
+    (``PolicyWorker.pending_engine``)."""
     unknown = sorted(set(roles) - set(ROLE_NAMES))
     if unknown:
         raise ValueError(f"roles {unknown}: allowed {', '.join(ROLE_NAMES)}")
@@ -212,10 +213,22 @@ def build_roles(
         out.reference.rebuilt_from_source = c.model.lora is not None
     if "actor" in roles:
         engine = None
+        pending_engine = None
         kind = engine_kind(model)
-        if sharded_build and kind != "torch":
-            raise ValueError(f"sharded_build: a {kind} engine loads whole weights")
-        if kind == "vllm" or lagging_engine:  # a generator with its own weights
+        if sharded_build and kind == "vllm":
+            # built once the actor is laid out and filled, from its shards (a collective):
+            # vLLM receives the weights bucket by bucket, no rank holds a whole copy first
+            def pending_engine(lm, kind=kind, tok=tok):
+                return build_engine(
+                    kind,
+                    lm,
+                    tok,
+                    config=c,
+                    colocated=colocated,
+                    gpu_memory_utilization=engine_memory,
+                )
+
+        elif kind == "vllm" or lagging_engine:  # a generator with its own weights
             engine = build_engine(
                 kind,
                 model,
@@ -244,6 +257,7 @@ def build_roles(
             seed=c.runtime.seed,
             compute_dtype=compute_dtype,
         )
+        out.actor.pending_engine = pending_engine  # PolicyWorker.apply_layout builds it
         # multi-turn tasks: greedy_accuracy rolls out through the environment too
         out.actor.multiturn = c.task.multiturn if c.task.multiturn.env else None
     if "critic" in roles:

@@ -13,7 +13,7 @@ checkpoint everything (weights, optimizer, RNG, policy version).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 
 import torch
@@ -37,7 +37,7 @@ from rpeg.runtime.engines.base import (
     generate_in_groups,
 )
 from rpeg.runtime.engines.torch_engine import TorchEngine
-from rpeg.runtime.model_io import ActorCritic, LogprobRequest, lm_logprobs, moe
+from rpeg.runtime.model_io import ActorCritic, LogprobRequest, lm_logprobs
 from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.precision import compute, frozen_dtype, loss_scaler_for
 from rpeg.runtime.recipes import actor_loss, runtime_recipe
@@ -100,6 +100,9 @@ class PolicyWorker:
         )
         if isinstance(self.engine, TorchEngine):
             self.engine.compute_dtype = compute_dtype
+        # ``lm -> engine``: an engine built by apply_layout from the laid-out weights (a vLLM
+        # engine of a role built on the meta device: rpeg.runtime.role_builder)
+        self.pending_engine: Callable[[torch.nn.Module], GenerationEngine] | None = None
         self.shards = None  # rpeg.runtime.sharding.Shards once apply_layout ran
         self.optimizer = None
         if trainable:
@@ -160,7 +163,8 @@ class PolicyWorker:
         gen_mesh = gen_mesh if gen_mesh is not None else mesh
         eng = self.engine
         own = (gen_layout.dp, gen_layout.tp, gen_layout.fsdp) != (layout.dp, layout.tp, layout.fsdp)
-        if own and isinstance(eng, TorchEngine) and eng.model is self.lm:
+        pending = self.pending_engine
+        if own and pending is None and isinstance(eng, TorchEngine) and eng.model is self.lm:
             # copied before the LM is sharded; synced like the lagging copy (k = 0: every step)
             eng = self.engine = TorchEngine(
                 base_copy(self.lm).to(dtype=frozen_dtype(self.compute_dtype)),
@@ -190,6 +194,9 @@ class PolicyWorker:
                 init_head(h)
             if isinstance(eng, TorchEngine) and eng.model is not self.lm:
                 materialize(eng.model, device, source.fetch, "generator")
+        if pending is not None:  # a vLLM engine from the laid-out weights (role_builder)
+            self.pending_engine = None
+            self.engine = pending(self.lm)
         if self.optimizer is not None:  # over the laid-out (and filled) parameters
             self.optimizer = self._make_optimizer()
 
@@ -316,18 +323,12 @@ class PolicyWorker:
             else:
                 req = lm_logprobs(self.lm, ids, mask, pos, labels, req)
                 values = None
-        # a mixture-of-experts training forward: the router's loss and loads (model_io.moe)
-        self._router = req.extra.get("router")
         return req.logprobs, req.entropy, values
 
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, with_entropy: bool = False):
         """Log-probs ``[B,R]`` of the batch's responses under this model (0 on padding);
         with ``with_entropy`` also the per-token entropy ``[B,R]``. On the CPU."""
-        if getattr(self, "pipeline", None) is not None:  # pp > 1: rpeg.runtime.pipeline
-            from rpeg.runtime.pipeline import pipelined_logprobs
-
-            return pipelined_logprobs(self, batch, with_entropy=with_entropy)
         self.module.eval()
         r = batch.response_ids.shape[1]
         lp_out = torch.zeros((batch.size, r), dtype=torch.float32)
@@ -422,9 +423,6 @@ class PolicyWorker:
             loss, m = actor_loss(
                 recipe, a, micro, lp, ent, values if self.shared_critic else None, w
             )
-            if self._router is not None:  # the model's load-balancing loss, its coefficient
-                loss = loss + moe.router_loss(self._router)
-                m.update(moe.router_metrics(self._router))
             m.update(cm)
             return loss, m
 

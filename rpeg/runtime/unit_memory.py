@@ -56,14 +56,22 @@ def apply_recompute(module: nn.Module) -> bool:
     stack = decoder_stack(module)
     if stack is None:
         return False
-    stack.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(stack, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        stack.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        stack.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return True
 
 
 def recomputes(module: nn.Module) -> bool:
     """Whether ``module``'s decoder layers are checkpointed."""
     stack = decoder_stack(module)
-    return bool(stack is not None and getattr(stack, "is_gradient_checkpointing", False))
+    if stack is None:
+        return False
+    if hasattr(type(stack), "is_activation_checkpointing"):  # transformers >= 5.x's name
+        return bool(stack.is_activation_checkpointing)
+    return bool(getattr(stack, "is_gradient_checkpointing", False))
 
 
 def _move_optimizer(optimizer: Any, device: torch.device) -> None:

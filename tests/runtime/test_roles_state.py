@@ -10,7 +10,8 @@ from rpeg.runtime.actors.checkpoint import load_roles_state, roles_state
 
 
 class _Engine:
-    """An engine without a ``model`` (as VLLMEngine): weights only through update_weights."""
+    """An engine without a ``model`` (as VLLMEngine): weights only through update_weights
+    (a state dict) or update_from (a trainer's ``(meta, fetch)`` source, fetched here)."""
 
     def __init__(self) -> None:
         self.policy_version = 0
@@ -19,6 +20,10 @@ class _Engine:
     def update_weights(self, weights: dict, version: int) -> None:
         self.updates.append((weights, version))
         self.policy_version = version
+
+    def update_from(self, source, version: int, device=None) -> None:
+        meta, fetch = source
+        self.update_weights({k: fetch(k) for k in meta}, version)
 
 
 class _Actor:
@@ -36,6 +41,13 @@ class _Actor:
 
     def get_weights(self) -> dict:
         return {"w": torch.ones(1)}
+
+    def weight_source(self):
+        return {"w": ((1,), torch.float32)}, lambda name: self.get_weights()[name]
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
 
 
 def test_an_engine_without_a_model_restarts_from_the_actors_weights():

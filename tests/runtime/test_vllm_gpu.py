@@ -194,6 +194,35 @@ def test_a_colocated_engine_is_refit_through_cuda_ipc(engines):
         eng.shutdown()
 
 
+def test_a_colocated_trainer_refits_its_engine_from_device_memory(engines):
+    """The runtime's colocated refit (``load_engine_from_actor``: the trainer's weights
+    streamed from its ``weight_source``, never ``get_weights``' host copy) takes the CUDA IPC
+    path, and the engine then generates as the torch engine on the same weights."""
+    from types import SimpleNamespace
+
+    from rpeg.runtime.actors.weight_sync import load_engine_from_actor
+    from rpeg.runtime.engines.base import SamplingParams
+    from rpeg.runtime.sharding import full_tensor_source
+
+    model, tok, ref, _ = engines
+    eng = _fresh_engine(model, tok)
+    try:
+        with torch.no_grad():
+            for prm in model.parameters():
+                prm.add_(0.03 * torch.randn_like(prm))
+        actor = SimpleNamespace(
+            weight_source=lambda: full_tensor_source(model, torch.float32),
+            policy_version=9,
+            device=next(model.parameters()).device,
+        )
+        load_engine_from_actor(eng, actor)
+        assert eng.transport == "cuda_ipc" and eng._group is None and eng.policy_version == 9
+        p = SamplingParams(max_new_tokens=12, temperature=0.0)
+        _same(ref.generate(_prompts(tok), p), eng.generate(_prompts(tok), p))
+    finally:
+        eng.shutdown()
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL refit needs two GPUs")
 def test_an_engine_on_another_gpu_is_refit_through_nccl(engines):
     """Weights on GPU 1, the engine's worker on GPU 0: one NCCL group of the two."""

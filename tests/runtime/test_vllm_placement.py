@@ -82,26 +82,40 @@ def test_cpu_and_the_first_gpu_change_nothing(monkeypatch, no_cuda_switch, devic
     assert no_cuda_switch == []
 
 
-def test_from_model_builds_the_engine_on_the_models_gpu(monkeypatch, no_cuda_switch, tmp_path):
+def test_from_source_builds_the_engine_on_the_models_gpu(monkeypatch, no_cuda_switch, tmp_path):
     """A model on cuda:3 of a 4-GPU worker (plain Dask: every GPU visible): the LLM is built
-    while CUDA_VISIBLE_DEVICES starts at 3, and the variable is unset again afterwards."""
+    while CUDA_VISIBLE_DEVICES starts at 3, and the variable is unset again afterwards; only
+    the config is written, vLLM loads placeholder weights and the real ones follow as one
+    update from the source, on the model's device."""
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(vllm_placement.torch.cuda, "device_count", lambda: 4)
     seen = {}
 
     def build(cls, folder, **kw):
         seen["visible"] = os.environ.get("CUDA_VISIBLE_DEVICES")
-        return SimpleNamespace(folder=None, param_bytes=0)
+        seen["load_format"] = kw.get("load_format")
+        seen["files"] = sorted(os.listdir(folder))
+
+        def update_from(source, version, device):
+            seen["update"] = (sorted(source[0]), version, device)
+
+        return SimpleNamespace(folder=None, param_bytes=0, policy_version=0, update_from=update_from)
 
     monkeypatch.setattr(VLLMEngine, "build", classmethod(build))
-    param = SimpleNamespace(device=torch.device("cuda", 3), numel=lambda: 10)
-    model = SimpleNamespace(
-        parameters=lambda: iter([param]),
-        save_pretrained=lambda folder, safe_serialization: None,
-        config=SimpleNamespace(tie_word_embeddings=False),
+
+    def save_pretrained(folder):
+        with open(os.path.join(folder, "config.json"), "w") as fh:
+            fh.write("{}")
+
+    config = SimpleNamespace(tie_word_embeddings=False, save_pretrained=save_pretrained)
+    meta = {"w": ((2, 5), torch.float32)}
+    cuda3 = torch.device("cuda", 3)
+    eng = VLLMEngine.from_source(
+        config, (meta, lambda n: None), cuda3, pad_id=0, eos_id=1, dtype="float32"
     )
-    eng = VLLMEngine.from_model(model, pad_id=0, eos_id=1, dtype="float32")
     shutil.rmtree(eng.folder, ignore_errors=True)
     assert seen["visible"] == "3,0,1,2"
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert seen["load_format"] == "dummy" and seen["files"] == ["config.json"]
+    assert seen["update"] == (["w"], 0, cuda3)
     assert eng.param_bytes == 40  # 10 fp32 parameters

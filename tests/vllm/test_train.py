@@ -40,7 +40,7 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def _config(tmp_path: Path, model_dir: Path, *, ranks: int) -> Path:
+def _config(tmp_path: Path, model_dir: Path, *, ranks: int, fsdp: bool = False) -> Path:
     cfg = {
         "model": {"name": "rpeg-tiny", "path": str(model_dir)},
         "algorithm": {"name": "grpo"},
@@ -56,6 +56,8 @@ def _config(tmp_path: Path, model_dir: Path, *, ranks: int) -> Path:
     }
     if ranks > 1:
         cfg |= all_units_on((*UNITS, "sync_weights"), ranks)
+    if fsdp:
+        cfg["plan"]["units"]["train_actor"]["engine"] = "fsdp"
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -110,3 +112,14 @@ def test_train_local_with_vllm(tmp_path, model_dir):
 def test_train_distributed_two_ranks_with_vllm(tmp_path, model_dir):
     out = _train(tmp_path, _config(tmp_path, model_dir, ranks=2))
     _check(out, tmp_path)
+
+
+def test_train_fsdp_two_ranks_builds_vllm_from_the_shards(tmp_path, model_dir):
+    """FSDP over two ranks with a colocated vLLM each: the roles are built on the meta device
+    and filled shard by shard, and each rank's engine gets its weights from the laid-out
+    actor bucket by bucket (no rank holds a whole fp32 copy or writes a weights folder);
+    log-probs still match the trainer's."""
+    out = _train(tmp_path, _config(tmp_path, model_dir, ranks=2, fsdp=True))
+    _check(out, tmp_path)
+    held = [b for ranks in out["param_bytes_per_rank"].values() for b in ranks]
+    assert len(held) == 2 and max(held) < out["full_param_bytes"], out["param_bytes_per_rank"]

@@ -68,9 +68,10 @@ REMOTE = {
 
 def sharded_build(layout, engine: str, lora: bool) -> bool:
     """Whether a rank builds its roles on the meta device and fills only its shards
-    (rpeg.runtime.materialize): a sharded layout (tp > 1 or FSDP over dp > 1) with the torch
-    engine and no LoRA (a vLLM engine and LoRA adapters start from whole weights)."""
-    return layout.sharded and engine == "torch" and not lora
+    (rpeg.runtime.materialize): a sharded layout (tp > 1 or FSDP over dp > 1) and no LoRA
+    (LoRA adapters start from whole weights). A vLLM engine is then built from the laid-out
+    actor's weights, bucket by bucket (PolicyWorker.pending_engine)."""
+    return layout.sharded and engine in ("torch", "vllm") and not lora
 
 
 class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
@@ -313,6 +314,10 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         fill = {"source": self._source, "device": self.device}
         if self.actor is not None:
             self.actor.apply_layout(lay, self.mesh, self.reduce, self.gen_layout, gen_mesh, **fill)
+            if self.actor.engine is not self.residency.engine:  # built from the shards
+                from rpeg.runtime.engines.residency import EngineResidency
+
+                self.residency = EngineResidency(self.actor.engine, colocated="actor" in self.trainable)
         if self.critic is not None:
             self.critic.apply_layout(lay, self.mesh, self.reduce, **fill)
         if self.reference is not None and lay.sharded:

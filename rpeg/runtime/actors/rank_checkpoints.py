@@ -69,10 +69,10 @@ class RankCheckpoints:
         if self.actor is not None:
             # a lagging engine copy restarts at the loaded weights (lag 0: within any bound k)
             eng = self.actor.engine
-            if hasattr(eng, "update_from") and eng.model is not self.actor.lm:
-                eng.update_from(self.actor.weight_source(), self.actor.policy_version)
-            elif getattr(eng, "model", None) is not self.actor.lm:  # vLLM has no .model
-                eng.update_weights(self.actor.get_weights(), self.actor.policy_version)
+            if getattr(eng, "model", None) is not self.actor.lm:  # its own copy (or vLLM)
+                from rpeg.runtime.actors.weight_sync import load_engine_from_actor
+
+                load_engine_from_actor(eng, self.actor)
             eng.policy_version = self.actor.policy_version
         return self.policy_version()
 

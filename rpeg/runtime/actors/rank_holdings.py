@@ -37,7 +37,9 @@ class RankHoldings:
         roles), with their totals."""
         lay = self.layout
         local = self._param_bytes(full=False)
-        full = getattr(self, "_full_bytes", None) or self._param_bytes(full=True)
+        full = dict(getattr(self, "_full_bytes", None) or self._param_bytes(full=True))
+        if "engine" in local and "engine" not in full:  # built after the layout (vLLM): whole
+            full["engine"] = local["engine"]
         return {
             "group": self.group.name,
             "rank": self.rank,

@@ -217,13 +217,24 @@ def refresh_lagging_engine(actor: Any, residency: Any, k: int) -> dict[str, floa
         return {}
     t0 = time.perf_counter()
     residency.before_update()
-    if isinstance(eng, TorchEngine):  # tensor by tensor from the trainer's shards
-        eng.update_from(actor.weight_source(), actor.policy_version)
-    else:
-        eng.update_weights(actor.get_weights(), actor.policy_version)
+    load_engine_from_actor(eng, actor)
     residency.after_update()
     out = {"weight_sync_s": time.perf_counter() - t0}
     moved = getattr(eng, "last_update", None)  # vLLM: bytes sent to its workers
     if moved is not None:
         out["weight_sync_bytes"] = float(moved.nbytes)
     return out
+
+
+def load_engine_from_actor(eng: Any, actor: Any) -> None:
+    """An engine holding weights of its own takes the actor's current ones, one full tensor
+    at a time from the trainer's (sharded or whole) weights (``actor.weight_source``): a torch
+    copy keeps each tensor's slice, vLLM receives them bucket by bucket in its dtype (on GPU
+    by CUDA IPC from device memory when its workers share the GPU). Never a whole host copy.
+    Sharded trainer: a collective every rank of the group runs."""
+    from rpeg.runtime.engines.torch_engine import TorchEngine
+
+    if isinstance(eng, TorchEngine):
+        eng.update_from(actor.weight_source(), actor.policy_version)
+    else:
+        eng.update_from(actor.weight_source(), actor.policy_version, actor.device)

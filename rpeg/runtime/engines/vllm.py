@@ -59,7 +59,7 @@ from rpeg.runtime.engines.vllm_cuda_transfer import (
 )
 from rpeg.runtime.engines.vllm_placement import engine_gpu
 from rpeg.runtime.engines.vllm_requests import (
-    hf_weight_names,
+    hf_names,
     processed_logprobs_supported,
     sampling_kwargs,
     to_generation_output,
@@ -222,15 +222,37 @@ class VLLMEngine:
 
     @classmethod
     def from_model(cls, model: Any, *, pad_id: int, eos_id: int, **kwargs: Any) -> VLLMEngine:
-        """An engine over an in-memory Hugging Face causal LM (e.g. the built-in tiny model):
-        its config and safetensors weights are written to a private temporary folder that
-        vLLM loads (``engine.folder``, removed by :meth:`shutdown`); later updates go through
-        :meth:`update_weights`. The engine is built on the model's GPU (vllm_placement)."""
+        """An engine over an in-memory Hugging Face causal LM (the built-in tiny model, or a
+        rank's sharded trainer): :meth:`from_source` of its weights one tensor at a time."""
+        from rpeg.runtime.sharding import full_tensor_source
+
+        dtype = getattr(torch, str(kwargs.get("dtype", "bfloat16")))
+        return cls.from_source(
+            model.config,
+            full_tensor_source(model, dtype),
+            next(model.parameters()).device,
+            pad_id=pad_id,
+            eos_id=eos_id,
+            **kwargs,
+        )
+
+    @classmethod
+    def from_source(
+        cls, config: Any, source: Any, device: Any, *, pad_id: int, eos_id: int, **kwargs: Any
+    ) -> VLLMEngine:
+        """An engine whose weights come from ``source`` = ``(meta, fetch)`` (a trainer's
+        ``weight_source``: full tensors gathered one at a time on ``device``; on a sharded
+        rank a collective). Only the model's ``config.json`` is written (to a private
+        temporary folder, ``engine.folder``, removed by :meth:`shutdown`); vLLM builds the
+        model with placeholder weights (``load_format="dummy"``) and the real ones arrive by
+        :meth:`update_from`, bucket by bucket in the engine's dtype: no rank writes or holds
+        a full copy of the model for its engine. Built on the rank's GPU (vllm_placement)."""
         folder = tempfile.mkdtemp(prefix="rpeg-vllm-")
         try:
-            model.save_pretrained(folder, safe_serialization=True)
-            tied = bool(getattr(model.config, "tie_word_embeddings", False))
-            with engine_gpu(next(model.parameters()).device):  # the rank's GPU, not GPU 0
+            config.save_pretrained(folder)
+            tied = bool(getattr(config, "tie_word_embeddings", False))
+            kwargs.setdefault("load_format", "dummy")
+            with engine_gpu(torch.device(device)):  # the rank's GPU, not GPU 0
                 eng = cls.build(
                     folder, pad_id=pad_id, eos_id=eos_id, tie_word_embeddings=tied, **kwargs
                 )
@@ -238,10 +260,14 @@ class VLLMEngine:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         eng.folder = folder
-        elem = torch.empty(
-            (), dtype=getattr(torch, str(kwargs.get("dtype", "bfloat16")))
-        ).element_size()
-        eng.param_bytes = sum(p.numel() for p in model.parameters()) * elem
+        meta = source[0]
+        elem = torch.empty((), dtype=getattr(torch, str(kwargs.get("dtype", "bfloat16"))))
+        eng.param_bytes = sum(_numel(shape) for shape, _ in meta.values()) * elem.element_size()
+        try:
+            eng.update_from(source, eng.policy_version, device)
+        except BaseException:
+            eng.shutdown()
+            raise
         return eng
 
     # ---------------------------------------------------------------- generation
@@ -323,18 +349,31 @@ class VLLMEngine:
         return self._group
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], policy_version: int) -> None:
-        """Load new weights into every worker: the plan of buckets (names, dtypes, shapes,
-        offsets) in one ``collective_rpc`` of ``rpeg_receive_weights``, during which each
-        bucket is one broadcast from this process to the workers; every worker must report
-        every tensor loaded (CUDA IPC: one RPC carrying every bucket's handle instead). The
-        prefix cache (KV computed with the old weights) is dropped. ``last_update`` says
-        what moved."""
+        """:meth:`update_from` a state dict of full tensors (e.g. buckets received from a
+        trainer on another worker), on the device they are on."""
+        meta = {k: (tuple(v.shape), v.dtype) for k, v in state_dict.items()}
+        device = next(iter(state_dict.values())).device if state_dict else torch.device("cpu")
+        self.update_from((meta, state_dict.__getitem__), policy_version, device)
+
+    def update_from(self, source: Any, policy_version: int, device: Any = "cpu") -> None:
+        """Load new weights into every worker from ``source`` = ``(meta, fetch)`` (full
+        tensors on ``device``, fetched once each, in the plan's order: on a sharded trainer a
+        collective every rank runs alike). The plan of buckets (names, dtypes, shapes,
+        offsets) goes in one ``collective_rpc`` of ``rpeg_receive_weights``, during which
+        each bucket is packed from its tensors and broadcast (gloo/NCCL: one bucket alive at
+        a time); CUDA IPC instead packs every bucket on the trainer's GPU straight from its
+        tensors (device memory, no host copy) and sends their handles in one RPC. Every
+        worker must report every tensor loaded. The prefix cache (KV computed with the old
+        weights) is dropped. ``last_update`` says what moved."""
         t0 = time.perf_counter()
-        named = hf_weight_names(state_dict, tie_word_embeddings=self.tie_word_embeddings)
-        tensors = dict(named)
-        plan = plan_buckets(named, self.bucket_bytes)
+        meta, fetch = source
+        pairs = hf_names(meta, tie_word_embeddings=self.tie_word_embeddings)
+        raw = dict(pairs)
+        shapes = [(n, torch.empty(meta[r][0], dtype=meta[r][1], device="meta")) for n, r in pairs]
+        plan = plan_buckets(shapes, self.bucket_bytes)
+        tensors = _Fetched(raw, fetch)
+        device = torch.device(device)
         self.wake_up(tags=("weights",))  # asleep: the weights only (the KV cache later)
-        device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
         if self.forced_transport is None:  # where the tensors and the workers are
             if self._workers is None:
                 self._workers = worker_devices(self.llm, self.timeout_s)
@@ -355,17 +394,17 @@ class VLLMEngine:
             raise
         except Exception as e:  # a worker's failure (its RPC raised): it took every bucket
             raise RpegError(f"vLLM weight update failed in the workers: {e}") from e
-        if len(done) != self.tensor_parallel_size or any(d != len(tensors) for d in done):
+        if len(done) != self.tensor_parallel_size or any(d != len(pairs) for d in done):
             raise RpegError(
                 f"weight update reached {len(done)} of {self.tensor_parallel_size} vLLM "
-                f"workers (loaded counts {done}, {len(tensors)} tensors sent)"
+                f"workers (loaded counts {done}, {len(pairs)} tensors sent)"
             )
         self.llm.reset_prefix_cache()
         self.policy_version = policy_version
         self.last_update = UpdateStats(
             nbytes=sum(b.nbytes for b in plan),
             buckets=len(plan),
-            tensors=len(tensors),
+            tensors=len(pairs),
             seconds=time.perf_counter() - t0,
         )
 
@@ -417,6 +456,30 @@ class VLLMEngine:
                 with contextlib.suppress(Exception):
                     self.llm.collective_rpc("rpeg_leave_update_group", timeout=30.0)
             group.close()
+
+
+class _Fetched(Mapping):
+    """Checkpoint name -> the trainer's tensor, fetched when a bucket is packed (each once:
+    a sharded trainer's fetch is a gather every rank runs in the same order)."""
+
+    def __init__(self, raw: Mapping[str, str], fetch: Any):
+        self._raw, self._fetch = raw, fetch
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._fetch(self._raw[name])
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def _engine_shm_segments(core: Any) -> list[str]:

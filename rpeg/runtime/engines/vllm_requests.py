@@ -5,7 +5,7 @@ whether a vLLM has processed log-probs (rpeg.runtime.engines.vllm uses them)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,19 +23,17 @@ _BUFFER_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
 # --------------------------------------------------------------------------- weight names
-def hf_weight_names(
-    state_dict: Mapping[str, torch.Tensor], *, tie_word_embeddings: bool
-) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs in the Hugging Face checkpoint layout that vLLM's
-    ``load_weights`` reads, from a trainer state dict (the policy's ``get_weights``).
+def hf_names(names: Iterable[str], *, tie_word_embeddings: bool) -> list[tuple[str, str]]:
+    """``(checkpoint name, trainer name)`` of every trainer state-dict entry vLLM's
+    ``load_weights`` reads, in the Hugging Face checkpoint layout, in ``names``' order.
 
     Wrapper segments are removed (``_fsdp_wrapped_module.``, ``_checkpoint_wrapped_module.``,
     ``_orig_mod.``, a leading ``module.`` or ``lm.``); the value head and rotary-embedding
     buffers are dropped; ``lm_head.weight`` is dropped when the embeddings are tied (vLLM
-    ties it to ``model.embed_tokens.weight``, which is sent). DTensors must already be full
-    tensors. Two entries that map to one name are an error (a state dict of two models)."""
-    out: dict[str, torch.Tensor] = {}
-    for raw, tensor in state_dict.items():
+    ties it to ``model.embed_tokens.weight``, which is sent). Two entries that map to one
+    name are an error (a state dict of two models)."""
+    out: dict[str, str] = {}
+    for raw in names:
         name = raw
         for seg in _WRAPPER_SEGMENTS:
             name = name.replace(seg, "")
@@ -47,9 +45,18 @@ def hf_weight_names(
         if tie_word_embeddings and name == "lm_head.weight":
             continue
         if name in out:
-            raise RpegError(f"weight name {name!r} comes from two entries (one is {raw!r})")
-        out[name] = tensor
+            raise RpegError(f"weight name {name!r} comes from two entries (one is {out[name]!r})")
+        out[name] = raw
     return list(out.items())
+
+
+def hf_weight_names(
+    state_dict: Mapping[str, torch.Tensor], *, tie_word_embeddings: bool
+) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs in the Hugging Face checkpoint layout (:func:`hf_names`) of a
+    trainer state dict (the policy's ``get_weights``; DTensors already full tensors)."""
+    pairs = hf_names(state_dict, tie_word_embeddings=tie_word_embeddings)
+    return [(name, state_dict[raw]) for name, raw in pairs]
 
 
 # --------------------------------------------------------------------------- requests

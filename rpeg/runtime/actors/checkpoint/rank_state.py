@@ -56,7 +56,9 @@ def load_roles_state(st: dict[str, Any], roles: dict[str, Any]) -> None:
     if hasattr(eng, "model"):
         eng.policy_version = int(st.get("engine_version", actor.policy_version))
     else:  # vLLM: it restarts from the actor's weights
-        eng.update_weights(actor.get_weights(), actor.policy_version)
+        from rpeg.runtime.actors.weight_sync import load_engine_from_actor
+
+        load_engine_from_actor(eng, actor)
 
 
 # --------------------------------------------------------------------------- one rank's state
