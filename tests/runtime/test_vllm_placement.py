@@ -99,7 +99,9 @@ def test_from_source_builds_the_engine_on_the_models_gpu(monkeypatch, no_cuda_sw
         def update_from(source, version, device):
             seen["update"] = (sorted(source[0]), version, device)
 
-        return SimpleNamespace(folder=None, param_bytes=0, policy_version=0, update_from=update_from)
+        return SimpleNamespace(
+            folder=None, param_bytes=0, policy_version=0, update_from=update_from
+        )
 
     monkeypatch.setattr(VLLMEngine, "build", classmethod(build))
 

@@ -317,7 +317,9 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
             if self.actor.engine is not self.residency.engine:  # built from the shards
                 from rpeg.runtime.engines.residency import EngineResidency
 
-                self.residency = EngineResidency(self.actor.engine, colocated="actor" in self.trainable)
+                self.residency = EngineResidency(
+                    self.actor.engine, colocated="actor" in self.trainable
+                )
         if self.critic is not None:
             self.critic.apply_layout(lay, self.mesh, self.reduce, **fill)
         if self.reference is not None and lay.sharded:
