@@ -199,3 +199,18 @@ def test_collective_env_comes_from_the_cluster_config_of_any_kind():
         "NCCL_DEBUG": "WARN",
     }
     assert collective_env(RunConfig().cluster) == {}  # nothing named: NCCL's own choice
+
+
+def test_a_task_with_one_gpu_names_it_by_uuid(tmp_path, monkeypatch):
+    """Slurm's device cgroup shows every task its GPU as index 0: the same list on every
+    worker of a node, which placement would read as shared GPUs. The UUID tells them apart."""
+    from rpeg.infra.slurm_worker import own_gpu_uuid
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho GPU-1234abcd-0000-0000-0000-000000000001\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    assert own_gpu_uuid({"CUDA_VISIBLE_DEVICES": "0"}) == "GPU-1234abcd-0000-0000-0000-000000000001"
+    assert own_gpu_uuid({"CUDA_VISIBLE_DEVICES": "0,1"}) is None  # several: left as they are
+    assert own_gpu_uuid({}) is None  # no GPU
+    assert own_gpu_uuid({"CUDA_VISIBLE_DEVICES": "GPU-9"}) is None  # already a UUID
