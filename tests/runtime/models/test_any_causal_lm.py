@@ -155,7 +155,9 @@ def test_a_tp_plan_the_model_cannot_run_is_refused_before_start(model_type, refu
     from rpeg.preflight import preflight
 
     folder = write_tiny_folder(model_type, tmp_path / model_type)
-    data = yaml.safe_load(open("configs/tp2-cpu.yaml"))
+    from pathlib import Path
+
+    data = yaml.safe_load((Path(__file__).parents[3] / "configs" / "tp2-cpu.yaml").read_text())
     data["model"] = {"path": str(folder)}
     data["plan"].pop("model")
     data["runtime"] = {"output_dir": str(tmp_path / "out")}

@@ -49,9 +49,8 @@ def fsdp_dp2_config(folder, out) -> RunConfig:
 def test_trains_two_steps_on_dask_dp2_fsdp_and_exports(
     model_type, tmp_path, prefect_harness, dask_cluster
 ):
-    from transformers import AutoModelForCausalLM
-
     from rpeg.flows.train import run_train
+    from transformers import AutoModelForCausalLM
 
     folder = write_tiny_folder(model_type, tmp_path / "model")
     cfg = fsdp_dp2_config(folder, tmp_path)

@@ -74,3 +74,48 @@ def test_the_trainer_logs_the_router_loss_and_each_layers_imbalance(tmp_path):
     for i in (0, 1):  # 4 experts, top-2: 1 = balanced, at most 2 (an expert in every top-2)
         assert 1.0 <= m[f"expert_imbalance_l{i}"] <= 2.0
     assert m["expert_imbalance_max"] == max(m["expert_imbalance_l0"], m["expert_imbalance_l1"])
+
+
+#: a Qwen3-MoE of the built-in model's width (4 layers of 8 experts, top-2, h 256)
+LEARNER = {
+    "hidden_size": 256,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 256,
+    "tie_word_embeddings": True,
+}
+
+
+@pytest.mark.slow
+def test_a_tiny_qwen3_moe_learns_the_builtin_task(tmp_path, monkeypatch):
+    """150 supervised warm-up steps then 30 GRPO steps (the built-in task's defaults) on a
+    random tiny Qwen3-MoE: held-out greedy accuracy rises, the router's loss and every MoE
+    layer's imbalance are logged every step. Measured 2026-12-05 (seed 0, 2 shared cores):
+    0.406 -> 0.500 in 138 s (docs/measurements.md)."""
+    import json
+
+    from rpeg.runtime.local_trainer import LocalTrainer
+
+    monkeypatch.setenv("RPEG_CACHE", str(tmp_path / "cache"))
+    folder = write_tiny_folder("qwen3_moe", tmp_path / "moe", **LEARNER)
+    cfg = RunConfig().with_overrides(
+        {
+            "model.path": str(folder),
+            "optim.warmup_sft_steps": 150,
+            "runtime.steps": 30,
+            "runtime.output_dir": str(tmp_path / "out"),
+        }
+    )
+    s = LocalTrainer(cfg).run()
+    assert s["heldout_acc_after"] > s["heldout_acc_before"] + 0.05
+    rows = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "pg_loss" in r]
+    assert len(rows) == 30
+    for r in rows:
+        assert r["router_aux_loss"] > 0
+        assert all(1.0 <= r[f"expert_imbalance_l{i}"] <= 4.0 for i in range(4))
