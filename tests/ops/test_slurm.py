@@ -65,8 +65,22 @@ def _jobs_of(env: dict, ids: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
+def _certs(tmp_path) -> tuple[str, str]:
+    """A self-signed certificate (its own CA) and its key (Dask checks the chain only)."""
+    cert, key = tmp_path / "rpeg.pem", tmp_path / "rpeg.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=rpeg-test"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
 @pytest.mark.slow
 def test_rpeg_train_runs_two_steps_on_slurm_workers(slurm, tmp_path):
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed (the test's TLS certificate)")
+    cert, key = _certs(tmp_path)
     cfg = {
         "workload": {
             "num_prompts": 2,
@@ -83,6 +97,9 @@ def test_rpeg_train_runs_two_steps_on_slurm_workers(slurm, tmp_path):
             "num_devices": 2,
             "n_workers": 4,
             "nccl_net": "Socket",
+            "tls_ca_file": cert,
+            "tls_cert_file": cert,
+            "tls_key_file": key,
             "slurm": {
                 "nodes": 2,
                 "workers_per_node": 2,
@@ -124,6 +141,8 @@ def test_rpeg_train_runs_two_steps_on_slurm_workers(slurm, tmp_path):
     workers = s["workers"]  # in placement order
     assert len(workers) == 4
     assert {w["slurm_job_id"] for w in workers} == set(ids)
+    # every worker listens on the configured interface, over TLS
+    assert all(w["address"].startswith("tls://127.0.0.1:") for w in workers), workers
     # non-daemonic (a vLLM engine can start its engine-core process there)
     assert [w["daemon"] for w in workers] == [False] * 4
     # ranks ordered by (node, local id): one node's workers are consecutive
