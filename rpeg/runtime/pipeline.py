@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -413,6 +414,10 @@ class Pipeline:
         self.is_last = self.num_chunks - 1 in self.mine
         self.current_input: torch.Tensor | None = None
         self._pending: list[Any] = []
+        #: set to a list to record each action of :meth:`run`: (kind, chunk, micro, start,
+        #: end, seconds waiting on receives) in ``time.perf_counter`` seconds
+        self.timeline: list[tuple[str, int, int, float, float, float]] | None = None
+        self._wait = 0.0
         self._base = base
         self.prune()
         if self.is_last:
@@ -457,7 +462,9 @@ class Pipeline:
 
     def _recv(self, shape, dtype, from_chunk: int, kind: str, k: int, j: int) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
+        t0 = time.perf_counter()
         dist.recv(buf, src=self._rank_of_chunk(from_chunk), tag=self._tag(kind, k, j))
+        self._wait += time.perf_counter() - t0
         return buf
 
     def _drain(self) -> None:
@@ -513,10 +520,14 @@ class Pipeline:
                 for a in orders[self.index]:
                     mb = micros[a.micro]
                     ch = self._chunks[a.chunk]
+                    t0, self._wait = time.perf_counter(), 0.0
                     if a.kind == "F":
                         self._forward(a, ch, mb, hidden, slots, stats, last_fn, train, autocast)
                     else:
                         self._backward(a, ch, mb, hidden, slots)
+                    if self.timeline is not None:
+                        t1 = time.perf_counter()
+                        self.timeline.append((a.kind, a.chunk, a.micro, t0, t1, self._wait))
         finally:
             self.current_input = None
             self._drain()
