@@ -225,10 +225,15 @@ def unknown_names(r: dict[str, str]) -> str:
 
 
 _NUMBER = re.compile(
-    r"^\s*(?:~|≈|about\s+|approx\.?\s*)?([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+    r"^\s*(?:~|≈|about\s+|approx\.?\s*)?"
+    r"([-+]?(?:\d{1,3}(?:[,_]\d{3})+(?:\.\d*)?|\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 )
-#: what may follow a number: an annotation ("8 (inferred)", "92.8 s", "4096 tokens") or nothing
-_ANNOTATION = re.compile(r"^(?:$|[\s(\[;,/]|s\b)")
+#: what may follow a number: nothing, an annotation ("8 (inferred)", "4096 tokens", "1-step",
+#: "92.8*", "3200+") or a word naming what it counts; a letter of another unit ("16gb", "2M")
+#: may not
+_ANNOTATION = re.compile(
+    r"^(?:$|[^\w]|(?:s|sec|seconds?|tok|tokens?|gpus?|steps?|prompts?|samples?)\b)", re.I
+)
 #: a duration written in units: 1h2m, 1m32s, 2 min
 _DURATION = re.compile(
     r"^\s*(?:(\d+(?:\.\d+)?)\s*h(?:ours?)?)?\s*(?:(\d+(?:\.\d+)?)\s*m(?:in)?)?"
@@ -240,7 +245,7 @@ _CAPS = ("max_gen_len", "max_seq_len", "gen_cap")
 
 
 def _number(r: dict[str, str], k: str) -> float | None:
-    """The number of column ``k``; None when blank. Read: "8", "8.0", "~8" (approximate),
+    """The number of column ``k``; None when blank. Read: "8", "8.0", "~8" (approximate), "1,024",
     an annotation after it ("8 (inferred)", "92.8 s"), a thousands suffix ("16k": 16,384 in
     a token cap, else 16,000), a product of counts ("8x2"), a duration in a seconds column
     ("1m32s"), a percentage ("60%": 0.6). Anything else -- a unit it does not know ("16gb") -- is a row the model cannot
@@ -256,7 +261,7 @@ def _number(r: dict[str, str], k: str) -> float | None:
     m = _NUMBER.match(v)
     if m is None:
         raise Unpredictable(f"{k}={v!r} is not a number")
-    x, rest = float(m.group(1)), v[m.end() :]
+    x, rest = float(re.sub(r"[,_]", "", m.group(1))), v[m.end() :]
     if re.match(r"^[kK]\b", rest):
         return x * (1024 if k in _CAPS else 1000)
     if rest.startswith("%"):

@@ -27,13 +27,19 @@ from rpeg.perf.rows import read_case
         ("num_gpus", "16 (2 nodes)", 16),
         ("gpu_memory_utilization", "60%", 0.6),
         ("train_tp", "8 (inferred)", 8),
+        ("max_gen_len", "27,648", 27648),  # thousands separators are not decimals
+        ("num_gpus", "16-GPU", 16),  # annotations that name what is counted
+        ("staleness", "1-step", 1),
+        ("measured_step_s", "92.8*", 92.8),
     ],
 )
 def test_a_number_as_written(column, cell, value):
     assert _number({column: cell}, column) == pytest.approx(value)
 
 
-@pytest.mark.parametrize(("column", "cell"), [("num_gpus", "16gb"), ("max_gen_len", "2M")])
+@pytest.mark.parametrize(
+    ("column", "cell"), [("num_gpus", "16gb"), ("max_gen_len", "2M"), ("avg_gen_len", "1.5B")]
+)
 def test_a_unit_it_does_not_know_is_named_not_dropped(column, cell):
     with pytest.raises(Unpredictable, match=f"{column}='{cell}' is not a number"):
         _number({column: cell}, column)
