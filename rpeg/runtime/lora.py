@@ -20,7 +20,8 @@ are injected (equal to the LoRA model with its adapters disabled, :func:`adapter
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
@@ -79,9 +80,11 @@ def check_targets(model: nn.Module, section: LoraSection) -> None:
         )
 
 
-def apply_lora(model: nn.Module, section: LoraSection) -> nn.Module:
+def apply_lora(model: nn.Module, section: LoraSection, seed: int = 0) -> nn.Module:
     """Inject ``section``'s adapters into ``model`` in place (B starts at zero: the model's
-    outputs are unchanged) and freeze every other parameter; returns ``model``."""
+    outputs are unchanged) and freeze every other parameter; returns ``model``. The adapters'
+    initial values are :func:`adapter_init`'s for ``seed`` (a model on the meta device gets
+    them when it is filled: :func:`lora_fetch`)."""
     from peft import inject_adapter_in_model
 
     from rpeg.runtime.lora_tp import splittable
@@ -90,10 +93,42 @@ def apply_lora(model: nn.Module, section: LoraSection) -> nn.Module:
     dtype = next(model.parameters()).dtype
     model = inject_adapter_in_model(peft_config(section), model, adapter_name=ADAPTER)
     splittable(model)  # a tensor-parallel layout splits the adapters with their targets
-    for n, p in model.named_parameters():
-        if is_adapter_key(n):
-            p.data = p.data.to(dtype)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if is_adapter_key(n):
+                p.data = p.data.to(dtype)
+                if p.device.type != "meta":
+                    p.copy_(adapter_init(n, tuple(p.shape), seed))
     return model
+
+
+def adapter_init(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """The initial full value of adapter tensor ``name``: B (and embedding A) zeros, A peft's
+    default (Kaiming-uniform with a = sqrt(5): uniform in +-1/sqrt(fan_in)) drawn from a
+    generator seeded by ``seed`` and the name, so a whole model and one built shard by shard
+    on the meta device start from the same adapters on every rank."""
+    import zlib
+
+    if ".lora_A." not in name:
+        return torch.zeros(shape)
+    g = torch.Generator().manual_seed((int(seed) * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+    bound = 1.0 / math.sqrt(shape[-1])
+    return torch.empty(shape).uniform_(-bound, bound, generator=g)
+
+
+def lora_fetch(fetch: Callable[[str], torch.Tensor | None], seed: int, model: nn.Module):
+    """``fetch`` of a base model's full tensors, for ``model``: the same model with adapters
+    injected (rpeg.runtime.materialize fills a meta LoRA model through it). A wrapped layer's
+    ``...base_layer.weight`` is the base's ``...weight``; an adapter tensor is its
+    :func:`adapter_init` value at its full shape."""
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items() if is_adapter_key(k)}
+
+    def get(name: str) -> torch.Tensor | None:
+        if name in shapes:
+            return adapter_init(name, shapes[name], seed)
+        return fetch(base_name(name))
+
+    return get
 
 
 def has_lora(model: nn.Module) -> bool:

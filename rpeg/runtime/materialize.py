@@ -220,8 +220,13 @@ def materialize_like(module: nn.Module, device: torch.device, twin: nn.Module) -
     shards, cast to its own dtype), with no full tensor anywhere. Returns the bytes held."""
     from torch.distributed.tensor import DTensor
 
+    from rpeg.runtime.lora import base_name, is_adapter_key
+
     _allocate(module, device)
-    theirs = twin.state_dict(keep_vars=True)
+    # a LoRA twin: its wrapped layers' ``base_layer`` tensors under the base names
+    theirs = {
+        base_name(k): v for k, v in twin.state_dict(keep_vars=True).items() if not is_adapter_key(k)
+    }
     held = 0
     seen: set[int] = set()
     with torch.no_grad():

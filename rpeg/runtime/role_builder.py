@@ -169,7 +169,7 @@ def build_roles(
     ``sharded_build``: the roles are built on the meta device and :attr:`Roles.source` holds
     their initial weights; the caller lays each role out and fills it from the source
     (``apply_layout(..., source=...)``), so the process never holds a whole copy of any
-    role (without LoRA: LoRA adapters initialise on construction). A vLLM engine is then
+    role (LoRA adapters included: rpeg.runtime.lora.lora_fetch). A vLLM engine is then
     built by the actor's ``apply_layout`` from the laid-out actor's weights
     (``PolicyWorker.pending_engine``)."""
     unknown = sorted(set(roles) - set(ROLE_NAMES))
@@ -180,8 +180,6 @@ def build_roles(
     torch.set_num_threads(c.runtime.torch_threads)
     random.seed(c.runtime.seed)
     rewards = RewardSet.from_task(c.task)
-    if sharded_build and c.model.lora is not None:
-        raise ValueError("sharded_build: LoRA adapters are built on a whole model")
     source = None
     if sharded_build:
         model, tok, info, source = build_policy_meta(c, log)
@@ -218,14 +216,15 @@ def build_roles(
         if sharded_build and kind == "vllm":
             # built once the actor is laid out and filled, from its shards (a collective):
             # vLLM receives the weights bucket by bucket, no rank holds a whole copy first
-            def pending_engine(lm, kind=kind, tok=tok):
+            def pending_engine(worker, kind=kind, tok=tok):
                 return build_engine(
                     kind,
-                    lm,
+                    worker.lm,
                     tok,
                     config=c,
                     colocated=colocated,
                     gpu_memory_utilization=engine_memory,
+                    source=worker.weight_source(),  # LoRA: merged
                 )
 
         elif kind == "vllm" or lagging_engine:  # a generator with its own weights
@@ -244,7 +243,7 @@ def build_roles(
         elif c.model.lora is not None:  # adapters on the trained actor, after the copies above
             from rpeg.runtime.lora import apply_lora
 
-            model = apply_lora(model, c.model.lora)
+            model = apply_lora(model, c.model.lora, seed=c.runtime.seed)
         out.actor = PolicyWorker(
             model,
             tok,

@@ -100,9 +100,9 @@ class PolicyWorker:
         )
         if isinstance(self.engine, TorchEngine):
             self.engine.compute_dtype = compute_dtype
-        # ``lm -> engine``: an engine built by apply_layout from the laid-out weights (a vLLM
-        # engine of a role built on the meta device: rpeg.runtime.role_builder)
-        self.pending_engine: Callable[[torch.nn.Module], GenerationEngine] | None = None
+        # ``worker -> engine``: an engine built by apply_layout from the laid-out weights (a
+        # vLLM engine of a role built on the meta device: rpeg.runtime.role_builder)
+        self.pending_engine: Callable[[PolicyWorker], GenerationEngine] | None = None
         self.shards = None  # rpeg.runtime.sharding.Shards once apply_layout ran
         self.optimizer = None
         if trainable:
@@ -156,7 +156,7 @@ class PolicyWorker:
         ``device`` at its shard's size and is filled from the source, one tensor at a time;
         ``like`` (a frozen role laid out as that LM: the reference beside the actor): the LM
         is filled from ``like``'s shards instead, the source left to the others."""
-        from rpeg.runtime.lora import base_copy
+        from rpeg.runtime.lora import base_copy, has_lora, lora_fetch
         from rpeg.runtime.sharding import shard_roles
 
         gen_layout = gen_layout or layout
@@ -186,9 +186,10 @@ class PolicyWorker:
             if like is not None:
                 materialize_like(self.lm, device, like)
             else:
-                materialize(
-                    self.lm, device, source.fetch, "actor" if self.trainable else "reference"
-                )
+                fetch = source.fetch
+                if has_lora(self.lm):  # base tensors by their base names, adapters initialised
+                    fetch = lora_fetch(fetch, self.seed, self.lm)
+                materialize(self.lm, device, fetch, "actor" if self.trainable else "reference")
             for h in heads:
                 h.to_empty(device=device)
                 init_head(h)
@@ -196,7 +197,7 @@ class PolicyWorker:
                 materialize(eng.model, device, source.fetch, "generator")
         if pending is not None:  # a vLLM engine from the laid-out weights (role_builder)
             self.pending_engine = None
-            self.engine = pending(self.lm)
+            self.engine = pending(self)
         if self.optimizer is not None:  # over the laid-out (and filled) parameters
             self.optimizer = self._make_optimizer()
 

@@ -14,34 +14,52 @@ import torch
 LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
 
 
-def lora_policy(cfg):
-    """sharding_cases' model with adapters whose B is nonzero (seeded: the same on every
-    rank and in the single-process reference), as a PolicyWorker."""
+def lora_policy(cfg, nonzero_b: bool = True):
+    """sharding_cases' model with adapters (A seeded by name: rpeg.runtime.lora.adapter_init)
+    whose B is nonzero when ``nonzero_b`` (seeded: the same on every rank and in the
+    single-process reference), as a PolicyWorker."""
     from rpeg.config import LoraSection
     from rpeg.runtime.lora import apply_lora
 
     m, tok = C.model()
-    torch.manual_seed(5)  # peft draws A from the global generator: the same on every rank
-    m = apply_lora(m, LoraSection(**LORA))
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if ".lora_B." in n:
-                p.normal_(0, 0.05)
+    m = apply_lora(m, LoraSection(**LORA), seed=cfg.runtime.seed)
+    if nonzero_b:
+        torch.manual_seed(5)
+        with torch.no_grad():
+            for n, p in m.named_parameters():
+                if ".lora_B." in n:
+                    p.normal_(0, 0.05)
     return C.policy(cfg, m, tok)
 
 
-def reference() -> tuple[dict, dict]:
+def meta_lora_policy(cfg):
+    """The same LoRA policy built as a rank of a sharded layout builds it: on the meta device
+    (B zero, as a run starts), with the source of the base model's initial weights."""
+    from rpeg.config import LoraSection
+    from rpeg.runtime.lora import apply_lora
+
+    m, tok, source = C.meta_model()
+    m = apply_lora(m, LoraSection(**LORA), seed=cfg.runtime.seed)
+    return C.policy(cfg, m, tok), source
+
+
+def reference(nonzero_b: bool = True) -> tuple[dict, dict]:
     """One single-process step on the whole batch: metrics and the merged weights after."""
-    w = lora_policy(C.config())
+    w = lora_policy(C.config(), nonzero_b)
     metrics = w.train_step(C.with_old_logprobs(C.batch(0), w))
     return metrics, w.get_weights()
 
 
-def _sharded(cfg, lay, mesh):
+def _sharded(cfg, lay, mesh, meta: bool = False):
     from rpeg.runtime.parallel import process_group_reduce
 
-    w = lora_policy(cfg)
-    w.apply_layout(lay, mesh, process_group_reduce(mesh.get_group("dp")))
+    reduce = process_group_reduce(mesh.get_group("dp"))
+    if not meta:
+        w = lora_policy(cfg)
+        w.apply_layout(lay, mesh, reduce)
+        return w
+    w, source = meta_lora_policy(cfg)
+    w.apply_layout(lay, mesh, reduce, source=source, device=torch.device("cpu"))
     return w
 
 
@@ -64,11 +82,15 @@ def body(rank: int, world: int, port: int, q) -> None:
         w2 = _sharded(cfg, lay, mesh)
         load_role_state(w2.module, w2.optimizer, {"module": weights, "optimizer": optim}, w2.shards)
         merged2 = w2.get_weights()
+        wm = _sharded(cfg, lay, mesh, meta=True)  # built on meta, filled shard by shard
+        meta_metrics = wm.train_step(C.with_old_logprobs(C.batch(0).select(rows), wm))
         res = {
             "metrics": metrics,
             "merged": merged,
             "saved_keys": sorted(weights),
             "reloaded_equal": all(torch.equal(merged[k], merged2[k]) for k in merged),
+            "meta_metrics": meta_metrics,
+            "meta_merged": wm.get_weights(),
         }
         buf = io.BytesIO()
         torch.save(res, buf)

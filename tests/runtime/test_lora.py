@@ -161,6 +161,34 @@ def test_checkpoint_holds_only_adapters_and_resumes(tiny):
         load_role_state(m3, None, {"module": weights}, None)
 
 
+def test_a_lora_model_built_on_meta_starts_as_the_whole_one():
+    """A rank of a sharded layout builds the LoRA policy on the meta device and fills it from
+    the base model's tensors (``lora_fetch``: base_layer names to base names, adapters at
+    their named-seed init): every tensor equals the model built whole, A is drawn (nonzero,
+    within peft's Kaiming bound) and B is zero; another seed draws other adapters."""
+    import math
+
+    from rpeg.runtime.materialize import ModuleSource, materialize, meta_causal_lm
+    from rpeg.runtime.model_io import create_tiny
+
+    sec = LoraSection(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj"])
+    whole, _ = create_tiny(seed=0)
+    base = copy.deepcopy(whole)
+    whole = L.apply_lora(whole, sec, seed=7)
+    meta = L.apply_lora(meta_causal_lm(base.config, torch.float32), sec, seed=7)
+    materialize(meta, torch.device("cpu"), L.lora_fetch(ModuleSource(base).fetch, 7, meta))
+    got, want = meta.state_dict(), whole.state_dict()
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+    a = next(v for k, v in want.items() if ".lora_A." in k)
+    assert a.abs().max() > 0 and a.abs().max() <= 1 / math.sqrt(a.shape[1])
+    assert all(v.abs().max() == 0 for k, v in want.items() if ".lora_B." in k)
+    other = L.apply_lora(copy.deepcopy(base), sec, seed=8)
+    k = next(k for k in want if ".lora_A." in k)
+    assert not torch.equal(other.state_dict()[k], want[k])
+
+
 # ------------------------------------------------------------------------------ layouts
 @pytest.mark.slow  # two spawned ranks: ~10 s on 2 cores
 def test_fsdp_dp2_lora_equals_single_process():
@@ -182,6 +210,14 @@ def test_fsdp_dp2_lora_equals_single_process():
     assert set(merged) == set(ref_merged)
     for k, v in ref_merged.items():
         torch.testing.assert_close(merged[k], v, atol=1e-5, rtol=0, msg=k)
+    # built on the meta device and filled shard by shard (adapters at their named-seed init,
+    # B zero as a run starts): the same step as one process built whole
+    start_metrics, start_merged = lora_cases.reference(nonzero_b=False)
+    assert out[0]["meta_metrics"]["grad_norm"] == pytest.approx(
+        start_metrics["grad_norm"], abs=1e-5
+    )
+    for k, v in start_merged.items():
+        torch.testing.assert_close(out[0]["meta_merged"][k], v, atol=1e-5, rtol=0, msg=k)
 
 
 def test_dcp_shards_of_a_lora_policy_hold_only_adapters(tmp_path, tiny):

@@ -66,12 +66,12 @@ REMOTE = {
 }
 
 
-def sharded_build(layout, engine: str, lora: bool) -> bool:
+def sharded_build(layout, engine: str) -> bool:
     """Whether a rank builds its roles on the meta device and fills only its shards
-    (rpeg.runtime.materialize): a sharded layout (tp > 1 or FSDP over dp > 1) and no LoRA
-    (LoRA adapters start from whole weights). A vLLM engine is then built from the laid-out
-    actor's weights, bucket by bucket (PolicyWorker.pending_engine)."""
-    return layout.sharded and engine in ("torch", "vllm") and not lora
+    (rpeg.runtime.materialize): a sharded layout (tp > 1 or FSDP over dp > 1), LoRA or not.
+    A vLLM engine is then built from the laid-out actor's weights, bucket by bucket
+    (PolicyWorker.pending_engine)."""
+    return layout.sharded and engine in ("torch", "vllm")
 
 
 class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
@@ -173,7 +173,7 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
             engine_memory=self.group.gen_memory_utilization,  # the plan's generate unit
             # a sharded layout: roles built on the meta device, each filled with its shard
             # once laid out (_apply_layout; rpeg.runtime.materialize)
-            sharded_build=sharded_build(self.layout, engine, c.model.lora is not None),
+            sharded_build=sharded_build(self.layout, engine),
         )
         self._source = built.source
         if self.device.type == "cpu" and self._large_blocks(built):

@@ -210,11 +210,14 @@ def build_engine(
     colocated: bool,
     gpu_memory_utilization: float | None = None,
     log: Any = None,
+    source: Any = None,
 ):
     """A private generation engine over a copy of ``model``'s weights: a TorchEngine on a
     deep copy, or a VLLMEngine loading them in the policy's compute dtype, with sleep mode
     when ``colocated`` with training (where the platform has it) and the plan's
-    ``gpu_memory_utilization`` (None: the plan schema's default for a generate unit)."""
+    ``gpu_memory_utilization`` (None: the plan schema's default for a generate unit).
+    ``source``: vLLM's weights as ``(meta, fetch)`` instead of ``model``'s own (a laid-out
+    trainer's ``weight_source``: gathered one tensor at a time, LoRA merged)."""
     import copy
 
     if engine == "torch":
@@ -227,8 +230,7 @@ def build_engine(
     device = next(model.parameters()).device.type
     if gpu_memory_utilization is None:
         gpu_memory_utilization = UnitPlan.model_fields["gpu_memory_utilization"].default
-    return VLLMEngine.from_model(
-        model,
+    kwargs = dict(
         pad_id=tokenizer.pad_token_id,
         eos_id=tokenizer.eos_token_id,
         dtype=engine_dtype(config, device),
@@ -237,3 +239,7 @@ def build_engine(
         gpu_memory_utilization=float(gpu_memory_utilization),
         log=log,
     )
+    if source is not None:
+        where = next(model.parameters()).device
+        return VLLMEngine.from_source(model.config, source, where, **kwargs)
+    return VLLMEngine.from_model(model, **kwargs)
