@@ -116,6 +116,8 @@ _SUFFIX_KIND = {
 }
 
 
+#: vendor words that lead some checkpoint names (Meta-Llama-3-8B, NVIDIA-Nemotron-3-Nano-30B-A3B)
+_VENDORS = ("meta-", "nvidia-")
 #: a size token of a model name (8b, 1.5b, a3b, 8x7b): where an architecture's name ends
 _SIZE = re.compile(r"^(?:\d+x)?a?\d+(?:\.\d+)?[bm]$")
 
@@ -124,18 +126,21 @@ def resolve_model(name: str) -> tuple[str, str | None]:
     """(catalog model, kind of the checkpoint when the name says it) for a model as written:
     ``Qwen/Qwen2.5-7B-Instruct`` -> qwen2.5-7b-instruct; ``Qwen3-30B-A3B-Base`` -> the
     catalog's qwen3-30b-a3b with kind base; ``Qwen3-4B-Instruct-2507`` -> qwen3-4b,
-    instruct; ``Llama-3.1-8B`` and ``Meta-Llama-3.1-8B`` -> llama3.1-8b. A fine-tune named
+    instruct; ``Llama-3.1-8B`` and ``Meta-Llama-3.1-8B`` -> llama3.1-8b (a leading vendor word
+    dropped: :data:`_VENDORS`). A fine-tune named
     after a cataloged architecture and its size (``OpenRLHF/Llama-3-8b-sft-mixture``) takes
     that architecture, kind unsaid. The name unchanged when nothing matches."""
     found = _resolve(_key(name))
     if found is not None:
         return found
     key = _key(name)
-    if key.startswith("meta-llama"):  # Meta's checkpoint names: Meta-Llama-3-8B-Instruct
-        found = _resolve(key[len("meta-") :])
-        if found is not None:
-            return found
-        key = key[len("meta-") :]
+    for vendor in _VENDORS:  # the vendor in a checkpoint's name: Meta-Llama-3-8B-Instruct
+        if key.startswith(vendor) and len(key) > len(vendor):
+            found = _resolve(key[len(vendor) :])
+            if found is not None:
+                return found
+            key = key[len(vendor) :]
+            break
     words = key.split("-")
     for n in range(len(words) - 1, 0, -1):  # the longest head ending in a size: a fine-tune
         if _SIZE.match(words[n - 1]):

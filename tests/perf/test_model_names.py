@@ -22,6 +22,8 @@ from rpeg.perf.row_cells import resolve_model, unknown_names
         ("Qwen/QwQ-32B", "qwq-32b", None),
         ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "deepseek-r1-distill-llama-70b", None),
         ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b", "instruct"),
+        ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B", "nemotron-3-nano-30b-a3b", None),
+        ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", "nemotron-3-nano-30b-a3b", None),
         # fine-tunes named after their base and size take its architecture, kind unsaid
         ("OpenRLHF/Llama-3-8b-sft-mixture", "llama3-8b", None),
         ("hkust-nlp/Qwen2.5-7B-SimpleRL-Zoo", "qwen2.5-7b", None),
@@ -57,6 +59,18 @@ def test_llama3_shapes_are_the_llama31_ones():
         assert a.max_position == 8192  # Llama 3: an 8K context
 
 
+def test_nemotron_h_is_priced_in_the_hybrid_linear_form():
+    # from its config.json: 52 layers = 23 Mamba-2 (64 heads x 64, state 128) + 23 MoE + 6 GQA
+    # (32 q / 2 kv x 128); 31.6 B published
+    m = specs.model("nemotron-3-nano-30b-a3b")
+    assert not m.unsupported and m.kind == "reasoning"
+    assert m.params / 1e9 == pytest.approx(31.6, rel=0.01)
+    assert m.kv_bytes_per_token(2) == 6 * 2 * 2 * 128 * 2  # only the 6 GQA layers cache K/V
+    la = m.linear_attn
+    assert la.value_heads * la.key_head_dim * la.value_head_dim == 64 * 64 * 128
+    assert (m.full_attn_layers, m.moe_layers) == (6, 23)
+
+
 def _row(**cells):
     base = read_rows(loso.default_datasets()["steps_dev"])[0]
     r = {k: "" for k in base}
@@ -84,6 +98,11 @@ def _row(**cells):
         dict(
             model="Qwen/QwQ-32B", gpu="H800", num_gpus=64, placement="colocated",
             algorithm="grpo", num_prompts=64, samples_per_prompt=8, max_gen_len=16384,
+        ),
+        dict(
+            model="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B", gpu="H100", num_gpus=16,
+            placement="colocated", algorithm="grpo", num_prompts=64, samples_per_prompt=16,
+            max_gen_len=8192, train_backend="megatron",
         ),
     ],
 )  # fmt: skip
