@@ -419,6 +419,7 @@ class Pipeline:
         self.timeline: list[tuple[str, int, int, float, float, float]] | None = None
         self._wait = 0.0
         self._base = base
+        lm.__dict__["_rpeg_pipeline"] = self  # checkpoint names (checkpoint_names)
         self.prune()
         if self.is_last:
             lm.forward = _LastStageForward(self)
@@ -639,11 +640,21 @@ class Pipeline:
 
 
 # --- the role's passes ------------------------------------------------------------------------
-def apply_pipeline(worker, layout: PipeLayout, rank: int, groups: dict[str, Any]) -> Pipeline:
+def apply_pipeline(
+    worker,
+    layout: PipeLayout,
+    rank: int,
+    groups: dict[str, Any],
+    *,
+    source=None,
+    device: torch.device | None = None,
+) -> Pipeline:
     """Cut ``worker``'s (a :class:`rpeg.runtime.roles.PolicyWorker`) LM into this rank's
     stages, rebuild its optimizer over what it keeps, and attach the pipeline
     (``worker.pipeline``; ``worker.pp_dp_group``: the data-parallel group of replicas).
-    Refuses what it does not run, by name: a shared value head (PPO actor-critic on one
+    An LM built on the meta device is given storage on ``device`` and filled from
+    ``source`` (a :class:`rpeg.runtime.materialize.WeightSource`) with this rank's stage
+    tensors only (:func:`materialize_stages`). Refuses what it does not run, by name: a shared value head (PPO actor-critic on one
     trunk)."""
     if getattr(worker, "loss_scaler", None) is not None:
         raise ConfigError(
@@ -670,7 +681,13 @@ def apply_pipeline(worker, layout: PipeLayout, rank: int, groups: dict[str, Any]
     )
     worker.pipeline = pipe
     worker.pp_dp_group = groups.get("dp")
-    if worker.optimizer is not None:
+    from rpeg.runtime.materialize import on_meta
+
+    if on_meta(worker.lm):
+        if source is None:
+            raise ValueError("a pipelined LM on the meta device needs a weight source")
+        materialize_stages(pipe, device or torch.device("cpu"), source.fetch)
+    if worker.optimizer is not None:  # over the stage's parameters (new ones after to_empty)
         worker.optimizer = worker._make_optimizer()
     return pipe
 
@@ -782,3 +799,106 @@ def pipelined_logprobs(worker, batch, *, with_entropy: bool = False):
     if with_entropy:
         return lp_out, pipe.broadcast_tensor_from_last(ent_out)
     return lp_out
+
+
+# --- construction, weights, checkpoints -------------------------------------------------------
+def _tied_name(pipe: Pipeline, name: str) -> str | None:
+    """The other name of the tied embedding/LM-head weight (None: ``name`` is not it)."""
+    if not pipe.tied:
+        return None
+    return {"lm_head.weight": "model.embed_tokens.weight"}.get(name) or (
+        "lm_head.weight" if name == "model.embed_tokens.weight" else None
+    )
+
+
+def materialize_stages(pipe: Pipeline, device: torch.device, fetch) -> int:
+    """Give a pipelined LM built on the meta device (and pruned to this rank's stages by
+    :class:`Pipeline`) storage on ``device`` and fill it from ``fetch`` (a
+    :class:`rpeg.runtime.materialize.WeightSource`'s): only this rank's stage tensors are
+    allocated and read. The last rank's copy of a tied LM head reads the embedding where the
+    source has no ``lm_head.weight`` (a saved tied model stores it once). Returns the bytes
+    this rank holds; a name the source lacks is an error naming it."""
+    from rpeg.runtime.model_io.loading import _rebuild_rotary
+
+    lm = pipe.lm
+    lm.to_empty(device=device)
+    _rebuild_rotary(lm, device)
+    held, missing = 0, []
+    with torch.no_grad():
+        for name, cur in lm.state_dict(keep_vars=True).items():
+            full = fetch(name)
+            if full is None and (alt := _tied_name(pipe, name)) is not None:
+                full = fetch(alt)
+            if full is None:
+                missing.append(name)
+                continue
+            if tuple(full.shape) != tuple(cur.shape):
+                raise ValueError(
+                    f"pipeline stage {pipe.index}: {name} has shape {tuple(full.shape)} in the "
+                    f"source, {tuple(cur.shape)} in the model"
+                )
+            cur.copy_(full.to(device=cur.device, dtype=cur.dtype))
+            held += cur.numel() * cur.element_size()
+    if missing:
+        raise KeyError(
+            f"pipeline stage {pipe.index}: the weights lack {missing[:5]} ({len(missing)} in all)"
+        )
+    return held
+
+
+def stage_state_dict(pipe: Pipeline) -> dict[str, torch.Tensor]:
+    """This rank's weights under the whole model's names (the last rank's copy of a tied LM
+    head left out: the first rank's embedding is the one tensor)."""
+    skip = {"lm_head.weight"} if pipe.tied and pipe.pp > 1 and not pipe.is_first else set()
+    return {k: v for k, v in pipe.lm.state_dict().items() if k not in skip}
+
+
+def full_state_dict(pipe: Pipeline) -> dict[str, torch.Tensor]:
+    """The whole model's weights on every rank of the pipeline group (each stage's tensors
+    gathered; a tied head under both names, as the unsplit LM's ``state_dict`` has them):
+    what a generator or an unsplit checkpoint needs. One object all-gather over pp (CPU
+    copies): for the tiny and test models; a bucketed transfer is the runtime's part."""
+    mine = {k: v.detach().cpu() for k, v in stage_state_dict(pipe).items()}
+    if pipe.group is None:
+        parts = [mine]
+    else:
+        parts = [None] * pipe.pp
+        dist.all_gather_object(parts, mine, group=pipe.group)
+    out: dict[str, torch.Tensor] = {}
+    for p in parts:
+        out.update(p)
+    if pipe.tied and "model.embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out
+
+
+def checkpoint_names(
+    module, msd: dict, osd: dict | None, *, saving: bool
+) -> tuple[dict, dict | None]:
+    """DCP state dicts of a pipelined LM under the unsplit model's names (``saving``), or
+    back (not ``saving``): the last rank's copy of a tied LM head is the embedding's tensor
+    in an unsplit checkpoint, whose optimizer state is stored under
+    ``model.embed_tokens.weight`` alone. Saving adds that name beside ``lm_head.weight``
+    (DCP writes a key once: the copies are equal) and moves the head's optimizer state to
+    it; loading undoes it before ``set_state_dict``. Any other module: unchanged."""
+    pipe = getattr(module, "__dict__", {}).get("_rpeg_pipeline")
+    head, emb = "lm_head.weight", "model.embed_tokens.weight"
+    if pipe is None or not pipe.tied or pipe.pp == 1 or pipe.is_first or not pipe.is_last:
+        return msd, osd
+    src, dst = (head, emb) if saving else (emb, head)
+    msd = dict(msd)
+    if saving:
+        msd[emb] = msd[head]
+    else:
+        msd.pop(emb, None)
+    if osd is not None:
+        osd = dict(osd)
+        st = dict(osd.get("state", {}))
+        if src in st:
+            st[dst] = st.pop(src)
+        osd["state"] = st
+        osd["param_groups"] = [
+            {**g, "params": [dst if n == src else n for n in g["params"]]}
+            for g in osd.get("param_groups", [])
+        ]
+    return msd, osd

@@ -91,6 +91,98 @@ def pipeline_case(cfg, pp: int, dp: int, schedule: str, rank: int, tp: int = 1) 
     }
 
 
+def reference_steps(cfg, steps: int = 2) -> list[dict]:
+    """One process, ``steps`` train steps on ``batch(s)``: each step's metrics."""
+    m, tok = model()
+    w = S.policy(cfg, m, tok)
+    out = []
+    for s in range(steps):
+        b = S.with_old_logprobs(S.batch(s), w)
+        out.append(w.train_step(b))
+    return out
+
+
+def _pipelined(cfg, lay, rank: int, groups, meta: bool = False):
+    from rpeg.runtime.parallel import LOCAL, process_group_reduce
+    from rpeg.runtime.pipeline import apply_pipeline
+
+    whole, tok = model()
+    m, source = whole, None
+    if meta:
+        from rpeg.runtime.materialize import ModuleSource, meta_causal_lm
+
+        m, source = meta_causal_lm(whole.config, torch.float32), ModuleSource(whole)
+    reduce = process_group_reduce(groups["dp"]) if lay.dp > 1 else LOCAL
+    w = S.policy(cfg, m, tok, reduce=reduce)
+    pipe = apply_pipeline(w, lay, rank, groups, source=source, device=torch.device("cpu"))
+    held = sum(p.numel() * p.element_size() for p in w.lm.parameters())
+    if source is not None:
+        source.close()
+    return w, pipe, whole, held
+
+
+def meta_case(cfg, rank: int) -> dict:
+    """pp=2 built on the meta device and filled from a source with this rank's stage only:
+    bytes held, the gathered full weights, and one step (as :func:`pipeline_case`)."""
+    from rpeg.runtime.pipeline import PipeLayout, full_state_dict, new_groups
+
+    lay = PipeLayout(pp=2, schedule="1f1b")
+    groups = new_groups(lay, rank)
+    w, pipe, whole, held = _pipelined(cfg, lay, rank, groups, meta=True)
+    full_bytes = sum(p.numel() * p.element_size() for p in whole.parameters())
+    initial = {k: v.clone() for k, v in whole.state_dict().items()}
+    del whole
+    gathered = full_state_dict(pipe)
+    b = S.batch(0)
+    lp = w.compute_logprobs(b)
+    b = b.replace(old_logprobs=lp, sample_logprobs=lp)
+    grads = _snapshot_grads(w)
+    metrics = w.train_step(b)
+    return {
+        "held": held,
+        "full_bytes": full_bytes,
+        "gathered_ok": set(gathered) == set(initial)
+        and all(torch.equal(gathered[k], initial[k]) for k in initial),
+        "logprobs": lp,
+        "metrics": metrics,
+        "grads": grads,
+        "weights": {k: v.clone() for k, v in w.lm.state_dict().items()},
+        "layers": pipe.owned_layers(),
+        "dp_index": 0,
+    }
+
+
+def resume_case(cfg, url: str, rank: int) -> dict:
+    """Step 1 at dp=2 (replicas), a DCP checkpoint, a fresh pp=2 worker loads it and runs
+    step 2 on the whole batch: its metrics."""
+    from rpeg.runtime.actors.shard_checkpoint import (
+        load_shards,
+        restore_extras,
+        save_shards,
+        worker_extras,
+        worker_roles,
+    )
+    from rpeg.runtime.mesh import Layout, build_mesh
+    from rpeg.runtime.parallel import process_group_reduce
+    from rpeg.runtime.pipeline import PipeLayout, new_groups
+
+    dp = Layout(dp=2, tp=1, fsdp=False)
+    mesh = build_mesh(dp)
+    m, tok = model()
+    w = S.policy(cfg, m, tok)
+    w.apply_layout(dp, mesh, process_group_reduce(mesh.get_group("dp")), device=torch.device("cpu"))
+    b = S.with_old_logprobs(S.batch(0).select(S.rows_of(rank, 2)), w)
+    first = w.train_step(b)
+    save_shards(url, worker_roles(actor=w), worker_extras(actor=w))
+    del w
+    lay = PipeLayout(pp=2, schedule="1f1b")
+    v, pipe, _, _ = _pipelined(cfg, lay, rank, new_groups(lay, rank))
+    extras = load_shards(url, worker_roles(actor=v), worker_extras(actor=v))
+    restore_extras(extras, actor=v)
+    b2 = S.with_old_logprobs(S.batch(1), v)
+    return {"first": first, "metrics": v.train_step(b2), "version": v.policy_version}
+
+
 def body(rank: int, world: int, port: int, cases: list, q) -> None:
     """Run ``cases`` (``(name, function name here, args)``) in order on this rank."""
     import torch.distributed as dist

@@ -177,3 +177,31 @@ def test_pp2_x_dp2_equals_single_process(ref):
         rows = C.S.rows_of(res["dp_index"], 2)
         mine = {**ref, "logprobs": ref["logprobs"][rows]}
         _check_rank(mine, res, loss_of="dp")
+
+
+@pytest.mark.slow  # two spawned ranks
+def test_pp2_built_on_meta_holds_its_stage_and_gathers_the_whole_model(ref):
+    import pipeline_cases as C
+
+    out = C.spawn(2, [("meta", "meta_case", (C.config(),))], port=29881)["meta"]
+    _check_cover(ref, out)
+    for res in out.values():
+        # 8 layers over 2 stages; the tied embedding is held on both ends
+        assert res["held"] < 0.6 * res["full_bytes"]
+        assert res["gathered_ok"]
+        _check_rank(ref, res)
+
+
+@pytest.mark.slow  # two spawned ranks, two layouts
+def test_checkpoint_at_dp2_resumes_at_pp2(tmp_path):
+    import pipeline_cases as C
+
+    cfg = C.config()
+    ref = C.reference_steps(cfg, 2)
+    url = str(tmp_path / "ckpt")
+    out = C.spawn(2, [("resume", "resume_case", (cfg, url))], port=29903, timeout_s=200)["resume"]
+    for res in out.values():
+        assert res["version"] == 2
+        for k in KEYS:
+            assert res["metrics"][k] == pytest.approx(ref[1][k], abs=1e-4), k
+        assert res["metrics"]["grad_norm"] == pytest.approx(ref[1]["grad_norm"], rel=1e-4)

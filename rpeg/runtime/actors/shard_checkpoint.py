@@ -73,6 +73,8 @@ def _state(roles: Mapping[str, tuple[nn.Module, Any]]) -> dict[str, Any]:
     """``{role: {"model": sharded sd, "optim": sharded optimizer sd}}`` (FQN keys)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    from rpeg.runtime.pipeline import checkpoint_names
+
     out: dict[str, Any] = {}
     for name, (module, opt) in roles.items():
         if opt is None:
@@ -83,6 +85,7 @@ def _state(roles: Mapping[str, tuple[nn.Module, Any]]) -> dict[str, Any]:
             msd, osd = get_state_dict(module, opt)
             if has_lora(module):  # a LoRA policy's shards: its adapters only (docs/lora.md)
                 msd = {k: v for k, v in msd.items() if k in adapter_state_names(module)}
+            msd, osd = checkpoint_names(module, msd, osd, saving=True)  # pp: tied head
             out[name] = {"model": msd, "optim": osd}
     return out
 
@@ -147,6 +150,8 @@ def load_shards(
         set_state_dict,
     )
 
+    from rpeg.runtime.pipeline import checkpoint_names
+
     dist = _dist()
     state = _state(roles)
     state["extra"] = {
@@ -164,11 +169,14 @@ def load_shards(
         if opt is None:
             set_model_state_dict(module, state[name]["model"])
         else:
+            msd, osd = checkpoint_names(
+                module, state[name]["model"], state[name]["optim"], saving=False
+            )
             set_state_dict(
                 module,
                 opt,
-                model_state_dict=state[name]["model"],
-                optim_state_dict=state[name]["optim"],
+                model_state_dict=msd,
+                optim_state_dict=osd,
                 options=StateDictOptions(strict=not has_lora(module)),  # LoRA: adapters only
             )
     return dict(state["extra"])
