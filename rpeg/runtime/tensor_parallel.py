@@ -262,6 +262,11 @@ TP_SHARED_INPUTS: dict[str, tuple[str, ...]] = {
     "input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj"),
 }
+#: the model types whose blocks read as :data:`TP_SHARED_INPUTS` says (pre-norm: the MLP reads
+#: ``post_attention_layernorm``'s output). Elsewhere the same names mean other wiring (Gemma 3
+#: and OLMo 2 normalise the attention's *output* with ``post_attention_layernorm``), so each
+#: column-wise linear sums its own input gradient (one all-reduce each: slower, always right)
+TP_SHARED_INPUT_TYPES = ("llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral")
 
 #: attribute holding the tp process group of a :data:`PARTIAL_GRAD` module whose weight is a
 #: plain (or dp-only) tensor: a per-head norm the plan keeps whole
@@ -331,13 +336,17 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
         plan = {n: RUN_STYLES[s] for n, s in layer_tp_plan(cfg)[0].items()}
     else:
         plan = dict(TP_PLAN)
-    group = tp_mesh.get_group()
+    group = None  # the tp process group, for the modules kept whole (got when first needed)
+    shared_inputs = (
+        TP_SHARED_INPUTS if getattr(cfg, "model_type", "llama") in TP_SHARED_INPUT_TYPES else {}
+    )
     for i, layer in enumerate(decoder_layers(module)):
         for name, style in plan.items():
             if not _has(layer, name):
                 continue
             target, where = layer.get_submodule(name), f"layers.{i}.{name}"
             if style == "replicated":
+                group = group if group is not None else tp_mesh.get_group()
                 setattr(target, PARTIAL_GRAD, True)
                 setattr(target, TP_GROUP_ATTR, group)
                 continue
@@ -351,7 +360,7 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
                 )
             else:
                 shard_linear(target, style, tp_mesh)
-        for norm, consumers in TP_SHARED_INPUTS.items():
+        for norm, consumers in shared_inputs.items():
             if _has(layer, norm) and all(_has(layer, c) for c in consumers):
                 linears = [
                     getattr(layer.get_submodule(c), "base_layer", None) or layer.get_submodule(c)
