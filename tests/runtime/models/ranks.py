@@ -105,3 +105,36 @@ def spawn(world: int, case: str, port: int, timeout_s: float = 300.0, **kw) -> d
             if p.is_alive():
                 p.kill()
     return out
+
+
+def nll_of(lm, ids: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, ``share`` x the mean next-token NLL of ``ids``)."""
+    logits = lm(input_ids=ids).logits
+    logp = logits[:, :-1].log_softmax(-1)
+    return logits.detach(), -logp.gather(-1, ids[:, 1:, None]).mean() * share
+
+
+def ep_reference(model_type: str) -> dict:
+    lm = model(model_type)
+    logits, loss = nll_of(lm, IDS, 1.0)
+    loss.backward()
+    return {"logits": logits, "grads": full_grads(lm)}
+
+
+def ep_case(rank: int, model_type: str) -> dict:
+    """Rank ``r`` runs row ``r`` of IDS (half the batch: half the loss) with the experts split
+    over the two ranks; the replicated parameters' gradients summed over them."""
+    import torch.distributed as dist
+
+    from rpeg.runtime.expert_parallel import apply_expert_parallel, sum_replicated_grads
+
+    lm = model(model_type)
+    group = dist.group.WORLD
+    apply_expert_parallel(lm, group)
+    logits, loss = nll_of(lm, IDS[rank : rank + 1], 1.0 / dist.get_world_size())
+    loss.backward()
+    sum_replicated_grads(lm, group)
+    grads = {
+        n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in lm.named_parameters()
+    }
+    return {"logits": logits, "grads": {n: g.detach().clone() for n, g in grads.items()}}

@@ -1,0 +1,171 @@
+"""Expert parallelism: the experts of every mixture-of-experts layer split over ``ep`` ranks,
+tokens dispatched to the rank holding their expert and combined back with all-to-all.
+
+Each of the ``ep`` ranks runs its own tokens (its data-parallel share) through the replicated
+non-expert layers; in each MoE layer the router runs locally, then (GShard, Lepikhin et al.
+2020, arXiv:2006.16668; the layout of Megatron-LM's and torchtitan's expert parallelism):
+
+1. every (token, top-k slot) assignment is sent to the rank holding its expert (rank
+   ``e // (E / ep)``): one ``all_to_all_single`` of the counts, one of the hidden states and
+   one of the local expert ids;
+2. the rank runs its ``E / ep`` experts on what it received, with the experts module's own
+   forward (transformers' code: Qwen3-MoE, Mixtral, Qwen3-Next, gpt-oss experts), each row
+   as a top-1 assignment of weight 1;
+3. the outputs go back by the reverse all-to-all and are weighted and summed per token on the
+   token's rank (so the router's gradient stays local).
+
+The all-to-alls are differentiable (:class:`_AllToAll`: the backward is the reverse
+exchange), so the experts' gradients sum every rank's tokens: with each rank's loss scaled
+by its share of the global batch, a local expert's gradient is the one-process gradient, and
+the replicated (non-expert) parameters' gradients are summed over the group
+(:func:`sum_replicated_grads`). gloo runs ``all_to_all_single`` on CPU tensors.
+
+The compiled step does not run ``ep > 1`` yet (rpeg.compile refuses it by name); this module is
+the mechanism and its equivalence with one process (tests/runtime/models/test_expert_parallel.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+#: attribute marking an experts module split by :func:`apply_expert_parallel`
+EP_ATTR = "rpeg_ep"
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` of rows ``x`` (``send[i]`` rows to rank ``i``, ``recv[i]`` from
+    it); backward: the reverse exchange of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int], group: Any):
+        import torch.distributed as dist
+
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        dist.all_to_all_single(
+            out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group
+        )
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        import torch.distributed as dist
+
+        out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
+        dist.all_to_all_single(
+            out,
+            grad.contiguous(),
+            output_split_sizes=ctx.send,
+            input_split_sizes=ctx.recv,
+            group=ctx.group,
+        )
+        return out, None, None, None
+
+
+def experts_modules(model: nn.Module) -> list[nn.Module]:
+    """The experts modules of ``model`` (transformers' fused ``*Experts``: 3-D expert weights
+    indexed by expert, a ``num_experts`` attribute), in module order."""
+    return [
+        m
+        for m in model.modules()
+        if type(m).__name__.endswith("Experts") and isinstance(getattr(m, "num_experts", None), int)
+    ]
+
+
+def ep_problems(config: Any, ep: int, where: str = "plan.layout.ep") -> list:
+    """Why the model of ``config`` cannot split its experts over ``ep`` ranks."""
+    from rpeg.errors import Problem
+    from rpeg.runtime.model_io.moe import num_experts
+
+    if ep <= 1:
+        return []
+    mt = getattr(config, "model_type", "?")
+    e = num_experts(config)
+    if not e:
+        return [Problem(where, f"model_type {mt!r} has no experts to split at ep={ep}")]
+    if e % ep:
+        why = f"ep does not divide its {e} experts"
+        return [Problem(where, f"model_type {mt!r} cannot run at ep={ep}: {why}")]
+    return []
+
+
+def apply_expert_parallel(model: nn.Module, group: Any) -> None:
+    """Split the experts of every MoE layer of ``model`` over the ranks of ``group`` (in
+    place): rank ``r`` keeps experts ``r*E/ep .. (r+1)*E/ep - 1`` (its slice of every
+    expert-indexed parameter) and dispatches tokens by all-to-all in forward."""
+    import torch.distributed as dist
+
+    ep, rank = dist.get_world_size(group), dist.get_rank(group)
+    for m in experts_modules(model):
+        e = m.num_experts
+        if e % ep:
+            raise ValueError(f"{type(m).__name__}: ep={ep} does not divide its {e} experts")
+        n = e // ep
+        with torch.no_grad():
+            for name, p in list(m.named_parameters(recurse=False)):
+                if p.dim() >= 1 and p.shape[0] == e:
+                    local = p.detach()[rank * n : (rank + 1) * n].clone()
+                    m.register_parameter(name, nn.Parameter(local, requires_grad=p.requires_grad))
+        m.num_experts = n
+        info = {"group": group, "ep": ep, "rank": rank, "local": n, "forward": type(m).forward}
+        setattr(m, EP_ATTR, info)
+        m.__class__ = _ep_class(type(m))
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _ep_class(base: type) -> type:
+    """``base`` with :func:`_ep_forward` as its forward (one subclass per experts class)."""
+    if base not in _CLASSES:
+        _CLASSES[base] = type(f"EP{base.__name__}", (base,), {"forward": _ep_forward})
+    return _CLASSES[base]
+
+
+def _ep_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights):
+    """Dispatch, compute on the local experts, combine (module doc)."""
+    import torch.distributed as dist
+
+    ep_info = getattr(self, EP_ATTR)
+    group, ep, n = ep_info["group"], ep_info["ep"], ep_info["local"]
+    tokens, k = top_k_index.shape
+    flat_e = top_k_index.reshape(-1)
+    flat_tok = torch.arange(tokens, device=flat_e.device).repeat_interleave(k)
+    dest = torch.div(flat_e, n, rounding_mode="floor")
+    order = torch.argsort(dest, stable=True)
+    send_counts = torch.bincount(dest, minlength=ep)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts, group=group)
+    send, recv = send_counts.tolist(), recv_counts.tolist()
+    local_e = (flat_e - dest * n)[order]
+    e_recv = local_e.new_empty(sum(recv))
+    dist.all_to_all_single(
+        e_recv, local_e.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group
+    )
+    x_recv = _AllToAll.apply(hidden_states[flat_tok[order]], send, recv, group)
+    ones = torch.ones((x_recv.shape[0], 1), dtype=x_recv.dtype, device=x_recv.device)
+    y_recv = ep_info["forward"](self, x_recv, e_recv[:, None], ones)
+    y = _AllToAll.apply(y_recv, recv, send, group)
+    w = top_k_weights.reshape(-1)[order].to(y.dtype)
+    out = torch.zeros_like(hidden_states)
+    return out.index_add(0, flat_tok[order], y * w[:, None])
+
+
+def sum_replicated_grads(model: nn.Module, group: Any) -> None:
+    """Sum the gradients of ``model``'s parameters outside its split experts over ``group``
+    (each rank's loss already carries its share of the global batch)."""
+    import torch.distributed as dist
+
+    split = {
+        id(p)
+        for m in experts_modules(model)
+        if hasattr(m, EP_ATTR)
+        for p in m.parameters(recurse=False)
+    }
+    for p in model.parameters():
+        if id(p) in split or p.grad is None:
+            continue
+        dist.all_reduce(p.grad, group=group)
