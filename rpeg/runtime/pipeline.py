@@ -215,6 +215,15 @@ def bubble_fraction(schedule: str, pp: int, m: int) -> float:
     return (pp - 1) / (v * m + pp - 1)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local tensor of a DTensor (tensor-parallel shard), else ``t``."""
+    return getattr(t, "_local_tensor", t)
+
+
+def _is_shard(t: torch.Tensor) -> bool:
+    return any(pl.is_shard() for pl in getattr(t, "placements", ()))
+
+
 # --- the model split --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PipeLayout:
@@ -253,11 +262,22 @@ class PipeLayout:
         return list(range(base, base + self.tp))
 
 
-def new_groups(layout: PipeLayout, rank: int) -> dict[str, Any]:
+def new_groups(layout: PipeLayout, rank: int, device_type: str = "cpu") -> dict[str, Any]:
     """This rank's pipeline, data-parallel and tensor-parallel process groups (every rank
     calls ``new_group`` for every group, in the same order, as torch requires); a group of
-    one rank is None."""
-    mine: dict[str, Any] = {"pp": None, "dp": None, "tp": None}
+    one rank is None. At ``tp > 1`` they come from a ``(dp, pp, tp)`` DeviceMesh, whose
+    ``tp`` sub-mesh (``"tp_mesh"``) splits the stage's blocks."""
+    mine: dict[str, Any] = {"pp": None, "dp": None, "tp": None, "tp_mesh": None}
+    if layout.tp > 1:  # tensor parallelism needs a DeviceMesh: (dp, pp, tp), row-major = ranks
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(
+            device_type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=("dp", "pp", "tp")
+        )
+        for name, size in (("dp", layout.dp), ("pp", layout.pp), ("tp", layout.tp)):
+            mine[name] = mesh.get_group(name) if size > 1 else None
+        mine["tp_mesh"] = mesh["tp"]
+        return mine
     for name, size, ranks_of in (
         ("pp", layout.pp, layout.pp_ranks),
         ("dp", layout.dp, layout.dp_ranks),
@@ -595,23 +615,38 @@ class Pipeline:
         work.wait()
         p.grad = g + theirs
 
-    def grad_norm_and_clip(self, params, max_norm: float, dp_group=None) -> float:
+    def grad_norm_and_clip(self, params, max_norm: float, dp_group=None, tp_group=None) -> float:
         """Average the gradients over ``dp_group`` (replicas), sum the tied copies, then the
-        L2 norm over every stage (the tied weight counted once) and clip in place; the norm
-        is the one the whole model's gradient has, the same on every rank."""
+        L2 norm over every stage (the tied weight counted once; tensor-parallel shards summed
+        over ``tp_group``, replicated parameters counted once) and clip in place; the norm is
+        the one the whole model's gradient has, the same on every rank."""
+        from rpeg.runtime.tensor_parallel import sum_partial_grads
+
         params = [p for p in params if p.grad is not None]
+        if tp_group is not None:
+            sum_partial_grads(self.lm)  # per-head norms kept whole: their partial gradients
         if dp_group is not None:
             n = dist.get_world_size(dp_group)
             for p in params:
-                dist.all_reduce(p.grad, group=dp_group)
-                p.grad.div_(n)
+                g = _local(p.grad)
+                dist.all_reduce(g, group=dp_group)
+                g.div_(n)
         self.sync_tied()
         params = [p for p in params if p.grad is not None]
         skip = {id(p) for p in self.tied_params()} if self.is_last and not self.is_first else set()
-        sq = torch.zeros((), dtype=torch.float64)
+        sharded = torch.zeros((), dtype=torch.float64)
+        whole = torch.zeros((), dtype=torch.float64)
         for p in params:
-            if id(p) not in skip:
-                sq += p.grad.detach().double().pow(2).sum().cpu()
+            if id(p) in skip:
+                continue
+            sq = _local(p.grad).detach().double().pow(2).sum().cpu()
+            if _is_shard(p.grad):
+                sharded += sq
+            else:
+                whole += sq
+        if tp_group is not None:
+            dist.all_reduce(sharded, group=tp_group)
+        sq = sharded + whole
         if self.group is not None:
             dist.all_reduce(sq, group=self.group)
         norm = float(sq.sqrt())
@@ -619,7 +654,7 @@ class Pipeline:
             coef = max_norm / (norm + 1e-6)
             if coef < 1.0:
                 for p in params:
-                    p.grad.mul_(coef)
+                    _local(p.grad).mul_(coef)
         return norm
 
     def broadcast_from_last(self, obj: Any) -> Any:
@@ -681,6 +716,11 @@ def apply_pipeline(
     )
     worker.pipeline = pipe
     worker.pp_dp_group = groups.get("dp")
+    worker.pp_tp_group = groups.get("tp")
+    if groups.get("tp_mesh") is not None:  # this stage's blocks split over tp
+        from rpeg.runtime.tensor_parallel import apply_tensor_parallel
+
+        apply_tensor_parallel(worker.lm, groups["tp_mesh"])
     from rpeg.runtime.materialize import on_meta
 
     if on_meta(worker.lm):
@@ -752,7 +792,10 @@ def pipelined_updates(
                     for k, v in st.items():
                         stats[k] = stats.get(k, 0.0) + v
                 gn = pipe.grad_norm_and_clip(
-                    list(module.parameters()), grad_clip, getattr(role, "pp_dp_group", None)
+                    list(module.parameters()),
+                    grad_clip,
+                    getattr(role, "pp_dp_group", None),
+                    getattr(role, "pp_tp_group", None),
                 )
                 stats[grad_norm_key] = gn
                 skip = not math.isfinite(gn)
@@ -837,8 +880,15 @@ def materialize_stages(pipe: Pipeline, device: torch.device, fetch) -> int:
                     f"pipeline stage {pipe.index}: {name} has shape {tuple(full.shape)} in the "
                     f"source, {tuple(cur.shape)} in the model"
                 )
-            cur.copy_(full.to(device=cur.device, dtype=cur.dtype))
-            held += cur.numel() * cur.element_size()
+            local = _local(cur)
+            full = full.to(device=local.device, dtype=cur.dtype)
+            if local is not cur:  # a tensor-parallel shard: this rank's slice
+                from torch.distributed.tensor import distribute_tensor
+
+                full = distribute_tensor(full, cur.device_mesh, cur.placements, src_data_rank=None)
+                full = full._local_tensor
+            local.copy_(full)
+            held += local.numel() * local.element_size()
     if missing:
         raise KeyError(
             f"pipeline stage {pipe.index}: the weights lack {missing[:5]} ({len(missing)} in all)"
@@ -858,7 +908,10 @@ def full_state_dict(pipe: Pipeline) -> dict[str, torch.Tensor]:
     gathered; a tied head under both names, as the unsplit LM's ``state_dict`` has them):
     what a generator or an unsplit checkpoint needs. One object all-gather over pp (CPU
     copies): for the tiny and test models; a bucketed transfer is the runtime's part."""
-    mine = {k: v.detach().cpu() for k, v in stage_state_dict(pipe).items()}
+    mine = {  # a tensor-parallel shard gathered over tp first (every tp rank calls this)
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu()
+        for k, v in stage_state_dict(pipe).items()
+    }
     if pipe.group is None:
         parts = [mine]
     else:

@@ -63,7 +63,7 @@ def reference(cfg, rows=None) -> dict:
     }
 
 
-def pipeline_case(cfg, pp: int, dp: int, schedule: str, rank: int, tp: int = 1) -> dict:
+def pipeline_case(cfg, pp: int, dp: int, schedule: str, tp: int = 1, *, rank: int) -> dict:
     """This rank's share of one step at ``pp x dp``: its stage's log-probs (every pipeline
     rank returns the last stage's), the step's metrics, the gradients and weights of the
     parameters it holds."""
@@ -84,11 +84,17 @@ def pipeline_case(cfg, pp: int, dp: int, schedule: str, rank: int, tp: int = 1) 
     return {
         "logprobs": lp,
         "metrics": metrics,
-        "grads": grads,
-        "weights": {k: v.clone() for k, v in w.lm.state_dict().items()},
+        "grads": {k: _full(v) for k, v in grads.items()},
+        "weights": {k: _full(v) for k, v in w.lm.state_dict().items()},
         "layers": pipe.owned_layers(),
         "dp_index": lay.dp_index(rank),
+        "tp_sharded": sorted(k for k, v in w.lm.state_dict().items() if hasattr(v, "full_tensor")),
     }
+
+
+def _full(t):
+    """A tensor-parallel shard gathered (a collective over tp), or a plain copy."""
+    return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
 
 
 def reference_steps(cfg, steps: int = 2) -> list[dict]:

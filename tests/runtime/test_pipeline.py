@@ -22,6 +22,7 @@ from rpeg.runtime.pipeline import (
 )
 
 TOL = 1e-5
+LR = 1e-3  # optim.lr of sharding_cases.config
 KEYS = ("pg_loss", "kl", "entropy")
 
 
@@ -120,7 +121,7 @@ def _name(k: str) -> str:
     return "model.embed_tokens.weight" if k == "lm_head.weight" else k
 
 
-def _check_rank(ref: dict, out: dict, loss_of=None) -> None:
+def _check_rank(ref: dict, out: dict, loss_of=None, tiny_grads_free: bool = False) -> None:
     torch.testing.assert_close(out["logprobs"], ref["logprobs"], atol=TOL, rtol=0)
     if loss_of is None:
         for k in KEYS:
@@ -129,15 +130,25 @@ def _check_rank(ref: dict, out: dict, loss_of=None) -> None:
     for k, g in out["grads"].items():
         torch.testing.assert_close(g, ref["grads"][_name(k)], atol=TOL, rtol=0, msg=k)
     for k, v in out["weights"].items():
-        torch.testing.assert_close(v, ref["weights"][_name(k)], atol=TOL, rtol=0, msg=k)
+        diff = (v - ref["weights"][_name(k)]).abs()
+        if tiny_grads_free and k in out["grads"]:
+            # AdamW's first step moves a weight by lr * g / (|g| + 1e-8): where |g| ~ 1e-8
+            # the round-off of tp's partial sums moves it by a visible share of lr
+            g = ref["grads"][_name(k)].abs()
+            small = diff[g <= 1e-6]
+            assert small.numel() == 0 or float(small.max()) <= 2 * LR, k
+            diff = diff[g > 1e-6]
+        d = float(diff.max()) if diff.numel() else 0.0
+        assert d <= TOL, f"{k}: weights differ by {d:.3g}"
 
 
 def _check_cover(ref: dict, res: dict) -> None:
     """The ranks' parameters together are the whole model's, each layer on one stage."""
     held = {_name(k) for out in res.values() for k in out["grads"]}
     assert held == set(ref["grads"])
-    layers = sorted(i for out in res.values() if out["dp_index"] == 0 for i in out["layers"])
-    assert layers == list(range(8))
+    stages = {tuple(out["layers"]) for out in res.values() if out["dp_index"] == 0}
+    assert len(stages) == 2  # tp ranks of a stage hold the same layers
+    assert sorted(i for st in stages for i in st) == list(range(8))
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +216,16 @@ def test_checkpoint_at_dp2_resumes_at_pp2(tmp_path):
         for k in KEYS:
             assert res["metrics"][k] == pytest.approx(ref[1][k], abs=1e-4), k
         assert res["metrics"]["grad_norm"] == pytest.approx(ref[1]["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.slow  # four spawned ranks
+def test_tp2_x_pp2_equals_single_process(ref):
+    import pipeline_cases as C
+
+    cfg = C.config()
+    out = C.spawn(4, [("tp_pp", "pipeline_case", (cfg, 2, 1, "1f1b", 2))], port=29921)["tp_pp"]
+    _check_cover(ref, out)
+    for res in out.values():
+        assert any(k.endswith("q_proj.weight") for k in res["tp_sharded"])  # really split
+        # gradients at 1e-5; weights after AdamW at 1e-5 except where a gradient is ~0
+        _check_rank(ref, res, tiny_grads_free=True)
