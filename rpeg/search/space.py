@@ -37,7 +37,7 @@ FUSIONS = ("none", "rollout", "forward", "rollout+forward")
 #: parallel degrees the runtime cannot run yet, with the reason: ``rpeg.compile`` refuses them
 #: and the space drops them (``SpaceOptions.runtime_only``) under a named ``runtime:`` reason
 UNSUPPORTED_DEGREES = {
-    "pp": "the runtime has no pipeline parallelism",
+    "pp": "the runtime's ranks do not run pipeline stages yet (rpeg.runtime.pipeline is not wired in)",
     "cp": "the runtime has no context (sequence) parallelism",
     "ep": "the runtime has no expert parallelism (dense models only)",
 }

@@ -167,7 +167,7 @@ def test_unrunnable_layouts_are_refused_naming_field_and_numbers():
 
 
 def test_the_search_space_drops_what_the_runtime_refuses_with_a_named_reason():
-    from rpeg.search.space import SearchSpace, SpaceOptions
+    from rpeg.search.space import UNSUPPORTED_DEGREES, SearchSpace, SpaceOptions
     from tests.plan.conftest import gh200_problem
 
     prob = gh200_problem(gpus=8)
@@ -182,4 +182,4 @@ def test_the_search_space_drops_what_the_runtime_refuses_with_a_named_reason():
     for cls in ("gen", "train"):
         assert all(x.pp == 1 and x.cp == 1 for x in s.layouts(cls, 8))
     reasons = s.counts.to_dict()["infeasible"]
-    assert reasons.get("runtime: pp>1 (the runtime has no pipeline parallelism)", 0) > 0
+    assert reasons.get("runtime: pp>1 (" + UNSUPPORTED_DEGREES["pp"] + ")", 0) > 0
