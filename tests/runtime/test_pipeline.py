@@ -229,3 +229,42 @@ def test_tp2_x_pp2_equals_single_process(ref):
         assert any(k.endswith("q_proj.weight") for k in res["tp_sharded"])  # really split
         # gradients at 1e-5; weights after AdamW at 1e-5 except where a gradient is ~0
         _check_rank(ref, res, tiny_grads_free=True)
+
+
+def _tiny(layers: int = 4):
+    from rpeg.runtime.model_io import create_tiny
+
+    return create_tiny(seed=0, num_hidden_layers=layers, hidden_size=32, intermediate_size=64)
+
+
+def test_stages_keep_their_layers_embedding_and_head_under_the_model_names():
+    from rpeg.runtime.pipeline import Pipeline
+
+    first = Pipeline(_tiny()[0], 0, [0, 1], None, "1f1b")
+    last = Pipeline(_tiny()[0], 1, [0, 1], None, "1f1b")
+    names0, names1 = set(first.lm.state_dict()), set(last.lm.state_dict())
+    assert first.owned_layers() == [0, 1] and last.owned_layers() == [2, 3]
+    assert "model.embed_tokens.weight" in names0 and "model.norm.weight" not in names0
+    assert not any(n.startswith(("model.layers.2.", "model.layers.3.")) for n in names0)
+    assert "model.embed_tokens.weight" not in names1 and "model.norm.weight" in names1
+    assert "model.layers.3.mlp.up_proj.weight" in names1
+    # the last rank's tied head is its own copy, equal to the embedding
+    whole = _tiny()[0]
+    torch.testing.assert_close(last.lm.lm_head.weight, whole.model.embed_tokens.weight)
+    assert last.tied_params() == [last.lm.lm_head.weight]
+    with pytest.raises(RuntimeError, match="only inside its pipeline schedule"):
+        last.lm(input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
+def test_pipelined_roles_refuse_what_they_do_not_run_by_name():
+    from rpeg.runtime.pipeline import apply_pipeline
+    from rpeg.runtime.roles import PolicyWorker
+
+    m, tok = _tiny()
+    w = PolicyWorker(m, tok, value_head=True)
+    with pytest.raises(ConfigError, match="algorithm.share_actor_critic"):
+        apply_pipeline(w, PipeLayout(pp=2), 0, {"pp": None, "dp": None})
+    m, tok = _tiny()
+    w = PolicyWorker(m, tok, compute_dtype=torch.float16)
+    with pytest.raises(ConfigError, match="workload.precision.*allowed: fp32, bf16"):
+        apply_pipeline(w, PipeLayout(pp=2), 0, {"pp": None, "dp": None})
