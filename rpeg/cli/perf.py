@@ -41,8 +41,8 @@ def validate(
     the range coverage and the share predicted per data set, pooled, per source, per
     system and per stage; rows that cannot be predicted are listed with why."""
     from rpeg.errors import ConfigError, Problem
-    from rpeg.perf import loso
-    from rpeg.perf.loso_report import lines, to_json
+    from rpeg.perf.validation import loso
+    from rpeg.perf.validation.loso_report import lines, to_json
 
     if csv_path is not None and csv_path.is_dir():
         raise ConfigError([Problem(str(csv_path), "is a folder; expected a CSV file")])

@@ -38,14 +38,23 @@ def check_architecture(config: RunConfig, compiled: Any = None) -> list[Problem]
     if out or compiled is None:
         return out
     policy = {"actor", "reference"} | (set() if config.model.critic_path else {"critic"})
-    tps = sorted({g.tp for g in compiled.actor_groups if g.tp > 1 and set(g.roles) & policy})
+    held = [g for g in compiled.actor_groups if set(g.roles) & policy]
+    tps = sorted({t for g in held for t in (g.tp, _torch_gen_tp(g)) if t > 1})
     if not tps:
         return out
     from transformers import AutoConfig
 
     cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
     for tp in tps:
-        names = [g.name for g in compiled.actor_groups if g.tp == tp and set(g.roles) & policy]
+        names = [g.name for g in held if tp in (g.tp, _torch_gen_tp(g))]
         out += tp_problems(cfg, tp, where=f"plan: group {', '.join(names)} (tp={tp})")
     return out
 
+
+def _torch_gen_tp(group: Any) -> int:
+    """The tp at which ``group``'s torch engine splits the model to decode (1 when it decodes
+    nothing or vLLM decodes: vLLM splits the model its own way)."""
+    torch_engine = group.gen_engine == "torch" or (
+        group.gen_engine == "auto" and group.device_type == "cpu"
+    )
+    return group.gen_tp if torch_engine else 1

@@ -148,8 +148,14 @@ def test_sharded_build_reads_the_folder_as_transformers_does(model_type, tmp_pat
         torch.testing.assert_close(meta.eval()(input_ids=IDS).logits, ref(input_ids=IDS).logits)
 
 
-@pytest.mark.parametrize(("model_type", "refused"), [("olmo2", True), ("qwen3_moe", False)])
-def test_a_tp_plan_the_model_cannot_run_is_refused_before_start(model_type, refused, tmp_path):
+@pytest.mark.parametrize(
+    ("model_type", "refused", "decode_only"),
+    [("olmo2", True, False), ("olmo2", True, True), ("qwen3_moe", False, False)],
+)
+def test_a_tp_plan_the_model_cannot_run_is_refused_before_start(
+    model_type, refused, decode_only, tmp_path
+):
+    """tp=2 for every unit, or only for the torch engine's decode (``decode_only``)."""
     import yaml
 
     from rpeg.preflight import preflight
@@ -160,6 +166,10 @@ def test_a_tp_plan_the_model_cannot_run_is_refused_before_start(model_type, refu
     data = yaml.safe_load((Path(__file__).parents[3] / "configs" / "tp2-cpu.yaml").read_text())
     data["model"] = {"path": str(folder)}
     data["plan"].pop("model")
+    if decode_only:
+        for unit, opts in data["plan"]["units"].items():
+            if unit != "generate":
+                opts.pop("tp", None)
     data["runtime"] = {"output_dir": str(tmp_path / "out")}
     cfg = RunConfig.from_dict(data)
     if not refused:
