@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hi", type=float, default=2000.0, help="largest mean length (tokens)")
     ap.add_argument("--step", type=float, default=50.0)
     a = ap.parse_args(argv)
-    from rpeg.perf.published import read_rows, validate_rows
+    from rpeg.perf.validation.published import read_rows, validate_rows
 
     rows = [r for r in read_rows(a.csv) if r.get("case_id", "").startswith(a.prefix)]
     if not rows:

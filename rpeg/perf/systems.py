@@ -11,7 +11,7 @@ achieved share of the modelled rate (time = modelled time / factor):
 * ``train_eff``: the training/forward backend's achieved MFU relative to the model's GEMM
   curve (FSDP vs Megatron-Core, kernels, dynamic batching, offload);
 
-fitted on published step times (:mod:`rpeg.perf.loso`, leave-one-source-out for every
+fitted on published step times (:mod:`rpeg.perf.validation.loso`, leave-one-source-out for every
 figure the project quotes). RPEG's own runtime is the system ``rpeg``: its factors come
 from ``rpeg calibrate RUN_DIR`` on the user's machine (rpeg.perf.fit), not from this table.
 A system not in the table (or not stated) uses the pooled factors of all sources with the
@@ -56,7 +56,7 @@ class SystemParams:
     gen_eff: float = 1.0
     train_eff: float = 1.0
     # log-residual quantiles (q10, q90) of its rows scored leave-one-source-out: the range
-    # a prediction for this system carries (conformal-style; rpeg.perf.loso)
+    # a prediction for this system carries (conformal-style; rpeg.perf.validation.loso)
     resid_lo: float = -0.3
     resid_hi: float = 0.3
     sources: int = 0  # published sources the factors rest on
@@ -64,7 +64,7 @@ class SystemParams:
 
     def calibration(self, base: Calibration) -> Calibration:
         """``base`` with this system's factors applied to every unit of its class and the
-        response-length medians fitted on the published runs (rpeg.perf.loso_lengths)."""
+        response-length medians fitted on the published runs (rpeg.perf.validation.loso_lengths)."""
         med = _table().get("fitted_length_medians") or {}
         return replace(
             base,
@@ -97,7 +97,7 @@ def _table() -> dict[str, Any]:
 @lru_cache(maxsize=1)
 def shipped() -> dict[str, SystemParams]:
     """The factors fitted on all shipped published runs (``rpeg/perf/data/systems.yaml``,
-    written by ``python -m rpeg.perf.systems_fit --write``), by system name, plus ``pooled``."""
+    written by ``python -m rpeg.perf.validation.systems_fit --write``), by system name, plus ``pooled``."""
     data = _table()
     out = {}
     for name, v in (data.get("systems") or {}).items():

@@ -16,7 +16,9 @@ Sources:
 * :class:`SafetensorsSource` -- a Hugging Face folder: each tensor read on its own from its
   ``.safetensors`` file (``safe_open``; the files are memory-mapped, never loaded whole). A
   folder stored in another layout than the model's (a mixture-of-experts model's per-expert
-  files, which transformers fuses on load) is read once whole by ``from_pretrained``.
+  files, which transformers fuses on load) is converted tensor by tensor as transformers'
+  conversion mapping says (rpeg.runtime.model_io.checkpoint_names: stack the experts, join
+  gate and up); a mapping with other operations is read once whole by ``from_pretrained``.
 * :class:`ModuleSource` -- an in-memory model: the built-in random-init model (its values
   come from one seeded pass over the whole model, as ``create_tiny`` draws them, so that the
   sharded and the unsharded constructions start from the same weights) and the supervised
@@ -89,6 +91,7 @@ class SafetensorsSource:
         self._open: dict[Path, object] = {}
         self._folder = folder
         self._converted: dict[str, torch.Tensor] | None = None
+        self._convert: Fetch | bool | None = None  # None: not looked up yet; False: none
 
     def names(self) -> list[str]:
         return list(self._where)
@@ -115,12 +118,26 @@ class SafetensorsSource:
         return self._converted
 
     def fetch(self, name: str) -> torch.Tensor | None:
+        if name in self._where:
+            return self._raw(name)
+        if self._convert is None:  # transformers' conversion mapping, tensor by tensor
+            from rpeg.runtime.model_io.checkpoint_names import converted_fetch
+
+            cfg = self._folder / "config.json"
+            mt = json.loads(cfg.read_text()).get("model_type") if cfg.exists() else None
+            self._convert = converted_fetch(mt, self._raw) or False
+        t = self._convert(name) if self._convert else None
+        if t is None and not self._convert:
+            t = self._converted_state().get(name)
+        return None if t is None else t.detach()
+
+    def _raw(self, name: str) -> torch.Tensor | None:
+        """The folder's own tensor ``name`` (None when it has none)."""
         from safetensors import safe_open
 
         f = self._where.get(name)
         if f is None:
-            t = self._converted_state().get(name)
-            return None if t is None else t.detach()
+            return None
         fh = self._open.get(f)
         if fh is None:
             fh = self._open[f] = safe_open(str(f), framework="pt")

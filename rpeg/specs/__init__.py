@@ -87,7 +87,7 @@ def model(name: str) -> ModelSpec:
     return _get("model", models(), name)
 
 
-#: clusters derived at run time (a published run's node size, rpeg.perf.row_cells), by name
+#: clusters derived at run time (a published run's node size, rpeg.perf.validation.row_cells), by name
 _RUN_CLUSTERS: dict[str, ClusterSpec] = {}
 
 

@@ -5,8 +5,8 @@ summary per source, after the tables, that names the doc section explaining them
 
 from __future__ import annotations
 
-from rpeg.perf.loso_report import lines, to_json
-from rpeg.perf.loso_summary import Scored
+from rpeg.perf.validation.loso_report import lines, to_json
+from rpeg.perf.validation.loso_summary import Scored
 
 
 def _step(cid: str, measured: float, pred: float) -> Scored:

@@ -5,10 +5,10 @@ NVL72")."""
 
 import pytest
 
-from rpeg.perf import loso
-from rpeg.perf.published import read_rows
-from rpeg.perf.row_cells import Unpredictable, _number, gpu_name
-from rpeg.perf.rows import read_case
+from rpeg.perf.validation import loso
+from rpeg.perf.validation.published import read_rows
+from rpeg.perf.validation.row_cells import Unpredictable, _number, gpu_name
+from rpeg.perf.validation.rows import read_case
 
 
 @pytest.mark.parametrize(

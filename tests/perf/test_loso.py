@@ -1,4 +1,4 @@
-"""Leave-one-source-out validation, system factors and conformal ranges (rpeg.perf.loso,
+"""Leave-one-source-out validation, system factors and conformal ranges (rpeg.perf.validation.loso,
 rpeg.perf.systems), on hand-built rows whose step time is a known function of the factors."""
 
 import csv
@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rpeg.perf import loso, loso_fit, loso_ranges
-from rpeg.perf.loso import GRID, Priced
-from rpeg.perf.loso_lengths import LEN_GRID, at
-from rpeg.perf.loso_summary import Scored, summarise
+from rpeg.perf.validation import loso, loso_fit, loso_ranges
+from rpeg.perf.validation.loso import GRID, Priced
+from rpeg.perf.validation.loso_lengths import LEN_GRID, at
+from rpeg.perf.validation.loso_summary import Scored, summarise
 from rpeg.perf.systems import POOLED, SYSTEMS, SystemParams, normalise, system_params
 
 
@@ -176,7 +176,7 @@ def test_a_shared_schema_row_is_calibrated_on_shared_schema_residuals():
 
 
 def test_shadow_copies_blank_the_explicit_columns_and_are_not_reported():
-    from rpeg.perf.published import read_rows
+    from rpeg.perf.validation.published import read_rows
 
     rows = [r for r in read_rows() if r["case_id"].startswith("nemo-v0.5-h100bf16-llama")]
     sh = loso.shadows(rows, "d")
@@ -260,7 +260,7 @@ def test_a_published_system_prediction_takes_the_fitted_length_medians():
 
 
 def test_run_share_parses_a_runs_total_time_and_flags_hours_derived_steps():
-    from rpeg.perf.run_share import fitted_share, from_hours, outside_share
+    from rpeg.perf.validation.run_share import fitted_share, from_hours, outside_share
 
     r = {"measured_other": "old_log_prob_s=107.71; total_400_steps=3d17h05m"}
     # 3 d 17 h 05 min = 320,700 s over 400 steps of 790.1 s: 1.474% outside the steps

@@ -1,14 +1,14 @@
 """Model names as published runs write them resolve onto the catalog's architectures
-(rpeg.perf.row_cells.resolve_model), so a run on a known architecture is priced, not refused
+(rpeg.perf.validation.row_cells.resolve_model), so a run on a known architecture is priced, not refused
 as an unknown model: Meta's own checkpoint names, fine-tunes named after their base, and the
 architectures issue 43's unseen runs used (Llama-3 8B/70B, Llama-3.1-405B, QwQ-32B, ...)."""
 
 import pytest
 
 from rpeg import specs
-from rpeg.perf import loso
-from rpeg.perf.published import read_rows
-from rpeg.perf.row_cells import resolve_model, unknown_names
+from rpeg.perf.validation import loso
+from rpeg.perf.validation.published import read_rows
+from rpeg.perf.validation.row_cells import resolve_model, unknown_names
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""One-shot accuracy (rpeg.perf.loso_oneshot): a source's rows predicted after one of its
+"""One-shot accuracy (rpeg.perf.validation.loso_oneshot): a source's rows predicted after one of its
 rows calibrated the model, on hand-built rows whose step is a known function of the factors."""
 
 import math
@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rpeg.perf import loso
-from rpeg.perf.loso import GRID, Priced
-from rpeg.perf.loso_oneshot import summary
-from rpeg.perf.loso_report import lines, to_json
-from rpeg.perf.loso_summary import summarise
+from rpeg.perf.validation import loso
+from rpeg.perf.validation.loso import GRID, Priced
+from rpeg.perf.validation.loso_oneshot import summary
+from rpeg.perf.validation.loso_report import lines, to_json
+from rpeg.perf.validation.loso_summary import summarise
 
 
 def _row(

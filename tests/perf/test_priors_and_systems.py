@@ -10,8 +10,8 @@ from rpeg.ir import builders
 from rpeg.perf import Workload, predict
 from rpeg.perf.calibration import SHIPPED
 from rpeg.perf.lengths import prior_mean
-from rpeg.perf.published import read_rows, validate_rows
-from rpeg.perf.rows import PRIORS, read_case
+from rpeg.perf.validation.published import read_rows, validate_rows
+from rpeg.perf.validation.rows import PRIORS, read_case
 from rpeg.plan import colocated_plan
 
 ROWS = {r["case_id"]: r for r in read_rows()}
@@ -138,7 +138,7 @@ def test_predict_takes_the_executing_system(tmp_path, capsys):
     ],
 )
 def test_model_names_resolve_to_the_catalog_with_the_checkpoints_kind(written, catalog, kind):
-    from rpeg.perf.row_cells import resolve_model
+    from rpeg.perf.validation.row_cells import resolve_model
 
     assert resolve_model(written) == (catalog, kind)
 

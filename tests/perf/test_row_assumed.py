@@ -1,13 +1,13 @@
 """A row that leaves optional columns blank is predicted with each prior's value listed
-(issue 30 item 4, rpeg.perf.rows.assumed_values); only an unknown model or GPU is refused,
+(issue 30 item 4, rpeg.perf.validation.rows.assumed_values); only an unknown model or GPU is refused,
 naming how to add it."""
 
 import csv
 
 import pytest
 
-from rpeg.perf import loso
-from rpeg.perf.rows import assumed_values, read_case
+from rpeg.perf.validation import loso
+from rpeg.perf.validation.rows import assumed_values, read_case
 
 BLANK = {
     "case_id": "blank-1",
@@ -125,7 +125,7 @@ def test_a_node_size_the_catalog_lacks_is_derived_and_listed_not_refused():
     ],
 )
 def test_marketing_gpu_names_reach_the_catalog(written, catalog):
-    from rpeg.perf.row_cells import gpu_name
+    from rpeg.perf.validation.row_cells import gpu_name
 
     assert gpu_name({"gpu": written}) == catalog
 
@@ -139,7 +139,7 @@ def test_marketing_gpu_names_reach_the_catalog(written, catalog):
     ],
 )
 def test_version_and_date_suffixes_reach_the_catalog(written, catalog, kind):
-    from rpeg.perf.row_cells import resolve_model
+    from rpeg.perf.validation.row_cells import resolve_model
 
     assert resolve_model(written) == (catalog, kind)
 

@@ -1,4 +1,4 @@
-"""The recipe columns a row's free text states (rpeg.perf.row_text), and the shared-schema
+"""The recipe columns a row's free text states (rpeg.perf.validation.row_text), and the shared-schema
 copies of the shipped data sets scored as runs described only by the shared columns. Nothing
 here reads ../shared: the copies are package data."""
 
@@ -6,10 +6,10 @@ import csv
 
 import pytest
 
-from rpeg.perf import loso
-from rpeg.perf.loso_summary import summarise
-from rpeg.perf.row_text import read, system_of, with_text
-from rpeg.perf.rows import read_case
+from rpeg.perf.validation import loso
+from rpeg.perf.validation.loso_summary import summarise
+from rpeg.perf.validation.row_text import read, system_of, with_text
+from rpeg.perf.validation.rows import read_case
 
 #: the columns of ../shared/validation/steps_dev*.csv (its README's schema)
 SHARED = [

@@ -5,7 +5,7 @@ import pytest
 
 from rpeg.perf.calibration import SHIPPED
 from rpeg.perf.prediction import GB
-from rpeg.perf.rows import read_case
+from rpeg.perf.validation.rows import read_case
 from rpeg.perf.solve import _ep_candidates, solve_layout
 
 ROW = dict(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.cli import main
-from rpeg.perf.published import read_rows, validate_csv, validate_rows
+from rpeg.perf.validation.published import read_rows, validate_csv, validate_rows
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = read_rows()

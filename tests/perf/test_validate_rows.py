@@ -5,7 +5,7 @@ other rows)."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpeg.perf.published import read_rows, row_case, validate_rows
+from rpeg.perf.validation.published import read_rows, row_case, validate_rows
 
 ROWS = read_rows()  # the data set shipped in the package
 BASE = next(r for r in ROWS if r["case_id"] == "nemo-v0.5-h100bf16-llama-grpo-on-16g")

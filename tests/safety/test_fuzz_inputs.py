@@ -251,8 +251,8 @@ LENGTHS = ("avg_prompt_len", "avg_gen_len", "max_gen_len", "max_seq_len")
 @example(cells={"avg_gen_len": "-5"})
 @given(cells=st.dictionaries(st.sampled_from(CSV_COLUMNS), CELL, max_size=5))
 def test_csv_rows_are_read_or_refused_naming_the_column(cells):
-    from rpeg.perf.row_cells import Unpredictable
-    from rpeg.perf.rows import read_case
+    from rpeg.perf.validation.row_cells import Unpredictable
+    from rpeg.perf.validation.rows import read_case
 
     refused = None
     with _Bounded():

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rpeg.perf.row_cells import Unpredictable
-from rpeg.perf.rows import read_case
+from rpeg.perf.validation.row_cells import Unpredictable
+from rpeg.perf.validation.rows import read_case
 
 ROW = {
     "case_id": "neg-1",

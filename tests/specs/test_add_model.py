@@ -7,7 +7,7 @@ import pytest
 
 from rpeg import specs
 from rpeg.cli import main
-from rpeg.perf.published import read_rows, validate_rows
+from rpeg.perf.validation.published import read_rows, validate_rows
 from rpeg.specs import SpecError
 from rpeg.specs.hf import add_model, entry_from_hf
 

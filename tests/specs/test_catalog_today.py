@@ -7,7 +7,7 @@ checkpoint total, the embedding tables left out of an "active" count, a vision t
 import pytest
 
 from rpeg import specs
-from rpeg.perf.row_cells import gpu_name, resolve_model, unknown_names
+from rpeg.perf.validation.row_cells import gpu_name, resolve_model, unknown_names
 
 
 def _mtp_params(m) -> int:
@@ -127,7 +127,7 @@ NEW_GPUS = {
 
 @pytest.mark.parametrize("written", sorted(NEW_GPUS))
 def test_new_gpus_resolve_and_have_a_cluster(written):
-    from rpeg.perf.row_cells import _cluster_for
+    from rpeg.perf.validation.row_cells import _cluster_for
 
     name = gpu_name({"gpu": written})
     assert name == NEW_GPUS[written] and name in specs.gpus()

@@ -9,7 +9,7 @@ or per model; the analytical constants (rpeg.perf.calibration) are shared by all
 
 Mechanics: each row is priced once per point of a grid of (gen_eff, train_eff) factors with
 its layout solved at the shipped constants (here); the fit of the system parameters and the
-length-prior multipliers is :mod:`rpeg.perf.loso_fit`. Throughput-only rows are reported,
+length-prior multipliers is :mod:`rpeg.perf.validation.loso_fit`. Throughput-only rows are reported,
 not fitted (their token counts rest on unpublished lengths).
 """
 
@@ -25,16 +25,16 @@ import numpy as np
 from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
-from rpeg.perf.loso_fit import GRID, _interp, _loss, fit, fit_lengths, params  # noqa: F401
-from rpeg.perf.loso_lengths import LEN_GRID, at, multiplier, prior_kind, scaled
-from rpeg.perf.loso_oneshot import one_shot
-from rpeg.perf.loso_ranges import _bounds, _comparable, _range
-from rpeg.perf.loso_summary import Scored
+from rpeg.perf.validation.loso_fit import GRID, _interp, _loss, fit, fit_lengths, params  # noqa: F401
+from rpeg.perf.validation.loso_lengths import LEN_GRID, at, multiplier, prior_kind, scaled
+from rpeg.perf.validation.loso_oneshot import one_shot
+from rpeg.perf.validation.loso_ranges import _bounds, _comparable, _range
+from rpeg.perf.validation.loso_summary import Scored
 from rpeg.perf.pricing import predict
-from rpeg.perf.row_cells import Unpredictable, _float, _number, unknown_names
-from rpeg.perf.row_text import system_of
-from rpeg.perf.rows import assumed_values, read_case
-from rpeg.perf.run_share import fitted_share, from_hours, outside_share
+from rpeg.perf.validation.row_cells import Unpredictable, _float, _number, unknown_names
+from rpeg.perf.validation.row_text import system_of
+from rpeg.perf.validation.rows import assumed_values, read_case
+from rpeg.perf.validation.run_share import fitted_share, from_hours, outside_share
 from rpeg.perf.systems import UNKNOWN_WIDEN, normalise
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError
@@ -80,7 +80,7 @@ class Priced:
     measured_s: float | None
     measured_tput: float | None
     # [length multiplier, gen, train] grid of predicted step seconds; the first axis has one
-    # point when the row publishes its mean length (else LEN_GRID, rpeg.perf.loso_lengths)
+    # point when the row publishes its mean length (else LEN_GRID, rpeg.perf.validation.loso_lengths)
     step: np.ndarray
     tokens_per_step: np.ndarray  # per length multiplier
     stage_pred: dict[str, np.ndarray]  # at factors 1, per length multiplier: seconds
@@ -99,11 +99,11 @@ class Priced:
     shadow: bool = False
     # the length prior the row takes ('reasoning'/'instruct'), '' when its mean is published
     kind: str = ""
-    # its step is a run's hours / steps (rpeg.perf.run_share); the run's measured share of
+    # its step is a run's hours / steps (rpeg.perf.validation.run_share); the run's measured share of
     # time outside its steps where it publishes its total and mean step times
     from_hours: bool = False
     run_share: float | None = None
-    # what a calibrating row shares with another of its source (rpeg.perf.loso_oneshot):
+    # what a calibrating row shares with another of its source (rpeg.perf.validation.loso_oneshot):
     # the row's model, GPU and mode (placement, on/off-policy) as written, and its system
     traits: tuple[str, ...] = ()
 
@@ -127,7 +127,7 @@ def price_rows(
     rows: list[dict[str, str]], dataset: str, calib: Calibration = SHIPPED
 ) -> tuple[list[Priced], list[Scored]]:
     """Every row with a measurement priced on the grid; the rest as Scored with a reason."""
-    from rpeg.perf.published import _throughput
+    from rpeg.perf.validation.published import _throughput
     from rpeg.perf.solve import solve_row
 
     priced, refused = [], []
@@ -289,7 +289,7 @@ def score(priced: list[Priced]) -> list[Scored]:
 
 
 def share_of(rows: list[Priced]) -> float:
-    """The share of a run's time outside its steps, from ``rows`` (rpeg.perf.run_share)."""
+    """The share of a run's time outside its steps, from ``rows`` (rpeg.perf.validation.run_share)."""
     return fitted_share([p.run_share for p in rows if p.run_share is not None])
 
 
@@ -328,7 +328,7 @@ def run(paths: dict[str, Path] | None = None) -> tuple[list[Scored], list[Scored
     """(scored, refused) over the data sets (default: both shipped ones), LOSO pooled. A
     row whose case id an earlier data set already holds is left out (the user's copy of a
     shipped file is scored once)."""
-    from rpeg.perf.published import read_rows
+    from rpeg.perf.validation.published import read_rows
 
     priced, refused, seen = [], [], set()
     for label, path in (paths or default_datasets()).items():

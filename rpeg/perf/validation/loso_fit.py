@@ -1,5 +1,5 @@
 """The fit of the leave-one-source-out check (pure): per-system factors and the
-response-length multipliers, from rows priced on a grid (rpeg.perf.loso.price_rows).
+response-length multipliers, from rows priced on a grid (rpeg.perf.validation.loso.price_rows).
 
 Each row is priced once per point of a grid of (gen_eff, train_eff) factors; the fit
 minimises a Huber loss of the log errors of the step times (and of the published
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rpeg.perf.loso_lengths import KINDS, LEN_FINE, LEN_SHRINK, MIN_LENGTH_SOURCES, at, multiplier
+from rpeg.perf.validation.loso_lengths import KINDS, LEN_FINE, LEN_SHRINK, MIN_LENGTH_SOURCES, at, multiplier
 from rpeg.perf.systems import POOLED
 
 #: factor grid each row is priced on (time = modelled / factor)

@@ -3,7 +3,7 @@
 A row that does not publish its mean response length is priced with the prior of its model's
 kind (rpeg.perf.lengths.prior_mean: a lognormal whose median is ``Calibration.
 response_median_reasoning`` / ``response_median_instruct``). Those medians are priors like
-the system factors: :mod:`rpeg.perf.loso` fits one multiplier per kind (``reasoning``;
+the system factors: :mod:`rpeg.perf.validation.loso` fits one multiplier per kind (``reasoning``;
 ``instruct`` for base and instruct models, which share a median) on the rows of *other*
 sources whose lengths are unpublished, shrunk towards the documented medians, and scores
 each source with the multipliers fitted without it. Here: the grid each such row is priced

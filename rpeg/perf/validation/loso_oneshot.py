@@ -1,7 +1,7 @@
 """One-shot accuracy (pure): a source's other rows predicted after one of its rows calibrated
 the model, the way ``rpeg calibrate`` fits a user's own run (rpeg.perf.fit).
 
-The starting point of each source is its leave-one-source-out fit (rpeg.perf.loso: system
+The starting point of each source is its leave-one-source-out fit (rpeg.perf.validation.loso: system
 factors and length-prior multipliers fitted without it: what a user of a system the model
 never saw starts from). One row of the source -- the calibrating row -- then sets the
 machine's efficiencies as ``rpeg calibrate`` does from a run's units:
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from rpeg.perf.loso_fit import _LG
+from rpeg.perf.validation.loso_fit import _LG
 
 #: log factor range the shifts are solved in (the priced grid; beyond it the ratio remains)
 _LO, _HI = float(_LG[0]), float(_LG[-1])

@@ -1,12 +1,12 @@
 """What ``rpeg validate`` prints: per row, per data set, pooled, per source, per system and
-per stage, in-sample and leave-one-source-out (rpeg.perf.loso). Pure formatting."""
+per stage, in-sample and leave-one-source-out (rpeg.perf.validation.loso). Pure formatting."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rpeg.perf.loso_oneshot import summary as one_shot
-from rpeg.perf.loso_summary import Scored, Summary, by, stage_errors, summarise
+from rpeg.perf.validation.loso_oneshot import summary as one_shot
+from rpeg.perf.validation.loso_summary import Scored, Summary, by, stage_errors, summarise
 
 
 def _pct(x: float) -> str:

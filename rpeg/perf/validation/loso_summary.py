@@ -1,6 +1,6 @@
 """Scored rows and their error figures (pure): MAPE, max, coverage of the printed range, share
 predicted and median range width, over any group (data set, source, system) and per
-published stage. The rows come from :func:`rpeg.perf.loso.score`."""
+published stage. The rows come from :func:`rpeg.perf.validation.loso.score`."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Scored:
     solved: dict[str, Any] = field(default_factory=dict)
     assumed: tuple[str, ...] = ()  # "column=value" of the priors taken
     # one-shot: (prediction, low, high) per calibrating row of its source
-    # (rpeg.perf.loso_oneshot); empty when its source has no other step-time row
+    # (rpeg.perf.validation.loso_oneshot); empty when its source has no other step-time row
     one_shot: list[tuple[float, float, float]] = field(default_factory=list)
 
 

@@ -1,7 +1,7 @@
 """Check the model against published step times (``rpeg validate``).
 
 Each CSV row (schema of ``rpeg/perf/data/published_runs.csv``, the data set that ships with
-rpeg; read by :mod:`rpeg.perf.rows`) becomes a graph, a plan and a workload, is predicted with
+rpeg; read by :mod:`rpeg.perf.validation.rows`) becomes a graph, a plan and a workload, is predicted with
 the same ``predict`` a user calls, gets an interval from its unknown inputs, and is compared
 with ``measured_step_s`` and the stage times where published.
 """
@@ -20,7 +20,7 @@ from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
 from rpeg.perf.prediction import StepPrediction
-from rpeg.perf.row_cells import (  # noqa: F401 (_cluster_for: re-exported)
+from rpeg.perf.validation.row_cells import (  # noqa: F401 (_cluster_for: re-exported)
     Unpredictable,
     _cluster_for,
     _float,
@@ -28,7 +28,7 @@ from rpeg.perf.row_cells import (  # noqa: F401 (_cluster_for: re-exported)
     _one_line,
     unknown_names,
 )
-from rpeg.perf.rows import PRIORS, RowCase, read_case, row_case  # noqa: F401 (re-exported)
+from rpeg.perf.validation.rows import PRIORS, RowCase, read_case, row_case  # noqa: F401 (re-exported)
 from rpeg.perf.solve import solve_row
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError

@@ -1,7 +1,7 @@
 """Reading a published-run CSV row's cells (pure): numbers with annotations, yes/no and
 staleness cells, and the catalog model, GPU and cluster a row names (aliases, organisation
 prefixes, checkpoint suffixes). A cell the model cannot read raises :class:`Unpredictable`
-naming the column and value. What a row describes: :mod:`rpeg.perf.rows`."""
+naming the column and value. What a row describes: :mod:`rpeg.perf.validation.rows`."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def _cluster_for(gpu: str, gpus_per_node: int | None) -> str:
         if specs.cluster(name).gpus_per_node == gpus_per_node:
             return name
     # a node size the catalog lacks: the default cluster's links with that many GPUs a node
-    # (the row lists it as assumed: rpeg.perf.rows)
+    # (the row lists it as assumed: rpeg.perf.validation.rows)
     try:
         derived = specs.cluster(candidates[0]).with_node_size(gpus_per_node)
     except ValueError as exc:

@@ -2,7 +2,7 @@
 
 Every row is read from its own cells with the same rules for every source: no case id; the
 free-text columns only fill a blank recipe column they state unambiguously
-(rpeg.perf.row_text). A blank cell means "unknown": layout fields (gen_tp, train_tp, the pool
+(rpeg.perf.validation.row_text). A blank cell means "unknown": layout fields (gen_tp, train_tp, the pool
 split, gpu_memory_utilization) stay open and are solved (rpeg.perf.solve); other unknowns
 take the documented prior of :data:`PRIORS` and widen the row's interval
 (rpeg.perf.interval). Column meanings: docs/perf-model.md, "The published-runs data set".
@@ -15,7 +15,7 @@ from typing import Any
 
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.prediction import Workload
-from rpeg.perf.row_cells import (
+from rpeg.perf.validation.row_cells import (
     Unpredictable,
     _cluster_for,
     _float,
@@ -183,10 +183,10 @@ class RowCase:
 def read_case(r: dict[str, str]) -> RowCase:
     """Parse one row (Unpredictable with the column and value when a cell is unusable).
     A blank column the row's free text states unambiguously takes that value
-    (rpeg.perf.row_text)."""
+    (rpeg.perf.validation.row_text)."""
     from rpeg import specs
     from rpeg.ir import builders
-    from rpeg.perf.row_text import with_text
+    from rpeg.perf.validation.row_text import with_text
 
     r = with_text(r)
     model = specs.model(model_name(r))

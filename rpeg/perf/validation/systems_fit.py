@@ -1,6 +1,6 @@
 """The shipped system table (rpeg/perf/data/systems.yaml): each system's factors fitted on
 all shipped published runs and its range from its rows' leave-one-source-out residuals.
-Refit with ``python -m rpeg.perf.systems_fit --write`` after a data set changes; read by
+Refit with ``python -m rpeg.perf.validation.systems_fit --write`` after a data set changes; read by
 :func:`rpeg.perf.systems.shipped`."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from rpeg.perf.loso import Priced, default_datasets, per_step, price_rows, score, share_of
-from rpeg.perf.loso_fit import fit_lengths
-from rpeg.perf.loso_ranges import MIN_COMPARABLE, _range
+from rpeg.perf.validation.loso import Priced, default_datasets, per_step, price_rows, score, share_of
+from rpeg.perf.validation.loso_fit import fit_lengths
+from rpeg.perf.validation.loso_ranges import MIN_COMPARABLE, _range
 from rpeg.perf.systems import POOLED, SystemParams
 
 
@@ -47,8 +47,8 @@ def write_table(path: Path | None = None) -> Path:
     import yaml
 
     from rpeg.perf.calibration import SHIPPED
-    from rpeg.perf.loso_lengths import describe
-    from rpeg.perf.published import read_rows
+    from rpeg.perf.validation.loso_lengths import describe
+    from rpeg.perf.validation.published import read_rows
 
     priced = []
     for label, p in default_datasets().items():
@@ -66,11 +66,11 @@ def write_table(path: Path | None = None) -> Path:
             for n, v in sorted(table.items())
         },
         # the response-length medians (tokens) fitted on all rows of unpublished length
-        # (rpeg.perf.loso_lengths); the documented priors are in rpeg.perf.calibration
+        # (rpeg.perf.validation.loso_lengths); the documented priors are in rpeg.perf.calibration
         "fitted_length_medians": lengths,
     }
     header = (
-        "# Fitted by `python -m rpeg.perf.systems_fit --write` on the shipped published runs (both\n"
+        "# Fitted by `python -m rpeg.perf.validation.systems_fit --write` on the shipped published runs (both\n"
         "# data sets). gen_eff/train_eff: achieved share of the modelled rollout / training\n"
         "# rate; resid_lo/hi: split-conformal log half-width (85%) of the system's rows scored\n"
         "# leave-one-source-out (the range of a prediction). docs/perf-model.md, 'Systems'.\n"

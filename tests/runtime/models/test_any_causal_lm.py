@@ -131,9 +131,10 @@ def test_fsdp_units_are_the_models_decoder_layer_classes():
         assert decoder_layers(ActorCritic(lm)) == blocks
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "gemma3_text"])
-def test_sharded_build_reads_the_folder_as_transformers_does(model_type, tmp_path):
-    """The meta-device build (FSDP / tp ranks) fills a MoE model from per-expert files and
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "qwen3_next", "gemma3_text"])
+def test_sharded_build_reads_the_folder_as_transformers_does(model_type, tmp_path, monkeypatch):
+    """The meta-device build (FSDP / tp ranks) fills a MoE model from per-expert files tensor
+    by tensor (the folder is never loaded whole: from_pretrained is not called) and
     recomputes Gemma's non-persistent ``embed_scale``: the logits of from_pretrained."""
     from transformers import AutoModelForCausalLM
 
@@ -141,6 +142,11 @@ def test_sharded_build_reads_the_folder_as_transformers_does(model_type, tmp_pat
 
     folder = write_tiny_folder(model_type, tmp_path / "m")
     ref = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+
+    def whole(*a, **k):
+        raise AssertionError("the sharded build loaded the folder whole")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", whole)
     src = SafetensorsSource(folder)
     meta = meta_causal_lm(ref.config, torch.float32)
     materialize(meta, torch.device("cpu"), src.fetch, "actor")
