@@ -5,6 +5,7 @@ schedule measured from the recorded timeline (time not spent computing: waits on
 gaps) against the bubble the performance model assumes, ``(pp-1)/(v m + pp-1)``.
 
     python benchmarks/bench_pipeline.py [--layers 8] [--rows 16] [--micro 2] [--threads 1]
+    python benchmarks/bench_pipeline.py --memory    # the 302M shape: peak per rank, 2 steps
 
 Prints one line per run and a summary line. The step compares schedules on the same rows and
 micro-batches; absolute times on a shared CPU are noisy (run it on an idle machine)."""
@@ -13,12 +14,21 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import time
 
 import torch
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+#: the 302M-parameter built-in shape of benchmarks/bench_memory_scale.py
+SHAPE_302M = {
+    "hidden_size": 1536,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
+}
 
 
 def _config(micro: int, rows: int):
@@ -57,7 +67,8 @@ def _worker(args):
     from rpeg.runtime.roles import PolicyWorker
 
     cfg = _config(args.micro, args.rows)
-    m, tok = create_tiny(seed=0, num_hidden_layers=args.layers)
+    shape = SHAPE_302M if args.memory else {"num_hidden_layers": args.layers}
+    m, tok = create_tiny(seed=0, **shape)
     return PolicyWorker(
         m, tok, algorithm=cfg.algorithm, optim=cfg.optim, workload=cfg.workload, seed=0
     )
@@ -115,6 +126,81 @@ def _rank(rank: int, world: int, port: int, schedule: str, args, q) -> None:
         q.put((rank, traceback.format_exc().encode()))
 
 
+def _peak_bytes() -> int:
+    """This process's peak resident memory (VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _memory_rank(rank: int, world: int, port: int, args, q) -> None:
+    """Two train steps of the 302M shape at pp=``world`` (1: no pipeline): peak memory."""
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(args.threads)
+        w = _worker(args)
+        if world > 1:
+            from rpeg.runtime.pipeline import PipeLayout, apply_pipeline, new_groups
+
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+            lay = PipeLayout(pp=world, schedule="1f1b")
+            apply_pipeline(w, lay, rank, new_groups(lay, rank))
+        t0 = time.perf_counter()
+        for _ in range(2):
+            b = _batch(args.rows)
+            lp = w.compute_logprobs(b)
+            w.train_step(b.replace(old_logprobs=lp, sample_logprobs=lp))
+        res = {
+            "peak": _peak_bytes(),
+            "params": sum(p.numel() * p.element_size() for p in w.lm.parameters()),
+            "s": time.perf_counter() - t0,
+        }
+        q.put((rank, json.dumps(res).encode()))
+        if world > 1:
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - reported by the parent
+        import traceback
+
+        q.put((rank, traceback.format_exc().encode()))
+
+
+def run_memory(args) -> None:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = {}
+    for world in (1, 2):
+        q = ctx.Queue()
+        procs = [
+            ctx.Process(target=_memory_rank, args=(r, world, 29977, args, q)) for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        res = {}
+        for _ in procs:
+            r, raw = q.get(timeout=1800)
+            try:
+                res[r] = json.loads(raw)
+            except ValueError:
+                raise RuntimeError(raw.decode()) from None
+        for p in procs:
+            p.join()
+        out[world] = res
+        peaks = ", ".join(f"rank {r} {res[r]['peak'] / 1e9:.2f} GB" for r in sorted(res))
+        params = ", ".join(f"{res[r]['params'] / 1e9:.2f}" for r in sorted(res))
+        secs = max(res[r]["s"] for r in res)
+        print(f"pp={world}: peak {peaks}; parameters {params} GB; 2 steps {secs:.1f} s")
+    worst = max(v["peak"] for v in out[2].values())
+    print(
+        f"summary: 302M, 2 steps: pp=2 peak per rank {worst / 1e9:.2f} GB vs pp=1 "
+        f"{out[1][0]['peak'] / 1e9:.2f} GB ({worst / out[1][0]['peak']:.2f}x)"
+    )
+
+
 def run_pp(schedule: str, args, port: int) -> dict:
     import torch.multiprocessing as mp
 
@@ -142,7 +228,10 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timeline", help="write the 1f1b step's per-rank actions as JSON here")
+    ap.add_argument("--memory", action="store_true", help="302M shape: peak memory per rank")
     args = ap.parse_args()
+    if args.memory:
+        return run_memory(args)
     from rpeg.runtime.pipeline import bubble_fraction
 
     torch.set_num_threads(args.threads)
