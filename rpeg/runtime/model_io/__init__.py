@@ -3,7 +3,8 @@
 * :func:`load_model` / :func:`load_tokenizer` read a local folder or any fsspec URL (a remote
   folder is copied to a local temp dir first, then loaded with safetensors).
 * :func:`save_pretrained` writes model + tokenizer to a local folder or an fsspec URL.
-* :func:`create_model` builds a random-init model from a ``transformers`` config;
+* :func:`create_model` builds a random-init model from a ``transformers`` config (any causal
+  LM transformers implements; custom code refused);
   :func:`tiny_config` is the built-in ``rpeg-tiny`` family (Llama arch).
 * :class:`CriticModel` is a separate critic (trunk + scalar value head);
   :class:`ActorCritic` shares the actor's trunk: one forward gives logits and values.
@@ -14,7 +15,11 @@
   (often tied) weight as for any other forward.
 
 What each module holds: ``loading`` (folders, URLs, tokenizers, the tiny model, saving),
-``value_heads`` (critic and actor-critic), ``logprobs`` (chunked per-token log-probs).
+``architectures`` (which causal LMs and tensor-parallel plans run: docs/models.md),
+``checkpoint_names`` (a MoE folder's per-expert tensors as the model holds them, one at a
+time), ``moe`` (the router's load-balancing loss and load metrics), ``routing`` (routes
+recorded and replayed), ``value_heads`` (critic and actor-critic), ``logprobs`` (chunked
+per-token log-probs).
 """
 
 from rpeg.runtime.model_io.loading import (
