@@ -189,6 +189,28 @@ def resume_case(cfg, url: str, rank: int) -> dict:
     return {"first": first, "metrics": v.train_step(b2), "version": v.policy_version}
 
 
+def context_case(cfg, rank: int) -> dict:
+    """One step at cp=2 over the whole group (every rank holds every row)."""
+    import torch.distributed as dist
+
+    from rpeg.runtime.context_parallel import apply_context_parallel
+
+    m, tok = model()
+    w = S.policy(cfg, m, tok)
+    apply_context_parallel(w, dist.group.WORLD, rank, dist.get_world_size())
+    b = S.batch(0)
+    lp = w.compute_logprobs(b)
+    b = b.replace(old_logprobs=lp, sample_logprobs=lp)
+    grads = _snapshot_grads(w)
+    metrics = w.train_step(b)
+    return {
+        "logprobs": lp,
+        "metrics": metrics,
+        "grads": grads,
+        "weights": {k: v.clone() for k, v in w.lm.state_dict().items()},
+    }
+
+
 def body(rank: int, world: int, port: int, cases: list, q) -> None:
     """Run ``cases`` (``(name, function name here, args)``) in order on this rank."""
     import torch.distributed as dist
