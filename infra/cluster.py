@@ -76,6 +76,12 @@ def configure_dask(torch_threads: int = 1, *, profile: bool = False) -> None:
             "distributed.worker.preload": [PRELOAD],
             "distributed.scheduler.work-stealing": False,
             "distributed.admin.tick.limit": "30s",
+            # the event-loop health check (20 ms) and the dashboard's system monitor (500 ms)
+            # woke every server's loop: idle, the flow process's loop (scheduler, nannies,
+            # client) took 3.0% of a core and the two workers 2.6%; at 500 ms / 2 s: 0.7% and
+            # 1.2% (benchmarks/bench_overhead.py, docs/measurements.md 2026-12-05)
+            "distributed.admin.tick.interval": "500ms",
+            "distributed.admin.system-monitor.interval": "2s",
             "distributed.comm.timeouts.connect": "10s",
             # how long a LocalCluster keeps the nanny of a worker that left the scheduler:
             # past it the nanny is closed for good. The nanny restarts a killed worker at

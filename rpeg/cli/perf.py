@@ -433,6 +433,13 @@ def calibrate_run(
     ),
     out: Path | None = typer.Option(None, help="file to write (default: user calibration.yaml)"),
     skip: int = typer.Option(1, help="warm-up steps left out"),
+    runtime_s: float | None = typer.Option(
+        None,
+        "--runtime-s",
+        help="the runtime's own seconds per step on this cluster, as "
+        "benchmarks/bench_overhead.py measures it: the step overhead comes from it "
+        "(default: the measured step minus the predicted units)",
+    ),
 ) -> None:
     """Fit this machine's efficiencies and fixed costs from a measured run; later
     predictions on the run's cluster use them. A multi-turn run's turn shape (mean turns,
@@ -466,7 +473,7 @@ def calibrate_run(
             for line in lines:
                 typer.echo(f"turns: {line}")
             shaped = True
-    values, lines = fit.fit(fit.predictor(graph, plan, wl, measured), measured)
+    values, lines = fit.fit(fit.predictor(graph, plan, wl, measured), measured, runtime_s=runtime_s)
     at = fit.measured_workload(wl, measured)
     if at is not wl:
         typer.echo(

@@ -10,7 +10,11 @@ after the first (warm-up), the fit sets, relative to the shipped constants:
 * ``fitted_host_per_sample_s``: the measured rule-reward units' seconds per sample (the host
   work of scoring; GPU stacks that detokenise long traces pay ms, rpeg's CPU runtime us);
 * ``fitted_step_overhead_s``: measured step minus the step predicted with those scales and no
-  step overhead (what the runtime spends outside the units), at least 0.
+  step overhead (what the runtime spends outside the units), at least 0; or, given the
+  runtime's own seconds per step that ``benchmarks/bench_overhead.py`` measured on this
+  cluster (``runtime_s``: step wall minus the stages' own time), that figure less the
+  dispatch the model already prices per unit -- measured, not a residual that would also
+  carry the model's error on the units.
 
 They are written to the user's ``calibration.yaml`` under the cluster's name; every later
 prediction on that cluster that uses the default calibration picks them up
@@ -188,10 +192,16 @@ def _class(kinds: tuple[str, ...]) -> str | None:
 
 
 def fit(
-    predict_fn: Any, measured: MeasuredRun, base: Calibration = SHIPPED
+    predict_fn: Any,
+    measured: MeasuredRun,
+    base: Calibration = SHIPPED,
+    runtime_s: float | None = None,
 ) -> tuple[dict[str, float], list[str]]:
     """The fitted values and one line per fitted quantity. ``predict_fn(calib)`` predicts
-    the measured run's plan with ``calib``."""
+    the measured run's plan with ``calib``; ``runtime_s``: the runtime's own seconds per
+    step measured by ``benchmarks/bench_overhead.py`` (module docstring)."""
+    if runtime_s is not None and not (runtime_s >= 0.0):
+        raise RunDataError([Problem("runtime_s", f"{runtime_s!r}: allowed a number >= 0")])
     pred = predict_fn(base)
     # priced again at twice the rates: the part of a unit that halves is the work the
     # scale applies to; the rest (dispatch, and on CPU workers the gloo collectives,
@@ -228,6 +238,15 @@ def fit(
         out["fitted_host_per_sample_s"] = host
         lines.append(f"rule reward: {1e3 * host:.4g} ms of host work per sample")
     scaled = replace(base, **out, fitted_step_overhead_s=0.0)
+    if runtime_s is not None:  # measured: the units' dispatch is priced already
+        dispatch = sum(st.detail.get("dispatch_s", 0.0) for st in pred.stages.values())
+        out["fitted_step_overhead_s"] = max(0.0, runtime_s - dispatch)
+        lines.append(
+            f"step overhead: the runtime's own {1e3 * runtime_s:.4g} ms per step (measured) "
+            f"less {1e3 * dispatch:.4g} ms of unit dispatch = "
+            f"{1e3 * out['fitted_step_overhead_s']:.4g} ms"
+        )
+        return out, lines
     rest = measured.step_s - predict_fn(scaled).step_s
     out["fitted_step_overhead_s"] = max(0.0, rest)
     lines.append(

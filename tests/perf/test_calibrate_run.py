@@ -200,3 +200,28 @@ def test_warm_up_steps_beyond_skip_are_left_out():
     # at least the second half stays, whatever the first half did
     slow_start = {0: 9.0, 1: 9.0, 2: 9.0, 3: 9.0, 4: 1.0, 5: 9.0, 6: 1.0, 7: 1.0}
     assert fit.settled(set(range(8)), slow_start) == {4, 5, 6, 7}
+
+
+def test_the_step_overhead_comes_from_the_benchmarks_runtime_figure(tmp_path, case):
+    """Given the runtime's own seconds per step (benchmarks/bench_overhead.py), the fitted
+    step overhead is that figure less the dispatch the model prices on each unit -- not the
+    residual of the step (here 0.5 s), which would carry the model's error on the units."""
+    from rpeg.specs import cluster
+
+    cfg, graph, plan, wl = case
+    base = predict(graph, plan, wl, calib=HALF)
+    _write_run(tmp_path / "run", base, factor=1.0)
+    measured = fit.read_run(tmp_path / "run")
+    assert len(base.stages) == 7  # the built-in chain: 7 units, each priced one dispatch
+    dispatch = 7 * cluster(plan.cluster).dispatch_s
+    values, lines = fit.fit(
+        lambda cal: predict(graph, plan, wl, calib=cal), measured, runtime_s=0.2
+    )
+    assert values["fitted_step_overhead_s"] == pytest.approx(0.2 - dispatch, abs=1e-9)
+    assert values["train_eff_scale"] == pytest.approx(0.5, rel=1e-6)  # fitted as before
+    assert any("the runtime's own 200 ms per step (measured)" in x for x in lines)
+    # less than the dispatch priced already: nothing more per step
+    values, _ = fit.fit(lambda cal: predict(graph, plan, wl, calib=cal), measured, runtime_s=0.0)
+    assert values["fitted_step_overhead_s"] == 0.0
+    with pytest.raises(fit.RunDataError, match="runtime_s"):
+        fit.fit(lambda cal: predict(graph, plan, wl, calib=cal), measured, runtime_s=-1.0)
