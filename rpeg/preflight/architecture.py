@@ -3,8 +3,9 @@ whose config asks for custom code (``auto_map``) or names a ``model_type`` the i
 transformers does not build as a causal LM, and a compiled layout the model cannot run (a tp
 that does not divide its heads, a plan style or a hybrid layer the runtime does not split),
 each refused naming the model type, the layout and why
-(rpeg.runtime.model_io.architectures). Only ``config.json`` is read; no code of the folder
-runs."""
+(rpeg.runtime.model_io.architectures), and a model the trainer cannot run (an LM head that
+is not a Linear layer, a forward without ``logits_to_keep``: the model is built on the meta
+device to see). Only ``config.json`` is read; no code of the folder runs."""
 
 from __future__ import annotations
 
@@ -32,19 +33,27 @@ def check_architecture(config: RunConfig, compiled: Any = None) -> list[Problem]
         return []
     if not isinstance(fields, dict):
         return []
-    from rpeg.runtime.model_io.architectures import config_problems, tp_problems
+    from rpeg.runtime.model_io.architectures import build_problems, config_problems, tp_problems
 
     out = config_problems(SimpleNamespace(**fields), "model.path")
+    if out:
+        return out
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.for_model(
+            fields["model_type"], **{k: v for k, v in fields.items() if k != "model_type"}
+        )
+    except Exception as exc:  # noqa: BLE001 -- a config transformers refuses, named
+        return [Problem("model.path", f"config.json does not read as its model_type's: {exc}")]
+    groups = compiled.actor_groups if compiled is not None else ()
+    sharded = any(g.tp > 1 or (g.fsdp and g.dp > 1) for g in groups)
+    out += build_problems(cfg, "model.path", sharded=sharded)
     if out or compiled is None:
         return out
     policy = {"actor", "reference"} | (set() if config.model.critic_path else {"critic"})
     held = [g for g in compiled.actor_groups if set(g.roles) & policy]
     tps = sorted({t for g in held for t in (g.tp, _torch_gen_tp(g)) if t > 1})
-    if not tps:
-        return out
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.for_model(fields.pop("model_type"), **fields)
     for tp in tps:
         names = [g.name for g in held if tp in (g.tp, _torch_gen_tp(g))]
         out += tp_problems(cfg, tp, where=f"plan: group {', '.join(names)} (tp={tp})")

@@ -142,3 +142,55 @@ def tp_problems(cfg: Any, tp: int, where: str = "plan.layout.tp") -> list[Proble
         if isinstance(n, int) and n % tp:
             out.append(Problem(where, f"{head} tp does not divide its {name}={n}"))
     return out
+
+
+def build_problems(cfg: Any, where: str = "model.path", sharded: bool = False) -> list[Problem]:
+    """Why the runtime cannot run this causal LM, found by building it on the meta device (no
+    memory, no weights read): its config does not build, its LM head is not a Linear layer
+    (log-probs are computed inside it: rpeg.runtime.model_io.logprobs), its forward takes no
+    ``logits_to_keep`` / ``position_ids`` / ``attention_mask``, or (``sharded``: FSDP or tp in
+    the plan) it has no decoder layers to shard."""
+    import inspect
+
+    import torch
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+
+    mt = getattr(cfg, "model_type", "?")
+    try:
+        with torch.device("meta"):
+            lm = AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
+    except Exception as exc:  # noqa: BLE001 -- any failure to build is the problem named
+        why = f"{type(exc).__name__}: {exc}"
+        return [Problem(where, f"model_type {mt!r} does not build from its config ({why[:200]})")]
+    out: list[Problem] = []
+    head = getattr(lm, "lm_head", None)
+    if type(head) is not nn.Linear:
+        out.append(
+            Problem(
+                where,
+                f"model_type {mt!r} cannot run here: its LM head is {type(head).__name__}, not a "
+                "Linear layer (the trainer computes per-token log-probs inside it)",
+            )
+        )
+    params = inspect.signature(type(lm).forward).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        lacks = [n for n in ("logits_to_keep", "position_ids", "attention_mask") if n not in params]
+        if lacks:
+            out.append(
+                Problem(where, f"model_type {mt!r} cannot run here: its forward takes no {lacks}")
+            )
+    if sharded:
+        from rpeg.runtime.tensor_parallel import decoder_layers
+
+        try:
+            decoder_layers(lm)
+        except TypeError:
+            out.append(
+                Problem(
+                    where,
+                    f"model_type {mt!r} has no decoder layers to shard (FSDP / tp): use a layout "
+                    "without sharding",
+                )
+            )
+    return out

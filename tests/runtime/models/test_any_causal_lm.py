@@ -216,3 +216,24 @@ def spec_cfg(folder):
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+
+
+def test_a_causal_lm_the_trainer_cannot_run_is_refused_by_name(tmp_path):
+    """RoBERTa is in transformers' causal-LM mapping (as a decoder) but its LM head is no
+    Linear layer: refused before start, naming the type and why; every tested type passes."""
+    from transformers import AutoConfig
+
+    from rpeg.preflight.architecture import check_architecture
+
+    def problems(folder):
+        cfg = RunConfig.from_dict({"model": {"path": str(folder)}})
+        return [p.what for p in check_architecture(cfg)]
+
+    folder = tmp_path / "roberta"
+    folder.mkdir()
+    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    AutoConfig.for_model("roberta", is_decoder=True, **small).to_json_file(folder / "config.json")
+    (msg,) = problems(folder)
+    assert "model_type 'roberta' cannot run here: its LM head is RobertaLMHead" in msg
+    for model_type in MODEL_TYPES:
+        assert problems(write_tiny_folder(model_type, tmp_path / model_type)) == []
