@@ -12,6 +12,7 @@ from rpeg.perf import eager_cpu
 from rpeg.perf.calibration import DEFAULT, Calibration
 from rpeg.perf.calibration import resolve as resolve_calibration
 from rpeg.perf.generation import generation_cost, weight_sync_cost
+from rpeg.perf.passes import pass_cost
 from rpeg.perf.prediction import GB, StageCost, StepPrediction, Workload
 from rpeg.perf.roofline import pass_factor
 from rpeg.perf.schedule import record, streamed
@@ -25,7 +26,6 @@ from rpeg.perf.units import (
     UnitContext,
     field_bytes,
     graph_info,
-    pass_cost,
     unit_plan,
 )
 from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices

@@ -6,7 +6,7 @@
   gradient checkpointing over ``torch.utils.checkpoint``, non-reentrant, which composes with
   FSDP2 and DTensor tensor parallelism). A training micro-batch then keeps one layer's
   activations plus each layer's input instead of every layer's activations, for one more
-  forward pass: what the performance model prices (rpeg.perf.units.pass_cost, 4 passes).
+  forward pass: what the performance model prices (rpeg.perf.passes.pass_cost, 4 passes).
 * ``offload`` (any unit; :attr:`TaskSpec.offload`): :class:`Offloader` moves the state of
   the roles a unit computes with -- parameters, gradients, optimizer state -- to host
   memory once the unit has run, and back onto the device before a unit uses them again, so

@@ -1,0 +1,480 @@
+"""The cost of a forward-only or training pass of one execution unit, term by term (pure).
+
+:func:`pass_cost` adds named terms, each one a function here and a line of docs/perf-model.md
+("Forward and training passes"):
+
+* the pass's shape (:func:`pass_shape`): tokens per micro-batch, micro-batches, the passes
+  over the weights -- 1 forward, 3 forward + backward, one more with **recompute**
+  (:func:`rpeg.perf.units.recomputes` decides it from the activations it would keep);
+* **compute** (:func:`gemm_compute`): dense and expert GEMMs at the GPU's size curve and the
+  fused attention kernels;
+* **memory traffic**: the fp32 log-softmax over the vocabulary (:func:`vocab_traffic_s`) and
+  the optimizer update (:func:`optimizer_s`, on the host too where the optimizer lives there);
+* **fixed costs** per layer per micro-batch and pass (:func:`layer_overhead_s`,
+  :func:`expert_loop_s`);
+* the **pipeline bubble** (:func:`bubble`);
+* **communication**, by link level (:func:`tensor_parallel_s`, :func:`lora_grad_sum_s`,
+  :func:`expert_parallel_s`, :func:`context_parallel_s`, :func:`fsdp_gathers_s` -- overlapped
+  with the compute --, :func:`gradient_sync_s`);
+* **memory** per device (:func:`state_memory`, :func:`activation_memory`).
+
+The per-plan context is :class:`rpeg.perf.units.UnitContext`; generation:
+:mod:`rpeg.perf.generation`; the step: :mod:`rpeg.perf.pricing`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rpeg.perf import costs, eager_cpu
+from rpeg.perf.lora import adapter_memory, tp_grad_sum_bytes, trainable_params
+from rpeg.perf.prediction import GB, StageCost
+from rpeg.perf.roofline import pass_factor
+from rpeg.perf.units import (
+    UnitContext,
+    full_activation_bytes,
+    gathered_extra_gb,
+    params_per_device,
+    recomputes,
+    unit_keeps_gathered,
+)
+from rpeg.plan.schema import UnitPlan, format_devices
+from rpeg.specs import ModelSpec
+
+#: passes over the weights: a forward; forward + backward (the backward twice the forward);
+#: the forward once more in the backward where decoder layers are recomputed
+FORWARD_PASSES = 1.0
+TRAIN_PASSES = 3.0
+RECOMPUTE_PASSES = 1.0
+
+#: bytes per parameter of an offloaded optimizer step over the host link (fp32 gradients
+#: down, bf16 parameters up) and of its CPU Adam in host memory (read master, m, v, gradient;
+#: write master, m, v)
+HOST_LINK_BYTES_PER_PARAM = 6.0
+HOST_ADAM_BYTES_PER_PARAM = 28.0
+
+
+# --- the shape of a pass -------------------------------------------------------------------
+@dataclass(frozen=True)
+class PassShape:
+    """How one unit's pass is laid out and cut into micro-batches."""
+
+    train: bool
+    devices: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    dp: int  # devices // (tp * pp * cp)
+    cpu: bool  # RPEG's eager CPU workers (rpeg.perf.eager_cpu)
+    value_bytes: float  # bytes of a gradient / parameter / activation value on the wire
+    tokens_rank: float  # the step's tokens on one data-parallel rank
+    tokens_mb: float  # tokens of one micro-batch (packed to the sequence budget)
+    tokens_dev: float  # ... of it on one device (split over cp)
+    micro_batches: float  # micro-batches of a rank per step
+    per_minibatch: float  # micro-batches per optimizer step (training) or per pass
+    in_flight: float  # micro-batches whose activations a rank keeps (a pipeline: up to pp)
+    recompute: bool
+    passes: float  # FORWARD_PASSES, TRAIN_PASSES (+ RECOMPUTE_PASSES)
+
+
+def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
+    """The layout, the micro-batches (on CPU workers the runtime's own, rpeg.perf.eager_cpu)
+    and the recompute decision of one pass of ``u``."""
+    n = u.num_devices
+    tp, pp, cp = u.tp, u.pp, u.cp
+    dp = max(1, n // (tp * pp * cp))
+    cpu = eager_cpu.is_cpu(c.gpu)
+    tok_mb = c.max_seq * u.micro_batch_size if u.seq_packing else (c.P + c.R) * u.micro_batch_size
+    tok_rank = c.tokens / dp
+    tok_mb = min(tok_mb, tok_rank)
+    mb = eager_cpu.micro_batches(c, dp, u.micro_batch_size, train)
+    tok_mb = mb.tokens if cpu else tok_mb
+    tok_dev = tok_mb / cp
+    if train:
+        per_minibatch = max(1.0, tok_rank / c.wl.train_minibatches / tok_mb)
+        in_flight = min(pp, per_minibatch)
+    else:
+        per_minibatch = max(1.0, tok_rank / tok_mb)
+        in_flight = 1.0
+    act_full = full_activation_bytes(c.model, tok_dev, tp, pp, in_flight, c.calib)
+    # the runtime checkpoints each decoder layer (rpeg.runtime.unit_memory) when the
+    # plan says so; ``auto``: when the activations kept without it would crowd the device
+    recompute = train and recomputes(u.recompute, act_full / GB, c.gpu.usable_hbm_gb)
+    if not train:
+        passes = FORWARD_PASSES
+    else:
+        passes = TRAIN_PASSES + RECOMPUTE_PASSES if recompute else TRAIN_PASSES
+    return PassShape(
+        train=train,
+        devices=n,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=u.ep,
+        dp=dp,
+        cpu=cpu,
+        value_bytes=eager_cpu.comm_value_bytes(c.wl.precision),
+        tokens_rank=tok_rank,
+        tokens_mb=tok_mb,
+        tokens_dev=tok_dev,
+        micro_batches=mb.count if cpu else tok_rank / tok_mb,
+        per_minibatch=per_minibatch,
+        in_flight=in_flight,
+        recompute=recompute,
+        passes=passes,
+    )
+
+
+def pass_flops(c: UnitContext, s: PassShape) -> float:
+    """Model FLOPs of the pass (6N/8N per token plus causal attention, and the vision tower
+    per pass); what MFU counts, not what is timed."""
+    if s.train:
+        flops = costs.train_flops(c.model, c.tokens, c.seq_sq, s.recompute)
+    else:
+        flops = costs.forward_flops(c.model, c.tokens, c.seq_sq)
+    return flops + s.passes * c.vision_fwd_flops
+
+
+# --- compute -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GemmCompute:
+    """The compute term: seconds of the dense GEMMs, the attention kernels and the expert
+    GEMMs, with the efficiencies they ran at."""
+
+    dense_s: float
+    attention_s: float
+    expert_s: float
+    dense_eff: float  # the dense GEMMs' share of the peak (size curve x pass factor)
+    expert_eff: float | None  # the expert GEMMs' size-curve efficiency (MoE only)
+
+    @property
+    def total_s(self) -> float:
+        return self.dense_s + self.attention_s + self.expert_s
+
+
+def _dense_expert_split(m: ModelSpec) -> tuple[float, float]:
+    """(dense matmul params, active expert matmul params) per token."""
+    if not m.moe:
+        return float(m.matmul_params), 0.0
+    expert = m.moe_layers * m.moe.top_k * m.expert_params
+    return float(m.matmul_params - expert), float(expert)
+
+
+def gemm_compute(c: UnitContext, s: PassShape) -> GemmCompute:
+    """FLOPs over the devices' peak at the efficiency of the GEMM sizes one micro-batch
+    makes (the GPU's size curve) times the pass factor (rpeg.perf.roofline); fused
+    attention at ``attn_eff`` where set (flash-attention's backward recomputes the scores:
+    ``costs.attn_passes``)."""
+    m, gpu, cal = c.model, c.gpu, c.calib
+    dense_p, expert_p = _dense_expert_split(m)
+    width = max(m.ffn_hidden if not m.moe else m.attn_width, m.attn_width)
+    eff_dense = gpu.matmul_eff(2.0 * s.tokens_dev * m.hidden * width / s.tp)
+    factor = pass_factor(cal.train_eff_factor if s.train else cal.forward_eff_factor, gpu)
+    peak = c.peak_flops * s.devices
+    attn = costs.attn_fwd_flops(m, c.seq_sq) * costs.attn_passes(s.passes, s.train, cal)
+    dense_flops = s.passes * 2.0 * dense_p * c.tokens + s.passes * c.vision_fwd_flops
+    expert_s, eff_e = 0.0, None
+    if expert_p:
+        tok_expert = s.tokens_dev * m.moe.top_k / m.moe.experts * s.ep
+        eff_e = gpu.matmul_eff(2.0 * tok_expert * m.hidden * m.moe.expert_ffn_hidden)
+        expert_s = s.passes * 2.0 * expert_p * c.tokens / (peak * eff_e * factor)
+    return GemmCompute(
+        dense_s=dense_flops / (peak * eff_dense * factor),
+        attention_s=attn / (peak * (cal.attn_eff or eff_dense * factor)),
+        expert_s=expert_s,
+        dense_eff=eff_dense * factor,
+        expert_eff=eff_e,
+    )
+
+
+# --- memory traffic ------------------------------------------------------------------------
+def vocab_traffic_s(c: UnitContext, s: PassShape) -> float | None:
+    """The fp32 log-softmax over the vocabulary: memory-bound passes over the logits
+    (``vocab_passes_fwd`` / ``vocab_passes_train``); None when the calibration prices none."""
+    cal, gpu = c.calib, c.gpu
+    vpasses = cal.vocab_passes_train if s.train else cal.vocab_passes_fwd
+    if not vpasses:
+        return None
+    return (
+        c.tokens
+        * c.model.vocab
+        * 4.0
+        * vpasses
+        / (s.devices * gpu.hbm_bytes_per_s * gpu.software_eff)
+    )
+
+
+def host_optimizer_s(c: UnitContext, u: UnitPlan, dp: int) -> float:
+    """Seconds of one optimizer step with the optimizer on the host, per device: its shard
+    of the trainable parameters (distributed over ``dp``) moved over the host link and
+    updated by a CPU Adam."""
+    p_dev = params_per_device(c.model, u.tp, u.pp, u.ep)
+    p_opt = trainable_params(c.model, c.wl, p_dev, u.tp) / max(1, dp)
+    cal = c.calib
+    return p_opt * (
+        HOST_LINK_BYTES_PER_PARAM / (cal.host_link_gbps * GB)
+        + HOST_ADAM_BYTES_PER_PARAM / (cal.host_adam_gbps * GB)
+    )
+
+
+def optimizer_s(c: UnitContext, u: UnitPlan, s: PassShape, optimizer_gb: float) -> float:
+    """The optimizer update per step: 16 B read/written per local parameter at HBM speed
+    (``optimizer_gb`` holds 12 B of it), once per optimizer step; plus the host's step where
+    the optimizer lives on the host. 0 for a forward pass."""
+    if not s.train:
+        return 0.0
+    t = (
+        c.wl.train_minibatches
+        * eager_cpu.updated_gb(optimizer_gb, s.cpu and u.engine != "fsdp", s.dp)
+        * (GB / 12.0 * 16.0 * 2 / c.gpu.hbm_bytes_per_s)
+    )
+    if c.wl.assumed_optimizer_on_host:
+        t += c.wl.train_minibatches * host_optimizer_s(c, u, s.dp)
+    return t
+
+
+# --- fixed costs and the bubble --------------------------------------------------------------
+def layer_overhead_s(c: UnitContext, s: PassShape) -> float:
+    """A fixed cost per layer per micro-batch and pass (launch, host sync, MoE routing):
+    the device's ``layer_overhead_ms`` where set, else ``layer_overhead_s``."""
+    cal, m = c.calib, c.model
+    per_layer = (c.gpu.layer_overhead_s or cal.layer_overhead_s) * m.dense_layers + (
+        cal.moe_layer_overhead_s * m.moe_layers
+    )
+    return s.micro_batches * s.passes * per_layer / s.pp
+
+
+def expert_loop_s(c: UnitContext, u: UnitPlan, s: PassShape) -> float | None:
+    """FSDP trainers run the HF modules, whose MoE block loops over the experts in Python
+    (one host sync + ~8 small kernels per expert hit), unlike Megatron's grouped GEMM: a
+    fixed cost per expert per MoE layer per micro-batch and pass. None where it does not
+    apply (dense model, expert parallel, another engine)."""
+    m = c.model
+    if not (m.moe and s.ep == 1 and u.engine == "fsdp"):
+        return None
+    loop = s.micro_batches * s.passes * c.calib.moe_expert_loop_s * m.moe.experts * m.moe_layers
+    return loop / s.pp
+
+
+def bubble(s: PassShape) -> float:
+    """The pipeline bubble's share of the compute, ``(pp - 1) / m`` (m micro-batches per
+    mini-batch)."""
+    return (s.pp - 1) / s.per_minibatch if s.pp > 1 else 0.0
+
+
+# --- communication ---------------------------------------------------------------------------
+def tensor_parallel_s(c: UnitContext, s: PassShape, first: int) -> tuple[str, float]:
+    """Two all-reduces (or reduce-scatter + all-gather) of a micro-batch's activations per
+    layer per pass: (link level, seconds)."""
+    m, cal = c.model, c.calib
+    lvl, bw, alpha = costs.group_link(c.cluster, first, s.tp)
+    ar = costs.allreduce_time(
+        s.tokens_dev * m.hidden * s.value_bytes, s.tp, bw, alpha, cal.nccl_bus_eff
+    )
+    return lvl, s.micro_batches * s.passes * 2 * m.layers / s.pp * ar
+
+
+def lora_grad_sum_s(c: UnitContext, s: PassShape, first: int) -> float:
+    """LoRA under tensor parallel: the replicated factors' gradients summed over the tp ranks
+    once per optimizer step (0 without LoRA)."""
+    m, cal = c.model, c.calib
+    _, bw, alpha = costs.group_link(c.cluster, first, s.tp)
+    g = tp_grad_sum_bytes(m, c.wl, params_per_device(m, s.tp, s.pp, s.ep), s.tp)
+    return c.wl.train_minibatches * costs.allreduce_time(g, s.tp, bw, alpha, cal.nccl_bus_eff)
+
+
+def expert_parallel_s(c: UnitContext, s: PassShape, first: int) -> tuple[str, float]:
+    """All-to-all dispatch + combine per MoE layer per pass, waiting for the slowest EP
+    group of the pool: (link level, seconds)."""
+    m = c.model
+    tp, cp, ep, n = s.tp, s.cp, s.ep, s.devices
+    # with tensor parallel, sequence parallel splits the tokens over the tp ranks first
+    a2a_bytes = s.tokens_dev / tp * m.moe.top_k * m.hidden * 2.0
+    # the EP groups tile the pool in blocks of ep*tp*cp devices; every group waits for
+    # the slowest one (a block straddling a scale-up domain boundary)
+    block = ep * tp * cp
+    ta, lvl = 0.0, "device"
+    dom, rack = c.cluster.domain_size, c.cluster.rack_size
+    span = (ep - 1) * tp * cp
+    seen: set[tuple[int, bool]] = set()
+    for b0 in range(first, first + max(block, n - block + 1), block):
+        # blocks at the same offset in their domain that cross (or not) a rack boundary
+        # cost the same: price each kind once
+        key = (b0 % dom, b0 // rack != (b0 + span) // rack)
+        if key in seen:
+            continue
+        seen.add(key)
+        t_b, l_b = costs.alltoall_time(a2a_bytes, ep, c.cluster, b0, tp * cp, c.calib.nccl_bus_eff)
+        if t_b > ta:
+            ta, lvl = t_b, l_b
+    return lvl, s.micro_batches * s.passes * 2 * m.moe_layers / s.pp * ta
+
+
+def context_parallel_s(c: UnitContext, s: PassShape, first: int) -> tuple[str, float]:
+    """The K/V exchange of the full-attention layers (ring), bandwidth term only: (link
+    level, seconds)."""
+    m = c.model
+    lvl, bw, alpha = costs.group_link(c.cluster, first, s.cp, s.tp)
+    full = max(1, m.full_attn_layers)  # linear-attention layers exchange no K/V
+    kvb = s.tokens_dev * m.kv_bytes_per_token(2.0) / full * (s.cp - 1)
+    return lvl, s.micro_batches * s.passes * full / s.pp * (kvb / (bw * c.calib.nccl_bus_eff))
+
+
+def _dp_link(c: UnitContext, s: PassShape, first: int) -> tuple[str, float, float]:
+    lvl = c.cluster.span_level_contiguous(first, s.devices)
+    link = c.cluster.link(lvl)
+    return lvl, link.bytes_per_s, link.latency_s
+
+
+def gradient_sync_s(
+    c: UnitContext, s: PassShape, first: int, weights_gb: float
+) -> tuple[str, float]:
+    """Data parallel: reduce-scatter of the gradients and all-gather of the parameters per
+    optimizer step (``weights_gb``: the rank's weights as held): (link level, seconds)."""
+    lvl, bw, lat = _dp_link(c, s, first)
+    p_bytes = weights_gb * GB / c.wbytes * s.value_bytes
+    per_step = 2 * costs.gather_time(p_bytes, s.dp, bw, lat, c.calib.nccl_bus_eff)
+    return lvl, per_step * c.wl.train_minibatches
+
+
+def fsdp_collectives(gathered: bool) -> int:
+    """FSDP collectives per training micro-batch: the forward's all-gather, the backward's
+    again unless the parameters stay gathered, and the gradients' reduce-scatter."""
+    return 2 if gathered else 3
+
+
+def fsdp_gathers_s(
+    c: UnitContext, s: PassShape, first: int, weights_gb: float, gathered: bool
+) -> tuple[str, float]:
+    """FSDP's per-micro-batch collectives of the parameters (and, training, the gradients):
+    (link level, seconds per step); overlapped with the compute (``eager_cpu.overlap``)."""
+    lvl, bw, lat = _dp_link(c, s, first)
+    eff = c.calib.nccl_bus_eff
+    if s.train:
+        p_bytes = weights_gb * GB / c.wbytes * s.value_bytes
+        fs = (
+            s.micro_batches
+            / max(1, c.wl.train_minibatches)
+            * fsdp_collectives(gathered)
+            * costs.gather_time(p_bytes * s.dp, s.dp, bw, lat, eff)
+        )
+        return lvl, fs * c.wl.train_minibatches
+    p_bytes = c.model.params * s.value_bytes / (s.tp * s.pp)
+    return lvl, s.micro_batches * costs.gather_time(p_bytes, s.dp, bw, lat, eff)
+
+
+# --- memory ----------------------------------------------------------------------------------
+def state_memory(c: UnitContext, u: UnitPlan, trainable: bool) -> dict[str, float]:
+    """GB per device of the unit's weights and, trained, its gradients, optimizer state
+    (fp32 master + Adam m, v, distributed over dp), LoRA adapters and the weights an FSDP
+    pass keeps gathered."""
+    p_dev = params_per_device(c.model, u.tp, u.pp, u.ep)
+    fsdp = u.engine == "fsdp"
+    dp = max(1, u.num_devices // (u.tp * u.pp))
+    out = {"weights": p_dev * c.wbytes / GB / (dp if fsdp else 1)}
+    if trainable:
+        p_train = trainable_params(c.model, c.wl, p_dev, u.tp)  # LoRA: adapters (perf.lora)
+        out |= adapter_memory(c.model, c.wl, p_dev, c.wbytes, dp if fsdp else 1, u.tp)
+        out["gradients"] = p_train * 2.0 / GB / (dp if fsdp else 1)
+        out["optimizer"] = p_train * 12.0 / dp / GB  # fp32 master + Adam m, v (distributed)
+        if c.wl.assumed_optimizer_on_host:
+            out["optimizer"] = 0.0  # on the host (priced in optimizer_s: host_optimizer_s)
+        if unit_keeps_gathered(c, u):
+            out["gathered_weights"] = gathered_extra_gb(p_dev, c.wbytes, dp)
+    return out
+
+
+def activation_memory(c: UnitContext, s: PassShape) -> tuple[float, float]:
+    """(activations, logits) in bytes per device: training keeps every layer's activations
+    of the micro-batches in flight, or with recompute each layer's input plus one layer's
+    full set; the fp32 logits of one chunk (and their gradient in training)."""
+    m, cal = c.model, c.calib
+    if s.train:
+        per = (
+            cal.act_bytes_per_hidden_recompute
+            if s.recompute
+            else cal.act_bytes_per_hidden_full / s.tp
+        )
+        act = s.tokens_dev * m.hidden * per * (m.layers / s.pp) * s.in_flight
+        if s.recompute:
+            act += s.tokens_dev * m.hidden * cal.act_bytes_per_hidden_full / s.tp
+    else:
+        act = s.tokens_dev * m.hidden * 2.0 * 4
+    logits = (
+        min(s.tokens_dev, cal.logits_chunk_tokens) * m.vocab / s.tp * 4.0 * (2 if s.train else 1)
+    )
+    return act, logits
+
+
+# --- the pass ----------------------------------------------------------------------------------
+def _add(comm: dict[str, float], level: str, seconds: float) -> None:
+    comm[level] = comm.get(level, 0.0) + seconds
+
+
+def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) -> StageCost:
+    """One forward-only or training pass of ``u``: time, FLOPs, communication by link level,
+    memory per device, and each term in ``detail`` (module docstring)."""
+    s = pass_shape(c, u, train)
+    sc = StageCost(name, (kind,), format_devices(u.devices), s.devices)
+    sc.detail["recompute"] = float(s.recompute)
+    # compute, then memory traffic and fixed costs on the same clock
+    g = gemm_compute(c, s)
+    sc.detail["attn_s"] = g.attention_s
+    if g.expert_eff is not None:
+        sc.detail["expert_gemm_eff"] = g.expert_eff
+    t_comp = g.total_s
+    vocab = vocab_traffic_s(c, s)
+    if vocab is not None:
+        t_comp += vocab
+        sc.detail["vocab_s"] = vocab
+    t_comp += layer_overhead_s(c, s)
+    loop = expert_loop_s(c, u, s)
+    if loop is not None:
+        t_comp += loop
+        sc.detail["moe_expert_loop_s"] = loop
+    # communication, by link level
+    comm: dict[str, float] = {}
+    first = u.devices[0]
+    if s.tp > 1:
+        _add(comm, *tensor_parallel_s(c, s, first))
+        if train:
+            lvl = costs.group_link(c.cluster, first, s.tp)[0]
+            lora = lora_grad_sum_s(c, s, first)
+            if lora:
+                comm[lvl] += lora
+                sc.detail["lora_tp_grad_sum_s"] = lora
+    if c.model.moe and s.ep > 1:
+        _add(comm, *expert_parallel_s(c, s, first))
+    if s.cp > 1:
+        _add(comm, *context_parallel_s(c, s, first))
+    state = state_memory(c, u, train)
+    if u.engine == "fsdp" and s.dp > 1:
+        gathered = "gathered_weights" in state
+        if train:
+            sc.detail["fsdp_collectives_per_micro_batch"] = float(fsdp_collectives(gathered))
+        lvl, fs = fsdp_gathers_s(c, s, first, state["weights"], gathered)
+        t_comp = eager_cpu.overlap(c.gpu, t_comp, fs, comm, lvl)
+    if train and s.dp > 1:
+        _add(comm, *gradient_sync_s(c, s, first, state["weights"]))
+    t_opt = optimizer_s(c, u, s, state.get("optimizer", 0.0))
+    b = bubble(s)
+    scale = c.calib.train_eff_scale if train else c.calib.fwd_eff_scale
+    sc.time_s = eager_cpu.scaled(c.gpu, t_comp * (1.0 + b) + t_opt, sum(comm.values()), scale)
+    sc.flops = pass_flops(c, s)
+    sc.comm_s = comm
+    act, logits = activation_memory(c, s)
+    sc.memory_gb = {
+        **state,
+        "activations": act / GB,
+        "logits": logits / GB,
+        "framework": c.calib.reserve_gb,
+    }
+    sc.detail.update(
+        mfu_gemm_dense=g.dense_eff,
+        bubble=b,
+        micro_batches=s.micro_batches,
+        compute_s=t_comp,
+        optimizer_s=t_opt,
+    )
+    return sc
