@@ -38,7 +38,7 @@ FUSIONS = ("none", "rollout", "forward", "rollout+forward")
 #: and the space drops them (``SpaceOptions.runtime_only``) under a named ``runtime:`` reason
 UNSUPPORTED_DEGREES = {
     "pp": "the runtime's ranks do not run pipeline stages yet (rpeg.runtime.pipeline is not wired in)",
-    "cp": "the runtime has no context (sequence) parallelism",
+    "cp": "the runtime's ranks do not run context parallelism yet (rpeg.runtime.context_parallel is not wired in)",
     "ep": "the runtime has no expert parallelism (dense models only)",
 }
 
