@@ -5,7 +5,7 @@ Each argument is ``RUN_DIR:CONFIG`` (a run's output folder, with timeline.json a
 metrics.jsonl, and the YAML it ran). The first is calibrated on (into a temporary specs dir,
 nothing of the user's is touched); every run is predicted with the shipped constants and
 with the fitted ones, against its measured median step (first step left out), at its
-measured prompt and response lengths (``rpeg.perf.fit.measured_workload``: the benchmark
+measured prompt and response lengths (``rpeg.perf.calibration.fit.measured_workload``: the benchmark
 judges the rates, not the length guess of a config that leaves the mean prompt unstated).
 
     rpeg train configs/builtin.yaml --steps 6      # and the sharded / async configs
@@ -27,8 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rpeg.compile.sources import resolve
     from rpeg.config import RunConfig
-    from rpeg.perf import fit
-    from rpeg.perf.calibration import SHIPPED, machine_calibration
+    from rpeg.perf.calibration import SHIPPED, fit, machine_calibration
     from rpeg.perf.prediction import Workload
 
     cases = []

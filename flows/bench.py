@@ -4,9 +4,9 @@ through the real runtime and lay predicted beside measured step time and speedup
 Each plan runs as its own ``rpeg train CONFIG --steps N`` process (the same path a user
 runs, one at a time so they do not share the machine), writes ``metrics.jsonl`` in its own
 folder, and is measured by the median step after ``skip`` warm-up steps and any further
-warm-up (:func:`rpeg.perf.fit.read_run`). The prediction is shown twice: at the workload
+warm-up (:func:`rpeg.perf.calibration.fit.read_run`). The prediction is shown twice: at the workload
 `rpeg predict` prices (the config's lengths, else those ``rpeg calibrate`` kept for the model
-and task, else the prior's: rpeg.perf.run_lengths) and at the lengths the run actually
+and task, else the prior's: rpeg.perf.calibration.run_lengths) and at the lengths the run actually
 produced, so a length miss is not mistaken for a rate miss. The table is also a Prefect
 markdown artifact when a Prefect run is active (:func:`bench_flow`).
 """
@@ -73,7 +73,7 @@ def run_entries(
     runner: Runner = subprocess_runner,
 ) -> list[BenchResult]:
     """Run each entry in turn and measure it; a run that fails is a row with its error."""
-    from rpeg.perf.fit import RunDataError, read_run
+    from rpeg.perf.calibration.fit import RunDataError, read_run
 
     results = []
     for e in entries:

@@ -64,8 +64,8 @@ def bench(
     from rpeg.errors import ConfigError, Problem
     from rpeg.flows.bench import BenchEntry, bench_flow, run_entries, table
     from rpeg.perf import predict
-    from rpeg.perf.fit import measured_workload
-    from rpeg.perf.run_lengths import configured_workload
+    from rpeg.perf.calibration.fit import measured_workload
+    from rpeg.perf.calibration.run_lengths import configured_workload
 
     if skip >= steps:
         raise ConfigError([Problem("--skip", f"{skip} leaves no step of --steps {steps}")])

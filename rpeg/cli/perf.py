@@ -120,8 +120,8 @@ def predict(
     plan_model_known(plan, cfg, config)
     from rpeg.perf import build_graph
     from rpeg.perf.calibration import DEFAULT, SHIPPED
+    from rpeg.perf.calibration.run_lengths import configured_workload
     from rpeg.perf.interval import Unknowns, predict_interval
-    from rpeg.perf.run_lengths import configured_workload
     from rpeg.perf.systems import normalise, system_params, widen
 
     wl = configured_workload(cfg, plan.cluster)  # lengths `rpeg calibrate` measured, if any
@@ -447,7 +447,7 @@ def calibrate_run(
     later predictions of the same model and task."""
     from rpeg.compile.sources import resolve
     from rpeg.errors import ConfigError, Problem
-    from rpeg.perf import fit
+    from rpeg.perf.calibration import fit
     from rpeg.perf.prediction import Workload
 
     config = config or run_dir / "config.yaml"
@@ -466,7 +466,7 @@ def calibrate_run(
         if measured.turns is None:
             typer.echo("turns: no turns_mean in metrics.jsonl; priced at the config's shape")
         else:
-            from rpeg.perf import turn_fit
+            from rpeg.perf.calibration import turn_fit
 
             pred = fit.predictor(graph, plan, wl, measured)
             wl, lines = turn_fit.fit_workload(wl, measured.turns, pred)
@@ -484,7 +484,7 @@ def calibrate_run(
         typer.echo(line)
     path = fit.write(plan.cluster, values, f"rpeg calibrate {run_dir}", out)
     if at is not wl and wl.turns is None:  # kept for predictions of this model and task
-        from rpeg.perf import run_lengths as RL
+        from rpeg.perf.calibration import run_lengths as RL
 
         prompt = at.mean_prompt_tokens if at.mean_prompt_tokens != wl.mean_prompt_tokens else None
         found = RL.RunLengths(at.mean_response_tokens, prompt, at.length_sigma, str(run_dir))
@@ -495,9 +495,9 @@ def calibrate_run(
         ", ".join(f"{k}={v:.4g}" for k, v in values.items()) + f" -> {path} [{plan.cluster}]"
     )
     if shaped:  # kept for predictions of this model and task: docs/multiturn.md
-        from rpeg.perf import turn_store as TS
-        from rpeg.perf.run_lengths import task_key
-        from rpeg.perf.turn_fit import config_lines
+        from rpeg.perf.calibration import turn_store as TS
+        from rpeg.perf.calibration.run_lengths import task_key
+        from rpeg.perf.calibration.turn_fit import config_lines
 
         t = wl.turns
         response = at.mean_response_tokens if at is not wl else None

@@ -41,11 +41,11 @@ class Workload:
     # multi-turn rollouts (task.multiturn with an env): priced turn by turn (rpeg.perf.turns);
     # None = single turn
     turns: Turns | None = None
-    # sigma of the lognormal response lengths where a run measured it (rpeg.perf.run_lengths);
+    # sigma of the lognormal response lengths where a run measured it (rpeg.perf.calibration.run_lengths);
     # None = the calibration's length_sigma
     length_sigma: float | None = None
     # what the workload's lengths rest on beyond the config (listed with the prediction's
-    # assumptions): "lengths measured by rpeg calibrate on RUN" (rpeg.perf.run_lengths)
+    # assumptions): "lengths measured by rpeg calibrate on RUN" (rpeg.perf.calibration.run_lengths)
     assumed: tuple[str, ...] = ()
     # the trainers' optimizer state and update on the host (CPU offload of the optimizer:
     # DeepSpeed ZeRO-Offload, Megatron's CPU optimizer): no device bytes, the gradients down

@@ -13,7 +13,7 @@ achieved share of the modelled rate (time = modelled time / factor):
 
 fitted on published step times (:mod:`rpeg.perf.validation.loso`, leave-one-source-out for every
 figure the project quotes). RPEG's own runtime is the system ``rpeg``: its factors come
-from ``rpeg calibrate RUN_DIR`` on the user's machine (rpeg.perf.fit), not from this table.
+from ``rpeg calibrate RUN_DIR`` on the user's machine (rpeg.perf.calibration.fit), not from this table.
 A system not in the table (or not stated) uses the pooled factors of all sources with the
 wider range of the pooled residuals (:func:`system_params`).
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from rpeg.errors import ConfigError, Problem
 from rpeg.ir import Graph, build
+from rpeg.perf.calibration.run_lengths import configured_workload
 from rpeg.perf.prediction import Workload
-from rpeg.perf.run_lengths import configured_workload
 from rpeg.search.space import SearchSpace, SpaceOptions
 
 
@@ -158,7 +158,7 @@ def problem_from_config(config: Any) -> PlanProblem:
         model=model,
         cluster=cl,
         # LoRA: perf.lora; multi-turn: perf.turns; lengths `rpeg calibrate` kept for the model
-        # and task where the config states none (perf.run_lengths)
+        # and task where the config states none (perf.calibration.run_lengths)
         workload=configured_workload(config, cl.name),
         num_devices=n,
         max_staleness=config.runtime.max_staleness,

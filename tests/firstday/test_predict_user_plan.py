@@ -107,7 +107,7 @@ def test_bench_of_a_run_config_prices_the_folder_model(user_files, tmp_path, cap
 
     from rpeg.compile.sources import resolve
     from rpeg.perf import predict
-    from rpeg.perf.run_lengths import configured_workload
+    from rpeg.perf.calibration.run_lengths import configured_workload
     from rpeg.preflight import load_config
 
     cfg_path = tmp_path / "my.yaml"

@@ -11,8 +11,7 @@ import pytest
 from rpeg.cli import main
 from rpeg.compile.sources import resolve
 from rpeg.config import RunConfig
-from rpeg.perf import fit
-from rpeg.perf.calibration import DEFAULT, SHIPPED, machine_calibration
+from rpeg.perf.calibration import DEFAULT, SHIPPED, fit, machine_calibration
 from rpeg.perf.prediction import Workload
 from rpeg.perf.pricing import predict
 
@@ -165,8 +164,8 @@ def test_cli_keeps_the_runs_lengths_for_later_predictions(tmp_path, case, capsys
     """The run's batches held 6 prompt + 3 response tokens a sample, the longest response of
     a step 5: calibrate keeps them (and the spread that makes 5 the expected longest of 128
     samples) for the model and task; a later prediction from the same config uses them."""
-    from rpeg.perf import run_lengths as RL
     from rpeg.perf.calibration import _user_file
+    from rpeg.perf.calibration import run_lengths as RL
 
     cfg, graph, plan, wl = case
     hist = _write_run(tmp_path / "run", predict(graph, plan, wl, calib=HALF), factor=1.0)

@@ -5,12 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from rpeg.perf.validation import loso
 from rpeg.perf.calibration import SHIPPED
 from rpeg.perf.pricing import predict
+from rpeg.perf.solve import solve_layout, solve_row
+from rpeg.perf.validation import loso
 from rpeg.perf.validation.published import read_rows
 from rpeg.perf.validation.rows import read_case
-from rpeg.perf.solve import solve_layout, solve_row
 from rpeg.plan.schema import InfeasiblePlan
 
 

@@ -8,11 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from rpeg.perf.systems import POOLED, SYSTEMS, SystemParams, normalise, system_params
 from rpeg.perf.validation import loso, loso_fit, loso_ranges
 from rpeg.perf.validation.loso import GRID, Priced
 from rpeg.perf.validation.loso_lengths import LEN_GRID, at
 from rpeg.perf.validation.loso_summary import Scored, summarise
-from rpeg.perf.systems import POOLED, SYSTEMS, SystemParams, normalise, system_params
 
 
 def _row(case, source, system, gen_s, train_s, true_g=1.0, true_t=1.0, stages=False):

@@ -1,5 +1,5 @@
 """Lengths a run measured, kept by `rpeg calibrate` and used by later predictions of the same
-model and task (rpeg.perf.run_lengths): the spread solved from the longest response, the
+model and task (rpeg.perf.calibration.run_lengths): the spread solved from the longest response, the
 store in calibration.yaml, and a run config that states its own lengths keeping them."""
 
 import math
@@ -8,9 +8,8 @@ from statistics import NormalDist
 import pytest
 import yaml
 
-from rpeg.perf import fit
-from rpeg.perf import run_lengths as RL
-from rpeg.perf.calibration import _user_file
+from rpeg.perf.calibration import _user_file, fit
+from rpeg.perf.calibration import run_lengths as RL
 from rpeg.preflight import load_config
 
 

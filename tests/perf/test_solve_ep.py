@@ -5,8 +5,8 @@ import pytest
 
 from rpeg.perf.calibration import SHIPPED
 from rpeg.perf.prediction import GB
-from rpeg.perf.validation.rows import read_case
 from rpeg.perf.solve import _ep_candidates, solve_layout
+from rpeg.perf.validation.rows import read_case
 
 ROW = dict(
     case_id="x",

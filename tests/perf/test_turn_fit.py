@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rpeg.perf import turn_fit
+from rpeg.perf.calibration import turn_fit
 from rpeg.perf.turns import Turns
 
 TURNS = Turns(max_turns=3, max_turn_tokens=28, env_concurrency=8)
@@ -100,9 +100,9 @@ def test_cli_calibrate_of_a_multiturn_run_prints_the_turn_shape(tmp_path, capsys
     from rpeg.compile.sources import resolve
     from rpeg.config import RunConfig
     from rpeg.perf.calibration import SHIPPED, _user_file
+    from rpeg.perf.calibration.run_lengths import configured_workload
     from rpeg.perf.prediction import Workload
     from rpeg.perf.pricing import predict
-    from rpeg.perf.run_lengths import configured_workload
 
     cfg = RunConfig.from_yaml("configs/tool-cpu.yaml").with_overrides(
         {"task.multiturn.max_turns": 3, "cluster.num_devices": 2, "cluster.n_workers": 2}

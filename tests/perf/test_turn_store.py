@@ -1,9 +1,9 @@
 """The turn shape `rpeg calibrate` fits on a multi-turn run is kept per cluster, model and
 task in calibration.yaml; a later prediction of that task takes the values its config does
-not state (rpeg.perf.turn_store). Values written by hand."""
+not state (rpeg.perf.calibration.turn_store). Values written by hand."""
 
-from rpeg.perf import turn_store as TS
-from rpeg.perf.run_lengths import task_key
+from rpeg.perf.calibration import turn_store as TS
+from rpeg.perf.calibration.run_lengths import task_key
 
 
 def _cfg(**over):

@@ -25,17 +25,17 @@ import numpy as np
 from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
+from rpeg.perf.pricing import predict
+from rpeg.perf.systems import UNKNOWN_WIDEN, normalise
 from rpeg.perf.validation.loso_fit import GRID, _interp, _loss, fit, fit_lengths, params  # noqa: F401
 from rpeg.perf.validation.loso_lengths import LEN_GRID, at, multiplier, prior_kind, scaled
 from rpeg.perf.validation.loso_oneshot import one_shot
 from rpeg.perf.validation.loso_ranges import _bounds, _comparable, _range
 from rpeg.perf.validation.loso_summary import Scored
-from rpeg.perf.pricing import predict
 from rpeg.perf.validation.row_cells import Unpredictable, _float, _number, unknown_names
 from rpeg.perf.validation.row_text import system_of
 from rpeg.perf.validation.rows import assumed_values, read_case
 from rpeg.perf.validation.run_share import fitted_share, from_hours, outside_share
-from rpeg.perf.systems import UNKNOWN_WIDEN, normalise
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError
 
@@ -127,8 +127,8 @@ def price_rows(
     rows: list[dict[str, str]], dataset: str, calib: Calibration = SHIPPED
 ) -> tuple[list[Priced], list[Scored]]:
     """Every row with a measurement priced on the grid; the rest as Scored with a reason."""
-    from rpeg.perf.validation.published import _throughput
     from rpeg.perf.solve import solve_row
+    from rpeg.perf.validation.published import _throughput
 
     priced, refused = [], []
     for r in rows:

@@ -17,8 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from rpeg.perf.validation.loso_lengths import KINDS, LEN_FINE, LEN_SHRINK, MIN_LENGTH_SOURCES, at, multiplier
 from rpeg.perf.systems import POOLED
+from rpeg.perf.validation.loso_lengths import (
+    KINDS,
+    LEN_FINE,
+    LEN_SHRINK,
+    MIN_LENGTH_SOURCES,
+    at,
+    multiplier,
+)
 
 #: factor grid each row is priced on (time = modelled / factor)
 GRID = tuple(2 ** (k * 2 / 3) for k in range(-3, 4))  # 0.25 .. 4

@@ -1,5 +1,5 @@
 """One-shot accuracy (pure): a source's other rows predicted after one of its rows calibrated
-the model, the way ``rpeg calibrate`` fits a user's own run (rpeg.perf.fit).
+the model, the way ``rpeg calibrate`` fits a user's own run (rpeg.perf.calibration.fit).
 
 The starting point of each source is its leave-one-source-out fit (rpeg.perf.validation.loso: system
 factors and length-prior multipliers fitted without it: what a user of a system the model

@@ -15,6 +15,7 @@ from typing import Any
 
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.prediction import Workload
+from rpeg.perf.solve import Layout, solve_row
 from rpeg.perf.validation.row_cells import (
     Unpredictable,
     _cluster_for,
@@ -31,7 +32,6 @@ from rpeg.perf.validation.row_cells import (
     model_name,
     resolve_model,
 )
-from rpeg.perf.solve import Layout, solve_row
 from rpeg.plan.schema import GraphRef, Plan, UnitPlan
 
 # Priors of inputs a row may leave blank (docs/perf-model.md, "Unknown inputs").

@@ -8,10 +8,17 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from rpeg.perf.validation.loso import Priced, default_datasets, per_step, price_rows, score, share_of
+from rpeg.perf.systems import POOLED, SystemParams
+from rpeg.perf.validation.loso import (
+    Priced,
+    default_datasets,
+    per_step,
+    price_rows,
+    score,
+    share_of,
+)
 from rpeg.perf.validation.loso_fit import fit_lengths
 from rpeg.perf.validation.loso_ranges import MIN_COMPARABLE, _range
-from rpeg.perf.systems import POOLED, SystemParams
 
 
 def system_table(priced: list[Priced]) -> dict[str, SystemParams]:

@@ -306,7 +306,7 @@ def _metrics(rows: list[_Row], gen_s: float, gen_tokens: int, env_s: float) -> M
         "env_errors": float(sum(bool(r.error) for r in rows)),
     }
     turns, obs = sum(r.turns for r in rows), sum(len(r.observations) for r in rows)
-    if turns:  # the turn shape `rpeg calibrate` fits (rpeg.perf.turn_fit)
+    if turns:  # the turn shape `rpeg calibrate` fits (rpeg.perf.calibration.turn_fit)
         m["turn_tokens_mean"] = sum(r.decoded for r in rows) / turns
     if obs:
         m["observation_tokens_mean"] = sum(r.obs_tokens for r in rows) / obs

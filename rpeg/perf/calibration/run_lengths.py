@@ -96,14 +96,14 @@ def configured_workload(config: Any, cluster: str | None = None) -> Any:
     states them, else the lengths ``rpeg calibrate`` measured for its model and task on
     ``cluster`` (default: the config's plan cluster), else the prior's. A multi-turn task's
     lengths are its turn shape's: the one ``rpeg calibrate`` measured for it where its
-    config states none (:func:`rpeg.perf.turn_store.with_stored_turns`)."""
+    config states none (:func:`rpeg.perf.calibration.turn_store.with_stored_turns`)."""
     from rpeg.perf.prediction import Workload
 
     w = config.workload
     wl = Workload.from_config(w, config.model.lora, config.task.multiturn)
     name = cluster or getattr(config.plan, "cluster", None) or config.cluster.name
     if wl.turns is not None:  # multi-turn: the turn shape measured for it, if any
-        from rpeg.perf.turn_store import with_stored_turns
+        from rpeg.perf.calibration.turn_store import with_stored_turns
 
         return with_stored_turns(wl, config, name, task_key(config))
     if w.mean_response_tokens and w.mean_prompt_tokens:

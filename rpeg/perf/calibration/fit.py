@@ -32,9 +32,9 @@ from typing import Any
 
 from rpeg.errors import Problem, ProblemsError
 from rpeg.perf.calibration import SHIPPED, Calibration, _user_file
-from rpeg.perf.run_lengths import LENGTHS_KEY, sigma_for_max
-from rpeg.perf.turn_fit import MeasuredTurns, measured_turns
-from rpeg.perf.turn_store import TURNS_KEY
+from rpeg.perf.calibration.run_lengths import LENGTHS_KEY, sigma_for_max
+from rpeg.perf.calibration.turn_fit import MeasuredTurns, measured_turns
+from rpeg.perf.calibration.turn_store import TURNS_KEY
 from rpeg.perf.units import FWD_KINDS, GEN_KIND, TRAIN_KINDS
 
 SCALE_RANGE = (0.01, 100.0)
@@ -54,7 +54,7 @@ class MeasuredRun:
     tokens_per_step: float | None = None
     response_tokens: float | None = None
     response_max: float | None = None  # the step's longest response (``response_length_max``)
-    # a multi-turn run's per-step turn figures (rpeg.perf.turn_fit); None: single turn
+    # a multi-turn run's per-step turn figures (rpeg.perf.calibration.turn_fit); None: single turn
     turns: MeasuredTurns | None = None
 
 

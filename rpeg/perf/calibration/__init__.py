@@ -1,6 +1,12 @@
 """The few named calibration constants of the performance model (all documented in
 docs/perf-model.md). They are physical efficiencies and overheads, shared by every plan; none
-is fitted per validation row."""
+is fitted per validation row.
+
+The package also refits them from a user's measured run (``rpeg calibrate``): :mod:`.fit`
+(efficiency scales and fixed costs, written to the user's ``calibration.yaml``, read back
+here), :mod:`.run_lengths` and :mod:`.turn_fit` / :mod:`.turn_store` (the lengths and turn
+shape a run measured, kept for later predictions of the same model and task). This module
+imports none of them: the model reads the constants without the fitting."""
 
 from __future__ import annotations
 
@@ -117,7 +123,7 @@ class Calibration:
     comm_uncertainty: float = 0.25
     fixed_cost_factor: float = 1.4
     length_prior_spread: float = 1.5
-    # Fitted on a measured run of this machine (``rpeg calibrate runs/<run>``, rpeg.perf.fit):
+    # Fitted on a measured run of this machine (``rpeg calibrate runs/<run>``, rpeg.perf.calibration.fit):
     # achieved share of the modelled rate per unit class (time = modelled time / scale) and
     # the measured per-step overhead (overrides the cluster's ``runtime.step_overhead_s``).
     gen_eff_scale: float = 1.0

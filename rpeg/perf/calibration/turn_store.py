@@ -3,11 +3,11 @@ and task (pure: reads and writes YAML only). docs/multiturn.md "Fitting the turn
 from a run".
 
 ``rpeg calibrate RUN`` of a multi-turn run fits ``mean_turns``, ``mean_turn_tokens``,
-``observation_tokens`` and ``env_latency_s`` (:mod:`rpeg.perf.turn_fit`) and stores them in
+``observation_tokens`` and ``env_latency_s`` (:mod:`rpeg.perf.calibration.turn_fit`) and stores them in
 the user's ``calibration.yaml`` under the run's cluster (``turns``, keyed by
-:func:`turn_key`: the model and task as :func:`rpeg.perf.run_lengths.task_key` says, and the
+:func:`turn_key`: the model and task as :func:`rpeg.perf.calibration.run_lengths.task_key` says, and the
 environment, its tools and the turn caps), beside the response lengths a single-turn run
-keeps (:mod:`rpeg.perf.run_lengths`). A later prediction from a run config of that model
+keeps (:mod:`rpeg.perf.calibration.run_lengths`). A later prediction from a run config of that model
 and task takes each value the config's ``task.multiturn`` does not state (left unset or at
 its default: :func:`with_stored_turns`) and lists it as an assumption; a value the config
 states wins.
@@ -42,7 +42,7 @@ class StoredTurns:
 
 def turn_key(config: Any, task: str) -> str:
     """The model and task a multi-turn run config's turn shape belongs to: ``task``, the
-    key of its lengths (:func:`rpeg.perf.run_lengths.task_key`: model, task, difficulty,
+    key of its lengths (:func:`rpeg.perf.calibration.run_lengths.task_key`: model, task, difficulty,
     caps, temperature), and the environment, its tools and the turn caps (what the policy
     does with them); not the layout, the cluster, the algorithm or ``env_concurrency``
     (which changes the waves, not a call's latency)."""
