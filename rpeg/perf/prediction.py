@@ -50,7 +50,7 @@ class Workload:
     # the trainers' optimizer state and update on the host (CPU offload of the optimizer:
     # DeepSpeed ZeRO-Offload, Megatron's CPU optimizer): no device bytes, the gradients down
     # and the parameters up over the host link and a CPU Adam per optimizer step. Assumed by
-    # the row solver (rpeg.perf.solve.solve_row) for a published run no layout fits without
+    # the row solver (rpeg.perf.validation.solve.solve_row) for a published run no layout fits without
     assumed_optimizer_on_host: bool = False
     # speculative decoding in the rollout engine: draft tokens proposed per decode step
     # (MTP heads, an EAGLE draft head; 0 = none) and the mean tokens a verification step

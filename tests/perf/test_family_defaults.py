@@ -5,12 +5,12 @@ trainer."""
 import pytest
 
 from rpeg.perf.calibration import SHIPPED
-from rpeg.perf.solve import solve_row
 from rpeg.perf.validation import loso
 from rpeg.perf.validation.published import read_rows
 from rpeg.perf.validation.row_cells import Unpredictable
 from rpeg.perf.validation.row_text import with_text
 from rpeg.perf.validation.rows import STATIC_GEN_BATCH, read_case
+from rpeg.perf.validation.solve import solve_row
 
 BASE = "nemo-v0.5-h100bf16-llama-grpo-on-16g"  # Llama-3.1-8B, 16 H100, 64 x 32 samples
 

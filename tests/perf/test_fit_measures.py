@@ -1,5 +1,5 @@
 """A run that happened is never refused for memory while a measure its system would have
-taken remains (rpeg.perf.solve.solve_row): the trainer's optimizer on the host."""
+taken remains (rpeg.perf.validation.solve.solve_row): the trainer's optimizer on the host."""
 
 from dataclasses import replace
 
@@ -7,10 +7,10 @@ import pytest
 
 from rpeg.perf.calibration import SHIPPED
 from rpeg.perf.pricing import predict
-from rpeg.perf.solve import solve_layout, solve_row
 from rpeg.perf.validation import loso
 from rpeg.perf.validation.published import read_rows
 from rpeg.perf.validation.rows import read_case
+from rpeg.perf.validation.solve import solve_layout, solve_row
 from rpeg.plan.schema import InfeasiblePlan
 
 

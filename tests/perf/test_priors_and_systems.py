@@ -41,7 +41,7 @@ def test_model_kind_column_picks_the_length_prior():
     case = read_case(r)
     assert case.workload.response_kind == "base"
     g = case.graph
-    from rpeg.perf.solve import solve_layout
+    from rpeg.perf.validation.solve import solve_layout
 
     lay, pred = solve_layout(case, SHIPPED)
     cap = case.workload.max_response_tokens

@@ -89,7 +89,7 @@ def test_a_node_size_the_catalog_lacks_is_derived_and_listed_not_refused():
     from rpeg import specs
     from rpeg.perf.calibration import SHIPPED
     from rpeg.perf.pricing import predict
-    from rpeg.perf.solve import solve_layout
+    from rpeg.perf.validation.solve import solve_layout
 
     row = {**BLANK, "gen_tp": "8", "train_tp": "1", "max_gen_len": "4096"}
     priced, refused = loso.price_rows([{**row, "gpus_per_node": "4"}], "mine")

@@ -1,12 +1,12 @@
-"""A blank expert-parallel size of a MoE trainer is solved like TP (rpeg.perf.solve), so a
+"""A blank expert-parallel size of a MoE trainer is solved like TP (rpeg.perf.validation.solve), so a
 Megatron run of a MoE model that does not publish EP is priced instead of refused."""
 
 import pytest
 
 from rpeg.perf.calibration import SHIPPED
 from rpeg.perf.prediction import GB
-from rpeg.perf.solve import _ep_candidates, solve_layout
 from rpeg.perf.validation.rows import read_case
+from rpeg.perf.validation.solve import _ep_candidates, solve_layout
 
 ROW = dict(
     case_id="x",

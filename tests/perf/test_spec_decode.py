@@ -8,11 +8,11 @@ import pytest
 from rpeg.perf.calibration import SHIPPED
 from rpeg.perf.generation import spec_accept_len
 from rpeg.perf.interval import Unknowns, predict_interval
-from rpeg.perf.solve import solve_row
 from rpeg.perf.validation import loso
 from rpeg.perf.validation.published import read_rows
 from rpeg.perf.validation.row_cells import Unpredictable
 from rpeg.perf.validation.rows import read_case
+from rpeg.perf.validation.solve import solve_row
 
 
 def _row(case_id, **cells):

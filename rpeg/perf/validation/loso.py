@@ -127,8 +127,8 @@ def price_rows(
     rows: list[dict[str, str]], dataset: str, calib: Calibration = SHIPPED
 ) -> tuple[list[Priced], list[Scored]]:
     """Every row with a measurement priced on the grid; the rest as Scored with a reason."""
-    from rpeg.perf.solve import solve_row
     from rpeg.perf.validation.published import _throughput
+    from rpeg.perf.validation.solve import solve_row
 
     priced, refused = [], []
     for r in rows:

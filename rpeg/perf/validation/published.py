@@ -20,7 +20,6 @@ from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
 from rpeg.perf.prediction import StepPrediction
-from rpeg.perf.solve import solve_row
 from rpeg.perf.validation.row_cells import (  # noqa: F401 (_cluster_for: re-exported)
     Unpredictable,
     _cluster_for,
@@ -30,6 +29,7 @@ from rpeg.perf.validation.row_cells import (  # noqa: F401 (_cluster_for: re-exp
     unknown_names,
 )
 from rpeg.perf.validation.rows import PRIORS, RowCase, read_case, row_case  # noqa: F401 (re-exported)
+from rpeg.perf.validation.solve import solve_row
 from rpeg.plan.schema import InfeasiblePlan
 from rpeg.specs import SpecError
 

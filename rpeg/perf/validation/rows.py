@@ -3,7 +3,7 @@
 Every row is read from its own cells with the same rules for every source: no case id; the
 free-text columns only fill a blank recipe column they state unambiguously
 (rpeg.perf.validation.row_text). A blank cell means "unknown": layout fields (gen_tp, train_tp, the pool
-split, gpu_memory_utilization) stay open and are solved (rpeg.perf.solve); other unknowns
+split, gpu_memory_utilization) stay open and are solved (rpeg.perf.validation.solve); other unknowns
 take the documented prior of :data:`PRIORS` and widen the row's interval
 (rpeg.perf.interval). Column meanings: docs/perf-model.md, "The published-runs data set".
 """
@@ -15,7 +15,6 @@ from typing import Any
 
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.prediction import Workload
-from rpeg.perf.solve import Layout, solve_row
 from rpeg.perf.validation.row_cells import (
     Unpredictable,
     _cluster_for,
@@ -32,6 +31,7 @@ from rpeg.perf.validation.row_cells import (
     model_name,
     resolve_model,
 )
+from rpeg.perf.validation.solve import RowLayout, solve_row
 from rpeg.plan.schema import GraphRef, Plan, UnitPlan
 
 # Priors of inputs a row may leave blank (docs/perf-model.md, "Unknown inputs").
@@ -43,7 +43,7 @@ PRIORS: dict[str, Any] = {
     # the shipped set: NeMo-RL Llama/DeepSeek-V3/Qwen3-235B, verl; off for NeMo-RL Qwen3-30B/
     # 32B) and pack micro-batches (NeMo-RL seq_packing, verl use_dynamic_bsz + remove_padding,
     # AReaL dynamic micro-batches). gpu_memory_utilization is not a prior: blank, it is
-    # solved with the layout (rpeg.perf.solve), since a budget too small for the weights + KV
+    # solved with the layout (rpeg.perf.validation.solve), since a budget too small for the weights + KV
     # is a cliff no operator runs at.
     "act_ckpt": True,
     "seq_packing": True,
@@ -104,7 +104,7 @@ class RowCase:
     cluster_name: str
     num_gpus: int
     colocated: bool
-    layout: Layout
+    layout: RowLayout
     staleness: int
     partial: bool
     builder: str
@@ -120,10 +120,10 @@ class RowCase:
     # the executing system (``system`` column; rpeg.perf.systems), '' = not stated
     system: str = ""
     # the row leaves the trainer's pipeline size blank (priced at 1 unless nothing fits:
-    # rpeg.perf.solve.solve_row)
+    # rpeg.perf.validation.solve.solve_row)
     pp_open: bool = False
 
-    def plan(self, lay: Layout) -> Plan:
+    def plan(self, lay: RowLayout) -> Plan:
         """The plan of this row with every layout field set (``lay``)."""
         from rpeg import specs
 
@@ -349,7 +349,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     )
     if model.vision is not None and wl.image_tokens is None:
         unknown.append("image_tokens")  # the model's prior (rpeg.perf.units)
-    layout = Layout(
+    layout = RowLayout(
         gen_gpus=gen_n,
         train_gpus=train_n,
         gen_tp=_opt_int(r, "gen_tp"),

@@ -8,7 +8,8 @@ would choose under the row's other constraints: among the values the hardware an
 architecture allow (TP divides the attention heads and the pool, stays inside one 8-GPU
 NVLink group; pool sizes in whole nodes), the feasible combination with the shortest
 predicted step. The search is a few dozen ``predict`` calls (pure, ~1 ms each), no optimizer
-import: rpeg.perf stays below rpeg.search.
+import: rpeg.perf stays below rpeg.search. Used by the validation of the model
+(:mod:`rpeg.perf.validation.rows`: a row's blank fields).
 """
 
 from __future__ import annotations
@@ -35,7 +36,12 @@ NEAR_FASTEST = 0.1
 
 
 @dataclass(frozen=True)
-class Layout:
+class RowLayout:
+    """The layout a published row describes: its pools, parallel sizes, KV budget and
+    recompute, a field left blank (None) open until :func:`solve_layout` fills it. Not the
+    planner's per-unit settings (:class:`rpeg.search.space.Layout`) nor a rank layout
+    (``rpeg.runtime.mesh.Layout``)."""
+
     gen_gpus: int | None
     train_gpus: int | None
     gen_tp: int | None
@@ -99,7 +105,7 @@ def _split_candidates(n: int, node: int) -> list[int]:
     return sorted(out) or [max(1, n // 2)]
 
 
-def candidates(case: Any) -> list[Layout]:
+def candidates(case: Any) -> list[RowLayout]:
     """Every full layout the open fields of ``case.layout`` allow."""
     from rpeg import specs
 
@@ -146,12 +152,12 @@ def candidates(case: Any) -> list[Layout]:
     return out
 
 
-def solve_layout(case: Any, calib: Calibration = DEFAULT) -> tuple[Layout, StepPrediction]:
-    """The fastest feasible full layout for ``case`` and its prediction; ``Layout.solved``
+def solve_layout(case: Any, calib: Calibration = DEFAULT) -> tuple[RowLayout, StepPrediction]:
+    """The fastest feasible full layout for ``case`` and its prediction; ``RowLayout.solved``
     names every field that was open and the value chosen. Raises the last InfeasiblePlan
     when no candidate fits."""
     open_fields = case.layout.open_fields
-    ok: list[tuple[Layout, StepPrediction]] = []
+    ok: list[tuple[RowLayout, StepPrediction]] = []
     last: Exception | None = None
     for lay in candidates(case):
         try:
@@ -182,7 +188,7 @@ def solve_layout(case: Any, calib: Calibration = DEFAULT) -> tuple[Layout, StepP
 FIT_PP = (2, 4, 8, 16, 32)
 
 
-def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, Layout, StepPrediction]:
+def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, StepPrediction]:
     """:func:`solve_layout` for a run that happened (a published row): when no layout fits
     the devices' memory as the row is described, what such systems do to fit is assumed
     where the row does not say -- activation recompute and the solved layouts are already
