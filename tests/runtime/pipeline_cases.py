@@ -189,16 +189,27 @@ def resume_case(cfg, url: str, rank: int) -> dict:
     return {"first": first, "metrics": v.train_step(b2), "version": v.policy_version}
 
 
-def context_case(cfg, rank: int) -> dict:
-    """One step at cp=2 over the whole group (every rank holds every row)."""
+def context_case(cfg, dp: int = 1, *, rank: int) -> dict:
+    """One step at cp = world / dp (cp innermost: rank ``r`` is cp index ``r % cp`` of dp
+    index ``r // cp``); each dp index holds its whole prompt groups."""
     import torch.distributed as dist
 
     from rpeg.runtime.context_parallel import apply_context_parallel
+    from rpeg.runtime.parallel import LOCAL, process_group_reduce
 
+    world = dist.get_world_size()
+    cp = world // dp
+    cp_group = dp_group = None
+    for d in range(dp):  # every rank creates every group, in the same order
+        g = dist.new_group(list(range(d * cp, (d + 1) * cp)))
+        cp_group = g if rank // cp == d else cp_group
+    for c in range(cp):
+        g = dist.new_group(list(range(c, world, cp))) if dp > 1 else None
+        dp_group = g if rank % cp == c else dp_group
     m, tok = model()
-    w = S.policy(cfg, m, tok)
-    apply_context_parallel(w, dist.group.WORLD, rank, dist.get_world_size())
-    b = S.batch(0)
+    w = S.policy(cfg, m, tok, reduce=process_group_reduce(dp_group) if dp > 1 else LOCAL)
+    apply_context_parallel(w, cp_group, rank % cp, cp, dp_group=dp_group)
+    b = S.batch(0).select(S.rows_of(rank // cp, dp))
     lp = w.compute_logprobs(b)
     b = b.replace(old_logprobs=lp, sample_logprobs=lp)
     grads = _snapshot_grads(w)

@@ -45,3 +45,22 @@ def test_cp2_equals_single_process():
         assert set(res["grads"]) == set(ref["grads"])
         for k, g in res["grads"].items():
             torch.testing.assert_close(g, ref["grads"][k], atol=TOL, rtol=0, msg=k)
+
+
+@pytest.mark.slow  # four spawned ranks
+def test_cp2_x_dp2_equals_single_process():
+    import pipeline_cases as C
+
+    cfg = C.config()
+    ref = C.reference(cfg)
+    out = C.spawn(4, [("cp_dp", "context_case", (cfg, 2))], port=29971, timeout_s=300)["cp_dp"]
+    for r, res in out.items():
+        rows = C.S.rows_of(r // 2, 2)
+        torch.testing.assert_close(res["logprobs"], ref["logprobs"][rows], atol=TOL, rtol=0)
+        assert res["metrics"]["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], abs=TOL)
+        for k, g in res["grads"].items():
+            torch.testing.assert_close(g, ref["grads"][k], atol=TOL, rtol=0, msg=k)
+    for k in ("pg_loss", "kl", "entropy"):  # each dp index's share: their mean is the loss
+        assert (out[0]["metrics"][k] + out[2]["metrics"][k]) / 2 == pytest.approx(
+            ref["metrics"][k], abs=TOL
+        ), k
