@@ -163,7 +163,13 @@ def test_pp2_schedules_equal_single_process(ref):
     import pipeline_cases as C
 
     cfg = C.config()
+    # token budgets: 20 -> 6 micro-batches of 1-2 rows and 8-12 columns; 36 -> 3 (not a
+    # multiple of pp: interleaving's last group is short)
+    budgets = {n: C.config(**{"workload.max_tokens_per_micro_batch": n}) for n in (20, 36)}
     cases = [(s, "pipeline_case", (cfg, 2, 1, s)) for s in PP_SCHEDULES]
+    cases += [
+        (f"budget{n}", "pipeline_case", (c, 2, 1, "interleaved_1f1b")) for n, c in budgets.items()
+    ]
     out = C.spawn(2, cases, port=29841)
     for s in PP_SCHEDULES:
         res = out[s]
@@ -171,6 +177,10 @@ def test_pp2_schedules_equal_single_process(ref):
         assert res[0]["layers"] == ([0, 1, 2, 3] if s != "interleaved_1f1b" else [0, 1, 4, 5])
         for r in res:
             _check_rank(ref, res[r])
+    for n, c in budgets.items():
+        ref_budget = C.reference(c)
+        for res in out[f"budget{n}"].values():
+            _check_rank(ref_budget, res)
 
 
 @pytest.mark.slow  # four spawned ranks
