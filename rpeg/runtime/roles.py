@@ -37,7 +37,7 @@ from rpeg.runtime.engines.base import (
     generate_in_groups,
 )
 from rpeg.runtime.engines.torch_engine import TorchEngine
-from rpeg.runtime.model_io import ActorCritic, LogprobRequest, lm_logprobs
+from rpeg.runtime.model_io import ActorCritic, LogprobRequest, lm_logprobs, moe
 from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.precision import compute, frozen_dtype, loss_scaler_for
 from rpeg.runtime.recipes import actor_loss, runtime_recipe
@@ -324,12 +324,18 @@ class PolicyWorker:
             else:
                 req = lm_logprobs(self.lm, ids, mask, pos, labels, req)
                 values = None
+        # a mixture-of-experts training forward: the router's loss and loads (model_io.moe)
+        self._router = req.extra.get("router")
         return req.logprobs, req.entropy, values
 
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, with_entropy: bool = False):
         """Log-probs ``[B,R]`` of the batch's responses under this model (0 on padding);
         with ``with_entropy`` also the per-token entropy ``[B,R]``. On the CPU."""
+        if getattr(self, "pipeline", None) is not None:  # pp > 1: rpeg.runtime.pipeline
+            from rpeg.runtime.pipeline import pipelined_logprobs
+
+            return pipelined_logprobs(self, batch, with_entropy=with_entropy)
         self.module.eval()
         r = batch.response_ids.shape[1]
         lp_out = torch.zeros((batch.size, r), dtype=torch.float32)
@@ -424,6 +430,9 @@ class PolicyWorker:
             loss, m = actor_loss(
                 recipe, a, micro, lp, ent, values if self.shared_critic else None, w
             )
+            if self._router is not None:  # the model's load-balancing loss, its coefficient
+                loss = loss + moe.router_loss(self._router)
+                m.update(moe.router_metrics(self._router))
             m.update(cm)
             return loss, m
 
