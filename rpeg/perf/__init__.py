@@ -5,6 +5,9 @@ FLOPs, bytes, comm by link level, memory per device; step latency, tokens/s/GPU,
 timeline of :class:`TimelineRecord`). ``predict_plan(plan, workload)`` builds the graph the
 plan names first. ``price_unit(graph, plan, unit, workload)`` prices one execution unit on
 its own (equal to ``predict(...).stages[unit]``, without the step assembly or memory check). Infeasible plans raise :class:`rpeg.plan.InfeasiblePlan`.
+
+The model's constants and their refit from a measured run are :mod:`rpeg.perf.calibration`;
+its check against published runs (``rpeg validate``) is :mod:`rpeg.perf.validation`, not the model.
 """
 
 from __future__ import annotations
