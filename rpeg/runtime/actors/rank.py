@@ -249,8 +249,9 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         """``host:port`` of a TCPStore this rank (0) keeps open: the Dask worker's own host,
         the port bound by the OS (no free-port race; rpeg.runtime.actors.rendezvous)."""
         from rpeg.runtime.actors.rendezvous import master_store
+        from rpeg.runtime.actors.store_tls import tls_files
 
-        self._store, addr = master_store()
+        self._store, addr = master_store(tls=tls_files(self.config.cluster))
         return addr
 
     def collective_timeout_s(self) -> float:
@@ -275,6 +276,7 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         if dist.is_initialized():
             raise RuntimeError("this worker process already hosts a rank of another group")
         from rpeg.runtime.actors.rendezvous import join_store
+        from rpeg.runtime.actors.store_tls import tls_files
 
         if timeout_s is None:
             timeout_s = self.collective_timeout_s()
@@ -285,7 +287,7 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
             torch.cuda.set_device(self.device)
         dist.init_process_group(
             backend,
-            store=store or join_store(init_method),
+            store=store or join_store(init_method, tls=tls_files(self.config.cluster)),
             rank=self.rank,
             world_size=self.world_size,
             timeout=datetime.timedelta(seconds=timeout_s),

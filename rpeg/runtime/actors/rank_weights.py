@@ -25,8 +25,9 @@ class RankWeightSync:
     def sync_rendezvous(self) -> str:
         """Trainer rank 0: a TCPStore for the weight-sync group (source + every generator)."""
         from rpeg.runtime.actors.rendezvous import master_store
+        from rpeg.runtime.actors.store_tls import tls_files
 
-        self._sync_store, addr = master_store()
+        self._sync_store, addr = master_store(tls=tls_files(self.config.cluster))
         return addr
 
     def join_sync_group(
@@ -36,10 +37,12 @@ class RankWeightSync:
         CPU, NCCL on CUDA). Trainer ranks other than 0 are not members: they only take part
         in gathering the full weights."""
         from rpeg.runtime.actors.rendezvous import join_store, standalone_group
+        from rpeg.runtime.actors.store_tls import tls_files
 
         if timeout_s is None:
             timeout_s = self.collective_timeout_s()
-        store = self._sync_store if sync_rank == 0 else join_store(address)
+        tls = tls_files(self.config.cluster)
+        store = self._sync_store if sync_rank == 0 else join_store(address, tls=tls)
         from rpeg.runtime.mesh import process_group_backend
 
         backend = process_group_backend(self.device.type)

@@ -17,8 +17,9 @@
   rank 0 reports ``host:port`` and the other ranks connect. The store's socket is bound to
   the worker's own address (the interface the scheduler reaches it on, ``cluster.interface``
   for a Slurm cluster) and handed to the TCPStore (``master_listen_fd``): torch binding it
-  itself would listen on every interface. The store has no authentication (docs/operating.md
-  "What the network carries"). When the worker's own address is a loopback one (a
+  itself would listen on every interface. The store itself has no authentication; with the
+  cluster's TLS files it listens on loopback only and is reached through a mutual-TLS front
+  (rpeg.runtime.actors.store_tls; docs/operating.md "What the network carries"). When the worker's own address is a loopback one (a
   LocalCluster: every rank is on this machine) the store is a ``FileStore`` in a private
   temporary folder instead and nothing listens at all; rank 0 reports ``file:<path>``.
 """
@@ -36,6 +37,8 @@ from typing import Any
 import torch
 
 from rpeg.compile.step import GroupSpec
+from rpeg.errors import RpegError
+from rpeg.runtime.actors.store_tls import TlsFiles, tls_back, tls_front
 
 
 @dataclass(frozen=True)
@@ -116,11 +119,13 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def master_store(timeout_s: float = 120.0) -> tuple[Any, str]:
+def master_store(timeout_s: float = 120.0, tls: TlsFiles | None = None) -> tuple[Any, str]:
     """The store of a new group, kept by rank 0; (store, address for the other ranks).
 
     On a loopback worker address a ``FileStore`` (``file:<path>``, nothing listens); else a
-    TCPStore master on this worker's host, port chosen by the OS (``host:port``)."""
+    TCPStore master on this worker's host, port chosen by the OS (``host:port``). With the
+    cluster's ``tls`` files the store listens on loopback only and other hosts reach it through
+    a mutual-TLS front on this worker's host (``tls:host:port``; rpeg.runtime.actors.store_tls)."""
     import tempfile
 
     import torch.distributed as dist
@@ -131,8 +136,19 @@ def master_store(timeout_s: float = 120.0) -> tuple[Any, str]:
         parent = parent if parent and os.path.isdir(parent) else None
         path = str(Path(tempfile.mkdtemp(prefix="rpeg-store-", dir=parent)) / "store")  # 0700
         return dist.FileStore(path, -1), f"file:{path}"
-    # bound to the worker's own address only (torch binds every interface when it binds
-    # itself): the socket is bound here, on port 0 (the OS picks a free one), and handed over
+    if tls is not None:
+        store = _tcp_master("127.0.0.1", timeout_s)
+        front = tls_front(host, store.port, tls)  # lives (its thread) as long as the process
+        return store, f"tls:{host}:{front.port}"
+    store = _tcp_master(host, timeout_s)
+    return store, f"{host}:{store.port}"
+
+
+def _tcp_master(host: str, timeout_s: float) -> Any:
+    """A TCPStore master bound to ``host`` only (torch binds every interface when it binds
+    itself): the socket is bound here, on port 0 (the OS picks a free one), and handed over."""
+    import torch.distributed as dist
+
     lsock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         lsock.bind((host, 0))
@@ -140,7 +156,7 @@ def master_store(timeout_s: float = 120.0) -> tuple[Any, str]:
     except OSError:
         lsock.close()
         raise
-    store = dist.TCPStore(
+    return dist.TCPStore(
         host,
         lsock.getsockname()[1],
         None,
@@ -149,16 +165,27 @@ def master_store(timeout_s: float = 120.0) -> tuple[Any, str]:
         wait_for_workers=False,
         master_listen_fd=lsock.detach(),  # the store owns the socket from here on
     )
-    return store, f"{host}:{store.port}"
 
 
-def join_store(address: str, timeout_s: float = 120.0) -> Any:
-    """A client of the store at ``address`` (``file:<path>`` or ``host:port``)."""
+def join_store(address: str, timeout_s: float = 120.0, tls: TlsFiles | None = None) -> Any:
+    """A client of the store at ``address`` (``file:<path>``, ``host:port``, or
+    ``tls:host:port`` reached through a local forwarder that speaks mutual TLS with the
+    cluster's ``tls`` files)."""
     import torch.distributed as dist
 
     if address.startswith("file:"):
         return dist.FileStore(address[len("file:") :], -1)
-    host, port = address.rsplit(":", 1)
+    if address.startswith("tls:"):
+        if tls is None:
+            raise RpegError(
+                f"the group's store {address} is behind TLS and this rank has no "
+                "cluster.tls_ca_file / tls_cert_file / tls_key_file"
+            )
+        host, port = address[len("tls:") :].rsplit(":", 1)
+        back = tls_back(host.strip("[]"), int(port), tls)
+        host, port = "127.0.0.1", str(back.port)
+    else:
+        host, port = address.rsplit(":", 1)
     return dist.TCPStore(
         host.strip("[]"), int(port), None, False, datetime.timedelta(seconds=timeout_s)
     )
