@@ -154,10 +154,12 @@ class DistributedRun(RunDataPlane, RunCheckpoints):
         each rank holds and its peak memory, for the summary)."""
         self._rank_info()
         self.actors.close(timeout_s)
-        self.flush_samples()
-        if self._samples_writer is not None:
-            self._samples_writer.shutdown(wait=True)
-            self._samples_writer = None
+        try:
+            self.flush_samples()
+        finally:
+            if self._samples_writer is not None:
+                self._samples_writer.shutdown(wait=True)
+                self._samples_writer = None
 
     def _rank_info(self, timeout_s: float = 10.0) -> dict[str, list[tuple[Any, Any]]]:
         """Per group: (layout_info, memory_info) of every rank, cached at the last call made
@@ -312,6 +314,11 @@ class DistributedRun(RunDataPlane, RunCheckpoints):
         from rpeg.runtime import samples as SM
 
         rows = SM.merge(got)
+        with self._lock:
+            done = [f for f in self._samples_pending if f.done()]
+            self._samples_pending = [f for f in self._samples_pending if f not in done]
+        for f in done:  # an earlier step's failed write fails this unit
+            f.result()
         with self._lock:
             self.logged_samples.append(rows)
             if self._samples_writer is None:
