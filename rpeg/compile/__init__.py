@@ -8,6 +8,8 @@ to YAML/JSON; :func:`rpeg.flows.train.rl_train` executes it. No torch, dask or p
 and no model file read: the caller passes the policy's spec read from a model folder.
 """
 
+from typing import Any
+
 from rpeg.compile.checks import check_step
 from rpeg.compile.compiler import compile_step
 from rpeg.compile.local import compile_local
@@ -22,7 +24,7 @@ from rpeg.compile.step import (
 
 
 def compile_plan(
-    plan_or_graph, config, *, cluster_devices: int | None = None, model=None
+    plan_or_graph: Any, config: Any, *, cluster_devices: int | None = None, model: Any = None
 ) -> CompiledStep:
     """Compile a Plan (or a Graph with the default plan, or None = from ``config``);
     ``model``: the policy's spec read from a model folder by the caller (compile reads no

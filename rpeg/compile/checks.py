@@ -14,7 +14,9 @@ from rpeg.search.space import UNSUPPORTED_DEGREES
 REFUSED = "plan refused before any actor starts"
 
 
-def plan_problems(plan: Any, names: list[str], roles: list[tuple[str, str]], have: int):
+def plan_problems(
+    plan: Any, names: list[str], roles: list[tuple[str, str]], have: int
+) -> list[Problem]:
     """Units the plan and the graph disagree on, roles the runtime lacks (``(stage, role)``
     pairs), more devices than the cluster's ``have``, and parallel degrees it cannot run."""
     out: list[Problem] = []

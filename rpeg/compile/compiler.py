@@ -291,5 +291,5 @@ def _micro_batch(size: int, kinds: set[StageKind]) -> int:
 
 def _chunk(config: Any, g: GroupSpec) -> int:
     """Prompt groups per streamed chunk: a quarter of a rank's prompts (at least one)."""
-    per_rank = max(1, config.workload.num_prompts // gen_dp(g))
+    per_rank = max(1, int(config.workload.num_prompts) // gen_dp(g))
     return max(1, per_rank // 4)

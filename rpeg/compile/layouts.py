@@ -10,9 +10,16 @@ caller passes (read from a model folder by the caller) or the catalog. Pure: rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast, get_args
 
-from rpeg.compile.step import FORWARD_KINDS, SUPPORTED_ROLES, TRAINABLE_KINDS, GroupSpec
+from rpeg.compile.step import (
+    FORWARD_KINDS,
+    SUPPORTED_ROLES,
+    TRAINABLE_KINDS,
+    DeviceType,
+    Dtype,
+    GroupSpec,
+)
 from rpeg.errors import Problem
 from rpeg.ir import StageKind
 
@@ -126,7 +133,7 @@ def _recomputes(config: Any, up: Any, model: Any) -> bool:
     return recomputes(setting, act / 1e9, device_gb)
 
 
-def _device_type(config: Any) -> str:
+def _device_type(config: Any) -> DeviceType:
     """``cuda`` unless the catalog cluster's device is the CPU. An unknown cluster name is
     the catalog's error (a SpecError naming the known clusters), never a silent ``cpu``."""
     from rpeg import specs
@@ -135,7 +142,9 @@ def _device_type(config: Any) -> str:
     return "cpu" if cl.gpu.name == "cpu" else "cuda"
 
 
-def _dtype(config: Any, device_type: str) -> str:
+def _dtype(config: Any, device_type: str) -> Dtype:
+    """The dtype a group computes in: ``workload.precision`` on ``device_type`` (``auto``:
+    bf16 on CUDA for an fp32 checkpoint, else the checkpoint's ``model.dtype``)."""
     prec = str(config.workload.precision)
     if prec in ("bf16", "bfloat16"):
         return "bfloat16"
@@ -143,7 +152,12 @@ def _dtype(config: Any, device_type: str) -> str:
         return "float16"
     if device_type == "cuda" and config.model.dtype == "float32" and prec != "fp32":
         return "bfloat16"
-    return "float32" if prec == "fp32" else config.model.dtype
+    if prec == "fp32":
+        return "float32"
+    dtype = str(config.model.dtype)
+    if dtype not in get_args(Dtype):
+        raise ValueError(f"model.dtype={dtype!r}: allowed {', '.join(get_args(Dtype))}")
+    return cast(Dtype, dtype)
 
 
 def gen_dp(g: GroupSpec) -> int:
@@ -200,8 +214,8 @@ def _layout(
     kinds_of: dict[str, tuple[StageKind, ...]],
     plan: Any,
     config: Any,
-    dev: str,
-    dtype: str,
+    dev: DeviceType,
+    dtype: Dtype,
     model: Any,
 ) -> GroupSpec:
     units = tuple(d.units)

@@ -56,7 +56,7 @@ def graph_from_plan(plan: Any, config: Any) -> Any:
 
 def available_devices(config: Any) -> int:
     c = config.cluster
-    return c.num_devices or c.n_workers
+    return int(c.num_devices or c.n_workers)
 
 
 def default_plan(graph: Any, config: Any) -> Any:

@@ -83,8 +83,11 @@ class GroupSpec:
     def to_dict(self) -> dict[str, object]:
         d = _plain(self)
         d["devices"] = list(self.devices)
-        for k in ("roles", "trainable", "units"):
-            d[k] = list(d[k])
+        d["roles"], d["trainable"], d["units"] = (
+            list(self.roles),
+            list(self.trainable),
+            list(self.units),
+        )
         return d
 
     @classmethod
@@ -135,8 +138,8 @@ class TaskSpec:
     def to_dict(self) -> dict[str, object]:
         d = _plain(self)
         d["kinds"] = [str(k) for k in self.kinds]
-        for k in ("stages", "depends_on", "after", "concurrent_with"):
-            d[k] = list(d[k])
+        d["stages"], d["depends_on"] = list(self.stages), list(self.depends_on)
+        d["after"], d["concurrent_with"] = list(self.after), list(self.concurrent_with)
         return d
 
     @classmethod
@@ -282,7 +285,7 @@ class CompiledStep:
         }
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        return str(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CompiledStep:

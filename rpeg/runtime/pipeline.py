@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rpeg.compile.step import DEFAULT_DEVICE_TYPE
 from rpeg.errors import ConfigError, Problem
 
 #: the schedules :class:`Pipeline` runs (the plan's / unit's ``pp_schedule``)
@@ -262,7 +263,9 @@ class PipeLayout:
         return list(range(base, base + self.tp))
 
 
-def new_groups(layout: PipeLayout, rank: int, device_type: str = "cpu") -> dict[str, Any]:
+def new_groups(
+    layout: PipeLayout, rank: int, device_type: str = DEFAULT_DEVICE_TYPE
+) -> dict[str, Any]:
     """This rank's pipeline, data-parallel and tensor-parallel process groups (every rank
     calls ``new_group`` for every group, in the same order, as torch requires); a group of
     one rank is None. At ``tp > 1`` they come from a ``(dp, pp, tp)`` DeviceMesh, whose

@@ -168,6 +168,21 @@ class FakeLLM:
         return outs
 
 
+def _config_names(folder: Path) -> list[str]:
+    """The checkpoint names a model of ``folder``'s ``config.json`` loads (what vLLM's model
+    built with ``load_format="dummy"`` expects): its parameters, built on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rpeg.runtime.engines.vllm_requests import hf_names
+
+    cfg = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(cfg)
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    return [n for n, _ in hf_names(m.state_dict(), tie_word_embeddings=tied)]
+
+
 def fake_vllm_module(*, platform_sleep: bool, tp: int = 1) -> types.ModuleType:
     """A ``vllm`` package whose ``LLM(model=folder, ...)`` is a :class:`FakeLLM` with ``tp``
     workers over the weight names of ``folder``'s safetensors checkpoint. ``platform_sleep``:
@@ -180,8 +195,11 @@ def fake_vllm_module(*, platform_sleep: bool, tp: int = 1) -> types.ModuleType:
     mod.built = []
 
     def llm(model, enable_sleep_mode=False, tensor_parallel_size=tp, **kwargs):
-        with safe_open(str(Path(model) / "model.safetensors"), "pt") as fh:
-            names = list(fh.keys())
+        if kwargs.get("load_format") == "dummy":  # placeholder weights: the config's names
+            names = _config_names(Path(model))
+        else:
+            with safe_open(str(Path(model) / "model.safetensors"), "pt") as fh:
+                names = list(fh.keys())
         out = FakeLLM(
             tensor_parallel_size,
             names,

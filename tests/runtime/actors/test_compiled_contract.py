@@ -196,13 +196,14 @@ def test_the_async_buffer_admits_by_the_same_rule():
 
 
 class _Engine:
-    """An engine with weights of its own (not the trainer's module): refreshed by copy."""
+    """An engine with weights of its own (not the trainer's module): refreshed by copy from
+    the trainer's weight source (as vLLM's ``update_from``)."""
 
     def __init__(self):
         self.policy_version = 0
         self.updates = []
 
-    def update_weights(self, weights, version):
+    def update_from(self, source, version, device=None):
         self.updates.append(version)
         self.policy_version = version
 
@@ -210,9 +211,10 @@ class _Engine:
 class _Actor:
     def __init__(self):
         self.engine, self.lm, self.policy_version = _Engine(), object(), 0
+        self.device = None
 
-    def get_weights(self):
-        return {}
+    def weight_source(self):
+        return {}, lambda name: None
 
 
 class _Residency:
