@@ -1,7 +1,7 @@
 """LoRA adapters under tensor parallelism (``model.lora`` at tp > 1; docs/lora.md "Tensor
 parallelism").
 
-A peft LoRA layer on a split target (:data:`rpeg.runtime.tensor_parallel.TP_PLAN`) is split
+A peft LoRA layer on a split target (:data:`rpeg.runtime.model_io.architectures.TP_PLAN`) is split
 with it, Megatron-style (the split peft's ``LoraParallelLinear`` gives Megatron-LM's parallel
 linears, ``peft/tuners/lora/tp_layer.py``): the adapter factor on the base's split side is
 split the same way, the other factor (``r`` wide: small) is replicated. rpeg.runtime.lora's

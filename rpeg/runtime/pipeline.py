@@ -412,6 +412,13 @@ class Pipeline:
     Built from a whole LM (or one on the meta device and filled later): the layers, embedding,
     norm and head of other ranks are dropped (:meth:`prune`), keeping the parameter names."""
 
+    def minibatch_updates(
+        self, role, batch, micro_loss, grad_norm_key: str = "grad_norm"
+    ) -> dict[str, float]:
+        """The role's training step through this pipeline (:func:`pipelined_updates`; what
+        :func:`rpeg.runtime.updates.minibatch_updates` hands a pipelined role to)."""
+        return pipelined_updates(role, batch, micro_loss, grad_norm_key)
+
     def __init__(self, lm, pp_index: int, ranks: Sequence[int], group, schedule: str):
         self.lm = lm
         self.pp = len(ranks)

@@ -45,7 +45,8 @@ from rpeg.errors import ConfigError
 from rpeg.perf.rank_memory import FSDP_SPLIT_BYTES as _SPLIT_BYTES
 from rpeg.perf.rank_memory import FSDP_UNIT_BYTES as _UNIT_BYTES
 from rpeg.runtime.mesh import Layout, build_mesh, layout_problems, process_group_backend  # noqa: F401 -- for tests, benchmarks
-from rpeg.runtime.tensor_parallel import apply_tensor_parallel, decoder_layers, sum_partial_grads
+from rpeg.runtime.model_io.architectures import decoder_layers
+from rpeg.runtime.tensor_parallel import apply_tensor_parallel, sum_partial_grads
 
 # DTensor warns on every 2-D (dp x tp) norm / gather that it runs one collective per mesh
 # dimension; that is what a 2-D layout costs here, not a problem to report each step

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rpeg.runtime.model_io.architectures import TP_PLAN, decoder_layers, pretrained_model
+
 #: the Linear classes this module swaps in, by style name
 STYLES = ("colwise", "rowwise")
 
@@ -241,21 +243,6 @@ def shard_linear(linear: nn.Linear, style: str, tp_mesh) -> None:
     linear.__class__ = ColwiseLinear if style == "colwise" else RowwiseLinear
 
 
-# --- the decoder's split ---------------------------------------------------------------
-#: submodule of a decoder block -> tensor-parallel style: the hand-written Megatron split of
-#: attention and MLP, used only for a config without its own ``base_model_tp_plan``
-#: (transformers ships one for Llama, Qwen2/3, Qwen3-MoE, Mixtral, Gemma 3, OLMo 2, ...;
-#: rpeg.runtime.model_io.architectures.layer_tp_plan)
-TP_PLAN: dict[str, str] = {
-    "self_attn.q_proj": "colwise",
-    "self_attn.k_proj": "colwise",
-    "self_attn.v_proj": "colwise",
-    "self_attn.o_proj": "rowwise",
-    "mlp.gate_proj": "colwise",
-    "mlp.up_proj": "colwise",
-    "mlp.down_proj": "rowwise",
-}
-
 #: norm of a decoder block -> the column-wise linears that read only its output (HF Llama /
 #: Qwen2 / Qwen3): their input gradient is summed over tp once (rpeg.runtime.tensor_parallel)
 TP_SHARED_INPUTS: dict[str, tuple[str, ...]] = {
@@ -274,44 +261,6 @@ TP_SHARED_INPUT_TYPES = ("llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwe
 TP_GROUP_ATTR = "tp_group"
 
 
-def _pretrained(module: nn.Module) -> Any:
-    """The first transformers ``PreTrainedModel`` in ``module`` (itself, an LM a wrapper
-    holds, a critic's trunk), or None."""
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover
-        return None
-    return next((m for m in module.modules() if isinstance(m, PreTrainedModel)), None)
-
-
-def decoder_layers(module: nn.Module) -> list[nn.Module]:
-    """The decoder blocks of a causal LM, its trunk, or a wrapper holding one, in order: the
-    modules of the model's own decoder-layer classes (its ``_no_split_modules``: what
-    transformers keeps whole on one device), else ``model.layers`` / ``layers``."""
-    lm = _pretrained(module)
-    names = set(getattr(lm, "_no_split_modules", None) or ())
-    if names:
-        found: list[nn.Module] = []
-        inside: set[int] = set()
-        for m in module.modules():
-            if id(m) in inside:
-                continue
-            if type(m).__name__ in names:
-                found.append(m)
-                inside.update(id(x) for x in m.modules())
-        if found:
-            return found
-    for path in ("model.layers", "layers", "lm.model.layers", "trunk.layers"):
-        obj: Any = module
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if isinstance(obj, nn.ModuleList):
-            return list(obj)
-    raise TypeError(f"{type(module).__name__} has no decoder layers (model.layers)")
-
-
 def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
     """Split every decoder block of ``module`` over the 1-D ``tp_mesh`` (in place) as the
     model's own tensor-parallel plan says (``base_model_tp_plan``; the hand-written
@@ -327,7 +276,7 @@ def apply_tensor_parallel(module: nn.Module, tp_mesh) -> None:
     from rpeg.errors import ConfigError
     from rpeg.runtime.model_io.architectures import RUN_STYLES, layer_tp_plan, tp_problems
 
-    lm = _pretrained(module)
+    lm = pretrained_model(module)
     cfg = getattr(lm, "config", None)
     if cfg is not None:
         probs = tp_problems(cfg, tp_mesh.size())

@@ -135,10 +135,9 @@ def minibatch_updates(
     ``grad_norm_key``; an update whose gradient norm is not finite is skipped (its gradients
     dropped, the weights and optimizer state untouched) and counted in
     :data:`SKIPPED_UPDATES`."""
-    if getattr(role, "pipeline", None) is not None:  # pp > 1: rpeg.runtime.pipeline
-        from rpeg.runtime.pipeline import pipelined_updates
-
-        return pipelined_updates(role, batch, micro_loss, grad_norm_key)
+    pipe = getattr(role, "pipeline", None)
+    if pipe is not None:  # pp > 1: the role's rpeg.runtime.pipeline.Pipeline runs the step
+        return pipe.minibatch_updates(role, batch, micro_loss, grad_norm_key)
     module, shards = role.module, role.shards
     module.train()
     with shards.training_pass(module) if shards is not None else contextlib.nullcontext():

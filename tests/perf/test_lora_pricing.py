@@ -51,7 +51,7 @@ def test_replicated_factors_by_hand():
     v (column-wise, in 256): 8 * 256 * 2 * 4 layers = 16,384; rank 2 on o (out 256) and down
     (out 256): 2 * 256 * 2 * 4 = 4,096."""
     from rpeg.perf.lora import COLUMN_WISE, replicated_lora_params
-    from rpeg.runtime.tensor_parallel import TP_PLAN
+    from rpeg.runtime.model_io.architectures import TP_PLAN
 
     m = priced_model(RunConfig().model)
     assert replicated_lora_params(m, 8, ("q_proj", "v_proj")) == 16384

@@ -215,8 +215,8 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
     @staticmethod
     def _large_blocks(built) -> bool:
         """Whether the rank's model has blocks FSDP splits (rpeg.runtime.sharding.block_parts)."""
+        from rpeg.runtime.model_io.architectures import decoder_layers
         from rpeg.runtime.sharding import FSDP_SPLIT_BYTES
-        from rpeg.runtime.tensor_parallel import decoder_layers
 
         wk = built.actor or built.reference or built.critic
         lm = getattr(wk, "lm", None) or getattr(getattr(wk, "module", None), "trunk", None)

@@ -8,7 +8,7 @@
   matmuls over DTensor parameters: rpeg.runtime.tensor_parallel) and
   ``replicated_with_grad_allreduce`` (a per-head norm kept whole, its gradient summed over tp).
   A config without a plan takes the hand-written Megatron split
-  (:data:`rpeg.runtime.tensor_parallel.TP_PLAN`). A plan entry in any other style
+  (:data:`TP_PLAN`). A plan entry in any other style
   (``colwise_gather_output``, ``embedding_rowwise``, ...), a hybrid layer the plan does not
   split, or a tp that does not divide the heads is refused before start
   (:func:`tp_problems`), naming the model type, the layout and why.
@@ -24,6 +24,62 @@ from __future__ import annotations
 from typing import Any
 
 from rpeg.errors import Problem
+
+# --- the decoder's split ---------------------------------------------------------------
+#: submodule of a decoder block -> tensor-parallel style: the hand-written Megatron split of
+#: attention and MLP, used only for a config without its own ``base_model_tp_plan``
+#: (transformers ships one for Llama, Qwen2/3, Qwen3-MoE, Mixtral, Gemma 3, OLMo 2, ...;
+#: rpeg.runtime.model_io.architectures.layer_tp_plan)
+TP_PLAN: dict[str, str] = {
+    "self_attn.q_proj": "colwise",
+    "self_attn.k_proj": "colwise",
+    "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "mlp.gate_proj": "colwise",
+    "mlp.up_proj": "colwise",
+    "mlp.down_proj": "rowwise",
+}
+
+
+def pretrained_model(module: Any) -> Any:
+    """The first transformers ``PreTrainedModel`` in ``module`` (itself, an LM a wrapper
+    holds, a critic's trunk), or None."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover
+        return None
+    return next((m for m in module.modules() if isinstance(m, PreTrainedModel)), None)
+
+
+def decoder_layers(module: Any) -> list[Any]:
+    """The decoder blocks of a causal LM, its trunk, or a wrapper holding one, in order: the
+    modules of the model's own decoder-layer classes (its ``_no_split_modules``: what
+    transformers keeps whole on one device), else ``model.layers`` / ``layers``."""
+    from torch import nn
+
+    lm = pretrained_model(module)
+    names = set(getattr(lm, "_no_split_modules", None) or ())
+    if names:
+        found: list[Any] = []
+        inside: set[int] = set()
+        for m in module.modules():
+            if id(m) in inside:
+                continue
+            if type(m).__name__ in names:
+                found.append(m)
+                inside.update(id(x) for x in m.modules())
+        if found:
+            return found
+    for path in ("model.layers", "layers", "lm.model.layers", "trunk.layers"):
+        obj: Any = module
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, nn.ModuleList):
+            return list(obj)
+    raise TypeError(f"{type(module).__name__} has no decoder layers (model.layers)")
+
 
 #: the model types the test suite builds, trains and exports (tests/runtime/models)
 TESTED_MODEL_TYPES = (
@@ -83,8 +139,6 @@ def layer_tp_plan(cfg: Any) -> tuple[dict[str, str], str]:
     (``"self_attn.q_proj" -> "colwise"``; entries outside ``layers.*`` keep their full name)
     from the model's ``base_model_tp_plan``, or the hand-written plan when it has none;
     ``source`` says which ("transformers" / "rpeg")."""
-    from rpeg.runtime.tensor_parallel import TP_PLAN
-
     plan = getattr(cfg, "base_model_tp_plan", None)
     if not plan:
         return dict(TP_PLAN), "rpeg"
@@ -181,8 +235,6 @@ def build_problems(cfg: Any, where: str = "model.path", sharded: bool = False) -
                 Problem(where, f"model_type {mt!r} cannot run here: its forward takes no {lacks}")
             )
     if sharded:
-        from rpeg.runtime.tensor_parallel import decoder_layers
-
         try:
             decoder_layers(lm)
         except TypeError:

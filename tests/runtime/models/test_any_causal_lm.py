@@ -120,7 +120,7 @@ def test_fsdp_units_are_the_models_decoder_layer_classes():
     from transformers import AutoModelForCausalLM
 
     from rpeg.runtime.model_io import ActorCritic
-    from rpeg.runtime.tensor_parallel import decoder_layers
+    from rpeg.runtime.model_io.architectures import decoder_layers
 
     for model_type in ("qwen3_next", "gemma3_text", "gpt_oss"):
         with torch.device("meta"):
