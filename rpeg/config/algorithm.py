@@ -142,6 +142,15 @@ class AlgorithmConfig(Section):
         description="recompute old log-probs with a forward pass even for on-policy samples "
         "(stale samples always get them recomputed: decoupled PPO's proximal policy)",
     )
+    routing_replay: Literal["off", "record", "rollout"] = Field(
+        "off",
+        description="mixture-of-experts routing (docs/models.md): off; record = the torch "
+        "engine records each response token's experts and the training forward logs "
+        "routing_mismatch (the share of (layer, token) pairs routed elsewhere than in the "
+        "rollout); rollout = the same, and the log-prob and training forwards replay the "
+        "rollout's experts on the response tokens (routing_mismatch 0). A model without "
+        "routers, a vLLM engine or pp > 1 is refused",
+    )
 
     @model_validator(mode="before")
     @classmethod

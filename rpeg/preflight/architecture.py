@@ -5,7 +5,9 @@ that does not divide its heads, a plan style or a hybrid layer the runtime does 
 each refused naming the model type, the layout and why
 (rpeg.runtime.model_io.architectures), and a model the trainer cannot run (an LM head that
 is not a Linear layer, a forward without ``logits_to_keep``: the model is built on the meta
-device to see). Only ``config.json`` is read; no code of the folder runs."""
+device to see), and ``algorithm.routing_replay`` on a model without experts or with a
+generation engine that cannot record routes. Only ``config.json`` is read; no code of the
+folder runs."""
 
 from __future__ import annotations
 
@@ -19,8 +21,10 @@ def check_architecture(config: RunConfig, compiled: Any = None) -> list[Problem]
     """Problems of ``model.path``'s architecture and of every compiled group's tp for it
     (none without a folder; an unreadable folder is check_model's problem)."""
     path = config.model.path
+    replay = config.algorithm.routing_replay != "off"
+    out = routing_engine_problems(config, compiled) if replay else []
     if not path:
-        return []
+        return out + (routing_model_problems(config, None) if replay else [])
     try:
         import json
         from types import SimpleNamespace
@@ -30,12 +34,12 @@ def check_architecture(config: RunConfig, compiled: Any = None) -> list[Problem]
         with fsspec.open(f"{path.rstrip('/')}/config.json", "r") as fh:
             fields = json.load(fh)
     except Exception:  # noqa: BLE001 -- check_model names an unreadable folder
-        return []
+        return out
     if not isinstance(fields, dict):
-        return []
+        return out
     from rpeg.runtime.model_io.architectures import build_problems, config_problems, tp_problems
 
-    out = config_problems(SimpleNamespace(**fields), "model.path")
+    out += config_problems(SimpleNamespace(**fields), "model.path")
     if out:
         return out
     from transformers import AutoConfig
@@ -46,6 +50,8 @@ def check_architecture(config: RunConfig, compiled: Any = None) -> list[Problem]
         )
     except Exception as exc:  # noqa: BLE001 -- a config transformers refuses, named
         return [Problem("model.path", f"config.json does not read as its model_type's: {exc}")]
+    if replay:
+        out += routing_model_problems(config, cfg)
     groups = compiled.actor_groups if compiled is not None else ()
     sharded = any(g.tp > 1 or (g.fsdp and g.dp > 1) for g in groups)
     out += build_problems(cfg, "model.path", sharded=sharded)
@@ -58,6 +64,41 @@ def check_architecture(config: RunConfig, compiled: Any = None) -> list[Problem]
         names = [g.name for g in held if tp in (g.tp, _torch_gen_tp(g))]
         out += tp_problems(cfg, tp, where=f"plan: group {', '.join(names)} (tp={tp})")
     return out
+
+
+def routing_model_problems(config: RunConfig, cfg: Any) -> list[Problem]:
+    """``algorithm.routing_replay`` on a model without experts (``cfg`` None: the built-in
+    dense model)."""
+    from rpeg.runtime.model_io.moe import num_experts
+
+    if cfg is not None and num_experts(cfg):
+        return []
+    what = "the built-in tiny model" if cfg is None else f"model_type {cfg.model_type!r}"
+    return [
+        Problem(
+            "algorithm.routing_replay",
+            f"{config.algorithm.routing_replay!r} needs a mixture-of-experts model; {what} has "
+            "no experts: set it to off",
+        )
+    ]
+
+
+def routing_engine_problems(config: RunConfig, compiled: Any) -> list[Problem]:
+    """``algorithm.routing_replay`` with vLLM generating: only the torch engine records the
+    experts each token was routed to (docs/models.md)."""
+    engines = {config.runtime.engine}
+    if compiled is not None:
+        engines |= {g.gen_engine for g in compiled.actor_groups if g.gen_engine}
+    if "vllm" not in engines:
+        return []
+    return [
+        Problem(
+            "algorithm.routing_replay",
+            f"{config.algorithm.routing_replay!r} needs the torch engine (it records each "
+            "token's experts); vLLM generates in this run: set the engine to torch or "
+            "routing_replay to off",
+        )
+    ]
 
 
 def _torch_gen_tp(group: Any) -> int:

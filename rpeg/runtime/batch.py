@@ -34,6 +34,8 @@ TOKEN_FIELDS = (
 )
 #: prompt tensor fields: ``[B, P]`` (left-padded)
 PROMPT_FIELDS = ("prompt_ids", "prompt_mask")
+#: per-token fields with trailing dims: ``[B, R, ...]`` (cut and padded along ``R``)
+ROUTE_FIELDS = ("routes",)
 TEXT_FIELDS = ("prompts", "responses", "reference_answers", "data_sources")
 
 
@@ -56,6 +58,11 @@ class RolloutBatch:
     1 on every token of the transcript (the model's and the environment's); response_mask
     is then the loss mask, 1 only on the model's own tokens. None (single turn): the
     attention over the response is response_mask.
+
+    A mixture-of-experts rollout recorded by the torch engine (``algorithm.routing_replay``)
+    also carries routes ``[B, R, L, k]`` (int16): the experts each of the L routers chose
+    for the forward that gave response token ``i`` its log-prob (input position ``P - 1 +
+    i``; rpeg.runtime.engines.torch_engine). None otherwise.
     """
 
     prompt_ids: torch.Tensor
@@ -80,6 +87,7 @@ class RolloutBatch:
     temperature: float = 1.0
     response_attention: torch.Tensor | None = None
     data_sources: list[str] = field(default_factory=list)  # each row's data_source ([] = none)
+    routes: torch.Tensor | None = None
 
     # --- derived ----------------------------------------------------------------------------
     @property
@@ -142,7 +150,7 @@ class RolloutBatch:
                 prompt_mask=self.prompt_mask[:, p - p_keep :],
             )
         if r_keep < self.response_ids.shape[1]:
-            for name in TOKEN_FIELDS:
+            for name in (*TOKEN_FIELDS, *ROUTE_FIELDS):
                 v = getattr(self, name)
                 if v is not None:
                     kw[name] = v[:, :r_keep]
@@ -184,6 +192,14 @@ class RolloutBatch:
                     kw[f.name] = torch.cat(
                         [torch.nn.functional.pad(v, (0, r - v.shape[1])) for v in vals], dim=0
                     )
+            elif f.name in ROUTE_FIELDS:
+                if any(v is None for v in vals):
+                    kw[f.name] = None
+                else:
+                    kw[f.name] = torch.cat(
+                        [_pad_dim1(v, r) for v in vals],
+                        dim=0,
+                    )
             elif f.name == "group_ids":
                 kw[f.name] = torch.cat(_distinct_groups(vals), dim=0)
             elif f.name in SAMPLE_FIELDS:
@@ -209,6 +225,14 @@ def chunk_order(size: int, n: int, generator: torch.Generator | None) -> list[to
     ``generator``, or in order without one (how mini-batches are cut)."""
     order = torch.arange(size) if generator is None else torch.randperm(size, generator=generator)
     return [c for c in torch.tensor_split(order, n) if len(c)]
+
+
+def _pad_dim1(v: torch.Tensor, width: int) -> torch.Tensor:
+    """``v [B, R, ...]`` padded with zeros to ``[B, width, ...]``."""
+    if v.shape[1] >= width:
+        return v
+    pad = torch.zeros((v.shape[0], width - v.shape[1], *v.shape[2:]), dtype=v.dtype)
+    return torch.cat([v, pad.to(v.device)], dim=1)
 
 
 def _distinct_groups(ids: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -110,6 +110,43 @@ class PolicyWorker:
         else:
             self.module.requires_grad_(False)
         self.module.eval()
+        # mixture-of-experts routing record/replay (algorithm.routing_replay): the
+        # RouteReplay on this model's routers, installed at the first forward (after
+        # apply_layout); the routing metrics of the last forward
+        self._replay = None
+        self._route_stats: dict[str, float] | None = None
+        if self.algorithm.routing_replay != "off":
+            from rpeg.runtime.model_io.routing import routers
+
+            if not routers(self.lm):
+                raise ConfigError(
+                    [
+                        Problem(
+                            "algorithm.routing_replay",
+                            f"{self.algorithm.routing_replay!r} needs a mixture-of-experts "
+                            "model (top-k routers); this model has none: set it to off",
+                        )
+                    ]
+                )
+
+    def _route_replay(self):
+        """The RouteReplay on this model's routers (None when routing_replay is off)."""
+        if self.algorithm.routing_replay == "off":
+            return None
+        if getattr(self, "pipeline", None) is not None:
+            raise ConfigError(
+                [Problem("algorithm.routing_replay", "not under pipeline parallelism (pp > 1)")]
+            )
+        if self._replay is None:
+            from rpeg.runtime.model_io.routing import RouteReplay
+
+            self._replay = RouteReplay(self.lm)
+        return self._replay
+
+    def _release_routes(self) -> None:
+        """Routers back to their own choice (after a log-prob pass or a train step)."""
+        if self._replay is not None:
+            self._replay.set(None)
 
     def _make_optimizer(self):
         groups = [
@@ -251,6 +288,18 @@ class PolicyWorker:
         one gather, then each rank stops at its own longest row); otherwise each forward
         gathers one unit at a time -- a rank's peak holds one unit beyond its shard, not the
         whole model -- and the dp ranks decode in lockstep (the engine's ``lockstep``)."""
+        if self.algorithm.routing_replay != "off":
+            self._route_replay()  # refuses pp > 1
+        if self.algorithm.routing_replay != "off" and not isinstance(self.engine, TorchEngine):
+            raise ConfigError(
+                [
+                    Problem(
+                        "algorithm.routing_replay",
+                        "needs the torch engine (it records each token's experts); "
+                        f"{type(self.engine).__name__} generates",
+                    )
+                ]
+            )
         model = getattr(self.engine, "model", None)
         if not isinstance(model, torch.nn.Module):
             return nullcontext()
@@ -264,6 +313,8 @@ class PolicyWorker:
         )
         if isinstance(self.engine, TorchEngine):
             self.engine.lockstep = self.reduce if per_forward else None
+            self.engine.record_routes = self.algorithm.routing_replay != "off"
+        self._release_routes()
         return nullcontext() if per_forward else gathered_blocks(model)
 
     def generate(
@@ -318,6 +369,16 @@ class PolicyWorker:
         req = LogprobRequest(
             temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
+        rr, self._route_stats = self._route_replay(), None
+        p_width = mb.prompt_ids.shape[1]
+        if rr is not None:  # replay (or only record) the rollout's experts on the response
+            from rpeg.runtime.model_io.routing import replay_inputs
+
+            if mb.routes is None:
+                rr.set(None)
+            else:
+                full, where = replay_inputs(mb.routes.to(dev), mb.response_mask.to(dev), p_width)
+                rr.set(full, where, replay=self.algorithm.routing_replay == "rollout")
         with compute(dev.type, self.compute_dtype):
             if self.shared_critic:
                 req, values = self.module.logprobs_and_values(ids, mask, pos, labels, req)
@@ -326,6 +387,10 @@ class PolicyWorker:
                 values = None
         # a mixture-of-experts training forward: the router's loss and loads (model_io.moe)
         self._router = req.extra.get("router")
+        if rr is not None and mb.routes is not None:
+            from rpeg.runtime.model_io.routing import replay_metrics
+
+            self._route_stats = replay_metrics(rr, mb.routes, mb.response_mask, p_width)
         return req.logprobs, req.entropy, values
 
     @torch.no_grad()
@@ -348,6 +413,7 @@ class PolicyWorker:
             lp_out[ix, : lp.shape[1]] = lp.float().cpu() * m
             if with_entropy:
                 ent_out[ix, : ent.shape[1]] = ent.float().cpu() * m
+        self._release_routes()
         return (lp_out, ent_out) if with_entropy else lp_out
 
     @torch.no_grad()
@@ -374,6 +440,7 @@ class PolicyWorker:
             m = mb.response_mask
             lp_out[ix, : lp.shape[1]] = lp.float().cpu() * m
             v_out[ix, : v.shape[1]] = v.float().cpu() * m
+        self._release_routes()
         return lp_out, v_out
 
     # --- training -------------------------------------------------------------------------
@@ -433,11 +500,14 @@ class PolicyWorker:
             if self._router is not None:  # the model's load-balancing loss, its coefficient
                 loss = loss + moe.router_loss(self._router)
                 m.update(moe.router_metrics(self._router))
+            if self._route_stats is not None:  # algorithm.routing_replay (model_io.routing)
+                m.update(self._route_stats)
             m.update(cm)
             return loss, m
 
         self._update_lag_max = -1
         out = minibatch_updates(self, batch, micro_loss)
+        self._release_routes()
         self._measuring = False
         if self._measure_first:  # every rank of the group (a collective)
             none = torch.zeros(5, dtype=torch.float64)

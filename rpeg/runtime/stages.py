@@ -144,6 +144,7 @@ def _rollout_batch(
         data_sources=[ex.data_source for ex in examples for _ in range(samples_per_prompt)],
         sample_index=sample_index.to(torch.long),
         temperature=params.temperature if params.temperature > 0 else 1.0,
+        routes=getattr(out, "routes", None),  # a recorded MoE rollout (routing_replay)
     )
     lengths = out.lengths.float()
     return batch, {

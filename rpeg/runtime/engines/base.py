@@ -37,6 +37,9 @@ class GenerationOutput:
     * ``logprobs_exact``: False when an engine could only report other log-probs (vLLM without
       processed log-probs, or with top-k/top-p truncation on); the run must then recompute
       old log-probs with a forward pass (``algorithm.recompute_old_logprobs``)
+    * ``routes``: ``[B, R, L, k]`` int16, the experts each router chose for each response
+      token's forward (a mixture-of-experts model, the torch engine when recording: its
+      ``record_routes``); None otherwise
     """
 
     response_ids: torch.Tensor
@@ -46,6 +49,7 @@ class GenerationOutput:
     policy_version: int = 0
     stats: dict[str, float] = field(default_factory=dict)
     logprobs_exact: bool = True
+    routes: torch.Tensor | None = None
 
     @property
     def mask(self) -> torch.Tensor:

@@ -15,6 +15,12 @@ batch does. Under FSDP the first forward gathers every unit, a collective over t
 ranks, which decode different prompts; callers hold the units gathered for the whole loop
 (``rpeg.runtime.sharding.gathered_blocks``, as ``PolicyWorker.generate`` does), so the later
 forwards are local and each rank stops at its own longest row.
+
+Mixture-of-experts routes (``record_routes``, set by the policy when
+``algorithm.routing_replay`` is on): every forward's router choices are recorded
+(rpeg.runtime.model_io.routing.RouteRecorder) and the output carries ``routes [B, R, L, k]``:
+entry ``i`` holds the experts of the position whose forward gave response token ``i`` its
+log-prob (the last prompt token for ``i = 0``, response token ``i - 1`` after).
 """
 
 from __future__ import annotations
@@ -101,6 +107,8 @@ class TorchEngine:
         # per forward): they decode in lockstep, the same number of steps, until every
         # rank's rows are done; None: each rank stops at its own longest row
         self.lockstep = None
+        # record each router's top-k experts per generated token (GenerationOutput.routes)
+        self.record_routes = False
 
     @property
     def device(self) -> torch.device:
@@ -147,6 +155,33 @@ class TorchEngine:
             )
         new_past = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
         return out.logits[:, -1, :].float(), new_past
+
+    def _route_recorder(self):
+        """A route recorder over the model's routers when recording (None otherwise)."""
+        if not self.record_routes:
+            return None
+        from rpeg.runtime.model_io.routing import RouteRecorder, routers
+
+        return RouteRecorder(self.model) if routers(self.model) else None
+
+    def _recorded(self, recorder, st, index: int, r_max: int, ids, mask, pos, past):
+        """:meth:`_forward`; with a recorder, the experts of each row's last position are
+        written to ``st.routes[:, index]`` (the routes of response token ``index``)."""
+        if recorder is None:
+            return self._forward(ids, mask, pos, past)
+        with recorder:
+            recorder.clear()
+            out = self._forward(ids, mask, pos, past)
+        got = recorder.routes()  # [L, B*T, k]
+        b = ids.shape[0]
+        last = got.reshape(got.shape[0], b, -1, got.shape[-1])[:, :, -1]  # [L, B, k]
+        if st.routes is None:
+            st.routes = torch.zeros(
+                (b, r_max, got.shape[0], got.shape[-1]), dtype=torch.int16, device=last.device
+            )
+        if index < r_max:
+            st.routes[:, index] = last.permute(1, 0, 2).to(torch.int16)
+        return out
 
     def generate(
         self,
@@ -208,7 +243,7 @@ class TorchEngine:
         r = int(lengths.max()) if lengths.numel() else 0
         dt = time.perf_counter() - t0
         ntok = int(lengths.sum())
-        return GenerationOutput(
+        out = GenerationOutput(
             response_ids=st.out_ids.cpu()[sel][:, :r].clone(),
             logprobs=st.out_lp.cpu()[sel][:, :r].clone(),
             lengths=lengths.clone(),
@@ -221,6 +256,9 @@ class TorchEngine:
                 "decode_steps": float(st.steps),
             },
         )
+        if st.routes is not None:
+            out.routes = st.routes.cpu()[sel][:, :r].clone()
+        return out
 
     @torch.no_grad()
     def _decode(
@@ -259,13 +297,16 @@ class TorchEngine:
                 finished=torch.zeros(b, dtype=torch.bool, device=dev),
                 done=caps <= 0,
             )
+            recorder = self._route_recorder()
+            if recorder is not None:
+                st.routes = None  # [B, R_max, L, k] once the first forward shows L and k
             past = None
             if self.use_cache:
                 from transformers import DynamicCache
 
                 cfg = getattr(self.model, "config", None)  # a hybrid model's layer kinds
                 past = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
-            logits, past = self._forward(ids, mask, pos, past)
+            logits, past = self._recorded(recorder, st, 0, r_max, ids, mask, pos, past)
             full_ids, full_mask = ids, mask
             last_pos = pos[:, -1:]
             yield st
@@ -296,11 +337,20 @@ class TorchEngine:
                 full_mask = torch.cat([full_mask, torch.ones_like(full_mask[:, :1])], dim=1)
                 last_pos = last_pos + 1
                 if self.use_cache:
-                    logits, past = self._forward(tok[:, None], full_mask, last_pos, past)
+                    logits, past = self._recorded(
+                        recorder, st, t + 1, r_max, tok[:, None], full_mask, last_pos, past
+                    )
                 else:
                     full_ids = torch.cat([full_ids, tok[:, None]], dim=1)
-                    logits, _ = self._forward(
-                        full_ids, full_mask, positions_from_mask(full_mask), None
+                    logits, _ = self._recorded(
+                        recorder,
+                        st,
+                        t + 1,
+                        r_max,
+                        full_ids,
+                        full_mask,
+                        positions_from_mask(full_mask),
+                        None,
                     )
         finally:
             if was_training:
@@ -318,3 +368,4 @@ class _Decode:
     finished: torch.Tensor
     done: torch.Tensor
     steps: int = 0
+    routes: torch.Tensor | None = None  # [B, R_max, L, k] int16 when recording

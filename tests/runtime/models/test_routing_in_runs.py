@@ -1,0 +1,144 @@
+"""Routing replay in runs (issue 40 item 4): the torch engine records each response token's
+experts, the rollout batch carries them (select, concat, the wire format), and with
+``algorithm.routing_replay`` the policy's forwards replay them and log ``routing_mismatch``;
+a bad value, a dense model and vLLM are refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rpeg.config import RunConfig
+from rpeg.errors import ConfigError
+from tests.runtime.models.tiny_folders import tiny_hf_config, write_tiny_folder
+
+
+def _batch(b: int, p: int, r: int, lengths, layers: int = 2, k: int = 2):
+    from rpeg.runtime.batch import RolloutBatch
+
+    mask = (torch.arange(r)[None, :] < torch.as_tensor(lengths)[:, None]).long()
+    routes = torch.arange(b * r * layers * k, dtype=torch.int16).reshape(b, r, layers, k)
+    return RolloutBatch(
+        prompt_ids=torch.ones((b, p), dtype=torch.long),
+        prompt_mask=torch.ones((b, p), dtype=torch.long),
+        response_ids=torch.ones((b, r), dtype=torch.long),
+        response_mask=mask,
+        sample_logprobs=torch.zeros((b, r)),
+        policy_version=torch.zeros(b, dtype=torch.long),
+        group_ids=torch.arange(b),
+        routes=routes,
+    )
+
+
+def test_the_batch_carries_routes_through_select_concat_and_the_wire():
+    from rpeg.runtime.actors.serializers import batch_from_frames, batch_to_frames
+    from rpeg.runtime.batch import RolloutBatch
+
+    a = _batch(3, 2, 5, [5, 2, 1])
+    sel = a.select([1, 2])  # responses of 2 and 1 tokens: cut to 2 columns
+    assert sel.routes.shape == (2, 2, 2, 2)
+    assert torch.equal(sel.routes, a.routes[1:, :2])
+    joined = RolloutBatch.concat([sel, _batch(1, 3, 4, [4])])
+    assert joined.routes.shape == (3, 4, 2, 2)  # padded to the longest response
+    assert torch.equal(joined.routes[:2, :2], sel.routes)
+    assert int(joined.routes[:2, 2:].abs().sum()) == 0
+    header, frames = batch_to_frames(a)
+    back = batch_from_frames(header, [bytes(memoryview(f)) for f in frames])
+    assert back.routes.dtype == torch.int16 and torch.equal(back.routes, a.routes)
+
+
+def test_the_engine_records_the_routes_a_full_forward_takes():
+    """Each response token's recorded experts are the ones a forward over prompt + response
+    routes the position that gave the token its log-prob (same weights: none differ)."""
+    from transformers import AutoModelForCausalLM
+
+    from rpeg.runtime.engines.base import SamplingParams
+    from rpeg.runtime.engines.torch_engine import TorchEngine, left_pad
+    from rpeg.runtime.model_io.routing import RouteRecorder, response_routes, routing_mismatch
+
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(tiny_hf_config("qwen3_moe")).eval()
+    eng = TorchEngine(lm, pad_id=0, eos_id=99)
+    eng.record_routes = True
+    prompts = [[5, 6, 7], [8, 9]]
+    out = eng.generate(prompts, SamplingParams(max_new_tokens=5, temperature=1.0), seed=3)
+    b, r = out.response_ids.shape
+    assert out.routes.shape == (b, r, 2, 2)
+    ids, pmask = left_pad(prompts, 0)
+    p = ids.shape[1]
+    full_ids = torch.cat([ids, out.response_ids], 1)
+    full_mask = torch.cat([pmask, out.mask], 1)
+    rec = RouteRecorder(lm)
+    with rec, torch.no_grad():
+        lm(input_ids=full_ids, attention_mask=full_mask)
+    seen = response_routes(rec.routes(), b, p, r)
+    recorded = out.routes.permute(2, 0, 1, 3).reshape(2, b * r, 2).long()
+    assert routing_mismatch(seen, recorded, out.mask.reshape(-1)) == 0.0
+    with torch.no_grad():  # shifted by one position the routes differ: the check can fail
+        shifted = response_routes(rec.routes(), b, p + 1, r - 1)
+    rec_cut = out.routes[:, : r - 1].permute(2, 0, 1, 3).reshape(2, b * (r - 1), 2).long()
+    assert routing_mismatch(shifted, rec_cut, out.mask[:, : r - 1].reshape(-1)) > 0
+
+
+def _run(folder, out, mode: str) -> list[dict]:
+    from rpeg.runtime.local_trainer import LocalTrainer
+
+    cfg = RunConfig.from_dict(
+        {
+            "model": {"path": str(folder)},
+            "workload": {
+                "num_prompts": 2,
+                "samples_per_prompt": 2,
+                "max_response_tokens": 6,
+                "train_minibatches": 2,  # the second update runs at moved weights
+            },
+            "task": {"heldout_size": 2},
+            "algorithm": {"entropy_coef": 0.05, "routing_replay": mode},
+            "optim": {"lr": 1e-2},
+            "runtime": {"steps": 2, "output_dir": str(out)},
+        }
+    )
+    LocalTrainer(cfg).run()
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_local_run_replays_the_rollout_routes(tmp_path):
+    """Without replay the training forward routes some response tokens elsewhere once the
+    weights moved; with replay it routes every one as the rollout did."""
+    folder = write_tiny_folder("qwen3_moe", tmp_path / "model")
+    recorded = _run(folder, tmp_path / "record", "record")
+    replayed = _run(folder, tmp_path / "rollout", "rollout")
+    assert [m["step"] for m in replayed] == [1, 2]
+    assert all(m["routing_mismatch"] == 0.0 for m in replayed)
+    assert all(m["routing_mismatch_unreplayed"] > 0.0 for m in replayed)
+    assert all(m["routing_mismatch"] > 0.0 for m in recorded)
+    assert "routing_mismatch_unreplayed" not in recorded[0]
+    # step 1 rolled out at the same weights: the unreplayed routers choose as without replay
+    assert replayed[0]["routing_mismatch_unreplayed"] == recorded[0]["routing_mismatch"]
+
+
+def test_bad_values_and_dense_models_are_refused_by_name(tmp_path):
+    from rpeg.preflight.architecture import check_architecture
+    from rpeg.runtime.local_trainer import LocalTrainer
+
+    with pytest.raises(Exception) as bad:
+        RunConfig.from_dict({"algorithm": {"routing_replay": "yes"}})
+    text = str(bad.value)
+    assert "routing_replay" in text and "'rollout'" in text and "'off'" in text
+    dense = RunConfig.from_dict({"algorithm": {"routing_replay": "rollout"}})
+    (p,) = check_architecture(dense)
+    assert p.where == "algorithm.routing_replay" and "built-in tiny model" in p.what
+    folder = write_tiny_folder("qwen3", tmp_path / "dense")
+    cfg = dense.with_overrides({"model": {"path": str(folder)}})
+    (p,) = check_architecture(cfg)
+    assert p.where == "algorithm.routing_replay" and "'qwen3'" in p.what
+    with pytest.raises(ConfigError, match="algorithm.routing_replay"):
+        LocalTrainer(cfg.with_overrides({"runtime": {"output_dir": str(tmp_path / "o")}}))
+    moe = write_tiny_folder("qwen3_moe", tmp_path / "moe")
+    ok = dense.with_overrides({"model": {"path": str(moe)}})
+    assert check_architecture(ok) == []
+    (p,) = check_architecture(ok.with_overrides({"runtime": {"engine": "vllm"}}))
+    assert p.where == "algorithm.routing_replay" and "vLLM" in p.what
