@@ -79,6 +79,10 @@ def collect(futs: Sequence[Any], timeout_s: float | None = None) -> list[Any]:
 
 #: while waiting for one rank, how often the later ranks are looked at for an error
 WATCH_S = 0.5
+#: How long reading a finished actor call's outcome may take: it is there already, but Dask
+#: hands it over through the client's event loop, which a loaded machine (or a profiler) can
+#: stall for seconds; a second was too short (a finished call read as a timed-out one).
+DONE_RESULT_S = 60.0
 
 
 def _result_watching(f: Any, others: Sequence[Any], deadline: float | None) -> Any:
@@ -94,12 +98,12 @@ def _result_watching(f: Any, others: Sequence[Any], deadline: float | None) -> A
             return f.result(timeout=WATCH_S if left is None else max(0.001, min(WATCH_S, left)))
         except TimeoutError:
             if f.done():  # finished while the wait timed out: its own outcome, not a timeout
-                return f.result(timeout=1.0)
+                return f.result(timeout=DONE_RESULT_S)
             if left is not None and left <= WATCH_S:
                 raise  # the caller's timeout passed
         for g in others:
             if g.done():
-                g.result(timeout=1.0)  # its error, raised here; a result: keep waiting
+                g.result(timeout=DONE_RESULT_S)  # its error, raised here; a result: keep waiting
 
 
 class RankGroup:
