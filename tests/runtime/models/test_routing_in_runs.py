@@ -132,13 +132,53 @@ def test_bad_values_and_dense_models_are_refused_by_name(tmp_path):
     (p,) = check_architecture(dense)
     assert p.where == "algorithm.routing_replay" and "built-in tiny model" in p.what
     folder = write_tiny_folder("qwen3", tmp_path / "dense")
-    cfg = dense.with_overrides({"model": {"path": str(folder)}})
+    cfg = dense.with_overrides({"model.path": str(folder)})
     (p,) = check_architecture(cfg)
     assert p.where == "algorithm.routing_replay" and "'qwen3'" in p.what
     with pytest.raises(ConfigError, match="algorithm.routing_replay"):
-        LocalTrainer(cfg.with_overrides({"runtime": {"output_dir": str(tmp_path / "o")}}))
+        LocalTrainer(cfg.with_overrides({"runtime.output_dir": str(tmp_path / "o")}))
     moe = write_tiny_folder("qwen3_moe", tmp_path / "moe")
-    ok = dense.with_overrides({"model": {"path": str(moe)}})
+    ok = dense.with_overrides({"model.path": str(moe)})
     assert check_architecture(ok) == []
-    (p,) = check_architecture(ok.with_overrides({"runtime": {"engine": "vllm"}}))
+    (p,) = check_architecture(ok.with_overrides({"runtime.engine": "vllm"}))
     assert p.where == "algorithm.routing_replay" and "vLLM" in p.what
+
+
+@pytest.mark.slow
+def test_dask_run_with_generation_and_training_apart_replays(
+    tmp_path, prefect_harness, dask_cluster
+):
+    """Prefect + Dask, generation on device 0 and training on device 1: the routes cross
+    ranks with the batch and the trainer replays them."""
+    from rpeg.flows.train import run_train
+    from tests.runtime.models.test_models_distributed import fsdp_dp2_config
+
+    folder = write_tiny_folder("qwen3_moe", tmp_path / "model")
+    apart = {u: {"devices": "1"} for u in ("ref_logprob", "old_logprob", "advantage")}
+    units = {
+        "generate": {"devices": "0"},
+        "reward": {"devices": "0"},
+        "train_actor": {"devices": "1"},
+        "sync_weights": {"devices": "0-1"},
+        **apart,
+    }
+    cfg = fsdp_dp2_config(folder, tmp_path).with_overrides(
+        {
+            "algorithm.routing_replay": "rollout",
+            "workload.train_minibatches": 2,
+            "workload.max_response_tokens": 6,
+            "optim.lr": 1e-2,
+            "runtime.export_hf": False,
+            "runtime.checkpoint_url": None,
+            "plan.units": units,
+        }
+    )
+    s = run_train(cfg, progress=False, _cluster=dask_cluster, _with_extra=True)
+    gen = [g for g, v in s["layout"].items() if v["devices"] == [0]]
+    train = [g for g, v in s["layout"].items() if v["devices"] == [1]]
+    assert gen and train  # generation and training in different groups
+    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    metrics = [json.loads(line) for line in lines]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["routing_mismatch"] == 0.0 for m in metrics)
+    assert all(m["routing_mismatch_unreplayed"] > 0.0 for m in metrics)
