@@ -502,6 +502,9 @@ class PolicyWorker:
                 m.update(moe.router_metrics(self._router))
             if self._route_stats is not None:  # algorithm.routing_replay (model_io.routing)
                 m.update(self._route_stats)
+                # every update's log-prob gap to the rollout's (what replay narrows)
+                gap = (lp.detach().float() - micro.sample_logprobs).abs() * mask
+                m["routing_logprob_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
             m.update(cm)
             return loss, m
 

@@ -116,6 +116,7 @@ def test_local_run_replays_the_rollout_routes(tmp_path):
     assert all(m["routing_mismatch_unreplayed"] > 0.0 for m in replayed)
     assert all(m["routing_mismatch"] > 0.0 for m in recorded)
     assert "routing_mismatch_unreplayed" not in recorded[0]
+    assert all(m["routing_logprob_gap"] > 0.0 for m in recorded + replayed)  # weights moved
     # step 1 rolled out at the same weights: the unreplayed routers choose as without replay
     assert replayed[0]["routing_mismatch_unreplayed"] == recorded[0]["routing_mismatch"]
 
@@ -151,6 +152,7 @@ def test_dask_run_with_generation_and_training_apart_replays(
     """Prefect + Dask, generation on device 0 and training on device 1: the routes cross
     ranks with the batch and the trainer replays them."""
     from rpeg.flows.train import run_train
+
     from tests.runtime.models.test_models_distributed import fsdp_dp2_config
 
     folder = write_tiny_folder("qwen3_moe", tmp_path / "model")
@@ -182,3 +184,59 @@ def test_dask_run_with_generation_and_training_apart_replays(
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["routing_mismatch"] == 0.0 for m in metrics)
     assert all(m["routing_mismatch_unreplayed"] > 0.0 for m in metrics)
+
+
+def test_a_recomputing_backward_routes_as_the_replayed_forward():
+    """Activation checkpointing reruns each layer's forward in the backward: the replayed
+    routes stay set, so the gradients equal those of the forward without recompute, after
+    the routers moved away from the rollout's choice."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from rpeg.config import AlgorithmConfig
+    from rpeg.runtime.batch import RolloutBatch
+    from rpeg.runtime.engines.base import SamplingParams
+    from rpeg.runtime.engines.torch_engine import left_pad
+    from rpeg.runtime.model_io.routing import routers
+    from rpeg.runtime.roles import PolicyWorker
+    from rpeg.runtime.unit_memory import apply_recompute
+
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=99)
+    algo = AlgorithmConfig(routing_replay="rollout")
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(tiny_hf_config("qwen3_moe"))
+    grads, stats = [], []
+    for recompute in (False, True):
+        lm = AutoModelForCausalLM.from_config(tiny_hf_config("qwen3_moe"))
+        lm.load_state_dict(base.state_dict())
+        if recompute:
+            assert apply_recompute(lm)
+        w = PolicyWorker(lm, tok, algorithm=algo)
+        prompts = [[5, 6, 7], [8, 9]]
+        out = w.generate(prompts, SamplingParams(max_new_tokens=5, temperature=1.0), seed=3)
+        ids, pmask = left_pad(prompts, 0)
+        batch = RolloutBatch(
+            prompt_ids=ids,
+            prompt_mask=pmask,
+            response_ids=out.response_ids,
+            response_mask=out.mask,
+            sample_logprobs=out.logprobs,
+            policy_version=torch.zeros(2, dtype=torch.long),
+            group_ids=torch.arange(2),
+            routes=out.routes,
+        )
+        with torch.no_grad():  # the trainer's routers moved: they would choose otherwise
+            g = torch.Generator().manual_seed(1)
+            for r in routers(lm):
+                r.weight.add_(3 * torch.randn(r.weight.shape, generator=g))
+        lm.train()
+        lp, _, _ = w._forward(batch, 1.0)
+        lp.sum().backward()
+        stats.append(dict(w._route_stats))
+        grads.append([p.grad.clone() for p in lm.parameters() if p.grad is not None])
+    assert stats[0]["routing_mismatch"] == stats[1]["routing_mismatch"] == 0.0
+    assert stats[0]["routing_mismatch_unreplayed"] > 0.2  # replay changed the routing
+    assert len(grads[0]) == len(grads[1])
+    for a, b in zip(grads[0], grads[1], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
