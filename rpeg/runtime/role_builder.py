@@ -30,6 +30,22 @@ from rpeg.runtime.task_data import build_task_data, task_sources
 ROLE_NAMES = ("actor", "reference", "critic")
 
 
+def folder_fingerprint(path: str) -> list[tuple[str, int, int]]:
+    """``(name, size, mtime_ns)`` of a model folder's config and weight files: part of the
+    warm-up cache key, so another model written at the same path is warmed up afresh."""
+    from pathlib import Path
+
+    folder = Path(path)
+    if not folder.is_dir():
+        return []
+    out = []
+    for f in sorted(folder.iterdir()):
+        if f.name == "config.json" or f.name.endswith((".safetensors", ".safetensors.index.json")):
+            st = f.stat()
+            out.append((f.name, st.st_size, st.st_mtime_ns))
+    return out
+
+
 def build_policy(
     config: RunConfig, log: Callable[[str], None] | None = None, device: torch.device | None = None
 ):
@@ -44,7 +60,7 @@ def build_policy(
     torch.manual_seed(config.runtime.seed)
     if mc.path:
         model, tok = load_model_and_tokenizer(mc.path, mc.dtype, device=device)
-        key_model = {"path": mc.path}
+        key_model = {"path": mc.path, "files": folder_fingerprint(mc.path)}
     else:
         shape = dict(mc.tiny_shape or {})
         model, tok = create_tiny(seed=config.runtime.seed, **shape)
