@@ -240,23 +240,4 @@ def body(rank: int, world: int, port: int, cases: list, q) -> None:
 
 def spawn(world: int, cases: list, port: int, timeout_s: float = 300.0) -> dict:
     """Run ``cases`` (name, function name here, args) on ``world`` spawned ranks."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=body, args=(r, world, port, cases, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    out: dict = {}
-    try:
-        for _ in range(world * len(cases)):
-            name, rank, res = q.get(timeout=timeout_s)
-            if name == "error":
-                raise AssertionError(f"rank {rank} failed:\n{res}")
-            out.setdefault(name, {})[rank] = torch.load(io.BytesIO(res), weights_only=True)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return out
+    return S.run_spawned(body, world, cases, port, timeout_s)

@@ -377,11 +377,18 @@ def body(rank: int, world: int, port: int, cases: list, q) -> None:
 
 def spawn(world: int, cases: list, port: int, timeout_s: float = 300.0) -> dict:
     """Run ``cases`` on ``world`` spawned ranks -> ``{name: {rank: result}}``."""
+    return run_spawned(body, world, cases, port, timeout_s)
+
+
+def run_spawned(target, world: int, cases: list, port: int, timeout_s: float = 300.0) -> dict:
+    """``target(rank, world, port, cases, q)`` (a module-level function of a cases module, so
+    a spawned child can import it) on ``world`` spawned ranks; each puts ``(name, rank,
+    torch.save bytes)`` or ``("error", rank, traceback)`` -> ``{name: {rank: result}}``."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=body, args=(r, world, port, cases, q)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, port, cases, q)) for r in range(world)]
     for p in procs:
         p.start()
     out: dict = {}
