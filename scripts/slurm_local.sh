@@ -18,7 +18,9 @@ set -euo pipefail
 DIR=${RPEG_SLURM_DIR:-/tmp/rpeg-slurm}
 CONF=$DIR/slurm.conf
 NODES=${RPEG_SLURM_NODES:-2}
-CPUS=${RPEG_SLURM_CPUS:-$(nproc)}
+# every CPU of the machine (nproc alone honours this shell's CPU affinity: a caller pinned to
+# one core, e.g. a test process an earlier in-process run bound, would give the nodes one CPU)
+CPUS=${RPEG_SLURM_CPUS:-$(nproc --all)}
 export SLURM_CONF=$CONF
 
 die() { echo "slurm_local: $*" >&2; exit 1; }
@@ -102,9 +104,12 @@ start() {
   command -v slurmctld >/dev/null || die "Slurm is not installed: bash $0 install"
   start_munge
   write_conf
-  alive "$DIR/run/slurmctld.pid" || slurmctld -f "$CONF"
+  # the daemons on every CPU whatever this shell's affinity (slurmd counts the CPUs it may use)
+  local all=()
+  command -v taskset >/dev/null && all=(taskset -c "0-$(($(nproc --all) - 1))")
+  alive "$DIR/run/slurmctld.pid" || "${all[@]}" slurmctld -f "$CONF"
   for n in $(seq 1 "$NODES"); do
-    alive "$DIR/run/slurmd-node$n.pid" || slurmd -f "$CONF" -N "node$n"
+    alive "$DIR/run/slurmd-node$n.pid" || "${all[@]}" slurmd -f "$CONF" -N "node$n"
   done
   # wait until every node is idle (or mixed/allocated: jobs of an earlier session)
   local out=""
