@@ -757,9 +757,9 @@ def pipelined_updates(
     weights; each mini-batch's micro-batches run through the pipeline schedule, the role's
     ``micro_loss`` on the last stage. Metrics are the last stage's, on every pipeline rank."""
     from rpeg.runtime.updates import (
-        SKIPPED_UPDATES,
         _micro_weight,
         _mini_total,
+        apply_update,
         micro_batches,
         minibatch_rows,
     )
@@ -807,13 +807,7 @@ def pipelined_updates(
                     getattr(role, "pp_dp_group", None),
                     getattr(role, "pp_tp_group", None),
                 )
-                stats[grad_norm_key] = gn
-                skip = not math.isfinite(gn)
-                stats[SKIPPED_UPDATES] = float(skip)
-                if skip:
-                    optimizer.zero_grad(set_to_none=True)
-                else:
-                    optimizer.step()
+                apply_update(optimizer, stats, gn, grad_norm_key)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
                 steps += 1

@@ -174,19 +174,10 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
                 for k, v in m.items():
                     stats[k] = stats.get(k, 0.0) + w * v
             gn = _grad_norm_and_clip(module.parameters(), grad_clip, shards, scale)
-            stats[grad_norm_key] = gn
-            # an inf/nan gradient (an overflow, a bad sample) would make every weight nan for
-            # good: skip that update, as verl's actors do; the norm is reduced over the
-            # group, so every rank skips the same one (and halves the same fp16 loss scale)
-            skip = not math.isfinite(gn)
             if scaler is not None:
-                scaler.update(not skip)
+                scaler.update(math.isfinite(gn))
                 stats["loss_scale"] = scale
-            stats[SKIPPED_UPDATES] = float(skip)
-            if skip:
-                optimizer.zero_grad(set_to_none=True)
-            else:
-                optimizer.step()
+            apply_update(optimizer, stats, gn, grad_norm_key)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
@@ -194,6 +185,21 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
     # next rollout beside the optimizer state (a trained role's shard of fp32 gradients)
     optimizer.zero_grad(set_to_none=True)
     return sums, steps
+
+
+def apply_update(optimizer, stats: dict[str, float], grad_norm: float, grad_norm_key: str) -> None:
+    """One optimizer update after the gradients were reduced and clipped (``grad_norm``: the
+    norm before clipping, recorded under ``grad_norm_key``). An inf/nan gradient (an overflow,
+    a bad sample) would make every weight nan for good: that update is skipped, as verl's
+    actors do, and counted under :data:`SKIPPED_UPDATES`; the norm is reduced over the group,
+    so every rank skips the same one (and an fp16 scaler halves the same loss scale)."""
+    skip = not math.isfinite(grad_norm)
+    stats[grad_norm_key] = grad_norm
+    stats[SKIPPED_UPDATES] = float(skip)
+    if skip:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.step()
 
 
 def adamw(params, **options) -> torch.optim.AdamW:
