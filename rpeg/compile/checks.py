@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpeg.compile.step import BACKENDS, DTYPES, FORWARD_KINDS, SUPPORTED_ROLES, CompiledStep
+from rpeg.compile.step import (
+    BACKENDS,
+    DTYPES,
+    FORWARD_KINDS,
+    PP_SCHEDULES,
+    SUPPORTED_ROLES,
+    CompiledStep,
+)
 from rpeg.errors import ConfigError, Problem
 from rpeg.search.space import UNSUPPORTED_DEGREES
 
@@ -151,8 +158,22 @@ def _group_problems(step: CompiledStep) -> list[Problem]:
             ps.append(Problem(f"{where}.dtype", f"{g.dtype!r}; allowed: {', '.join(DTYPES)}"))
         if g.world_size != len(g.devices):
             ps.append(Problem(f"{where}.world_size", f"{g.world_size} != {len(g.devices)} devices"))
-        if g.tp < 1 or g.dp * g.tp != g.world_size:
-            ps.append(Problem(f"{where}.dp", f"dp*tp={g.dp}*{g.tp} != world_size={g.world_size}"))
+        if min(g.tp, g.pp, g.cp, g.ep) < 1 or g.dp * g.replica_ranks != g.world_size:
+            ps.append(
+                Problem(
+                    f"{where}.dp",
+                    f"dp*pp*cp*tp={g.dp}*{g.pp}*{g.cp}*{g.tp} != world_size={g.world_size}",
+                )
+            )
+        if g.ep > 1 and (g.dp * g.cp) % g.ep:
+            ps.append(Problem(f"{where}.ep", f"ep={g.ep} does not divide dp*cp={g.dp * g.cp}"))
+        if g.pp_schedule not in PP_SCHEDULES:
+            ps.append(
+                Problem(
+                    f"{where}.pp_schedule",
+                    f"{g.pp_schedule!r}; allowed: {', '.join(PP_SCHEDULES)}",
+                )
+            )
         if g.gen_tp < 1 or g.world_size % g.gen_tp:
             ps.append(
                 Problem(f"{where}.gen_tp", f"{g.gen_tp} does not divide {g.world_size} ranks")

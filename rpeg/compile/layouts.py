@@ -222,7 +222,7 @@ def _layout(
     train, gen, lead = _lead_units(units, kinds_of)
     up = plan.units[lead]
     ws = len(d.devices)
-    dp = max(1, ws // up.tp)
+    dp = max(1, ws // (up.tp * up.pp * up.cp))
     fsdp = bool(train) and up.engine == "fsdp"
     gp = plan.units[gen[0]] if gen else None
     return GroupSpec(
@@ -235,6 +235,10 @@ def _layout(
         dp=dp,
         tp=up.tp,
         fsdp=fsdp,
+        pp=up.pp,
+        cp=up.cp,
+        ep=up.ep,
+        pp_schedule=up.pp_schedule,
         gen_tp=gp.tp if gp is not None else up.tp,
         gen_engine=None if gp is None else str(gp.engine),
         gen_memory_utilization=None if gp is None else gp.gpu_memory_utilization,

@@ -17,6 +17,7 @@ import yaml
 
 from rpeg.errors import ConfigError, Problem
 from rpeg.ir import StageKind
+from rpeg.plan.schema import DEFAULT_PP_SCHEDULE, PP_SCHEDULES  # noqa: F401 -- re-exported
 
 SUPPORTED_ROLES = ("actor", "reference", "critic")
 ROLLOUT_KINDS = frozenset({StageKind.generate, StageKind.reward})
@@ -51,8 +52,13 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 class GroupSpec:
     """One actor group: one rank per device; its ranks form one process group.
 
-    Layout (world_size = dp * tp): training roles shard over dp with FSDP2 when ``fsdp``;
-    tp > 1 splits every block by DTensor tensor parallelism. ``gen_tp``: tensor-parallel size
+    Layout (world_size = dp * pp * cp * tp; rank ``r``: tp index ``r % tp``, cp index
+    ``(r // tp) % cp``, pipeline rank ``(r // (tp * cp)) % pp``, dp index
+    ``r // (tp * cp * pp)``): training roles shard over dp with FSDP2 when ``fsdp``;
+    tp > 1 splits every block by DTensor tensor parallelism; pp > 1 cuts the decoder layers
+    into stages run by ``pp_schedule``; cp > 1 splits each sequence over ranks; ep > 1 places
+    a MoE model's experts over ``ep`` ranks of a stage (carved out of ``dp * cp``). The
+    ``tp * cp * pp`` ranks of one dp index hold the same rows (:attr:`replica_ranks`). ``gen_tp``: tensor-parallel size
     of the generation engine on these ranks (its own copy when it differs from tp);
     ``gen_engine``: the plan's engine of the group's generate unit (``auto``, ``torch``,
     ``vllm``; None: the group generates nothing) and ``gen_memory_utilization`` its KV-cache
@@ -71,6 +77,10 @@ class GroupSpec:
     dp: int
     tp: int = 1
     fsdp: bool = False
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    pp_schedule: str = DEFAULT_PP_SCHEDULE
     gen_tp: int = 1
     gen_engine: str | None = None
     gen_memory_utilization: float | None = None
@@ -79,6 +89,11 @@ class GroupSpec:
     device_type: DeviceType = DEFAULT_DEVICE_TYPE
     dtype: Dtype = DEFAULT_DTYPE
     backend: Backend = "gloo"
+
+    @property
+    def replica_ranks(self) -> int:
+        """Ranks of one data-parallel index (``tp * cp * pp``): they hold the same rows."""
+        return self.tp * self.cp * self.pp
 
     def to_dict(self) -> dict[str, object]:
         d = _plain(self)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,6 +24,10 @@ from rpeg.errors import ConfigError, Problem, RpegError
 
 Engine = Literal["auto", "vllm", "sglang", "torch", "megatron", "fsdp"]
 Reason = Literal["memory", "divisibility", "devices"]
+#: the pipeline schedules the runtime runs (rpeg.runtime.pipeline) and the compiled step names
+PpSchedule = Literal["1f1b", "interleaved_1f1b", "gpipe"]
+PP_SCHEDULES: tuple[str, ...] = get_args(PpSchedule)
+DEFAULT_PP_SCHEDULE: PpSchedule = "1f1b"
 
 
 class InfeasiblePlan(RpegError):
@@ -145,6 +149,12 @@ class UnitPlan(_Base):
     devices: tuple[int, ...] = Field(description="global device indices ('0-15' in YAML)")
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
+    pp_schedule: PpSchedule = Field(
+        DEFAULT_PP_SCHEDULE,
+        description="pipeline schedule at pp > 1: 1f1b (PipeDream-flush), interleaved_1f1b "
+        "(two model chunks per pipeline rank, half the bubble), gpipe (all forwards, then all "
+        "backwards)",
+    )
     dp: int = Field(0, ge=0, description="0 = devices // (tp*pp*cp)")
     ep: int = Field(1, ge=1, description="expert parallel (carved out of dp*cp*tp)")
     cp: int = Field(1, ge=1, description="context / Ulysses sequence parallel")

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rpeg.compile.step import DEFAULT_DEVICE_TYPE, DEFAULT_DTYPE, GroupSpec
+from rpeg.compile.step import DEFAULT_DEVICE_TYPE, DEFAULT_DTYPE, DEFAULT_PP_SCHEDULE, GroupSpec
 from rpeg.errors import ConfigError, Problem
 
 
 @dataclass(frozen=True)
 class Layout:
-    """How ``dp * tp`` ranks lay out one role. ``fsdp``: shard parameters, gradients and
+    """How ``dp * pp * cp * tp`` ranks lay out one role (rank order: tp innermost, then cp,
+    then pp, dp outermost: :class:`rpeg.compile.GroupSpec`). ``fsdp``: shard parameters, gradients and
     optimizer state over ``dp`` (FSDP2); otherwise ``dp`` holds replicas.
     ``reshard_after_forward`` (FSDP training passes): free each block's gathered parameters
     after its forward; False keeps them gathered until backward (:meth:`Shards.training_pass`)."""
@@ -25,10 +26,19 @@ class Layout:
     dtype: str = DEFAULT_DTYPE
     reshard_after_forward: bool = True
     recompute: bool = False  # training checkpoints every decoder layer (rpeg.runtime.unit_memory)
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    pp_schedule: str = DEFAULT_PP_SCHEDULE
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.pp * self.cp * self.tp
+
+    @property
+    def replica_ranks(self) -> int:
+        """Ranks of one data-parallel index (they hold the same rows): ``tp * cp * pp``."""
+        return self.tp * self.cp * self.pp
 
     @property
     def sharded(self) -> bool:
@@ -36,10 +46,16 @@ class Layout:
         return self.tp > 1 or (self.fsdp and self.dp > 1)
 
     def dp_index(self, rank: int) -> int:
-        return rank // self.tp
+        return rank // self.replica_ranks
 
     def tp_index(self, rank: int) -> int:
         return rank % self.tp
+
+    def cp_index(self, rank: int) -> int:
+        return (rank // self.tp) % self.cp
+
+    def pp_index(self, rank: int) -> int:
+        return (rank // (self.tp * self.cp)) % self.pp
 
     @classmethod
     def from_group(cls, group: GroupSpec) -> Layout:
@@ -48,6 +64,10 @@ class Layout:
         lay = cls(
             dp=dp,
             tp=tp,
+            pp=group.pp,
+            cp=group.cp,
+            ep=group.ep,
+            pp_schedule=group.pp_schedule,
             fsdp=group.fsdp,
             device_type=group.device_type,
             dtype=group.dtype,
@@ -59,7 +79,8 @@ class Layout:
                 [
                     Problem(
                         f"group {group.name}",
-                        f"dp={dp} x tp={tp} = {lay.world_size} ranks but world_size={ws}",
+                        f"dp={dp} x pp={lay.pp} x cp={lay.cp} x tp={tp} = {lay.world_size} "
+                        f"ranks but world_size={ws}",
                     )
                 ]
             )

@@ -46,12 +46,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rpeg.compile.step import DEFAULT_DEVICE_TYPE
+# the schedules :class:`Pipeline` runs (the plan's / unit's ``pp_schedule``), named once
+from rpeg.compile.step import DEFAULT_DEVICE_TYPE, DEFAULT_PP_SCHEDULE, PP_SCHEDULES
 from rpeg.errors import ConfigError, Problem
 
-#: the schedules :class:`Pipeline` runs (the plan's / unit's ``pp_schedule``)
-PP_SCHEDULES = ("1f1b", "interleaved_1f1b", "gpipe")
-DEFAULT_PP_SCHEDULE = "1f1b"
 #: model chunks per pipeline rank under ``interleaved_1f1b`` (Megatron's virtual stages)
 INTERLEAVED_CHUNKS = 2
 

@@ -59,8 +59,16 @@ def test_layout_problems_name_what_tp_does_not_divide():
     lay = Layout.from_group(g)
     assert (lay.dp, lay.tp, lay.dp_index(3), lay.tp_index(3)) == (2, 2, 1, 1)
     assert (lay.fsdp, lay.device_type, lay.dtype) == (True, "cpu", "float32")
-    with pytest.raises(ConfigError, match="dp=3 x tp=2 = 6 ranks but world_size=4"):
+    with pytest.raises(ConfigError, match="dp=3 x pp=1 x cp=1 x tp=2 = 6 ranks but world_size=4"):
         Layout.from_group(GroupSpec("g", (0, 1, 2, 3), 4, ("actor",), (), (), dp=3, tp=2))
+    # rank order: tp innermost, then cp, then pp, dp outermost (16 ranks: dp2 x pp2 x cp2 x tp2)
+    g16 = GroupSpec("g", tuple(range(16)), 16, ("actor",), (), (), dp=2, tp=2, pp=2, cp=2)
+    lay = Layout.from_group(g16)
+    idx = [(lay.dp_index(r), lay.pp_index(r), lay.cp_index(r), lay.tp_index(r)) for r in range(16)]
+    assert idx == [
+        (d, p, c, t) for d in range(2) for p in range(2) for c in range(2) for t in range(2)
+    ]
+    assert lay.replica_ranks == g16.replica_ranks == 8
 
 
 @pytest.mark.slow  # > 10 s on 2 cores (docs/architecture.md "Tests")
