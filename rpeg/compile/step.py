@@ -17,7 +17,8 @@ import yaml
 
 from rpeg.errors import ConfigError, Problem
 from rpeg.ir import StageKind
-from rpeg.plan.schema import DEFAULT_PP_SCHEDULE, PP_SCHEDULES  # noqa: F401 -- re-exported
+from rpeg.plan.schema import DEFAULT_PP_SCHEDULE as DEFAULT_PP_SCHEDULE  # re-exported
+from rpeg.plan.schema import PP_SCHEDULES as PP_SCHEDULES
 
 SUPPORTED_ROLES = ("actor", "reference", "critic")
 ROLLOUT_KINDS = frozenset({StageKind.generate, StageKind.reward})
