@@ -142,22 +142,36 @@ def _device_type(config: Any) -> DeviceType:
     return "cpu" if cl.gpu.name == "cpu" else "cuda"
 
 
+#: workload.precision -> compute dtype name (the names themselves are accepted too)
+PRECISION_DTYPES: dict[str, Dtype] = {
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "float32": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+}
+
+
+def compute_dtype_name(precision: str, device_type: str, model_dtype: str = "float32") -> Dtype:
+    """The one rule for the dtype a role computes in: ``workload.precision`` on
+    ``device_type`` -- fp32, bf16 and fp16 as named; otherwise (``auto``; fp8, which has no
+    fp8 matmuls here) bf16 on CUDA for an fp32 checkpoint, else the checkpoint's
+    ``model.dtype``. The compiler writes it into each group's ``dtype``; the local trainer,
+    which compiles no group, calls it directly."""
+    name = PRECISION_DTYPES.get(str(precision))
+    if name is not None:
+        return name
+    if device_type == "cuda" and model_dtype == "float32":
+        return "bfloat16"
+    if model_dtype not in get_args(Dtype):
+        raise ValueError(f"model.dtype={model_dtype!r}: allowed {', '.join(get_args(Dtype))}")
+    return cast(Dtype, model_dtype)
+
+
 def _dtype(config: Any, device_type: str) -> Dtype:
-    """The dtype a group computes in: ``workload.precision`` on ``device_type`` (``auto``:
-    bf16 on CUDA for an fp32 checkpoint, else the checkpoint's ``model.dtype``)."""
-    prec = str(config.workload.precision)
-    if prec in ("bf16", "bfloat16"):
-        return "bfloat16"
-    if prec in ("fp16", "float16"):
-        return "float16"
-    if device_type == "cuda" and config.model.dtype == "float32" and prec != "fp32":
-        return "bfloat16"
-    if prec == "fp32":
-        return "float32"
-    dtype = str(config.model.dtype)
-    if dtype not in get_args(Dtype):
-        raise ValueError(f"model.dtype={dtype!r}: allowed {', '.join(get_args(Dtype))}")
-    return cast(Dtype, dtype)
+    """The dtype a group computes in (:func:`compute_dtype_name`)."""
+    return compute_dtype_name(str(config.workload.precision), device_type, str(config.model.dtype))
 
 
 def gen_dp(g: GroupSpec) -> int:

@@ -32,21 +32,6 @@ import torch
 #: the dtype of trainable parameters, their gradients and optimizer state
 MASTER_DTYPE = torch.float32
 
-#: workload.precision -> compute dtype name
-PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-
-
-def compute_dtype_name(precision: str, device_type: str, model_dtype: str = "float32") -> str:
-    """The compute dtype name (``float32`` / ``bfloat16`` / ``float16``) of a
-    ``workload.precision`` on ``device_type`` -- the compiler's rule for a group's ``dtype``
-    (rpeg.compile.compiler), used by the local trainer, which compiles no step: fp32, bf16
-    and fp16 as named; fp8 (no fp8 matmuls here) computes in bf16 on CUDA and in
-    ``model.dtype`` elsewhere."""
-    name = PRECISION_DTYPES.get(str(precision))
-    if name is not None:
-        return name
-    return "bfloat16" if device_type == "cuda" and model_dtype == "float32" else model_dtype
-
 
 def is_reduced(dtype: torch.dtype) -> bool:
     """True for a compute dtype below fp32 (mixed precision on)."""

@@ -205,8 +205,9 @@ def build_roles(
     rewards.use_sources(task_sources(cursor, heldout))  # rewards by data_source: its columns
     if place is not None and source is None:
         place(model)
+    from rpeg.compile.layouts import compute_dtype_name
     from rpeg.runtime.model_io import torch_dtype
-    from rpeg.runtime.precision import MASTER_DTYPE, compute_dtype_name, frozen_dtype
+    from rpeg.runtime.precision import MASTER_DTYPE, frozen_dtype
 
     if compute_dtype is None:
         dev = next(model.parameters()).device.type

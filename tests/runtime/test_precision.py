@@ -43,21 +43,24 @@ def _state_dtypes(opt) -> set[torch.dtype]:
     return {v.dtype for st in opt.state.values() for v in st.values() if v.dim()}
 
 
-def test_compute_dtype_rule_matches_the_compiler():
-    from rpeg.runtime.precision import compute_dtype_name
+def test_one_compute_dtype_rule_for_compiled_groups_and_the_local_trainer():
+    from rpeg.compile.layouts import compute_dtype_name
 
     assert compute_dtype_name("fp32", "cuda") == "float32"
     assert compute_dtype_name("bf16", "cpu") == "bfloat16"
     assert compute_dtype_name("fp16", "cuda") == "float16"
-    # fp8: bf16 on a GPU, the model's dtype elsewhere (rpeg.compile.compiler's _dtype)
+    # auto / fp8: bf16 on a GPU for an fp32 checkpoint, the checkpoint's dtype elsewhere
     assert compute_dtype_name("fp8", "cuda") == "bfloat16"
-    assert compute_dtype_name("fp8", "cpu", "float32") == "float32"
-    from rpeg.compile.layouts import _dtype
+    assert compute_dtype_name("auto", "cpu", "float32") == "float32"
+    assert compute_dtype_name("auto", "cuda", "bfloat16") == "bfloat16"
+    with pytest.raises(ValueError, match="model.dtype='int8'"):
+        compute_dtype_name("auto", "cpu", "int8")
+    # the compiled group's dtype is that rule's answer
+    from rpeg.compile import compile_plan
 
-    for prec in ("fp32", "bf16", "fp16", "fp8"):
-        cfg = C.config(**{"workload.precision": prec})
-        for dev in ("cpu", "cuda"):
-            assert compute_dtype_name(prec, dev, cfg.model.dtype) == _dtype(cfg, dev), (prec, dev)
+    for prec, want in (("bf16", "bfloat16"), ("fp32", "float32")):
+        step = compile_plan(None, C.config(**{"workload.precision": prec}))
+        assert {g.dtype for g in step.actor_groups} == {want}
 
 
 def test_bf16_first_step_matches_fp32(fp32_step, bf16_step):

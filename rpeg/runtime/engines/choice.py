@@ -196,7 +196,7 @@ def engine_dtype(config: Any, device_type: str) -> str:
     (``workload.precision`` on ``device_type``, rpeg.runtime.precision), so that its
     log-probs are the ones the trainer's forward recomputes (a bf16 engine under an fp32
     policy differs by up to ~1e-2 in log-prob)."""
-    from rpeg.runtime.precision import compute_dtype_name
+    from rpeg.compile.layouts import compute_dtype_name
 
     return compute_dtype_name(config.workload.precision, device_type, config.model.dtype)
 
