@@ -140,6 +140,61 @@ def kv_bytes(model: Any, rows: float, seq: float, cb: float, tp: int) -> float:
     return rows * seq * model.kv_bytes_per_token(cb) / tp
 
 
+def pipeline_chunks(schedule: str) -> int:
+    """Model chunks per pipeline rank of a schedule (``interleaved_1f1b``: two, Megatron's
+    virtual stages; rpeg.runtime.pipeline.INTERLEAVED_CHUNKS)."""
+    return 2 if schedule == "interleaved_1f1b" else 1
+
+
+def stage_layers(layers: int, pp: int, r: int, chunks: int = 1) -> int:
+    """Decoder layers pipeline rank ``r`` of ``pp`` holds: its chunks ``r, r + pp, ...`` of
+    ``pp * chunks`` contiguous chunks whose sizes differ by at most one, the first chunks
+    taking the remainder (rpeg.runtime.pipeline.split_layers)."""
+    n = pp * chunks
+    base, extra = divmod(layers, n)
+    return sum(base + (1 if c < extra else 0) for c in range(r, n, pp))
+
+
+def inflight_chunks(schedule: str, pp: int, m: int, r: int) -> int:
+    """The most chunk-forwards pipeline rank ``r`` holds activations for at once, ``m``
+    micro-batches per mini-batch (rpeg.runtime.pipeline's orders): gpipe all ``m``; 1F1B
+    ``pp - r`` (its warm-up forwards and one more before the first backward); interleaved
+    1F1B ``2 (pp - r - 1) + (v - 1) pp + 1`` chunk-forwards of ``v`` per micro-batch."""
+    if pp <= 1:
+        return 1
+    v = pipeline_chunks(schedule)
+    if schedule == "gpipe":
+        return m
+    if v == 1:
+        return min(pp - r, m)
+    return min(2 * (pp - r - 1) + (v - 1) * pp + 1, v * m)
+
+
+def _expert_params(model: Any) -> float:
+    """Parameters of every routed expert (0 for a dense model)."""
+    moe = getattr(model, "moe", None)
+    return float(model.moe_layers * moe.experts * model.expert_params) if moe else 0.0
+
+
+def _stage_params(model: Any, pp: int, r: int, chunks: int, ep: int) -> float:
+    """Parameters pipeline rank ``r`` holds before tp/FSDP sharding: its decoder layers (the
+    routed experts over ``ep``), the embedding on the first rank, the final norm and LM head on
+    the last (a tied embedding is held twice at pp > 1: rpeg.runtime.pipeline)."""
+    P, E = _params(model), _expert_params(model)
+    emb = float(model.vocab * model.hidden)
+    head = 0.0 if model.tied_embeddings else emb
+    if pp <= 1:
+        return P - E + E / ep
+    share = stage_layers(model.layers, pp, r, chunks) / max(1, model.layers)
+    blocks = P - E - emb - head
+    out = share * (blocks + E / ep)
+    if r == 0:
+        out += emb
+    if r == pp - 1:
+        out += emb  # the LM head, or the tied embedding's second copy
+    return out
+
+
 def rank_memory(
     groups: Iterable[Any],
     model: Any,
@@ -149,92 +204,125 @@ def rank_memory(
     staleness: int,
     baseline_gb: float | None = None,
 ) -> list[RankMemory]:
-    """The predicted peak of a rank of each compiled group (module doc). ``wl``: the perf
-    Workload; ``train_micro_batch``: group -> its training unit's micro-batch size (samples);
-    ``staleness``: the compiled bound (a trained torch generator keeps a lagging copy when
-    > 0); ``baseline_gb``: the process's own (None: :data:`CPU_BASELINE_GB` on CPU, the
-    framework reserve ``1.0`` GB on a GPU)."""
+    """The predicted peak of a rank of each compiled group (module doc): the largest over
+    the group's pipeline ranks. ``wl``: the perf Workload; ``train_micro_batch``: group ->
+    its training unit's micro-batch size (samples); ``staleness``: the compiled bound (a
+    trained torch generator keeps a lagging copy when > 0); ``baseline_gb``: the process's
+    own (None: :data:`CPU_BASELINE_GB` on CPU, the framework reserve ``1.0`` GB on a GPU)."""
     out = []
+    for g in groups:
+        pp = max(1, int(getattr(g, "pp", 1) or 1))
+        ranks = [
+            _pipeline_rank_memory(g, r, model, wl, train_micro_batch, staleness, baseline_gb)
+            for r in range(pp)
+        ]
+        parts, phase = max(ranks, key=lambda pr: sum(pr[0].values()))
+        out.append(RankMemory(g.name, int(g.world_size), parts, phase))
+    return out
+
+
+def _pipeline_rank_memory(
+    g: Any,
+    r: int,
+    model: Any,
+    wl: Any,
+    train_micro_batch: Mapping[str, int],
+    staleness: int,
+    baseline_gb: float | None,
+) -> tuple[dict[str, float], str]:
+    """(parts, peak phase) of a rank of group ``g`` at pipeline rank ``r``. At pp > 1 a rank
+    holds its stage's parameters, keeps activations for :func:`inflight_chunks` chunk-forwards
+    of its layers, and only the last stage computes logits; at cp > 1 a micro-batch's tokens
+    are split over cp (the gathered keys and values of each layer are kept whole); at ep > 1 a
+    rank holds ``1/ep`` of the routed experts."""
     P = _params(model)
     samples = float(wl.num_prompts * wl.samples_per_prompt)
     seq = float(wl.max_prompt_tokens + wl.max_response_tokens)
-    for g in groups:
-        cb = _DTYPE_BYTES.get(str(g.dtype), 4.0)
-        tp, dp = max(1, g.tp), max(1, g.dp)
-        fsdp = bool(g.fsdp) and dp > 1
-        s = tp * (dp if fsdp else 1)
-        cpu = str(g.device_type) == "cpu"
-        base = baseline_gb if baseline_gb is not None else (CPU_BASELINE_GB if cpu else 1.0)
-        roles, trained = set(g.roles), set(g.trainable)
-        res: dict[str, float] = {"process": base}
-        if cpu and 2 in (dp, tp):  # a same-host pair's shared-memory channel
-            res["pair_channel"] = PAIR_CHANNEL_GB
-        if "actor" in roles:
-            if "actor" in trained:
-                res["actor_weights"] = 4.0 * P / s / GB
-                res["actor_optimizer"] = 8.0 * P / s / GB
-            else:
-                res["actor_weights"] = cb * P / s / GB
-        if "reference" in roles:
-            res["reference"] = cb * P / (s if (fsdp or tp > 1) else 1) / GB
-        critic_p = P - model.vocab * model.hidden * (0 if model.tied_embeddings else 1)
-        if "critic" in roles:
-            res["critic_weights"] = 4.0 * critic_p / s / GB
-            res["critic_optimizer"] = 8.0 * critic_p / s / GB
-        gen_tp = max(1, getattr(g, "gen_tp", tp) or tp)
-        generates = getattr(g, "gen_engine", None) not in (None, "vllm") and "actor" in roles
-        own_copy = generates and (
-            gen_tp != tp or ("actor" in trained and staleness > 0 and not fsdp and tp == 1)
+    cb = _DTYPE_BYTES.get(str(g.dtype), 4.0)
+    tp, dp = max(1, g.tp), max(1, g.dp)
+    pp = max(1, int(getattr(g, "pp", 1) or 1))
+    cp = max(1, int(getattr(g, "cp", 1) or 1))
+    ep = max(1, int(getattr(g, "ep", 1) or 1))
+    schedule = str(getattr(g, "pp_schedule", "1f1b"))
+    v = pipeline_chunks(schedule) if pp > 1 else 1
+    last = r == pp - 1
+    fsdp = bool(g.fsdp) and dp > 1
+    s = tp * (dp if fsdp else 1)
+    Pr = _stage_params(model, pp, r, v, ep)
+    layers_r = stage_layers(model.layers, pp, r, v) if pp > 1 else model.layers
+    cpu = str(g.device_type) == "cpu"
+    base = baseline_gb if baseline_gb is not None else (CPU_BASELINE_GB if cpu else 1.0)
+    roles, trained = set(g.roles), set(g.trainable)
+    res: dict[str, float] = {"process": base}
+    if cpu and 2 in (dp, tp):  # a same-host pair's shared-memory channel
+        res["pair_channel"] = PAIR_CHANNEL_GB
+    if "actor" in roles:
+        if "actor" in trained:
+            res["actor_weights"] = 4.0 * Pr / s / GB
+            res["actor_optimizer"] = 8.0 * Pr / s / GB
+        else:
+            res["actor_weights"] = cb * Pr / s / GB
+    if "reference" in roles:
+        res["reference"] = cb * Pr / (s if (fsdp or tp > 1) else 1) / GB
+    head = 0.0 if (pp > 1 and not last) else model.vocab * model.hidden
+    critic_p = Pr - (0 if model.tied_embeddings and pp == 1 else head)
+    if "critic" in roles:
+        res["critic_weights"] = 4.0 * critic_p / s / GB
+        res["critic_optimizer"] = 8.0 * critic_p / s / GB
+    gen_tp = max(1, getattr(g, "gen_tp", tp) or tp)
+    generates = getattr(g, "gen_engine", None) not in (None, "vllm") and "actor" in roles
+    own_copy = generates and (
+        gen_tp != tp
+        or pp > 1
+        or cp > 1
+        or ("actor" in trained and staleness > 0 and not fsdp and tp == 1)
+    )
+    if own_copy:
+        res["generator_copy"] = cb * P / gen_tp / GB
+    phases: dict[str, dict[str, float]] = {}
+    unit = _unit_bytes(model, cb, tp) if fsdp else 0.0
+    if trained:
+        rows = samples / dp / max(1, wl.train_minibatches)
+        mbs = min(float(train_micro_batch.get(g.name, rows) or rows), rows)
+        m = max(1, math.ceil(rows / mbs)) if mbs > 0 else 1
+        trained_p = (Pr if "actor" in trained else 0.0) + (critic_p if "critic" in trained else 0.0)
+        # gradients live from the first backward to the step's last update (then freed)
+        t = {"gradients": 4.0 * trained_p / s / GB}
+        if fsdp:
+            keep = not getattr(g, "reshard_after_forward", True)
+            t["gathered"] = (cb * Pr / tp + 2 * unit if keep else FSDP_TRAIN_UNITS * unit) / GB
+        tokens = mbs * seq / cp
+        recompute = bool(getattr(g, "recompute", False))
+        per_chunk = activation_bytes(model, tokens, cb, tp, recompute) * (
+            layers_r / v / max(1, model.layers)
         )
-        if own_copy:
-            res["generator_copy"] = cb * P / gen_tp / GB
-        phases: dict[str, dict[str, float]] = {}
-        unit = _unit_bytes(model, cb, tp) if fsdp else 0.0
-        if trained:
-            rows = samples / dp / max(1, wl.train_minibatches)
-            mbs = min(float(train_micro_batch.get(g.name, rows) or rows), rows)
-            trained_p = (P if "actor" in trained else 0.0) + (
-                critic_p if "critic" in trained else 0.0
-            )
-            # gradients live from the first backward to the step's last update (then freed)
-            t = {"gradients": 4.0 * trained_p / s / GB}
-            if fsdp:
-                keep = not getattr(g, "reshard_after_forward", True)
-                t["gathered"] = (cb * P / tp + 2 * unit if keep else FSDP_TRAIN_UNITS * unit) / GB
-            t["activations"] = (
-                activation_bytes(model, mbs * seq, cb, tp, bool(getattr(g, "recompute", False)))
-                / GB
-            )
-            t["logits"] = min(mbs * seq, LOGITS_CHUNK_TOKENS) * model.vocab * 4.0 * 2 / tp / GB
-            phases["train"] = t
-        if generates:
-            gen_dp = max(1, g.world_size // gen_tp)
-            rows = samples / gen_dp
-            gen = {"kv_cache": kv_bytes(model, rows, seq, cb, gen_tp) / GB}
-            if fsdp and not own_copy:
-                # kept gathered for the decode loop, or one unit at a time in lockstep
-                # (rpeg.runtime.roles.PolicyWorker._decoding)
-                keep = not getattr(g, "reshard_after_forward", True)
-                gen["gathered"] = (cb * P / tp if keep else FSDP_FORWARD_UNITS * unit) / GB
-            gen["logits"] = rows * model.vocab * 4.0 / GB
-            phases["generate"] = gen
-        if roles & {"reference", "actor", "critic"}:
-            rows = samples / dp
-            tok = min(rows * seq, LOGITS_CHUNK_TOKENS)
-            phases["logprob"] = {
-                "gathered": FSDP_FORWARD_UNITS * unit / GB,
-                "logits": tok * model.vocab * 4.0 / tp / GB,
-            }
-        phase, extra = max(phases.items(), key=lambda kv: sum(kv[1].values()), default=("", {}))
-        out.append(
-            RankMemory(
-                g.name,
-                int(g.world_size),
-                {**res, **{f"{phase}:{k}": v for k, v in extra.items()}},
-                phase,
-            )
-        )
-    return out
+        if cp > 1:  # each layer's keys and values gathered over cp, kept for backward
+            kv = model.kv_bytes_per_token(cb) / max(1, model.layers) / tp
+            per_chunk += mbs * seq * kv * layers_r / v
+        t["activations"] = inflight_chunks(schedule, pp, m, r) * per_chunk / GB
+        if last:
+            t["logits"] = min(tokens, LOGITS_CHUNK_TOKENS) * model.vocab * 4.0 * 2 / tp / GB
+        phases["train"] = t
+    if generates:
+        gen_dp = max(1, g.world_size // gen_tp)
+        rows = samples / gen_dp
+        gen = {"kv_cache": kv_bytes(model, rows, seq, cb, gen_tp) / GB}
+        if fsdp and not own_copy:
+            # kept gathered for the decode loop, or one unit at a time in lockstep
+            # (rpeg.runtime.roles.PolicyWorker._decoding)
+            keep = not getattr(g, "reshard_after_forward", True)
+            gen["gathered"] = (cb * P / tp if keep else FSDP_FORWARD_UNITS * unit) / GB
+        gen["logits"] = rows * model.vocab * 4.0 / GB
+        phases["generate"] = gen
+    if roles & {"reference", "actor", "critic"}:
+        rows = samples / dp
+        tok = min(rows * seq / cp, LOGITS_CHUNK_TOKENS)
+        phases["logprob"] = {
+            "gathered": FSDP_FORWARD_UNITS * unit / GB,
+            "logits": (tok * model.vocab * 4.0 / tp if last else 0.0) / GB,
+        }
+    phase, extra = max(phases.items(), key=lambda kv: sum(kv[1].values()), default=("", {}))
+    return {**res, **{f"{phase}:{k}": v for k, v in extra.items()}}, phase
 
 
 def parse_size_gb(text: str) -> float | None:
