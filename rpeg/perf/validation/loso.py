@@ -57,6 +57,7 @@ EXPLICIT = (
     "gen_batching",
     "gen_batch_size",
     "zero_stage",
+    "reward_model",
 )
 
 #: the calibration whose interval carries only the row's unknown inputs
@@ -106,6 +107,8 @@ class Priced:
     # what a calibrating row shares with another of its source (rpeg.perf.validation.loso_oneshot):
     # the row's model, GPU and mode (placement, on/off-policy) as written, and its system
     traits: tuple[str, ...] = ()
+    # what the model reads of the row (:func:`inputs_of`)
+    inputs: str = ""
 
     def log_pred(self, lg: float, lt: float, lm: float = 0.0) -> float:
         return float(_interp(at(self.step, lm), lg, lt))
@@ -215,9 +218,42 @@ def price_rows(
                 solved=dict(lay.solved),
                 assumed=assumed_values(case, calib),
                 traits=(*_traits(r), system),
+                inputs=inputs_of(r),
             )
         )
     return priced, refused
+
+
+#: columns that are not inputs of a row's prediction: its identity, what was measured, and the
+#: free text (read only through the columns it states: rpeg.perf.validation.row_text)
+NOT_INPUTS = (
+    "case_id",
+    "source_locator",
+    "measured_by",
+    "measured_step_s",
+    "measured_gen_s",
+    "measured_train_s",
+    "measured_gen_kind",
+    "measured_other",
+    "inferred_fields",
+    "notes",
+    "model_arch_notes",
+)
+
+
+def inputs_of(r: dict[str, str]) -> str:
+    """What the model reads of row ``r``, as one string: its cells with the columns its free
+    text states filled in (rpeg.perf.validation.row_text.with_text), less :data:`NOT_INPUTS`,
+    and whether its step is a run's hours over its steps (read from ``measured_other``)."""
+    from rpeg.perf.validation.row_text import with_text
+
+    cells = with_text(r)
+    kept = sorted(
+        (k, " ".join((v or "").lower().split()))
+        for k, v in cells.items()
+        if k not in NOT_INPUTS and (v or "").strip()
+    )
+    return repr((kept, from_hours(r)))
 
 
 def _traits(r: dict[str, str]) -> tuple[str, ...]:
@@ -257,6 +293,7 @@ def score(priced: list[Priced]) -> list[Scored]:
         s.pred_loso = run * math.exp(p.log_pred(lg, lt, lk))
         s.system_fitted = known
         s.unknown, s.solved, s.assumed = p.unknown, p.solved, p.assumed
+        s.inputs = p.inputs
         if p.measured_s:
             resid_in[p.case_id] = math.log(p.measured_s / s.pred_in)
             resid_loso[p.case_id] = math.log(p.measured_s / s.pred_loso)

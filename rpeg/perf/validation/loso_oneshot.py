@@ -178,4 +178,38 @@ def summary(scored: list[Any]) -> dict[str, float]:
         "max_ape": round(100 * worst, 2) if errs else nan,
         "coverage": round(sum(inside) / len(inside), 4) if inside else nan,
         "rows": len(errs),
+        "floor": round(100 * floor(scored), 2) if errs else nan,
     }
+
+
+def _least_ape_sum(measured: list[float]) -> float:
+    """The least sum of absolute percentage errors one prediction can have over rows measured
+    at ``measured``: sum |p/m - 1| is convex and piecewise linear in p, so its least value is
+    at one of the measurements."""
+    return min(sum(abs(p / m - 1) for m in measured) for p in measured)
+
+
+def floor(scored: list[Any]) -> float:
+    """A lower bound of the one-shot MAPE of ``scored`` that no model reaches below: rows whose
+    inputs are the same (``Scored.inputs``: every cell the model reads) get the same
+    prediction from any model and any calibrating row, so within each such group of a
+    source's scored rows the errors sum to at least the least sum one value can have. Summed
+    per calibrating row (each row's one-shot error is its mean over the other rows of its
+    source) and averaged over the rows scored; 0 when no two scored rows of a source share
+    their inputs."""
+    rows = [s for s in scored if s.one_shot and s.measured_s]
+    if not rows:
+        return 0.0
+    by_source: dict[str, list[Any]] = {}
+    for s in rows:
+        by_source.setdefault(s.source, []).append(s)
+    total = 0.0
+    for group in by_source.values():
+        n = len(group[0].one_shot)  # calibrating rows per scored row: the others of its source
+        for c in group:
+            same: dict[str, list[float]] = {}
+            for s in group:
+                if s is not c:
+                    same.setdefault(s.inputs, []).append(s.measured_s)
+            total += sum(_least_ape_sum(m) for m in same.values() if len(m) > 1) / n
+    return total / len(rows)

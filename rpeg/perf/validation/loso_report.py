@@ -129,7 +129,8 @@ def _throughput_lines(scored: list[Scored]) -> list[str]:
 def _one_shot_line(o: dict[str, float]) -> str:
     return (
         f"MAPE={_pct(o['mape'])} max={_pct(o['max_ape'])} coverage={_pct(100 * o['coverage'])} "
-        f"rows={o['rows']}  [one row of the source calibrates, the others scored]"
+        f"rows={o['rows']} floor={_pct(o['floor'])}  [one row of the source calibrates, the "
+        "others scored; floor: the least error any model has on rows that read the same]"
     )
 
 

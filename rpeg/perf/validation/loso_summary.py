@@ -35,6 +35,9 @@ class Scored:
     # one-shot: (prediction, low, high) per calibrating row of its source
     # (rpeg.perf.validation.loso_oneshot); empty when its source has no other step-time row
     one_shot: list[tuple[float, float, float]] = field(default_factory=list)
+    # what the model reads of the row (its cells, free text read as columns), as one string:
+    # rows with equal inputs get equal predictions (rpeg.perf.validation.loso_oneshot.floor)
+    inputs: str = ""
 
 
 @dataclass(frozen=True)

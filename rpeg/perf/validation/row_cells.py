@@ -159,8 +159,9 @@ def _resolve(key: str) -> tuple[str, str | None] | None:
     if key in catalog:
         return key, None
     compact = {_compact(n): n for n in catalog}
-    # release date (-2507) and version (-v0.1) suffixes
-    stem, kind = re.sub(r"-(?:\d{4}|v\d+(?:\.\d+)*)$", "", key), None
+    # the transformers-format suffix (Llama-2-7b-chat-hf), then release date (-2507) and
+    # version (-v0.1) suffixes
+    stem, kind = re.sub(r"-(?:\d{4}|v\d+(?:\.\d+)*)$", "", re.sub(r"-hf$", "", key)), None
     for _ in range(2):
         if _compact(stem) in compact:
             return compact[_compact(stem)], kind

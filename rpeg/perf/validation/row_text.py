@@ -59,6 +59,21 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
             "reasoning",
         ),
     ),
+    # a learned reward model scores the samples (RLHF PPO) or rules / a verifier do; a
+    # negated mention ("no reward model") is the second kind (verl's ``reward_model.*``
+    # config keys name its reward manager too: not read)
+    "reward_model": (
+        (
+            r"(?<!no )(?<!without )(?<!without a )(?<!instead of a )\breward model\b"
+            r"|\breward_pretrain\b|\bbradley[- ]terry\b",
+            "yes",
+        ),
+        (
+            r"\b(?:no|without a?|instead of a) reward model\b|\brule[- ]based reward"
+            r"|\bverifiable rewards?\b|\bremote_rm_url\b|\breward function\b",
+            "no",
+        ),
+    ),
     # DeepSpeed-Chat generates inside its training engine (the "hybrid engine"): HF-style
     # static batches, no continuous batching (verl also calls its colocation a hybrid engine)
     "gen_batching": (

@@ -91,6 +91,18 @@ SPEC_METHODS = ("", "none", "mtp", "eagle")
 #: ``num_speculative_tokens`` 3)
 EAGLE_DRAFT_TOKENS = 3
 
+#: systems whose PPO (a learned critic) scores samples with a learned reward model unless a
+#: row says otherwise: DeepSpeed-Chat's step 3 always does (its critic starts from the step-2
+#: reward model); OpenRLHF's PPO trainer takes ``--reward_pretrain`` (a rule reward needs
+#: ``--remote_rm_url``)
+REWARD_MODEL_SYSTEMS = ("deepspeed-chat", "openrlhf-deepspeed")
+
+
+def reward_model_default(system: str, has_critic: bool) -> bool:
+    """Whether a row that does not say scores its samples with a reward model."""
+    return has_critic and system in REWARD_MODEL_SYSTEMS
+
+
 #: what a model was trained to emit (``model_kind`` column; blank = the catalog's kind)
 MODEL_KINDS = ("base", "instruct", "reasoning")
 
@@ -122,6 +134,8 @@ class RowCase:
     # the row leaves the trainer's pipeline size blank (priced at 1 unless nothing fits:
     # rpeg.perf.validation.solve.solve_row)
     pp_open: bool = False
+    # the reward is a learned model's forward (builders' reward="model"), not rule scoring
+    reward_model: bool = False
 
     def plan(self, lay: RowLayout) -> Plan:
         """The plan of this row with every layout field set (``lay``)."""
@@ -171,6 +185,7 @@ class RowCase:
                     "use_reference": self.has_ref,
                     "staleness": self.staleness,
                     "reuse_rollout_logprobs": self.reuse,
+                    **({"reward": "model"} if self.reward_model else {}),
                 },
             ),
             staleness=min(self.staleness, 10**6),
@@ -234,7 +249,20 @@ def read_case(r: dict[str, str]) -> RowCase:
     if not critic_cell and not algo:
         unknown.append("algorithm")
     builder = "ppo" if has_critic else "grpo"
-    graph = builders.build(builder, use_reference=has_ref, staleness=min(staleness, 1000))
+    system = (r.get("system") or "").strip().lower()
+    # the reward: a learned reward model's forward over every sample, or rule scoring on the
+    # host; blank, the executing system's default (:func:`reward_model_default`)
+    rm = _tri(r, "reward_model")
+    if rm is None:
+        rm = reward_model_default(system, has_critic)
+        if rm:
+            unknown.append("reward_model")
+    graph = builders.build(
+        builder,
+        use_reference=has_ref,
+        staleness=min(staleness, 1000),
+        reward="model" if rm else "rule",
+    )
     backend = (r.get("train_backend") or "").lower()
     # ZeRO-3 (DeepSpeed, OpenRLHF) shards parameters like FSDP; everything else (Megatron,
     # ReaL/AReaL 3D) keeps replicated TP/PP shards
@@ -310,7 +338,10 @@ def read_case(r: dict[str, str]) -> RowCase:
         raise Unpredictable(
             f"precision={prec!r}; allowed: bf16, fp16, fp8, fp32, amp (mixed, fp32 master)"
         )
-    batching = (r.get("gen_batching") or "continuous").strip().lower()
+    # DeepSpeed-Chat generates only in its hybrid engine (static batches); blank: that
+    batching = (r.get("gen_batching") or "").strip().lower() or (
+        "static" if system == "deepspeed-chat" else "continuous"
+    )
     if batching not in ("continuous", "static"):
         raise Unpredictable(f"gen_batching={batching!r}; allowed: continuous, static or blank")
     static = None
@@ -386,7 +417,8 @@ def read_case(r: dict[str, str]) -> RowCase:
         packing=packing,
         workload=wl,
         unknown=tuple(unknown),
-        system=(r.get("system") or "").strip().lower(),
+        system=system,
+        reward_model=rm,
         pp_open=not (r.get("train_pp") or "").strip(),
     )
 
@@ -423,6 +455,7 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "partial_rollout": yn(case.partial),
         "has_ref": yn(case.has_ref),
         "algorithm": case.builder,
+        "reward_model": yn(case.reward_model),
         "cluster": case.cluster_name,
     }
     return tuple(f"{u}={values[u]}" for u in case.unknown if u in values)

@@ -1,0 +1,41 @@
+"""The one-shot floor (rpeg.perf.validation.loso_oneshot.floor): rows whose inputs are the same get
+the same prediction whatever calibrates the model, so their spread bounds the one-shot error
+from below. Hand-worked on four rows."""
+
+import pytest
+
+from rpeg.perf.validation.loso_oneshot import floor, summary
+from rpeg.perf.validation.loso_summary import Scored
+
+
+def _scored(case, measured, inputs, preds, source="src"):
+    s = Scored(case, source, "sys", "synthetic", measured)
+    s.pred_loso = measured
+    s.inputs = inputs
+    s.one_shot = [(p, 0.5 * p, 2 * p) for p in preds]
+    return s
+
+
+def test_rows_with_the_same_inputs_bound_the_error_from_below():
+    # a1, a2, a3 read the same; a4 differs. Calibrating on a1 leaves {a2, a3} to one value:
+    # at best |125/200 - 1| = 0.375; on a2: {a1, a3}, 0.5; on a3: {a1, a2}, 0.2; on a4:
+    # {a1, a2, a3}, 0.625 (p = 125). Each row's error is a mean over its 3 calibrating rows:
+    # (0.375 + 0.5 + 0.2 + 0.625) / 3 / 4 rows = 0.1417
+    same = "same inputs"
+    rows = [
+        _scored("a1", 100.0, same, [100, 100, 100]),
+        _scored("a2", 125.0, same, [125, 125, 125]),
+        _scored("a3", 200.0, same, [200, 200, 200]),
+        _scored("a4", 50.0, "other inputs", [50, 50, 50]),
+    ]
+    assert floor(rows) == pytest.approx(1.7 / 12, rel=1e-9)
+    # predictions that are exact for every row (possible only for a model that reads more
+    # than the inputs) score below the floor: the floor is not the error, a bound of it
+    assert summary(rows)["mape"] == 0.0
+    assert summary(rows)["floor"] == pytest.approx(100 * 1.7 / 12, abs=0.01)
+
+
+def test_no_floor_when_every_row_reads_differently_or_stands_alone():
+    rows = [_scored(f"r{i}", 100.0 + i, f"inputs {i}", [100, 100]) for i in range(3)]
+    assert floor(rows) == 0.0
+    assert floor([_scored("x", 100.0, "x", [])]) == 0.0  # a source of one row: not scored

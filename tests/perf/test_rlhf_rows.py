@@ -1,0 +1,147 @@
+"""RLHF-style PPO rows (issue 43 item 2): a learned reward model read from a row's text or
+taken from its system's default (DeepSpeed-Chat, OpenRLHF), DeepSpeed-Chat's static-batch
+generation as its default, and the Llama-2 / CodeLlama architectures of their published
+benchmarks priced rather than refused as unknown models."""
+
+import pytest
+
+from rpeg import specs
+from rpeg.perf.pricing import predict
+from rpeg.perf.validation import loso
+from rpeg.perf.validation.published import read_rows
+from rpeg.perf.validation.row_cells import resolve_model
+from rpeg.perf.validation.row_text import read
+from rpeg.perf.validation.rows import read_case, row_case
+
+
+def _row(**cells):
+    base = read_rows(loso.default_datasets()["steps_dev"])[0]
+    r = {k: "" for k in base}
+    r.update(
+        case_id="syn", source="synthetic", measured_step_s="100", gpus_per_node="8",
+        model="meta-llama/Llama-2-7b-hf", gpu="A800", num_gpus="16", placement="colocated",
+        algorithm="ppo", has_critic="yes", has_ref="yes", num_prompts="256",
+        samples_per_prompt="1", max_gen_len="512", avg_gen_len="400", avg_prompt_len="256",
+        train_backend="deepspeed", train_minibatches="1",
+    )  # fmt: skip
+    r.update({k: str(v) for k, v in cells.items()})
+    return r
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("PPO against a 7B reward model", "yes"),
+        ("--reward_pretrain OpenRLHF/Llama-3-8b-rm-mixture", "yes"),
+        ("no reward model: rule-based reward on GSM8K", "no"),
+        ("GRPO with verifiable rewards", "no"),
+        ("reward_model.reward_manager=naive", None),  # verl's config key names no model
+        ("a reward model and a reward function", None),  # they disagree: left blank
+    ],
+)
+def test_the_reward_is_read_where_the_text_is_unambiguous(text, value):
+    assert read({"notes": text}).get("reward_model") == value
+
+
+def _pred(r):
+    graph, plan, wl = row_case(r)
+    return predict(graph, plan, wl), graph
+
+
+def _step(r):
+    pred, graph = _pred(r)
+    return pred.step_s, graph
+
+
+def _reward_s(pred):
+    return sum(s.time_s for s in pred.stages.values() if "reward" in s.kinds)
+
+
+def test_a_reward_model_adds_its_forward_over_every_sample():
+    (with_rm, g1), (without, g0) = (
+        _pred(_row(notes="PPO with a reward model")),
+        _pred(_row(notes="rule-based reward")),
+    )
+    assert "reward_model" in {s.role.value for s in g1.stages if s.role is not None}
+    assert "reward_model" not in {s.role.value for s in g0.stages if s.role is not None}
+    # a forward of a 7B model over 256 x 656 tokens on 16 A800 (312 TFLOP/s bf16 each):
+    # ~2.26 PFLOP, at least 0.45 s; the rule reward is 2 ms of host work per sample
+    flops = 2 * specs.model("llama2-7b").params * 256 * 656
+    assert _reward_s(with_rm) > flops / (16 * 312e12)
+    assert _reward_s(without) == pytest.approx(256 * 0.002, rel=0.05)
+    assert with_rm.step_s > without.step_s
+
+
+def test_the_rlhf_systems_default_to_a_reward_model_for_ppo_only():
+    for source, expected in (
+        ("DeepSpeed-Chat benchmark", True),
+        ("OpenRLHF paper", True),
+        ("verl docs", False),
+    ):
+        case = read_case(_row(source=source))
+        assert case.reward_model is expected, source
+        assert ("reward_model" in case.unknown) is expected
+    # GRPO (no critic) in OpenRLHF: a rule reward unless the row says
+    assert not read_case(_row(source="OpenRLHF paper", has_critic="no")).reward_model
+    # a row that says so is taken at its word
+    assert not read_case(_row(source="OpenRLHF paper", notes="rule-based reward")).reward_model
+
+
+def test_deepspeed_chat_generates_in_static_batches_unless_the_row_says():
+    ds = read_case(_row(source="DeepSpeed-Chat benchmark"))
+    assert ds.workload.gen_static_batch == 16 and "gen_batch_size" in ds.unknown
+    stated = read_case(_row(source="DeepSpeed-Chat benchmark", gen_batching="continuous"))
+    assert stated.workload.gen_static_batch is None
+    other = read_case(_row(source="OpenRLHF paper"))
+    assert other.workload.gen_static_batch is None
+    # a static batch decodes each batch to its longest response: slower than continuous
+    slow, _ = _step(_row(source="DeepSpeed-Chat benchmark"))
+    fast, _ = _step(_row(source="DeepSpeed-Chat benchmark", gen_batching="continuous"))
+    assert slow > fast
+
+
+@pytest.mark.parametrize(
+    ("written", "catalog", "kind"),
+    [
+        ("meta-llama/Llama-2-7b-hf", "llama2-7b", None),
+        ("meta-llama/Llama-2-13b-chat-hf", "llama2-13b", "instruct"),
+        ("Llama-2-70b-chat-hf", "llama2-70b", "instruct"),
+        ("codellama/CodeLlama-34b-Instruct-hf", "codellama-34b", "instruct"),
+        ("OpenRLHF/Llama-2-7b-sft-model-ocra-500k", "llama2-7b", None),
+    ],
+)
+def test_llama2_checkpoints_resolve(written, catalog, kind):
+    assert resolve_model(written) == (catalog, kind)
+
+
+def test_llama2_shapes():
+    # Llama-2: MHA at 7B/13B (kv heads = heads), GQA 8 at 70B; 32k vocabulary; 4K context
+    for name, kv, params_b in (
+        ("llama2-7b", 32, 6.74),
+        ("llama2-13b", 40, 13.0),
+        ("llama2-70b", 8, 69.0),
+        ("codellama-34b", 8, 33.7),
+    ):
+        m = specs.model(name)
+        assert m.kv_heads == kv and m.vocab == 32000
+        assert m.params / 1e9 == pytest.approx(params_b, rel=0.01)
+    assert specs.model("llama2-7b").kv_bytes_per_token(2) == 2 * 32 * 4096 * 2
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "source", "placement"),
+    [
+        ("meta-llama/Llama-2-70b-hf", 32, "OpenRLHF paper", "disaggregated"),
+        ("codellama/CodeLlama-34b-Instruct-hf", 32, "OpenRLHF paper", "disaggregated"),
+        ("meta-llama/Llama-2-70b-hf", 32, "DeepSpeed-Chat benchmark", "colocated"),
+        ("meta-llama/Llama-2-13b-hf", 32, "DeepSpeed-Chat benchmark", "colocated"),
+    ],
+)
+def test_published_rlhf_configurations_are_priced_not_refused(model, gpus, source, placement):
+    r = _row(
+        model=model, num_gpus=gpus, source=source, placement=placement, num_prompts=1024,
+        max_gen_len=1024, avg_gen_len="", avg_prompt_len=1024,
+    )  # fmt: skip
+    priced, refused = loso.price_rows([r], "synthetic")
+    assert [x.reason for x in refused] == [] and len(priced) == 1
+    assert priced[0].step.min() > 0
