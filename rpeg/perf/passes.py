@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from rpeg.perf import costs, eager_cpu
 from rpeg.perf.lora import adapter_memory, tp_grad_sum_bytes, trainable_params
 from rpeg.perf.prediction import GB, StageCost
+from rpeg.perf.rank_memory import inflight_chunks, pipeline_chunks
 from rpeg.perf.roofline import pass_factor
 from rpeg.perf.units import (
     UnitContext,
@@ -73,7 +74,8 @@ class PassShape:
     tokens_dev: float  # ... of it on one device (split over cp)
     micro_batches: float  # micro-batches of a rank per step
     per_minibatch: float  # micro-batches per optimizer step (training) or per pass
-    in_flight: float  # micro-batches whose activations a rank keeps (a pipeline: up to pp)
+    in_flight: float  # micro-batches whose activations a rank keeps (a pipeline: its schedule's)
+    pp_chunks: int  # model chunks per pipeline rank (2 under interleaved 1F1B, else 1)
     recompute: bool
     passes: float  # FORWARD_PASSES, TRAIN_PASSES (+ RECOMPUTE_PASSES)
 
@@ -91,9 +93,11 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
     mb = eager_cpu.micro_batches(c, dp, u.micro_batch_size, train)
     tok_mb = mb.tokens if cpu else tok_mb
     tok_dev = tok_mb / cp
+    chunks = pipeline_chunks(u.pp_schedule) if pp > 1 else 1
     if train:
         per_minibatch = max(1.0, tok_rank / c.wl.train_minibatches / tok_mb)
-        in_flight = min(pp, per_minibatch)
+        # the first pipeline rank's (the most): its schedule's chunk-forwards in flight
+        in_flight = inflight_chunks(u.pp_schedule, pp, per_minibatch, 0) / chunks if pp > 1 else 1.0
     else:
         per_minibatch = max(1.0, tok_rank / tok_mb)
         in_flight = 1.0
@@ -121,6 +125,7 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
         micro_batches=mb.count if cpu else tok_rank / tok_mb,
         per_minibatch=per_minibatch,
         in_flight=in_flight,
+        pp_chunks=chunks,
         recompute=recompute,
         passes=passes,
     )
@@ -258,9 +263,11 @@ def expert_loop_s(c: UnitContext, u: UnitPlan, s: PassShape) -> float | None:
 
 
 def bubble(s: PassShape) -> float:
-    """The pipeline bubble's share of the compute, ``(pp - 1) / m`` (m micro-batches per
-    mini-batch)."""
-    return (s.pp - 1) / s.per_minibatch if s.pp > 1 else 0.0
+    """The pipeline bubble's share of the compute, ``(pp - 1) / (v m)`` (m micro-batches per
+    mini-batch, ``v`` model chunks per pipeline rank: 2 under interleaved 1F1B, whose bubble
+    is ``pp - 1`` chunk-times of ``1/v`` a stage; Narayanan et al. 2021, arXiv:2104.04473;
+    rpeg.runtime.pipeline.bubble_fraction is the same bubble as a share of the step)."""
+    return (s.pp - 1) / (s.pp_chunks * s.per_minibatch) if s.pp > 1 else 0.0
 
 
 # --- communication ---------------------------------------------------------------------------

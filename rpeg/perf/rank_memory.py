@@ -155,13 +155,13 @@ def stage_layers(layers: int, pp: int, r: int, chunks: int = 1) -> int:
     return sum(base + (1 if c < extra else 0) for c in range(r, n, pp))
 
 
-def inflight_chunks(schedule: str, pp: int, m: int, r: int) -> int:
+def inflight_chunks(schedule: str, pp: int, m: float, r: int) -> float:
     """The most chunk-forwards pipeline rank ``r`` holds activations for at once, ``m``
     micro-batches per mini-batch (rpeg.runtime.pipeline's orders): gpipe all ``m``; 1F1B
     ``pp - r`` (its warm-up forwards and one more before the first backward); interleaved
     1F1B ``2 (pp - r - 1) + (v - 1) pp + 1`` chunk-forwards of ``v`` per micro-batch."""
     if pp <= 1:
-        return 1
+        return 1.0
     v = pipeline_chunks(schedule)
     if schedule == "gpipe":
         return m
