@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import rpeg.tasks
     from prefect.testing.utilities import prefect_test_harness
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
     from rpeg.infra import start_cluster
     from rpeg.tasks import dispatch
 
@@ -68,11 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
     def flow(name: str, r: int) -> None:
         rpeg.tasks.submit = task_runs if name == "task_runs" else dispatch.submit
         try:
-            s = run_train(
-                _cfg(f"{tmp}/{name}{r}", a.steps, a.prompts, a.samples),
-                progress=False,
-                _cluster=cl,
-                _with_extra=True,
+            s = train_on(
+                cl, _cfg(f"{tmp}/{name}{r}", a.steps, a.prompts, a.samples), progress=False
             )
         finally:
             rpeg.tasks.submit = dispatch.submit

@@ -129,7 +129,7 @@ def _predicted_sync_s(cfg) -> float:
 def _configs_main(a) -> dict:
     """Shipped configs as they are: single-process trainer vs Prefect + Dask, interleaved."""
     from prefect.testing.utilities import prefect_test_harness
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
     from rpeg.infra import start_cluster
 
     from rpeg.config import RunConfig
@@ -152,9 +152,7 @@ def _configs_main(a) -> dict:
                         t = LocalTrainer(c)
                         hist = [t.step() for _ in range(a.steps)]
                     else:
-                        hist = run_train(c, progress=False, _cluster=cl, _with_extra=True)[
-                            "_extra"
-                        ]["history"]
+                        hist = train_on(cl, c, progress=False)["_extra"]["history"]
                     times[p][mode] += [h["step_s"] for h in hist[1:]]  # step 0 left out
                     lengths[p][mode] += [h["response_length"] for h in hist[1:]]
     out = {"configs": {}, "load_avg": os.getloadavg(), "wall_s": time.perf_counter() - t_all}
@@ -213,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.configs:
         return _configs_main(a)
     from prefect.testing.utilities import prefect_test_harness
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
     from rpeg.infra import start_cluster
 
     from rpeg.runtime.local_trainer import LocalTrainer
@@ -268,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
             if r % 2:
                 order.reverse()
             for name, c in order:
-                s = run_train(c, progress=False, _cluster=cl, _with_extra=True)
+                s = train_on(cl, c, progress=False)
                 hist = s["_extra"]["history"]
                 samples.setdefault(name, []).extend(steps_of(hist))
                 if name == "dask_sync":

@@ -4,7 +4,7 @@ On this machine (cluster ``local-cpu``, 2 devices; model ``rpeg-tiny``) the runn
 sync vs k=1, fused (generate+reward) vs unfused, and one vs two data-parallel workers
 (disaggregated 1+1 vs colocated on 2). Each is priced by the optimizer's model
 (``rpeg.search.optimizer.solve``) and run for a few steps through the runtime entry
-``rpeg.flows.train.run_train(config)``; the script prints predicted vs measured median step
+``rpeg.flows.entry.train(config)``; the script prints predicted vs measured median step
 time, the rank correlation, and whether the optimizer's pick is the measured fastest.
 
     python benchmarks/check_cpu_choice.py [--steps 6] [--config run.yaml]
@@ -127,11 +127,11 @@ def main() -> int:
         return 0
     try:
         from prefect.testing.utilities import prefect_test_harness
-        from rpeg.flows.train import run_train
+        from rpeg.flows.seam import train_on
         from rpeg.infra import start_cluster
     except ImportError as exc:
         print(
-            f"runtime entry rpeg.flows.train.run_train is not available ({exc}); "
+            f"runtime entry rpeg.flows.seam.train_on is not available ({exc}); "
             "cannot measure, no numbers reported",
             file=sys.stderr,
         )
@@ -154,7 +154,7 @@ def main() -> int:
                 cfg.runtime.output_dir = f"{tmp}/p{i}r{r}"
                 cfg.plan = cand.plan.to_dict()
                 try:
-                    s = run_train(cfg, progress=False, _cluster=cl, _with_extra=True)
+                    s = train_on(cl, cfg, progress=False)
                 except Exception as exc:  # a plan the runtime cannot execute is reported
                     failed[i] = f"{type(exc).__name__}: {exc}"
                     print(f"{cand.describe()}: runtime refused or failed: {failed[i]}")

@@ -32,7 +32,7 @@ def main() -> None:
         os.environ["RPEG_FAULT_AT"] = f"{spec} once={out}/fired"
     from conftest import tiny_config
     from prefect.testing.utilities import prefect_test_harness
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
     from rpeg.infra import start_cluster
 
     n = int(over.pop("n_workers", 2))
@@ -50,7 +50,7 @@ def main() -> None:
         cl = start_cluster(n_workers=n, torch_threads=1)
         t0 = time.time()
         try:
-            s = run_train(cfg, progress=False, _cluster=cl, _with_extra=True)
+            s = train_on(cl, cfg, progress=False)
         finally:
             cl.close()
     wall = time.time() - t0

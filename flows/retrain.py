@@ -6,12 +6,13 @@ Each run (parameters :class:`rpeg.flows.params.RetrainParams`, one form field ea
    ``retrain-refused`` artifact, before anything starts);
 2. finds the newest file under ``data_glob`` (fsspec; retried) as ``task.url``;
 3. finds the latest complete checkpoint under the checkpoint URL (step ``s``; retried);
-4. derives what the data says (``workload.max_prompt_tokens``, as ``rpeg train`` does; the
-   Dask engine's round is prepared by :func:`rpeg.preflight.prepare.prepare_run`: every check
-   and the run's locks, a refusal before any cluster starts), then trains ``steps`` more
-   steps (runtime.steps = s + steps, resume on) on Dask actors (engine ``dask``) or with the
-   single-process trainer (engine ``local``), in a task with a timeout that is retried once
-   (a retry resumes), writing to ``<output>/<run name>/``;
+4. prepares the round as ``rpeg train`` does (:func:`rpeg.preflight.prepare.prepare_run`:
+   ``workload.max_prompt_tokens`` from the data, every check and the run's locks, a refusal
+   before any cluster starts), then trains ``steps`` more steps (runtime.steps = s + steps,
+   resume on) through the one entry (:func:`rpeg.flows.entry.train`) on Dask actors (engine
+   ``dask``) or with the single-process trainer (engine ``local``), in a task with a timeout
+   that is retried once (a retry resumes), writing to ``<output>/<run name>/``; either
+   engine's checkpoints go under ``<checkpoint_url>/retrain/`` (run id ``retrain``);
 5. scores the run by the held-out greedy accuracy after training and promotes it unless it
    regressed: ``<checkpoint_url>/latest-good.json`` plus, with ``keep_promoted``, a copy in
    ``<checkpoint_url>/latest-good/`` (what the ``retrain-latest-good`` artifact names).
@@ -47,7 +48,7 @@ from rpeg.config import RunConfig  # noqa: E402
 from rpeg.errors import RpegError  # noqa: E402
 
 _NO_CACHE: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
-RUN_ID = "retrain"  # the checkpoint run id of the Dask engine's rounds
+RUN_ID = "retrain"  # the checkpoint run id of every round, either engine
 
 
 # ============================================================================ tasks
@@ -65,15 +66,19 @@ def find_latest_checkpoint(steps_at: str, checkpoint_url: str) -> dict[str, Any]
 
 @task(name="train", retries=1, retry_delay_seconds=5, **_NO_CACHE)
 def train_task(config_json: dict[str, Any], engine: str) -> dict[str, Any]:
-    """Train to ``runtime.steps``; a retry resumes from the newest checkpoint."""
-    from rpeg.flows.engines import dask_train, local_train
+    """Train to ``runtime.steps``; a retry resumes from the newest checkpoint. The one entry
+    (rpeg.flows.entry.train) in this task's flow run, on the round the flow body prepared
+    (its locks are held there)."""
+    from rpeg.flows.entry import train
+
+    from rpeg.preflight.prepare import PreparedRun
 
     cfg = RunConfig.from_dict(config_json)
     url = cfg.runtime.checkpoint_url
-    resume = bool(url) and latest_step(steps_url(url, engine)) > 0
-    if engine == "local":
-        return local_train(cfg, resume=resume)
-    return dask_train(cfg, resume=resume)
+    resume = bool(url) and latest_step(steps_url(url)) > 0
+    return train(
+        cfg, local=engine == "local", resume=resume, progress=False, prepared=PreparedRun(cfg)
+    )
 
 
 @task(name="promote", retries=3, retry_delay_seconds=[2, 10, 30], timeout_seconds=600)
@@ -88,11 +93,11 @@ def promote_task(
     )
 
 
-def steps_url(checkpoint_url: str, engine: str) -> str:
-    """Where a retrain deployment's step folders live: the Dask engine writes under one
-    stable run id (:data:`RUN_ID`, so every round resumes the same run), the local engine
-    flat under the URL."""
-    return checkpoint_url if engine == "local" else f"{checkpoint_url.rstrip('/')}/{RUN_ID}"
+def steps_url(checkpoint_url: str) -> str:
+    """Where a retrain deployment's step folders live: under one stable run id
+    (:data:`RUN_ID`), so every round resumes the same run, whichever engine trains it (the
+    single-process engine wrote flat under the URL before issue 37)."""
+    return f"{checkpoint_url.rstrip('/')}/{RUN_ID}"
 
 
 # ============================================================================ the flow
@@ -139,30 +144,25 @@ def retrain(
             return {"status": "no-data", "promoted": False}
         logger.info("newest data: %s", data_url)
     url = base_cfg.runtime.checkpoint_url
-    ckpt = find_latest_checkpoint(steps_url(url, params.engine), url)
+    ckpt = find_latest_checkpoint(steps_url(url), url)
     base_step, previous = ckpt["step"], ckpt["latest_good"]
     try:
         config = params.resolve(base_step=base_step, data_url=data_url)
-        if params.engine == "dask":
-            config = config.with_overrides({"runtime.run_id": RUN_ID})
+        config = config.with_overrides({"runtime.run_id": RUN_ID})
         config = launch.with_run_folder(config, params.output_dir)
-        prepared = None
-        if params.engine == "dask":  # prepared as `rpeg train` prepares a run (its locks too)
-            from rpeg.preflight.prepare import prepare_run
+        # prepared as `rpeg train` prepares a run (its locks too)
+        from rpeg.preflight.prepare import prepare_run
 
-            prepared = prepare_run(config, run_folder=False, log=logger.info)
-            config = prepared.config
-        else:  # the single-process engine's flat checkpoints: the data's lengths alone
-            from rpeg.runtime.datasets.fit import fit_prompt_lengths
-
-            config = fit_prompt_lengths(config, log=logger.info)
+        prepared = prepare_run(
+            config, local=params.engine == "local", run_folder=False, log=logger.info
+        )
+        config = prepared.config
     except RpegError as exc:
         return launch.refuse(exc)
     try:
         return _train_and_decide(params, config, base_step, previous, data_url)
     finally:
-        if prepared is not None:
-            prepared.release()
+        prepared.release()
 
 
 def _train_and_decide(
@@ -203,7 +203,7 @@ def _decide(
     """Promote the new checkpoint unless the score regressed; publish the decision."""
     logger = launch.run_logger()
     url = config.runtime.checkpoint_url
-    at = steps_url(url, params.engine)
+    at = steps_url(url)
     score = float(summary.get(SCORE_KEY, float("nan")))
     step = latest_step(at)
     ok, reason = should_promote(score, previous, params.tolerance)

@@ -6,48 +6,51 @@ workers' GPUs against the plan; and the stall monitor and start-up messages of
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from rpeg.flows.launch import run_logger
 
 from rpeg.config import RunConfig
 
-#: how long a step checked by :func:`run_train` (``remember=True``) waits for its flow body
-REMEMBERED_FOR_S = 120.0
-
-#: the compiled step last checked with ``remember=True``: (config JSON, device count) ->
-#: (when, compiled step). ``run_train`` checks before Prefect starts (fail fast) and the flow
-#: body in the same process takes that result instead of compiling and checking again; the
-#: flow started from the UI or a deployment has nothing remembered and checks for itself.
-_REMEMBERED: dict[tuple[str, int | None], tuple[float, Any]] = {}
+#: a compiled step already checked for a config, handed from :func:`rpeg.flows.train.train`
+#: (which checks before Prefect starts: fail fast) to the ``rl_train`` flow body it starts in
+#: the same call, so that the run compiles once. A context variable set for that call only
+#: (:func:`checked_step`): nothing outlives the call, and a flow started from the UI or a
+#: deployment has nothing handed and checks for itself.
+_CHECKED: ContextVar[tuple[str, Any] | None] = ContextVar("rpeg_checked_step", default=None)
 
 
-def validate_before_start(
-    config: RunConfig, cluster_devices: int | None = None, *, remember: bool = False
-):
-    """Compile and check every input; raises ConfigError listing all problems. A step checked
-    for the same config and device count in this process less than REMEMBERED_FOR_S ago with
-    ``remember=True`` is returned (once) instead: the run compiles once."""
+@contextmanager
+def checked_step(config: RunConfig, compiled: Any) -> Iterator[None]:
+    """Inside the block, :func:`handed_step` of the same config answers ``compiled``."""
+    token = _CHECKED.set((config.model_dump_json(), compiled))
+    try:
+        yield
+    finally:
+        _CHECKED.reset(token)
+
+
+def handed_step(config: RunConfig) -> Any:
+    """The compiled step :func:`checked_step` handed for this very config (its JSON
+    compared: ``rl_train`` rebuilds the config from its parameters), else None."""
+    given = _CHECKED.get()
+    if given is None or given[0] != config.model_dump_json():
+        return None
+    return given[1]
+
+
+def validate_before_start(config: RunConfig, cluster_devices: int | None = None):
+    """Compile and check every input (model, task data, rewards, template, places, machine,
+    the plan and the engine, all at once); raises ConfigError listing all problems."""
     from rpeg.preflight import preflight
     from rpeg.runtime.engines.choice import check_engine
 
-    key = (config.model_dump_json(), cluster_devices)
-    when, compiled = _REMEMBERED.pop(key, (0.0, None))
-    if compiled is None or time.monotonic() - when > REMEMBERED_FOR_S:
-        # model, task data, rewards, template, places, machine and the plan, all at once
-        compiled = preflight(config, cluster_devices=cluster_devices)
-        check_engine(config, compiled)
-    if remember:
-        _REMEMBERED.clear()
-        _REMEMBERED[key] = (time.monotonic(), compiled)
+    compiled = preflight(config, cluster_devices=cluster_devices)
+    check_engine(config, compiled)
     return compiled
-
-
-def remember_checked(config: RunConfig, cluster_devices: int | None, compiled: Any) -> None:
-    """Remember a step checked by :func:`rpeg.preflight.prepare.prepare_run` for the flow
-    body in this process (as ``validate_before_start(..., remember=True)`` does)."""
-    _REMEMBERED.clear()
-    _REMEMBERED[(config.model_dump_json(), cluster_devices)] = (time.monotonic(), compiled)
 
 
 def warm_up_before_ranks(
@@ -70,11 +73,6 @@ def warm_up_before_ranks(
     )
     build_policy(config, log=log)
     return True
-
-
-def forget_checked() -> None:
-    """Drop a remembered step (a run that stopped before its flow body took it)."""
-    _REMEMBERED.clear()
 
 
 def _stall_monitor(run: Any, cluster: Any, rt: Any) -> Any:
@@ -108,10 +106,17 @@ def _phase(shown: bool, msg: str, *args: Any) -> None:
 
 
 def _setup(
-    config: RunConfig, cluster_address: Any, resume: bool, cluster: Any, progress: bool = False
+    config: RunConfig,
+    cluster_address: Any,
+    resume: bool,
+    cluster: Any,
+    progress: bool = False,
+    checked: Any = None,
 ):
     """(config, compiled step, cluster, whether we own the cluster): every input checked
-    before any actor starts."""
+    before any actor starts. ``checked``: the step compiled and checked for ``config`` before
+    (rpeg.preflight.prepare), taken as it is when nothing below changes the config and no
+    existing cluster's devices must be counted against it."""
     from rpeg.infra.cluster import start_cluster
 
     c = config
@@ -130,7 +135,10 @@ def _setup(
     if address and c.cluster.num_devices is None:
         c = c.with_overrides({"cluster.num_devices": have})  # default plan over the whole cluster
     try:
-        compiled = validate_before_start(c, cluster_devices=have if address else None)
+        if checked is not None and c is config and not address:
+            compiled = checked
+        else:
+            compiled = validate_before_start(c, cluster_devices=have if address else None)
     except Exception:
         if cl is not None and cluster is None:
             cl.close()

@@ -1,5 +1,6 @@
-"""The training flow (Prefect name ``train``; Python :func:`rl_train`, config as a dict) and
-its Python entry :func:`run_train`. Deployments run the same loop from a typed form
+"""The one training entry :func:`train` (``rpeg train``, ``--local`` or not, the deployed
+flows and Python all call it) and the training flow it starts (Prefect name ``train``;
+Python :func:`rl_train`, config as a dict). Deployments run the same entry from a typed form
 (:mod:`rpeg.flows.train_form`) under the same flow name.
 
 Prefect drives, Dask executes: the flow compiles the plan, validates everything (devices,
@@ -34,13 +35,13 @@ from rpeg.flows.run_setup import (  # noqa: E402
     _phase,
     _setup,
     _stall_monitor,
-    forget_checked,
-    remember_checked,
+    handed_step,
     warm_up_before_ranks,
 )
 from rpeg.flows.step_sink import _artifacts, _Sink  # noqa: E402
 
 from rpeg.config import RunConfig  # noqa: E402
+from rpeg.runtime.summary import Summary  # noqa: E402
 
 log = logging.getLogger("rpeg.flows.train")
 
@@ -165,17 +166,19 @@ def _train(
     progress: bool = True,
     cluster: Any = None,
     fault_hook: Any = None,
+    compiled: Any = None,
 ) -> dict[str, Any]:
     """The training flow's body: set up, then execute the step scheduler's instructions;
     a lost worker is a Recover instruction, answered by re-creating the actors from the last
-    checkpoint (``run.recover``) and driving on."""
+    checkpoint (``run.recover``) and driving on. ``compiled``: the step already compiled and
+    checked for ``config`` (rpeg.preflight.prepare), else it is compiled here."""
     from rpeg.runtime.actors import scheduler as S
     from rpeg.runtime.actors import step_messages as M
     from rpeg.runtime.actors.driver import DistributedRun
     from rpeg.runtime.actors.failures import start_with_retries
 
     t_start = time.perf_counter()
-    c, compiled, cl, owned = _setup(config, cluster_address, resume, cluster, progress)
+    c, compiled, cl, owned = _setup(config, cluster_address, resume, cluster, progress, compiled)
     out = Path(c.runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compiled_step.yaml").write_text(compiled.to_yaml())
@@ -310,6 +313,7 @@ def rl_train(
         resume=resume,
         summary_json=summary_json,
         progress=progress,
+        compiled=handed_step(cfg),  # checked by train() before it started this flow
     )
     _artifacts("publish_results", s, cfg.runtime.output_dir)
     s.pop("_extra", None)
@@ -348,105 +352,9 @@ def _finished_despite_api(call: Any) -> dict[str, Any]:
         _FINISHED.pop(me, None)
 
 
-def run_train(
-    config: RunConfig,
-    *,
-    cluster_address: str | None = None,
-    resume: bool = False,
-    summary_json: str | None = None,
-    progress: bool = True,
-    _cluster: Any = None,
-    _fault_hook: Any = None,
-    _with_extra: bool = False,
-    run_folder: bool = False,
-    _prepared: Any = None,
-) -> dict[str, Any]:
-    """Run :func:`rl_train` on Prefect's ephemeral API; return the summary dict (same keys as
-    the single-process trainer's). Prepared as ``rpeg train`` prepares (rpeg.preflight.prepare:
-    the data's prompt lengths, the run id, every check, the locks) before Prefect or Dask
-    start; bad input is refused then. ``run_folder``: write under ``<output_dir>/<run id>/``
-    as ``rpeg train`` does (default: into ``runtime.output_dir`` itself)."""
-    from rpeg.runtime.main_guard import protect_unguarded_main
+def run_train(config: RunConfig, **kw: Any) -> Summary:
+    """The former name of :func:`rpeg.flows.entry.train` (scripts written before issue 37);
+    the same call."""
+    from rpeg.flows.entry import train
 
-    # a script without `if __name__ == "__main__":` is not re-run by the spawned workers
-    protect_unguarded_main(log=print if progress else None)
-    # against an existing cluster the device count is checked once connected (still before
-    # any actor starts)
-    address = cluster_address or config.cluster.address
-    devices = 10**6 if address else None
-    prepared = _prepared
-    if resume and not config.runtime.resume:  # the run id is the resumed run's (prepare_run)
-        config = config.with_overrides({"runtime.resume": True})
-    if prepared is None:
-        from rpeg.preflight.prepare import prepare_run
-
-        prepared = prepare_run(
-            config,
-            cluster_devices=devices,
-            run_folder=run_folder,
-            log=print if progress else None,
-        )
-    # remembered: the flow body below takes this compiled step instead of checking again
-    remember_checked(prepared.config, devices, prepared.compiled)
-    try:
-        return _run_checked(
-            prepared.config,
-            cluster_address,
-            resume,
-            summary_json,
-            progress,
-            _cluster,
-            _fault_hook,
-            _with_extra,
-        )
-    finally:
-        forget_checked()
-        if _prepared is None:  # the caller's preparation is the caller's to release
-            prepared.release()
-
-
-def _run_checked(
-    config: RunConfig,
-    cluster_address: str | None,
-    resume: bool,
-    summary_json: str | None,
-    progress: bool,
-    _cluster: Any,
-    _fault_hook: Any,
-    _with_extra: bool,
-) -> dict[str, Any]:
-    """run_train after its checks: the flow on Prefect's API, or the inner flow for tests."""
-    if _cluster is None and _fault_hook is None and not _with_extra:
-        from rpeg.infra.interrupts import start_ephemeral_api
-
-        # Prefect's own start waits 20 s, short of a loaded machine's (issue 44): ours waits
-        # up to EPHEMERAL_STARTUP_TIMEOUT_S and says so
-        start_ephemeral_api(log=print if progress else None)
-        return _finished_despite_api(
-            lambda: rl_train(
-                config=config.model_dump(mode="json"),
-                cluster_address=cluster_address,
-                resume=resume,
-                summary_json=summary_json,
-                progress=progress,
-            )
-        )
-
-    @flow(name="train", persist_result=False, log_prints=False)
-    def _inner() -> dict[str, Any]:
-        s = _train(
-            config,
-            cluster_address=cluster_address,
-            resume=resume,
-            summary_json=summary_json,
-            progress=progress,
-            cluster=_cluster,
-            fault_hook=_fault_hook,
-        )
-        _artifacts("publish_results", s, config.runtime.output_dir)
-        return s
-
-    s = _inner()
-    if not _with_extra:
-        s.pop("_extra", None)
-    return s
+    return train(config, **kw)

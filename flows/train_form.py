@@ -74,14 +74,11 @@ def train(
         )
         md, predicted = reports.plan_report(cfg)
         art.publish_plan_report(md)
-        from rpeg.flows.engines import dask_train
-        from rpeg.flows.run_setup import forget_checked, remember_checked
+        from rpeg.flows.entry import train as run
 
-        remember_checked(cfg, 10**6 if cfg.cluster.address else None, prepared.compiled)
-        try:
-            summary = dask_train(cfg, resume=params.resume)
-        finally:
-            forget_checked()
+        # the one entry, on the prepared run (its compiled step: the run compiles once); in
+        # this flow run, no subflow
+        summary = run(cfg, resume=params.resume, progress=False, prepared=prepared)
     finally:
         prepared.release()
     art.publish_results(summary, cfg.runtime.output_dir, predicted=predicted)

@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
 
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
     from rpeg.compile import compile_plan, resolve
     from rpeg.config import RunConfig
@@ -252,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     pd = pred.to_dict() | {"timeline": None}
 
     t0 = time.perf_counter()
-    summary = run_train(cfg, progress=False, summary_json=str(out / "summary.json"),
-                        _with_extra=True)  # fmt: skip
+    summary = train_on(None, cfg, progress=False, summary_json=str(out / "summary.json"))
     wall = time.perf_counter() - t0
     full = summary["_extra"]["history"]
     hist = full[1:] or full  # the first step warms up (allocator, kernels)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -55,7 +54,15 @@ def _announce(prepared, quiet: bool) -> None:
     typer.echo(f"run id {rt.run_id}: {where}")
 
 
-def _run(prepared, local: bool, cluster: str | None, resume: bool, quiet: bool, ticker) -> dict:
+def _run(
+    prepared,
+    local: bool,
+    cluster: str | None,
+    resume: bool,
+    quiet: bool,
+    ticker,
+    summary_json: str | None = None,
+) -> dict:
     """Train the prepared run on the chosen runtime; the summary."""
     cfg = prepared.config
     out_dir = Path(cfg.runtime.output_dir)
@@ -65,42 +72,36 @@ def _run(prepared, local: bool, cluster: str | None, resume: bool, quiet: bool, 
     start_lifeline()  # services this command starts die with it, even on kill -9
     _take_sigint()
     if local:
-        from rpeg.runtime.local_trainer import LocalTrainer
-
-        log = (lambda s: None) if quiet else ticker.echo
         ticker.phase("loading the model")
-        trainer = LocalTrainer(cfg, log=log, progress=not quiet)  # a bar on a terminal
-        try:
-            summary = trainer.run()
-        except KeyboardInterrupt:
-            raise _interrupted(cfg) from None
-        finally:
-            trainer.close()  # a vLLM engine's processes and shared memory
-        _echo_summary(summary, out_dir, "config.yaml, metrics.jsonl, reward_curve.png")
-        return summary
-    # quiet Prefect console logs (the progress bar is the live view); set before import
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    ticker.phase("starting the Prefect API")
-    from rpeg.flows.train import run_train
-    from rpeg.infra.interrupts import start_ephemeral_api
+        files = "config.yaml, metrics.jsonl, reward_curve.png"
+    else:
+        # quiet Prefect console logs (the progress bar is the live view); set before import
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        ticker.phase("starting the Prefect API")
+        from rpeg.infra.interrupts import start_ephemeral_api
 
-    start_ephemeral_api()  # now, so that Ctrl-C leaves it up for the flow's crash record
-    if not os.environ.get("RPEG_DEBUG"):
-        from rpeg.cli.console import console_without_known_tracebacks
+        start_ephemeral_api()  # now, so that Ctrl-C leaves it up for the flow's crash record
+        if not os.environ.get("RPEG_DEBUG"):
+            from rpeg.cli.console import console_without_known_tracebacks
 
-        console_without_known_tracebacks()
-    try:
-        summary = run_train(
+            console_without_known_tracebacks()
+        files = "config.yaml, metrics.jsonl, timeline.json, compiled_step.yaml"
+    from rpeg.flows.entry import train
+
+    try:  # the one entry (as Python's and the deployments'), on the prepared run
+        summary = train(
             cfg,
+            local=local,
             cluster_address=cluster,
             resume=resume,
-            summary_json=None,
+            summary_json=summary_json,
             progress=not quiet,
-            _prepared=prepared,
+            prepared=prepared,
+            log=(lambda s: None) if quiet else ticker.echo,
         )
     except KeyboardInterrupt:
         raise _interrupted(cfg) from None
-    _echo_summary(summary, out_dir, "config.yaml, metrics.jsonl, timeline.json, compiled_step.yaml")
+    _echo_summary(summary, out_dir, files)
     return summary
 
 
@@ -246,11 +247,7 @@ def register(app: typer.Typer) -> None:
             ticker.stop()
             raise
         try:
-            summary = _run(prepared, local, cluster, resume, quiet, ticker)
+            _run(prepared, local, cluster, resume, quiet, ticker, summary_json)
         finally:
             ticker.stop()
             prepared.release()
-        if summary_json:
-            p = Path(summary_json)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps(summary, indent=2))

@@ -159,11 +159,19 @@ class LocalTrainer:
         return accuracy_of(self.validate(examples))
 
     # --- run ------------------------------------------------------------------------------
-    def run(self, steps: int | None = None, out_dir: str | Path | None = None) -> dict:
+    def run(
+        self,
+        steps: int | None = None,
+        out_dir: str | Path | None = None,
+        *,
+        on_step: Callable[[int, int, dict[str, float]], object] | None = None,
+    ) -> dict:
         """Train to ``steps`` (default ``runtime.steps``). With ``runtime.checkpoint_url``
         a checkpoint is written every ``checkpoint_every`` steps and at the end, through the
         same :class:`CheckpointStore` (and run ids) as the distributed runtime; with
-        ``runtime.resume`` / ``resume_from`` the run continues from one."""
+        ``runtime.resume`` / ``resume_from`` the run continues from one. ``on_step(step,
+        steps, metrics)`` after each step's record (a deployment's progress artifact). The
+        one single-process loop: ``rpeg.flows.entry.train(config, local=True)`` runs it."""
         rt = self.config.runtime
         steps = steps or rt.steps
         out = Path(out_dir or rt.output_dir)
@@ -223,6 +231,8 @@ class LocalTrainer:
             shown.update(int(m["step"]), m)
             if val is not None:
                 self.log(val_line(val, f"after step {self.step_index}"))
+            if on_step is not None:
+                on_step(self.step_index, steps, m)
             self._log_samples(int(m["step"]) - 1, out)  # before a checkpoint covers it
             if store is not None and (
                 self.step_index % rt.checkpoint_every == 0 or self.step_index == steps

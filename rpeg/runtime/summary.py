@@ -10,6 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+#: a run's summary, what every trainer returns (``rpeg.flows.entry.train``): the keys of
+#: :data:`SUMMARY_KEYS` from :func:`run_summary`, plus what the runtime adds (``steps_run``,
+#: ``recoveries``, ``peak_memory``, ``weight_sync_bytes``, ...; docs/runtime.md "Python entry")
+Summary = dict[str, Any]
+
 SUMMARY_KEYS = (
     "steps",
     "wall_s",

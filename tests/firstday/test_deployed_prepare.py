@@ -15,7 +15,7 @@ from tests.firstday.conftest import run_yaml
 def flow_body(monkeypatch):
     """The deployed ``train`` flow's body with the cluster, the training and the artifacts
     replaced by recorders (what is tested is what happens before them)."""
-    from rpeg.flows import engines, train_form
+    from rpeg.flows import entry, train_form
     from rpeg.infra import cluster
 
     seen: dict = {"refused": [], "trained": []}
@@ -25,7 +25,7 @@ def flow_body(monkeypatch):
 
     monkeypatch.setattr(cluster, "start_cluster", no_cluster)
     monkeypatch.setattr(
-        engines, "dask_train", lambda cfg, resume=False: seen["trained"].append(cfg) or {}
+        entry, "_run_distributed", lambda cfg, *a: seen["trained"].append(cfg) or {}
     )
     monkeypatch.setattr(train_form.reports, "plan_report", lambda cfg: ("", None))
     monkeypatch.setattr(train_form.art, "publish_plan_report", lambda md: None)

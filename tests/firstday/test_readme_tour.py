@@ -270,7 +270,7 @@ def _python_block() -> str:
 
 def test_tour_python_block_compiles():
     code = _python_block()
-    assert "run_train(" in code and "optimize(" in code
+    assert "summary = train(" in code and "optimize(" in code
     compile(code, "README.md (From Python)", "exec")
 
 

@@ -169,13 +169,13 @@ def test_the_scheduler_without_val_before_train():
 
 
 def test_a_deployment_with_engine_local_validates_every_n_steps(user_files, tmp_path):
-    """The deployed flow's single-process engine (flows/engines.py local_train) follows
-    runtime.val_every and val_before_train as --local does."""
-    from rpeg.flows.engines import local_train
+    """The deployed flow's single-process engine (the one entry, ``train(config,
+    local=True)``) follows runtime.val_every and val_before_train as --local does."""
+    from rpeg.flows.seam import train_on
 
     cfg = _cfg(user_files, tmp_path, steps=3, val_every=2, checkpoint_url=None)
     cfg = cfg.with_overrides({"runtime.val_before_train": False})
-    summary = local_train(cfg, on_step=None)
+    summary = train_on(None, cfg, local=True, progress=False)
     history = summary["_extra"]["history"]
     assert ["val/accuracy" in m for m in history] == [False, True, True]
     assert summary["heldout_acc_before"] is None

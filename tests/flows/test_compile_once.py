@@ -1,8 +1,11 @@
-"""A run compiles and checks its inputs once (issue 27): run_train checks before Prefect
-starts and the flow body takes that compiled step; nothing remembered is reused for another
-config, after the run, or past its time."""
+"""A run compiles and checks its inputs once (issue 27), with no process-global memo (issue
+37): ``train`` checks before Prefect starts and hands that compiled step to the ``rl_train``
+flow body it starts, for that call only (a context variable); another config, or the same
+config after the call, is checked again."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 from rpeg.flows import run_setup
@@ -16,50 +19,50 @@ def counted(monkeypatch):
 
     def preflight(config, cluster_devices=None):
         calls.append(config)
-        return object()  # a compiled step stand-in: returned as it is
+        return _Step()  # a compiled step stand-in: returned as it is
 
     import rpeg.preflight
     import rpeg.runtime.engines.choice
 
     monkeypatch.setattr(rpeg.preflight, "preflight", preflight)
     monkeypatch.setattr(rpeg.runtime.engines.choice, "check_engine", lambda c, s: None)
-    run_setup.forget_checked()
-    yield calls
-    run_setup.forget_checked()
+    return calls
+
+
+class _Step:  # a compiled step without CUDA groups
+    actor_groups = ()
 
 
 def _cfg(**over) -> RunConfig:
     return RunConfig.from_dict({"runtime": {"steps": 2, **over}})
 
 
-def test_the_flow_body_takes_the_step_run_train_checked(counted):
-    cfg = _cfg()
-    first = run_setup.validate_before_start(cfg, remember=True)
-    # rl_train rebuilds the config from its JSON parameters: the same config, the same step
-    again = RunConfig.from_dict(cfg.model_dump(mode="json"))
-    assert run_setup.validate_before_start(again) is first
-    assert len(counted) == 1
-    # taken once: a second flow body (or run) checks again
-    run_setup.validate_before_start(again)
-    assert len(counted) == 2
+def test_the_flow_body_takes_the_step_train_checked():
+    cfg, step = _cfg(), object()
+    assert run_setup.handed_step(cfg) is None  # nothing handed outside a call
+    with run_setup.checked_step(cfg, step):
+        # rl_train rebuilds the config from its JSON parameters: the same config, the step
+        again = RunConfig.from_dict(cfg.model_dump(mode="json"))
+        assert run_setup.handed_step(again) is step
+        assert run_setup.handed_step(_cfg(steps=3)) is None  # another config: its own check
+        seen: list = []  # another thread (another run in this process) has nothing handed
+        t = threading.Thread(target=lambda: seen.append(run_setup.handed_step(again)))
+        t.start()
+        t.join()
+        assert seen == [None]
+    assert run_setup.handed_step(cfg) is None  # gone with the call
 
 
-def test_another_config_or_device_count_is_checked_again(counted):
-    run_setup.validate_before_start(_cfg(), remember=True)
-    run_setup.validate_before_start(_cfg(steps=3))
-    run_setup.validate_before_start(_cfg(), cluster_devices=4)
-    assert len(counted) == 3
-    run_setup.validate_before_start(_cfg())  # still remembered: the others did not take it
-    assert len(counted) == 3
+def test_setup_compiles_only_without_a_checked_step(counted):
+    cfg, step = _cfg(), _Step()
 
+    class Cluster:  # a running cluster's stand-in (the tests' shared one)
+        workers = [0, 1]
 
-def test_a_remembered_step_expires_and_is_forgotten(counted, monkeypatch):
-    run_setup.validate_before_start(_cfg(), remember=True)
-    run_setup.forget_checked()  # run_train's finally: the run ended before its flow body
-    run_setup.validate_before_start(_cfg())
-    assert len(counted) == 2
-    run_setup.validate_before_start(_cfg(), remember=True)
-    now = run_setup.time.monotonic()
-    monkeypatch.setattr(run_setup.time, "monotonic", lambda: now + run_setup.REMEMBERED_FOR_S + 1)
-    run_setup.validate_before_start(_cfg())
-    assert len(counted) == 4
+    c, got, _, owned = run_setup._setup(cfg, None, False, Cluster(), checked=step)
+    assert got is step and c is cfg and not owned and counted == []
+    _, got, _, _ = run_setup._setup(cfg, None, False, Cluster())
+    assert got is not step and len(counted) == 1
+    # a resume changes the config: the handed step is not its own, it is checked again
+    _, got, _, _ = run_setup._setup(cfg, None, True, Cluster(), checked=step)
+    assert got is not step and len(counted) == 2

@@ -1,6 +1,6 @@
-"""The retrain flow's single-process engine (rpeg.flows.engines.local_train) appends
-metrics.jsonl step by step (issue 28: rewritten whole every step) and accumulates wall_s over
-a resume."""
+"""The single-process loop (LocalTrainer.run, what ``train(config, local=True)`` and the
+retrain flow's ``local`` engine run) appends metrics.jsonl step by step (issue 28: rewritten
+whole every step) and accumulates wall_s over a resume through the one entry."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ def _cfg(tmp_path, steps):
 
 @pytest.mark.slow  # two short local runs: ~60 s on the loaded 2-core machine
 def test_metrics_are_appended_and_a_resume_adds_up(tmp_path):
-    from rpeg.flows.engines import local_train
+    from rpeg.flows.seam import train_on
+
+    from rpeg.runtime.local_trainer import LocalTrainer
 
     path = tmp_path / "out" / "metrics.jsonl"
 
@@ -37,10 +39,11 @@ def test_metrics_are_appended_and_a_resume_adds_up(tmp_path):
         if step == 1:
             path.write_text(path.read_text().replace('"step": 1', '"step": 7'))
 
-    first = local_train(_cfg(tmp_path, 2), on_step=mark)
+    trainer = LocalTrainer(_cfg(tmp_path, 2))
+    first = trainer.run(on_step=mark)
     steps = [json.loads(x)["step"] for x in path.read_text().splitlines()]
     assert steps == [7, 2]
-    second = local_train(_cfg(tmp_path, 3), resume=True, on_step=None)
+    second = train_on(None, _cfg(tmp_path, 3), local=True, resume=True, progress=False)
     assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 2, 3]
     hist = second["_extra"]["history"]
     assert second["wall_s"] == second["segment_wall_s"] + sum(h["step_s"] for h in hist[:2])

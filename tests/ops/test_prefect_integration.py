@@ -72,7 +72,7 @@ def test_retrain_deployment_triggered_through_api(api, served):
     assert logs.count("step 2/2 reward_mean=") == 1  # one line per step
     assert "b-new.jsonl" in logs  # the newest file under the glob was used
 
-    assert (ckpt / "step-00000002" / "COMMIT.json").exists()
+    assert (ckpt / "retrain" / "step-00000002" / "COMMIT.json").exists()  # run id retrain
     good = json.loads((ckpt / "latest-good.json").read_text())
     assert good["step"] == 2 and good["data"].endswith("b-new.jsonl")
     assert (ckpt / "latest-good" / "COMMIT.json").exists()
@@ -86,7 +86,7 @@ def test_retrain_deployment_triggered_through_api(api, served):
     r = api.create_run(dep["id"], {"tolerance": 1.0})
     fr = api.wait(r.json()["id"], timeout=150)
     assert fr["state"]["type"] == "COMPLETED", served["log"].read_text()[-4000:]
-    assert (ckpt / "step-00000004" / "COMMIT.json").exists()
+    assert (ckpt / "retrain" / "step-00000004" / "COMMIT.json").exists()
     good = json.loads((ckpt / "latest-good.json").read_text())
     assert good["step"] == 4 and good["previous"]["step"] == 2
 

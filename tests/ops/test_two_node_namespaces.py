@@ -33,7 +33,7 @@ def test_two_nodes_tp_groups_stay_inside_a_node_over_tls(tmp_path):
     why = _why_not() or ("" if shutil.which("openssl") else "openssl is not installed")
     if why:
         pytest.skip(why)
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
     from rpeg.infra import start_cluster
 
     from rpeg.config import RunConfig
@@ -102,7 +102,7 @@ def test_two_nodes_tp_groups_stay_inside_a_node_over_tls(tmp_path):
             == [{"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_NET": "Socket"}]
             * 4
         )
-        s = run_train(cfg, progress=False, _cluster=cl, _with_extra=True)
+        s = train_on(cl, cfg, progress=False)
         assert s["steps"] == 2, s
         # the dp replicas (one per node) agree after gloo's all-reduce across the nodes
         sums = s["_extra"]["param_checksums"]

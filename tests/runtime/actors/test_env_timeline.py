@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_timeline_has_the_env_stage(tmp_path, prefect_harness, dask_cluster):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
     from rpeg.config import RunConfig
 
@@ -27,7 +27,7 @@ def test_timeline_has_the_env_stage(tmp_path, prefect_harness, dask_cluster):
             "cluster.n_workers": 2,
         }
     )
-    s = run_train(cfg, progress=False, _cluster=dask_cluster, _with_extra=True)
+    s = train_on(dask_cluster, cfg, progress=False)
     spans = s["_extra"]["stage_spans"]
     env = [sp for sp in spans if sp["stage"] == "env"]
     gen = {sp["rank"]: sp for sp in spans if sp["stage"] == "generate"}

@@ -38,7 +38,7 @@ def _forge_rank_parts(step_dir) -> list[str]:
 def test_a_forged_rank_part_falls_back_to_the_previous_checkpoint(
     tmp_path, prefect_harness, dask_cluster, make_config
 ):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
     first = make_config(
         tmp_path,
@@ -49,12 +49,12 @@ def test_a_forged_rank_part_falls_back_to_the_previous_checkpoint(
             "runtime.run_id": "run-d",
         },
     )
-    run_train(first, progress=False, _cluster=dask_cluster, _with_extra=True)
+    train_on(dask_cluster, first, progress=False)
     assert _forge_rank_parts(tmp_path / "ck" / "run-d" / "step-00000002")
     second = first.with_overrides({"runtime.steps": 3})
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        s = run_train(second, progress=False, _cluster=dask_cluster, _with_extra=True, resume=True)
+        s = train_on(dask_cluster, second, progress=False, resume=True)
     said = [str(w.message) for w in seen if "does not load" in str(w.message)]
     assert said and "step-00000002" in said[0] and "does not fit" in said[0]
     assert "falling back to checkpoint step 1" in said[0]

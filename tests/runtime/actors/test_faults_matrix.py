@@ -77,9 +77,9 @@ _REF: dict[int, dict] = {}
 
 
 def _run(cfg, cluster):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
-    return run_train(cfg, progress=False, _cluster=cluster, _with_extra=True)
+    return train_on(cluster, cfg, progress=False)
 
 
 def _reference(k, make_config, tmp_path_factory, cluster):

@@ -63,7 +63,7 @@ def fresh_cluster():
 
 
 def test_a_model_larger_than_a_worker_trains_sharded(tmp_path, prefect_harness, fresh_cluster):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
     from rpeg.errors import ConfigError
     from rpeg.specs.hf import tiny_model
@@ -72,8 +72,8 @@ def test_a_model_larger_than_a_worker_trains_sharded(tmp_path, prefect_harness, 
     limit = state_gb / 1.5
     size = f"{limit:.3f}GB"
     with pytest.raises(ConfigError, match=r"actor group g0.*cluster.worker_memory"):
-        run_train(_cfg(tmp_path, 1, size), progress=False, _cluster=fresh_cluster)
-    s = run_train(_cfg(tmp_path, 2, size), progress=False, _cluster=fresh_cluster, _with_extra=True)
+        train_on(fresh_cluster, _cfg(tmp_path, 1, size), progress=False)
+    s = train_on(fresh_cluster, _cfg(tmp_path, 2, size), progress=False)
     assert s["steps"] == 1
     measured = [r["peak_rss_bytes"] / 1e9 for r in s["peak_memory"]["g0"]]
     predicted = s["predicted_peak_memory"]["g0"]["peak_gb"]

@@ -13,9 +13,9 @@ MISMATCH = ("logprob_mismatch_mean", "logprob_mismatch_k3", "logprob_mismatch_fr
 
 
 def _run(cfg, cluster):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
-    return run_train(cfg, progress=False, _cluster=cluster, _with_extra=True)
+    return train_on(cluster, cfg, progress=False)
 
 
 @pytest.mark.parametrize("k", [0, 1])

@@ -48,7 +48,7 @@ def _samples(path):
 def test_two_generating_ranks_sample_the_single_process_transcripts(
     tmp_path, prefect_harness, dask_cluster
 ):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
     from rpeg.compile import compile_plan
     from rpeg.runtime.local_trainer import LocalTrainer
@@ -57,7 +57,7 @@ def test_two_generating_ranks_sample_the_single_process_transcripts(
     gen = compile_plan(None, dist_cfg).group(compile_plan(None, dist_cfg).rollout_group)
     assert gen.dp == 2  # generation split over two data-parallel ranks
     LocalTrainer(_cfg(tmp_path / "local").with_overrides({"cluster.num_devices": 1})).run()
-    run_train(dist_cfg, progress=False, _cluster=dask_cluster)
+    train_on(dask_cluster, dist_cfg, progress=False)
     local, dist = _samples(tmp_path / "local"), _samples(tmp_path / "dist")
     assert sorted(local) == sorted(dist) == [(s, i) for s in (1, 2) for i in range(16)]
 

@@ -64,9 +64,9 @@ def _cfg(path, **over):
 
 
 def _run(cfg, cluster, **kw):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
-    return run_train(cfg, progress=False, _cluster=cluster, _with_extra=True, **kw)
+    return train_on(cluster, cfg, progress=False, **kw)
 
 
 def _same(a, b):
@@ -114,7 +114,7 @@ def test_a_multiturn_k1_run_stopped_after_step_n_and_resumed_reaches_the_same_me
             raise Stop("stopped after the step-2 checkpoint")
 
     with pytest.raises(Stop):
-        _run(cfg, dask_cluster, _fault_hook=stop)
+        _run(cfg, dask_cluster, fault_hook=stop)
     res = _run(cfg, dask_cluster, resume=True)
     assert res["steps_run"] == 1  # step 3, from the buffered rollout of the checkpoint
     hist = res["_extra"]["history"]

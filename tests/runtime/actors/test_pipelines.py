@@ -15,9 +15,9 @@ pytestmark = pytest.mark.slow
 
 
 def _run(cfg, cluster, **kw):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
-    return run_train(cfg, progress=False, _cluster=cluster, _with_extra=True, **kw)
+    return train_on(cluster, cfg, progress=False, **kw)
 
 
 def _absolute(ex):

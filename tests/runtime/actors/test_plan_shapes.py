@@ -79,7 +79,7 @@ def test_every_plan_the_search_can_emit_compiles(tmp_path):
 
 @pytest.mark.slow
 def test_one_step_of_every_plan_shape_runs(tmp_path, prefect_harness):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
     from rpeg.infra import start_cluster
 
     cfg = _config(tmp_path)
@@ -97,7 +97,7 @@ def test_one_step_of_every_plan_shape_runs(tmp_path, prefect_harness):
             plan = plans[0]
             c = cfg.with_overrides({"runtime.output_dir": str(tmp_path / f"run{i}")})
             c = c.model_copy(update={"plan": plan.to_dict()})
-            s = run_train(c, progress=False, _cluster=cl)
+            s = train_on(cl, c, progress=False)
             assert s["steps"] == 1, name
             ran.append(name)
     assert len(ran) == len(todo) >= 8

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 def test_ppo_trains_on_actors_like_the_local_trainer(
     tmp_path, prefect_harness, dask_cluster, make_config, shared
 ):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
     from rpeg.runtime.local_trainer import LocalTrainer
 
@@ -23,7 +23,7 @@ def test_ppo_trains_on_actors_like_the_local_trainer(
         },
     )
     ref = LocalTrainer(cfg).step()
-    s = run_train(cfg, progress=False, _cluster=dask_cluster, _with_extra=True)
+    s = train_on(dask_cluster, cfg, progress=False)
     hist = s["_extra"]["history"]
     assert len(hist) == 2
     assert "value_loss" in hist[0]  # the critic (or the shared value head) trained

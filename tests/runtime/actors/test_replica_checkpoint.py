@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_replicas_write_one_copy_and_resume(tmp_path, prefect_harness, dask_cluster, make_config):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
     from rpeg.runtime.actors.checkpoint import CheckpointStore
 
@@ -25,17 +25,13 @@ def test_replicas_write_one_copy_and_resume(tmp_path, prefect_harness, dask_clus
             "cluster.num_devices": 2,  # the default plan: every unit on both, dp=2 replicas
         },
     )
-    first = run_train(cfg, progress=False, _cluster=dask_cluster, _with_extra=True)
+    first = train_on(dask_cluster, cfg, progress=False)
     (group,) = first["layout"]
     assert first["layout"][group]["dp"] == 2 and not first["layout"][group]["fsdp"]
     _meta, parts = CheckpointStore.for_run(cfg.runtime).latest()
     rank0, rank1 = (len(parts[f"{group}-rank{r}.pt"]) for r in (0, 1))
     assert rank1 < 0.1 * rank0, (rank0, rank1)  # RNG states and versions only
-    s = run_train(
-        cfg.with_overrides({"runtime.steps": 3}),
-        progress=False,
-        _cluster=dask_cluster,
-        _with_extra=True,
-        resume=True,
+    s = train_on(
+        dask_cluster, cfg.with_overrides({"runtime.steps": 3}), progress=False, resume=True
     )
     assert s["steps"] == 3 and s["steps_run"] == 1

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def test_a_resumed_run_reports_its_whole_wall_time_and_timeline(
     tmp_path, prefect_harness, dask_cluster, make_config
 ):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
     first = make_config(
         tmp_path,
@@ -23,12 +23,12 @@ def test_a_resumed_run_reports_its_whole_wall_time_and_timeline(
             "runtime.checkpoint_every": 1,
         },
     )
-    run_train(first, progress=False, _cluster=dask_cluster, _with_extra=True)
+    train_on(dask_cluster, first, progress=False)
     out = tmp_path / "out"
     steps_first = {r["step"] for r in json.loads((out / "timeline.json").read_text())["records"]}
     assert steps_first == {0, 1}
     second = first.with_overrides({"runtime.steps": 4})
-    s = run_train(second, progress=False, _cluster=dask_cluster, _with_extra=True, resume=True)
+    s = train_on(dask_cluster, second, progress=False, resume=True)
     hist = s["_extra"]["history"]
     restored = sum(h["step_s"] for h in hist[:2])
     assert s["steps_run"] == 2

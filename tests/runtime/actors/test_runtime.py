@@ -14,9 +14,9 @@ pytestmark = pytest.mark.slow
 
 
 def _run(cfg, cluster, **kw):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
-    return run_train(cfg, progress=False, _cluster=cluster, _with_extra=True, **kw)
+    return train_on(cluster, cfg, progress=False, **kw)
 
 
 def _close(a, b, tol=1e-4):
@@ -158,7 +158,7 @@ def test_worker_kill_recovers_from_the_last_checkpoint(
             os.kill(pid, 9)
             killed.append(pid)
 
-    s = _run(cfg, dask_cluster, _fault_hook=hook)
+    s = _run(cfg, dask_cluster, fault_hook=hook)
     hist = s["_extra"]["history"]
     assert killed and s["_extra"]["recoveries"] == 1
     assert [h["step"] for h in hist] == [1, 2, 3]

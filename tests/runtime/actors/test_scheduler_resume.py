@@ -35,9 +35,9 @@ def _cfg(make_config, path, ck):
 
 
 def _run(cfg, cluster, **kw):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
-    return run_train(cfg, progress=False, _cluster=cluster, _with_extra=True, **kw)
+    return train_on(cluster, cfg, progress=False, **kw)
 
 
 def _same(a, b, tol=1e-4):
@@ -73,7 +73,7 @@ def test_a_k1_run_stopped_after_step_n_and_resumed_reaches_the_same_metrics(
             raise Stop("stopped after the step-2 checkpoint")
 
     with pytest.raises(Stop):
-        _run(cfg, dask_cluster, _fault_hook=stop)
+        _run(cfg, dask_cluster, fault_hook=stop)
     res = _run(cfg, dask_cluster, resume=True)
     hist = res["_extra"]["history"]
     assert res["steps"] == STEPS and [h["step"] for h in hist] == [1, 2, 3, 4]
@@ -96,7 +96,7 @@ def test_a_k1_run_that_loses_its_trainer_recovers_to_the_same_metrics(
             os.kill(pid, 9)
             killed.append(pid)
 
-    res = _run(cfg, dask_cluster, _fault_hook=kill)
+    res = _run(cfg, dask_cluster, fault_hook=kill)
     ex = res["_extra"]
     assert killed and ex["recoveries"] == 1
     assert res["steps"] == STEPS and res["median_step_s"] > 0

@@ -49,12 +49,12 @@ def fsdp_dp2_config(folder, out) -> RunConfig:
 def test_trains_two_steps_on_dask_dp2_fsdp_and_exports(
     model_type, tmp_path, prefect_harness, dask_cluster
 ):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
     from transformers import AutoModelForCausalLM
 
     folder = write_tiny_folder(model_type, tmp_path / "model")
     cfg = fsdp_dp2_config(folder, tmp_path)
-    s = run_train(cfg, progress=False, _cluster=dask_cluster, _with_extra=True)
+    s = train_on(dask_cluster, cfg, progress=False)
     assert s["steps"] == 2
     (group,) = s["layout"]
     assert s["layout"][group]["dp"] == 2 and s["layout"][group]["fsdp"]

@@ -149,10 +149,10 @@ def test_a_tiny_qwen3_moe_learns_the_builtin_task(warmed_moe, tmp_path):
 def test_a_tiny_qwen3_moe_learns_on_dask_dp2(warmed_moe, tmp_path, prefect_harness, dask_cluster):
     """Prefect + Dask, two data-parallel ranks (the default plan of 2 devices). Measured
     2026-12-05: 0.406 -> 0.484 in 39 s."""
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
     cfg = rl_config(warmed_moe, tmp_path / "out", **{"cluster.num_devices": 2})
-    s = run_train(cfg, progress=False, _cluster=dask_cluster, _with_extra=True)
+    s = train_on(dask_cluster, cfg, progress=False)
     (group,) = s["layout"]
     assert s["layout"][group]["dp"] == 2
     check_learned(s, tmp_path / "out")

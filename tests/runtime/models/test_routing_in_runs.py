@@ -151,7 +151,7 @@ def test_dask_run_with_generation_and_training_apart_replays(
 ):
     """Prefect + Dask, generation on device 0 and training on device 1: the routes cross
     ranks with the batch and the trainer replays them."""
-    from rpeg.flows.train import run_train
+    from rpeg.flows.seam import train_on
 
     from tests.runtime.models.test_models_distributed import fsdp_dp2_config
 
@@ -175,7 +175,7 @@ def test_dask_run_with_generation_and_training_apart_replays(
             "plan.units": units,
         }
     )
-    s = run_train(cfg, progress=False, _cluster=dask_cluster, _with_extra=True)
+    s = train_on(dask_cluster, cfg, progress=False)
     gen = [g for g, v in s["layout"].items() if v["devices"] == [0]]
     train = [g for g, v in s["layout"].items() if v["devices"] == [1]]
     assert gen and train  # generation and training in different groups
