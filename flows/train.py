@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -317,13 +317,20 @@ def rl_train(
     )
     _artifacts("publish_results", s, cfg.runtime.output_dir)
     s.pop("_extra", None)
-    _FINISHED[threading.get_ident()] = s  # a sync flow runs in its caller's thread
+    _body_finished(s)
     return s
 
 
-#: the summary of the flow body that returned last, by thread (run_train takes its own back
-#: when Prefect could not record the flow run's final state)
-_FINISHED: dict[int, dict[str, Any]] = {}
+#: where the flow body that returns puts its summary for :func:`_finished_despite_api` (a
+#: list set for that call only: a sync flow runs in its caller's thread and context)
+_BODY_DONE: ContextVar[list[dict[str, Any]] | None] = ContextVar("rpeg_body_done", default=None)
+
+
+def _body_finished(summary: dict[str, Any]) -> None:
+    """The flow body returned ``summary`` (outputs written): told to the waiting caller."""
+    done = _BODY_DONE.get()
+    if done is not None:
+        done.append(summary)
 
 
 def _finished_despite_api(call: Any) -> dict[str, Any]:
@@ -334,12 +341,12 @@ def _finished_despite_api(call: Any) -> dict[str, Any]:
     summary were done, then ``error: ConnectError`` and exit 1 after ~60 s of retries."""
     from rpeg.flows.api_calls import unreachable
 
-    me = threading.get_ident()
-    _FINISHED.pop(me, None)
+    done: list[dict[str, Any]] = []
+    token = _BODY_DONE.set(done)
     try:
         return call()
     except Exception as exc:
-        if me not in _FINISHED or not unreachable(exc):
+        if not done or not unreachable(exc):
             raise
         logging.getLogger("rpeg.flows.train").warning(
             "training finished, but the Prefect API stopped answering (%s: %s): this flow "
@@ -347,9 +354,9 @@ def _finished_despite_api(call: Any) -> dict[str, Any]:
             type(exc).__name__,
             exc,
         )
-        return _FINISHED[me]
+        return done[-1]
     finally:
-        _FINISHED.pop(me, None)
+        _BODY_DONE.reset(token)
 
 
 def run_train(config: RunConfig, **kw: Any) -> Summary:

@@ -273,17 +273,15 @@ def test_artifact_calls_try_once_and_pause_while_the_api_does_not_answer(monkeyp
 def test_a_run_that_finished_is_not_failed_by_the_api_dying_at_its_end():
     """The flow body returned (outputs written), then Prefect could not record the final
     state: run_train returns the summary; an error before the body returned still raises."""
-    import threading
-
     import httpx
     from rpeg.flows import train as ft
 
     def finished_then_api_lost():
-        ft._FINISHED[threading.get_ident()] = {"steps": 3}
+        ft._body_finished({"steps": 3})  # what rl_train's body does when it returns
         raise httpx.ConnectError("[Errno 111] Connection refused")
 
     assert ft._finished_despite_api(finished_then_api_lost) == {"steps": 3}
-    assert not ft._FINISHED
+    assert ft._BODY_DONE.get() is None  # nothing kept after the call
 
     def lost_mid_run():
         raise httpx.ConnectError("[Errno 111] Connection refused")
@@ -292,9 +290,9 @@ def test_a_run_that_finished_is_not_failed_by_the_api_dying_at_its_end():
         ft._finished_despite_api(lost_mid_run)
 
     def other_error():
-        ft._FINISHED[threading.get_ident()] = {"steps": 3}
+        ft._body_finished({"steps": 3})
         raise ValueError("not the API")
 
     with pytest.raises(ValueError):
         ft._finished_despite_api(other_error)
-    assert not ft._FINISHED
+    assert ft._BODY_DONE.get() is None

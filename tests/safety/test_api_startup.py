@@ -56,7 +56,7 @@ def test_the_users_own_prefect_setting_is_kept(monkeypatch):
 
 
 def test_run_train_starts_the_api_before_the_flow(monkeypatch):
-    from rpeg.flows import train
+    from rpeg.flows import entry, train
 
     from rpeg.config import RunConfig
 
@@ -65,5 +65,5 @@ def test_run_train_starts_the_api_before_the_flow(monkeypatch):
         interrupts, "start_ephemeral_api", lambda log=None: calls.append("api") or True
     )
     monkeypatch.setattr(train, "_finished_despite_api", lambda body: calls.append("flow") or {})
-    train._run_checked(RunConfig(), None, False, None, False, None, None, False)
+    entry._run_distributed(RunConfig(), None, None, False)
     assert calls == ["api", "flow"]
