@@ -10,7 +10,7 @@ take the documented prior of :data:`PRIORS` and widen the row's interval
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rpeg.perf.calibration import SHIPPED, Calibration
@@ -363,6 +363,10 @@ def read_case(r: dict[str, str]) -> RowCase:
         )
         if _float(r, "spec_accept_len") is None:
             unknown.append("spec_accept_len")  # the prior (rpeg.perf.generation)
+    # LM image tokens per sample: 0 stated is a text-only run of a vision model, blank the prior
+    images = _number(r, "image_tokens")
+    if images is not None and images < 0:
+        raise Unpredictable(f"image_tokens={images:g}: must be >= 0 (blank when not published)")
     wl = Workload(
         gen_static_batch=static,
         spec_draft_tokens=drafts,
@@ -376,10 +380,18 @@ def read_case(r: dict[str, str]) -> RowCase:
         precision=prec,
         max_seq_tokens=int(max_seq) if max_seq else None,
         response_kind=kind,
-        image_tokens=_float(r, "image_tokens"),
+        image_tokens=images,
     )
     if model.vision is not None and wl.image_tokens is None:
         unknown.append("image_tokens")  # the model's prior (rpeg.perf.units)
+        if "avg_prompt_len" not in unknown:
+            # a published prompt length of a vision model already counts its images: the
+            # processor expands each image's placeholder into its LM tokens before the
+            # engine and the trainer see the prompt (Qwen2/2.5/3-VL; verl's and EasyR1's
+            # prompt_length metrics count them). The images take what the text prior leaves,
+            # at most the model's prior, and the prompt keeps its published length
+            img = min(float(model.vision.image_tokens), max(0.0, prompt - PRIORS["avg_prompt_len"]))
+            wl = replace(wl, mean_prompt_tokens=prompt - img, image_tokens=img)
     layout = RowLayout(
         gen_gpus=gen_n,
         train_gpus=train_n,
@@ -449,7 +461,11 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "max_gen_len": f"{wl.max_response_tokens}",
         "avg_gen_len": f"{prior_mean(kind, wl.max_response_tokens, calib):.0f} ({kind} prior)",
         "precision": wl.precision,
-        "image_tokens": f"{vision.image_tokens:.0f}" if vision is not None else "0",
+        "image_tokens": (
+            f"{wl.image_tokens if wl.image_tokens is not None else vision.image_tokens:.0f}"
+            if vision is not None
+            else "0"
+        ),
         "train_minibatches": f"{wl.train_minibatches}",
         "staleness": f"{case.staleness}",
         "partial_rollout": yn(case.partial),
