@@ -20,8 +20,18 @@ by its share of the global batch, a local expert's gradient is the one-process g
 the replicated (non-expert) parameters' gradients are summed over the group
 (:func:`sum_replicated_grads`). gloo runs ``all_to_all_single`` on CPU tensors.
 
-The compiled step does not run ``ep > 1`` yet (rpeg.compile refuses it by name); this module is
-the mechanism and its equivalence with one process (tests/runtime/models/test_expert_parallel.py).
+In a compiled step (``GroupSpec.ep``; rpeg.runtime.sharding.shard_roles calls
+:func:`shard_experts`) the expert-indexed parameters become DTensors ``Shard(0)`` over the rank's
+ep group of an ``("edp", "ep", "tp")`` DeviceMesh (:func:`ep_mesh`: ``ep`` consecutive dp indices
+form an ep group; ``edp = dp / ep`` groups hold the same experts), so what works on DTensors
+works on them unchanged: the meta-device build fills each rank's experts only
+(rpeg.runtime.materialize), ``full_tensor`` gathers them for weight sync, evaluation and export,
+torch.distributed.checkpoint saves them under the unsplit names and reloads them at another ep,
+the gradient norm sums them over ep, AdamW updates their local rows. FSDP2 ignores them
+(``ignored_params``: FSDP shards the non-expert parameters over dp); their gradients, the sum of
+the ep group's tokens, are summed over the ``edp`` replicas and divided by dp
+(:class:`ExpertShards`), as FSDP's reduce-scatter averages the others. Every forward of a split
+model is a collective over its ep group: decode runs in lockstep (rpeg.runtime.roles).
 """
 
 from __future__ import annotations
@@ -147,7 +157,14 @@ def _ep_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, to
     )
     x_recv = _AllToAll.apply(hidden_states[flat_tok[order]], send, recv, group)
     ones = torch.ones((x_recv.shape[0], 1), dtype=x_recv.dtype, device=x_recv.device)
-    y_recv = ep_info["forward"](self, x_recv, e_recv[:, None], ones)
+    split = ep_info.get("params", ())
+    held = {name: self._parameters[name] for name in split}
+    try:  # DTensor experts: the module's own forward on their local rows (grads flow back)
+        for name, p in held.items():
+            self._parameters[name] = p.to_local()  # type: ignore[assignment]
+        y_recv = ep_info["forward"](self, x_recv, e_recv[:, None], ones)
+    finally:
+        self._parameters.update(held)
     y = _AllToAll.apply(y_recv, recv, send, group)
     w = top_k_weights.reshape(-1)[order].to(y.dtype)
     out = torch.zeros_like(hidden_states)
@@ -169,3 +186,152 @@ def sum_replicated_grads(model: nn.Module, group: Any) -> None:
         if id(p) in split or p.grad is None:
             continue
         dist.all_reduce(p.grad, group=group)
+
+
+# --- the compiled step's expert parallelism (rpeg.runtime.sharding.shard_roles) -------------
+_MESHES: dict[tuple, Any] = {}
+
+
+def ep_mesh(layout: Any):
+    """The ``("edp", "ep", "tp")`` DeviceMesh of ``layout`` over the default process group:
+    rank ``r`` (dp index ``r // tp``) is in ep group ``(r // tp) // ep`` at ep index
+    ``(r // tp) % ep`` -- ``ep`` consecutive dp indices of the same tp index. One per layout
+    and process group (the roles of a rank share it)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if layout.pp > 1 or layout.cp > 1:
+        raise ValueError(f"expert parallelism with pp={layout.pp}, cp={layout.cp}: not run")
+    if layout.dp % layout.ep:
+        raise ValueError(f"ep={layout.ep} does not divide dp={layout.dp}")
+    key = (id(dist.group.WORLD), layout.device_type, layout.dp, layout.ep, layout.tp)
+    if key not in _MESHES:
+        shape = (layout.dp // layout.ep, layout.ep, layout.tp)
+        _MESHES[key] = init_device_mesh(
+            layout.device_type, shape, mesh_dim_names=("edp", "ep", "tp")
+        )
+    return _MESHES[key]
+
+
+def shard_experts(model: nn.Module, mesh: Any) -> list[nn.Parameter]:
+    """Split the experts of every MoE layer of ``model`` over ``mesh["ep"]`` (in place, on the
+    meta device or not): each expert-indexed parameter becomes a DTensor ``Shard(0)`` holding
+    this rank's ``E / ep`` experts, and the experts module dispatches tokens by all-to-all
+    (:func:`_ep_forward`). Returns the split parameters."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    sub = mesh["ep"]
+    ep, rank = sub.size(), sub.get_local_rank()
+    out: list[nn.Parameter] = []
+    for m in experts_modules(model):
+        if hasattr(m, EP_ATTR):
+            raise ValueError(f"{type(m).__name__} is split already")
+        e = m.num_experts
+        if e % ep:
+            raise ValueError(f"{type(m).__name__}: ep={ep} does not divide its {e} experts")
+        n = e // ep
+        names = []
+        with torch.no_grad():
+            for name, p in list(m.named_parameters(recurse=False)):
+                if isinstance(p, DTensor) or p.dim() < 1 or p.shape[0] != e:
+                    continue
+                local = p.detach()[rank * n : (rank + 1) * n]
+                local = local if local.is_meta else local.clone()
+                dt = DTensor.from_local(
+                    local, sub, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride()
+                )
+                q = nn.Parameter(dt, requires_grad=p.requires_grad)
+                m.register_parameter(name, q)
+                names.append(name)
+                out.append(q)
+        m.num_experts = n
+        info = {
+            "group": sub.get_group(),
+            "ep": ep,
+            "rank": rank,
+            "local": n,
+            "forward": type(m).forward,
+            "params": tuple(names),
+        }
+        setattr(m, EP_ATTR, info)
+        m.__class__ = _ep_class(type(m))
+    return out
+
+
+def is_split(model: Any) -> bool:
+    """Whether ``model`` has experts split over ranks (its forwards are collectives)."""
+    return isinstance(model, nn.Module) and any(hasattr(m, EP_ATTR) for m in model.modules())
+
+
+class ExpertShards:
+    """The split experts of one role and the step their gradients need before clipping:
+    each expert's gradient holds the ep group's tokens (the all-to-all's backward), each
+    rank's loss carrying ``dp`` x its share of the global batch (the dp average's
+    convention); summed over the ``edp`` groups that hold the same experts and divided by
+    ``dp`` it is the one-process gradient. The parameters are looked up when used: giving
+    a meta-built role storage (``to_empty``) replaces them."""
+
+    def __init__(self, module: nn.Module, lm: nn.Module, mesh: Any, dp: int):
+        self.module, self.lm, self.mesh, self.dp = module, lm, mesh, dp
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return split_params(self.lm)
+
+    def sync_grads(self, replicated: list[nn.Parameter]) -> list[nn.Parameter]:
+        """Sum the experts' gradients over ``edp`` and divide them by dp; returns the live
+        parameters that stand for ``replicated`` (dp replicas: every trainable parameter
+        but the experts; FSDP: none)."""
+        import torch.distributed as dist
+
+        split = self.params
+        grads = [p.grad._local_tensor for p in split if p.grad is not None]  # type: ignore[union-attr]
+        if grads and self.mesh["edp"].size() > 1:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self.mesh["edp"].get_group())
+            a = 0
+            for g in grads:
+                g.copy_(flat[a : a + g.numel()].view_as(g))
+                a += g.numel()
+        if grads:
+            torch._foreach_div_(grads, float(self.dp))
+        if not replicated:
+            return replicated
+        ids = {id(p) for p in split}
+        return [p for p in self.module.parameters() if p.requires_grad and id(p) not in ids]
+
+
+def split_params(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters of ``model``'s experts split over ep, in module order."""
+    return [
+        m._parameters[name]  # type: ignore[misc]
+        for m in model.modules()
+        if hasattr(m, EP_ATTR)
+        for name in getattr(m, EP_ATTR).get("params", ())
+    ]
+
+
+def expert_shards(module: nn.Module, lm: nn.Module, layout: Any) -> ExpertShards | None:
+    """Split ``lm``'s experts by ``layout.ep`` (:func:`shard_experts` over :func:`ep_mesh`);
+    None at ep = 1. A model without experts, or whose experts ep does not divide, is a
+    ConfigError naming the model type (:func:`ep_problems`)."""
+    if layout.ep <= 1:
+        return None
+    from rpeg.errors import ConfigError
+
+    cfg = getattr(lm, "config", None)
+    probs = ep_problems(cfg, layout.ep) if cfg is not None else []
+    if not probs and not experts_modules(lm):
+        mt = getattr(cfg, "model_type", "?")
+        probs = [_problem(f"model_type {mt!r} has no fused experts module to split at ep")]
+    if probs:
+        raise ConfigError(probs, title="the layout does not split the model's experts")
+    mesh = ep_mesh(layout)
+    shard_experts(lm, mesh)
+    return ExpertShards(module, lm, mesh, layout.dp)
+
+
+def _problem(msg: str):
+    from rpeg.errors import Problem
+
+    return Problem("plan.layout.ep", msg)

@@ -42,8 +42,9 @@ class Layout:
 
     @property
     def sharded(self) -> bool:
-        """True when the role needs DTensor/FSDP (not plain replicas)."""
-        return self.tp > 1 or (self.fsdp and self.dp > 1)
+        """True when the role needs DTensor/FSDP (not plain replicas): tp, FSDP over dp,
+        experts split over ep (rpeg.runtime.expert_parallel)."""
+        return self.tp > 1 or (self.fsdp and self.dp > 1) or self.ep > 1
 
     def dp_index(self, rank: int) -> int:
         return rank // self.replica_ranks

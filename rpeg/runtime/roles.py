@@ -311,8 +311,12 @@ class PolicyWorker:
             and lay.dp > 1
             and lay.reshard_after_forward
         )
+        from rpeg.runtime.expert_parallel import is_split
+
+        # experts split over ep (rpeg.runtime.expert_parallel): every forward is an all-to-all
+        lockstep = per_forward or is_split(model)
         if isinstance(self.engine, TorchEngine):
-            self.engine.lockstep = self.reduce if per_forward else None
+            self.engine.lockstep = self.reduce if lockstep else None
             self.engine.record_routes = self.algorithm.routing_replay != "off"
         self._release_routes()
         return nullcontext() if per_forward else gathered_blocks(model)

@@ -115,6 +115,7 @@ def apply_fsdp(
     extra_roots: Iterable[nn.Module] = (),
     unit_bytes: int | None = None,
     mp_policy=None,
+    ignored: set[nn.Parameter] | None = None,
 ) -> None:
     """``fully_shard`` the attention and MLP of each block past :data:`FSDP_SPLIT_BYTES`
     (:func:`block_parts`), each group of decoder blocks of :func:`fsdp_units`, then ``module``
@@ -126,15 +127,21 @@ def apply_fsdp(
     the root's extra all-gather in backward cost ~5 ms of ~205 per optimizer step at
     rpeg-tiny on 4 CPU ranks. ``mp_policy``: FSDP2's ``MixedPrecisionPolicy`` of every unit
     (:func:`rpeg.runtime.precision.fsdp_policy`: bf16 gathers, fp32 gradient reduction; None:
-    everything in the parameters' dtype)."""
+    everything in the parameters' dtype). ``ignored``: parameters FSDP leaves alone (experts
+    split over ep: rpeg.runtime.expert_parallel); a part holding only those is no unit."""
     from torch.distributed.fsdp import fully_shard
 
     from rpeg.runtime.pair_channel import use_pair_comms
 
     units = [u if len(u) > 1 else u[0] for u in fsdp_units(decoder_layers(module), unit_bytes)]
     parts = [p for u in units if not isinstance(u, list) for p in block_parts(u)]
+    if ignored:
+        skip = {id(q) for q in ignored}
+        parts = [p for p in parts if any(id(q) not in skip for q in p.parameters())]
     for m in [*parts, *units, module, *extra_roots]:
-        kw = {} if mp_policy is None else {"mp_policy": mp_policy}
+        kw: dict[str, Any] = {} if mp_policy is None else {"mp_policy": mp_policy}
+        if ignored:
+            kw["ignored_params"] = ignored
         fully_shard(m, mesh=dp_mesh, reshard_after_forward=True, **kw)
         use_pair_comms(m[0] if isinstance(m, list) else m, dp_mesh)
 
@@ -200,6 +207,7 @@ class Shards:
     mesh: Any = None
     replicated: list[nn.Parameter] = field(default_factory=list)
     tp_split: nn.Module | None = None  # the tp-split LM (its LoRA factors' partial grads)
+    experts: Any = None  # experts split over ep (rpeg.runtime.expert_parallel.ExpertShards)
 
     @property
     def dp_group(self):
@@ -212,6 +220,8 @@ class Shards:
         fixed cost (gloo over loopback: ~0.3 ms) paid once per bucket (DDP's bucketing, Li
         et al. 2020, arXiv:2006.15704). First the LoRA tp sums (:attr:`tp_split`)."""
         sum_partial_grads(self.tp_split)
+        if self.experts is not None:  # summed over their replicas, / dp; the live replicas
+            self.replicated = self.experts.sync_grads(self.replicated)
         if self.layout.dp <= 1 or not self.replicated:
             return
         import torch.distributed as dist
@@ -328,14 +338,23 @@ def shard_roles(
         if probs:
             raise ConfigError(probs, title="the layout does not divide the model")
         apply_tensor_parallel(lm, mesh["tp"])
+    from rpeg.runtime.expert_parallel import expert_shards
+
+    experts = expert_shards(module, lm, layout)  # ep > 1: each rank's experts, all-to-all dispatch
+    split = set(experts.params) if experts is not None else set()
+    split_ids = {id(p) for p in split}
     replicated: list[nn.Parameter] = []
     if layout.fsdp and layout.dp > 1:
         apply_fsdp(
-            lm, mesh["dp"], extra_roots=heads, mp_policy=fsdp_policy(torch_dtype(layout.dtype))
+            lm,
+            mesh["dp"],
+            extra_roots=heads,
+            mp_policy=fsdp_policy(torch_dtype(layout.dtype)),
+            ignored=split,
         )
     else:
-        replicated = [p for p in module.parameters() if p.requires_grad]
-    return Shards(layout, mesh, replicated, lm if layout.tp > 1 else None)
+        replicated = [p for p in module.parameters() if p.requires_grad and id(p) not in split_ids]
+    return Shards(layout, mesh, replicated, lm if layout.tp > 1 else None, experts)
 
 
 # --- full weights in and out ---------------------------------------------------------------

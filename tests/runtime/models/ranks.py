@@ -138,3 +138,76 @@ def ep_case(rank: int, model_type: str) -> dict:
         n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in lm.named_parameters()
     }
     return {"logits": logits, "grads": {n: g.detach().clone() for n, g in grads.items()}}
+
+
+# --- the compiled step's path: PolicyWorker.apply_layout at ep > 1 -----------------------
+def ep_policy(model_type: str, layout=None, *, meta: bool = False):
+    """A tiny MoE PolicyWorker (sharding_cases' config), laid out at ``layout`` over the
+    world group (None: one process, whole); ``meta``: built on the meta device and filled
+    with this rank's shards only (rpeg.runtime.materialize)."""
+    from rpeg.runtime.materialize import ModuleSource, meta_causal_lm
+    from rpeg.runtime.mesh import build_mesh
+    from rpeg.runtime.parallel import LOCAL, process_group_reduce
+    from rpeg.runtime.tokenizer import build_char_tokenizer
+    from tests.runtime import sharding_cases as SC
+
+    lm, source = model(model_type, router_aux_loss_coef=0.0), None  # aux: per-rank, nonlinear
+    if meta:
+        lm, source = meta_causal_lm(lm.config, torch.float32), ModuleSource(lm)
+    w = SC.policy(SC.config(), lm, build_char_tokenizer())
+    if layout is not None:
+        mesh = build_mesh(layout)
+        reduce = process_group_reduce(mesh.get_group("dp")) if layout.dp > 1 else LOCAL
+        w.apply_layout(layout, mesh, reduce, source=source, device=torch.device("cpu"))
+    return w
+
+
+def ep_step(w, rows, step: int = 0) -> dict:
+    """One train step of ``w`` on ``rows`` of sharding_cases' batch ``step``: its metrics, the
+    log-probs before it, the full weights after and the greedy decode of two prompts."""
+    from rpeg.runtime.sharding import full_state_dict
+    from tests.runtime import sharding_cases as SC
+
+    b = SC.with_old_logprobs(SC.batch(step).select(rows), w)
+    m = w.train_step(b)
+    return {"metrics": m, "logprobs": b.old_logprobs, "weights": full_state_dict(w.module)}
+
+
+EP_PROMPTS = ([[1, 5, 9, 14], [1, 22, 7]], [[1, 3, 3, 8, 40]])
+
+
+def ep_reference_steps(model_type: str, steps: int = 1) -> tuple[list[dict], list]:
+    """One process: ``steps`` train steps on the whole batch, then the greedy decodes."""
+    from tests.runtime import sharding_cases as SC
+
+    w = ep_policy(model_type)
+    first = ep_step(w, list(range(8)), 0)
+    tokens = [SC.greedy(w, EP_PROMPTS[r], cap=(6, 3)[r]) for r in (0, 1)]
+    return [first] + [ep_step(w, list(range(8)), s) for s in range(1, steps)], tokens
+
+
+def ep_layout_case(
+    rank: int, model_type: str, layout: dict, resume: dict | None = None, url: str = ""
+) -> dict:
+    """Step 0 at ``layout`` (built on meta, filled with this rank's experts); with ``resume``:
+    save the shards, a fresh worker at ``resume`` loads them and runs step 1."""
+    from rpeg.runtime.actors import shard_checkpoint as SCK
+    from rpeg.runtime.mesh import Layout
+    from rpeg.runtime.sharding import param_bytes_full, param_bytes_local
+    from tests.runtime import sharding_cases as SC
+
+    lay = Layout(**layout)
+    w = ep_policy(model_type, lay, meta=True)
+    out = {"local": param_bytes_local(w.module), "full": param_bytes_full(w.module)}
+    out["steps"] = [ep_step(w, SC.rows_of(lay.dp_index(rank), lay.dp))]
+    # rank 0 decodes 2 rows for 6 tokens, rank 1 one row for 3: lockstep over the all-to-alls
+    out["tokens"] = SC.greedy(w, EP_PROMPTS[rank], cap=(6, 3)[rank])
+    if resume is not None:
+        SCK.save_shards(url, SCK.worker_roles(actor=w), SCK.worker_extras(actor=w))
+        del w
+        lay2 = Layout(**resume)
+        v = ep_policy(model_type, lay2, meta=True)
+        ext = SCK.load_shards(url, SCK.worker_roles(actor=v), SCK.worker_extras(actor=v))
+        SCK.restore_extras(ext, actor=v)
+        out["steps"].append(ep_step(v, SC.rows_of(lay2.dp_index(rank), lay2.dp), 1))
+    return out

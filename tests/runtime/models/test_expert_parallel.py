@@ -31,3 +31,54 @@ def test_ep2_equals_one_process(model_type, port):
             torch.testing.assert_close(out[1]["grads"][n], got, atol=0, rtol=0, msg=n)
         torch.testing.assert_close(got, g, atol=1e-5, rtol=1e-4, msg=n)
     assert len(split) >= 4  # 2 MoE layers x (gate_up, down): every rank held half the experts
+
+
+TOL = 1e-5
+
+
+def _same_step(got: list[dict], ref: dict) -> None:
+    """Two dp ranks' metrics of one step (the losses are each rank's share: their mean is the
+    global loss; the gradient norm is global) and rank 0's full weights after it."""
+    for key in ("pg_loss", "kl", "entropy"):
+        mean = sum(g["metrics"][key] for g in got) / len(got)
+        assert mean == pytest.approx(ref["metrics"][key], abs=TOL), key
+    for g in got:
+        assert g["metrics"]["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], abs=TOL)
+    assert set(got[0]["weights"]) == set(ref["weights"])  # the unsplit names
+    for k, v in ref["weights"].items():
+        torch.testing.assert_close(got[0]["weights"][k], v, atol=TOL, rtol=0, msg=k)
+
+
+def test_ep2_fsdp_rank_path_equals_one_process_and_resumes_at_ep1(tmp_path):
+    """The compiled step's path (PolicyWorker.apply_layout: rpeg.runtime.sharding.shard_roles
+    -> expert_parallel.expert_shards): fsdp dp=2 x ep=2, built on the meta device with each
+    rank's experts only; one GRPO step gives the one-process losses, gradient norm and weights
+    (1e-5); greedy decode with different row counts and lengths per rank (lockstep over the
+    all-to-alls) gives one process's tokens; the DCP checkpoint (unsplit names) resumes at
+    ep=1 (fsdp dp=2) with the one-process second step."""
+    ref, tokens = ranks.ep_reference_steps("qwen3_moe", steps=2)
+    out = ranks.spawn(
+        2,
+        "ep_layout_case",
+        29837,
+        model_type="qwen3_moe",
+        layout={"dp": 2, "ep": 2, "fsdp": True},
+        resume={"dp": 2, "fsdp": True},
+        url=str(tmp_path / "ck"),
+    )
+    for step in (0, 1):
+        _same_step([out[r]["steps"][step] for r in (0, 1)], ref[step])
+    for r in (0, 1):
+        assert out[r]["tokens"] == tokens[r]
+        assert out[r]["local"] <= 0.55 * out[r]["full"]  # FSDP halves the rest, ep the experts
+
+
+def test_ep2_replicas_rank_path_equals_one_process():
+    """dp=2 replicas x ep=2 (no FSDP): the non-expert gradients averaged over dp, the experts'
+    summed over their ep group; a rank holds half the experts and the rest whole."""
+    ref, tokens = ranks.ep_reference_steps("mixtral", steps=1)
+    out = ranks.spawn(2, "ep_layout_case", 29839, model_type="mixtral", layout={"dp": 2, "ep": 2})
+    _same_step([out[r]["steps"][0] for r in (0, 1)], ref[0])
+    for r in (0, 1):
+        assert out[r]["tokens"] == tokens[r]
+        assert 0.55 * out[r]["full"] < out[r]["local"] < 0.8 * out[r]["full"]
