@@ -6,7 +6,7 @@ Python :func:`rl_train`, config as a dict). Deployments run the same entry from 
 Prefect drives, Dask executes: the flow compiles the plan, validates everything (devices,
 roles, checkpoint URL) *before* any actor starts, brings up the cluster and one actor per
 rank, then executes the instructions of the step scheduler
-(:mod:`rpeg.runtime.actors.scheduler`: which unit, rollout, take, weight sync or checkpoint
+(:mod:`rpeg.runtime.step.scheduler`: which unit, rollout, take, weight sync or checkpoint
 comes next) -- units as direct calls, rollouts, weight syncs, checkpoints and evaluations
 as thin Prefect tasks (``rpeg.tasks.dispatch`` says why) -- and feeds each result back as
 an event; it decides nothing itself. A lost worker is a ``Recover`` instruction: the flow re-creates the actors
@@ -49,8 +49,8 @@ log = logging.getLogger("rpeg.flows.train")
 def _outcome(ins: Any, fut: Any) -> Any:
     """The event of a finished task: its result, or a lost worker / out-of-memory (by the
     exception's type); any other error is raised as it is."""
-    from rpeg.runtime.actors import step_messages as M
     from rpeg.runtime.actors.failures import classify
+    from rpeg.runtime.step import messages as M
 
     try:
         res = fut.result()
@@ -78,7 +78,7 @@ def _drive(run: Any, sched: Any, event: Any, sink: _Sink, hook: Any) -> Any:
     from rpeg.tasks import submit
     from rpeg.tasks.dispatch import Inline
 
-    from rpeg.runtime.actors import step_messages as M
+    from rpeg.runtime.step import messages as M
 
     finished: queue.Queue = queue.Queue()
     running: dict[Any, Any] = {}  # future -> instruction
@@ -172,10 +172,10 @@ def _train(
     a lost worker is a Recover instruction, answered by re-creating the actors from the last
     checkpoint (``run.recover``) and driving on. ``compiled``: the step already compiled and
     checked for ``config`` (rpeg.preflight.prepare), else it is compiled here."""
-    from rpeg.runtime.actors import scheduler as S
-    from rpeg.runtime.actors import step_messages as M
     from rpeg.runtime.actors.driver import DistributedRun
     from rpeg.runtime.actors.failures import start_with_retries
+    from rpeg.runtime.step import messages as M
+    from rpeg.runtime.step import scheduler as S
 
     t_start = time.perf_counter()
     c, compiled, cl, owned = _setup(config, cluster_address, resume, cluster, progress, compiled)
@@ -265,7 +265,7 @@ def _finish(
     )
     summary.update(run.summary_extras(hist))
     # lost workers this call recovered from, and the samples they made it generate again
-    # (begun before the loss, not in the checkpoint: rpeg.runtime.actors.regeneration)
+    # (begun before the loss, not in the checkpoint: rpeg.runtime.step.regeneration)
     summary["recoveries"] = sched.recoveries
     summary["regenerated_samples"] = sched.regenerated_samples
     now = {

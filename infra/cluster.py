@@ -88,7 +88,7 @@ def configure_dask(torch_threads: int = 1, *, profile: bool = False) -> None:
             # once, but the new process registers only after its imports (torch): 5-20 s on
             # a loaded 2-core machine. At "5s" every replacement that took longer was
             # closed -- issue 28's "1 of 1 listed workers answer, 4 expected" at k=1. The
-            # run's recovery has its own deadline (rpeg.runtime.actors.recovery).
+            # run's recovery has its own deadline (rpeg.runtime.step.recovery).
             "distributed.deploy.lost-worker-timeout": LOST_WORKER_TIMEOUT,
             "distributed.scheduler.allowed-failures": 0,
             "distributed.worker.memory.terminate": False,
@@ -226,7 +226,7 @@ class Cluster:
     def end_processes(self, addrs: list[str]) -> None:
         """End these workers' processes at once (``os._exit``, run on each worker's event
         loop, which answers even while its actor thread is blocked in a collective); their
-        nannies start fresh ones (rpeg.runtime.actors.recovery says why not
+        nannies start fresh ones (rpeg.runtime.step.recovery says why not
         ``restart_workers``)."""
         with contextlib.suppress(Exception):
             self.client.run(_end_process, workers=list(addrs), wait=False)

@@ -6,7 +6,7 @@ being the job's name; a job of W workers expects them as ``<name>-0`` .. ``<name
 (its ``--nworkers W`` naming). Here each task takes ``<name>-<SLURM_LOCALID>`` (``<name>``
 alone when the job has one worker: ``RPEG_SLURM_WORKERS_PER_NODE``), so names order by
 (job = node, local GPU), and starts ``dask worker`` with a nanny (it restarts a killed
-worker process; rpeg.runtime.actors.recovery relies on it).
+worker process; rpeg.runtime.step.recovery relies on it).
 
 With ``--gpus-per-task=1`` and Slurm's device cgroup every task sees its GPU as index 0
 (``CUDA_VISIBLE_DEVICES=0`` in every task): the same list on every worker of a node, which

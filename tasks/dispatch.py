@@ -1,7 +1,7 @@
 """Which step-scheduler instruction runs how: as a Prefect task run or as a direct call.
 
 :func:`submit` is the one table from an instruction of
-:mod:`rpeg.runtime.actors.scheduler` (those that report back with an event) to what carries
+:mod:`rpeg.runtime.step.scheduler` (those that report back with an event) to what carries
 it out; the flow calls it for every such instruction and knows no task by name.
 
 Execution units (``RunUnit``) and ``Take`` run as *direct* calls into the driver on the
@@ -31,7 +31,7 @@ from rpeg.tasks.unit_tasks import (
     take_task,
 )
 
-from rpeg.runtime.actors import step_messages as M
+from rpeg.runtime.step import messages as M
 
 #: instructions executed as direct driver calls when the flow gives a pool
 DIRECT = (M.RunUnit, M.Take)

@@ -1,7 +1,7 @@
 """Thin Prefect tasks: each is one call into the driver (which calls the actors).
 
 They run on Prefect's default (thread) task runner in the flow process; caching is off
-(their inputs are live handles); the step scheduler (rpeg.runtime.actors.scheduler) decides
+(their inputs are live handles); the step scheduler (rpeg.runtime.step.scheduler) decides
 what runs when and what a failure means (a lost worker rolls the run back to its last
 checkpoint), and ``rpeg.tasks.dispatch.submit`` maps its instructions to these tasks.
 """

@@ -11,11 +11,11 @@ from rpeg.compile.step import (
     BACKENDS,
     DTYPES,
     FORWARD_KINDS,
-    PP_SCHEDULES,
     SUPPORTED_ROLES,
     CompiledStep,
 )
 from rpeg.errors import ConfigError, Problem
+from rpeg.plan.schema import PP_SCHEDULES
 from rpeg.search.space import UNSUPPORTED_DEGREES
 
 REFUSED = "plan refused before any actor starts"

@@ -17,8 +17,7 @@ import yaml
 
 from rpeg.errors import ConfigError, Problem
 from rpeg.ir import StageKind
-from rpeg.plan.schema import DEFAULT_PP_SCHEDULE as DEFAULT_PP_SCHEDULE  # re-exported
-from rpeg.plan.schema import PP_SCHEDULES as PP_SCHEDULES
+from rpeg.plan.schema import DEFAULT_PP_SCHEDULE
 
 SUPPORTED_ROLES = ("actor", "reference", "critic")
 ROLLOUT_KINDS = frozenset({StageKind.generate, StageKind.reward})

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rpeg.compile.step import DEFAULT_DEVICE_TYPE, DEFAULT_DTYPE, DEFAULT_PP_SCHEDULE, GroupSpec
+from rpeg.compile.step import DEFAULT_DEVICE_TYPE, DEFAULT_DTYPE, GroupSpec
 from rpeg.errors import ConfigError, Problem
+from rpeg.plan.schema import DEFAULT_PP_SCHEDULE
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,9 @@ import torch.distributed as dist
 from torch import nn
 
 # the schedules :class:`Pipeline` runs (the plan's / unit's ``pp_schedule``), named once
-from rpeg.compile.step import DEFAULT_DEVICE_TYPE, DEFAULT_PP_SCHEDULE, PP_SCHEDULES
+from rpeg.compile.step import DEFAULT_DEVICE_TYPE
 from rpeg.errors import ConfigError, Problem
+from rpeg.plan.schema import DEFAULT_PP_SCHEDULE, PP_SCHEDULES
 
 #: model chunks per pipeline rank under ``interleaved_1f1b`` (Megatron's virtual stages)
 INTERLEAVED_CHUNKS = 2

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from rpeg.config import RunConfig
-from rpeg.runtime.actors import step_messages as M
+from rpeg.runtime.step import messages as M
 from tests.firstday.conftest import run_yaml
 from tests.runtime.actors.test_scheduler import K1, SYNC, Sim, make
 

@@ -85,8 +85,8 @@ def with_old_logprobs(b, worker):
 
 def compute_dtype(cfg) -> torch.dtype:
     """The compute dtype of ``cfg.workload.precision`` on the CPU (rpeg.runtime.precision)."""
-    from rpeg.runtime.model_io import torch_dtype
     from rpeg.compile.layouts import compute_dtype_name
+    from rpeg.runtime.model_io import torch_dtype
 
     return torch_dtype(compute_dtype_name(cfg.workload.precision, "cpu"))
 

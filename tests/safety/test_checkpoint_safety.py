@@ -317,3 +317,22 @@ def test_a_moved_model_folder_resumes_another_architecture_does_not(tmp_path):
     assert check_resumable(rt, moved) == []
     (p,) = check_resumable(rt, other)
     assert p.where == "model" and "policy num_hidden_layers=4 (this config: 2)" in p.what
+
+
+def test_a_state_file_from_before_the_step_package_moved_still_loads():
+    """Checkpoints written when the staleness buffer lived in rpeg.runtime.actors name its
+    classes there; they resume (rpeg.runtime.actors.state_file.MOVED_MODULES)."""
+    from safetensors.torch import load, save
+
+    from rpeg.runtime.actors import state_file as SF
+    from rpeg.runtime.step.staleness import Sample
+
+    data = SF.dumps({"buffer": [Sample(3, 1, "x")]})
+    meta = SF.header_metadata(data)
+    tree = meta[SF._TREE].replace("rpeg.runtime.step.staleness:", "rpeg.runtime.actors.staleness:")
+    assert "rpeg.runtime.actors.staleness:Sample" in tree
+    old = save(load(bytes(data)), metadata={**meta, SF._TREE: tree})
+    assert SF.loads(old) == {"buffer": [Sample(3, 1, "x")]}
+    bad = tree.replace("rpeg.runtime.actors.staleness:", "rpeg.runtime.actors.nothing:")
+    with pytest.raises(SF.StateFileError, match="unknown class"):
+        SF.loads(save(load(bytes(data)), metadata={**meta, SF._TREE: bad}))

@@ -1,7 +1,7 @@
 """The driver: the data of a run on its actor groups (which ranks hold which step's rows,
 in-flight rollouts, prompts drawn per step), weight sync, checkpoints and the measured
 timeline. Prefect tasks (``rpeg.tasks``) are thin calls into this object; it decides nothing
-about the order of work: the step scheduler (:mod:`rpeg.runtime.actors.scheduler`) does, and
+about the order of work: the step scheduler (:mod:`rpeg.runtime.step.scheduler`) does, and
 the flow (``rpeg.flows.train``) executes its instructions.
 
 Cohesive pieces it is made of: :class:`rpeg.runtime.actors.lifecycle.ActorSet` (start,

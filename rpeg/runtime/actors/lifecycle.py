@@ -154,13 +154,13 @@ class ActorSet:
 
     # ---------------------------------------------------------------- recovery
     def abandon(self, timeout_s: float = 90.0, failed_groups: frozenset[str] = frozenset()) -> None:
-        """After a lost worker: the recovery state machine (rpeg.runtime.actors.recovery)
+        """After a lost worker: the recovery state machine (rpeg.runtime.step.recovery)
         decides which survivors are kept (their actors closed, the process stays) and which
         are ended (they share a collective with a broken rank: the process exits, its nanny
         starts a fresh one), waits for the cluster to be whole again and keeps the workers
         to start the actors on (:meth:`recreate`). ``failed_groups``: groups whose
         collective broke (every rank's process may answer: a timed-out collective)."""
-        from rpeg.runtime.actors import recovery as R
+        from rpeg.runtime.step import recovery as R
 
         need = max(self.compiled.num_devices, 1)
         expect = max(self.n_workers or need, need)

@@ -3,7 +3,7 @@
 * :func:`collective_timeout_s` -- how long a rank waits at a collective (the process
   groups' ``timeout``), below.
 * :func:`unit_memory_gib` -- the predicted peak memory per device of every execution unit,
-  named when a unit runs out of memory (rpeg.runtime.actors.scheduler).
+  named when a unit runs out of memory (rpeg.runtime.step.scheduler).
 
 Collective timeouts:
 

@@ -186,8 +186,24 @@ def _tensor(ts: dict[str, Any], name: Any) -> Any:
     return ts[name]
 
 
+#: modules whose dataclasses state files of earlier versions name, and where they live now
+MOVED_MODULES = {
+    f"rpeg.runtime.actors.{old}": f"rpeg.runtime.step.{new}"
+    for old, new in (
+        ("scheduler", "scheduler"),
+        ("scheduler_invariants", "invariants"),
+        ("staleness", "staleness"),
+        ("recovery", "recovery"),
+        ("step_messages", "messages"),
+        ("step_plan", "plan"),
+        ("regeneration", "regeneration"),
+    )
+}
+
+
 def _dataclass(ref: str, fields: dict[str, Any]) -> Any:
     mod, _, qual = str(ref).partition(":")
+    mod = MOVED_MODULES.get(mod, mod)
     if not mod.startswith(_DATACLASS_PREFIX) or not qual:
         raise StateFileError(
             f"refusing class {ref!r}: state files hold {_DATACLASS_PREFIX}* dataclasses only"

@@ -92,9 +92,9 @@ def arrives_by_take(compiled: Any, task: Any, dep: Any) -> bool:
 
 def step_chains(compiled: Any) -> list[tuple[str, ...]]:
     """The chains of a compiled step's units that the step scheduler issues
-    (:class:`rpeg.runtime.actors.step_plan.StepPlan`; an async plan's rollout units run
+    (:class:`rpeg.runtime.step.plan.StepPlan`; an async plan's rollout units run
     inside its rollouts and are not among them)."""
-    from rpeg.runtime.actors.step_plan import StepPlan
+    from rpeg.runtime.step.plan import StepPlan
 
     units = []
     for u in StepPlan.from_compiled(compiled).units:

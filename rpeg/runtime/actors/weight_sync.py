@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from rpeg.compile.step import DEFAULT_BUCKET_BYTES
-from rpeg.runtime.actors.staleness import within_bound
+from rpeg.runtime.step.staleness import within_bound
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def refresh_lagging_engine(actor: Any, residency: Any, k: int) -> dict[str, floa
     the trainer's module only takes its version; an engine with weights of its own (a
     lagging torch copy, vLLM) gets the trainer's weights when the next step (trained at the
     trainer's version ``v``) would not be within the bound from the engine's version
-    (:func:`rpeg.runtime.actors.staleness.within_bound`). Returns the sync's metrics."""
+    (:func:`rpeg.runtime.step.staleness.within_bound`). Returns the sync's metrics."""
     from rpeg.runtime.engines.torch_engine import TorchEngine
 
     eng = actor.engine

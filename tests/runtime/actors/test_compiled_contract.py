@@ -169,7 +169,7 @@ def test_cpu_is_the_default_device_type_in_one_place():
 
 # --------------------------------------------------------------------------- one staleness rule
 def test_within_bound_by_hand():
-    from rpeg.runtime.actors.staleness import within_bound
+    from rpeg.runtime.step.staleness import within_bound
 
     # (step, generator version) -> admitted, for k = 0, 1, 2 (step - version <= k)
     table = {
@@ -184,7 +184,7 @@ def test_within_bound_by_hand():
 def test_the_async_buffer_admits_by_the_same_rule():
     """StalenessState (the async runtime's buffer): a generator holding version 0 may
     generate slots 0..k and is blocked at slot k+1 (slot s iff s - 0 <= k)."""
-    from rpeg.runtime.actors import staleness as st
+    from rpeg.runtime.step import staleness as st
 
     for k, expect in {0: "AB", 1: "AAB", 2: "AAAB"}.items():
         state = st.StalenessState(k=k, batch_size=2)

@@ -110,8 +110,8 @@ def test_staleness_bound_comes_from_the_compiled_step(tmp_path):
     weights, k=0 does not; the ranks get the same k (their colocated lag test)."""
     import dataclasses
 
-    from rpeg.runtime.actors import staleness as st
-    from rpeg.runtime.actors.step_plan import StepPlan
+    from rpeg.runtime.step import staleness as st
+    from rpeg.runtime.step.plan import StepPlan
 
     cfg = _cfg(tmp_path, **{"runtime.max_staleness": 1, "cluster.num_devices": 2})
     B = cfg.workload.samples_per_step

@@ -9,8 +9,8 @@ import pytest
 from rpeg.flows.train import _outcome
 from rpeg.tasks import dispatch
 
-from rpeg.runtime.actors import step_messages as M
 from rpeg.runtime.actors.failures import ActorLost
+from rpeg.runtime.step import messages as M
 
 
 class _Run:

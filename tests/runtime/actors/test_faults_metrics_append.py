@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from rpeg.runtime.actors.step_messages import Record
+from rpeg.runtime.step.messages import Record
 
 
 def _sink(tmp_path):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from rpeg.config import RunConfig
-from rpeg.runtime.actors import step_messages as M
 from rpeg.runtime.actors.failures import classify, first_cause
 from rpeg.runtime.actors.predicted import unit_memory_gib
+from rpeg.runtime.step import messages as M
 from tests.runtime.actors.test_scheduler import SYNC_DP, Sim, make
 
 NCCL_OOM = (

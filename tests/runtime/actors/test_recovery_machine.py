@@ -1,4 +1,4 @@
-"""The recovery state machine (rpeg.runtime.actors.recovery) on its own: which survivors are
+"""The recovery state machine (rpeg.runtime.step.recovery) on its own: which survivors are
 kept, which are ended, when the actors start again, when it gives up. Hand-built topologies
 of the layouts in configs/ (no Dask, no torch)."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from rpeg.compile import WeightSync
-from rpeg.runtime.actors import recovery as R
+from rpeg.runtime.step import recovery as R
 
 # configs/async-cpu.yaml's shape: generators g0,g1 on workers A,B; trainers t0,t1 on C,D;
 # the weight-sync group = trainer rank 0 + both generators

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from rpeg.compile import CompiledStep
-from rpeg.runtime.actors import scheduler as S
-from rpeg.runtime.actors import step_messages as M
-from rpeg.runtime.actors import step_plan as P
+from rpeg.runtime.step import messages as M
+from rpeg.runtime.step import plan as P
+from rpeg.runtime.step import scheduler as S
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -155,7 +155,7 @@ def test_sync_runs_every_unit_once_per_step_in_dependency_order(order):
 
 
 def test_units_without_a_dependency_path_are_in_flight_together():
-    U = P.UnitPlan
+    U = P.UnitWait
     plan = P.StepPlan(
         units=(U("a", ()), U("b", ()), U("c", ("a", "b"))),
         async_rollout=False,

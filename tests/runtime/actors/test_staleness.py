@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpeg.runtime.actors.staleness import (
+from rpeg.runtime.step.staleness import (
     Admit,
     Block,
     Deliver,

@@ -1,4 +1,4 @@
-"""The messages of the step scheduler (:mod:`rpeg.runtime.actors.scheduler`): the
+"""The messages of the step scheduler (:mod:`rpeg.runtime.step.scheduler`): the
 instructions it emits, the events it takes, and its two errors. Plain frozen data; an
 instruction that reports back builds its event with ``ins.done(result)``."""
 

@@ -2,12 +2,12 @@
 after every event in the tests (modelled on ``validate_state()`` of dask's worker state
 machine): steps and history, dependencies of the units run, work in flight per phase and, in
 an async run, the rollout window, versions and the staleness of every buffered sample. A
-mixin of :class:`rpeg.runtime.actors.scheduler.StepScheduler`. Pure."""
+mixin of :class:`rpeg.runtime.step.scheduler.StepScheduler`. Pure."""
 
 from __future__ import annotations
 
-from rpeg.runtime.actors import staleness as st
-from rpeg.runtime.actors.step_messages import SchedulerError
+from rpeg.runtime.step import staleness as st
+from rpeg.runtime.step.messages import SchedulerError
 
 
 class SchedulerInvariants:

@@ -11,7 +11,7 @@ from typing import Any
 
 def begun_samples(sched: Any) -> frozenset[int]:
     """Sample indices (in admission order, ``B`` per step) whose generation had begun in
-    ``sched`` (a :class:`rpeg.runtime.actors.scheduler.StepScheduler` at the loss, before
+    ``sched`` (a :class:`rpeg.runtime.step.scheduler.StepScheduler` at the loss, before
     its phase changes). Async rollouts: every admitted index but the reservations waiting
     to be reissued. Synchronous: the samples of the steps before the current one, and of
     the current one when its units were issued (phase ``step``: generation comes first)."""

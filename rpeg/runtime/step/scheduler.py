@@ -4,13 +4,13 @@ Modelled on the design of dask's ``distributed/worker_state_machine.py`` (a sans
 turns stimuli into instructions, keeps a stimulus log and checks its invariants in
 ``validate_state()``); no code of it is used. :class:`StepScheduler` decides *everything*
 about a run's order of work: which units of which step may run, when a rollout is admitted
-(through the staleness state of :mod:`rpeg.runtime.actors.staleness`), when the trainer takes
+(through the staleness state of :mod:`rpeg.runtime.step.staleness`), when the trainer takes
 its batch, when weights are synced, when to checkpoint, when to recover and when the run is
 over. The flow (``rpeg.flows.train``) executes the instructions on Prefect tasks and feeds
 each result back as an event; it decides nothing.
 
 Events (inputs) and instructions (outputs) are plain data in
-:mod:`rpeg.runtime.actors.step_messages`:
+:mod:`rpeg.runtime.step.messages`:
 
 Events (inputs)                          Instructions (outputs)
   Start(state)                             SyncWeights(version)   trainer -> generators
@@ -40,10 +40,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rpeg.runtime.actors import staleness as st
-from rpeg.runtime.actors.regeneration import begun_samples, regenerated
-from rpeg.runtime.actors.scheduler_invariants import SchedulerInvariants
-from rpeg.runtime.actors.step_messages import (
+from rpeg.runtime.step import staleness as st
+from rpeg.runtime.step.invariants import SchedulerInvariants
+from rpeg.runtime.step.messages import (
     STEP_VALIDATION,
     BatchTaken,
     BeginStep,
@@ -71,7 +70,8 @@ from rpeg.runtime.actors.step_messages import (
     WeightsSynced,
     WorkerLost,
 )
-from rpeg.runtime.actors.step_plan import StepPlan
+from rpeg.runtime.step.plan import StepPlan
+from rpeg.runtime.step.regeneration import begun_samples, regenerated
 
 STATE_FORMAT = 1
 
@@ -192,7 +192,7 @@ class StepScheduler(SchedulerInvariants):
         if fresh and self.phase != "new":
             raise SchedulerError(f"Start while {self.phase}")
         if state is not None:
-            if not fresh:  # a recovery: what it generates again (rpeg.runtime.actors.regeneration)
+            if not fresh:  # a recovery: what it generates again (rpeg.runtime.step.regeneration)
                 self.regenerated_samples += regenerated(self._begun, state, self.B)
             self.load_state_dict(state)
         self.in_flight.clear()

@@ -1,7 +1,7 @@
 """Bounded-staleness buffer between rollout and training.
 
 :class:`StalenessState` is a **pure** state machine, ``handle(event) -> [instruction]``; no
-threads, no clocks, no I/O. The step scheduler (:mod:`rpeg.runtime.actors.scheduler`) owns
+threads, no clocks, no I/O. The step scheduler (:mod:`rpeg.runtime.step.scheduler`) owns
 one and feeds it from the events of the run; every property test drives it directly.
 Nothing blocks on the buffer: the scheduler only asks for what it knows is there.
 

@@ -11,7 +11,9 @@ from rpeg.ir import StageKind
 
 
 @dataclass(frozen=True)
-class UnitPlan:
+class UnitWait:
+    """A unit the scheduler issues and the units of the same step it waits for."""
+
     name: str
     deps: tuple[str, ...]  # units of the same step that must finish first
 
@@ -20,7 +22,7 @@ class UnitPlan:
 class StepPlan:
     """What the scheduler needs of a :class:`rpeg.compile.CompiledStep` (plain data)."""
 
-    units: tuple[UnitPlan, ...]  # in topological order; async: the train-phase units
+    units: tuple[UnitWait, ...]  # in topological order; async: the train-phase units
     async_rollout: bool
     k: int
     samples_per_step: int
@@ -35,7 +37,7 @@ class StepPlan:
             tasks = list(compiled.tasks)
         names = {t.name for t in tasks}
         units = tuple(
-            UnitPlan(t.name, tuple(d for d in _waits(compiled, t) if d in names)) for t in tasks
+            UnitWait(t.name, tuple(d for d in _waits(compiled, t) if d in names)) for t in tasks
         )
         return cls(
             units=units,
