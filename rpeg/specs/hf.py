@@ -185,8 +185,18 @@ def entry_from_hf(cfg: dict[str, Any], *, kind: str = "instruct", source: str = 
     if mtp:
         e["mtp_layers"] = int(mtp)
     if vision_cfg:
+        from rpeg.specs.models import rl_image_tokens
+
         params, merge = _vision_params(vision_cfg, int(hidden or 0))
-        e["vision"] = {"params": int(params), "patch_merge": merge}
+        # one image at the RL frameworks' pixel floor, in this tower's LM tokens
+        side = int(vision_cfg.get("patch_size") or 14) * int(
+            vision_cfg.get("spatial_merge_size") or 2
+        )
+        e["vision"] = {
+            "params": int(params),
+            "patch_merge": merge,
+            "image_tokens": rl_image_tokens(side),
+        }
     if source:
         e["source"] = source
     if problems:

@@ -45,15 +45,30 @@ class LinearAttnSpec:
     conv_kernel: int = 4
 
 
+#: pixels of the image an RL recipe feeds a vision model when its data set's images are smaller:
+#: the ``min_pixels`` floor of verl's ``process_image`` and EasyR1's data config (512 x 512);
+#: the usual RL data sets' images are below it (CLEVR's 480 x 320, Geometry3K's diagrams) and
+#: are upscaled to it
+RL_IMAGE_PIXELS = 512 * 512
+
+
+def rl_image_tokens(pixels_per_token: int) -> int:
+    """LM tokens of an RL recipe's image (:data:`RL_IMAGE_PIXELS`) for a tower whose LM token
+    covers ``pixels_per_token`` pixels a side (ViT patch x spatial merge)."""
+    return round(RL_IMAGE_PIXELS / pixels_per_token**2)
+
+
 @dataclass(frozen=True)
 class VisionSpec:
     """A vision tower in front of the LM (ViT + patch merger, as in Qwen2.5-VL): its
     parameters, the ViT patches behind one LM image token (2x2 spatial merge = 4), and the
-    LM image tokens per sample assumed when a workload does not state them."""
+    LM image tokens per sample assumed when a workload does not state them (one image at the
+    RL frameworks' pixel floor: 334 for Qwen2/2.5-VL's 28-pixel LM tokens, 14-pixel patches
+    merged 2x2)."""
 
     params: int
     patch_merge: int = 4
-    image_tokens: int = 1024
+    image_tokens: int = rl_image_tokens(28)
 
 
 @dataclass(frozen=True)
@@ -349,7 +364,7 @@ def parse_models(sources: list[tuple[dict[str, Any], str]]) -> dict[str, ModelSp
                     params=vis.num("params", lo=1, hi=10**12, integer=True),
                     patch_merge=vis.num("patch_merge", lo=1, hi=64, integer=True, default=4),
                     image_tokens=vis.num(
-                        "image_tokens", lo=0, hi=10**6, integer=True, default=1024
+                        "image_tokens", lo=0, hi=10**6, integer=True, default=rl_image_tokens(28)
                     ),
                 )
                 vis.done()

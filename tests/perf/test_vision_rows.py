@@ -29,12 +29,13 @@ def _row(**cells):
 
 def test_a_published_prompt_of_a_vision_model_counts_its_images():
     prior = specs.model("qwen2.5-vl-7b-instruct").vision.image_tokens
-    case = read_case(_row(avg_prompt_len="600"))
+    assert prior == round(512 * 512 / 28**2)  # one image at the RL frameworks' pixel floor
+    case = read_case(_row(avg_prompt_len="400"))
     wl = case.workload
-    # 600 tokens published: 150 of text (the prior), 450 of images
-    assert wl.image_tokens == pytest.approx(600 - PRIORS["avg_prompt_len"])
-    assert wl.mean_prompt_tokens + wl.image_tokens == pytest.approx(600)
-    assert "image_tokens=450" in assumed_values(case)
+    # 400 tokens published: 150 of text (the prior), 250 of images
+    assert wl.image_tokens == pytest.approx(400 - PRIORS["avg_prompt_len"])
+    assert wl.mean_prompt_tokens + wl.image_tokens == pytest.approx(400)
+    assert "image_tokens=250" in assumed_values(case)
     # a long prompt: the images take at most the model's prior
     long = read_case(_row(avg_prompt_len="5000")).workload
     assert long.image_tokens == prior and long.mean_prompt_tokens == 5000 - prior
@@ -46,16 +47,18 @@ def test_a_published_prompt_of_a_vision_model_counts_its_images():
 def test_an_unpublished_prompt_takes_the_text_prior_and_the_image_prior():
     wl = read_case(_row()).workload
     assert wl.image_tokens is None and wl.mean_prompt_tokens == PRIORS["avg_prompt_len"]
+    # Qwen3-VL's LM token covers 32 pixels a side (16-pixel patches merged 2x2)
+    assert specs.model("qwen3-vl-8b-instruct").vision.image_tokens == 512 * 512 // 32**2
 
 
 def test_the_tower_runs_over_the_images_a_published_prompt_holds():
     # the same published prompt: with fewer image tokens carved out, less tower work; the
     # LM sees the same prompt either way, so only the tower's FLOPs differ
-    graph, plan, wl = row_case(_row(avg_prompt_len="600"))
+    graph, plan, wl = row_case(_row(avg_prompt_len="400"))
     carved = predict(graph, plan, wl)
-    graph, plan, wl0 = row_case(_row(avg_prompt_len="600", image_tokens="0"))
+    graph, plan, wl0 = row_case(_row(avg_prompt_len="400", image_tokens="0"))
     no_images = predict(graph, plan, wl0)
-    graph, plan, wl1 = row_case(_row(avg_prompt_len="150", image_tokens="450"))
+    graph, plan, wl1 = row_case(_row(avg_prompt_len="150", image_tokens="250"))
     same = predict(graph, plan, wl1)
     assert no_images.step_s < carved.step_s
     assert same.step_s == pytest.approx(carved.step_s, rel=1e-9)
