@@ -199,6 +199,7 @@ def group_layouts(
         g = _layout(d, kinds_of, plan, config, dev, dtype, model)
         out.append(g)
         notes += _tp_replacements(g, kinds_of, plan, problems)
+        notes += _ep_layout(g, kinds_of, plan, model, problems)
         for t in sorted({g.tp, g.gen_tp}):
             if t > 1:
                 problems += [
@@ -262,6 +263,45 @@ def _layout(
         dtype=dtype,
         backend="nccl" if dev == "cuda" else "gloo",
     )
+
+
+def _ep_layout(
+    g: GroupSpec,
+    kinds_of: dict[str, tuple[StageKind, ...]],
+    plan: Any,
+    model: Any,
+    problems: list[Problem],
+) -> list[str]:
+    """The group's ep: a problem when the runtime cannot split the model's experts at it
+    (rpeg.search.ep_rules: a dense model, a family it does not split, experts or dp ep does
+    not divide, tp/pp/cp > 1); notes for forward-only units whose own ep the group's
+    replaces (a group holds each role in one layout); a second training ep is a problem."""
+    from rpeg.search.ep_rules import ep_refusal
+
+    where = f"actor group {g.name} (units {', '.join(g.units)})"
+    _, why = ep_refusal(model, g.ep, tp=g.tp, pp=g.pp, cp=g.cp, dp=g.dp)
+    if why:
+        problems.append(Problem(where, why))
+    train, gen, lead = _lead_units(g.units, kinds_of)
+    notes = []
+    for n in g.units:
+        e = plan.units[n].ep
+        if e == g.ep or not set(kinds_of[n]) & (FORWARD_KINDS | set(TRAINABLE_KINDS)):
+            continue
+        if n in train:
+            problems.append(
+                Problem(
+                    f"plan.units.{n}.ep",
+                    f"ep={e} but the group's training unit {train[0]} has ep={g.ep}: "
+                    "two training layouts on one group",
+                )
+            )
+        else:
+            notes.append(
+                f"plan.units.{n}.ep={e}: runs at group {g.name}'s layout ep={g.ep} "
+                f"(set by {lead}; a group holds each role in one shard layout)"
+            )
+    return notes
 
 
 def _tp_replacements(

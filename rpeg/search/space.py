@@ -39,7 +39,6 @@ FUSIONS = ("none", "rollout", "forward", "rollout+forward")
 UNSUPPORTED_DEGREES = {
     "pp": "the runtime's ranks do not run pipeline stages yet (rpeg.runtime.pipeline is not wired in)",
     "cp": "the runtime's ranks do not run context parallelism yet (rpeg.runtime.context_parallel is not wired in)",
-    "ep": "the runtime has no expert parallelism (dense models only)",
 }
 
 
@@ -369,8 +368,15 @@ class SearchSpace:
             experts = m.moe.experts
             if experts % lay.ep or (n // lay.pp) % lay.ep:
                 return "divisibility"
+            if self.opt.runtime_only:  # what rpeg.runtime.expert_parallel splits
+                from rpeg.search.ep_rules import ep_refusal
+
+                dp = n // (lay.tp * lay.pp * lay.cp)
+                why, _ = ep_refusal(m, lay.ep, tp=lay.tp, pp=lay.pp, cp=lay.cp, dp=dp)
+                if why:
+                    return f"runtime: {why}"
         if self.opt.runtime_only:
-            for deg in ("pp", "cp", "ep"):
+            for deg in UNSUPPORTED_DEGREES:
                 if getattr(lay, deg) > 1:
                     return f"runtime: {deg}>1 ({UNSUPPORTED_DEGREES[deg]})"
         return ""

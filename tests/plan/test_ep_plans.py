@@ -1,0 +1,89 @@
+"""Expert parallelism in plans (issue 40 items 3 and 5): the search keeps ep > 1 for a MoE
+model the runtime splits (rpeg.search.ep_rules), such a plan compiles to a group with ``ep``,
+and ep on a dense model, a family the runtime does not split or an ep that does not divide
+the experts is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from rpeg.compile import compile_plan
+from rpeg.config import RunConfig
+from rpeg.errors import ConfigError
+
+WORKLOAD = {
+    "gpu": "h100",
+    "gpus": 16,
+    "algo": "grpo",
+    "num_prompts": 64,
+    "samples_per_prompt": 8,
+    "max_response_tokens": 4096,
+    "max_staleness": 0,
+}
+
+
+def _config(model: str) -> RunConfig:
+    return RunConfig().with_overrides(
+        {
+            "model.name": model,
+            "workload.num_prompts": 64,
+            "workload.samples_per_prompt": 8,
+            "workload.max_response_tokens": 4096,
+            "cluster.name": "dgx-h100",
+            "cluster.num_devices": 16,
+        }
+    )
+
+
+def _with_ep(plan, ep: int):
+    units = {
+        k: u.model_copy(update={"ep": ep}) if k.startswith(("train", "ref")) else u
+        for k, u in plan.units.items()
+    }
+    return plan.model_copy(update={"units": units})
+
+
+@pytest.fixture(scope="module")
+def moe_result():
+    from rpeg.search import optimize
+
+    return optimize(None, model="qwen3-30b-a3b", **WORKLOAD)
+
+
+def test_the_search_offers_ep_layouts_for_a_moe_model_and_they_compile(moe_result):
+    plans = [moe_result.best, *(moe_result.alternatives or [])]
+    ep_plans = [p for p in plans if any(u.ep > 1 for u in p.plan.units.values())]
+    assert ep_plans, "no plan with ep > 1 for qwen3-30b-a3b on 16 x h100"
+    step = compile_plan(ep_plans[0].plan, _config("qwen3-30b-a3b"), cluster_devices=16)
+    trainer = next(g for g in step.actor_groups if "actor" in g.trainable)
+    assert trainer.ep > 1 and trainer.dp % trainer.ep == 0 and trainer.tp == 1
+
+
+def test_the_search_space_keeps_ep_only_where_the_runtime_splits_experts():
+    from rpeg.search.problem import search_space
+    from rpeg.search.space import SpaceOptions
+    from tests.plan.conftest import gh200_problem
+
+    assert all(x.ep == 1 for x in search_space(gh200_problem(gpus=8)).layouts("train", 8))
+    opts = SpaceOptions(tp=(1, 2), pp=(1,), cp=(1,), engines=("fsdp",))
+    space = search_space(gh200_problem(gpus=8, model="qwen3-30b-a3b"), opts)
+    kept = space.layouts("train", 8)
+    assert {x.ep for x in kept} == {1, 2, 4, 8}
+    assert all(x.tp == 1 for x in kept if x.ep > 1)
+    reasons = space.counts.to_dict()["infeasible"]
+    assert reasons["runtime: ep>1 with tp/pp/cp>1 (ep composes with dp and FSDP only)"] > 0
+
+
+def test_ep_is_refused_by_name_on_a_dense_model_a_family_it_does_not_split_and_bad_divisors(
+    moe_result,
+):
+    from rpeg.search import optimize
+
+    dense = optimize(None, model="qwen2.5-7b", **WORKLOAD).best.plan
+    with pytest.raises(ConfigError, match="'qwen2.5-7b' has no experts to split"):
+        compile_plan(_with_ep(dense, 2), _config("qwen2.5-7b"), cluster_devices=16)
+    moe = moe_result.best.plan
+    with pytest.raises(ConfigError, match="ep=3 does not divide 'qwen3-30b-a3b''s 128 experts"):
+        compile_plan(_with_ep(moe, 3), _config("qwen3-30b-a3b"), cluster_devices=16)
+    with pytest.raises(ConfigError, match="family 'deepseek'"):
+        compile_plan(_with_ep(moe, 2), _config("deepseek-v3"), cluster_devices=16)
