@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import rpeg.tasks
     from prefect.testing.utilities import prefect_test_harness
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
     from rpeg.infra import start_cluster
     from rpeg.tasks import dispatch
 

@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--worker-memory", default="auto")
     a = ap.parse_args()
-    from rpeg.flows.train import run_train
+    from rpeg.flows.entry import train as run_train
 
     from rpeg.errors import ConfigError
     from rpeg.specs.hf import tiny_model

@@ -95,7 +95,7 @@ def _configs(path: str | None, steps: int, out: str, local_threads: int = 2):
 
 
 def split_steps(extra: dict) -> list[dict[str, float]]:
-    """Each step of a Prefect + Dask run (``rpeg.flows.seam.train_on(...)["_extra"]``)
+    """Each step of a Prefect + Dask run (``rpeg.flows.entry.train_on(...)["_extra"]``)
     split into compute and the runtime's parts (module docstring); all times in seconds."""
     offsets = {int(k): v for k, v in extra["step_offsets_s"].items()}
     calls: dict[int, list[float]] = {}  # step -> [first unit's start, last unit's end]
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--local-threads {a.local_threads!r}: a comma list of integers >= 1")
 
     from prefect.testing.utilities import prefect_test_harness
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
     from rpeg.infra import start_cluster
 
     from rpeg.runtime.local_trainer import LocalTrainer

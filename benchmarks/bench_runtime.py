@@ -129,7 +129,7 @@ def _predicted_sync_s(cfg) -> float:
 def _configs_main(a) -> dict:
     """Shipped configs as they are: single-process trainer vs Prefect + Dask, interleaved."""
     from prefect.testing.utilities import prefect_test_harness
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
     from rpeg.infra import start_cluster
 
     from rpeg.config import RunConfig
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.configs:
         return _configs_main(a)
     from prefect.testing.utilities import prefect_test_harness
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
     from rpeg.infra import start_cluster
 
     from rpeg.runtime.local_trainer import LocalTrainer

@@ -127,11 +127,11 @@ def main() -> int:
         return 0
     try:
         from prefect.testing.utilities import prefect_test_harness
-        from rpeg.flows.seam import train_on
+        from rpeg.flows.entry import train_on
         from rpeg.infra import start_cluster
     except ImportError as exc:
         print(
-            f"runtime entry rpeg.flows.seam.train_on is not available ({exc}); "
+            f"runtime entry rpeg.flows.entry.train_on is not available ({exc}); "
             "cannot measure, no numbers reported",
             file=sys.stderr,
         )

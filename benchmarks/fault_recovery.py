@@ -32,7 +32,7 @@ def main() -> None:
         os.environ["RPEG_FAULT_AT"] = f"{spec} once={out}/fired"
     from conftest import tiny_config
     from prefect.testing.utilities import prefect_test_harness
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
     from rpeg.infra import start_cluster
 
     n = int(over.pop("n_workers", 2))

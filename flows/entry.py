@@ -164,4 +164,20 @@ def _run_distributed(
     return _inner()
 
 
-__all__ = ["train"]
+def train_on(
+    cluster: Any,
+    config: RunConfig,
+    *,
+    fault_hook: Callable[[Any, int], None] | None = None,
+    **kw: Any,
+) -> Summary:
+    """``train(config, **kw)`` for tests and benchmarks (:mod:`rpeg.flows.seam`): on
+    ``cluster``, an already started one (None: a LocalCluster of its own), with
+    ``fault_hook(run, step)`` at every step's start; the summary keeps its ``_extra``."""
+    from rpeg.flows.seam import train_seam
+
+    with train_seam(cluster=cluster, fault_hook=fault_hook, keep_extra=True):
+        return train(config, **kw)
+
+
+__all__ = ["train", "train_on"]

@@ -8,9 +8,10 @@ a user never does, kept out of :func:`rpeg.flows.train.train`'s signature.
   parameter checksums) for the caller to inspect.
 
 Set for one call with :func:`train_seam` (a context variable: it holds only inside the
-``with`` block and only in this thread); :func:`train_on` is that around one run::
+``with`` block and only in this thread); :func:`rpeg.flows.entry.train_on` is that around one
+run::
 
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
     summary = train_on(cluster, config, progress=False)   # summary["_extra"]["timeline"]
 
 With any of them set, the distributed run skips the Prefect API start-up and runs its flow
@@ -62,19 +63,4 @@ def train_seam(
         _SEAM.reset(token)
 
 
-def train_on(
-    cluster: Any,
-    config: Any,
-    *,
-    fault_hook: Callable[[Any, int], None] | None = None,
-    **kw: Any,
-) -> dict[str, Any]:
-    """``train(config, **kw)`` on ``cluster`` (None: a LocalCluster of its own), the summary
-    with its ``_extra``."""
-    from rpeg.flows.entry import train
-
-    with train_seam(cluster=cluster, fault_hook=fault_hook, keep_extra=True):
-        return train(config, **kw)
-
-
-__all__ = ["TrainSeam", "current_seam", "train_on", "train_seam"]
+__all__ = ["TrainSeam", "current_seam", "train_seam"]

@@ -41,7 +41,6 @@ from rpeg.flows.run_setup import (  # noqa: E402
 from rpeg.flows.step_sink import _artifacts, _Sink  # noqa: E402
 
 from rpeg.config import RunConfig  # noqa: E402
-from rpeg.runtime.summary import Summary  # noqa: E402
 
 log = logging.getLogger("rpeg.flows.train")
 
@@ -357,11 +356,3 @@ def _finished_despite_api(call: Any) -> dict[str, Any]:
         return done[-1]
     finally:
         _BODY_DONE.reset(token)
-
-
-def run_train(config: RunConfig, **kw: Any) -> Summary:
-    """The former name of :func:`rpeg.flows.entry.train` (scripts written before issue 37);
-    the same call."""
-    from rpeg.flows.entry import train
-
-    return train(config, **kw)

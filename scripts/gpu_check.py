@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 1
 
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     from rpeg.compile import compile_plan, resolve
     from rpeg.config import RunConfig

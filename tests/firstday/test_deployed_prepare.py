@@ -106,7 +106,7 @@ def test_a_deployed_verl_run_trains_as_rpeg_train_does(user_files, tmp_path):
     """The issue's failure: the deployed flow on a verl parquet filtered out every prompt
     (max_prompt_tokens 32) after its cluster started. Now it trains, with the first step's
     reward of ``run_train`` on the same config."""
-    from rpeg.flows.train import run_train
+    from rpeg.flows.entry import train as run_train
     from rpeg.flows.train_form import train
 
     (tmp_path / "a").mkdir()

@@ -171,7 +171,7 @@ def test_the_scheduler_without_val_before_train():
 def test_a_deployment_with_engine_local_validates_every_n_steps(user_files, tmp_path):
     """The deployed flow's single-process engine (the one entry, ``train(config,
     local=True)``) follows runtime.val_every and val_before_train as --local does."""
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     cfg = _cfg(user_files, tmp_path, steps=3, val_every=2, checkpoint_url=None)
     cfg = cfg.with_overrides({"runtime.val_before_train": False})

@@ -29,7 +29,7 @@ def _cfg(tmp_path, steps):
 
 @pytest.mark.slow  # two short local runs: ~60 s on the loaded 2-core machine
 def test_metrics_are_appended_and_a_resume_adds_up(tmp_path):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     from rpeg.runtime.local_trainer import LocalTrainer
 

@@ -33,7 +33,7 @@ def test_two_nodes_tp_groups_stay_inside_a_node_over_tls(tmp_path):
     why = _why_not() or ("" if shutil.which("openssl") else "openssl is not installed")
     if why:
         pytest.skip(why)
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
     from rpeg.infra import start_cluster
 
     from rpeg.config import RunConfig

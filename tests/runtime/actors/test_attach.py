@@ -10,7 +10,7 @@ import pytest
 def test_run_attaches_to_an_existing_scheduler_and_leaves_it_up(
     tmp_path, prefect_harness, dask_cluster, make_config
 ):
-    from rpeg.flows.train import run_train
+    from rpeg.flows.entry import train as run_train
 
     cfg = make_config(tmp_path, **{"runtime.steps": 2, "cluster.num_devices": None})
     address = dask_cluster.address

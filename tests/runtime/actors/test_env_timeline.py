@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_timeline_has_the_env_stage(tmp_path, prefect_harness, dask_cluster):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     from rpeg.config import RunConfig
 

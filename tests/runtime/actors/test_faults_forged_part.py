@@ -38,7 +38,7 @@ def _forge_rank_parts(step_dir) -> list[str]:
 def test_a_forged_rank_part_falls_back_to_the_previous_checkpoint(
     tmp_path, prefect_harness, dask_cluster, make_config
 ):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     first = make_config(
         tmp_path,

@@ -77,7 +77,7 @@ _REF: dict[int, dict] = {}
 
 
 def _run(cfg, cluster):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     return train_on(cluster, cfg, progress=False)
 

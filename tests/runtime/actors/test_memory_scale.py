@@ -63,7 +63,7 @@ def fresh_cluster():
 
 
 def test_a_model_larger_than_a_worker_trains_sharded(tmp_path, prefect_harness, fresh_cluster):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     from rpeg.errors import ConfigError
     from rpeg.specs.hf import tiny_model

@@ -13,7 +13,7 @@ MISMATCH = ("logprob_mismatch_mean", "logprob_mismatch_k3", "logprob_mismatch_fr
 
 
 def _run(cfg, cluster):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     return train_on(cluster, cfg, progress=False)
 

@@ -48,7 +48,7 @@ def _samples(path):
 def test_two_generating_ranks_sample_the_single_process_transcripts(
     tmp_path, prefect_harness, dask_cluster
 ):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     from rpeg.compile import compile_plan
     from rpeg.runtime.local_trainer import LocalTrainer

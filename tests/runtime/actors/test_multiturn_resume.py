@@ -64,7 +64,7 @@ def _cfg(path, **over):
 
 
 def _run(cfg, cluster, **kw):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     return train_on(cluster, cfg, progress=False, **kw)
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(cfg, cluster, **kw):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     return train_on(cluster, cfg, progress=False, **kw)
 

@@ -79,7 +79,7 @@ def test_every_plan_the_search_can_emit_compiles(tmp_path):
 
 @pytest.mark.slow
 def test_one_step_of_every_plan_shape_runs(tmp_path, prefect_harness):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
     from rpeg.infra import start_cluster
 
     cfg = _config(tmp_path)

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 def test_ppo_trains_on_actors_like_the_local_trainer(
     tmp_path, prefect_harness, dask_cluster, make_config, shared
 ):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     from rpeg.runtime.local_trainer import LocalTrainer
 

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_replicas_write_one_copy_and_resume(tmp_path, prefect_harness, dask_cluster, make_config):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     from rpeg.runtime.actors.checkpoint import CheckpointStore
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def test_a_resumed_run_reports_its_whole_wall_time_and_timeline(
     tmp_path, prefect_harness, dask_cluster, make_config
 ):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     first = make_config(
         tmp_path,

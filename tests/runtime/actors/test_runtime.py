@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(cfg, cluster, **kw):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     return train_on(cluster, cfg, progress=False, **kw)
 
@@ -173,7 +173,7 @@ def test_worker_kill_recovers_from_the_last_checkpoint(
 
 def test_bad_input_is_refused_before_any_actor_starts(tmp_path, make_config):
     tiny_config = make_config
-    from rpeg.flows.train import run_train
+    from rpeg.flows.entry import train as run_train
 
     f = tmp_path / "file"
     f.write_text("x")

@@ -35,7 +35,7 @@ def _cfg(make_config, path, ck):
 
 
 def _run(cfg, cluster, **kw):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     return train_on(cluster, cfg, progress=False, **kw)
 

@@ -49,7 +49,7 @@ def fsdp_dp2_config(folder, out) -> RunConfig:
 def test_trains_two_steps_on_dask_dp2_fsdp_and_exports(
     model_type, tmp_path, prefect_harness, dask_cluster
 ):
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
     from transformers import AutoModelForCausalLM
 
     folder = write_tiny_folder(model_type, tmp_path / "model")

@@ -149,7 +149,7 @@ def test_a_tiny_qwen3_moe_learns_the_builtin_task(warmed_moe, tmp_path):
 def test_a_tiny_qwen3_moe_learns_on_dask_dp2(warmed_moe, tmp_path, prefect_harness, dask_cluster):
     """Prefect + Dask, two data-parallel ranks (the default plan of 2 devices). Measured
     2026-12-05: 0.406 -> 0.484 in 39 s."""
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     cfg = rl_config(warmed_moe, tmp_path / "out", **{"cluster.num_devices": 2})
     s = train_on(dask_cluster, cfg, progress=False)

@@ -151,7 +151,7 @@ def test_dask_run_with_generation_and_training_apart_replays(
 ):
     """Prefect + Dask, generation on device 0 and training on device 1: the routes cross
     ranks with the batch and the trainer replays them."""
-    from rpeg.flows.seam import train_on
+    from rpeg.flows.entry import train_on
 
     from tests.runtime.models.test_models_distributed import fsdp_dp2_config
 
