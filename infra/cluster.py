@@ -27,6 +27,8 @@ from typing import Any
 
 from rpeg.infra.network import collective_env
 
+from rpeg import defaults
+
 PRELOAD = "rpeg.runtime.actors.serializers"
 LOST_WORKER_TIMEOUT = "600s"  # configure_dask says why
 
@@ -37,7 +39,7 @@ def prefect_env() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
-def worker_environ(torch_threads: int = 1) -> dict[str, Any]:
+def worker_environ(torch_threads: int = defaults.TORCH_THREADS) -> dict[str, Any]:
     """Environment a Nanny sets before it spawns a worker process.
 
     Dask's default (``distributed.nanny.pre-spawn-environ``) includes
@@ -60,7 +62,7 @@ def worker_environ(torch_threads: int = 1) -> dict[str, Any]:
     return env
 
 
-def configure_dask(torch_threads: int = 1, *, profile: bool = False) -> None:
+def configure_dask(torch_threads: int = defaults.TORCH_THREADS, *, profile: bool = False) -> None:
     """Dask settings of the run's LocalCluster (workers inherit them). ``profile``: keep the
     workers' sampling profiler (``distributed.worker.profile``: every 10 ms, on the worker's
     event-loop thread, it walks every thread's Python stack), which only the dashboard shows.
@@ -379,9 +381,9 @@ def cuda_device_count() -> int:
 def start_cluster(
     address: str | None = None,
     *,
-    n_workers: int = 2,
-    threads_per_worker: int = 1,
-    torch_threads: int = 1,
+    n_workers: int = defaults.N_WORKERS,
+    threads_per_worker: int = defaults.THREADS_PER_WORKER,
+    torch_threads: int = defaults.TORCH_THREADS,
     memory_limit: str | int | None = None,
     dashboard: bool = False,
     dashboard_address: str | None = None,

@@ -31,6 +31,8 @@ import shlex
 import sys
 from typing import Any
 
+from rpeg import defaults
+
 #: the workers' preload (rpeg.infra.cluster.PRELOAD; this module imports nothing of it)
 PRELOAD = "rpeg.runtime.actors.serializers"
 WORKER_MODULE = "rpeg.infra.slurm_worker"
@@ -46,7 +48,7 @@ def workers_and_nodes(cc: Any, n_workers: int) -> tuple[int, int]:
     return per, nodes
 
 
-def worker_env(cc: Any, torch_threads: int = 1) -> dict[str, str]:
+def worker_env(cc: Any, torch_threads: int = defaults.TORCH_THREADS) -> dict[str, str]:
     """The environment every Slurm worker gets (exported by the job script, inherited by
     ``srun``'s tasks and the nanny's worker process)."""
     from rpeg.infra.network import collective_env
@@ -124,7 +126,7 @@ def srun_prefix(cc: Any, per_node: int) -> str:
 def job_kwargs(
     cc: Any,
     n_workers: int,
-    torch_threads: int = 1,
+    torch_threads: int = defaults.TORCH_THREADS,
     python: str | None = None,
     sec: Any = None,
 ) -> dict[str, Any]:
@@ -196,7 +198,12 @@ def _job_memory(per_worker: str | None, per: int) -> str:
     return format_bytes(parse_bytes(per_worker) * per).replace(" ", "")
 
 
-def start(cc: Any, n_workers: int, torch_threads: int = 1, direct_to_workers: bool = True):
+def start(
+    cc: Any,
+    n_workers: int,
+    torch_threads: int = defaults.TORCH_THREADS,
+    direct_to_workers: bool = True,
+):
     """Start the scheduler here and the jobs of ``n_workers`` workers; wait until they all
     joined (``cluster.slurm.start_timeout_s``). Returns (client, SLURMCluster): closing the
     SLURMCluster cancels the jobs (rpeg.infra.cluster.start_cluster wraps both)."""

@@ -38,15 +38,41 @@ UNIT_MICRO_BATCH_SIZE = 1
 ENV_LATENCY_S = 0.01  # seconds per environment call: a local tool (measure yours: env_s)
 MEAN_OBSERVATION_TOKENS = 16.0  # tokens an environment step appends (the calculator's ~19)
 
-# algorithm (rpeg.config.AlgorithmConfig; the IR recipes' Knobs)
+# algorithm (rpeg.config.AlgorithmConfig; the IR recipes' Knobs, where an algorithm's paper
+# sets some apart: DAPO's clip_high 0.28, REINFORCE++'s gae_lambda 1.0, ...)
 KL_COEF = 0.0  # no KL penalty until asked for
 LR = 1e-4
+CLIP_LOW = 0.2  # PPO ratio clip: 1 - clip_low
+CLIP_HIGH = 0.2  # PPO ratio clip: 1 + clip_high
+ENTROPY_COEF = 0.0
+GAMMA = 1.0  # PPO/GAE discount
+GAE_LAMBDA = 0.95
+VALUE_CLIP = 0.2
+MISMATCH_THRESHOLD = 0.2  # logprob_mismatch_frac_over counts tokens with |rho - 1| above this
+OVERLONG_PENALTY_TOKENS = 0  # DAPO soft overlong punishment window; 0 = none
+
+# sampling (rpeg.config.WorkloadConfig; the losses' and log-probs' temperature is the same)
+TEMPERATURE = 1.0
+
+#: a generate unit's KV-cache share of a device (vLLM's gpu_memory_utilization) where a plan
+#: does not say (``UnitPlan``, the disaggregated plan builder)
+GPU_MEMORY_UTILIZATION = 0.8
+#: the same where generation shares its devices with training (the colocated plan builder,
+#: verl's layout): the trainer's weights, gradients and optimizer state stay resident beside
+#: the engine, so the engine takes less. The one other default of the knob, and it lives here.
+COLOCATED_GPU_MEMORY_UTILIZATION = 0.6
 
 # runtime (rpeg.config.RuntimeConfig)
 MAX_STALENESS = 0  # bound k on policy-version lag: 0 = on-policy
 CHECKPOINT_EVERY = 10  # steps
 VAL_EVERY = 0  # validate every this many steps; 0 = only at the end (verl: trainer.test_freq)
 VAL_BEFORE_TRAIN = True  # validate once before the first step (verl: val_before_train)
+KEEP_LAST = 3  # complete checkpoints kept (older ones pruned)
+TORCH_THREADS = 1  # torch intra-op threads per process (each rank's worker)
+
+# cluster (rpeg.config.ClusterConfig; rpeg.infra's cluster bring-up)
+N_WORKERS = 2  # LocalCluster worker processes
+THREADS_PER_WORKER = 1
 
 # task (rpeg.config.TaskConfig)
 #: rewards by a row's data_source (verl's default_compute_score routing); keys are exact

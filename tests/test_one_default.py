@@ -25,6 +25,14 @@ Knobs that look alike but are not the same, and how they were told apart:
 * The search space's ``Structure.staleness`` is one candidate's k (the space ranges over
   ``0..SpaceOptions.max_staleness``): required, no default. ``SpaceOptions.max_staleness`` and
   the plan's and the graph's staleness are the run's bound and read ``MAX_STALENESS``.
+* A generate unit's ``gpu_memory_utilization`` (issue 37: 8 sites, 4 values) is 0.8 where a
+  plan does not say (``UnitPlan``, the disaggregated builder) and 0.6 in the colocated builder,
+  where the trainer's state stays resident beside the engine:
+  ``GPU_MEMORY_UTILIZATION`` and ``COLOCATED_GPU_MEMORY_UTILIZATION``, both in the home.
+
+Number literals given to a knob's name that are not its default are listed in
+:data:`NOT_DEFAULTS` with the reason; repeated defaults left in modules other engineers are
+changing now are listed in :data:`PENDING` (issue 37), so that any *new* one fails.
 """
 
 from __future__ import annotations
@@ -50,6 +58,47 @@ KNOBS = {
     "train_minibatches": ("train_minibatches",),
     "checkpoint_every": ("checkpoint_every",),
     "val_every": ("val_every",),
+    # issue 37: the knobs below had their default repeated (config, IR recipes, runtime
+    # functions, infra, plan builders) before they moved to the home
+    "clip_low": ("clip_low",),
+    "clip_high": ("clip_high",),
+    "entropy_coef": ("entropy_coef",),
+    "gamma": ("gamma",),
+    "gae_lambda": ("gae_lambda", "lam"),
+    "value_clip": ("value_clip",),
+    "mismatch_threshold": ("mismatch_threshold",),
+    "overlong_penalty_tokens": ("overlong_penalty_tokens",),
+    "temperature": ("temperature",),
+    "keep_last": ("keep_last",),
+    "torch_threads": ("torch_threads",),
+    "n_workers": ("n_workers",),
+    "threads_per_worker": ("threads_per_worker",),
+    "gpu_memory_utilization": ("gpu_memory_utilization",),
+}
+
+#: knobs of a plan unit, not of the run config: their schema field is in the plan schema
+PLAN_KNOBS = ("gpu_memory_utilization",)
+PLAN_SCHEMA = "rpeg/plan/schema.py"
+
+#: (path, knob, literal) -> why that number, given to one of the knob's names, is no default
+NOT_DEFAULTS = {
+    ("rpeg/ir/recipes.py", "clip_high", "0.28"): "DAPO's own clip-higher (a recipe's value)",
+    ("rpeg/runtime/model_io/value_heads.py", "keep_last", "0"): (
+        "another knob of the same name: the sequence positions a value head returns"
+    ),
+    ("infra/cluster.py", "n_workers", "-1"): "Dask's scheduler_info(n_workers=-1): all workers",
+    ("infra/slurm_cluster.py", "n_workers", "-1"): "the same Dask argument",
+}
+
+#: repeated defaults in modules other engineers are changing now (issue 37: pipeline/expert
+#: parallelism and engine tuning); to read rpeg/defaults.py when that work lands. Each entry
+#: allows that literal in that module; any other site fails.
+PENDING = {
+    ("rpeg/runtime/engines/vllm.py", "gpu_memory_utilization", "0.5"),
+    ("rpeg/search/space.py", "gpu_memory_utilization", "0.85"),
+    ("rpeg/search/baselines.py", "gpu_memory_utilization", "0.85"),
+    ("rpeg/perf/validation/solve.py", "gpu_memory_utilization", "0.8"),
+    ("rpeg/runtime/engines/base.py", "temperature", "1.0"),
 }
 
 
@@ -112,9 +161,28 @@ def _product_files() -> list[Path]:
     return sorted(f for top in PRODUCT for f in (ROOT / top).rglob("*.py"))
 
 
+def _key(site: str, knob: str) -> tuple[str, str, str]:
+    """``path:line (name=value)`` -> (path, knob, value)."""
+    path = site.split(":", 1)[0]
+    return path, knob, site.rsplit("=", 1)[1].rstrip(")")
+
+
 def test_no_knob_has_a_number_default_anywhere_but_its_home():
     sites = default_sites(_product_files(), ROOT)
-    assert {k: v for k, v in sites.items() if v} == {}
+    found = {
+        knob: [s for s in v if _key(s, knob) not in NOT_DEFAULTS and _key(s, knob) not in PENDING]
+        for knob, v in sites.items()
+    }
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_listed_exceptions_still_exist():
+    """An exception whose site is gone (moved to the home, or renamed) is removed from the
+    lists, so that the lists say what is left."""
+    sites = default_sites(_product_files(), ROOT)
+    seen = {_key(s, knob) for knob, v in sites.items() for s in v}
+    assert set(NOT_DEFAULTS) - seen == set()
+    assert PENDING - seen == set()
 
 
 def test_the_home_writes_each_knob_once_and_imports_nothing():
@@ -133,14 +201,17 @@ def test_the_home_writes_each_knob_once_and_imports_nothing():
 
 
 def _schema_fields() -> dict[str, ast.AST]:
-    """Knob -> the default expression of its field in the schema (``Field``'s first argument)."""
+    """Knob -> the default expression of its field in the schema (``Field``'s first argument):
+    the run config's sections, and the plan schema for :data:`PLAN_KNOBS`."""
     out: dict[str, ast.AST] = {}
-    for f in sorted((ROOT / SCHEMA).rglob("*.py")):
+    for f in [*sorted((ROOT / SCHEMA).rglob("*.py")), ROOT / PLAN_SCHEMA]:
+        plan = f == ROOT / PLAN_SCHEMA
         for node in ast.walk(ast.parse(f.read_text())):
             if (
                 isinstance(node, ast.AnnAssign)
                 and isinstance(node.target, ast.Name)
                 and node.target.id in KNOBS
+                and (node.target.id in PLAN_KNOBS) == plan
                 and isinstance(node.value, ast.Call)
                 and getattr(node.value.func, "id", None) == "Field"
             ):
@@ -168,6 +239,25 @@ def test_a_run_config_has_the_homes_values():
     assert (c.algorithm.kl_coef, c.optim.lr) == (0.0, 1e-4)
     assert (c.runtime.max_staleness, c.runtime.checkpoint_every) == (0, 10)
     assert c.workload.micro_batch_size == defaults.MICRO_BATCH_SIZE
+    a = c.algorithm
+    assert (a.clip_low, a.clip_high, a.entropy_coef, a.value_clip) == (0.2, 0.2, 0.0, 0.2)
+    assert (a.gamma, a.gae_lambda) == (1.0, 0.95)
+    assert (a.rollout_correction.mismatch_threshold, a.overlong_penalty_tokens) == (0.2, 0)
+    assert (c.workload.temperature, c.runtime.keep_last, c.runtime.torch_threads) == (1.0, 3, 1)
+    assert (c.cluster.n_workers, c.cluster.threads_per_worker) == (2, 1)
+
+
+def test_a_plan_units_kv_cache_share_has_the_homes_values():
+    """0.8 where a plan does not say; 0.6 in the colocated builder (the trainer's state stays
+    resident beside the engine), 0.8 in the disaggregated one."""
+    from rpeg.ir import build
+    from rpeg.plan.schema import UnitPlan, colocated_plan, disaggregated_plan
+
+    assert UnitPlan(devices="0").gpu_memory_utilization == 0.8
+    g = build("grpo")
+    col = colocated_plan(g, num_devices=2).units["generate"].gpu_memory_utilization
+    dis = disaggregated_plan(g, gen_devices=1, train_devices=1).units["generate"]
+    assert (col, dis.gpu_memory_utilization) == (0.6, 0.8)
 
 
 def test_the_ir_builders_default_to_the_configs_values():
@@ -180,6 +270,10 @@ def test_the_ir_builders_default_to_the_configs_values():
     assert g.staleness == c.runtime.max_staleness
     assert g.params["kl_coef"] == c.algorithm.kl_coef
     assert g.params["group_size"] == c.workload.samples_per_prompt
+    from rpeg.ir.recipes import KNOBS as RECIPE
+
+    for knob in ("clip_low", "clip_high", "entropy_coef", "gamma", "gae_lambda", "value_clip"):
+        assert getattr(RECIPE, knob) == getattr(c.algorithm, knob), knob
 
 
 def test_the_scan_finds_each_kind_of_default(tmp_path):

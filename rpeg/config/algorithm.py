@@ -72,7 +72,7 @@ class RolloutCorrectionConfig(Section):
         "(stale rows, recompute_old_logprobs, apply_to=all) measure every token",
     )
     mismatch_threshold: float = Field(
-        0.2,
+        defaults.MISMATCH_THRESHOLD,
         gt=0.0,
         description="logprob_mismatch_frac_over counts tokens with |rho - 1| above this",
     )
@@ -104,9 +104,13 @@ class AlgorithmConfig(Section):
         "algorithm's recipe says (rpeg.ir.recipes; none for dapo)",
     )
     kl_estimator: KLEstimator = "k3"
-    clip_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO ratio clip: 1 - clip_low")
+    clip_low: float = Field(
+        defaults.CLIP_LOW, gt=0.0, lt=1.0, description="PPO ratio clip: 1 - clip_low"
+    )
     clip_high: float = Field(
-        0.2, gt=0.0, description="PPO ratio clip: 1 + clip_high (DAPO clip-higher: 0.28)"
+        defaults.CLIP_HIGH,
+        gt=0.0,
+        description="PPO ratio clip: 1 + clip_high (DAPO clip-higher: 0.28)",
     )
     dual_clip: float | None = Field(
         None, gt=1.0, description="dual-clip bound c for negative advantages"
@@ -115,10 +119,10 @@ class AlgorithmConfig(Section):
     normalize_advantage_std: bool = Field(
         True, description="GRPO: divide by group std (False = Dr.GRPO)"
     )
-    entropy_coef: float = Field(0.0, ge=0.0)
-    gamma: float = Field(1.0, gt=0.0, le=1.0, description="PPO/GAE discount")
-    gae_lambda: float = Field(0.95, ge=0.0, le=1.0)
-    value_clip: float | None = Field(0.2, gt=0.0)
+    entropy_coef: float = Field(defaults.ENTROPY_COEF, ge=0.0)
+    gamma: float = Field(defaults.GAMMA, gt=0.0, le=1.0, description="PPO/GAE discount")
+    gae_lambda: float = Field(defaults.GAE_LAMBDA, ge=0.0, le=1.0)
+    value_clip: float | None = Field(defaults.VALUE_CLIP, gt=0.0)
     rollout_correction: RolloutCorrectionConfig = Field(
         default_factory=RolloutCorrectionConfig,
         description="off-policy correction of the rollout engine's samples (TIS, masked IS, "
@@ -128,7 +132,7 @@ class AlgorithmConfig(Section):
         False, description="DAPO: drop groups whose rewards are all equal"
     )
     overlong_penalty_tokens: int = Field(
-        0, ge=0, description="DAPO soft overlong punishment window"
+        defaults.OVERLONG_PENALTY_TOKENS, ge=0, description="DAPO soft overlong punishment window"
     )
     share_actor_critic: bool = Field(
         False, description="PPO: value head on the actor's trunk (one forward)"

@@ -111,8 +111,8 @@ class ClusterConfig(Section):
     address: str | None = Field(
         None, description="existing Dask scheduler, e.g. tcp://host:8786; None = LocalCluster"
     )
-    n_workers: int = Field(2, ge=1, description="LocalCluster worker processes")
-    threads_per_worker: int = Field(1, ge=1)
+    n_workers: int = Field(defaults.N_WORKERS, ge=1, description="LocalCluster worker processes")
+    threads_per_worker: int = Field(defaults.THREADS_PER_WORKER, ge=1)
     device_type: Literal["cpu", "cuda"] = Field(
         "cpu",
         description="LocalCluster kind: cpu = one process per device slot; cuda = dask-cuda "
@@ -240,7 +240,7 @@ class RuntimeConfig(Section):
         defaults.VAL_BEFORE_TRAIN,
         description="validate once before the first step (the 'before RL' accuracy)",
     )
-    keep_last: int = Field(3, ge=1)
+    keep_last: int = Field(defaults.KEEP_LAST, ge=1)
     resume: bool = False
     worker_stall_warn_s: float = Field(
         60.0, gt=0, description="distributed: warn when a worker has not answered a ping this long"
@@ -290,7 +290,9 @@ class RuntimeConfig(Section):
         "mlflow (MLFLOW_TRACKING_URI or sqlite <output_dir>/mlflow.db); a named one not installed is "
         "refused before start; unset = [tensorboard] when installed",
     )
-    torch_threads: int = Field(1, ge=1, description="torch intra-op threads per process")
+    torch_threads: int = Field(
+        defaults.TORCH_THREADS, ge=1, description="torch intra-op threads per process"
+    )
     cpu_binding: Literal["auto", "spread", "none"] = Field(
         "auto",
         description="distributed, CPU ranks: spread = bind each worker process of the run to "

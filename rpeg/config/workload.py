@@ -131,7 +131,7 @@ class WorkloadConfig(Section):
         "micro_batch_size when set (verl ppo_max_token_len_per_gpu; rpeg.runtime.micro_batches)",
     )
     precision: Precision = "fp32"
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = Field(defaults.TEMPERATURE, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
 

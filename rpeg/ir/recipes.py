@@ -47,17 +47,17 @@ class Knobs:
 
     use_reference: bool = True
     kl_coef: float = defaults.KL_COEF
-    clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_low: float = defaults.CLIP_LOW
+    clip_high: float = defaults.CLIP_HIGH
     dual_clip: float | None = None
     dynamic_sampling: bool = False
     overlong_buffer: int | None = None  # [overlong_penalty_tokens; 0 there = None here]
     loss_aggregation: str = "token_mean"
-    entropy_coef: float = 0.0
+    entropy_coef: float = defaults.ENTROPY_COEF
     group_size: int = defaults.SAMPLES_PER_PROMPT  # [workload.samples_per_prompt]
-    gamma: float = 1.0
-    gae_lambda: float = 0.95
-    value_clip: float | None = 0.2
+    gamma: float = defaults.GAMMA
+    gae_lambda: float = defaults.GAE_LAMBDA
+    value_clip: float | None = defaults.VALUE_CLIP
 
 
 #: the defaults every recipe shares (the config's defaults)

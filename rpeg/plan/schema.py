@@ -173,7 +173,10 @@ class UnitPlan(_Base):
     offload: bool = Field(False, description="offload this unit's state to host memory when idle")
     engine: Engine = "auto"
     gpu_memory_utilization: float = Field(
-        0.8, gt=0.0, le=1.0, description="generation: KV-cache budget share"
+        defaults.GPU_MEMORY_UTILIZATION,
+        gt=0.0,
+        le=1.0,
+        description="generation: KV-cache budget share",
     )
     seq_packing: bool = True
     reshard_after_forward: bool | Literal["auto"] = Field(
@@ -343,7 +346,7 @@ def colocated_plan(
     gen_pp: int = 1,
     micro_batch_size: int = defaults.UNIT_MICRO_BATCH_SIZE,
     recompute: bool = True,
-    gpu_memory_utilization: float = 0.6,
+    gpu_memory_utilization: float = defaults.COLOCATED_GPU_MEMORY_UTILIZATION,
     builder: str | None = None,
     builder_options: dict[str, Any] | None = None,
 ) -> Plan:
@@ -383,7 +386,7 @@ def disaggregated_plan(
     micro_batch_size: int = defaults.UNIT_MICRO_BATCH_SIZE,
     recompute: bool = True,
     partial_rollout: bool = True,
-    gpu_memory_utilization: float = 0.8,
+    gpu_memory_utilization: float = defaults.GPU_MEMORY_UTILIZATION,
     builder: str | None = None,
     builder_options: dict[str, Any] | None = None,
 ) -> Plan:

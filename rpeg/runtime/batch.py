@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from rpeg import defaults
 from rpeg.runtime.engines.torch_engine import positions_from_mask
 
 #: per-sample tensor fields: ``[B]``
@@ -84,7 +85,7 @@ class RolloutBatch:
     returns: torch.Tensor | None = None
     sample_index: torch.Tensor | None = None
     reward_parts: torch.Tensor | None = None
-    temperature: float = 1.0
+    temperature: float = defaults.TEMPERATURE
     response_attention: torch.Tensor | None = None
     data_sources: list[str] = field(default_factory=list)  # each row's data_source ([] = none)
     routes: torch.Tensor | None = None

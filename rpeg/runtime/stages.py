@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from rpeg import defaults
 from rpeg.config import AlgorithmConfig, RunConfig
 from rpeg.runtime.algorithms import masked_mean, mismatch_metrics
 from rpeg.runtime.batch import RolloutBatch
@@ -161,7 +162,7 @@ def reward_stage(
     rewards: RewardSet,
     *,
     max_response_tokens: int | None = None,
-    overlong_penalty_tokens: int = 0,
+    overlong_penalty_tokens: int = defaults.OVERLONG_PENALTY_TOKENS,
 ) -> tuple[RolloutBatch, Metrics]:
     """Score every response; a reward that raises gives 0 and is counted (``reward_errors``).
     With ``overlong_penalty_tokens = W`` > 0 (DAPO soft overlong punishment) a response longer
@@ -229,7 +230,7 @@ def old_logprob_stage(
     batch: RolloutBatch,
     *,
     recompute: bool = False,
-    mismatch_threshold: float = 0.2,
+    mismatch_threshold: float = defaults.MISMATCH_THRESHOLD,
     reduce: RankReduce = LOCAL,
 ) -> tuple[RolloutBatch, Metrics]:
     """Fill ``old_logprobs`` ``[B,R]``: the policy before this step's update.

@@ -98,7 +98,7 @@ def reinforce_pp_advantages(
     *,
     kl: torch.Tensor | None = None,
     kl_coef: float = defaults.KL_COEF,
-    gamma: float = 1.0,
+    gamma: float = defaults.GAMMA,
     reduce: RankReduce = LOCAL,
 ) -> torch.Tensor:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): token returns, then batch normalization.
@@ -125,8 +125,8 @@ def gae_advantages(
     values: torch.Tensor,
     mask: torch.Tensor,
     *,
-    gamma: float = 1.0,
-    lam: float = 0.95,
+    gamma: float = defaults.GAMMA,
+    lam: float = defaults.GAE_LAMBDA,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation (Schulman et al. 2016, arXiv:1506.02438) as in PPO-RLHF.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from rpeg import defaults
 from rpeg.runtime.algorithms.advantages import masked_mean
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
@@ -32,7 +33,7 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean") 
 
 
 def token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float = defaults.TEMPERATURE
 ) -> torch.Tensor:
     """``logits [B,T,V]``, ``labels [B,T]`` -> ``log softmax(logits/temperature)[labels]`` ``[B,T]``."""
     logits = logits.float()
@@ -41,7 +42,9 @@ def token_logprobs(
     return torch.gather(logits.log_softmax(-1), -1, labels[..., None]).squeeze(-1)
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def entropy_from_logits(
+    logits: torch.Tensor, temperature: float = defaults.TEMPERATURE
+) -> torch.Tensor:
     """``[B,T,V] -> [B,T]``: ``H = logsumexp(z) - sum softmax(z) * z``."""
     z = logits.float()
     if temperature and temperature != 1.0:
@@ -70,7 +73,7 @@ def chunked_token_logprobs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
-    temperature: float = 1.0,
+    temperature: float = defaults.TEMPERATURE,
     *,
     bias: torch.Tensor | None = None,
     with_entropy: bool = False,
@@ -150,8 +153,8 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_low: float = defaults.CLIP_LOW,
+    clip_high: float = defaults.CLIP_HIGH,
     dual_clip: float | None = None,
     aggregation: str = "token_mean",
     is_weights: torch.Tensor | None = None,
@@ -205,7 +208,7 @@ def value_loss(
     returns: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip: float | None = 0.2,
+    clip: float | None = defaults.VALUE_CLIP,
     aggregation: str = "token_mean",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss (PPO2 / OpenAI baselines): ``0.5 * max((V-R)^2, (V_clip-R)^2)`` with

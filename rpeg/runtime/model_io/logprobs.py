@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rpeg import defaults
+
 
 @dataclass
 class LogprobRequest:
@@ -22,7 +24,7 @@ class LogprobRequest:
     ``hidden [B,R+1,H]`` (post-norm hidden states, when ``capture``)."""
 
     labels: torch.Tensor | None = None
-    temperature: float = 1.0
+    temperature: float = defaults.TEMPERATURE
     with_entropy: bool = False
     entropy_grad: bool = False
     chunk_positions: int | None = None

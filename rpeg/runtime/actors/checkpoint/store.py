@@ -13,6 +13,7 @@ from typing import Any
 
 import fsspec
 
+from rpeg import defaults
 from rpeg.errors import ConfigError, Problem
 from rpeg.runtime.actors.checkpoint.finding import find_checkpoint, resolve_run_id, survey
 from rpeg.runtime.actors.checkpoint.layout import (
@@ -75,7 +76,7 @@ class CheckpointStore:
     def __init__(
         self,
         url: str,
-        keep_last: int = 3,
+        keep_last: int = defaults.KEEP_LAST,
         *,
         run_id: str | None = None,
         resume_from: str | None = None,
