@@ -167,6 +167,7 @@ def distributed_summary(
         layout[g.name] = {
             "dp": g.dp,
             "tp": g.tp,
+            "ep": g.ep,
             "fsdp": g.fsdp,
             "reshard_after_forward": g.reshard_after_forward,
             "gen_tp": g.gen_tp,

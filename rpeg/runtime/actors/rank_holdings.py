@@ -45,6 +45,7 @@ class RankHoldings:
             "rank": self.rank,
             "dp": lay.dp,
             "tp": lay.tp,
+            "ep": lay.ep,
             "fsdp": lay.fsdp,
             "dp_index": lay.dp_index(self.rank),
             "tp_index": lay.tp_index(self.rank),
