@@ -39,3 +39,30 @@ def test_no_floor_when_every_row_reads_differently_or_stands_alone():
     rows = [_scored(f"r{i}", 100.0 + i, f"inputs {i}", [100, 100]) for i in range(3)]
     assert floor(rows) == 0.0
     assert floor([_scored("x", 100.0, "x", [])]) == 0.0  # a source of one row: not scored
+
+
+def test_the_hindsight_optimum_finds_a_shared_factor_and_leaves_what_is_not_shared():
+    import numpy as np
+
+    from rpeg.perf.validation.loso import GRID, Priced
+    from rpeg.perf.validation.loso_oracle import source_optimum
+
+    def row(case, factor, gen_s, train_s):
+        grid = np.array([[[gen_s / g + train_s / t for t in GRID] for g in GRID]])
+        return Priced(
+            case_id=case, source="s", system="sys", dataset="syn",
+            measured_s=(gen_s + train_s) / factor, measured_tput=None, step=grid,
+            tokens_per_step=np.array([1e6]), stage_pred={}, stage_meas={},
+            unknown_lo=0.0, unknown_hi=0.0,
+        )  # fmt: skip
+
+    fold = lambda p: (0.0, 0.0, 0.0, 0.0)  # noqa: E731
+    # every row 1.5x slower than modelled: one shift of both efficiencies makes all exact
+    shared = [row(f"r{i}", 1 / 1.5, 10.0 + 5 * i, 40.0 - 5 * i) for i in range(4)]
+    mape, (dg, dt, _) = source_optimum(shared, fold)
+    assert mape < 0.01 and dg == dt == pytest.approx(-np.log(1.5), abs=0.06)
+    # two rows modelled alike at 40 s, measured 32 s and 50 s: one prediction x for both
+    # errs |x/32 - 1| + |x/50 - 1|, least at x = 32 (0 + 0.36): a mean of 0.18 is left
+    split = [row("a", 1.25, 20.0, 20.0), row("b", 0.8, 20.0, 20.0)]
+    mape, _ = source_optimum(split, fold)
+    assert mape == pytest.approx(0.18, abs=0.01)
