@@ -108,6 +108,7 @@ def test_deepspeed_chat_generates_in_static_batches_unless_the_row_says():
         ("Llama-2-70b-chat-hf", "llama2-70b", "instruct"),
         ("codellama/CodeLlama-34b-Instruct-hf", "codellama-34b", "instruct"),
         ("OpenRLHF/Llama-2-7b-sft-model-ocra-500k", "llama2-7b", None),
+        ("nvidia/Nemotron-4-340B-Instruct", "nemotron-4-340b", "instruct"),
     ],
 )
 def test_llama2_checkpoints_resolve(written, catalog, kind):
@@ -126,6 +127,11 @@ def test_llama2_shapes():
         assert m.kv_heads == kv and m.vocab == 32000
         assert m.params / 1e9 == pytest.approx(params_b, rel=0.01)
     assert specs.model("llama2-7b").kv_bytes_per_token(2) == 2 * 32 * 4096 * 2
+    # Nemotron-4-340B: squared-ReLU MLP of 2 x 18432 x 73728 per layer, entered as a SwiGLU
+    # of 2/3 the width; GQA 8 x 192
+    m = specs.model("nemotron-4-340b")
+    assert 3 * m.hidden * m.ffn_hidden == 2 * 18432 * 73728
+    assert m.kv_bytes_per_token(2) == 96 * 2 * 8 * 192 * 2
 
 
 @pytest.mark.parametrize(
@@ -135,6 +141,7 @@ def test_llama2_shapes():
         ("codellama/CodeLlama-34b-Instruct-hf", 32, "OpenRLHF paper", "disaggregated"),
         ("meta-llama/Llama-2-70b-hf", 32, "DeepSpeed-Chat benchmark", "colocated"),
         ("meta-llama/Llama-2-13b-hf", 32, "DeepSpeed-Chat benchmark", "colocated"),
+        ("nvidia/Nemotron-4-340B-Instruct", 256, "NeMo-Aligner paper", "disaggregated"),
     ],
 )
 def test_published_rlhf_configurations_are_priced_not_refused(model, gpus, source, placement):

@@ -384,7 +384,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     )
     if model.vision is not None and wl.image_tokens is None:
         unknown.append("image_tokens")  # the model's prior (rpeg.perf.units)
-        if "avg_prompt_len" not in unknown:
+        if model.vision.image_tokens > 0 and "avg_prompt_len" not in unknown:
             # a published prompt length of a vision model already counts its images: the
             # processor expands each image's placeholder into its LM tokens before the
             # engine and the trainer see the prompt (Qwen2/2.5/3-VL; verl's and EasyR1's
