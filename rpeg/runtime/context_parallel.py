@@ -111,16 +111,27 @@ class _ContextParallelForward:
     """The LM's ``forward`` at cp > 1: this rank's zigzag share of each sequence through the
     decoder, the log-probs the LM head's :class:`LogprobRequest` asks for summed over cp."""
 
-    def __init__(self, lm, group, rank: int, size: int):
+    def __init__(self, lm, group, rank: int, size: int, whole=None):
         self.lm, self.group, self.rank, self.size = lm, group, rank, size
+        self.whole = whole  # the LM's own forward: a decode (logits) runs it on every position
 
     def __call__(
-        self, input_ids=None, attention_mask=None, position_ids=None, logits_to_keep=0, **_
+        self, input_ids=None, attention_mask=None, position_ids=None, logits_to_keep=0, **kw
     ):
         from rpeg.runtime.algorithms import chunked_token_logprobs
 
         lm, cp = self.lm, self.size
         req = lm.lm_head.__dict__.get("_rpeg_request")
+        if (req is None or req.labels is None) and self.whole is not None:
+            # a decode or a logits forward (generation): every rank holds the whole model
+            # and its own rows at the generation layout, so the LM's own forward runs
+            return self.whole(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                logits_to_keep=logits_to_keep,
+                **kw,
+            )
         if req is None or req.labels is None:
             raise RuntimeError(
                 "a context-parallel LM computes log-probs of given labels only "
@@ -230,5 +241,6 @@ def apply_context_parallel(worker, cp_group, rank: int, size: int, dp_group=None
             ]
         )
     _register()
-    worker.lm.forward = _ContextParallelForward(worker.lm, cp_group, rank, size)
+    whole = worker.lm.forward
+    worker.lm.forward = _ContextParallelForward(worker.lm, cp_group, rank, size, whole)
     worker.shards = ContextShards(worker.module, cp_group, dp_group)

@@ -958,3 +958,55 @@ def checkpoint_names(
             for g in osd.get("param_groups", [])
         ]
     return msd, osd
+
+
+def pipeline_weight_source(pipe: Pipeline, dtype: torch.dtype | None = None):
+    """``(meta, fetch)`` of the whole model's weights for a weight sync from a pipelined
+    trainer (:func:`rpeg.runtime.actors.weight_sync.stream_buckets`): ``meta`` has every
+    name of the unsplit LM (full shapes; floating tensors in ``dtype``), ``fetch(name)``
+    broadcasts that tensor from the pipeline rank holding it (a tensor-parallel shard
+    gathered over tp first) to every rank of the pipeline group -- one tensor alive at a
+    time, so buckets fill without any rank holding the whole model twice. Every rank of the
+    group fetches the same names in the same order (a collective)."""
+    cached = getattr(pipe, "_sync_meta", None)
+    state = stage_state_dict(pipe)
+
+    def target(v: torch.Tensor) -> torch.dtype:
+        return dtype if dtype is not None and v.is_floating_point() else v.dtype
+
+    if cached is None:
+        mine = {k: (tuple(v.shape), v.dtype, pipe.index) for k, v in state.items()}
+        if pipe.group is None:
+            parts = [mine]
+        else:
+            parts = [None] * pipe.pp
+            dist.all_gather_object(parts, mine, group=pipe.group)
+        owners: dict[str, tuple[tuple[int, ...], torch.dtype, int]] = {}
+        for p in parts:
+            owners.update(p)
+        if pipe.tied and "model.embed_tokens.weight" in owners:
+            owners["lm_head.weight"] = owners["model.embed_tokens.weight"]
+        cached = pipe._sync_meta = owners  # type: ignore[attr-defined]
+    owners = cached
+    meta = {
+        k: (shape, dtype if dtype is not None and dt.is_floating_point else dt)
+        for k, (shape, dt, _) in owners.items()
+    }
+    dev = pipe.device
+
+    def fetch(name: str) -> torch.Tensor:
+        shape, dt, owner = owners[name]
+        if name == "lm_head.weight" and pipe.tied:
+            name = "model.embed_tokens.weight"
+        out_dt = meta[name][1]
+        if owner == pipe.index:
+            v = state[name].detach()
+            v = v.full_tensor() if hasattr(v, "full_tensor") else v
+            buf = v.to(device=dev, dtype=out_dt).contiguous()
+        else:
+            buf = torch.empty(shape, dtype=out_dt, device=dev)
+        if pipe.group is not None:
+            dist.broadcast(buf, src=pipe.ranks[owner], group=pipe.group)
+        return buf
+
+    return meta, fetch

@@ -556,6 +556,9 @@ class PolicyWorker:
         group calls it."""
         from rpeg.runtime.lora import sync_state  # LoRA: merged, under the base names
 
+        if getattr(self, "pipeline", None) is not None:  # pp > 1: gathered from the stages
+            meta, fetch = self.weight_source()
+            return {k: fetch(k) if keep_device else fetch(k).cpu() for k in sorted(meta)}
         return sync_state(self.lm, frozen_dtype(self.compute_dtype), keep_device)
 
     def weight_source(self):
@@ -564,6 +567,10 @@ class PolicyWorker:
         weight sync streams into buckets. Sharded: every rank fetches in the same order."""
         from rpeg.runtime.lora import sync_source
 
+        if getattr(self, "pipeline", None) is not None:  # pp > 1: each stage's own tensors
+            from rpeg.runtime.pipeline import pipeline_weight_source
+
+            return pipeline_weight_source(self.pipeline, frozen_dtype(self.compute_dtype))
         return sync_source(self.lm, frozen_dtype(self.compute_dtype))
 
     def set_weights(

@@ -86,7 +86,8 @@ def layout_of(groups: Any) -> dict[str, str]:
     for g in groups:
         if g.trainable:
             dp = g.dp or g.world_size // max(g.tp, 1)
-            out[g.name] = f"dp{dp}xtp{g.tp}" + ("+fsdp" if g.fsdp else "")
+            deg = "".join(f"x{d}{getattr(g, d, 1)}" for d in ("pp", "cp") if getattr(g, d, 1) > 1)
+            out[g.name] = f"dp{dp}xtp{g.tp}{deg}" + ("+fsdp" if g.fsdp else "")
     return out
 
 

@@ -433,7 +433,8 @@ class DistributedRun(RunDataPlane, RunCheckpoints):
         producers = self.group(producer_task.group).handles  # each consumer reads its own
         g = self.compiled.group(task.group)
         per_rank = [
-            UnitCall(task, stream_from=producers[(r // g.tp) * gtp]) for r in range(g.world_size)
+            UnitCall(task, stream_from=producers[(r // g.replica_ranks) * gtp])
+            for r in range(g.world_size)
         ]
         return self._finish_unit(step, task, per_rank)
 

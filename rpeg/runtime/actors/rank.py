@@ -71,7 +71,7 @@ def sharded_build(layout, engine: str) -> bool:
     (rpeg.runtime.materialize): a sharded layout (tp > 1 or FSDP over dp > 1), LoRA or not.
     A vLLM engine is then built from the laid-out actor's weights, bucket by bucket
     (PolicyWorker.pending_engine)."""
-    return layout.sharded and engine in ("torch", "vllm")
+    return (layout.sharded or layout.pp > 1) and engine in ("torch", "vllm")
 
 
 class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
@@ -148,7 +148,7 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         gen_tp = self.group.gen_tp
         self.gen_layout = (
             self.layout
-            if gen_tp == self.layout.tp
+            if gen_tp == self.layout.tp and self.layout.replica_ranks == gen_tp
             else Layout(
                 dp=self.world_size // gen_tp,
                 tp=gen_tp,
@@ -310,6 +310,10 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self._full_bytes = self._param_bytes(full=True)
+        if lay.pp > 1 or lay.cp > 1:  # stages / sequence shards (rpeg.runtime.parallel_layout)
+            from rpeg.runtime.parallel_layout import apply_stage_layout
+
+            return apply_stage_layout(self)
         self.mesh = build_mesh(lay)
         self.reduce = process_group_reduce(self.mesh.get_group("dp")) if lay.dp > 1 else LOCAL
         gen_mesh = self.mesh if self.gen_layout is lay else build_mesh(self.gen_layout)
@@ -336,10 +340,12 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
                 close()
             self._source = None
 
-    def _tp_index(self) -> int:
-        """This rank's index inside its tensor-parallel group (0 before the layout exists)."""
-        lay = getattr(self, "layout", None)
-        return 0 if lay is None else lay.tp_index(self.rank)
+    def _tp_index(self, generates: bool = False) -> int:
+        """This rank's index among the ranks holding its rows (0 before the layout exists):
+        its tp index at the generation layout (``generates``), else ``rank % replica_ranks``
+        (tp, cp and pp ranks of one dp index)."""
+        lay = getattr(self, "gen_layout" if generates else "layout", None)
+        return 0 if lay is None else self.rank % lay.replica_ranks
 
     def policy_version(self) -> int:
         return -1 if self.actor is None else int(self.actor.policy_version)
@@ -406,7 +412,8 @@ class RankActor(RankDataPlane, RankWeightSync, RankCheckpoints, RankHoldings):
             pid=os.getpid(),
             # counted once per dp index, on tp index 0 (unit_result.counted_tokens)
             num_tokens=counted_tokens(
-                None if batch is None else batch.num_tokens, self._tp_index()
+                None if batch is None else batch.num_tokens,
+                self._tp_index(StageKind.generate in kinds),
             ),
             rows=None if batch is None else int(batch.size),
             batch_bytes=0 if batch is None else int(tensor_bytes(batch)),

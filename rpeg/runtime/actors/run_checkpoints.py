@@ -20,7 +20,7 @@ from rpeg.runtime.samples import keep_samples_upto
 def _writes_shards(g: Any) -> bool:
     """A trainable group sharded by FSDP or TP: its ranks write their own shards of the
     weights and optimizer state at a checkpoint (no rank holds the whole of either)."""
-    return bool(g.trainable) and (g.tp > 1 or (g.fsdp and g.dp > 1) or g.ep > 1)
+    return bool(g.trainable) and (g.tp > 1 or (g.fsdp and g.dp > 1) or g.ep > 1 or g.pp > 1)
 
 
 class RunCheckpoints:

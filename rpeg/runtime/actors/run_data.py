@@ -55,8 +55,10 @@ class RunDataPlane:
         whole = RolloutBatch.concat(batches) if len(batches) > 1 else batches[0]
         idx = shard_groups(whole.size, g.dp, self.config.workload.samples_per_prompt)
         parts = [whole.select(torch.tensor(i, dtype=torch.long)) for i in idx]
-        self.group(dst).put_batch(step, [parts[r // g.tp] for r in range(g.world_size)])
-        self.holdings[(dst, step)] = Holding(dst, g.dp, g.tp, tuple(p.size for p in parts))
+        self.group(dst).put_batch(step, [parts[r // g.replica_ranks] for r in range(g.world_size)])
+        self.holdings[(dst, step)] = Holding(
+            dst, g.dp, g.replica_ranks, tuple(p.size for p in parts)
+        )
 
     def _layout(self, task: Any) -> tuple[int, int]:
         """(dp, tp) the ranks of ``task``'s group run it at (generation: gen_tp)."""
@@ -69,7 +71,9 @@ class RunDataPlane:
         from rpeg.runtime.actors.dataplane import Holding, plan_pull
 
         g = self.compiled.group(dst)
-        slices, sizes = plan_pull(src, g.dp, g.tp, self.config.workload.samples_per_prompt)
+        slices, sizes = plan_pull(
+            src, g.dp, g.replica_ranks, self.config.workload.samples_per_prompt
+        )
         producers = self.group(src.group).handles  # passed to the consumers, who read them
         stage = src.group == dst  # a group resharding its own rows: commit after all reads
         per_rank = [
@@ -80,7 +84,7 @@ class RunDataPlane:
         if stage:
             consumer.commit(step)
         if fields is None:
-            self.holdings[(dst, step)] = Holding(dst, g.dp, g.tp, sizes)
+            self.holdings[(dst, step)] = Holding(dst, g.dp, g.replica_ranks, sizes)
         n = int(sum(got))
         with self._lock:
             self.pulled_bytes[step] = self.pulled_bytes.get(step, 0) + n

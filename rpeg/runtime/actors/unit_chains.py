@@ -81,7 +81,7 @@ def unit_layout(group: Any, task: Any) -> tuple[int, int]:
     """(dp, tp) the ranks of ``group`` run ``task`` at (generation: the group's gen_tp)."""
     if task.generates:
         return group.world_size // group.gen_tp, group.gen_tp
-    return group.dp, group.tp
+    return group.dp, group.replica_ranks
 
 
 def arrives_by_take(compiled: Any, task: Any, dep: Any) -> bool:
