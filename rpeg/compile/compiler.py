@@ -102,7 +102,14 @@ def compile_step(
     raise_if(_fused_ahead(names, kinds_of, phase, graph.staleness))
     drafts, group_of = _group_drafts(units, plan, bool(graph.shared_actor_critic))
     lay = group_layouts(drafts, kinds_of, plan, config, model)
-    raise_if(list(lay.problems))
+    from rpeg.compile.layouts import policy_model
+    from rpeg.compile.stage_checks import stage_notes, stage_problems
+
+    spec = policy_model(config, model)
+    pp_notes, pp_problems = stage_notes(lay.groups, kinds_of, plan)
+    raise_if(
+        list(lay.problems) + pp_problems + stage_problems(lay.groups, kinds_of, plan, config, spec)
+    )
     groups = lay.groups
     raise_if(batch_problems(groups, config.workload))
     tasks = _tasks(units, plan, config, graph, deps, phase, group_of, groups)
@@ -121,7 +128,7 @@ def compile_step(
             samples_per_step=int(config.workload.samples_per_step),
             off_policy_correction=str(config.algorithm.rollout_correction.mode),
         ),
-        notes=lay.notes,
+        notes=lay.notes + tuple(pp_notes),
     )
     check_step(step)
     return step

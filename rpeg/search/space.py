@@ -36,10 +36,7 @@ FWD_KINDS = frozenset({"ref_logprob", "old_logprob", "values"})
 FUSIONS = ("none", "rollout", "forward", "rollout+forward")
 #: parallel degrees the runtime cannot run yet, with the reason: ``rpeg.compile`` refuses them
 #: and the space drops them (``SpaceOptions.runtime_only``) under a named ``runtime:`` reason
-UNSUPPORTED_DEGREES = {
-    "pp": "the runtime's ranks do not run pipeline stages yet (rpeg.runtime.pipeline is not wired in)",
-    "cp": "the runtime's ranks do not run context parallelism yet (rpeg.runtime.context_parallel is not wired in)",
-}
+UNSUPPORTED_DEGREES: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -325,7 +322,7 @@ class SearchSpace:
         out = []
         for tp, pp, cp, ep, mb, rc, en, ut in grid:
             lay = Layout(tp, pp, cp, ep, mb, rc, en, ut)
-            why = self._invalid(lay, n, node)
+            why = self._invalid(lay, n, node, cls == "gen")
             if why:
                 self.counts.reject(why)
                 continue
@@ -356,7 +353,7 @@ class SearchSpace:
                 return "runtime: dp does not divide the prompts"
         return ""
 
-    def _invalid(self, lay: Layout, n: int, node: int) -> str:
+    def _invalid(self, lay: Layout, n: int, node: int, gen: bool = False) -> str:
         m = self.model
         if lay.tp * lay.cp > node or node % (lay.tp * lay.cp):
             return "devices"  # a tp/cp group would cross a node
@@ -379,4 +376,16 @@ class SearchSpace:
             for deg in UNSUPPORTED_DEGREES:
                 if getattr(lay, deg) > 1:
                     return f"runtime: {deg}>1 ({UNSUPPORTED_DEGREES[deg]})"
+            return _stage_refusal(m, lay, gen)
         return ""
+
+
+def _stage_refusal(model: Any, lay: Layout, gen: bool) -> str:
+    """The runtime's pp/cp rules (:mod:`rpeg.search.stage_rules`) as a search reason."""
+    if gen and (lay.pp > 1 or lay.cp > 1):
+        return "runtime: pp/cp on a generate unit (generation runs whole or tp-split weights)"
+    if (lay.pp > 1 or lay.cp > 1) and lay.engine == "fsdp":
+        return "runtime: pp/cp with fsdp (stages and sequence shards keep dp replicas)"
+    from rpeg.search.stage_rules import layout_refusal
+
+    return layout_refusal(model, lay.pp, lay.cp, lay.tp)
