@@ -8,7 +8,7 @@ pauses the calls for :data:`API_PAUSE_S`, said once.
 
 * :func:`api_call` -- one artifact call under those rules (used by rpeg.flows.artifacts).
 * :func:`unreachable` -- an exception that means the API was not reached at all (no
-  connection, a timeout), not an answer; also how ``run_train`` tells a lost API apart.
+  connection, a timeout), not an answer; also how the training entry tells a lost API apart.
 """
 
 from __future__ import annotations

@@ -118,13 +118,13 @@ def _run_distributed(
     from rpeg.flows.artifacts import in_prefect_run
     from rpeg.flows.run_setup import checked_step
     from rpeg.flows.seam import current_seam
-    from rpeg.flows.step_sink import _artifacts
-    from rpeg.flows.train import _finished_despite_api, _train, rl_train
+    from rpeg.flows.step_sink import publish_guarded
+    from rpeg.flows.train import finished_despite_api, rl_train, train_body
 
     seam = current_seam()
     resume = config.runtime.resume
     if in_prefect_run() and not seam.active:  # a deployment: its own flow run
-        return _train(
+        return train_body(
             config,
             cluster_address=cluster_address,
             resume=resume,
@@ -138,7 +138,7 @@ def _run_distributed(
         # up to EPHEMERAL_STARTUP_TIMEOUT_S and says so
         start_ephemeral_api(log=print if progress else None)
         with checked_step(config, compiled):
-            return _finished_despite_api(
+            return finished_despite_api(
                 lambda: rl_train(
                     config=config.model_dump(mode="json"),
                     cluster_address=cluster_address,
@@ -149,7 +149,7 @@ def _run_distributed(
 
     @flow(name="train", persist_result=False, log_prints=False)
     def _inner() -> dict[str, Any]:
-        s = _train(
+        s = train_body(
             config,
             cluster_address=cluster_address,
             resume=resume,
@@ -158,7 +158,7 @@ def _run_distributed(
             fault_hook=seam.fault_hook,
             compiled=compiled,
         )
-        _artifacts("publish_results", s, config.runtime.output_dir)
+        publish_guarded("publish_results", s, config.runtime.output_dir)
         return s
 
     return _inner()

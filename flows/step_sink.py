@@ -17,7 +17,7 @@ from rpeg.runtime.run_folder import append_lines, rewrite_lines
 log = logging.getLogger("rpeg.flows.train")
 
 
-def _artifacts(fn: str, *args: Any, **kwargs: Any) -> Any:
+def publish_guarded(fn: str, *args: Any, **kwargs: Any) -> Any:
     """Call ``rpeg.flows.artifacts.<fn>`` (the ops helpers: Prefect progress/table/link
     artifacts); an artifact is never worth a failed step, so any error is logged and dropped."""
     try:
@@ -74,7 +74,7 @@ class _Sink:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rpeg-sink")
         self._pending: list[Any] = []
         self._last = -2  # the step recorded last (-2: none yet: the first record rewrites)
-        self.watch: Any = None  # rpeg.runtime.degenerate.DegenerateWatch, set by _train
+        self.watch: Any = None  # rpeg.runtime.degenerate.DegenerateWatch, set by train_body
         self.samples_from: list[Any] | None = None  # the driver's logged samples, per step
         self._samples_seen = 0
 
@@ -144,14 +144,14 @@ class _Sink:
             where = self.checkpoint_url(ins.checkpoint)
             self.say(f"checkpoint step {ins.checkpoint}: {where}")
             if ins.checkpoint == self.steps:  # one artifact per run: the final checkpoint
-                _artifacts("publish_checkpoint", where, ins.checkpoint)
-        _artifacts("publish_step", ins.step + 1, self.steps, ins.metrics)
+                publish_guarded("publish_checkpoint", where, ins.checkpoint)
+        publish_guarded("publish_step", ins.step + 1, self.steps, ins.metrics)
         got = self.samples_from
         if got is not None and len(got) > self._samples_seen:  # a logged step's samples
             from rpeg.runtime.samples import table_rows
 
             self._samples_seen = len(got)
-            _artifacts("publish_samples", table_rows(got[-1]), got[-1][0].step)
+            publish_guarded("publish_samples", table_rows(got[-1]), got[-1][0].step)
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)

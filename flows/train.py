@@ -38,7 +38,7 @@ from rpeg.flows.run_setup import (  # noqa: E402
     handed_step,
     warm_up_before_ranks,
 )
-from rpeg.flows.step_sink import _artifacts, _Sink  # noqa: E402
+from rpeg.flows.step_sink import _Sink, publish_guarded  # noqa: E402
 
 from rpeg.config import RunConfig  # noqa: E402
 
@@ -156,7 +156,7 @@ def _abandon(run: Any, running: dict[Any, Any], *, recovering: bool) -> None:
     running.clear()
 
 
-def _train(
+def train_body(
     config: RunConfig,
     *,
     cluster_address: str | None = None,
@@ -306,7 +306,7 @@ def rl_train(
 ) -> dict[str, Any]:
     """RL training on Dask actors driven by Prefect (see module docstring)."""
     cfg = RunConfig.from_dict(config)
-    s = _train(
+    s = train_body(
         cfg,
         cluster_address=cluster_address,
         resume=resume,
@@ -314,13 +314,13 @@ def rl_train(
         progress=progress,
         compiled=handed_step(cfg),  # checked by train() before it started this flow
     )
-    _artifacts("publish_results", s, cfg.runtime.output_dir)
+    publish_guarded("publish_results", s, cfg.runtime.output_dir)
     s.pop("_extra", None)
     _body_finished(s)
     return s
 
 
-#: where the flow body that returns puts its summary for :func:`_finished_despite_api` (a
+#: where the flow body that returns puts its summary for :func:`finished_despite_api` (a
 #: list set for that call only: a sync flow runs in its caller's thread and context)
 _BODY_DONE: ContextVar[list[dict[str, Any]] | None] = ContextVar("rpeg_body_done", default=None)
 
@@ -332,7 +332,7 @@ def _body_finished(summary: dict[str, Any]) -> None:
         done.append(summary)
 
 
-def _finished_despite_api(call: Any) -> dict[str, Any]:
+def finished_despite_api(call: Any) -> dict[str, Any]:
     """``call()`` (a flow run); if it raises because the Prefect API stopped answering *after*
     the flow body returned, the body's summary with a warning instead: training finished and
     wrote its outputs, only the run's final state is missing from the API (the UI shows it

@@ -280,19 +280,19 @@ def test_a_run_that_finished_is_not_failed_by_the_api_dying_at_its_end():
         ft._body_finished({"steps": 3})  # what rl_train's body does when it returns
         raise httpx.ConnectError("[Errno 111] Connection refused")
 
-    assert ft._finished_despite_api(finished_then_api_lost) == {"steps": 3}
+    assert ft.finished_despite_api(finished_then_api_lost) == {"steps": 3}
     assert ft._BODY_DONE.get() is None  # nothing kept after the call
 
     def lost_mid_run():
         raise httpx.ConnectError("[Errno 111] Connection refused")
 
     with pytest.raises(httpx.ConnectError):
-        ft._finished_despite_api(lost_mid_run)
+        ft.finished_despite_api(lost_mid_run)
 
     def other_error():
         ft._body_finished({"steps": 3})
         raise ValueError("not the API")
 
     with pytest.raises(ValueError):
-        ft._finished_despite_api(other_error)
+        ft.finished_despite_api(other_error)
     assert ft._BODY_DONE.get() is None

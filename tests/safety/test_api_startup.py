@@ -64,6 +64,6 @@ def test_run_train_starts_the_api_before_the_flow(monkeypatch):
     monkeypatch.setattr(
         interrupts, "start_ephemeral_api", lambda log=None: calls.append("api") or True
     )
-    monkeypatch.setattr(train, "_finished_despite_api", lambda body: calls.append("flow") or {})
+    monkeypatch.setattr(train, "finished_despite_api", lambda body: calls.append("flow") or {})
     entry._run_distributed(RunConfig(), None, None, False)
     assert calls == ["api", "flow"]

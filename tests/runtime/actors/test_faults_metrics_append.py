@@ -20,7 +20,7 @@ def _steps(path):
 
 
 def test_the_next_step_is_appended_and_a_recomputed_step_rewrites(tmp_path, monkeypatch):
-    monkeypatch.setattr("rpeg.flows.step_sink._artifacts", lambda *a, **k: None)
+    monkeypatch.setattr("rpeg.flows.step_sink.publish_guarded", lambda *a, **k: None)
     sink = _sink(tmp_path)
     path = tmp_path / "metrics.jsonl"
     history = {}
