@@ -50,7 +50,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SYSTEMS = ("trl", "hand", "local", "dask", "dask1w")
+SYSTEMS = ("trl", "hand", "local", "dask", "dask1w", "localnr", "dasknr", "dask1wnr")
 PROMPTS, SAMPLES, RESPONSE, LR = 16, 8, 12, 1e-4
 MARK = "PEER_RESULT "
 
@@ -260,6 +260,9 @@ def rpeg_config(model_dir: str, data: str, steps: int, threads: int, out: str, w
         "runtime.val_before_train": False,
         "runtime.val_every": 0,
         "runtime.checkpoint_url": None,
+        # a random-weights model never earns the reward: every advantage is 0, which RPEG
+        # stops after 20 such steps by default (DegenerateTraining); TRL goes on. Warn only.
+        "runtime.degenerate_steps_limit": 0,
         "runtime.torch_threads": threads,
         "runtime.output_dir": out,
     }
@@ -338,8 +341,23 @@ def _train_on(cluster, cfg, hook):
 ARMS = {"trl": arm_trl, "hand": arm_hand, "local": arm_local, "dask": arm_dask}
 
 
+def _default_plan_recompute(value) -> None:
+    """The default plan (no ``plan`` in the config) with its training units'
+    ``recompute`` = ``value`` ("auto": the compiler's memory rule) instead of ``true``: the
+    ``...nr`` arms (an A/B of layer recompute in the single-process default plan)."""
+    import functools
+
+    import rpeg.plan as P
+
+    P.colocated_plan = functools.partial(P.colocated_plan, recompute=value)
+    P.disaggregated_plan = functools.partial(P.disaggregated_plan, recompute=value)
+
+
 def child(a: argparse.Namespace) -> None:
     sysname = a.child
+    if sysname.endswith("nr"):
+        _default_plan_recompute("auto")
+        sysname = sysname[: -len("nr")]
     fn = ARMS.get(sysname)
     kw = {}
     if sysname == "dask1w":
