@@ -1,68 +1,50 @@
-"""What a system family does by default, priced where a row (or its text) says it: generation
-without continuous batching (DeepSpeed-Chat's hybrid engine) and the ZeRO stage of a DeepSpeed
-trainer."""
+"""A row that leaves ``train_backend`` blank takes the trainer its system runs by default
+(rpeg.perf.validation.row_text.DEFAULT_BACKEND): verl FSDP, NeMo-RL DTensor, OpenRLHF and
+DeepSpeed-Chat DeepSpeed (sharded like FSDP), slime Megatron; a row naming no family stays
+unattributed (the pooled factors) and is priced with replicated Megatron-style shards."""
 
 import pytest
 
-from rpeg.perf.calibration import SHIPPED
 from rpeg.perf.validation import loso
 from rpeg.perf.validation.published import read_rows
-from rpeg.perf.validation.row_cells import Unpredictable
-from rpeg.perf.validation.row_text import with_text
-from rpeg.perf.validation.rows import STATIC_GEN_BATCH, read_case
-from rpeg.perf.validation.solve import solve_row
-
-BASE = "nemo-v0.5-h100bf16-llama-grpo-on-16g"  # Llama-3.1-8B, 16 H100, 64 x 32 samples
+from rpeg.perf.validation.row_text import read
+from rpeg.perf.validation.rows import read_case
 
 
 def _row(**cells):
-    for r in read_rows(loso.default_datasets()["steps_dev"]):
-        if r["case_id"] == BASE:
-            return {**r, **{k: str(v) for k, v in cells.items()}}
-    raise KeyError(BASE)
+    base = read_rows(loso.default_datasets()["steps_dev"])[0]
+    r = {k: "" for k in base}
+    r.update(
+        case_id="fam", source="synthetic", measured_step_s="100", gpus_per_node="8",
+        model="Qwen/Qwen2.5-7B-Instruct", gpu="H100", num_gpus="16", placement="colocated",
+        algorithm="grpo", has_critic="no", num_prompts="128", samples_per_prompt="8",
+        max_gen_len="4096", train_minibatches="1",
+    )  # fmt: skip
+    r.update({k: str(v) for k, v in cells.items()})
+    return r
 
 
-def _gen(**cells):
-    case, lay, pred = solve_row(read_case(_row(**cells)), SHIPPED)
-    g = pred.stages["generate"]
-    return g.time_s - g.detail["prefill_s"], g
+@pytest.mark.parametrize(
+    ("source", "system", "engine"),
+    [
+        ("verl docs", "verl-fsdp", "fsdp"),
+        ("NeMo-RL performance summary", "nemo-rl-dtensor", "fsdp"),
+        ("OpenRLHF paper", "openrlhf-deepspeed", "fsdp"),
+        ("DeepSpeed-Chat blog", "deepspeed-chat", "fsdp"),
+        ("slime blog", "slime-megatron", "megatron"),
+        ("a lab's report", "", "megatron"),
+    ],
+)
+def test_a_blank_backend_takes_the_family_trainer(source, system, engine):
+    case = read_case(_row(source=source))
+    assert case.system == system and case.engine == engine
+    assert "train_backend" in case.unknown
 
 
-def test_static_batches_decode_each_batch_to_its_longest_response():
-    cont, _ = _gen(gpu_memory_utilization=0.6)
-    static, g = _gen(gpu_memory_utilization=0.6, gen_batching="static", gen_batch_size=8)
-    assert static > 2 * cont  # 8 sequences at a time instead of hundreds
-    # twice the prompts: twice the batches, each as long
-    double, g2 = _gen(
-        gpu_memory_utilization=0.6, gen_batching="static", gen_batch_size=8, num_prompts=128
+def test_a_stated_backend_is_kept():
+    case = read_case(_row(source="verl docs", train_backend="megatron"))
+    assert (case.system, case.engine) == ("verl-megatron", "megatron")
+    assert "train_backend" not in case.unknown
+    assert read(_row(source="NeMo-RL summary", train_backend="megatron"))["system"] == (
+        "nemo-rl-megatron"
     )
-    assert g2.detail["static_batches"] == 2 * g.detail["static_batches"]
-    assert double == pytest.approx(2 * static, rel=0.02)
-    # a batch runs to the longest of its 8 responses: longer than the mean
-    assert g.detail["longest_response"] > read_case(_row()).workload.mean_response_tokens
-
-
-def test_deepspeed_chat_hybrid_engine_in_the_text_means_static_batches():
-    notes = "DeepSpeed-Chat step 3 (RLHF) with the hybrid engine; ZeRO-3 actor"
-    r = with_text(_row(notes=notes, train_backend="deepspeed"))
-    assert r["gen_batching"] == "static" and r["zero_stage"] == "3"
-    case = read_case(r)
-    assert case.workload.gen_static_batch == STATIC_GEN_BATCH
-    assert "gen_batch_size" in case.unknown
-
-
-def test_zero_stage_two_keeps_weights_whole_and_gathers_nothing():
-    cells = dict(train_backend="deepspeed", train_tp=1, train_pp=1, gpu_memory_utilization=0.6)
-    z3 = solve_row(read_case(_row(zero_stage=3, **cells)), SHIPPED)[2]
-    z2 = solve_row(read_case(_row(zero_stage=2, **cells)), SHIPPED)[2]
-    w3 = z3.stages["train_actor"].memory_gb["weights"]
-    w2 = z2.stages["train_actor"].memory_gb["weights"]
-    assert w2 == pytest.approx(16 * w3)  # replicated vs sharded over 16 ranks
-    assert z2.stages["train_actor"].time_s < z3.stages["train_actor"].time_s
-
-
-def test_bad_family_cells_are_refused_with_the_allowed_values():
-    with pytest.raises(Unpredictable, match="zero_stage=4; allowed: 0, 1, 2, 3"):
-        read_case(_row(zero_stage=4))
-    with pytest.raises(Unpredictable, match="gen_batching='paged'; allowed: continuous, static"):
-        read_case(_row(gen_batching="paged"))

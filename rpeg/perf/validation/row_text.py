@@ -117,9 +117,24 @@ FAMILIES: dict[str, str] = {
 }
 
 
+#: the trainer a family runs when a row leaves ``train_backend`` blank: verl's
+#: ``actor.strategy`` defaults to fsdp, NeMo-RL's example configs enable the DTensor (FSDP2)
+#: policy and leave Megatron off, OpenRLHF and DeepSpeed-Chat train with DeepSpeed only,
+#: SkyRL's trainer strategy is FSDP, slime/Miles train with Megatron
+DEFAULT_BACKEND = {
+    "verl": "fsdp",
+    "nemo-rl": "dtensor",
+    "openrlhf": "deepspeed",
+    "deepspeed-chat": "deepspeed",
+    "skyrl": "fsdp",
+    "slime": "megatron",
+}
+
+
 def _system(family: str, backend: str) -> str:
-    """The name in rpeg.perf.systems.SYSTEMS of ``family`` with ``backend``; '' when the
-    pair names none."""
+    """The name in rpeg.perf.systems.SYSTEMS of ``family`` with ``backend`` (blank: the
+    family's default, :data:`DEFAULT_BACKEND`); '' when the pair names none."""
+    backend = backend.strip() or DEFAULT_BACKEND.get(family, "")
     mega = "megatron" in backend
     fsdp = any(k in backend for k in ("fsdp", "dtensor"))
     if family == "nemo-rl":

@@ -263,7 +263,11 @@ def read_case(r: dict[str, str]) -> RowCase:
         staleness=min(staleness, 1000),
         reward="model" if rm else "rule",
     )
-    backend = (r.get("train_backend") or "").lower()
+    backend = (r.get("train_backend") or "").lower().strip()
+    if not backend:  # blank: the executing system's trainer (row_text.DEFAULT_BACKEND)
+        sharded = ("verl-fsdp", "nemo-rl-dtensor", "openrlhf-deepspeed", "deepspeed-chat", "skyrl")
+        backend = "fsdp" if system in sharded else ""
+        unknown.append("train_backend")
     # ZeRO-3 (DeepSpeed, OpenRLHF) shards parameters like FSDP; everything else (Megatron,
     # ReaL/AReaL 3D) keeps replicated TP/PP shards
     engine = "fsdp" if any(k in backend for k in ("fsdp", "deepspeed", "zero")) else "megatron"
