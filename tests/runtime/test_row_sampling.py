@@ -11,6 +11,7 @@ from rpeg.runtime.engines.row_sampling import (
     rollout_seed,
     row_keys,
     row_uniforms,
+    row_uniforms_block,
     sample_rows,
 )
 
@@ -64,6 +65,14 @@ def test_a_batch_split_anywhere_draws_what_the_whole_batch_draws():
     whole = row_uniforms(row_keys(seed, 24), 4)
     parts = [row_uniforms(row_keys(seed + a, b - a), 4) for a, b in ((0, 5), (5, 6), (6, 24))]
     assert torch.equal(torch.cat(parts), whole)
+
+
+def test_a_block_of_steps_draws_each_step_s_uniforms():
+    # the decode loop hashes 64 steps at once (TorchEngine): the same bits as step by step
+    keys = row_keys([0, 1, 2**40 + 3, 2**62 - 1], 4)
+    block = row_uniforms_block(keys, 5, 70)
+    assert block.shape == (70, 4)
+    assert torch.equal(block, torch.stack([row_uniforms(keys, 5 + i) for i in range(70)]))
 
 
 def test_rollout_seeds_of_steps_and_runs_do_not_overlap():

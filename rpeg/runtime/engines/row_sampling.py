@@ -105,6 +105,14 @@ def row_uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
     return (x >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
+def row_uniforms_block(keys: torch.Tensor, first_step: int, steps: int) -> torch.Tensor:
+    """``[steps, B]``: :func:`row_uniforms` of decode steps ``first_step .. first_step + steps
+    - 1`` in one pass (the same values; a decode loop's per-token hashing in one op chain)."""
+    t = torch.arange(first_step + 1, first_step + steps + 1, dtype=torch.int64, device=keys.device)
+    x = _hash32((keys[None, :] + t[:, None] * _GOLDEN) & _M32)
+    return (x >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
 def sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """``[B]`` token ids: for each row of ``probs`` ``[B, V]`` (non-negative, any positive
     total), the first token whose cumulative probability exceeds ``u * total`` (``u`` ``[B]``

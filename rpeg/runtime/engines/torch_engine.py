@@ -32,20 +32,18 @@ from dataclasses import dataclass
 import torch
 
 from rpeg.runtime.engines.base import GenerationOutput, SamplingParams
-from rpeg.runtime.engines.row_sampling import row_keys, row_uniforms, sample_rows
+from rpeg.runtime.engines.row_sampling import row_keys, row_uniforms_block, sample_rows
 
 
 def left_pad(
     prompt_ids: Sequence[Sequence[int]], pad_id: int, device=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[[...], ...] -> (ids [B, P], mask [B, P])``, left-padded."""
-    p = max(len(x) for x in prompt_ids)
-    ids = torch.full((len(prompt_ids), p), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompt_ids), p), dtype=torch.long)
-    for i, row in enumerate(prompt_ids):
-        if len(row):
-            ids[i, p - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
-            mask[i, p - len(row) :] = 1
+    rows = [list(x) for x in prompt_ids]
+    p = max(len(x) for x in rows)
+    # one tensor from one flat list (a per-row copy cost ~5 us a row)
+    ids = torch.tensor([[pad_id] * (p - len(x)) + x for x in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (p - len(x)) + [1] * len(x) for x in rows], dtype=torch.long)
     return ids.to(device), mask.to(device)
 
 
@@ -70,12 +68,21 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
     return logits
 
 
+#: the cache keyword of each model class's forward (inspect.signature costs ~20 us, and a
+#: decode asks once per token)
+_CACHE_KWARG: dict[type, str] = {}
+
+
 def _cache_kwarg(model) -> str:
     """``cache`` (transformers >= 5.2x) or ``past_key_values`` (older releases)."""
-    import inspect
+    cls = type(model)
+    got = _CACHE_KWARG.get(cls)
+    if got is None:
+        import inspect
 
-    params = inspect.signature(type(model).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+        params = inspect.signature(cls.forward).parameters
+        got = _CACHE_KWARG[cls] = "cache" if "cache" in params else "past_key_values"
+    return got
 
 
 class TorchEngine:
@@ -310,24 +317,39 @@ class TorchEngine:
             full_ids, full_mask = ids, mask
             last_pos = pos[:, -1:]
             yield st
+            greedy = params.temperature == 0
+            # x / 1.0 == x exactly: no division at temperature 1
+            temp = None if greedy or params.temperature == 1.0 else params.temperature
+            filtering = not greedy and (
+                bool(params.top_k and params.top_k < logits.shape[-1]) or params.top_p < 1.0
+            )
+            pad = torch.tensor(self.pad_id, dtype=torch.long, device=dev)
+            uniforms, u_from = None, 0  # the rows' uniforms of _UNIFORM_BLOCK steps at once
             for t in range(r_max):
-                if self._finished(st.done):
+                # the end of step t - 1 already asked (nothing changed since): once per step,
+                # one collective per token when decoding in lockstep
+                if t == 0 and self._finished(st.done):
                     break
                 st.steps += 1
-                greedy = params.temperature == 0
-                scaled = logits if greedy else logits / params.temperature
+                scaled = logits if temp is None else logits / temp
                 logp_all = scaled.log_softmax(-1)
                 if greedy:
                     tok = scaled.argmax(-1)
                 else:
-                    filt = filter_logits(scaled, params.top_k, params.top_p)
-                    tok = sample_rows(filt.softmax(-1), row_uniforms(keys, t))
+                    if uniforms is None or t - u_from >= uniforms.shape[0]:
+                        u_from = t
+                        n = min(_UNIFORM_BLOCK, r_max - t)
+                        uniforms = row_uniforms_block(keys, t, n)
+                    filt = (
+                        filter_logits(scaled, params.top_k, params.top_p) if filtering else scaled
+                    )
+                    tok = sample_rows(filt.softmax(-1), uniforms[t - u_from])
                 lp = logp_all.gather(-1, tok[:, None]).squeeze(-1)
                 active = ~st.done
-                tok = torch.where(active, tok, torch.full_like(tok, self.pad_id))
+                tok = torch.where(active, tok, pad)
                 st.out_ids[:, t] = tok
-                st.out_lp[:, t] = torch.where(active, lp, torch.zeros_like(lp))
-                st.lengths += active.long()
+                st.out_lp[:, t] = lp.masked_fill_(st.done, 0.0)
+                st.lengths += active
                 hit_stop = active & torch.isin(tok, stop)
                 st.finished |= hit_stop
                 st.done = st.done | hit_stop | (st.lengths >= caps)
@@ -355,6 +377,10 @@ class TorchEngine:
         finally:
             if was_training:
                 self.model.train()
+
+
+#: decode steps whose sampling uniforms are computed at once (one hash over [steps, B])
+_UNIFORM_BLOCK = 64
 
 
 @dataclass
