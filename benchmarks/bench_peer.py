@@ -29,8 +29,11 @@ Every arm is a fresh process with ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` = T 
 ``torch.set_num_threads(T)``, arms interleaved (the order reversed every other round) so all
 see the same load. A step is the wall time from one step's start to the next's (logging and
 bookkeeping between steps included); the first ``--skip`` steps of each run are left out
-(warm-up). Prints each arm's median step, the ratio to the best TRL arm at the same T, and
-one ``SUMMARY`` line. Not a test: ``tests/test_bench_peer.py`` only parses its arguments.
+(warm-up). Also the CPU seconds a step of
+all the arm's processes (its own and every descendant: Prefect's server, Dask's scheduler
+and workers), from one step's start to the next: on a shared machine the wall time follows
+the load, the CPU time much less. Prints each arm's median step, the ratio to the best TRL
+arm at the same T, and one ``SUMMARY`` line. Not a test: ``tests/test_bench_peer.py`` only parses its arguments.
 """
 
 from __future__ import annotations
@@ -105,6 +108,28 @@ def rule_reward(response: str, answer: str) -> float:
     return 1.0 if got and got[-1] == answer else 0.0
 
 
+_MARKS: list[tuple[float, float]] = []  # (wall, CPU s of this process tree) at each step's start
+_TREE: list = []
+
+
+def _mark() -> None:
+    """Record a step's start: wall time and the CPU seconds so far of this process and its
+    descendants (Prefect's server, Dask's scheduler and workers: every process a system
+    runs; the list is taken at the first mark, when all of them are up)."""
+    import psutil
+
+    if not _TREE:
+        me = psutil.Process()
+        _TREE[:] = [me, *me.children(recursive=True)]
+    cpu = 0.0
+    for pr in _TREE:
+        try:
+            cpu += sum(pr.cpu_times()[:2])
+        except psutil.Error:  # gone
+            continue
+    _MARKS.append((time.perf_counter(), cpu))
+
+
 def _threads(t: int) -> None:
     import torch
 
@@ -114,7 +139,7 @@ def _threads(t: int) -> None:
 
 
 # --- the arms (each in a process of its own) ------------------------------------------------
-def arm_trl(model_dir: str, data: str, steps: int, threads: int, out: str) -> list[float]:
+def arm_trl(model_dir: str, data: str, steps: int, threads: int, out: str) -> None:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -127,14 +152,12 @@ def arm_trl(model_dir: str, data: str, steps: int, threads: int, out: str) -> li
     def reward(completions, answer, **_):
         return [rule_reward(c, a) for c, a in zip(completions, answer, strict=True)]
 
-    starts: list[float] = []
-
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            starts.append(time.perf_counter())
+            _mark()
 
         def on_train_end(self, args, state, control, **kw):
-            starts.append(time.perf_counter())
+            _mark()
 
     cfg = GRPOConfig(
         output_dir=out,
@@ -171,10 +194,9 @@ def arm_trl(model_dir: str, data: str, steps: int, threads: int, out: str) -> li
         callbacks=[Clock()],
     )
     tr.train()
-    return [b - a for a, b in zip(starts[:-1], starts[1:], strict=True)]
 
 
-def arm_hand(model_dir: str, data: str, steps: int, threads: int, out: str) -> list[float]:
+def arm_hand(model_dir: str, data: str, steps: int, threads: int, out: str) -> None:
     """GRPO in plain torch / transformers: what the other systems do, nothing more."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -187,9 +209,8 @@ def arm_hand(model_dir: str, data: str, steps: int, threads: int, out: str) -> l
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     pad, eos = tok.pad_token_id, tok.eos_token_id
-    starts = []
     for s in range(steps):
-        starts.append(time.perf_counter())
+        _mark()
         batch = rows[(s * PROMPTS) % len(rows) :][:PROMPTS]
         prompts = [r["question"] for r in batch for _ in range(SAMPLES)]
         enc = tok(prompts, return_tensors="pt", padding=True)
@@ -228,8 +249,7 @@ def arm_hand(model_dir: str, data: str, steps: int, threads: int, out: str) -> l
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    starts.append(time.perf_counter())
-    return [b - a for a, b in zip(starts[:-1], starts[1:], strict=True)]
+    _mark()
 
 
 def rpeg_config(model_dir: str, data: str, steps: int, threads: int, out: str, workers: int = 0):
@@ -276,29 +296,24 @@ def rpeg_config(model_dir: str, data: str, steps: int, threads: int, out: str, w
     return RunConfig().with_overrides(over)
 
 
-def arm_local(model_dir: str, data: str, steps: int, threads: int, out: str) -> list[float]:
+def arm_local(model_dir: str, data: str, steps: int, threads: int, out: str) -> None:
     from rpeg.runtime.local_trainer import LocalTrainer
 
     _threads(threads)
     tr = LocalTrainer(rpeg_config(model_dir, data, steps, threads, out))
-    starts: list[float] = []
     step = tr.step
 
     def timed():
-        starts.append(time.perf_counter())
+        _mark()
         return step()
 
     tr.step = timed
-    tr.run(steps, out)
-    # the run's end (plot, final greedy evaluation) is no step: the last interval is the step
-    # itself, without what follows it
-    last = tr.history[-1]["step_s"]
-    return [b - a for a, b in zip(starts[:-1], starts[1:], strict=True)] + [last]
+    tr.run(steps, out)  # the run's end (plot, greedy evaluation) is no step: not marked
 
 
 def arm_dask(
     model_dir: str, data: str, steps: int, threads: int, out: str, one_worker: bool = False
-) -> list[float]:
+) -> None:
     """T workers x 1 thread (``one_worker``: 1 worker x T threads)."""
     from prefect.testing.utilities import prefect_test_harness
     from rpeg.infra import start_cluster
@@ -306,7 +321,6 @@ def arm_dask(
     _threads(1 if not one_worker else threads)
     workers, per = (1, threads) if one_worker else (threads, 1)
     cfg = rpeg_config(model_dir, data, steps, per, out, workers=workers)
-    begins: list[float] = []
     with (
         prefect_test_harness(server_startup_timeout=120),
         start_cluster(
@@ -316,9 +330,7 @@ def arm_dask(
             cluster_config=cfg.cluster,
         ) as cl,
     ):
-        s = _train_on(cl, cfg, lambda run, step: begins.append(time.perf_counter()))
-    last = float(s["_extra"]["history"][-1]["step_s"])
-    return [b - a for a, b in zip(begins[:-1], begins[1:], strict=True)] + [last]
+        _train_on(cl, cfg, lambda run, step: _mark())
 
 
 def _train_on(cluster, cfg, hook):
@@ -364,8 +376,14 @@ def child(a: argparse.Namespace) -> None:
         fn, kw = arm_dask, {"one_worker": True}
     out = tempfile.mkdtemp(prefix=f"peer-{sysname}-")
     t0 = time.perf_counter()
-    steps = fn(a.model_dir, a.data, a.steps, a.child_threads, out, **kw)
-    print(MARK + json.dumps({"steps": steps, "wall_s": time.perf_counter() - t0}), flush=True)
+    fn(a.model_dir, a.data, a.steps, a.child_threads, out, **kw)
+    pairs = list(zip(_MARKS[:-1], _MARKS[1:], strict=True))
+    got = {
+        "steps": [b[0] - a[0] for a, b in pairs],
+        "cpu": [b[1] - a[1] for a, b in pairs],
+        "wall_s": time.perf_counter() - t0,
+    }
+    print(MARK + json.dumps(got), flush=True)
 
 
 # --- the parent ---------------------------------------------------------------------------
@@ -437,8 +455,12 @@ def main(argv: list[str] | None = None) -> dict:
             systems.remove("trl")
     work = a.workdir or tempfile.mkdtemp(prefix="rpeg-peer-")
     model_dir, data = write_workload(work, shape=a.shape)
-    arms = [(s, t) for t in a.thread_list for s in systems]
+    # dask1w at 1 thread is dask at 1 thread (one worker of one thread)
+    arms = [
+        (s, t) for t in a.thread_list for s in systems if not (s.startswith("dask1w") and t == 1)
+    ]
     steps: dict[str, list[float]] = {f"{s}{t}": [] for s, t in arms}
+    cpus: dict[str, list[float]] = {f"{s}{t}": [] for s, t in arms}
     loads: list[float] = []
     errors: dict[str, str] = {}
     t_all = time.perf_counter()
@@ -451,14 +473,17 @@ def main(argv: list[str] | None = None) -> dict:
                 errors[key] = res["error"]
                 print(f"round {r} {key}: FAILED {res['error']}", flush=True)
                 continue
-            got = res["steps"][a.skip :]
+            got, cpu = res["steps"][a.skip :], res["cpu"][a.skip :]
             steps[key] += got
+            cpus[key] += cpu
             print(
                 f"round {r} {key}: median {statistics.median(got) * 1000:.1f} ms over "
-                f"{len(got)} steps (load {res['load']:.2f}, wall {res['wall_s']:.0f} s)",
+                f"{len(got)} steps, CPU {statistics.median(cpu) * 1000:.1f} ms a step (load "
+                f"{res['load']:.2f}, wall {res['wall_s']:.0f} s)",
                 flush=True,
             )
     med = {k: statistics.median(v) for k, v in steps.items() if v}
+    med_cpu = {k: statistics.median(v) for k, v in cpus.items() if v}
     print(
         f"\nmedian step per arm ({a.shape} model, {a.steps} steps, first {a.skip} left out, "
         f"{a.rounds} rounds):"
@@ -469,7 +494,10 @@ def main(argv: list[str] | None = None) -> dict:
             k = f"{s}{t}"
             if k in med:
                 rel = f", {med[k] / ref:.2f}x trl{t}" if ref else ""
-                print(f"  {k:<9} {t} core(s): {med[k] * 1000:8.1f} ms{rel}")
+                print(
+                    f"  {k:<9} {t} core(s): {med[k] * 1000:8.1f} ms{rel}; CPU "
+                    f"{med_cpu[k] * 1000:8.1f} ms a step (all its processes)"
+                )
     best = {
         s: min((med[f"{s}{t}"] for t in a.thread_list if f"{s}{t}" in med), default=None)
         for s in systems
@@ -485,6 +513,7 @@ def main(argv: list[str] | None = None) -> dict:
     print("SUMMARY " + " ".join(parts) + f" load={mean_load:.2f}")
     out = {
         "median_step_s": med,
+        "median_cpu_s": med_cpu,
         "best_s": best,
         "errors": errors,
         "loads": loads,
@@ -493,7 +522,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({**out, "steps": steps}, fh, indent=1)
+            json.dump({**out, "steps": steps, "cpu": cpus}, fh, indent=1)
     return out
 
 
