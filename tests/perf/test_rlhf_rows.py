@@ -152,3 +152,22 @@ def test_published_rlhf_configurations_are_priced_not_refused(model, gpus, sourc
     priced, refused = loso.price_rows([r], "synthetic")
     assert [x.reason for x in refused] == [] and len(priced) == 1
     assert priced[0].step.min() > 0
+
+
+def test_a_reward_model_runs_on_the_trainer_pool_with_the_reference():
+    # a disaggregated OpenRLHF-style row: the rollout engine on 8 GPUs, the ZeRO models
+    # (reference, critic, reward model) on the other 8
+    r = _row(
+        source="OpenRLHF paper", placement="disaggregated", gen_gpus=8, train_gpus=8, gen_tp=1,
+        train_tp=1,
+    )  # fmt: skip
+    graph, plan, wl = row_case(r)
+    where = {name: u.devices for name, u in plan.units.items()}
+    reward = next(n for n in where if "reward" in n)
+    ref = next(n for n in where if "ref" in n)
+    gen = next(n for n in where if "generate" in n)
+    assert where[reward] == where[ref] != where[gen]
+    # a rule reward stays with the rollout (host scoring of its samples)
+    graph, plan, wl = row_case({**r, "notes": "rule-based reward"})
+    where = {name: u.devices for name, u in plan.units.items()}
+    assert where[next(n for n in where if "reward" in n)] == where[gen]

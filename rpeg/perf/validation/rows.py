@@ -173,7 +173,10 @@ class RowCase:
             raise Unpredictable(f"layout: {_one_line(exc)}") from None
         units = {}
         for name, members in _units(self.graph):
-            units[name] = gen if members & {"generate", "reward"} else train
+            # a learned reward model runs with the reference and the critic: a trainer-side
+            # model (DeepSpeed-Chat's and OpenRLHF's ZeRO engines), not in the rollout engine
+            on_gen = "generate" in members or ("reward" in members and not self.reward_model)
+            units[name] = gen if on_gen else train
         cl = specs.cluster(self.cluster_name)
         return Plan(
             cluster=self.cluster_name,
