@@ -48,3 +48,14 @@ def test_a_stated_backend_is_kept():
     assert read(_row(source="NeMo-RL summary", train_backend="megatron"))["system"] == (
         "nemo-rl-megatron"
     )
+
+
+def test_a_publisher_naming_no_family_takes_the_one_its_notes_name():
+    paper = "Hu et al. 2024, arXiv 2405.11143"
+    assert read(_row(source=paper, notes="trained with OpenRLHF (Ray, vLLM)"))["system"] == (
+        "openrlhf-deepspeed"
+    )
+    # two families in the notes (a comparison): left unattributed
+    assert "system" not in read(_row(source=paper, notes="OpenRLHF vs DeepSpeed-Chat"))
+    # a publisher that names a family keeps it only when the notes name no other
+    assert "system" not in read(_row(source="AReaL paper", notes="measured with verl"))

@@ -165,6 +165,8 @@ def system_of(r: dict[str, str]) -> str:
     other = families(" ".join(r.get(c) or "" for c in TEXT)) - pub
     if len(pub) == 1 and not other:
         return _system(pub.pop(), backend)
+    if not pub and len(other) == 1:  # a paper or report naming no family: its notes' one
+        return _system(other.pop(), backend)
     return ""
 
 
