@@ -178,6 +178,7 @@ def _previous_driver():
     on its own cluster with :data:`PREVIOUS_DASK`): the flow waits for every step's drops,
     and samples.jsonl is written inside the step."""
     from rpeg.runtime.actors import driver as D
+    from rpeg.runtime.actors import run_samples as RS
 
     def release_waiting(self, step: int) -> list:
         self.release(step)
@@ -188,17 +189,16 @@ def _previous_driver():
             from rpeg.runtime import samples as SM
 
             rows = SM.merge(got)
-            with self._lock:
-                self.logged_samples.append(rows)
-            D._append_samples(self.config.runtime.output_dir, rows)
+            self.logged.append(rows)
+            RS.append_and_print(self.out_dir, rows)
 
-    saved = D.DistributedRun.release_nowait, D.DistributedRun._write_samples
+    saved = D.DistributedRun.release_nowait, RS.SampleLog.write
     D.DistributedRun.release_nowait = release_waiting
-    D.DistributedRun._write_samples = write_in_step
+    RS.SampleLog.write = write_in_step
     try:
         yield
     finally:
-        D.DistributedRun.release_nowait, D.DistributedRun._write_samples = saved
+        D.DistributedRun.release_nowait, RS.SampleLog.write = saved
 
 
 #: the Dask settings of the run's cluster before 2026-12-05 (``--previous``)

@@ -75,7 +75,7 @@ def test_a_buffered_multiturn_rollout_round_trips_through_a_checkpoint(monkeypat
 
 
 def test_the_restore_path_keeps_the_observations_and_the_mask(monkeypatch):
-    """A restored slot goes to the trainer through RunDataPlane.put_sharded: the batches
+    """A restored slot goes to the trainer through RunData.put_sharded: the batches
     are joined and each data-parallel rank's rows selected, trimmed by the attention (not
     by the loss mask: an observation is never cut off)."""
     batch, _ = _rollout(monkeypatch)

@@ -42,6 +42,7 @@ class ActorSet:
         self.n_workers: int | None = None  # workers seen at the first start
         self.start_s = 0.0
         self.count_bytes = count_bytes  # given to every group (RankGroup's data methods)
+        self._rank_info: dict[str, list[tuple[Any, Any]]] = {}  # kept from the last answer
 
     def group(self, name: str) -> RankGroup:
         return self.groups[name]
@@ -49,6 +50,20 @@ class ActorSet:
     def handles(self) -> dict[str, list[Any]]:
         """Raw actor handles per group (for code that calls actors directly)."""
         return {n: g.handles for n, g in self.groups.items()}
+
+    def rank_info(self, timeout_s: float = 10.0) -> dict[str, list[tuple[Any, Any]]]:
+        """Per group: (layout_info, memory_info) of every rank, kept from the last call made
+        while the actors were up (a rank that does not answer in ``timeout_s`` -- lost, or
+        stuck in a collective -- leaves its group out): the run's summary reads it after
+        :meth:`close`."""
+        if not self.groups:
+            return self._rank_info
+        info: dict[str, list[tuple[Any, Any]]] = {}
+        for name, group in self.groups.items():
+            with contextlib.suppress(Exception):
+                info[name] = group.rank_info(timeout_s)
+        self._rank_info = info
+        return info
 
     # ---------------------------------------------------------------- start / close
     def start(self, workers: Sequence[str] | None = None) -> None:

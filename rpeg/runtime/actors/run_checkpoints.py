@@ -2,17 +2,19 @@
 torch.distributed.checkpoint shards under ``<step folder>/<group>.dcp``), the driver's data
 cursor, the rollouts in flight and the step scheduler's state, written through the run's
 :class:`rpeg.runtime.actors.checkpoint.CheckpointStore` and restored from its newest
-complete checkpoint. A mixin of :class:`rpeg.runtime.actors.driver.DistributedRun`."""
+complete checkpoint. A part of :class:`rpeg.runtime.actors.driver.DistributedRun`."""
 
 from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from rpeg.runtime.actors.checkpoint import CheckpointError
 from rpeg.runtime.actors.checkpoint import dumps as checkpoint_dumps
 from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
+from rpeg.runtime.actors.run_data import Prompts, RunData
 from rpeg.runtime.actors.shard_checkpoint import SHARDS_SUFFIX
 from rpeg.runtime.samples import keep_samples_upto
 
@@ -24,12 +26,30 @@ def _writes_shards(g: Any) -> bool:
 
 
 class RunCheckpoints:
-    """Checkpoint and restore of a distributed run."""
+    """Checkpoint and restore of a distributed run: its ``store`` (None: no checkpoints), its
+    groups (``group(name)``: the typed proxy), its data plane (the rollouts in flight) and its
+    prompts (the data cursor, the prompts drawn ahead)."""
 
-    def checkpoint_url(self, step_done: int) -> str | None:
+    def __init__(
+        self,
+        config: Any,
+        compiled: Any,
+        store: Any,
+        group: Callable[[str], Any],
+        data: RunData,
+        prompts: Prompts,
+    ):
+        self.config = config
+        self.compiled = compiled
+        self.store = store
+        self.group = group
+        self.data = data
+        self.prompts = prompts
+
+    def url(self, step_done: int) -> str | None:
         return None if self.store is None else self.store.step_url(step_done)
 
-    def checkpoint(self, step_done: int, state: dict[str, Any]) -> dict[str, float]:
+    def save(self, step_done: int, state: dict[str, Any]) -> dict[str, float]:
         """Save after ``step_done`` steps: trainable ranks; the data cursor, the rows of
         produced rollouts not trained yet, the prompts drawn for later steps, and ``state``
         (the step scheduler's: versions, lags, metrics)."""
@@ -43,22 +63,20 @@ class RunCheckpoints:
                 light = g.name in sharded  # its weights and optimizer: the ranks' shards
                 for r, data in enumerate(self.group(g.name).state_bytes(light)):
                     parts[f"{g.name}-rank{r}.pt"] = data
-        in_flight = self.payload_batches()  # rows of produced rollouts, from their actors
-        with self._lock:
-            driver = {
-                "step": step_done,
-                "cursor": self.cursor.state_dict(),
-                "payloads": in_flight,
-                "slot_examples": {s: e for s, e in self.slot_examples.items() if s >= step_done},
-                "scheduler": state,
-            }
+        in_flight = self.data.payload_batches()  # rows of produced rollouts, from their actors
+        driver = {
+            "step": step_done,
+            **self.prompts.state(step_done),  # the cursor, the prompts drawn for later steps
+            "payloads": in_flight,
+            "scheduler": state,
+        }
         parts["driver.pt"] = checkpoint_dumps(driver)
         from rpeg.runtime.actors.checkpoint_identity import model_identity, run_identity
 
         meta = {
             "policy_version": step_done,
             **run_identity(self.config, self.compiled.actor_groups),
-            "staleness": self.k,
+            "staleness": self.compiled.staleness,
             "model": model_identity(self.config.model),
         }
 
@@ -126,10 +144,8 @@ class RunCheckpoints:
                 )
         d = checkpoint_loads(parts["driver.pt"])
         keep_samples_upto(self.config.runtime.output_dir, int(d["step"]))  # logged again
-        self.cursor.load_state_dict(d["cursor"])
-        with self._lock:
-            self.payloads = {int(s): b for s, b in d["payloads"].items()}
-            self.slot_examples = {int(s): e for s, e in d["slot_examples"].items()}
+        self.prompts.load(d)
+        self.data.load_payloads(d["payloads"])
         return d["scheduler"]
 
     def _rank_part(self, parts: dict[str, bytes], g: Any, r: int) -> bytes:

@@ -432,7 +432,7 @@ def test_streaming_across_groups_overlaps_log_probs_with_generation(tmp_path, da
         run.close()
     # the streamed first unit ran on the chunks; the rest of its chain went in one call
     head = train_units[0]
-    assert len(run._chains[head]) == len(train_units) > 2
+    assert len(run.units.chains[head]) == len(train_units) > 2
     assert calls == ["run_units"]
     assert batch.size == 16 * cfg.workload.samples_per_prompt
     assert batch.ref_logprobs is not None and batch.advantages is not None

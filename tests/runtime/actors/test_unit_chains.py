@@ -122,9 +122,9 @@ def test_a_chained_step_equals_the_unit_by_unit_step(tmp_path, dask_cluster):
         compiled = compile_plan(None, cfg)
         names = [t.name for t in compiled.tasks]
         run = DistributedRun(cfg, compiled, dask_cluster)
-        assert list(run._chains.values()) == [tuple(names)]
+        assert list(run.units.chains.values()) == [tuple(names)]
         if not chained:
-            run._chains = {}
+            run.units.chains = {}
         run.start_actors()
         calls = {"run_unit": 0, "run_units": 0}
         group = run.group(compiled.trainer_group)
