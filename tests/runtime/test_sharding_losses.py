@@ -51,6 +51,23 @@ def test_entropy_only_differentiated_with_a_coefficient():
     assert none is None
 
 
+def test_only_several_chunks_are_recomputed_in_backward(monkeypatch):
+    # one chunk holds the same logits in backward either way: it is not checkpointed
+    import torch.utils.checkpoint as ck
+
+    calls = []
+    real = ck.checkpoint
+    monkeypatch.setattr(ck, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    h = torch.randn(2, 6, 8, requires_grad=True)
+    w = torch.randn(11, 8)
+    y = torch.zeros(2, 6, dtype=torch.long)
+    for chunk, expected in ((None, 0), (6, 0), (4, 2), (1, 6)):
+        calls.clear()
+        lp, _ = chunked_token_logprobs(h, w, y, with_entropy=True, chunk_positions=chunk)
+        lp.sum().backward()
+        assert len(calls) == expected, chunk
+
+
 def test_lm_logprobs_equal_the_models_logits():
     from rpeg.runtime.model_io import LogprobRequest
 
