@@ -17,7 +17,7 @@ file of tensors (loaded with ``weights_only``). Processes are bound to cores as 
 binds its workers (``rpeg.runtime.cpu_binding``, ``auto``). Medians over every step but each
 run's first; CPU seconds are each process's own (``time.process_time``). When N processes
 share fewer than N cores, ``bound`` / ``local`` above 1 says that no layout of N ranks can
-match one process here (docs/parallelism.md "More ranks than cores";
+match one process here (docs/ranks.md "More ranks than cores";
 figures in docs/measurements.md).
 
 Prints one line per mode and ``SUMMARY cores=C ranks=N local=.. bound=.. (x) layout=.. (x)``.

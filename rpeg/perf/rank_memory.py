@@ -5,7 +5,7 @@ it (bf16 weights, fused kernels). This module prices what a rank of RPEG's own r
 part by part, from the compiled groups (``rpeg.compile.GroupSpec``: dp, tp, FSDP, recompute,
 the roles and which train) -- what ``rpeg predict`` reports per rank, what the run summary
 and ``rpeg bench`` set beside the measured peak, and what the preflight refuses before start
-when it exceeds a worker's memory. docs/parallelism.md "Where a rank's bytes live" walks
+when it exceeds a worker's memory. docs/ranks.md "Where a rank's bytes live" walks
 through it with the measured table.
 
 Resident between units (``s`` = the role's shard divisor: tp, times dp under FSDP):

@@ -7,7 +7,7 @@ host to its own block of the host's cores (``torchrun --numa-binding``, NeMo's `
 launchers, dask-cuda's per-GPU CPU affinity do the same for their processes) removes that:
 measured on the 2-core CI machine, ``configs/sharded-cpu.yaml`` (4 ranks, tp=2 x fsdp dp=2)
 ran 1.67-1.99 s per step bound against 2.11-2.46 s unbound, interleaved (docs/measurements.md;
-docs/parallelism.md "CPU core binding").
+docs/ranks.md "CPU core binding").
 
 * :func:`core_block` -- pure: the cores of slot ``i`` of ``n`` over a host's cores: equal
   contiguous blocks when ``n <= cores``, else core ``i mod cores`` (more ranks than cores

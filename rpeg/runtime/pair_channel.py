@@ -7,7 +7,7 @@ gloo's device thread on each side, which must be scheduled to move the bytes and
 wake the calling thread: with more ranks than cores (4 ranks of ``configs/sharded-cpu.yaml``
 on the 2-core CI machine) those hand-offs wait for a core. Measured there, 4 ranks, two
 pairs, a 16 KiB exchange between small matmuls (a micro-benchmark recorded in
-docs/measurements.md; design: docs/parallelism.md "Same-host pair channel"): gloo 2.3 ms wall / 0.56 ms CPU per iteration,
+docs/measurements.md; design: docs/ranks.md "Same-host pair channel"): gloo 2.3 ms wall / 0.56 ms CPU per iteration,
 this channel 0.76 ms / 0.155 ms; an exchange alone 308 us vs 20 us.
 
 :class:`PairChannel` is a connected Unix stream socket (Linux abstract namespace: no file,
