@@ -183,3 +183,23 @@ def apply_stage_layout(rank_actor: Any) -> None:
         if close is not None:
             close()
         r._source = None
+
+
+def current_model(actor: Any) -> Any:
+    """A whole model at ``actor``'s current weights to decode with outside the step
+    (validation): the LM itself, or under pp -- where no rank holds the whole LM -- the
+    engine's copy when it is at the actor's version, else a copy of it loaded from the
+    stages (a collective over the pipeline group: every rank of the group calls it)."""
+    if getattr(actor, "pipeline", None) is None:
+        return actor.lm
+    eng = actor.engine
+    if int(eng.policy_version) == int(actor.policy_version):
+        return eng.model
+    import copy
+
+    from rpeg.runtime.sharding import load_tensors
+
+    model = copy.deepcopy(eng.model)
+    meta, fetch = actor.weight_source()
+    load_tensors(model, list(meta), fetch)
+    return model

@@ -1010,3 +1010,46 @@ def pipeline_weight_source(pipe: Pipeline, dtype: torch.dtype | None = None):
         return buf
 
     return meta, fetch
+
+
+def load_unsplit_state(worker, msd: dict, osd: dict | None) -> None:
+    """Load a whole (unsplit) model's weights ``msd`` and optimizer state ``osd`` (an
+    unsharded role's checkpoint: ``rpeg.runtime.role_state.role_state``, e.g. rank 0 of
+    data-parallel replicas) into this rank's stages: each stage takes its own tensors, and
+    the optimizer state of each of its parameters by the parameter's position in the whole
+    model (the tied LM head's copy takes the embedding's). A checkpoint whose entries do not
+    map onto the whole model's parameters one to one is refused, naming the counts."""
+    pipe: Pipeline = worker.pipeline
+    own = worker.module.state_dict()
+    sd = {}
+    for k in own:
+        src = k if k in msd else _tied_name(pipe, k)
+        if src is None or src not in msd:
+            raise KeyError(f"pipeline stage {pipe.index}: the checkpoint lacks {k}")
+        sd[k] = msd[src]
+    worker.module.load_state_dict(sd)
+    eng_model = getattr(worker.engine, "model", None)
+    if isinstance(eng_model, nn.Module) and eng_model is not worker.lm:
+        # the generation copy (whole, or split at gen_tp) takes the same whole weights
+        from rpeg.runtime.sharding import load_tensors
+
+        load_tensors(eng_model, list(eng_model.state_dict()), msd.__getitem__)
+    if osd is None or worker.optimizer is None:
+        return
+    names = [k for k in msd if not (pipe.tied and k == "lm_head.weight")]
+    count = sum(len(g["params"]) for g in osd["param_groups"])
+    if len(osd["param_groups"]) != 1 or len(names) != count:
+        raise ValueError(
+            f"pipeline stage {pipe.index}: the checkpoint's optimizer holds {count} parameters "
+            f"in {len(osd['param_groups'])} group(s), its model {len(names)} tensors; only one "
+            "group over every tensor maps onto the stages"
+        )
+    index = {n: i for i, n in enumerate(names)}
+    mine = [n for n, p in worker.lm.named_parameters() if p.requires_grad]
+    state = {}
+    for j, n in enumerate(mine):
+        i = index[n if n in index else _tied_name(pipe, n) or n]
+        if i in osd["state"]:
+            state[j] = osd["state"][i]
+    group = {**osd["param_groups"][0], "params": list(range(len(mine)))}
+    worker.optimizer.load_state_dict({"state": state, "param_groups": [group]})

@@ -116,7 +116,11 @@ def policy_state(worker, weights: bool = True) -> dict:
 def load_policy_state(worker, state: dict) -> None:
     """Put back :func:`policy_state` (without ``module``: the weights were loaded from the
     shards, RankActor.load_shards)."""
-    if "module" in state:
+    if "module" in state and getattr(worker, "pipeline", None) is not None:
+        from rpeg.runtime.pipeline import load_unsplit_state  # a whole model's, at pp > 1
+
+        load_unsplit_state(worker, state["module"], state.get("optimizer"))
+    elif "module" in state:
         load_role_state(worker.module, worker.optimizer, state, worker.shards)
     worker.generator.set_state(state["generator"])
     torch.set_rng_state(state["torch_rng"])

@@ -44,10 +44,11 @@ def validation_batch(
     (greedy for 1)."""
     from rpeg.runtime import stages
     from rpeg.runtime.engines.torch_engine import TorchEngine
+    from rpeg.runtime.parallel_layout import current_model
 
     w = copy.copy(actor)
     w.engine = TorchEngine(
-        actor.lm,
+        current_model(actor),  # the LM, or a whole copy of a pipelined one's stages
         tokenizer.pad_token_id,
         tokenizer.eos_token_id,
         compute_dtype=getattr(actor, "compute_dtype", torch.float32),

@@ -119,6 +119,16 @@ def replica_layout(layout: Any) -> bool:
     )
 
 
+def stage_layout(layout: Any) -> bool:
+    """Every trainable group pipeline stages over replicas (tp 1, no fsdp, pp > 1): each
+    stage takes its tensors from one whole rank's part (rpeg.runtime.pipeline.load_unsplit_state)."""
+    import re
+
+    return isinstance(layout, dict) and all(
+        re.fullmatch(r"dp\d+xtp1xpp\d+", v) for v in layout.values() if isinstance(v, str)
+    )
+
+
 def identity_mismatches(
     meta: dict[str, Any], ident: dict[str, Any], allow: tuple[str, ...] = ()
 ) -> list[Problem]:
@@ -149,13 +159,15 @@ def identity_mismatches(
             continue  # the other runtime's parts: mismatches says so
         if field in allow:
             if field == "layout" and not (
-                now == "local" or was == "local" or (replica_layout(was) and replica_layout(now))
+                now == "local"
+                or was == "local"
+                or (replica_layout(was) and (replica_layout(now) or stage_layout(now)))
             ):
                 out.append(
                     Problem(
                         "--allow-change",
                         f"layout {was} -> {now}: only data-parallel replicas (tp 1, no "
-                        "fsdp) reshard on resume",
+                        "fsdp) reshard on resume, into replicas or pipeline stages (tp 1, pp)",
                     )
                 )
             continue

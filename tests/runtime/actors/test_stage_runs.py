@@ -1,0 +1,113 @@
+"""``rpeg train`` runs at pipeline (pp) and context (cp) parallelism end to end on CPU ranks
+(gloo): the built-in task on the built-in model widened to 8 layers, 2 steps, every model unit
+of the plan at the layout (generation on a whole copy at tp 1). Each layout gives the
+data-parallel run's first step -- the same responses (layout-invariant sampling), so the same
+gradient norm, KL and entropy to round-off -- and finite losses; a pipelined rank holds about
+half the actor; a run checkpointed at dp=2 resumes at pp=2 with the dp=2 run's second step
+(the same weights and optimizer state)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.runtime.stage_run_cases import stage_config
+
+pytestmark = pytest.mark.slow
+
+COMPARED = ("grad_norm", "kl", "entropy", "pg_loss", "reward_mean")
+
+
+def _steps(cfg) -> list[dict]:
+    from pathlib import Path
+
+    path = Path(cfg.runtime.output_dir) / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [r for r in rows if "grad_norm" in r]
+
+
+def _run(cluster, cfg, **kw):
+    from rpeg.flows.entry import train_on
+
+    return train_on(cluster, cfg, progress=False, **kw)
+
+
+def _same(got: dict, want: dict) -> None:
+    for k in COMPARED:
+        assert got[k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), k
+
+
+@pytest.fixture(scope="module")
+def dp_steps(tmp_path_factory, prefect_harness, dask_cluster):
+    """The data-parallel run (dp=2 replicas, the same plan at pp=cp=1): its steps' metrics."""
+    cfg = stage_config(tmp_path_factory.mktemp("dp"), **{"runtime.steps": 2})
+    s = _run(dask_cluster, cfg)
+    assert s["layout"]["g0"]["dp"] == 2
+    return _steps(cfg)
+
+
+@pytest.mark.parametrize(
+    ("kw", "degrees"),
+    [
+        ({"pp": 2}, (2, 1, "1f1b")),
+        ({"pp": 2, "schedule": "interleaved_1f1b"}, (2, 1, "interleaved_1f1b")),
+        ({"cp": 2}, (1, 2, "1f1b")),
+    ],
+    ids=["pp2_1f1b", "pp2_interleaved", "cp2"],
+)
+def test_two_ranks_train_at_pp_or_cp_like_data_parallel(
+    tmp_path, dask_cluster, dp_steps, kw, degrees
+):
+    cfg = stage_config(tmp_path, **kw, **{"runtime.steps": 2})
+    s = _run(dask_cluster, cfg)
+    lay = s["layout"]["g0"]
+    assert (lay["pp"], lay["cp"], lay["pp_schedule"], lay["dp"]) == (*degrees[:2], degrees[2], 1)
+    steps = _steps(cfg)
+    assert len(steps) == 2
+    assert all(math.isfinite(r[k]) for r in steps for k in COMPARED)
+    _same(steps[0], dp_steps[0])  # the same first step as data parallelism
+    _same(steps[1], dp_steps[1])  # the generation copy was refreshed from the trained stages
+    # bytes per rank (actor + reference + generation copy) against the whole roles
+    held, full = s["param_bytes_per_rank"]["g0"], s["full_param_bytes"]
+    if degrees[0] > 1:  # actor and reference: one stage each (~1/2); the engine copy whole
+        assert all(0.6 * full < b < 0.75 * full for b in held), (held, full)
+    else:  # cp: whole weights on every rank, the engine decodes on the actor's
+        assert held == [full, full]
+    assert len(s["peak_memory"]["g0"]) == 2 and all(
+        m["peak_rss_bytes"] > 0 for m in s["peak_memory"]["g0"]
+    )
+
+
+def test_pp2_x_dp2_on_four_ranks_like_data_parallel(tmp_path, prefect_harness, dp_steps):
+    from rpeg.infra import start_cluster
+
+    cfg = stage_config(tmp_path, n=4, pp=2, **{"runtime.steps": 2})
+    cluster = start_cluster(n_workers=4, torch_threads=1)
+    try:
+        s = _run(cluster, cfg)
+    finally:
+        cluster.close()
+    lay = s["layout"]["g0"]
+    assert (lay["dp"], lay["pp"]) == (2, 2)
+    steps = _steps(cfg)
+    _same(steps[0], dp_steps[0])
+    _same(steps[1], dp_steps[1])
+
+
+def test_a_dp2_checkpoint_resumes_at_pp2_with_the_same_weights(tmp_path, dask_cluster, dp_steps):
+    ck = {
+        "runtime.checkpoint_url": str(tmp_path / "ck"),
+        "runtime.checkpoint_every": 1,
+        "runtime.run_id": "dp-to-pp",
+    }
+    first = stage_config(tmp_path, **ck, **{"runtime.steps": 1})
+    assert _run(dask_cluster, first)["layout"]["g0"]["dp"] == 2
+    later = stage_config(
+        tmp_path, pp=2, **ck, **{"runtime.steps": 2, "runtime.allow_change": ["layout"]}
+    )
+    s = _run(dask_cluster, later, resume=True)
+    assert s["steps_run"] == 1 and s["layout"]["g0"]["pp"] == 2
+    # step 2 at pp=2 from the dp=2 checkpoint is the uninterrupted dp=2 run's step 2
+    _same(_steps(later)[-1], dp_steps[1])
