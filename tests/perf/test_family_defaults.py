@@ -8,7 +8,7 @@ import pytest
 from rpeg.perf.validation import loso
 from rpeg.perf.validation.published import read_rows
 from rpeg.perf.validation.row_text import read
-from rpeg.perf.validation.rows import read_case
+from rpeg.perf.validation.rows import assumed_values, read_case
 
 
 def _row(**cells):
@@ -39,6 +39,7 @@ def test_a_blank_backend_takes_the_family_trainer(source, system, engine):
     case = read_case(_row(source=source))
     assert case.system == system and case.engine == engine
     assert "train_backend" in case.unknown
+    assert f"train_backend={engine}" in assumed_values(case)
 
 
 def test_a_stated_backend_is_kept():

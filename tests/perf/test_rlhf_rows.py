@@ -11,7 +11,7 @@ from rpeg.perf.validation import loso
 from rpeg.perf.validation.published import read_rows
 from rpeg.perf.validation.row_cells import resolve_model
 from rpeg.perf.validation.row_text import read
-from rpeg.perf.validation.rows import read_case, row_case
+from rpeg.perf.validation.rows import assumed_values, read_case, row_case
 
 
 def _row(**cells):
@@ -90,6 +90,7 @@ def test_the_rlhf_systems_default_to_a_reward_model_for_ppo_only():
 def test_deepspeed_chat_generates_in_static_batches_unless_the_row_says():
     ds = read_case(_row(source="DeepSpeed-Chat benchmark"))
     assert ds.workload.gen_static_batch == 16 and "gen_batch_size" in ds.unknown
+    assert "gen_batch_size=16 (static batches)" in assumed_values(ds)
     stated = read_case(_row(source="DeepSpeed-Chat benchmark", gen_batching="continuous"))
     assert stated.workload.gen_static_batch is None
     other = read_case(_row(source="OpenRLHF paper"))

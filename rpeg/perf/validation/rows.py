@@ -479,6 +479,8 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "has_ref": yn(case.has_ref),
         "algorithm": case.builder,
         "reward_model": yn(case.reward_model),
+        "gen_batch_size": f"{wl.gen_static_batch} (static batches)",
+        "train_backend": case.engine,
         "cluster": case.cluster_name,
     }
     return tuple(f"{u}={values[u]}" for u in case.unknown if u in values)
