@@ -8,7 +8,7 @@ Each is moved alone to both ends and the prediction's deviations are combined in
 (independent errors), so the range is ``point - sqrt(sum of downward deviations^2)`` to
 ``point + sqrt(sum of upward deviations^2)``. The bounds are in
 :class:`rpeg.perf.calibration.Calibration` (``*_uncertainty``, ``fixed_cost_factor``,
-``length_prior_spread``) and docs/perf-model.md, "Intervals".
+``length_prior_spread``) and docs/validation.md, "Intervals".
 """
 
 from __future__ import annotations

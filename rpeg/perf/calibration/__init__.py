@@ -117,7 +117,7 @@ class Calibration:
     spec_accept_rate: float = 0.8
     # Interval bounds (rpeg.perf.interval): relative uncertainty of each term's efficiency,
     # factor on the fixed costs, and the spread (ratio) of the response-length prior's
-    # median. docs/perf-model.md, "Intervals".
+    # median. docs/validation.md, "Intervals".
     decode_uncertainty: float = 0.2
     compute_uncertainty: float = 0.2
     comm_uncertainty: float = 0.25

@@ -1,7 +1,7 @@
 """Ranges of the leave-one-source-out check (pure): a row's range is its point x exp(-/+h),
 h the split-conformal half-width of the LOSO residuals of comparable rows of other sources,
 added in quadrature to the width of the inputs the row leaves unknown
-(docs/perf-model.md, "Ranges")."""
+(docs/validation.md, "Ranges")."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ text where the text is *unambiguous*: one recognised statement, or several that 
 statements that disagree (``mem_fraction 0.8 (0.7 for >1B)``) leave the column blank, and a
 column the row states itself is never overridden. The system is the family that publishes
 or runs the row (the ``train_backend`` cell, else the ``source`` / ``measured_by`` cells,
-when the notes name no other family) with its training backend. docs/perf-model.md, "The
+when the notes name no other family) with its training backend. docs/validation.md, "The
 published-runs data set".
 """
 

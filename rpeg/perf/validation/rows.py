@@ -5,7 +5,7 @@ free-text columns only fill a blank recipe column they state unambiguously
 (rpeg.perf.validation.row_text). A blank cell means "unknown": layout fields (gen_tp, train_tp, the pool
 split, gpu_memory_utilization) stay open and are solved (rpeg.perf.validation.solve); other unknowns
 take the documented prior of :data:`PRIORS` and widen the row's interval
-(rpeg.perf.interval). Column meanings: docs/perf-model.md, "The published-runs data set".
+(rpeg.perf.interval). Column meanings: docs/validation.md, "The published-runs data set".
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from rpeg.perf.validation.row_cells import (
 from rpeg.perf.validation.solve import RowLayout, solve_row
 from rpeg.plan.schema import GraphRef, Plan, UnitPlan
 
-# Priors of inputs a row may leave blank (docs/perf-model.md, "Unknown inputs").
+# Priors of inputs a row may leave blank (docs/validation.md, "Unknown inputs").
 PRIORS: dict[str, Any] = {
     # DAPO-Math / OpenMathInstruct / DeepScaleR prompts with a chat template: 100-200 tokens
     # (NeMo-RL rows imply 102-148).
