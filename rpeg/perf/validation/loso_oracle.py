@@ -47,7 +47,9 @@ def source_optimum(group: list[Any], fold: Any) -> tuple[float, tuple[float, flo
 def optimum(priced: list[Any]) -> dict[str, tuple[float, int]]:
     """source -> (hindsight MAPE, rows) for every source with two or more step rows, and
     ``"pooled"`` over them (rows-weighted)."""
-    from rpeg.perf.validation.loso import fit_lengths, multiplier, params, per_step, share_of
+    from rpeg.perf.validation.loso import per_step, share_of
+    from rpeg.perf.validation.loso_fit import fit_lengths, params
+    from rpeg.perf.validation.loso_lengths import multiplier
 
     steps = [p for p in priced if p.measured_s and not p.shadow]
     by: dict[str, list[Any]] = {}
