@@ -71,11 +71,10 @@ def bench(
         raise ConfigError([Problem("--skip", f"{skip} leaves no step of --steps {steps}")])
     cfg = _config_for(plan)
     graph, chosen = resolve(None, cfg)
-    if cfg.plan is None:  # compile's default plan names the built-in model: the config's
-        from rpeg.specs.hf import priced_model, prices_folder
+    # compile's default plan, or the config's own plan section, names the built-in model
+    from rpeg.cli.perf import folder_plan
 
-        if prices_folder(cfg.model):
-            chosen = chosen.model_copy(update={"model": priced_model(cfg.model).name})
+    chosen = folder_plan(chosen, cfg)
     plan_model_known(chosen, cfg, plan)  # a model known only by its folder: read from it
     from rpeg.preflight import preflight
 

@@ -117,6 +117,7 @@ def predict(
     from rpeg.preflight import load_config
 
     cfg = load_config(None if config is None else str(config))
+    plan = folder_plan(plan, cfg)  # a config's own plan section: the folder's model
     plan_model_known(plan, cfg, config)
     from rpeg.perf import build_graph
     from rpeg.perf.calibration import DEFAULT, SHIPPED
@@ -237,6 +238,19 @@ def _run_config_with_plan(path: Path):
             ]
         )
     return resolve(None, cfg)[1]
+
+
+def folder_plan(plan, cfg):
+    """``plan`` naming the run config's model folder where the config prices its folder
+    (``model.path`` set, ``model.name`` at its default) and the plan names that default (a
+    config's own plan section, compile's default plan): otherwise the performance model
+    would price the built-in tiny model instead of the folder's."""
+    from rpeg.specs.hf import priced_model, prices_folder
+
+    if not prices_folder(cfg.model):
+        return plan
+    spec = priced_model(cfg.model)  # known by its name in this process (a plan file names it)
+    return plan.model_copy(update={"model": spec.name}) if plan.model == cfg.model.name else plan
 
 
 def plan_model_known(plan, cfg, config_path: Path | str | None) -> None:
@@ -459,6 +473,7 @@ def calibrate_run(
 
     cfg = load_config(str(config))
     graph, plan = resolve(None, cfg)
+    plan = folder_plan(plan, cfg)  # a model folder's run: priced as the folder's model
     wl = Workload.from_config(cfg.workload, cfg.model.lora, cfg.task.multiturn)
     measured = fit.read_run(run_dir, skip=skip)
     shaped = False  # a multi-turn run's turn shape fitted (printed at the end)

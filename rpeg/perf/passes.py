@@ -253,13 +253,37 @@ def layer_overhead_s(c: UnitContext, s: PassShape) -> float:
 def expert_loop_s(c: UnitContext, u: UnitPlan, s: PassShape) -> float | None:
     """FSDP trainers run the HF modules, whose MoE block loops over the experts in Python
     (one host sync + ~8 small kernels per expert hit), unlike Megatron's grouped GEMM: a
-    fixed cost per expert per MoE layer per micro-batch and pass. None where it does not
-    apply (dense model, expert parallel, another engine)."""
+    fixed cost per expert per MoE layer per micro-batch and pass; under RPEG's expert
+    parallelism (rpeg.runtime.expert_parallel) each rank loops over its ``E / ep`` experts
+    with the same module. None where it does not apply (dense model, another engine)."""
     m = c.model
-    if not (m.moe and s.ep == 1 and u.engine == "fsdp"):
+    if not (m.moe and u.engine == "fsdp"):
         return None
-    loop = s.micro_batches * s.passes * c.calib.moe_expert_loop_s * m.moe.experts * m.moe_layers
+    experts = m.moe.experts / s.ep
+    loop = s.micro_batches * s.passes * c.calib.moe_expert_loop_s * experts * m.moe_layers
     return loop / s.pp
+
+
+#: seconds per byte of a rank's local expert weights per MoE layer and micro-batch, forward
+#: and backward, on an eager CPU worker: transformers' experts (``torch._grouped_mm``'s CPU
+#: path) cost in proportion to the experts the rank holds, not to the tokens routed to them
+#: (the backward forms every local expert's weight gradient). Measured 2026-12-05 on the
+#: 2-core VM, one thread, Qwen3-MoE experts h 256 x 256, 88 assignments, 4 / 8 / 16 experts:
+#: fwd+bwd 5.7 / 9.5 / 20.6 ms, forward 2.4 / 2.9 / 3.4 ms per layer: ~1.2 ms per expert of
+#: 0.79 MB in fwd+bwd, 0.08 ms in a forward (docs/measurements.md)
+CPU_EXPERT_FWD_S_PER_BYTE = 0.08e-3 / 0.79e6
+CPU_EXPERT_TRAIN_S_PER_BYTE = 1.2e-3 / 0.79e6
+
+
+def cpu_expert_weights_s(c: UnitContext, s: PassShape) -> float:
+    """On CPU workers: the local experts' weights' cost per MoE layer and micro-batch
+    (:data:`CPU_EXPERT_TRAIN_S_PER_BYTE`), ``E / ep`` experts per rank; 0 elsewhere."""
+    m = c.model
+    if not (s.cpu and m.moe):
+        return 0.0
+    local = m.moe.experts / s.ep * m.expert_params * 4.0  # fp32 masters on CPU workers
+    per = CPU_EXPERT_TRAIN_S_PER_BYTE if s.train else CPU_EXPERT_FWD_S_PER_BYTE
+    return s.micro_batches * m.moe_layers / s.pp * local * per
 
 
 def bubble(s: PassShape) -> float:
@@ -270,7 +294,31 @@ def bubble(s: PassShape) -> float:
     return (s.pp - 1) / (s.pp_chunks * s.per_minibatch) if s.pp > 1 else 0.0
 
 
+def bubble_factor(c: UnitContext, b: float) -> float:
+    """The pass's compute time over its busy time, ``1 + bubble``; on CPU workers that share
+    cores (rpeg.perf.time_sharing: each at ``cpu_share`` of a core) a pipeline rank's idle
+    slots are core time the other workers use, so the pass takes the longer of its own
+    schedule and the workers' CPU work: ``max(1, share (1 + b))`` of ``t_comp``, which is
+    priced at the shared rate (pp=2 x dp=2 on 2 cores: the bubble hides in the sharing)."""
+    share = float(getattr(c, "cpu_share", 1.0))
+    return max(1.0, share * (1.0 + b)) if share < 1.0 else 1.0 + b
+
+
 # --- communication ---------------------------------------------------------------------------
+def pipeline_p2p_s(c: UnitContext, s: PassShape, first: int) -> tuple[str, float]:
+    """The stage boundaries' point-to-point messages (rpeg.runtime.pipeline: only hidden
+    states cross stages): per micro-batch a rank receives and sends one ``[b, T, H]``
+    activation forward, and its gradient backward in training -- ``2 (pp - 1) / pp`` messages
+    per direction on average over the ranks (the first and last send or receive only), each
+    latency plus bytes over the pp link (stride tp x cp): (link level, seconds)."""
+    m = c.model
+    lvl, bw, alpha = costs.group_link(c.cluster, first, s.pp, s.tp * s.cp)
+    nbytes = s.tokens_dev * m.hidden * s.value_bytes / s.tp
+    dirs = 2 if s.train else 1
+    msgs = s.micro_batches * dirs * 2.0 * (s.pp - 1) / s.pp
+    return lvl, msgs * (alpha + nbytes / bw)
+
+
 def tensor_parallel_s(c: UnitContext, s: PassShape, first: int) -> tuple[str, float]:
     """Two all-reduces (or reduce-scatter + all-gather) of a micro-batch's activations per
     layer per pass: (link level, seconds)."""
@@ -367,8 +415,30 @@ def fsdp_gathers_s(
             * costs.gather_time(p_bytes * s.dp, s.dp, bw, lat, eff)
         )
         return lvl, fs * c.wl.train_minibatches
-    p_bytes = c.model.params * s.value_bytes / (s.tp * s.pp)
+    p_bytes = (c.model.params - ep_experts(c.model, s.ep, "fsdp")) * s.value_bytes / (s.tp * s.pp)
     return lvl, s.micro_batches * costs.gather_time(p_bytes, s.dp, bw, lat, eff)
+
+
+def ep_experts(m: ModelSpec, ep: int, engine: str) -> float:
+    """Expert parameters (all of the model's) that RPEG's FSDP trainer leaves out of FSDP at
+    ``ep > 1``: each rank holds its ``1 / ep`` of them whole, replicated over the ``dp / ep``
+    ranks that hold the same experts (rpeg.runtime.expert_parallel); 0 otherwise (another
+    engine: Megatron shards experts its own way)."""
+    if ep <= 1 or engine != "fsdp" or not m.moe:
+        return 0.0
+    return float(m.moe_layers * m.moe.experts * m.expert_params)
+
+
+def expert_grad_sync_s(c: UnitContext, s: PassShape, first: int, u: UnitPlan) -> float:
+    """RPEG's ep: the local experts' gradients summed over the ``dp / ep`` ranks holding the
+    same experts, once per optimizer step (0 when ``dp == ep``)."""
+    split = ep_experts(c.model, s.ep, u.engine) / (s.ep * s.pp)
+    edp = s.dp // max(1, s.ep)
+    if not split or edp <= 1:
+        return 0.0
+    _, bw, lat = _dp_link(c, s, first)
+    grad = split * 4.0  # fp32 gradients of the masters
+    return c.wl.train_minibatches * costs.allreduce_time(grad, edp, bw, lat, c.calib.nccl_bus_eff)
 
 
 # --- memory ----------------------------------------------------------------------------------
@@ -379,12 +449,18 @@ def state_memory(c: UnitContext, u: UnitPlan, trainable: bool) -> dict[str, floa
     p_dev = params_per_device(c.model, u.tp, u.pp, u.ep)
     fsdp = u.engine == "fsdp"
     dp = max(1, u.num_devices // (u.tp * u.pp))
-    out = {"weights": p_dev * c.wbytes / GB / (dp if fsdp else 1)}
+    # RPEG's ep: the rank's experts stay whole beside FSDP's shard of the rest (ep_experts)
+    split = ep_experts(c.model, u.ep, u.engine) / (u.ep * u.pp)
+    p_shard = (p_dev - split) / (dp if fsdp else 1) + split  # the parameters a rank holds
+    out = {"weights": p_shard * c.wbytes / GB}
     if trainable:
         p_train = trainable_params(c.model, c.wl, p_dev, u.tp)  # LoRA: adapters (perf.lora)
         out |= adapter_memory(c.model, c.wl, p_dev, c.wbytes, dp if fsdp else 1, u.tp)
         out["gradients"] = p_train * 2.0 / GB / (dp if fsdp else 1)
         out["optimizer"] = p_train * 12.0 / dp / GB  # fp32 master + Adam m, v (distributed)
+        if split:  # the whole local experts' gradients and AdamW state, over the rest's shard
+            out["gradients"] = ((p_train - split) / dp + split) * 2.0 / GB
+            out["optimizer"] = ((p_train - split) / dp + split) * 12.0 / GB
         if c.wl.assumed_optimizer_on_host:
             out["optimizer"] = 0.0  # on the host (priced in optimizer_s: host_optimizer_s)
         if unit_keeps_gathered(c, u):
@@ -440,6 +516,10 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     if loop is not None:
         t_comp += loop
         sc.detail["moe_expert_loop_s"] = loop
+    ew = cpu_expert_weights_s(c, s)
+    if ew:
+        t_comp += ew
+        sc.detail["cpu_expert_weights_s"] = ew
     # communication, by link level
     comm: dict[str, float] = {}
     first = u.devices[0]
@@ -455,19 +535,28 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         _add(comm, *expert_parallel_s(c, s, first))
     if s.cp > 1:
         _add(comm, *context_parallel_s(c, s, first))
+    if s.pp > 1:
+        _add(comm, *pipeline_p2p_s(c, s, first))
     state = state_memory(c, u, train)
     if u.engine == "fsdp" and s.dp > 1:
         gathered = "gathered_weights" in state
         if train:
             sc.detail["fsdp_collectives_per_micro_batch"] = float(fsdp_collectives(gathered))
-        lvl, fs = fsdp_gathers_s(c, s, first, state["weights"], gathered)
+        split_gb = ep_experts(c.model, s.ep, u.engine) / (s.ep * s.pp) * c.wbytes / GB
+        lvl, fs = fsdp_gathers_s(c, s, first, state["weights"] - split_gb, gathered)
         t_comp = eager_cpu.overlap(c.gpu, t_comp, fs, comm, lvl)
     if train and s.dp > 1:
-        _add(comm, *gradient_sync_s(c, s, first, state["weights"]))
+        split_gb = ep_experts(c.model, s.ep, u.engine) / (s.ep * s.pp) * c.wbytes / GB
+        _add(comm, *gradient_sync_s(c, s, first, state["weights"] - split_gb))
+        ex = expert_grad_sync_s(c, s, first, u)
+        if ex:
+            _add(comm, _dp_link(c, s, first)[0], ex)
+            sc.detail["ep_expert_grad_sync_s"] = ex
     t_opt = optimizer_s(c, u, s, state.get("optimizer", 0.0))
     b = bubble(s)
     scale = c.calib.train_eff_scale if train else c.calib.fwd_eff_scale
-    sc.time_s = eager_cpu.scaled(c.gpu, t_comp * (1.0 + b) + t_opt, sum(comm.values()), scale)
+    t_pipe = t_comp * bubble_factor(c, b)
+    sc.time_s = eager_cpu.scaled(c.gpu, t_pipe + t_opt, sum(comm.values()), scale)
     sc.flops = pass_flops(c, s)
     sc.comm_s = comm
     act, logits = activation_memory(c, s)
