@@ -61,6 +61,9 @@ GPU_MEMORY_UTILIZATION = 0.8
 #: verl's layout): the trainer's weights, gradients and optimizer state stay resident beside
 #: the engine, so the engine takes less. The one other default of the knob, and it lives here.
 COLOCATED_GPU_MEMORY_UTILIZATION = 0.6
+#: the share the plan search gives a generate unit it lays out (rpeg.search: a candidate, not
+#: a fallback; on its own devices in a disaggregated layout the engine can take more)
+SEARCH_GPU_MEMORY_UTILIZATION = 0.85
 
 # runtime (rpeg.config.RuntimeConfig)
 MAX_STALENESS = 0  # bound k on policy-version lag: 0 = on-policy

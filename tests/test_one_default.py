@@ -94,11 +94,7 @@ NOT_DEFAULTS = {
 #: parallelism and engine tuning); to read rpeg/defaults.py when that work lands. Each entry
 #: allows that literal in that module; any other site fails.
 PENDING = {
-    ("rpeg/runtime/engines/vllm.py", "gpu_memory_utilization", "0.5"),
     ("rpeg/search/space.py", "gpu_memory_utilization", "0.85"),
-    ("rpeg/search/baselines.py", "gpu_memory_utilization", "0.85"),
-    ("rpeg/perf/validation/solve.py", "gpu_memory_utilization", "0.8"),
-    ("rpeg/runtime/engines/base.py", "temperature", "1.0"),
 }
 
 

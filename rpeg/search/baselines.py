@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rpeg import defaults
 from rpeg.perf.calibration import DEFAULT, Calibration
 from rpeg.search.evaluate import Evaluator, solve_cell
 from rpeg.search.problem import search_space
@@ -55,7 +56,9 @@ def verl(prob: Any, space_options: SpaceOptions | None = None, calib: Calibratio
             lays = {}
             for name, cls in c.classes.items():
                 if cls == "gen":
-                    lays[name] = Layout(tp=tp, gpu_memory_utilization=0.85)
+                    lays[name] = Layout(
+                        tp=tp, gpu_memory_utilization=defaults.SEARCH_GPU_MEMORY_UTILIZATION
+                    )
                 elif cls == "none":
                     lays[name] = Layout()
                 else:

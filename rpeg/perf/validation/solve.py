@@ -18,6 +18,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rpeg import defaults
 from rpeg.perf.calibration import DEFAULT, Calibration
 from rpeg.perf.prediction import StepPrediction
 from rpeg.perf.pricing import predict
@@ -50,7 +51,7 @@ class RowLayout:
     train_pp: int = 1
     train_cp: int = 1
     train_ep: int | None = 1
-    gpu_memory_utilization: float | None = 0.8
+    gpu_memory_utilization: float | None = defaults.GPU_MEMORY_UTILIZATION
     recompute: bool | None = True
     solved: dict[str, Any] = field(default_factory=dict, compare=False)
 

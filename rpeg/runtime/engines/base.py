@@ -8,6 +8,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from rpeg import defaults
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -18,7 +20,7 @@ class SamplingParams:
     """
 
     max_new_tokens: int = 16
-    temperature: float = 1.0
+    temperature: float = defaults.TEMPERATURE
     top_p: float = 1.0
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = ()

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from rpeg import defaults
 from rpeg.errors import RpegError
 from rpeg.runtime.engines.base import GenerationOutput, SamplingParams
 from rpeg.runtime.engines.row_sampling import row_seeds
@@ -171,7 +172,7 @@ class VLLMEngine:
         eos_id: int,
         tie_word_embeddings: bool,
         dtype: str = "bfloat16",
-        gpu_memory_utilization: float = 0.5,
+        gpu_memory_utilization: float = defaults.GPU_MEMORY_UTILIZATION,
         tensor_parallel_size: int = 1,
         seed: int = 0,
         sleep_mode: bool = False,
