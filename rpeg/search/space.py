@@ -315,7 +315,7 @@ class SearchSpace:
             grid = itertools.product(o.tp, o.gen_pp, (1,), (1,), (1,), (True,), ("auto",), util)
         else:
             cps = o.cp if self.max_seq_tokens >= o.cp_min_seq_tokens else (1,)
-            eps = (1, 2, 4, 8) if getattr(m, "moe", None) else (1,)
+            eps = (1, 2, 4, 8, 16, 32, 64) if getattr(m, "moe", None) else (1,)
             rec = o.recompute if cls == "train" else (True,)
             eng = o.engines
             grid = itertools.product(o.tp, o.pp, cps, eps, o.micro_batch_sizes, rec, eng, (0.85,))
