@@ -3,9 +3,10 @@ group's layout, the actor and the frozen reference cut into pipeline stages
 (:func:`rpeg.runtime.pipeline.apply_pipeline`) or run on sequence shards
 (:func:`rpeg.runtime.context_parallel.apply_context_parallel`), and the generation engine.
 
-Called by ``RankActor._apply_layout`` for a group with ``pp > 1`` or ``cp > 1`` (rank order: tp
-innermost, then cp, then pp, dp outermost; the ``replica_ranks = tp * cp * pp`` ranks of one
-data-parallel index hold the same rows).
+Called by ``RankModels._apply_layout`` (a rank's models: rpeg.runtime.actors.rank_models) for
+a group with ``pp > 1`` or ``cp > 1`` (rank order: tp innermost, then cp, then pp, dp
+outermost; the ``replica_ranks = tp * cp * pp`` ranks of one data-parallel index hold the
+same rows).
 
 Generation (decision, docs/parallelism.md "Generation on a pp or cp group"): the engine
 decodes at the generation layout ``(world / gen_tp, gen_tp)`` -- every rank its own prompts --
@@ -127,10 +128,10 @@ def _own_engine(worker, gen_layout, source, device) -> None:
 
 
 def apply_stage_layout(rank_actor: Any) -> None:
-    """Lay out a :class:`rpeg.runtime.actors.rank.RankActor`'s roles at its group's pp or cp
-    (module doc): sets its ``reduce`` (the dp group's batch statistics), the actor's and the
-    reference's stages or sequence shards, the generation engine, and drops the weight
-    source. Refuses, by name, what it does not run (:func:`stage_layout_problems`)."""
+    """Lay out a rank's roles (:class:`rpeg.runtime.actors.rank_models.RankModels`) at its
+    group's pp or cp (module doc): sets its ``reduce`` (the dp group's batch statistics), the
+    actor's and the reference's stages or sequence shards, the generation engine, and drops
+    the weight source. Refuses, by name, what it does not run (:func:`stage_layout_problems`)."""
     from rpeg.runtime.engines.torch_engine import TorchEngine
     from rpeg.runtime.materialize import on_meta
     from rpeg.runtime.parallel import LOCAL, process_group_reduce
@@ -147,7 +148,7 @@ def apply_stage_layout(rank_actor: Any) -> None:
         )
     if probs:
         raise ConfigError(probs, title="layout refused")
-    source, device = r._source, r.device
+    source, device = r.source, r.device
     if source is not None and hasattr(source, "consume"):
         source.consume = False  # the engine copy and the reference read it too
     groups = layout_groups(lay, r.rank)
@@ -182,7 +183,7 @@ def apply_stage_layout(rank_actor: Any) -> None:
         close = getattr(source, "close", None)
         if close is not None:
             close()
-        r._source = None
+        r.source = None
 
 
 def current_model(actor: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from rpeg.compile.rank_program import RoleInputs
 from rpeg.config import RunConfig
 from rpeg.ir.recipes import recipe
 from rpeg.runtime.critic import CriticWorker
@@ -47,7 +48,9 @@ def folder_fingerprint(path: str) -> list[tuple[str, int, int]]:
 
 
 def build_policy(
-    config: RunConfig, log: Callable[[str], None] | None = None, device: torch.device | None = None
+    config: RunConfig | RoleInputs,
+    log: Callable[[str], None] | None = None,
+    device: torch.device | None = None,
 ):
     """(model, tokenizer, info): the configured model, or the built-in tiny model; with the
     supervised warm-up applied (cached) when ``config.warmup_sft_steps`` > 0. ``device``
@@ -98,7 +101,7 @@ def build_policy(
     return model, tok, info
 
 
-def build_policy_meta(config: RunConfig, log: Callable[[str], None] | None = None):
+def build_policy_meta(config: RunConfig | RoleInputs, log: Callable[[str], None] | None = None):
     """(model on the meta device, tokenizer, info, source): :func:`build_policy` for a rank
     that builds its roles sharded (rpeg.runtime.materialize). A ``model.path`` folder without
     a warm-up is read tensor by tensor from its safetensors files when each role is filled
@@ -153,7 +156,7 @@ class Roles:
 
 
 def build_roles(
-    config: RunConfig,
+    config: RunConfig | RoleInputs,
     roles: Collection[str],
     *,
     engine_kind: Callable[[torch.nn.Module], str],

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from rpeg import defaults
+from rpeg.compile.rank_program import RoleInputs
 from rpeg.config import AlgorithmConfig, RunConfig
 from rpeg.runtime.algorithms import masked_mean, mismatch_metrics
 from rpeg.runtime.batch import RolloutBatch
@@ -274,7 +275,7 @@ class StageContext:
     """What one process runs stages with: the run config, the workers it hosts, the rewards,
     and how its data-parallel group reduces batch statistics."""
 
-    config: RunConfig
+    config: RunConfig | RoleInputs  # a rank's: the sections of its RankProgram
     actor: PolicyWorker | None = None
     reference: PolicyWorker | None = None
     critic: CriticWorker | None = None

@@ -131,6 +131,7 @@ UNITS = ("generate", "reward", "ref_logprob", "old_logprob", "advantage", "train
 def _rank(trainable: bool):
     """One in-process rank of a one-device plan (every unit on device 0), vLLM engine."""
     from rpeg.compile import compile_plan
+    from rpeg.runtime.actors.programs import group_program
     from rpeg.runtime.actors.rank import RankActor
 
     cfg = RunConfig().with_overrides(
@@ -151,14 +152,15 @@ def _rank(trainable: bool):
         import dataclasses
 
         g = dataclasses.replace(g, roles=("actor",), trainable=())
-    return cfg, RankActor(cfg.to_yaml(), g, 0, async_rollout=not trainable, k=0)
+    program = group_program(cfg, g, staleness=0, async_rollout=not trainable)
+    return cfg, RankActor(program, 0)
 
 
 def _rank_steps(cfg, rank, kinds):
     from rpeg.runtime.actors.row_shards import PromptShard
     from rpeg.runtime.task_data import build_task_data
 
-    cursor, _ = build_task_data(cfg.task, rank.tokenizer, cfg.workload.max_prompt_tokens)
+    cursor, _ = build_task_data(cfg.task, rank.models.tokenizer, cfg.workload.max_prompt_tokens)
     try:
         for step in range(2):
             shard = PromptShard(first=0, examples=tuple(cursor.next(cfg.workload.num_prompts)))
@@ -181,7 +183,7 @@ def test_a_colocated_rank_sleeps_after_its_rollout_and_wakes_around_its_sync(mon
 def test_a_separate_generator_rank_never_sleeps(monkeypatch):
     mod = _with_fake_vllm(monkeypatch, platform_sleep=True)
     cfg, rank = _rank(trainable=False)
-    assert not rank.residency.active
+    assert not rank.models.residency.active
     _rank_steps(cfg, rank, ("generate",))
     (llm,) = mod.built
     assert not llm.enable_sleep_mode  # built awake: a sleep/wake call would have raised

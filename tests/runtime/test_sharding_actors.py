@@ -51,13 +51,13 @@ def _group(name, **layout):
 
 
 def _start(cluster, cfg, group):
+    from rpeg.runtime.actors.programs import group_program
     from rpeg.runtime.actors.rank import RankActor
 
     client, w = cluster.client, cluster.workers
+    program = group_program(cfg, group, staleness=0)
     ranks = [
-        client.submit(
-            RankActor, cfg.to_yaml(), group, r, k=0, actor=True, workers=[w[r]], pure=False
-        ).result()
+        client.submit(RankActor, program, r, actor=True, workers=[w[r]], pure=False).result()
         for r in range(2)
     ]
     url = ranks[0].rendezvous().result()

@@ -43,6 +43,8 @@ class ActorSet:
         self.start_s = 0.0
         self.count_bytes = count_bytes  # given to every group (RankGroup's data methods)
         self._rank_info: dict[str, list[tuple[Any, Any]]] = {}  # kept from the last answer
+        #: group -> what its ranks run (rpeg.compile.rank_program), resolved at the first start
+        self.programs: dict[str, Any] = {}
 
     def group(self, name: str) -> RankGroup:
         return self.groups[name]
@@ -71,7 +73,6 @@ class ActorSet:
         addresses sorted by name (default: the scheduler's list)."""
         from rpeg.runtime.actors.rank import RankActor
 
-        cy = self.config.to_yaml()
         workers = list(workers) if workers else self.listed_workers()
         if self.n_workers is None:
             self.n_workers = len(workers)
@@ -83,9 +84,7 @@ class ActorSet:
         }
         slots = self._cpu_slots()
         gpus = self._gpu_slots()
-        from rpeg.runtime.actors.predicted import collective_timeout_s
-
-        timeout_s = collective_timeout_s(self.config)  # the groups' (rpeg.runtime.actors.predicted)
+        programs = self._programs()  # no config text: each group's RankProgram
         with self.client.as_current():
             futs = {}
             for g in self.compiled.actor_groups:
@@ -93,12 +92,8 @@ class ActorSet:
                     addr = self.placement[(g.name, rank)]
                     futs[(g.name, rank)] = self.client.submit(
                         RankActor,
-                        cy,
-                        g,  # the GroupSpec itself (a frozen dataclass)
+                        programs[g.name],
                         rank,
-                        self.async_rollout,
-                        k=self.compiled.staleness,
-                        collective_timeout_s=timeout_s,
                         cpu_slot=slots.get(addr),
                         gpu_slot=gpus.get(addr),
                         actor=True,
@@ -118,6 +113,25 @@ class ActorSet:
         for g in self.groups.values():
             g.join_process_group()
         self.start_s = time.perf_counter() - t0
+
+    def _programs(self) -> dict[str, Any]:
+        """Each group's :class:`rpeg.compile.rank_program.RankProgram`, resolved once per run
+        (rpeg.runtime.actors.programs): the engine rule with vLLM's availability on the
+        group's workers, the collective timeout from the predicted step."""
+        if self.programs:
+            return self.programs
+        from rpeg.runtime.actors.programs import asks_vllm, run_programs, workers_have_vllm
+
+        def vllm_on(g: Any) -> bool | None:
+            if not asks_vllm(self.config, g):
+                return None
+            used = list(dict.fromkeys(self.placement[(g.name, r)] for r in range(g.world_size)))
+            return workers_have_vllm(self.client, used)
+
+        self.programs = run_programs(
+            self.config, self.compiled, vllm_on, async_rollout=self.async_rollout
+        )
+        return self.programs
 
     def listed_workers(self, timeout_s: float = 90.0) -> list[str]:
         """The scheduler's workers; while it lists none (a cluster whose workers are still

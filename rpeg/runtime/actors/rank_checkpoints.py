@@ -1,7 +1,8 @@
 """What a rank writes to and loads from a checkpoint: its rank state (weights, optimizers, RNG
 states, versions: rpeg.runtime.actors.checkpoint) or, for a sharded group, its
-torch.distributed.checkpoint shards (rpeg.runtime.actors.shard_checkpoint). A mixin of
-:class:`rpeg.runtime.actors.rank.RankActor`."""
+torch.distributed.checkpoint shards (rpeg.runtime.actors.shard_checkpoint). A part of
+:class:`rpeg.runtime.actors.rank.RankActor` (``rank.checkpoints``) over its models
+(:class:`rpeg.runtime.actors.rank_models.RankModels`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 
 
 class RankCheckpoints:
-    """Checkpoint methods of a rank (remote, but ``_roles``)."""
+    """What a rank writes to and loads from a checkpoint (remote)."""
 
-    # ---------------------------------------------------------------- checkpoints
+    def __init__(self, models: Any) -> None:
+        self.models = models  # rpeg.runtime.actors.rank_models.RankModels
+
     def state_bytes(self, light: bool = False) -> bytes:
         """Weights, optimizers, RNG states and policy/engine versions of this rank (``light``:
         RNG states and versions only, for a group whose ranks write their shards themselves:
@@ -19,23 +22,22 @@ class RankCheckpoints:
         layout, dp index > 0) holds rank 0's weights and optimizer state: it writes the light
         state, and a restore gives it rank 0's (RunCheckpoints._restore_from), so a
         checkpoint moves one copy of the model through the driver, not one per rank."""
-        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
+        m = self.models
+        m.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors.checkpoint import rank_state_bytes
 
-        self._fault("checkpoint", self.policy_version())
-        lay = getattr(self, "layout", None)
-        replica = lay is not None and not lay.sharded and lay.dp_index(self.rank) > 0
-        return rank_state_bytes(self.rank, self.group.name, self._roles(), light or replica)
+        m.fault("checkpoint", m.policy_version())
+        lay = getattr(m, "layout", None)
+        replica = lay is not None and not lay.sharded and lay.dp_index(m.rank) > 0
+        return rank_state_bytes(m.rank, m.group.name, m.role_map(), light or replica)
 
     def load_state_bytes(self, data: bytes) -> int:
-        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
+        m = self.models
+        m.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors.checkpoint import load_rank_state_bytes
 
-        load_rank_state_bytes(data, self._roles())
-        return self.policy_version()
-
-    def _roles(self) -> dict[str, Any]:
-        return {"actor": self.actor, "reference": self.reference, "critic": self.critic}
+        load_rank_state_bytes(data, m.role_map())
+        return m.policy_version()
 
     def save_shards(self, url: str) -> str:
         """Write this rank's shards of the trainable roles (weights, optimizer state) and the
@@ -43,45 +45,45 @@ class RankCheckpoints:
         torch.distributed.checkpoint, atomically; every rank of the group calls it with the
         same ``url`` (rpeg.runtime.actors.shard_checkpoint). Loadable at another layout by
         :meth:`load_shards`. The frozen reference is not written (rebuilt from its source)."""
-        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
+        m = self.models
+        m.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors import shard_checkpoint as SC
 
-        self._fault("checkpoint", self.policy_version())
-        extras = SC.worker_extras(actor=self.actor, critic=self.critic)
-        if self.actor is not None:
-            extras["engine_version"] = int(self.actor.engine.policy_version)
-        return SC.save_shards(url, SC.worker_roles(actor=self.actor, critic=self.critic), extras)
+        m.fault("checkpoint", m.policy_version())
+        extras = SC.worker_extras(actor=m.actor, critic=m.critic)
+        if m.actor is not None:
+            extras["engine_version"] = int(m.actor.engine.policy_version)
+        return SC.save_shards(url, SC.worker_roles(actor=m.actor, critic=m.critic), extras)
 
     def load_shards(self, url: str) -> int:
         """Load :meth:`save_shards`' checkpoint (written at any layout) into this rank's
         shards; a lagging engine copy gets the loaded weights. Returns the policy version.
         Collective."""
-        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
+        m = self.models
+        m.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors import shard_checkpoint as SC
 
-        template = SC.worker_extras(actor=self.actor, critic=self.critic)
-        if self.actor is not None:
+        template = SC.worker_extras(actor=m.actor, critic=m.critic)
+        if m.actor is not None:
             template["engine_version"] = 0  # saved for the record
-        extras = SC.load_shards(
-            url, SC.worker_roles(actor=self.actor, critic=self.critic), template
-        )
-        SC.restore_extras(extras, actor=self.actor, critic=self.critic)
-        if self.actor is not None:
+        extras = SC.load_shards(url, SC.worker_roles(actor=m.actor, critic=m.critic), template)
+        SC.restore_extras(extras, actor=m.actor, critic=m.critic)
+        if m.actor is not None:
             # a lagging engine copy restarts at the loaded weights (lag 0: within any bound k)
-            eng = self.actor.engine
-            if getattr(eng, "model", None) is not self.actor.lm:  # its own copy (or vLLM)
+            eng = m.actor.engine
+            if getattr(eng, "model", None) is not m.actor.lm:  # its own copy (or vLLM)
                 from rpeg.runtime.actors.weight_sync import load_engine_from_actor
 
-                load_engine_from_actor(eng, self.actor)
-            eng.policy_version = self.actor.policy_version
-        return self.policy_version()
+                load_engine_from_actor(eng, m.actor)
+            eng.policy_version = m.actor.policy_version
+        return m.policy_version()
 
     def param_checksum(self) -> float:
         """Sum of the actor's full weights (data-parallel ranks must agree). Sharded: a
         collective, every rank of the group calls it."""
-        self.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
+        self.models.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.sharding import full_tensor_source
 
         # one gathered tensor at a time: a rank never holds the whole model for a checksum
-        meta, fetch = full_tensor_source(self.actor.lm)
+        meta, fetch = full_tensor_source(self.models.actor.lm)
         return float(sum(float(fetch(k).double().sum()) for k in meta))

@@ -1,8 +1,7 @@
 """A rank's batch store and data plane: the rows of each step it holds, the rows other ranks
 fetch from it (``rows``, served asynchronously while the rank computes) and the rows it
 fetches itself (``pull``: actor to actor, never through the driver), and the chunks of a
-streaming rollout. A mixin of :class:`rpeg.runtime.actors.rank.RankActor` (its ``store``,
-``incoming``, ``_chunks``, ``_chunks_done``, ``received_bytes``)."""
+streaming rollout. A part of :class:`rpeg.runtime.actors.rank.RankActor` (``rank.batches``)."""
 
 from __future__ import annotations
 
@@ -10,9 +9,28 @@ import time
 from typing import Any
 
 
-class RankDataPlane:
-    """Batch store and data-plane methods of a rank (remote)."""
+class RankBatches:
+    """A rank's rows: ``store`` (step, or a chunk's key -> its batch), the rows pulled for a
+    self-reshard until ``commit`` (``incoming``), the chunks of a streaming rollout and the
+    tensor bytes received from other actors."""
 
+    def __init__(self) -> None:
+        self.store: dict[Any, Any] = {}
+        self.incoming: dict[int, Any] = {}  # pulled rows waiting for ``commit`` (self-reshard)
+        self.received_bytes = 0  # tensor bytes pulled from other actors (data plane)
+        self._chunks: dict[int, list[Any]] = {}  # streamed chunks of a step (producer side)
+        self._chunks_done: set[int] = set()
+
+    # ---------------------------------------------------------------- streaming (local)
+    def offer_chunk(self, step: int, batch: Any) -> None:
+        """A streaming unit's next chunk of ``step``, for a consumer's :meth:`chunk`."""
+        self._chunks.setdefault(step, []).append(batch)
+
+    def end_chunks(self, step: int) -> None:
+        """Every chunk of ``step`` offered (:meth:`chunk` answers None after the last)."""
+        self._chunks_done.add(step)
+
+    # ---------------------------------------------------------------- remote
     def put_batch(self, step: int, batch: Any) -> int:
         self.store[step] = batch
         return batch.size

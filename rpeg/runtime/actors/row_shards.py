@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rpeg.compile.rank_program import RoleInputs
 from rpeg.config import RunConfig
 from rpeg.runtime.data import PromptShard
 from rpeg.runtime.engines.row_sampling import rollout_seed
@@ -45,7 +46,9 @@ def shard_groups(size: int, n: int, group_size: int) -> list[list[int]]:
     ]
 
 
-def rollout_start(config: RunConfig, step: int, prompts: PromptShard | None) -> tuple[int, int]:
+def rollout_start(
+    config: RunConfig | RoleInputs, step: int, prompts: PromptShard | None
+) -> tuple[int, int]:
     """``(seed, first row)`` of the rank generating ``prompts`` of ``step``: its first row's
     position in the step's whole rollout and that row's sampling seed, so every layout (and
     the single-process trainer: row 0) samples and numbers each row alike; the tp ranks of

@@ -1,8 +1,8 @@
 """Streaming units on a rank (docs/dataplane.md "Streaming"): the producer side, one decode
 releasing finished prompt groups chunk by chunk, and the consumer side, a trainer rank
 running its first unit on each chunk of its generator rank as it arrives. Functions of the
-:class:`~rpeg.runtime.actors.rank.RankActor` they run in (its store, stages and chunk list);
-the actor's ``chunk`` method hands the chunks out."""
+rank's units (:class:`rpeg.runtime.actors.rank_units.RankUnits`: its stage loop, its batches'
+store and chunk list) they run in; the batches' ``chunk`` method hands the chunks out."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rpeg.ir import StageKind
 
 
 def produce(
-    rank: Any, step: int, kinds: list[str], examples: Any, chunk: int, seed: int, first_row: int
+    units: Any, step: int, kinds: list[str], examples: Any, chunk: int, seed: int, first_row: int
 ):
     """One decode of the rank's prompts; each time ``chunk`` more prompts have all their
     samples finished they run through the unit's later stages and are offered to a streaming
@@ -29,56 +29,60 @@ def produce(
     from rpeg.runtime.actors.dataplane import concat_rows
 
     later = list(kinds[1:])
-    n_local = len(later) if rank.reduce.world_size == 1 else leading(later, StageKind.reward)
+    batches = units.batches
+    n_local = (
+        len(later) if units.models.reduce.world_size == 1 else leading(later, StageKind.reward)
+    )
     per_chunk, after = later[:n_local], later[n_local:]
     parts, spans, per = [], [], []
     t_gen = t_last = time.time()
     for i, (b, gm) in enumerate(
         S.run_generate_chunks(
-            rank._stage_context(), examples, seed=seed, min_prompts=chunk, first_row=first_row
+            units.stage_context(), examples, seed=seed, min_prompts=chunk, first_row=first_row
         )
     ):
         t_last = time.time()  # this chunk's samples are done decoding
         key = ("chunk", step, i)
-        rank.store[key] = b
-        m, sp = rank._run_stages(step, per_chunk, None, seed, key)
-        b = rank.store.pop(key)
+        batches.store[key] = b
+        m, sp = units.run_stages(step, per_chunk, None, seed, key)
+        b = batches.store.pop(key)
         parts.append(b)
-        rank._chunks.setdefault(step, []).append(b)  # for a streaming consumer
+        batches.offer_chunk(step, b)  # for a streaming consumer
         per.append(({**gm, **m}, b.size))
         spans.extend(sp)
     spans.insert(0, (StageKind.generate.value, t_gen, t_last))
-    rank._chunks_done.add(step)
-    rank.store[step] = concat_rows(parts)
+    batches.end_chunks(step)
+    batches.store[step] = concat_rows(parts)
     out = weighted(per)
     if after:
-        m, sp = rank._run_stages(step, after, None, seed)
+        m, sp = units.run_stages(step, after, None, seed)
         out.update(m)
         spans.extend(sp)
     return out, spans
 
 
-def consume(rank: Any, step: int, kinds: list[str], producer: Any):
+def consume(units: Any, step: int, kinds: list[str], producer: Any):
     """The consumer side of streaming across groups: run ``kinds`` on each chunk of the
     producer rank's rows as it arrives (while the producer generates the next)."""
     from rpeg.runtime.actors.dataplane import concat_rows, tensor_bytes
 
+    batches = units.batches
     parts, spans, per = [], [], []
     i = 0
     while True:
         b = producer.chunk(step, i).result()
         if b is None:
             break
-        rank.received_bytes += tensor_bytes(b)
+        batches.received_bytes += tensor_bytes(b)
         key = ("stream", step, i)
-        rank.store[key] = b
-        m, sp = rank._run_stages(step, kinds, None, 0, key)
-        b = rank.store.pop(key)
+        batches.store[key] = b
+        m, sp = units.run_stages(step, kinds, None, 0, key)
+        b = batches.store.pop(key)
         parts.append(b)
         per.append((m, b.size))
         spans.extend(sp)
         i += 1
-    rank.store[step] = concat_rows(parts)
+    batches.store[step] = concat_rows(parts)
     return weighted(per), spans
 
 

@@ -6,8 +6,9 @@ choice to the machine: vLLM where generation runs on CUDA devices and ``vllm`` i
 the torch engine otherwise. An explicit choice is honoured or refused before anything starts
 (:func:`check_engine`, every problem at once); the config and the plan may not disagree.
 Resolving is a function of plain values (:func:`declared_engine`, :func:`resolve_engine`), so
-the flow process checks it up front and each rank, where ``vllm`` may or may not import,
-resolves it again the same way (:func:`rank_engine`). See docs/vllm.md.
+the flow process checks it up front and the driver resolves each group's engine once, with
+vLLM's availability on the group's workers (:func:`rank_engine`; the ranks receive the
+result in their ``RankProgram``). See docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -179,16 +180,20 @@ def compiled_generation_engines(compiled: Any) -> dict[str, str]:
     return {t.name: groups[t.group].gen_engine or "auto" for t in compiled.tasks if t.generates}
 
 
-def rank_engine(config: Any, group: Any) -> str:
-    """The engine a rank of ``group`` (a compiled :class:`rpeg.compile.GroupSpec`) builds,
-    resolved where the rank runs (so ``auto`` finds vLLM only on a worker that has it). The
-    group's plan engine counts only for ``auto`` on CUDA (a plan's explicit engine was
-    checked against the config before start)."""
+def rank_engine(config: Any, group: Any, vllm_available: bool | None = None) -> str:
+    """The engine the ranks of ``group`` (a compiled :class:`rpeg.compile.GroupSpec`) build,
+    resolved once by the driver for the group (rpeg.runtime.actors.programs) with
+    ``vllm_available``: whether vLLM imports where the ranks run (so ``auto`` finds vLLM
+    only on workers that have it; None: in this process). The group's plan engine counts
+    only for ``auto`` on CUDA (a plan's explicit engine was checked against the config
+    before start)."""
     device = group.device_type
     declared = config.runtime.engine
     if declared == "auto" and device == "cuda" and group.gen_engine is not None:
         declared = declared_engine(declared, {group.name: group.gen_engine})
-    return resolve_engine(declared, device_type=device, gen_tp=group.gen_tp)
+    return resolve_engine(
+        declared, device_type=device, gen_tp=group.gen_tp, vllm_available=vllm_available
+    )
 
 
 def engine_dtype(config: Any, device_type: str) -> str:

@@ -6,6 +6,7 @@ watchdog) and no ``device_id``. CUDA is simulated: ``init_process_group`` is cap
 from __future__ import annotations
 
 import datetime
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ from rpeg.runtime.actors.predicted import (
     collective_timeout_s,
     predicted_step_s,
 )
-from rpeg.runtime.actors.rank import RankActor
+from rpeg.runtime.actors.programs import group_program
+from rpeg.runtime.actors.rank_models import RankModels
 
 
 def test_config_value_wins():
@@ -47,10 +49,10 @@ def test_bad_timeout_is_refused_naming_the_field(bad):
         RunConfig.from_dict({"runtime": {"collective_timeout_s": bad}})
 
 
-def _rank(device: torch.device, backend: str, timeout_s: float | None = None) -> RankActor:
+def _group(device: torch.device, backend: str):
     from rpeg.compile import GroupSpec
 
-    group = GroupSpec(
+    return GroupSpec(
         name="g0",
         devices=(0, 1),
         world_size=2,
@@ -61,9 +63,12 @@ def _rank(device: torch.device, backend: str, timeout_s: float | None = None) ->
         device_type=device.type,
         backend=backend,
     )
-    r = object.__new__(RankActor)  # no roles built: only the process-group join is tested
-    r.config, r.group, r.rank, r.world_size, r.device = RunConfig(), group, 1, 2, device
-    r._timeout_s = timeout_s
+
+
+def _rank(device: torch.device, backend: str, program) -> RankModels:
+    r = object.__new__(RankModels)  # no roles built: only the process-group join is tested
+    r.program, r.group, r.rank, r.world_size = program, _group(device, backend), 1, 2
+    r.device, r.tls, r.store = device, None, None
     r._apply_layout = lambda: None
     return r
 
@@ -81,7 +86,7 @@ def _capture(monkeypatch) -> dict:
 
 def test_cuda_rank_joins_with_device_id_and_the_group_timeout(monkeypatch):
     seen = _capture(monkeypatch)
-    r = _rank(torch.device("cuda", 1), "nccl", 5400.0)
+    r = _rank(torch.device("cuda", 1), "nccl", SimpleNamespace(collective_timeout_s=5400.0))
     assert r.init_process_group("file:/x")
     assert seen["backend"] == "nccl"
     assert seen["device_id"] == torch.device("cuda", 1)
@@ -91,8 +96,12 @@ def test_cuda_rank_joins_with_device_id_and_the_group_timeout(monkeypatch):
 
 def test_cpu_rank_has_no_device_id_and_the_config_timeout(monkeypatch):
     seen = _capture(monkeypatch)
-    r = _rank(torch.device("cpu"), "gloo")
-    r.config = RunConfig.from_dict({"runtime": {"collective_timeout_s": 900}})
+    cfg = RunConfig.from_dict({"runtime": {"collective_timeout_s": 900}})
+    cpu = torch.device("cpu")
+    # the driver's program carries the config's timeout (rpeg.runtime.actors.programs)
+    program = group_program(cfg, _group(cpu, "gloo"), staleness=0)
+    assert program.collective_timeout_s == 900.0 and program.predicted_step_s is None
+    r = _rank(cpu, "gloo", program)
     r.init_process_group("file:/x")
     assert seen["device_id"] is None and "set_device" not in seen
     assert seen["timeout"] == datetime.timedelta(seconds=900)

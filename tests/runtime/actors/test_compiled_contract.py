@@ -252,24 +252,24 @@ def test_both_runtimes_refresh_through_the_one_rule(monkeypatch):
     (behaviour: replacing it changes what both do)."""
     import rpeg.runtime.local_trainer as LT
     from rpeg.runtime.actors import weight_sync as W
-    from rpeg.runtime.actors.rank import RankActor
+    from rpeg.runtime.actors.rank_data import RankBatches
+    from rpeg.runtime.actors.rank_units import RankUnits
 
     assert LT.weight_sync is W  # the local trainer calls W.refresh_lagging_engine
     calls = []
     monkeypatch.setattr(W, "refresh_lagging_engine", lambda a, r, k: calls.append(k) or {})
-    r = object.__new__(RankActor)  # only its stage loop: a sync_weights stage
-    r.actor, r.residency, r.k, r.store, r.config = _Actor(), _Residency(), 2, {}, None
-    r.reference = r.critic = r.rewards = None
-    r.reduce = None
-    monkeypatch.setattr(RankActor, "_stage_context", lambda self: None)
-    m, spans = r._run_stages(0, ["sync_weights"], None, 0)
+    models = types.SimpleNamespace(actor=_Actor(), residency=_Residency(), k=2)
+    units = RankUnits(models, RankBatches())  # only its stage loop: a sync_weights stage
+    monkeypatch.setattr(RankUnits, "stage_context", lambda self: None)
+    m, spans = units.run_stages(0, ["sync_weights"], None, 0)
     assert calls == [2] and [s[0] for s in spans] == ["sync_weights"]
 
 
 # --------------------------------------------------------------------------- the rank's surface
 def test_the_rank_remote_surface_is_listed_apart_from_its_internals():
     """Every public method of RankActor is in rank.REMOTE and every listed name is one; the
-    proxies and the data plane call nothing else on a rank."""
+    proxies and the data plane call nothing else on a rank. Each name but the actor's own
+    is served by the method of that name of the part REMOTE lists it under."""
     from rpeg.runtime.actors.rank import REMOTE, RankActor
 
     listed = [n for names in REMOTE.values() for n in names]
@@ -277,6 +277,10 @@ def test_the_rank_remote_surface_is_listed_apart_from_its_internals():
         n for n in dir(RankActor) if not n.startswith("_") and callable(getattr(RankActor, n))
     }
     assert sorted(listed) == sorted(public) and len(listed) == len(set(listed))
+    for part, names in REMOTE.items():
+        for n in names:
+            route = vars(RankActor)[n]
+            assert (part, n) == (("rank", n) if part == "rank" else (route.part, route.name))
     called = set()
     for f in ("proxies.py", "rank_data.py", "lifecycle.py"):
         text = (ROOT / "rpeg/runtime/actors" / f).read_text()

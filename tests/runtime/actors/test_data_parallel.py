@@ -32,6 +32,7 @@ def _weights(actor):
 
 @pytest.mark.parametrize("algo", ["reinforce_pp", "ppo"])
 def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_config, algo):
+    from rpeg.runtime.actors.programs import group_program
     from rpeg.runtime.actors.rank import RankActor
     from rpeg.runtime.actors.row_shards import prompt_shards, shard_groups
     from rpeg.runtime.batch import RolloutBatch
@@ -48,23 +49,20 @@ def test_two_ranks_equal_one_rank_for_one_step(tmp_path, dask_cluster, make_conf
             "workload.max_response_tokens": 8,
         },
     )
-    cy = cfg.to_yaml()
+    one_g, dp_g = _group("one", [0], algo), _group("dp", [0, 1], algo)
+    one_p, dp_p = (group_program(cfg, g, staleness=0) for g in (one_g, dp_g))
     client = dask_cluster.client
     w = dask_cluster.workers
     kinds = ["generate", "reward", "old_logprob", "ref_logprob"]
     kinds += ["values"] if algo == "ppo" else []
     train = ["advantage", "train_actor"] + (["train_critic"] if algo == "ppo" else [])
     with client.as_current():
-        one = client.submit(
-            RankActor, cy, _group("one", [0], algo), 0, k=0, actor=True, workers=[w[0]], pure=False
-        ).result()
+        one = client.submit(RankActor, one_p, 0, actor=True, workers=[w[0]], pure=False).result()
         two = [
             client.submit(
                 RankActor,
-                cy,
-                _group("dp", [0, 1], algo),
+                dp_p,
                 r,
-                k=0,
                 actor=True,
                 workers=[w[r]],
                 pure=False,
