@@ -390,6 +390,7 @@ def child(a: argparse.Namespace) -> None:
 def run_arm(a, sysname: str, t: int, model_dir: str, data: str) -> dict:
     py = a.trl_python if sysname == "trl" else sys.executable
     env = dict(os.environ, OMP_NUM_THREADS=str(t), MKL_NUM_THREADS=str(t))
+    env.update(kv.split("=", 1) for kv in a.env)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [py, os.path.abspath(__file__), "--child", sysname, "--child-threads", str(t)]
     cmd += ["--model-dir", model_dir, "--data", data, "--steps", str(a.steps)]
@@ -419,6 +420,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--systems", default="trl,hand,local,dask", help=f"of {','.join(SYSTEMS)}")
     ap.add_argument("--shape", default="tiny", choices=sorted(SHAPES), help="model shape")
     ap.add_argument("--trl-python", default="/tmp/trl-venv/bin/python")
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="an environment variable of every arm (e.g. OMP_WAIT_POLICY=PASSIVE)",
+    )
     ap.add_argument("--workdir", default=None, help="where the model and data go (a temp dir)")
     ap.add_argument("--json", default=None, help="every step of every arm -> FILE")
     ap.add_argument("--child", default=None, choices=SYSTEMS, help=argparse.SUPPRESS)
@@ -439,6 +447,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if a.steps <= a.skip or a.rounds < 1:
         ap.error("--steps must exceed --skip, and --rounds be >= 1")
     a.system_list = systems
+    if any("=" not in kv for kv in a.env):
+        ap.error(f"--env {a.env}: K=V")
     return a
 
 
