@@ -13,12 +13,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
-    ("model_type", "port"), [("qwen3_moe", 29831), ("mixtral", 29833), ("gpt_oss", 29835)]
+    ("model_type", "port"),
+    [("qwen3_moe", 29831), ("mixtral", 29833), ("gpt_oss", 29835), ("qwen3_next", 29845)],
 )
 def test_ep2_equals_one_process(model_type, port):
     ref = ranks.ep_reference(model_type)
     out = ranks.spawn(2, "ep_case", port, model_type=model_type)
-    experts = ranks.model(model_type).config.num_local_experts if model_type != "qwen3_moe" else 4
+    cfg = ranks.model(model_type).config
+    experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
     split = []
     for r in (0, 1):
         torch.testing.assert_close(out[r]["logits"], ref["logits"][r : r + 1], atol=1e-5, rtol=0)
