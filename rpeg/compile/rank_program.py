@@ -119,12 +119,11 @@ def rank_program(
     engine: str,
     collective_timeout_s: float,
     predicted_step_s: float | None = None,
+    tls_files: tuple[str, str, str] | None = None,
 ) -> RankProgram:
     """The program of ``group``'s ranks: the decisions the driver resolved (``engine``,
-    ``collective_timeout_s``) and what the ranks take from ``config`` (its sections, the
-    cluster's TLS files)."""
-    cl = config.cluster
-    ca, cert, key = cl.tls_ca_file, cl.tls_cert_file, cl.tls_key_file
+    ``collective_timeout_s``, ``tls_files``) and the sections the ranks read from
+    ``config``."""
     return RankProgram(
         group=group,
         staleness=int(staleness),
@@ -133,5 +132,5 @@ def rank_program(
         collective_timeout_s=float(collective_timeout_s),
         predicted_step_s=predicted_step_s,
         inputs=RoleInputs.of(config),
-        tls_files=(ca, cert, key) if ca and cert and key else None,
+        tls_files=tls_files,
     )

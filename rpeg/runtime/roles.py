@@ -561,7 +561,9 @@ class PolicyWorker:
             return {k: fetch(k) if keep_device else fetch(k).cpu() for k in sorted(meta)}
         return sync_state(self.lm, frozen_dtype(self.compute_dtype), keep_device)
 
-    def weight_source(self):
+    def weight_source(
+        self,
+    ) -> tuple[dict[str, tuple[tuple[int, ...], torch.dtype]], Callable[[str], torch.Tensor]]:
         """``(meta, fetch)`` of the full LM weights in the compute dtype, gathered one tensor
         at a time on this rank's device (rpeg.runtime.sharding.full_tensor_source): what a
         weight sync streams into buckets. Sharded: every rank fetches in the same order."""

@@ -6,7 +6,8 @@ takes from the run, resolved once here and handed to the ranks (they receive no 
 * the process groups' timeout: :func:`rpeg.runtime.actors.predicted.collective_timeout_s`
   (``runtime.collective_timeout_s``, else from the performance model's predicted step,
   priced once per run);
-* the sections, seeds and TLS files the ranks read: :func:`rpeg.compile.rank_program.rank_program`.
+* the TLS files of the rendezvous store: :func:`rpeg.runtime.actors.store_tls.tls_files`;
+* the sections and seeds the ranks read: :func:`rpeg.compile.rank_program.rank_program`.
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ def group_program(
     """The program of ``group``'s ranks. ``vllm_available``: whether vLLM imports where the
     ranks run (None: in this process); ``timeout``: :func:`run_timeout`'s answer (None: asked
     now)."""
+    from rpeg.runtime.actors.store_tls import tls_files
     from rpeg.runtime.engines.choice import rank_engine
 
     timeout_s, step_s = run_timeout(config) if timeout is None else timeout
+    tls = tls_files(config.cluster)  # the rendezvous store's mutual TLS (None: none)
     return rank_program(
         config,
         group,
@@ -53,6 +56,7 @@ def group_program(
         engine=rank_engine(config, group, vllm_available=vllm_available),
         collective_timeout_s=timeout_s,
         predicted_step_s=step_s,
+        tls_files=None if tls is None else (tls.ca_file, tls.cert_file, tls.key_file),
     )
 
 

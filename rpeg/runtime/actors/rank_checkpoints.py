@@ -6,14 +6,17 @@ torch.distributed.checkpoint shards (rpeg.runtime.actors.shard_checkpoint). A pa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rpeg.runtime.actors.rank_models import RankModels
 
 
 class RankCheckpoints:
     """What a rank writes to and loads from a checkpoint (remote)."""
 
-    def __init__(self, models: Any) -> None:
-        self.models = models  # rpeg.runtime.actors.rank_models.RankModels
+    def __init__(self, models: RankModels) -> None:
+        self.models = models
 
     def state_bytes(self, light: bool = False) -> bytes:
         """Weights, optimizers, RNG states and policy/engine versions of this rank (``light``:
@@ -85,5 +88,5 @@ class RankCheckpoints:
         from rpeg.runtime.sharding import full_tensor_source
 
         # one gathered tensor at a time: a rank never holds the whole model for a checksum
-        meta, fetch = full_tensor_source(self.models.actor.lm)
+        meta, fetch = full_tensor_source(self.models.policy().lm)
         return float(sum(float(fetch(k).double().sum()) for k in meta))

@@ -33,7 +33,7 @@ class RankBatches:
     # ---------------------------------------------------------------- remote
     def put_batch(self, step: int, batch: Any) -> int:
         self.store[step] = batch
-        return batch.size
+        return int(batch.size)
 
     def get_batch(self, step: int, pop: bool = False) -> Any:
         return self.store.pop(step) if pop else self.store[step]
@@ -99,7 +99,7 @@ class RankBatches:
 
     def commit(self, step: int) -> int:
         self.store[step] = self.incoming.pop(step)
-        return self.store[step].size
+        return int(self.store[step].size)
 
     def received(self) -> int:
         return int(self.received_bytes)

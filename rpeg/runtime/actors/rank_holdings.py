@@ -5,14 +5,17 @@ over its models (:class:`rpeg.runtime.actors.rank_models.RankModels`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rpeg.runtime.actors.memory import peak_rss
 
+if TYPE_CHECKING:
+    from rpeg.runtime.actors.rank_models import RankModels
 
-def param_bytes(models: Any, full: bool) -> dict[str, int]:
+
+def param_bytes(models: RankModels, full: bool) -> dict[str, int]:
     """Bytes of the parameters of each role ``models`` (a
     :class:`rpeg.runtime.actors.rank_models.RankModels`) holds: on this rank, or unsharded
     (``full``)."""
@@ -23,11 +26,14 @@ def param_bytes(models: Any, full: bool) -> dict[str, int]:
     for name, wk in models.role_map().items():
         if wk is not None:
             out[name] = fn(wk.module)
-    eng = models.actor.engine if models.actor is not None else None
+    actor = models.actor
+    eng = actor.engine if actor is not None else None
     held = getattr(eng, "model", None)
-    if eng is not None and held is None:  # vLLM: its own full copy, in its own process
+    if actor is None or eng is None:
+        return out
+    if held is None:  # vLLM: its own full copy, in its own process
         out["engine"] = int(getattr(eng, "param_bytes", 0))
-    elif eng is not None and held is not models.actor.lm:
+    elif held is not actor.lm:
         out["engine"] = fn(held)
     return out
 
@@ -35,8 +41,8 @@ def param_bytes(models: Any, full: bool) -> dict[str, int]:
 class RankHoldings:
     """What a rank holds (remote)."""
 
-    def __init__(self, models: Any) -> None:
-        self.models = models  # rpeg.runtime.actors.rank_models.RankModels
+    def __init__(self, models: RankModels) -> None:
+        self.models = models
 
     def layout_info(self) -> dict[str, Any]:
         """This rank's layout and what it holds: ``param_bytes_per_rank`` (bytes of the

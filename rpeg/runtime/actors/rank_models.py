@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rpeg.compile.rank_program import RankProgram
 from rpeg.runtime.actors.store_tls import TlsFiles
 
+if TYPE_CHECKING:
+    from rpeg.runtime.mesh import Layout
+    from rpeg.runtime.role_builder import Roles
+    from rpeg.runtime.roles import PolicyWorker
 
-def sharded_build(layout, engine: str) -> bool:
+
+def sharded_build(layout: Layout, engine: str) -> bool:
     """Whether a rank builds its roles on the meta device and fills only its shards
     (rpeg.runtime.materialize): a sharded layout (tp > 1 or FSDP over dp > 1), LoRA or not.
     A vLLM engine is then built from the laid-out actor's weights, bucket by bucket
@@ -144,7 +149,7 @@ class RankModels:
         self.offloader = Offloader(self.role_map(), self.device)
 
     @staticmethod
-    def _large_blocks(built) -> bool:
+    def _large_blocks(built: Roles) -> bool:
         """Whether the rank's model has blocks FSDP splits (rpeg.runtime.sharding.block_parts)."""
         from rpeg.runtime.model_io.architectures import decoder_layers
         from rpeg.runtime.sharding import FSDP_SPLIT_BYTES
@@ -159,6 +164,13 @@ class RankModels:
         return (
             block is not None and sum(p.numel() * 4 for p in block.parameters()) > FSDP_SPLIT_BYTES
         )
+
+    def policy(self) -> PolicyWorker:
+        """The actor, for what needs one (weight sync, checksums): an error naming the rank
+        where it holds none."""
+        if self.actor is None:
+            raise RuntimeError(f"group {self.group.name} rank {self.rank} holds no actor")
+        return self.actor
 
     def role_map(self) -> dict[str, Any]:
         """``{"actor": ..., "reference": ..., "critic": ...}`` (None where not held)."""
@@ -296,8 +308,9 @@ class RankModels:
         """Shut a vLLM engine down (its processes and shared memory)."""
         from rpeg.runtime.engines.vllm import shutdown_engine
 
-        if getattr(self, "actor", None) is not None:
-            shutdown_engine(self.actor.engine)
+        actor = getattr(self, "actor", None)
+        if actor is not None:
+            shutdown_engine(actor.engine)
 
     def leave_group(self) -> None:
         """Leave the group's default process group."""

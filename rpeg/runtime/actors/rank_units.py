@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from rpeg.ir import StageKind
@@ -129,7 +130,7 @@ class RankUnits:
     def run_stages(
         self,
         step: int,
-        kinds: list[str],
+        kinds: Sequence[str],
         examples: Any,
         seed: int,
         batch_key: Any = None,
@@ -166,7 +167,9 @@ class RankUnits:
             spans.append((kind, ts, time.time()))
         return m, spans
 
-    def _run_streamed(self, step: int, kinds: list[str], prompts: PromptShard, chunk: int):
+    def _run_streamed(
+        self, step: int, kinds: Sequence[str], prompts: PromptShard, chunk: int
+    ) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
         from rpeg.runtime.actors import streaming
 
         seed, first = rollout_start(self.models.inputs, step, prompts)

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpeg.runtime.engines.base import refresh_engine
+
+if TYPE_CHECKING:
+    from rpeg.runtime.actors.rank_models import RankModels
 
 
 class RankWeights:
     """A rank's side of the weight sync: the weight-sync process group it is a member of
     (trainer rank 0 and every generator rank) and what it sends or receives over it."""
 
-    def __init__(self, models: Any) -> None:
-        self.models = models  # rpeg.runtime.actors.rank_models.RankModels
+    def __init__(self, models: RankModels) -> None:
+        self.models = models
         self.sync_store: Any = None  # trainer rank 0: the weight-sync group's store
         self.sync_pg: Any = None  # the weight-sync process group (None: not a member)
 
@@ -36,7 +39,8 @@ class RankWeights:
         m.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
         from rpeg.runtime.actors.weight_sync import pack
 
-        return pack(m.actor.get_weights(), bucket_bytes), int(m.actor.policy_version)
+        actor = m.policy()
+        return pack(actor.get_weights(), bucket_bytes), int(actor.policy_version)
 
     # ---------------------------------------------------------------- weight sync by collective
     def sync_rendezvous(self) -> str:
@@ -74,8 +78,9 @@ class RankWeights:
 
         m.fault("sync", m.policy_version())
         t0 = time.perf_counter()
-        v = int(m.actor.policy_version)
-        meta, fetch = m.actor.weight_source()
+        actor = m.policy()
+        v = int(actor.policy_version)
+        meta, fetch = actor.weight_source()
         buckets = stream_buckets(meta, fetch, bucket_bytes, m.device)
         nbytes, n = send_buckets(self.sync_pg, buckets, v, m.device)
         if self.sync_pg is None:  # not a member (trainer rank > 0)
@@ -96,14 +101,15 @@ class RankWeights:
         from rpeg.runtime.actors.weight_sync import receive_weights
 
         m.fault("sync", m.engine_version())
-        meta = {k: (tuple(v.shape), v.dtype) for k, v in m.actor.lm.state_dict().items()}
+        actor = m.policy()
+        meta = {k: (tuple(v.shape), v.dtype) for k, v in actor.lm.state_dict().items()}
         weights, v = receive_weights(self.sync_pg, meta, bucket_bytes, m.device)
-        m.actor.set_weights(weights, policy_version=v)
-        refresh_engine(m.actor.engine, m.actor.lm, weights, v)  # vLLM: loads them
+        actor.set_weights(weights, policy_version=v)
+        refresh_engine(actor.engine, actor.lm, weights, v)  # vLLM: loads them
         return v
 
     def weights_checksum(self) -> list[float]:
         """Per-tensor sums of the full actor weights, name order (sync tests)."""
         self.models.resident()  # offloaded roles back on the device (rpeg.runtime.unit_memory)
-        full = self.models.actor.get_weights()
+        full = self.models.policy().get_weights()
         return [float(full[k].double().sum()) for k in sorted(full)]

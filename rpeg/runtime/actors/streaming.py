@@ -7,14 +7,24 @@ store and chunk list) they run in; the batches' ``chunk`` method hands the chunk
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from rpeg.ir import StageKind
 
+if TYPE_CHECKING:
+    from rpeg.runtime.actors.rank_units import RankUnits
+
 
 def produce(
-    units: Any, step: int, kinds: list[str], examples: Any, chunk: int, seed: int, first_row: int
-):
+    units: RankUnits,
+    step: int,
+    kinds: Sequence[str],
+    examples: Any,
+    chunk: int,
+    seed: int,
+    first_row: int,
+) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
     """One decode of the rank's prompts; each time ``chunk`` more prompts have all their
     samples finished they run through the unit's later stages and are offered to a streaming
     consumer while the decode goes on. The samples are those of the unstreamed unit (the
@@ -61,7 +71,9 @@ def produce(
     return out, spans
 
 
-def consume(units: Any, step: int, kinds: list[str], producer: Any):
+def consume(
+    units: RankUnits, step: int, kinds: Sequence[str], producer: Any
+) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
     """The consumer side of streaming across groups: run ``kinds`` on each chunk of the
     producer rank's rows as it arrives (while the producer generates the next)."""
     from rpeg.runtime.actors.dataplane import concat_rows, tensor_bytes

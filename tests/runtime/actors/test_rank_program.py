@@ -128,3 +128,23 @@ def test_the_engine_rule_runs_on_the_driver_with_the_workers_answer():
             predicted_step_s=None,
             inputs=RoleInputs.of(cfg),
         )
+
+
+def test_the_tls_files_are_the_clusters_by_the_one_rule(tmp_path):
+    from rpeg.runtime.actors.store_tls import tls_files
+
+    names = {k: str(tmp_path / f"{k}.pem") for k in ("ca", "cert", "key")}
+    for f in names.values():
+        Path(f).write_text("x")
+    over = {f"cluster.tls_{k}_file": v for k, v in names.items()}
+    over["runtime.collective_timeout_s"] = 60
+    cfg = RunConfig().with_overrides(over)
+    g = group_spec("g", [0], ["actor"], ["actor"])
+    want = tls_files(cfg.cluster)
+    assert group_program(cfg, g, staleness=0).tls_files == (
+        want.ca_file,
+        want.cert_file,
+        want.key_file,
+    )
+    plain = RunConfig().with_overrides({"runtime.collective_timeout_s": 60})
+    assert group_program(plain, g, staleness=0).tls_files is None
