@@ -128,3 +128,37 @@ def test_trains_on_prefect_dask_at_ep2_fsdp_dp2_checkpoints_and_exports(
     with torch.no_grad():
         after, before = hf(input_ids=IDS).logits, start(input_ids=IDS).logits
     assert torch.isfinite(after).all() and not torch.allclose(before, after)
+
+
+def test_a_whole_generation_copy_gets_the_gathered_experts_each_step(
+    tmp_path, prefect_harness, dask_cluster
+):
+    """Training at fsdp dp=2 x ep=2, generation at tp=2: the ranks' engine is a whole-expert
+    copy (ep=1) refreshed each step by the weight sync, which gathers the split experts
+    (rpeg.runtime.sharding.full_tensor_source); its sampling log-probs equal the trainer's
+    at step 2, after an update at lr 1e-2 moved the weights (a stale or half-synced copy
+    would differ)."""
+    import json
+
+    from rpeg.flows.entry import train_on
+
+    from tests.runtime.models.test_models_distributed import fsdp_dp2_config
+    from tests.runtime.models.tiny_folders import write_tiny_folder
+
+    folder = write_tiny_folder("qwen3_moe", tmp_path / "model")
+    cfg = fsdp_dp2_config(folder, tmp_path).with_overrides(
+        {
+            "plan.units.generate": {"devices": "0-1", "tp": 2},
+            "plan.units.train_actor": {"devices": "0-1", "engine": "fsdp", "ep": 2},
+            "optim.lr": 1e-2,
+            "runtime.export_hf": False,
+            "runtime.checkpoint_url": None,
+        }
+    )
+    s = train_on(dask_cluster, cfg, progress=False)
+    (group,) = s["layout"]
+    assert (s["layout"][group]["ep"], s["layout"][group]["gen_tp"]) == (2, 2)
+    metrics = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert metrics[0]["grad_norm"] > 0  # step 1 moved the weights (AdamW at lr 1e-2)
+    assert metrics[1]["logprob_mismatch_max"] < 1e-4
