@@ -286,6 +286,12 @@ def _ep_layout(
     notes = []
     for n in g.units:
         e = plan.units[n].ep
+        if n in gen and g.ep > 1 and g.gen_tp == g.tp and e != g.ep:
+            notes.append(
+                f"plan.units.{n}.ep={e}: decodes on group {g.name}'s weights split at "
+                f"ep={g.ep} (an all-to-all per MoE layer and token, the dp ranks in lockstep)"
+            )
+            continue
         if e == g.ep or not set(kinds_of[n]) & (FORWARD_KINDS | set(TRAINABLE_KINDS)):
             continue
         if n in train:

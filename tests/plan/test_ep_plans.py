@@ -88,3 +88,29 @@ def test_ep_is_refused_by_name_on_a_dense_model_a_family_it_does_not_split_and_b
         compile_plan(_with_ep(moe, 3), _config("qwen3-30b-a3b"), cluster_devices=8)
     with pytest.raises(ConfigError, match="family 'deepseek'"):
         compile_plan(_with_ep(moe, 2), _config("deepseek-v3"), cluster_devices=8)
+
+
+def test_generation_on_the_split_weights_is_said(tmp_path):
+    """A colocated group whose generation tp equals its training tp decodes on the weights
+    split at the group's ep: the compiled step says so for the generate unit (and for the
+    forward units run at the group's ep)."""
+    from rpeg.specs.hf import priced_model
+    from tests.runtime.models.tiny_folders import write_tiny_folder
+
+    folder = write_tiny_folder("qwen3_moe", tmp_path / "moe")
+    units = {u: {"devices": "0-1"} for u in ("generate", "reward", "advantage", "sync_weights")}
+    units |= {u: {"devices": "0-1"} for u in ("ref_logprob", "old_logprob")}
+    units["train_actor"] = {"devices": "0-1", "engine": "fsdp", "ep": 2}
+    cfg = RunConfig.from_dict(
+        {
+            "model": {"path": str(folder)},
+            "workload": {"num_prompts": 2, "samples_per_prompt": 2},
+            "cluster": {"name": "local-cpu", "n_workers": 2, "num_devices": 2},
+            "plan": {"cluster": "local-cpu", "graph": {"builder": None}, "units": units},
+        }
+    )
+    step = compile_plan(None, cfg, model=priced_model(cfg.model))
+    (g,) = step.actor_groups
+    assert (g.dp, g.ep, g.fsdp) == (2, 2, True)
+    assert any(n.startswith("plan.units.generate.ep=1: decodes on") for n in step.notes)
+    assert any(n.startswith("plan.units.ref_logprob.ep=1: runs at") for n in step.notes)
