@@ -8,5 +8,5 @@ export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
 ruff format --check .
 ruff check .
 lint-imports
-mypy  # [tool.mypy] in pyproject.toml: rpeg.compile, strict
+mypy  # [tool.mypy] in pyproject.toml: rpeg.compile, rpeg.runtime.step and rpeg.runtime.actors, strict
 python -m pytest -m "not slow" "$@"

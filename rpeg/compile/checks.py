@@ -5,6 +5,7 @@ prompts evenly (:func:`batch_problems`), and every field of a compiled step the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from rpeg.compile.step import (
@@ -13,6 +14,7 @@ from rpeg.compile.step import (
     FORWARD_KINDS,
     SUPPORTED_ROLES,
     CompiledStep,
+    GroupSpec,
 )
 from rpeg.errors import ConfigError, Problem
 from rpeg.plan.schema import PP_SCHEDULES
@@ -64,7 +66,7 @@ def plan_problems(
     return out
 
 
-def batch_problems(groups: Any, workload: Any) -> list[Problem]:
+def batch_problems(groups: Iterable[GroupSpec], workload: Any) -> list[Problem]:
     """Each data-parallel rank needs a whole prompt group; sharded (or unevenly split)
     training ranks must run the same number of collectives."""
     from rpeg.compile.layouts import gen_dp

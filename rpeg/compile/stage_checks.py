@@ -5,13 +5,24 @@ rpeg.runtime.context_parallel). Pure: the search space drops layouts by the same
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from rpeg.errors import Problem
 from rpeg.search.stage_rules import PP_CHUNKS, layout_refusal
 
+if TYPE_CHECKING:
+    from rpeg.compile.step import GroupSpec
+    from rpeg.ir import StageKind
 
-def stage_problems(groups: Any, kinds_of: Any, plan: Any, config: Any, model: Any) -> list[Problem]:
+
+def stage_problems(
+    groups: Iterable[GroupSpec],
+    kinds_of: Mapping[str, tuple[StageKind, ...]],
+    plan: Any,
+    config: Any,
+    model: Any,
+) -> list[Problem]:
     """Every compiled group's pp/cp that the runtime cannot run (``model``: the policy's spec
     at the shape that runs, or None)."""
     from rpeg.ir import StageKind
@@ -81,7 +92,9 @@ def stage_problems(groups: Any, kinds_of: Any, plan: Any, config: Any, model: An
     return out
 
 
-def stage_notes(groups: Any, kinds_of: Any, plan: Any) -> tuple[list[str], list[Problem]]:
+def stage_notes(
+    groups: Iterable[GroupSpec], kinds_of: Mapping[str, tuple[StageKind, ...]], plan: Any
+) -> tuple[list[str], list[Problem]]:
     """Forward-only units whose own pp/cp the group's layout replaces (a group holds each
     role in one layout: the one of its training unit, rpeg.compile.layouts) as notes; a
     second training unit at another pp/cp is a problem (two training layouts on one group)."""

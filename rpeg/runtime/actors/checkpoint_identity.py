@@ -15,12 +15,16 @@ anything starts (:func:`rpeg.runtime.actors.checkpoint.check_resumable`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
 from rpeg.errors import Problem
+
+if TYPE_CHECKING:
+    from rpeg.compile.step import GroupSpec
+    from rpeg.config import RunConfig
 
 #: the one part of a single-process trainer's checkpoint (the distributed runtime writes one
 #: part per rank and ``driver.pt``)
@@ -79,7 +83,7 @@ CHANGEABLE = {
 }
 
 
-def layout_of(groups: Any) -> dict[str, str]:
+def layout_of(groups: Iterable[GroupSpec]) -> dict[str, str]:
     """The trainable groups' layout as the marker records it: ``{group: "dp{D}xtp{T}"}``
     (``+fsdp`` when sharded) -- what fixes the parts a checkpoint holds."""
     out = {}
@@ -91,7 +95,7 @@ def layout_of(groups: Any) -> dict[str, str]:
     return out
 
 
-def run_identity(config: Any, groups: Any = None) -> dict[str, Any]:
+def run_identity(config: RunConfig, groups: Iterable[GroupSpec] | None = None) -> dict[str, Any]:
     """The marker fields a resume compares besides the model: ``algorithm`` (its name),
     ``staleness`` (the bound k) and ``layout`` (:func:`layout_of` the compiled step's
     groups; ``"local"`` for the single-process trainer)."""

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rpeg.runtime.batch import RolloutBatch
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ def tensor_bytes(obj: object) -> int:
     return 0
 
 
-def concat_rows(parts: Sequence[object]) -> object:
+def concat_rows(parts: Sequence[RolloutBatch]) -> RolloutBatch:
     from rpeg.runtime.batch import RolloutBatch
 
     return parts[0] if len(parts) == 1 else RolloutBatch.concat(list(parts))

@@ -32,7 +32,7 @@ from rpeg.compile import CompiledStep
 from rpeg.config import RunConfig
 from rpeg.runtime.actors.checkpoint import CheckpointStore
 from rpeg.runtime.actors.lifecycle import ActorSet
-from rpeg.runtime.actors.proxies import broadcast_weights, join_sync_group
+from rpeg.runtime.actors.proxies import RankGroup, broadcast_weights, join_sync_group
 from rpeg.runtime.actors.recorder import TimelineRecorder
 from rpeg.runtime.actors.run_checkpoints import RunCheckpoints
 from rpeg.runtime.actors.run_data import Prompts, RunData
@@ -107,7 +107,7 @@ class DistributedRun:
         """Raw actor handles per group (prefer ``self.group(name)``, the typed proxy)."""
         return self.actors.handles()
 
-    def group(self, name: str) -> Any:
+    def group(self, name: str) -> RankGroup:
         """The typed proxy of group ``name`` (:class:`rpeg.runtime.actors.proxies.RankGroup`)."""
         return self.actors.group(name)
 
@@ -135,7 +135,7 @@ class DistributedRun:
         """A worker was lost: restart or close the surviving actors (``ActorSet.abandon``)."""
         self.actors.abandon()
 
-    def recover(self, timeout_s: float = 90.0) -> dict[str, Any]:
+    def recover(self, timeout_s: float = 90.0) -> dict[str, Any] | None:
         """After :meth:`abandon` and once no task runs: forget the data held on the old
         actors, re-create every actor on the live workers and load the newest complete
         checkpoint. Returns its step scheduler state; None when no checkpoint has committed

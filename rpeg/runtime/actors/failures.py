@@ -22,6 +22,7 @@ lost worker mid-run is (abandon, start again on the live workers), without a che
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 Kind = Literal["worker_lost", "oom"]
@@ -125,7 +126,7 @@ def classify(exc: BaseException) -> Kind | None:
     return None
 
 
-def first_cause(errors: list[BaseException]) -> BaseException:
+def first_cause(errors: Sequence[BaseException]) -> BaseException:
     """Of the errors the ranks of one call raised, the one that says why: a lost worker
     (the process is gone) first, then any other error (a bug, bad data, out of memory: a
     peer of that rank fails inside the collective only because of it), then a collective

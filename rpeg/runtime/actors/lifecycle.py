@@ -12,9 +12,14 @@ import contextlib
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpeg.runtime.actors.proxies import ByteCounter, RankGroup
+
+if TYPE_CHECKING:
+    from rpeg.compile.rank_program import RankProgram
+    from rpeg.compile.step import CompiledStep, GroupSpec
+    from rpeg.config import RunConfig
 
 
 def _now() -> float:
@@ -26,8 +31,8 @@ class ActorSet:
 
     def __init__(
         self,
-        config: Any,
-        compiled: Any,
+        config: RunConfig,
+        compiled: CompiledStep,
         cluster: Any,
         async_rollout: bool,
         count_bytes: ByteCounter | None = None,
@@ -44,7 +49,7 @@ class ActorSet:
         self.count_bytes = count_bytes  # given to every group (RankGroup's data methods)
         self._rank_info: dict[str, list[tuple[Any, Any]]] = {}  # kept from the last answer
         #: group -> what its ranks run (rpeg.compile.rank_program), resolved at the first start
-        self.programs: dict[str, Any] = {}
+        self.programs: dict[str, RankProgram] = {}
 
     def group(self, name: str) -> RankGroup:
         return self.groups[name]
@@ -114,7 +119,7 @@ class ActorSet:
             g.join_process_group()
         self.start_s = time.perf_counter() - t0
 
-    def _programs(self) -> dict[str, Any]:
+    def _programs(self) -> dict[str, RankProgram]:
         """Each group's :class:`rpeg.compile.rank_program.RankProgram`, resolved once per run
         (rpeg.runtime.actors.programs): the engine rule with vLLM's availability on the
         group's workers, the collective timeout from the predicted step."""
@@ -122,7 +127,7 @@ class ActorSet:
             return self.programs
         from rpeg.runtime.actors.programs import asks_vllm, run_programs, workers_have_vllm
 
-        def vllm_on(g: Any) -> bool | None:
+        def vllm_on(g: GroupSpec) -> bool | None:
             if not asks_vllm(self.config, g):
                 return None
             used = list(dict.fromkeys(self.placement[(g.name, r)] for r in range(g.world_size)))
@@ -137,7 +142,7 @@ class ActorSet:
         """The scheduler's workers; while it lists none (a cluster whose workers are still
         starting, or restarting after a previous run's recovery), wait up to ``timeout_s``
         for them instead of placing ranks on nothing."""
-        workers = self.cluster.workers
+        workers: list[str] = self.cluster.workers
         if workers:
             return workers
         try:
@@ -219,7 +224,8 @@ class ActorSet:
     def _answering(self, addrs: list[str]) -> set[str]:
         answering = getattr(self.cluster, "answering", None)
         if answering is not None:
-            return answering(list(addrs))
+            answered: set[str] = answering(list(addrs))
+            return answered
         with contextlib.suppress(Exception):  # a cluster object without it (tests' doubles)
             res = self.client.run(os.getpid, workers=list(addrs), on_error="return")
             return {a for a in addrs if isinstance(res.get(a), int)}
@@ -241,7 +247,8 @@ class ActorSet:
     def _wait_live(self, timeout_s: float) -> list[str]:
         need = max(self.compiled.num_devices, 1)
         expect = max(self.n_workers or need, need)
-        return self.cluster.live_workers(expect, timeout_s=timeout_s, min_ok=need)
+        live: list[str] = self.cluster.live_workers(expect, timeout_s=timeout_s, min_ok=need)
+        return live
 
     def recreate(self, timeout_s: float = 90.0) -> None:
         """Start every actor on the workers the last :meth:`abandon` waited for (else: wait

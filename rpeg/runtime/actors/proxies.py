@@ -20,7 +20,7 @@ type from here on.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rpeg.runtime.actors.failures import ActorLost
@@ -33,7 +33,7 @@ ByteCounter = Callable[[int, int], None]
 
 
 @contextlib.contextmanager
-def _classified(name: str):
+def _classified(name: str) -> Iterator[None]:
     """A lost worker's RuntimeError as :class:`ActorLost` (by type from here on)."""
     try:
         yield
@@ -183,7 +183,7 @@ class RankGroup:
         """The rows of ``step`` held by every rank (or ``ranks``), fetched into this process."""
         return self._all(lambda r, a: a.get_batch(step), ranks=ranks, step=step)
 
-    def pull(self, step: int, per_rank: Sequence[tuple]) -> list[int]:
+    def pull(self, step: int, per_rank: Sequence[tuple[Any, ...]]) -> list[int]:
         """Rank r fetches its rows from the producers itself: ``per_rank[r]`` = (slices,
         fields, stage) of ``RankActor.pull``. Returns the bytes each rank moved."""
         return self._all(lambda r, a: a.pull(step, *per_rank[r]), step=step)

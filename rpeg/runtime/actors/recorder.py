@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rpeg.perf.timeline import TimelineRecord
 
@@ -22,9 +24,11 @@ class TimelineRecorder:
         self._begun: dict[int, float] = {}
         # stages inside an actor call (wall clock of the actor's process, same host clock):
         # {"step", "unit", "stage", "rank", "pid", "start_s", "end_s"}, seconds from origin
-        self.stage_spans: list[dict] = []
+        self.stage_spans: list[dict[str, Any]] = []
 
-    def add_stage_spans(self, step: int, unit: str, rank: int, pid: int, spans) -> None:
+    def add_stage_spans(
+        self, step: int, unit: str, rank: int, pid: int, spans: Iterable[tuple[str, float, float]]
+    ) -> None:
         """``spans``: ``[(stage kind, wall start, wall end), ...]`` from one rank's call."""
         with self._lock:
             for kind, a, b in spans:
@@ -83,7 +87,7 @@ class TimelineRecorder:
             )
 
     @contextmanager
-    def span(self, step: int, stage: str, device_group: str, kind: str = ""):
+    def span(self, step: int, stage: str, device_group: str, kind: str = "") -> Iterator[None]:
         t0 = time.perf_counter()
         try:
             yield

@@ -32,13 +32,16 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rpeg.compile.step import GroupSpec
 from rpeg.errors import RpegError
 from rpeg.runtime.actors.store_tls import TlsFiles, tls_back, tls_front
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Backend as C10dBackend
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,9 @@ def join_store(address: str, timeout_s: float = 120.0, tls: TlsFiles | None = No
     )
 
 
-def standalone_group(store: Any, prefix: str, rank: int, size: int, backend: str, timeout_s: float):
+def standalone_group(
+    store: Any, prefix: str, rank: int, size: int, backend: str, timeout_s: float
+) -> C10dBackend:
     """A process group outside the default one (a rank is in at most one default group; the
     weight-sync group spans ranks of two actor groups)."""
     import torch.distributed as dist

@@ -11,15 +11,18 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from rpeg.runtime.actors.checkpoint import CheckpointError
+from rpeg.compile.step import CompiledStep, GroupSpec
+from rpeg.config import RunConfig
+from rpeg.runtime.actors.checkpoint import CheckpointError, CheckpointStore
 from rpeg.runtime.actors.checkpoint import dumps as checkpoint_dumps
 from rpeg.runtime.actors.checkpoint import loads as checkpoint_loads
+from rpeg.runtime.actors.proxies import RankGroup
 from rpeg.runtime.actors.run_data import Prompts, RunData
 from rpeg.runtime.actors.shard_checkpoint import SHARDS_SUFFIX
 from rpeg.runtime.samples import keep_samples_upto
 
 
-def _writes_shards(g: Any) -> bool:
+def _writes_shards(g: GroupSpec) -> bool:
     """A trainable group sharded by FSDP or TP: its ranks write their own shards of the
     weights and optimizer state at a checkpoint (no rank holds the whole of either)."""
     return bool(g.trainable) and (g.tp > 1 or (g.fsdp and g.dp > 1) or g.ep > 1 or g.pp > 1)
@@ -32,10 +35,10 @@ class RunCheckpoints:
 
     def __init__(
         self,
-        config: Any,
-        compiled: Any,
-        store: Any,
-        group: Callable[[str], Any],
+        config: RunConfig,
+        compiled: CompiledStep,
+        store: CheckpointStore | None,
+        group: Callable[[str], RankGroup],
         data: RunData,
         prompts: Prompts,
     ):
@@ -146,9 +149,10 @@ class RunCheckpoints:
         keep_samples_upto(self.config.runtime.output_dir, int(d["step"]))  # logged again
         self.prompts.load(d)
         self.data.load_payloads(d["payloads"])
-        return d["scheduler"]
+        scheduler: dict[str, Any] = d["scheduler"]
+        return scheduler
 
-    def _rank_part(self, parts: dict[str, bytes], g: Any, r: int) -> bytes:
+    def _rank_part(self, parts: dict[str, bytes], g: GroupSpec, r: int) -> bytes:
         """Rank ``r`` of group ``g``'s saved state; after a layout change
         (``--allow-change layout``, checked in the preflight: data-parallel replicas only)
         a rank the checkpoint lacks loads its group's rank 0 part -- the replicas are
@@ -167,7 +171,9 @@ class RunCheckpoints:
         return parts[firsts[0]]
 
 
-def _older_verified(store: Any, step: int) -> tuple[dict[str, Any], dict[str, bytes]] | None:
+def _older_verified(
+    store: CheckpointStore, step: int
+) -> tuple[dict[str, Any], dict[str, bytes]] | None:
     """The newest complete, verified checkpoint of ``store`` before ``step`` (None: none)."""
     for s in sorted((s for s in store.complete_steps() if s < step), reverse=True):
         try:

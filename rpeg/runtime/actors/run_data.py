@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
+from rpeg.compile.step import CompiledStep, TaskSpec
 from rpeg.runtime.actors.dataplane import Holding
+from rpeg.runtime.actors.proxies import RankGroup
 from rpeg.runtime.actors.row_shards import shard_groups
 from rpeg.runtime.actors.unit_chains import arrives_by_take, unit_layout
 from rpeg.runtime.batch import RolloutBatch
@@ -94,7 +96,9 @@ class RunData:
     """The data plane of a run between its groups. ``group(name)``: the typed proxy of a
     group (:class:`rpeg.runtime.actors.proxies.RankGroup`)."""
 
-    def __init__(self, compiled: Any, samples_per_prompt: int, group: Callable[[str], Any]):
+    def __init__(
+        self, compiled: CompiledStep, samples_per_prompt: int, group: Callable[[str], RankGroup]
+    ):
         self.compiled = compiled
         self.samples_per_prompt = samples_per_prompt
         self.group = group
@@ -125,7 +129,7 @@ class RunData:
             dst, g.dp, g.replica_ranks, tuple(p.size for p in parts)
         )
 
-    def pull(self, step: int, src: Any, dst: str, fields: list[str] | None = None) -> int:
+    def pull(self, step: int, src: Holding, dst: str, fields: list[str] | None = None) -> int:
         """``dst``'s ranks fetch their rows of ``src`` (a Holding) from its actors directly;
         ``fields``: only those fields, merged into the rows ``dst`` already holds. Returns the
         tensor bytes moved actor to actor."""
@@ -149,7 +153,7 @@ class RunData:
             self.pulled_bytes[step] = self.pulled_bytes.get(step, 0) + n
         return n
 
-    def merge_inputs(self, step: int, task: Any) -> None:
+    def merge_inputs(self, step: int, task: TaskSpec) -> None:
         """Before a unit runs: its group's ranks pull the rows (or the missing fields) of its
         dependencies from the groups that hold them -- actor to actor, sharded for the
         unit's layout; the driver only plans the slices."""
@@ -178,7 +182,7 @@ class RunData:
                 continue
             self.pull(step, self.holdings[(g, step)], task.group, fields=list(MERGED_FIELDS))
 
-    def hold(self, step: int, task: Any, rows: list[Any], nbytes: list[int]) -> None:
+    def hold(self, step: int, task: TaskSpec, rows: list[Any], nbytes: list[int]) -> None:
         """The rows a unit left on its group (each rank's row count, ``None`` when it left
         none) and their bytes: the step's batch at its largest (every field filled in)."""
         if not rows or rows[0] is None:
@@ -196,7 +200,7 @@ class RunData:
         """The rollout of ``step`` into the staleness buffer (the rows its rollout group
         holds; ``streamed``: the trainer consumed them chunk by chunk and holds them too)."""
         with self._lock:
-            held: Payload = self.holdings[(self.compiled.rollout_group, step)]
+            held = self.holdings[(self.compiled.rollout_group, step)]
             self.payloads[step] = Streamed(held) if streamed else held
 
     def take(self, step: int) -> dict[str, float]:
@@ -211,7 +215,7 @@ class RunData:
         self._place(step, held, self.compiled.trainer_group)
         return {}
 
-    def _place(self, step: int, held: Any, dst: str) -> None:
+    def _place(self, step: int, held: Holding | list[RolloutBatch], dst: str) -> None:
         """Rows described by ``held`` (a Holding, or batches restored from a checkpoint) into
         ``dst``; the producers drop them after the pull."""
         if not isinstance(held, Holding):

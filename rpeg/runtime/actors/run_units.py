@@ -13,7 +13,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rpeg.compile.step import CompiledStep, TaskSpec
 from rpeg.ir import StageKind
+from rpeg.runtime.actors.proxies import RankGroup
+from rpeg.runtime.actors.recorder import TimelineRecorder
 from rpeg.runtime.actors.row_shards import prompt_shards
 from rpeg.runtime.actors.run_data import Prompts, RunData
 from rpeg.runtime.actors.run_samples import SampleLog
@@ -30,11 +33,11 @@ class UnitRunner:
 
     def __init__(
         self,
-        compiled: Any,
-        group: Callable[[str], Any],
+        compiled: CompiledStep,
+        group: Callable[[str], RankGroup],
         data: RunData,
         prompts: Prompts,
-        timeline: Any,
+        timeline: TimelineRecorder,
         samples: SampleLog,
     ):
         self.compiled = compiled
@@ -144,7 +147,7 @@ class UnitRunner:
         return outs[0]
 
     def _finish(
-        self, step: int, task: Any, per_rank: list[UnitCall], t0: float | None = None
+        self, step: int, task: TaskSpec, per_rank: list[UnitCall], t0: float | None = None
     ) -> dict[str, float]:
         """Issue the unit on every rank of its group; record the rows it leaves, its spans."""
         t0 = time.perf_counter() if t0 is None else t0
@@ -152,7 +155,7 @@ class UnitRunner:
         return self._record(step, task, res, t0, time.perf_counter())
 
     def _record(
-        self, step: int, task: Any, res: list[Any], t0: float, t1: float
+        self, step: int, task: TaskSpec, res: list[Any], t0: float, t1: float
     ) -> dict[str, float]:
         """The rows ``task`` left on its group, its spans and timeline record; its metrics."""
         g = self.compiled.group(task.group)
@@ -170,7 +173,7 @@ class UnitRunner:
         out[f"unit_s/{task.name}"] = out.get("unit_s", t1 - t0)
         return out
 
-    def _stream_consumer(self, t: Any) -> Any:
+    def _stream_consumer(self, t: TaskSpec) -> TaskSpec | None:
         """The trainer unit that consumes a streaming rollout unit chunk by chunk, or None.
 
         Only where it is exact: k = 0 (the trainer's weights are the generators'), a
@@ -191,7 +194,7 @@ class UnitRunner:
             return u if ok and not u.after else None
         return None
 
-    def _run_consumer(self, step: int, task: Any, producer_task: Any) -> dict[str, float]:
+    def _run_consumer(self, step: int, task: TaskSpec, producer_task: TaskSpec) -> dict[str, float]:
         """Run ``task`` on the trainer group, each rank reading its generator rank's chunks."""
         gen = self.compiled.group(producer_task.group)
         gtp = gen.gen_tp

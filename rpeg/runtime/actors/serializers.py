@@ -18,11 +18,25 @@ so via a worker preload and :class:`rpeg.infra.cluster.Cluster`.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import torch
+
+    from rpeg.runtime.batch import RolloutBatch
+
+    #: one frame of a Dask message (a view of a sender's tensor, or received bytes)
+    Frame: TypeAlias = bytes | bytearray | memoryview
+    #: a serializer's output: the header (plain data) and the frames
+    Frames: TypeAlias = tuple[dict[str, Any], list[memoryview]]
 
 _REGISTERED = False
 
 
-def _raw(t):
+def _raw(t: torch.Tensor) -> memoryview:
     import torch
 
     t = t.detach()
@@ -31,10 +45,11 @@ def _raw(t):
     t = t.contiguous()
     if not t.numel():
         return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    # numpy's stubs give ndarray the buffer protocol (__buffer__) only for Python >= 3.12
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
-def _from_raw(frame, dtype, shape):
+def _from_raw(frame: Frame, dtype: torch.dtype, shape: Sequence[int]) -> torch.Tensor:
     import torch
 
     if not len(frame):
@@ -48,8 +63,8 @@ def _from_raw(frame, dtype, shape):
     return flat.view(dtype).reshape(shape)
 
 
-def tensor_to_frames(t):
-    header = {
+def tensor_to_frames(t: torch.Tensor) -> Frames:
+    header: dict[str, Any] = {
         "dtype": str(t.dtype).removeprefix("torch."),
         "shape": list(t.shape),
         "requires_grad": False,
@@ -57,7 +72,7 @@ def tensor_to_frames(t):
     return header, [_raw(t)]
 
 
-def tensor_from_frames(header, frames):
+def tensor_from_frames(header: dict[str, Any], frames: Sequence[Frame]) -> torch.Tensor:
     import torch
 
     dtype = getattr(torch, header["dtype"])
@@ -66,7 +81,7 @@ def tensor_from_frames(header, frames):
 
 
 # --------------------------------------------------------------------------- batches
-def _prefix_lengths(mask):
+def _prefix_lengths(mask: torch.Tensor) -> torch.Tensor | None:
     """Row lengths when ``mask`` is a right-padded prefix mask (ones then zeros), else None."""
     import torch
 
@@ -75,7 +90,7 @@ def _prefix_lengths(mask):
     return lens if torch.equal(mask.bool(), ref) else None
 
 
-def _suffix_lengths(mask):
+def _suffix_lengths(mask: torch.Tensor) -> torch.Tensor | None:
     """Row lengths when ``mask`` is a left-padded suffix mask (zeros then ones), else None."""
     import torch
 
@@ -85,7 +100,7 @@ def _suffix_lengths(mask):
     return lens if torch.equal(mask.bool(), ref) else None
 
 
-def _pack(t, lens, left: bool):
+def _pack(t: torch.Tensor, lens: torch.Tensor, left: bool) -> torch.Tensor:
     """Rows of ``t`` ``[B, W]`` without their padding, concatenated."""
     import torch
 
@@ -95,7 +110,9 @@ def _pack(t, lens, left: bool):
     return t[keep]
 
 
-def _unpack(flat, lens, width: int, left: bool, dtype):
+def _unpack(
+    flat: torch.Tensor, lens: torch.Tensor, width: int, left: bool, dtype: torch.dtype
+) -> torch.Tensor:
     import torch
 
     out = torch.zeros((len(lens), width), dtype=dtype)
@@ -105,15 +122,15 @@ def _unpack(flat, lens, width: int, left: bool, dtype):
     return out
 
 
-def batch_to_frames(b):
+def batch_to_frames(b: RolloutBatch) -> Frames:
     import dataclasses
 
     from rpeg.runtime.batch import PROMPT_FIELDS, TOKEN_FIELDS
 
     r_lens = _prefix_lengths(b.response_mask)
     p_lens = _suffix_lengths(b.prompt_mask)
-    header = {"fields": [], "scalars": {}, "texts": {}}
-    frames = []
+    header: dict[str, Any] = {"fields": [], "scalars": {}, "texts": {}}
+    frames: list[memoryview] = []
     for lens, name in ((r_lens, "_r_lens"), (p_lens, "_p_lens")):
         if lens is not None:
             header[name] = len(frames)
@@ -150,23 +167,23 @@ def batch_to_frames(b):
     return header, frames
 
 
-def _int32():
+def _int32() -> torch.dtype:
     import torch
 
     return torch.int32
 
 
-def batch_from_frames(header, frames):
+def batch_from_frames(header: dict[str, Any], frames: Sequence[Frame]) -> RolloutBatch:
     import torch
 
     from rpeg.runtime.batch import RolloutBatch
 
-    lens = {}
+    lens: dict[str, torch.Tensor] = {}
     for name in ("_r_lens", "_p_lens"):
         if name in header:
             fr = frames[header[name]]
             lens[name] = _from_raw(fr, torch.int32, [len(memoryview(fr)) // 4]).long()
-    kw = dict(header["scalars"])
+    kw: dict[str, Any] = dict(header["scalars"])
     kw.update({k: list(v) for k, v in header["texts"].items()})
     for f in header["fields"]:
         dtype = getattr(torch, f["dtype"])
@@ -181,7 +198,7 @@ def batch_from_frames(header, frames):
     return RolloutBatch(**kw)
 
 
-def wire_bytes(b) -> int:
+def wire_bytes(b: RolloutBatch) -> int:
     """Bytes of tensor frames a batch puts on the wire (packed)."""
     _, frames = batch_to_frames(b)
     return sum(len(memoryview(f).cast("B")) for f in frames)
@@ -206,5 +223,5 @@ def register() -> None:
     _REGISTERED = True
 
 
-def dask_setup(worker=None) -> None:  # a ``--preload`` module hook
+def dask_setup(worker: object = None) -> None:  # a ``--preload`` module hook
     register()

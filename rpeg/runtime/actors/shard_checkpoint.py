@@ -22,7 +22,8 @@ are saved once, from rank 0, as plain values.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -37,23 +38,27 @@ from rpeg.runtime.actors.shard_reader import (
 )
 from rpeg.runtime.lora import adapter_state_names, has_lora
 
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import FileSystemWriter
+
 #: a sharded group's shards in a checkpoint's folder: ``<step folder>/<group>.dcp``
 SHARDS_SUFFIX = ".dcp"
 
 
-def _dist():
+def _dist() -> ModuleType | None:
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def _fs(url: str):
+def _fs(url: str) -> tuple[Any, str]:
     import fsspec
 
-    return fsspec.core.url_to_fs(url)
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs, path
 
 
-def _writer(url: str):
+def _writer(url: str) -> FileSystemWriter:
     from torch.distributed.checkpoint import FileSystemWriter
 
     if is_local_url(url):
@@ -76,6 +81,8 @@ def _state(roles: Mapping[str, tuple[nn.Module, Any]]) -> dict[str, Any]:
     from rpeg.runtime.pipeline import checkpoint_names
 
     out: dict[str, Any] = {}
+    msd: dict[str, Any]
+    osd: dict[str, Any] | None
     for name, (module, opt) in roles.items():
         if opt is None:
             from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -176,7 +183,7 @@ def load_shards(
                 module,
                 opt,
                 model_state_dict=msd,
-                optim_state_dict=osd,
+                optim_state_dict=cast("dict[str, Any]", osd),  # given opt's state: not None
                 options=StateDictOptions(strict=not has_lora(module)),  # LoRA: adapters only
             )
     return dict(state["extra"])

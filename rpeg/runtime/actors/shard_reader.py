@@ -24,11 +24,16 @@ import contextlib
 import io
 import pickle
 import warnings
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rpeg.runtime.actors.checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint.metadata import Metadata
 
 #: DCP's metadata file in a shards folder
 METADATA = ".metadata"
@@ -65,7 +70,7 @@ def local_path(url: str) -> str:
 
 
 @contextlib.contextmanager
-def single_process_quiet(single: bool):
+def single_process_quiet(single: bool) -> Iterator[None]:
     """DCP warns that it assumes one process when no group exists; that is the intent here."""
     with warnings.catch_warnings():
         if single:
@@ -74,7 +79,7 @@ def single_process_quiet(single: bool):
 
 
 @contextlib.contextmanager
-def named_errors():
+def named_errors() -> Iterator[None]:
     """DCP wraps a reader's or planner's error in its ``CheckpointException`` (a
     BaseException, per rank): the first :class:`CheckpointError` inside is raised as itself."""
     from torch.distributed.checkpoint.api import CheckpointException
@@ -110,7 +115,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def read_metadata(fh: Any, where: str) -> Any:
+def read_metadata(fh: Any, where: str) -> Metadata:
     """DCP's ``Metadata`` from the open file ``fh`` through the restricted unpickler."""
     from torch.distributed.checkpoint.metadata import Metadata
 
@@ -125,11 +130,12 @@ def read_metadata(fh: Any, where: str) -> Any:
     return md
 
 
-def safe_reader(url: str):
+def safe_reader(url: str) -> FileSystemReader:
     """torch's reader of ``url`` with :func:`read_metadata` in place of its unrestricted unpickling."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
+    base: type[FileSystemReader]
     if is_local_url(url):
         base, path = FileSystemReader, local_path(url)
     else:
@@ -137,7 +143,7 @@ def safe_reader(url: str):
 
         base, path = FsspecReader, url
 
-    class SafeReader(base):
+    class SafeReader(base):  # type: ignore[valid-type,misc]  # the base is chosen at run time
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             where = f"{url.rstrip('/')}/{METADATA}"
             try:
@@ -146,15 +152,16 @@ def safe_reader(url: str):
                     md = read_metadata(fh, where)
             except FileNotFoundError:
                 raise CheckpointError(f"{where}: missing (not a DCP shards folder)") from None
-            if getattr(md, "storage_meta", None) is None:
-                md.storage_meta = StorageMeta()
-            md.storage_meta.load_id = self.load_id
+            meta = getattr(md, "storage_meta", None)
+            if meta is None:
+                meta = md.storage_meta = StorageMeta()
+            meta.load_id = self.load_id
             return md
 
     return SafeReader(path)
 
 
-def _tensors_only_planner():
+def _tensors_only_planner() -> DefaultLoadPlanner:
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     class TensorsOnly(DefaultLoadPlanner):
@@ -164,7 +171,7 @@ def _tensors_only_planner():
     return TensorsOnly()
 
 
-def weights_only_planner():
+def weights_only_planner() -> DefaultLoadPlanner:
     """DCP's default load planner, but a non-tensor value (an optimizer's hyperparameters, an
     int) is read with ``torch.load(weights_only=True)``: plain values, containers and tensors
     only; anything else is a :class:`CheckpointError` (torch's own reads it with weights_only

@@ -19,6 +19,7 @@ import contextlib
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: bytes moved per read when forwarding
@@ -43,7 +44,7 @@ class TlsFiles:
         return ctx
 
 
-def tls_files(cluster) -> TlsFiles | None:
+def tls_files(cluster: object) -> TlsFiles | None:
     """The run's TLS files from its cluster config section, or None when it has none."""
     ca = getattr(cluster, "tls_ca_file", None)
     cert = getattr(cluster, "tls_cert_file", None)
@@ -76,7 +77,12 @@ def _join(a: socket.socket, b: socket.socket) -> None:
 class _Forwarder:
     """A listener whose every accepted connection is joined to a new outgoing one."""
 
-    def __init__(self, listen: socket.socket, accept_wrap, connect):
+    def __init__(
+        self,
+        listen: socket.socket,
+        accept_wrap: Callable[[socket.socket], socket.socket],
+        connect: Callable[[], socket.socket],
+    ):
         self._listen = listen
         self._accept_wrap = accept_wrap
         self._connect = connect

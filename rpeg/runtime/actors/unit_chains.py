@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from rpeg.compile.step import CompiledStep, GroupSpec, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -77,20 +78,20 @@ def _joins(
     return all(by_name[w].group == head.group for w in waited_by[last.name] if w != v.name)
 
 
-def unit_layout(group: Any, task: Any) -> tuple[int, int]:
+def unit_layout(group: GroupSpec, task: TaskSpec) -> tuple[int, int]:
     """(dp, tp) the ranks of ``group`` run ``task`` at (generation: the group's gen_tp)."""
     if task.generates:
         return group.world_size // group.gen_tp, group.gen_tp
     return group.dp, group.replica_ranks
 
 
-def arrives_by_take(compiled: Any, task: Any, dep: Any) -> bool:
+def arrives_by_take(compiled: CompiledStep, task: TaskSpec, dep: TaskSpec) -> bool:
     """Whether ``dep``'s rows reach ``task`` through the staleness buffer (an async plan's
     rollout unit feeding a train unit: ``take`` moved them), not by a pull before it runs."""
     return compiled.async_rollout and dep.phase == "rollout" and task.phase == "train"
 
 
-def step_chains(compiled: Any) -> list[tuple[str, ...]]:
+def step_chains(compiled: CompiledStep) -> list[tuple[str, ...]]:
     """The chains of a compiled step's units that the step scheduler issues
     (:class:`rpeg.runtime.step.plan.StepPlan`; an async plan's rollout units run
     inside its rollouts and are not among them)."""

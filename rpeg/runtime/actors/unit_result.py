@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rpeg.runtime.samples import Sample
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class UnitResult:
     num_tokens: float | None = None
     rows: int | None = None
     batch_bytes: int = 0
-    samples: tuple = ()  # rpeg.runtime.samples.Sample rows of a logged step's advantage unit
+    samples: tuple[Sample, ...] = ()  # a logged step's sample rows (its advantage unit's)
 
 
 def counted_tokens(batch_tokens: float | None, tp_index: int) -> float | None:

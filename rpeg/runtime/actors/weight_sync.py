@@ -47,12 +47,14 @@ class Bucket:
         return self.flat.numel() * self.flat.element_size()
 
 
-def _groups(meta: dict[str, tuple[tuple[int, ...], torch.dtype]], bucket_bytes: int):
+def _groups(
+    meta: dict[str, tuple[tuple[int, ...], torch.dtype]], bucket_bytes: int
+) -> list[tuple[torch.dtype, list[str]]]:
     """[(dtype, [names])] per bucket: names by dtype (first seen in name order), then name."""
     by_dtype: dict[torch.dtype, list[str]] = {}
     for name in sorted(meta):
         by_dtype.setdefault(meta[name][1], []).append(name)
-    out = []
+    out: list[tuple[torch.dtype, list[str]]] = []
     for dtype, names in by_dtype.items():
         elem = torch.empty((), dtype=dtype).element_size()
         cap = max(1, bucket_bytes // elem)
@@ -77,8 +79,11 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _entries(meta, names) -> tuple[list[BucketEntry], int]:
-    entries, off = [], 0
+def _entries(
+    meta: dict[str, tuple[tuple[int, ...], torch.dtype]], names: Iterable[str]
+) -> tuple[list[BucketEntry], int]:
+    entries: list[BucketEntry] = []
+    off = 0
     for n in names:
         k = _numel(meta[n][0])
         entries.append(BucketEntry(n, tuple(meta[n][0]), off, k))
@@ -149,7 +154,13 @@ def total_bytes(buckets: list[Bucket]) -> int:
     return sum(b.nbytes for b in buckets)
 
 
-def broadcast_weights(pg, full: dict[str, torch.Tensor], version: int, bucket_bytes: int, device):
+def broadcast_weights(
+    pg: Any,
+    full: dict[str, torch.Tensor],
+    version: int,
+    bucket_bytes: int,
+    device: torch.device | str,
+) -> tuple[int, int]:
     """Sender side of a sync over the weight-sync group ``pg`` (rank 0): the policy version,
     then ``full`` packed in ``bucket_bytes`` buckets on ``device`` (where ``full`` already
     lives on a GPU: no host copy), one broadcast each. -> (bytes sent, buckets)."""
@@ -158,7 +169,9 @@ def broadcast_weights(pg, full: dict[str, torch.Tensor], version: int, bucket_by
     return send_buckets(pg, buckets, version, device)
 
 
-def send_buckets(pg, buckets: Iterable[Bucket], version: int, device) -> tuple[int, int]:
+def send_buckets(
+    pg: Any, buckets: Iterable[Bucket], version: int, device: torch.device | str
+) -> tuple[int, int]:
     """Broadcast the policy version, then each of ``buckets`` as it comes, from sync rank 0
     of ``pg`` (on ``device``) -> (bytes sent, buckets). ``pg`` None (a trainer rank that
     only takes part in the gathers): the buckets are made and dropped."""
@@ -175,7 +188,12 @@ def send_buckets(pg, buckets: Iterable[Bucket], version: int, device) -> tuple[i
     return nbytes, n
 
 
-def receive_buckets(pg, meta, bucket_bytes: int, device) -> dict[str, torch.Tensor]:
+def receive_buckets(
+    pg: Any,
+    meta: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    bucket_bytes: int,
+    device: torch.device | str,
+) -> dict[str, torch.Tensor]:
     """The weight buckets of :func:`send_buckets`, received into buffers on ``device`` laid
     out from this rank's own full shapes ``meta`` (same names, dtypes and order as the
     sender's) -> the weights: copies on the CPU, views of the received buckets on a device
@@ -190,7 +208,12 @@ def receive_buckets(pg, meta, bucket_bytes: int, device) -> dict[str, torch.Tens
     return unpack_views(buckets)
 
 
-def receive_weights(pg, meta, bucket_bytes: int, device) -> tuple[dict[str, torch.Tensor], int]:
+def receive_weights(
+    pg: Any,
+    meta: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    bucket_bytes: int,
+    device: torch.device | str,
+) -> tuple[dict[str, torch.Tensor], int]:
     """Receiver side of :func:`broadcast_weights` / :func:`send_buckets` -> (weights on
     ``device``: :func:`receive_buckets`, policy version)."""
     from rpeg.runtime.actors.rendezvous import broadcast

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpeg.errors import ConfigError, Problem
+
+if TYPE_CHECKING:
+    from rpeg.compile.step import CompiledStep, GroupSpec
 
 ENGINES = ("auto", "torch", "vllm")
 
@@ -147,7 +150,7 @@ def logprob_problems(engine: str, workload: Any, algorithm: Any) -> list[Problem
     ]
 
 
-def check_engine(config: Any, compiled: Any) -> str:
+def check_engine(config: Any, compiled: CompiledStep) -> str:
     """The engine generation will use, checked before start (ConfigError otherwise): the
     declared engine resolved on the device type and generation tp of the compiled groups
     that generate, in this process's environment."""
@@ -163,7 +166,7 @@ def check_engine(config: Any, compiled: Any) -> str:
     return engine
 
 
-def engine_problems(config: Any, compiled: Any) -> list[Problem]:
+def engine_problems(config: Any, compiled: CompiledStep) -> list[Problem]:
     """:func:`check_engine`'s problems as a list (empty when the engine is fine), for a
     pre-start check that reports every problem of a run at once."""
     try:
@@ -173,14 +176,14 @@ def engine_problems(config: Any, compiled: Any) -> list[Problem]:
     return []
 
 
-def compiled_generation_engines(compiled: Any) -> dict[str, str]:
+def compiled_generation_engines(compiled: CompiledStep) -> dict[str, str]:
     """``unit name -> engine`` of the compiled units that generate (the plan's engine of the
     generate unit, kept on its group's :class:`rpeg.compile.GroupSpec`)."""
     groups = {g.name: g for g in compiled.actor_groups}
     return {t.name: groups[t.group].gen_engine or "auto" for t in compiled.tasks if t.generates}
 
 
-def rank_engine(config: Any, group: Any, vllm_available: bool | None = None) -> str:
+def rank_engine(config: Any, group: GroupSpec, vllm_available: bool | None = None) -> str:
     """The engine the ranks of ``group`` (a compiled :class:`rpeg.compile.GroupSpec`) build,
     resolved once by the driver for the group (rpeg.runtime.actors.programs) with
     ``vllm_available``: whether vLLM imports where the ranks run (so ``auto`` finds vLLM

@@ -6,12 +6,35 @@ mixin of :class:`rpeg.runtime.step.scheduler.StepScheduler`. Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 from rpeg.runtime.step import staleness as st
 from rpeg.runtime.step.messages import SchedulerError
+
+if TYPE_CHECKING:
+    from rpeg.runtime.step.plan import StepPlan
 
 
 class SchedulerInvariants:
     """``validate`` over the scheduler's state (its attributes: see StepScheduler)."""
+
+    # what validate reads of StepScheduler (declarations for the type checker; no values)
+    plan: StepPlan
+    staleness: st.StalenessState
+    step: int
+    steps: int
+    phase: str
+    history: dict[int, dict[str, float]]
+    rollout_metrics: dict[int, dict[str, float]]
+    recoveries: int
+    max_recoveries: int
+    unit_names: tuple[str, ...]
+    done: set[str]
+    in_flight: dict[tuple[Any, ...], Any]
+    trained: bool
+    B: int
+    _window_end: Callable[[], int]
 
     def validate(self) -> None:
         """Raise :class:`SchedulerError` if an invariant does not hold (tests call it after

@@ -34,7 +34,7 @@ class SyncWeights:
     version: int
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, int]:
         return ("sync", self.version)
 
     def done(self, metrics: dict[str, float]) -> WeightsSynced:
@@ -50,7 +50,7 @@ class Evaluate:
     when: str  # "before" | "after" | "after step <n>" (1-based)
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, str]:
         return ("evaluate", self.when)
 
     def done(self, result: float | dict[str, float]) -> Evaluated:
@@ -67,7 +67,7 @@ class Rollout:
     version: int
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, int]:
         return ("rollout", self.step)
 
     def done(self, metrics: dict[str, float]) -> RolloutProduced:
@@ -80,7 +80,7 @@ class Take:
     lags: tuple[int, ...]
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, int]:
         return ("take", self.step)
 
     def done(self, metrics: dict[str, float]) -> BatchTaken:
@@ -93,7 +93,7 @@ class RunUnit:
     unit: str
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, int, str]:
         return ("unit", self.step, self.unit)
 
     def done(self, metrics: dict[str, float]) -> UnitFinished:
@@ -106,7 +106,7 @@ class Checkpoint:
     state: dict[str, Any]
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, int]:
         return ("checkpoint", self.step_done)
 
     def done(self, metrics: dict[str, float]) -> CheckpointWritten:

@@ -34,6 +34,10 @@ The rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rpeg.compile.step import CompiledStep
 
 Rank = tuple[str, int]  # (group name, rank)
 
@@ -112,18 +116,18 @@ class Topology:
         return out
 
 
-def topology_of(compiled: object, placement: dict[Rank, str]) -> Topology:
+def topology_of(compiled: CompiledStep, placement: dict[Rank, str]) -> Topology:
     """A compiled step's collectives: each group of more than one rank, and the bucketed
     weight-sync group (the source group's rank 0 and every rank of the targets)."""
     coll: list[frozenset[Rank]] = []
-    for g in compiled.actor_groups:  # type: ignore[attr-defined]
+    for g in compiled.actor_groups:
         if g.world_size > 1:
             coll.append(frozenset((g.name, r) for r in range(g.world_size)))
-    ws = compiled.weight_sync  # type: ignore[attr-defined]
+    ws = compiled.weight_sync
     if ws.copies:
         members = {(ws.source, 0)}
         for t in ws.targets:
-            members |= {(t, r) for r in range(compiled.group(t).world_size)}  # type: ignore[attr-defined]
+            members |= {(t, r) for r in range(compiled.group(t).world_size)}
         coll.append(frozenset(members))
     return Topology(placement=dict(placement), collectives=tuple(coll))
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rpeg.compile.step import CompiledStep
 from rpeg.runtime.step import staleness as st
 from rpeg.runtime.step.invariants import SchedulerInvariants
 from rpeg.runtime.step.messages import (
@@ -118,7 +119,7 @@ class StepScheduler(SchedulerInvariants):
         self.phase = "new"  # new starting step checkpoint recovering finishing done failed
         self.recoveries = 0
         self.regenerated_samples, self._begun = 0, frozenset[int]()  # see .regeneration
-        self.in_flight: dict[tuple, Any] = {}
+        self.in_flight: dict[tuple[Any, ...], Any] = {}
         self.done: set[str] = set()  # units (and "take") of the current step that finished
         self.parts: dict[str, dict[str, float]] = {}
         self.lags: tuple[int, ...] = ()
@@ -130,7 +131,7 @@ class StepScheduler(SchedulerInvariants):
         self.predicted_memory_gib: dict[str, float] = {}
 
     @classmethod
-    def from_compiled(cls, compiled: Any, steps: int, **kw: Any) -> StepScheduler:
+    def from_compiled(cls, compiled: CompiledStep, steps: int, **kw: Any) -> StepScheduler:
         return cls(StepPlan.from_compiled(compiled), steps, **kw)
 
     # ---------------------------------------------------------------- entry
@@ -440,7 +441,7 @@ class StepScheduler(SchedulerInvariants):
         self.staleness = st.StalenessState.from_state_dict(d["staleness"], k=self.plan.k)
 
 
-def _event_key(ev: Any) -> tuple:
+def _event_key(ev: Any) -> tuple[Any, ...]:
     if isinstance(ev, WeightsSynced):
         return ("sync", ev.version)
     if isinstance(ev, Evaluated):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
@@ -26,6 +26,9 @@ from rpeg.runtime.actors.checkpoint.layout import (
     step_url,
 )
 from rpeg.runtime.actors.checkpoint_identity import mismatches
+
+if TYPE_CHECKING:
+    from rpeg.config import RuntimeConfig
 
 
 def _runs(fs: Any, root: str) -> list[str]:
@@ -80,7 +83,7 @@ def find_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
     return _newest_verified(fs, f"{root}/{runs[0]}", None) if runs else None
 
 
-def resolve_run_id(runtime: Any) -> str:
+def resolve_run_id(runtime: RuntimeConfig) -> str:
     """The run id of a run (``runtime``: a :class:`rpeg.config.RuntimeConfig`).
 
     ``runtime.run_id`` when set; else, for ``--resume`` (without ``--resume-from``), the one
@@ -130,7 +133,8 @@ def _newest_complete_meta(fs: Any, root: str) -> dict[str, Any] | None:
     for d in reversed(steps):
         if _state(fs, d) == "complete":
             with fs.open(f"{d}/{COMMIT}", "rb") as fh:
-                return json.loads(fh.read())
+                meta: dict[str, Any] = json.loads(fh.read())
+                return meta
     return None
 
 

@@ -53,7 +53,7 @@ class CheckpointWriteError(CheckpointError):
         super().__init__(message)
         self.reason = reason
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[CheckpointWriteError], tuple[str, str]]:
         return (type(self), (str(self), self.reason))
 
 
@@ -90,7 +90,8 @@ def new_run_id() -> str:
 def _ls(fs: Any, root: str, detail: bool) -> list[Any]:
     """``fs.ls(root)``; nothing where ``root`` is missing or no folder."""
     try:
-        return fs.ls(root, detail=detail)
+        entries: list[Any] = fs.ls(root, detail=detail)
+        return entries
     except (FileNotFoundError, NotADirectoryError):
         return []
 
