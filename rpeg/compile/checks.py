@@ -86,7 +86,7 @@ def batch_problems(groups: Iterable[GroupSpec], workload: Any) -> list[Problem]:
         per_rank = (w.num_prompts // g.dp) * w.samples_per_prompt
         if g.dp > w.num_prompts:
             continue
-        if g.trainable and (g.fsdp or g.tp > 1) and w.num_prompts % g.dp:
+        if g.trainable and (g.fsdp or g.tp > 1 or g.ep > 1) and w.num_prompts % g.dp:
             # sharded training runs collectives in every forward: equal shards or a hang
             out.append(
                 Problem(

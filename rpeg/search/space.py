@@ -349,7 +349,7 @@ class SearchSpace:
             return "runtime: more data-parallel ranks than prompts"
         if cls in ("train", "gen") and p % dp:
             per_rank = (p // dp) * w.samples_per_prompt
-            if lay.tp > 1 or lay.engine == "fsdp" or per_rank < w.train_minibatches:
+            if lay.tp > 1 or lay.ep > 1 or lay.engine == "fsdp" or per_rank < w.train_minibatches:
                 return "runtime: dp does not divide the prompts"
         return ""
 

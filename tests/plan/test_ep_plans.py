@@ -114,3 +114,24 @@ def test_generation_on_the_split_weights_is_said(tmp_path):
     assert (g.dp, g.ep, g.fsdp) == (2, 2, True)
     assert any(n.startswith("plan.units.generate.ep=1: decodes on") for n in step.notes)
     assert any(n.startswith("plan.units.ref_logprob.ep=1: runs at") for n in step.notes)
+
+
+def test_ep_ranks_need_equal_prompt_shards():
+    """Every forward of a split model is an all-to-all: like FSDP, dp replicas at ep > 1 must
+    see equal batches (compile and the search)."""
+    from rpeg.compile import GroupSpec
+    from rpeg.compile.checks import batch_problems
+    from rpeg.search.problem import problem_from_config, search_space
+    from rpeg.search.space import Layout
+
+    g = GroupSpec("g", (0, 1), 2, ("actor",), ("actor",), (), dp=2, ep=2)
+    w = RunConfig().with_overrides({"workload.num_prompts": 3}).workload
+    (p,) = batch_problems([g], w)
+    assert "dp=2 does not divide workload.num_prompts=3" in p.what
+    cfg = _config("qwen3-30b-a3b", 2).with_overrides({"workload.num_prompts": 3})
+    space = search_space(problem_from_config(cfg))
+    assert (
+        space._prompts_invalid("train", Layout(ep=2), 2)
+        == "runtime: dp does not divide the prompts"
+    )
+    assert space._prompts_invalid("train", Layout(ep=1), 2) == ""
