@@ -373,7 +373,22 @@ def context_parallel_s(c: UnitContext, s: PassShape, first: int) -> tuple[str, f
     lvl, bw, alpha = costs.group_link(c.cluster, first, s.cp, s.tp)
     full = max(1, m.full_attn_layers)  # linear-attention layers exchange no K/V
     kvb = s.tokens_dev * m.kv_bytes_per_token(2.0) / full * (s.cp - 1)
-    return lvl, s.micro_batches * s.passes * full / s.pp * (kvb / (bw * c.calib.nccl_bus_eff))
+    # and per layer and pass two collectives (keys, values: rpeg.runtime.context_parallel
+    # all-gathers them forward, sums their gradients backward), each (cp - 1) latencies
+    lat = 2 * alpha * (s.cp - 1)
+    return lvl, s.micro_batches * s.passes * full / s.pp * (kvb / (bw * c.calib.nccl_bus_eff) + lat)
+
+
+def context_grad_sum_s(
+    c: UnitContext, s: PassShape, first: int, weights_gb: float
+) -> tuple[str, float]:
+    """Context parallelism: each cp rank holds its positions' share of every gradient, summed
+    over the cp group once per optimizer step (rpeg.runtime.context_parallel.ContextShards,
+    an all-reduce: reduce-scatter + all-gather): (link level, seconds)."""
+    lvl, bw, lat = costs.group_link(c.cluster, first, s.cp, s.tp)
+    g_bytes = weights_gb * GB / c.wbytes * s.value_bytes
+    per_step = 2 * costs.gather_time(g_bytes, s.cp, bw, lat, c.calib.nccl_bus_eff)
+    return lvl, per_step * c.wl.train_minibatches
 
 
 def _dp_link(c: UnitContext, s: PassShape, first: int) -> tuple[str, float, float]:
@@ -552,6 +567,8 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         if ex:
             _add(comm, _dp_link(c, s, first)[0], ex)
             sc.detail["ep_expert_grad_sync_s"] = ex
+    if train and s.cp > 1:  # every gradient summed over the cp ranks once per update
+        _add(comm, *context_grad_sum_s(c, s, first, state["weights"]))
     t_opt = optimizer_s(c, u, s, state.get("optimizer", 0.0))
     b = bubble(s)
     scale = c.calib.train_eff_scale if train else c.calib.fwd_eff_scale

@@ -79,6 +79,7 @@ def unit_context(c: Any, cores: int, workers: int) -> Any:
     )
     out = copy.copy(c)
     out.cluster, out.gpu, out.peak_flops = cl, gpu, c.peak_flops * s
+    out.cpu_share = s  # a pipeline's idle slots go to the other workers (passes.bubble_factor)
     return out
 
 

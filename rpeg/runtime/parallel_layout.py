@@ -8,7 +8,7 @@ a group with ``pp > 1`` or ``cp > 1`` (rank order: tp innermost, then cp, then p
 outermost; the ``replica_ranks = tp * cp * pp`` ranks of one data-parallel index hold the
 same rows).
 
-Generation (decision, docs/parallelism.md "Generation on a pp or cp group"): the engine
+Generation (decision, docs/parallelism.md "Stages and sequence shards in a run"): the engine
 decodes at the generation layout ``(world / gen_tp, gen_tp)`` -- every rank its own prompts --
 on weights it holds whole (or split at ``gen_tp``):
 
