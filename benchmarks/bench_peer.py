@@ -1,12 +1,12 @@
 """RPEG against the systems a user would pick instead, at equal cores, on one peer workload.
 
     python benchmarks/bench_peer.py [--steps 40] [--rounds 2] [--threads 1,2]
-        [--systems trl,hand,local,dask] [--trl-python /tmp/trl-venv/bin/python] [--json FILE]
+        [--systems trl,hand,local,dask] [--shape tiny|micro] [--env K=V ...]
+        [--trl-python /tmp/trl-venv/bin/python] [--json FILE]
 
 The workload: a random-weights tiny Hugging Face Llama (the ``rpeg-tiny`` shape: hidden 256,
-4 layers, 4 heads, FFN 1024, character-level vocabulary of 100, 4.2M parameters; `--shape
-micro`: hidden 64, 2 layers, FFN 256) written to a
-folder by this script, a GSM8K-like JSONL of ``question`` / ``answer`` rows with a rule
+4 layers, 4 heads, FFN 1024, character-level vocabulary of 100, 4.2M parameters; ``--shape
+micro``: hidden 64, 2 layers, FFN 256) written to a folder by this script, a GSM8K-like JSONL of ``question`` / ``answer`` rows with a rule
 reward (the last number of the response equals the answer), GRPO with 16 prompts x 8 samples
 a step, a 12-token response cap, temperature 1 (no top-k / top-p), no KL and no reference
 model (TRL's default ``beta=0``), one optimizer update a step over all 128 samples (AdamW,
@@ -23,7 +23,13 @@ lr 1e-4, gradient clip 1.0), token-mean loss; 40 steps. Run by:
 * ``dask``: RPEG on Prefect + Dask (``run_train`` on a test Prefect server and a
   LocalCluster started in the arm's process): T workers x 1 thread, so the same T cores
   (T = 1: one worker); ``dask1w``: one worker of T threads (a plan keeping the cores in one
-  rank).
+  rank);
+* ``localnr``, ``dasknr``, ``dask1wnr``: the same with the default plan's layer recompute
+  left to the compiler's memory rule (``recompute: auto``) instead of ``true``.
+
+``--env K=V`` sets a variable in every arm (``OMP_WAIT_POLICY=PASSIVE``: OpenMP threads that
+sleep instead of spinning between parallel regions, which decides 2-thread runs on a loaded
+machine).
 
 Every arm is a fresh process with ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` = T and
 ``torch.set_num_threads(T)``, arms interleaved (the order reversed every other round) so all
