@@ -11,13 +11,16 @@ folder runs."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpeg.config import RunConfig
 from rpeg.errors import Problem
 
+if TYPE_CHECKING:
+    from rpeg.compile.step import CompiledStep, GroupSpec
 
-def check_architecture(config: RunConfig, compiled: Any = None) -> list[Problem]:
+
+def check_architecture(config: RunConfig, compiled: CompiledStep | None = None) -> list[Problem]:
     """Problems of ``model.path``'s architecture and of every compiled group's tp for it
     (none without a folder; an unreadable folder is check_model's problem)."""
     path = config.model.path
@@ -83,10 +86,10 @@ def routing_model_problems(config: RunConfig, cfg: Any) -> list[Problem]:
     ]
 
 
-def routing_engine_problems(config: RunConfig, compiled: Any) -> list[Problem]:
+def routing_engine_problems(config: RunConfig, compiled: CompiledStep | None) -> list[Problem]:
     """``algorithm.routing_replay`` with vLLM generating: only the torch engine records the
     experts each token was routed to (docs/models.md)."""
-    engines = {config.runtime.engine}
+    engines: set[str] = {config.runtime.engine}
     if compiled is not None:
         engines |= {g.gen_engine for g in compiled.actor_groups if g.gen_engine}
     if "vllm" not in engines:
@@ -101,7 +104,7 @@ def routing_engine_problems(config: RunConfig, compiled: Any) -> list[Problem]:
     ]
 
 
-def _torch_gen_tp(group: Any) -> int:
+def _torch_gen_tp(group: GroupSpec) -> int:
     """The tp at which ``group``'s torch engine splits the model to decode (1 when it decodes
     nothing or vLLM decodes: vLLM splits the model its own way)."""
     torch_engine = group.gen_engine == "torch" or (

@@ -4,7 +4,7 @@ config's schema problems and its inline plan's, together)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpeg.config import RunConfig
 from rpeg.errors import ConfigError, Problem, ProblemsError
@@ -12,6 +12,9 @@ from rpeg.preflight.gpus import check_plan_devices, plan_gpus
 from rpeg.preflight.inputs import check_algorithm, check_generation_engine, check_model, check_task
 from rpeg.preflight.machine import check_machine, check_scheduler_reachable
 from rpeg.preflight.places import check_file_writable, check_places, check_resumed_layout
+
+if TYPE_CHECKING:
+    from rpeg.compile.step import CompiledStep
 
 
 def load_config(source: str | None) -> RunConfig:
@@ -121,7 +124,9 @@ def preflight(
     return compiled
 
 
-def check_rank_memory(config: Any, compiled: Any, model: Any, cluster_devices: Any) -> list:
+def check_rank_memory(
+    config: Any, compiled: CompiledStep, model: Any, cluster_devices: Any
+) -> list[Problem]:
     """Each rank's predicted peak memory (rpeg.compile.memory) against what a worker has:
     ``cluster.worker_memory`` (``auto``: this machine's memory split over a LocalCluster's
     workers, as Dask splits it) on CPU workers, the GPU's memory on GPUs. A rank over it is

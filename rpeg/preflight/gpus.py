@@ -4,14 +4,17 @@ driver and runtime versions, per host), before any actor starts."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpeg.config import RunConfig
 from rpeg.errors import Problem
 
+if TYPE_CHECKING:
+    from rpeg.compile.step import CompiledStep
+
 
 # ------------------------------------------------------------------------------ GPUs
-def plan_gpus(compiled: Any) -> int:
+def plan_gpus(compiled: CompiledStep) -> int:
     """How many GPUs the compiled step uses (the distinct devices of its CUDA groups)."""
     return len({d for g in compiled.actor_groups if g.device_type == "cuda" for d in g.devices})
 
@@ -21,7 +24,7 @@ def _version(v: str) -> tuple[int, ...]:
 
 
 def check_plan_devices(
-    config: RunConfig, compiled: Any, views: dict[str, Any], *, per_worker: bool = True
+    config: RunConfig, compiled: CompiledStep, views: dict[str, Any], *, per_worker: bool = True
 ) -> list[Problem]:
     """The GPUs the compiled step uses against what the workers see (``views``: worker ->
     :class:`rpeg.infra.devices.DeviceView`; ``per_worker`` False: one view stands for a

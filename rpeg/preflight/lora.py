@@ -5,13 +5,16 @@ tensor parallelism splits the adapters with their targets (rpeg.runtime.lora_tp)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rpeg.config import RunConfig
 from rpeg.errors import Problem
 
+if TYPE_CHECKING:
+    from rpeg.compile.step import CompiledStep
 
-def check_lora(config: RunConfig, compiled: Any = None) -> list[Problem]:
+
+def check_lora(config: RunConfig, compiled: CompiledStep | None = None) -> list[Problem]:
     """Problems of ``model.lora`` (none without it); ``compiled``: the compiled plan, whose
     layouts need no check since LoRA runs at every tp, dp and FSDP layout the plan allows."""
     lora = config.model.lora

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rpeg.config import RunConfig
 from rpeg.errors import Problem, ProblemsError
+
+if TYPE_CHECKING:
+    from rpeg.compile.step import CompiledStep
 
 
 # ------------------------------------------------------------------------------ places
@@ -35,7 +38,7 @@ def check_places(config: RunConfig, local: bool | None = None) -> list[Problem]:
     return out
 
 
-def check_resumed_layout(config: RunConfig, compiled: Any) -> list[Problem]:
+def check_resumed_layout(config: RunConfig, compiled: CompiledStep) -> list[Problem]:
     """With ``--resume``: the compiled step's staleness bound and trainable layout against
     the checkpoint's (``--allow-change layout`` reshards data-parallel replicas)."""
     from rpeg.runtime.actors.checkpoint import check_resumable

@@ -23,16 +23,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpeg.config import RunConfig
 from rpeg.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rpeg.compile.step import CompiledStep
 
 
 @dataclass
 class PreparedRun:
     config: RunConfig
-    compiled: Any = None  # the compiled step (None for the single-process trainer)
+    compiled: CompiledStep | None = None  # the compiled step (None for the single-process trainer)
     folder: Path | None = None  # the run folder (None: writes into runtime.output_dir)
     lease: Any = None  # rpeg.runtime.run_folder.RunLease
     notes: list[str] = field(default_factory=list)
