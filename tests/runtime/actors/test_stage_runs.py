@@ -111,3 +111,18 @@ def test_a_dp2_checkpoint_resumes_at_pp2_with_the_same_weights(tmp_path, dask_cl
     assert s["steps_run"] == 1 and s["layout"]["g0"]["pp"] == 2
     # step 2 at pp=2 from the dp=2 checkpoint is the uninterrupted dp=2 run's step 2
     _same(_steps(later)[-1], dp_steps[1])
+
+
+def test_a_pp2_run_checkpoints_its_stages_and_resumes(tmp_path, dask_cluster, dp_steps):
+    ck = {
+        "runtime.checkpoint_url": str(tmp_path / "ck"),
+        "runtime.checkpoint_every": 1,
+        "runtime.run_id": "pp-to-pp",
+    }
+    _run(dask_cluster, stage_config(tmp_path, pp=2, **ck, **{"runtime.steps": 1}))
+    # each stage wrote its own shards (DCP, one file per rank) under the unsplit names
+    assert len(list((tmp_path / "ck").rglob("g0.dcp/__*_0.distcp"))) == 2
+    later = stage_config(tmp_path, pp=2, **ck, **{"runtime.steps": 2})
+    s = _run(dask_cluster, later, resume=True)
+    assert s["steps_run"] == 1
+    _same(_steps(later)[-1], dp_steps[1])  # the stages and the generation copy resumed
