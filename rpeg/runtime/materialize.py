@@ -63,6 +63,14 @@ class ModuleSource:
         t = self._state.pop(name, None) if self.consume else self._state.get(name)
         return None if t is None else t.detach()
 
+    def fetch_rows(self, name: str, start: int, stop: int) -> torch.Tensor | None:
+        """Rows ``start:stop`` of ``name`` (a rank's experts); with :attr:`consume` the rest
+        is dropped."""
+        if self._state is None:
+            raise RuntimeError("ModuleSource used after close()")
+        t = self._state.pop(name, None) if self.consume else self._state.get(name)
+        return None if t is None else t.detach()[start:stop]
+
     def close(self) -> None:
         self._state = None
 
@@ -120,16 +128,40 @@ class SafetensorsSource:
     def fetch(self, name: str) -> torch.Tensor | None:
         if name in self._where:
             return self._raw(name)
-        if self._convert is None:  # transformers' conversion mapping, tensor by tensor
+        convert = self._converter()
+        t = convert(name) if convert else None
+        if t is None and not self._convert:
+            t = self._converted_state().get(name)
+        return None if t is None else t.detach()
+
+    def fetch_rows(self, name: str, start: int, stop: int) -> torch.Tensor | None:
+        """Rows ``start:stop`` of ``name`` read on their own (a rank's experts: a stored
+        stacked tensor by ``get_slice``, a per-expert folder only those experts' entries);
+        None where :meth:`fetch` would go through the host-wide ``from_pretrained``."""
+        f = self._where.get(name)
+        if f is not None:
+            fh = self._open.get(f)
+            if fh is None:
+                from safetensors import safe_open
+
+                fh = self._open[f] = safe_open(str(f), framework="pt")
+            return fh.get_slice(name)[start:stop]  # type: ignore[attr-defined]
+        convert = self._converter()
+        if not convert:
+            return None
+        t = convert(name, (start, stop))  # type: ignore[call-arg]
+        return None if t is None else t.detach()
+
+    def _converter(self):
+        """transformers' conversion mapping of the folder's model type, tensor by tensor
+        (rpeg.runtime.model_io.checkpoint_names); False when there is none it runs."""
+        if self._convert is None:
             from rpeg.runtime.model_io.checkpoint_names import converted_fetch
 
             cfg = self._folder / "config.json"
             mt = json.loads(cfg.read_text()).get("model_type") if cfg.exists() else None
             self._convert = converted_fetch(mt, self._raw) or False
-        t = self._convert(name) if self._convert else None
-        if t is None and not self._convert:
-            t = self._converted_state().get(name)
-        return None if t is None else t.detach()
+        return self._convert
 
     def _raw(self, name: str) -> torch.Tensor | None:
         """The folder's own tensor ``name`` (None when it has none)."""
@@ -207,6 +239,11 @@ def materialize(module: nn.Module, device: torch.device, fetch: Fetch, where: st
             if id(local) in seen:  # a tied tensor: filled once
                 continue
             seen.add(id(local))
+            part = _expert_rows(name, cur, fetch)  # a rank's experts, read on their own
+            if part is not None:
+                local.copy_(part.to(device=local.device, dtype=cur.dtype))
+                held += local.numel() * local.element_size()
+                continue
             full = fetch(name)
             if full is None:
                 missing.append(name)
@@ -229,6 +266,27 @@ def materialize(module: nn.Module, device: torch.device, fetch: Fetch, where: st
             f"{where or 'model'}: the weights lack {missing[:5]} ({len(missing)} in all)"
         )
     return held
+
+
+def _expert_rows(name: str, cur: torch.Tensor, fetch: Fetch) -> torch.Tensor | None:
+    """This rank's rows of an expert tensor split over ep (a DTensor ``Shard(0)`` on a 1-D
+    ``ep`` mesh: rpeg.runtime.expert_parallel), read by the source's ``fetch_rows`` when
+    ``fetch`` is a source's own ``fetch``; None otherwise (the full tensor is read)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if not isinstance(cur, DTensor) or cur.device_mesh.mesh_dim_names != ("ep",):
+        return None
+    if tuple(cur.placements) != (Shard(0),):
+        return None
+    rows = getattr(getattr(fetch, "__self__", None), "fetch_rows", None)
+    if rows is None:
+        return None
+    n = cur._local_tensor.shape[0]
+    start = cur.device_mesh.get_local_rank() * n
+    part = rows(name, start, start + n)
+    if part is None or tuple(part.shape) != tuple(cur._local_tensor.shape):
+        return None
+    return part
 
 
 def materialize_like(module: nn.Module, device: torch.device, twin: nn.Module) -> int:

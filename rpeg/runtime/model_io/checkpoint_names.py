@@ -62,15 +62,17 @@ def converted_fetch(model_type: str | None, fetch: Fetch) -> Fetch | None:
                 t = fetch(name.replace(new, old))
         return t
 
-    def fetch_model(name: str) -> torch.Tensor | None:
+    def fetch_model(name: str, rows: tuple[int, int] | None = None) -> torch.Tensor | None:
+        """The model's tensor ``name``; ``rows``: only its rows ``start:stop`` (experts split
+        over ranks: a stacked tensor reads only those experts' entries)."""
         t = stored(name)
         if t is not None:
-            return t
+            return t if rows is None else t[rows[0] : rows[1]]
         for sources, target, ops in converters:
             if not name.endswith(target):
                 continue
             prefix = name[: -len(target)]
-            parts = [_stack(stored, prefix + s) for s in sources]
+            parts = [_stack(stored, prefix + s, rows) for s in sources]
             if any(p is None for p in parts):
                 continue
             out = parts[0] if len(parts) == 1 else None
@@ -83,10 +85,17 @@ def converted_fetch(model_type: str | None, fetch: Fetch) -> Fetch | None:
     return fetch_model
 
 
-def _stack(stored: Fetch, pattern: str) -> torch.Tensor | None:
+def _stack(stored: Fetch, pattern: str, rows: tuple[int, int] | None = None) -> torch.Tensor | None:
     """``stored(pattern with * = 0, 1, ...)`` stacked on a new first dimension, until a
-    missing index; None when index 0 is missing."""
+    missing index (``rows``: indices ``start .. stop - 1`` only); None when none is there."""
     out = []
+    if rows is not None:
+        for i in range(*rows):
+            t = stored(pattern.replace("*", str(i)))
+            if t is None:
+                return None
+            out.append(t)
+        return torch.stack(out) if out else None
     while (t := stored(pattern.replace("*", str(len(out))))) is not None:
         out.append(t)
     return torch.stack(out) if out else None
