@@ -15,29 +15,6 @@ if TYPE_CHECKING:
     from rpeg.runtime.actors.rank_models import RankModels
 
 
-def param_bytes(models: RankModels, full: bool) -> dict[str, int]:
-    """Bytes of the parameters of each role ``models`` (a
-    :class:`rpeg.runtime.actors.rank_models.RankModels`) holds: on this rank, or unsharded
-    (``full``)."""
-    from rpeg.runtime.sharding import param_bytes_full, param_bytes_local
-
-    fn = param_bytes_full if full else param_bytes_local
-    out = {}
-    for name, wk in models.role_map().items():
-        if wk is not None:
-            out[name] = fn(wk.module)
-    actor = models.actor
-    eng = actor.engine if actor is not None else None
-    held = getattr(eng, "model", None)
-    if actor is None or eng is None:
-        return out
-    if held is None:  # vLLM: its own full copy, in its own process
-        out["engine"] = int(getattr(eng, "param_bytes", 0))
-    elif held is not actor.lm:
-        out["engine"] = fn(held)
-    return out
-
-
 class RankHoldings:
     """What a rank holds (remote)."""
 
@@ -50,8 +27,8 @@ class RankHoldings:
         roles), with their totals."""
         m = self.models
         lay = m.layout
-        local = param_bytes(m, full=False)
-        full = dict(m.full_bytes or param_bytes(m, full=True))
+        local = m.param_bytes(full=False)
+        full = dict(m.full_bytes or m.param_bytes(full=True))
         if "engine" in local and "engine" not in full:  # built after the layout (vLLM): whole
             full["engine"] = local["engine"]
         return {

@@ -172,6 +172,27 @@ class RankModels:
             raise RuntimeError(f"group {self.group.name} rank {self.rank} holds no actor")
         return self.actor
 
+    def param_bytes(self, full: bool) -> dict[str, int]:
+        """Bytes of the parameters of each role this rank holds: on this rank, or unsharded
+        (``full``); a generation engine with its own copy as ``engine``."""
+        from rpeg.runtime.sharding import param_bytes_full, param_bytes_local
+
+        fn = param_bytes_full if full else param_bytes_local
+        out = {}
+        for name, wk in self.role_map().items():
+            if wk is not None:
+                out[name] = fn(wk.module)
+        actor = self.actor
+        eng = actor.engine if actor is not None else None
+        held = getattr(eng, "model", None)
+        if actor is None or eng is None:
+            return out
+        if held is None:  # vLLM: its own full copy, in its own process
+            out["engine"] = int(getattr(eng, "param_bytes", 0))
+        elif held is not actor.lm:
+            out["engine"] = fn(held)
+        return out
+
     def role_map(self) -> dict[str, Any]:
         """``{"actor": ..., "reference": ..., "critic": ...}`` (None where not held)."""
         return {"actor": self.actor, "reference": self.reference, "critic": self.critic}
@@ -245,14 +266,13 @@ class RankModels:
         ``fsdp``, else dp replicas whose gradients are averaged before clipping. A frozen
         reference is sharded like the actor but holds no optimizer. Batch statistics reduce
         over the dp ranks (the tp ranks of one dp index hold the same rows)."""
-        from rpeg.runtime.actors.rank_holdings import param_bytes
         from rpeg.runtime.mesh import build_mesh
         from rpeg.runtime.parallel import LOCAL, process_group_reduce
 
         lay = self.layout
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.full_bytes = param_bytes(self, full=True)
+        self.full_bytes = self.param_bytes(full=True)
         if lay.pp > 1 or lay.cp > 1:  # stages / sequence shards (rpeg.runtime.parallel_layout)
             from rpeg.runtime.parallel_layout import apply_stage_layout
 

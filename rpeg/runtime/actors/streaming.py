@@ -8,16 +8,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rpeg.ir import StageKind
 
 if TYPE_CHECKING:
-    from rpeg.runtime.actors.rank_units import RankUnits
+    from rpeg.runtime.actors.rank_data import RankBatches
+    from rpeg.runtime.actors.rank_models import RankModels
+
+#: a stage loop's metrics and its stages' spans ``(kind, start, end)``
+Ran = tuple[dict[str, Any], list[tuple[str, float, float]]]
+
+
+class StageLoop(Protocol):
+    """What streaming runs in: a rank's units (rpeg.runtime.actors.rank_units.RankUnits)."""
+
+    models: RankModels
+    batches: RankBatches
+
+    def stage_context(self) -> Any: ...
+
+    def run_stages(
+        self,
+        step: int,
+        kinds: Sequence[str],
+        examples: Any,
+        seed: int,
+        batch_key: Any = None,
+        first_row: int = 0,
+    ) -> Ran: ...
 
 
 def produce(
-    units: RankUnits,
+    units: StageLoop,
     step: int,
     kinds: Sequence[str],
     examples: Any,
@@ -72,7 +95,7 @@ def produce(
 
 
 def consume(
-    units: RankUnits, step: int, kinds: Sequence[str], producer: Any
+    units: StageLoop, step: int, kinds: Sequence[str], producer: Any
 ) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
     """The consumer side of streaming across groups: run ``kinds`` on each chunk of the
     producer rank's rows as it arrives (while the producer generates the next)."""
