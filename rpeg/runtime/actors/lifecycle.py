@@ -115,8 +115,8 @@ class ActorSet:
                 )
                 for g in self.compiled.actor_groups
             }
-        for g in self.groups.values():
-            g.join_process_group()
+        for group in self.groups.values():
+            group.join_process_group()
         self.start_s = time.perf_counter() - t0
 
     def _programs(self) -> dict[str, RankProgram]:
