@@ -197,7 +197,9 @@ def train_body(
     sink = _Sink(out, c.runtime.steps, progress, run.checkpoint_url, c)
     from rpeg.runtime.degenerate import DegenerateWatch
 
-    sink.watch = DegenerateWatch(c.runtime.degenerate_steps_limit)
+    sink.watch = DegenerateWatch(
+        c.runtime.degenerate_steps_limit, greedy=c.workload.temperature == 0
+    )
     sink.samples_from = run.logged_samples  # samples.jsonl's rows -> a Prefect table artifact
     rlog = run_logger()
     monitor = None

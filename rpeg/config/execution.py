@@ -254,9 +254,10 @@ class RuntimeConfig(Section):
     degenerate_steps_limit: int = Field(
         20,
         ge=0,
-        description="stop after this many consecutive steps that cannot move the policy (all "
-        "advantages 0, non-finite or huge rewards, every update skipped; each is warned "
-        "about); 0 = warn only (rpeg.runtime.degenerate)",
+        description="stop after this many consecutive steps that cannot move the policy "
+        "(non-finite or huge rewards, every update skipped, all advantages 0 at temperature 0; "
+        "each is warned about, as are all-0 advantages at a positive temperature, which go "
+        "on); 0 = warn only (rpeg.runtime.degenerate)",
     )
     allow_change: list[Literal["algorithm", "staleness", "layout", "model"]] = Field(
         default_factory=list,

@@ -12,6 +12,12 @@ A step is **degenerate** when its metrics say no update can move the policy:
 :class:`DegenerateWatch` warns on each such step (naming why) and, after
 ``runtime.degenerate_steps_limit`` consecutive ones, raises :class:`DegenerateTraining`
 (0: warn only). Both runtimes feed it every finished step's metrics.
+
+All-zero advantages count toward the stop only when sampling is greedy (``temperature: 0``):
+then every group's samples are alike and stay so, nothing can ever be learned. At a positive
+temperature the samples still vary, and a model that earns no reward yet (a hard task, an
+untrained or random-weights model) may find one in a later step: verl and TRL go on training
+there, and so does RPEG, warning each step.
 """
 
 from __future__ import annotations
@@ -48,16 +54,27 @@ def why_degenerate(m: Mapping[str, float]) -> str | None:
 
 
 class DegenerateWatch:
-    """Consecutive degenerate steps; ``limit`` (0: never stop) of them raise."""
+    """Consecutive degenerate steps; ``limit`` (0: never stop) of them raise. ``greedy``:
+    sampling at temperature 0, where all-zero advantages count toward the limit (module
+    doc); otherwise they are warned about and neither count nor reset the count."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, *, greedy: bool = False):
         self.limit = int(limit)
+        self.greedy = bool(greedy)
         self.run = 0
 
     def check(self, step: int, m: Mapping[str, float]) -> None:
         why = why_degenerate(m)
         if why is None:
             self.run = 0
+            return
+        if not self.greedy and why.startswith("every advantage is 0"):
+            warnings.warn(
+                f"step {step}: nothing to learn: {why}; sampling varies at a positive "
+                "temperature, so training goes on",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return
         self.run += 1
         msg = f"step {step}: nothing to learn: {why} ({self.run} step(s) in a row)"

@@ -214,7 +214,8 @@ class LocalTrainer:
         from rpeg.runtime.degenerate import DegenerateWatch
         from rpeg.runtime.progress import StepProgress
 
-        watch = DegenerateWatch(rt.degenerate_steps_limit)
+        greedy = self.config.workload.temperature == 0
+        watch = DegenerateWatch(rt.degenerate_steps_limit, greedy=greedy)
         bar = None if self.progress else False  # None: a bar when stdout is a terminal
         shown = StepProgress(steps, echo=self.log, bar=bar, start=self.step_index)
         while self.step_index < steps:

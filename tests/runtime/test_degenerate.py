@@ -23,7 +23,7 @@ def test_each_kind_is_named():
 
 
 def test_warned_then_stopped_after_the_limit_and_a_good_step_resets():
-    w = DegenerateWatch(3)
+    w = DegenerateWatch(3, greedy=True)
     bad = {**OK, "advantage_abs_mean": 0.0}
     for s in (0, 1):
         with pytest.warns(RuntimeWarning, match=f"step {s}: nothing to learn"):
@@ -70,3 +70,22 @@ def test_grpo_at_temperature_zero_is_stopped_in_the_local_trainer(tmp_path):
         pytest.raises(DegenerateTraining, match="step 1"),
     ):
         LocalTrainer(cfg, log=lambda *_: None).run(out_dir=tmp_path / "out")
+
+
+def test_zero_advantages_at_a_positive_temperature_warn_and_training_goes_on():
+    """Sampling still varies: a model that earns no reward yet may find one later (verl and
+    TRL go on). Rewards that break the arithmetic still stop it."""
+    w = DegenerateWatch(3)
+    for s in range(10):
+        with pytest.warns(RuntimeWarning, match="training goes on"):
+            w.check(s, {**OK, "advantage_abs_mean": 0.0})
+    for s in (10, 11):
+        with pytest.warns(RuntimeWarning):
+            w.check(s, {**OK, "reward_mean": math.nan})
+    with pytest.raises(DegenerateTraining, match="reward_mean is nan"):
+        w.check(12, {**OK, "reward_mean": math.nan})
+    greedy = DegenerateWatch(2, greedy=True)
+    with pytest.warns(RuntimeWarning):
+        greedy.check(0, {**OK, "advantage_abs_mean": 0.0})
+    with pytest.raises(DegenerateTraining, match="every advantage is 0"):
+        greedy.check(1, {**OK, "advantage_abs_mean": 0.0})
