@@ -65,11 +65,14 @@ def default_plan(graph: Any, config: Any) -> Any:
     from rpeg.plan import colocated_plan, disaggregated_plan
 
     n = available_devices(config)
-    mbs = config.workload.micro_batch_size
+    # recompute "auto": the compiler checkpoints layers only where the activations kept
+    # without it would crowd a device (rpeg.perf.units.recomputes); a small model trained
+    # with it paid one more forward per micro-batch for nothing (benchmarks/bench_peer.py)
+    kw = {"micro_batch_size": config.workload.micro_batch_size, "recompute": "auto"}
     if graph.staleness == 0 or n == 1:
-        return colocated_plan(graph, num_devices=n, micro_batch_size=mbs)
+        return colocated_plan(graph, num_devices=n, **kw)
     gen = max(1, n // 2)
-    return disaggregated_plan(graph, gen_devices=gen, train_devices=n - gen, micro_batch_size=mbs)
+    return disaggregated_plan(graph, gen_devices=gen, train_devices=n - gen, **kw)
 
 
 def resolve(plan_or_graph: Any, config: Any) -> tuple[Any, Any]:
