@@ -68,7 +68,7 @@ def test_readme_snippet_runs_as_a_script(tmp_path, guarded):
         code += "    print('SUMMARY', summary['steps'])\n"
     else:  # as users first write it: everything at the top level
         code = code.replace('if __name__ == "__main__":\n', "").replace("\n    ", "\n")
-        assert "\nsummary = run_train(" in code
+        assert "\nsummary = train(" in code
         code += "print('SUMMARY', summary['steps'])\n"
     script = tmp_path / "snippet.py"
     script.write_text(code)
