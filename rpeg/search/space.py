@@ -50,7 +50,7 @@ class Layout:
     micro_batch_size: int = defaults.UNIT_MICRO_BATCH_SIZE
     recompute: bool = True
     engine: str = "auto"
-    gpu_memory_utilization: float = 0.85
+    gpu_memory_utilization: float = defaults.SEARCH_GPU_MEMORY_UTILIZATION
 
     def describe(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}"]
@@ -184,7 +184,7 @@ class SpaceOptions:
     recompute: tuple[bool, ...] = (True, False)
     engines: tuple[str, ...] = ("auto", "fsdp")
     gen_pp: tuple[int, ...] = (1, 2)
-    gen_memory_utilization: tuple[float, ...] = (0.85,)
+    gen_memory_utilization: tuple[float, ...] = (defaults.SEARCH_GPU_MEMORY_UTILIZATION,)
     fusions: tuple[str, ...] = FUSIONS
     share: tuple[bool, ...] = (False, True)
     colocated: bool = True
@@ -318,7 +318,16 @@ class SearchSpace:
             eps = (1, 2, 4, 8, 16, 32, 64) if getattr(m, "moe", None) else (1,)
             rec = o.recompute if cls == "train" else (True,)
             eng = o.engines
-            grid = itertools.product(o.tp, o.pp, cps, eps, o.micro_batch_sizes, rec, eng, (0.85,))
+            grid = itertools.product(
+                o.tp,
+                o.pp,
+                cps,
+                eps,
+                o.micro_batch_sizes,
+                rec,
+                eng,
+                (defaults.SEARCH_GPU_MEMORY_UTILIZATION,),
+            )
         out = []
         for tp, pp, cp, ep, mb, rc, en, ut in grid:
             lay = Layout(tp, pp, cp, ep, mb, rc, en, ut)
