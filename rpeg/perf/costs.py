@@ -119,7 +119,7 @@ def weight_bytes_read(model: ModelSpec, batch: float, wbytes: float) -> float:
         return model.params * wbytes
     m = model.moe
     touched = m.experts * (1.0 - (1.0 - m.top_k / m.experts) ** max(batch, 1.0))
-    experts_all = model.moe_layers * m.experts * model.expert_params
+    experts_all = model.routed_expert_params
     experts_read = model.moe_layers * touched * model.expert_params
     return (model.params - experts_all + experts_read) * wbytes
 
@@ -128,7 +128,7 @@ def weight_bytes_read_dense(model: ModelSpec, wbytes: float) -> float:
     """Weight bytes outside the routed experts."""
     if not model.moe:
         return model.params * wbytes
-    return (model.params - model.moe_layers * model.moe.experts * model.expert_params) * wbytes
+    return (model.params - model.routed_expert_params) * wbytes
 
 
 def decode_step_time(

@@ -441,7 +441,7 @@ def ep_experts(m: ModelSpec, ep: int, engine: str) -> float:
     engine: Megatron shards experts its own way)."""
     if ep <= 1 or engine != "fsdp" or not m.moe:
         return 0.0
-    return float(m.moe_layers * m.moe.experts * m.expert_params)
+    return float(m.routed_expert_params)
 
 
 def expert_grad_sync_s(c: UnitContext, s: PassShape, first: int, u: UnitPlan) -> float:

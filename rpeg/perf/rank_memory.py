@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rpeg.perf.prediction import GB
+from rpeg.plan.schema import PP_SCHEDULE_CHUNKS
 
 #: activation values kept for backward per token and decoder layer, per unit of the hidden
 #: size and of the MLP width (a Hugging Face Llama-style block, eager, SDPA attention):
@@ -141,9 +142,8 @@ def kv_bytes(model: Any, rows: float, seq: float, cb: float, tp: int) -> float:
 
 
 def pipeline_chunks(schedule: str) -> int:
-    """Model chunks per pipeline rank of a schedule (``interleaved_1f1b``: two, Megatron's
-    virtual stages; rpeg.runtime.pipeline.INTERLEAVED_CHUNKS)."""
-    return 2 if schedule == "interleaved_1f1b" else 1
+    """Model chunks per pipeline rank of a schedule (rpeg.plan.schema.PP_SCHEDULE_CHUNKS)."""
+    return PP_SCHEDULE_CHUNKS.get(schedule, 1)
 
 
 def stage_layers(layers: int, pp: int, r: int, chunks: int = 1) -> int:
@@ -170,17 +170,11 @@ def inflight_chunks(schedule: str, pp: int, m: float, r: int) -> float:
     return min(2 * (pp - r - 1) + (v - 1) * pp + 1, v * m)
 
 
-def _expert_params(model: Any) -> float:
-    """Parameters of every routed expert (0 for a dense model)."""
-    moe = getattr(model, "moe", None)
-    return float(model.moe_layers * moe.experts * model.expert_params) if moe else 0.0
-
-
 def _stage_params(model: Any, pp: int, r: int, chunks: int, ep: int) -> float:
     """Parameters pipeline rank ``r`` holds before tp/FSDP sharding: its decoder layers (the
     routed experts over ``ep``), the embedding on the first rank, the final norm and LM head on
     the last (a tied embedding is held twice at pp > 1: rpeg.runtime.pipeline)."""
-    P, E = _params(model), _expert_params(model)
+    P, E = _params(model), float(model.routed_expert_params)
     emb = float(model.vocab * model.hidden)
     head = 0.0 if model.tied_embeddings else emb
     if pp <= 1:

@@ -224,7 +224,7 @@ def full_activation_bytes(
 
 def params_per_device(m: ModelSpec, tp: int, pp: int, ep: int) -> float:
     """Parameters one rank of a ``tp x pp`` (``ep`` for experts) layout holds unsharded."""
-    expert_all = m.moe_layers * m.moe.experts * m.expert_params if m.moe else 0
+    expert_all = m.routed_expert_params
     return (m.params - expert_all) / (tp * pp) + expert_all / (ep * pp)
 
 

@@ -28,6 +28,9 @@ Reason = Literal["memory", "divisibility", "devices"]
 PpSchedule = Literal["1f1b", "interleaved_1f1b", "gpipe"]
 PP_SCHEDULES: tuple[str, ...] = get_args(PpSchedule)
 DEFAULT_PP_SCHEDULE: PpSchedule = "1f1b"
+#: model chunks per pipeline rank of each schedule (interleaved 1F1B: Megatron's two virtual
+#: stages per rank); the runtime cuts the model so and the performance model prices it so
+PP_SCHEDULE_CHUNKS: dict[str, int] = {"1f1b": 1, "interleaved_1f1b": 2, "gpipe": 1}
 
 
 class InfeasiblePlan(RpegError):

@@ -49,10 +49,10 @@ from torch import nn
 # the schedules :class:`Pipeline` runs (the plan's / unit's ``pp_schedule``), named once
 from rpeg.compile.step import DEFAULT_DEVICE_TYPE
 from rpeg.errors import ConfigError, Problem
-from rpeg.plan.schema import DEFAULT_PP_SCHEDULE, PP_SCHEDULES
+from rpeg.plan.schema import DEFAULT_PP_SCHEDULE, PP_SCHEDULE_CHUNKS, PP_SCHEDULES
 
 #: model chunks per pipeline rank under ``interleaved_1f1b`` (Megatron's virtual stages)
-INTERLEAVED_CHUNKS = 2
+INTERLEAVED_CHUNKS = PP_SCHEDULE_CHUNKS["interleaved_1f1b"]
 
 
 def chunks_per_rank(schedule: str) -> int:
@@ -66,7 +66,7 @@ def chunks_per_rank(schedule: str) -> int:
                 )
             ]
         )
-    return INTERLEAVED_CHUNKS if schedule == "interleaved_1f1b" else 1
+    return PP_SCHEDULE_CHUNKS[schedule]
 
 
 def pipeline_problems(

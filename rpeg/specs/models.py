@@ -192,6 +192,11 @@ class ModelSpec:
         return 3 * self.hidden * self.moe.expert_ffn_hidden if self.moe else 0
 
     @property
+    def routed_expert_params(self) -> int:
+        """Parameters of every routed expert of every MoE layer (0 for a dense model)."""
+        return self.moe_layers * self.moe.experts * self.expert_params if self.moe else 0
+
+    @property
     def moe_layers(self) -> int:
         return self.layers - self.moe.first_dense_layers if self.moe else 0
 
