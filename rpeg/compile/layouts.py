@@ -22,6 +22,7 @@ from rpeg.compile.step import (
 )
 from rpeg.errors import Problem
 from rpeg.ir import StageKind
+from rpeg.plan.schema import trains_fsdp
 
 SHAPE_KEYS = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
 
@@ -238,7 +239,9 @@ def _layout(
     up = plan.units[lead]
     ws = len(d.devices)
     dp = max(1, ws // (up.tp * up.pp * up.cp))
-    fsdp = bool(train) and up.engine == "fsdp"
+    fsdp = bool(train) and trains_fsdp(
+        str(up.engine), cuda=dev == "cuda", dp=dp, pp=up.pp, cp=up.cp
+    )
     gp = plan.units[gen[0]] if gen else None
     return GroupSpec(
         name=d.name,

@@ -82,10 +82,3 @@ def overlap(gpu: Any, t_comp: float, fsdp_s: float, comm: dict[str, float], leve
         return max(t_comp, fsdp_s)
     comm[level] = comm.get(level, 0.0) + fsdp_s
     return t_comp
-
-
-def updated_gb(optimizer_gb: float, replicas: bool, dp: int) -> float:
-    """GB of optimizer state one rank updates per step, from the model's per-rank share
-    ``optimizer_gb`` (sharded over ``dp``, as ZeRO/FSDP trainers hold it): a CPU run's
-    data-parallel replicas (no FSDP) each hold and update all of it."""
-    return optimizer_gb * (dp if replicas else 1)

@@ -229,11 +229,7 @@ def optimizer_s(c: UnitContext, u: UnitPlan, s: PassShape, optimizer_gb: float) 
     the optimizer lives on the host. 0 for a forward pass."""
     if not s.train:
         return 0.0
-    t = (
-        c.wl.train_minibatches
-        * eager_cpu.updated_gb(optimizer_gb, s.cpu and u.engine != "fsdp", s.dp)
-        * (GB / 12.0 * 16.0 * 2 / c.gpu.hbm_bytes_per_s)
-    )
+    t = c.wl.train_minibatches * optimizer_gb * (GB / 12.0 * 16.0 * 2 / c.gpu.hbm_bytes_per_s)
     if c.wl.assumed_optimizer_on_host:
         t += c.wl.train_minibatches * host_optimizer_s(c, u, s.dp)
     return t
@@ -457,10 +453,15 @@ def expert_grad_sync_s(c: UnitContext, s: PassShape, first: int, u: UnitPlan) ->
 
 
 # --- memory ----------------------------------------------------------------------------------
+#: training engines whose AdamW state is split over the data-parallel ranks (FSDP2/ZeRO-3,
+#: Megatron's distributed optimizer); the others' replicas each hold all of it
+SHARDED_OPTIMIZER_ENGINES = ("fsdp", "megatron")
+
+
 def state_memory(c: UnitContext, u: UnitPlan, trainable: bool) -> dict[str, float]:
     """GB per device of the unit's weights and, trained, its gradients, optimizer state
-    (fp32 master + Adam m, v, distributed over dp), LoRA adapters and the weights an FSDP
-    pass keeps gathered."""
+    (fp32 master + Adam m, v: distributed over dp by FSDP and Megatron, whole on a replica),
+    LoRA adapters and the weights an FSDP pass keeps gathered."""
     p_dev = params_per_device(c.model, u.tp, u.pp, u.ep)
     fsdp = u.engine == "fsdp"
     dp = max(1, u.num_devices // (u.tp * u.pp))
@@ -472,7 +473,11 @@ def state_memory(c: UnitContext, u: UnitPlan, trainable: bool) -> dict[str, floa
         p_train = trainable_params(c.model, c.wl, p_dev, u.tp)  # LoRA: adapters (perf.lora)
         out |= adapter_memory(c.model, c.wl, p_dev, c.wbytes, dp if fsdp else 1, u.tp)
         out["gradients"] = p_train * 2.0 / GB / (dp if fsdp else 1)
-        out["optimizer"] = p_train * 12.0 / dp / GB  # fp32 master + Adam m, v (distributed)
+        # fp32 master + Adam m, v: sharded over dp by FSDP and Megatron's distributed
+        # optimizer; whole on each of RPEG's data-parallel replicas (engine auto/torch)
+        out["optimizer"] = (
+            p_train * 12.0 / (dp if u.engine in SHARDED_OPTIMIZER_ENGINES else 1) / GB
+        )
         if split:  # the whole local experts' gradients and AdamW state, over the rest's shard
             out["gradients"] = ((p_train - split) / dp + split) * 2.0 / GB
             out["optimizer"] = ((p_train - split) / dp + split) * 12.0 / GB

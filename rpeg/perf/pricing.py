@@ -28,8 +28,40 @@ from rpeg.perf.units import (
     graph_info,
     unit_plan,
 )
-from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices
+from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan, format_devices, trains_fsdp
 from rpeg.specs import ClusterSpec, ModelSpec
+
+
+# --- the plan as the runtime runs it -----------------------------------------------------
+def engines_as_run(plan: Plan, cluster: ClusterSpec, units: Any) -> Plan:
+    """``plan`` with ``engine: auto`` resolved as the compiler resolves it, so the model
+    prices the sharding the ranks run: a training unit's by
+    :func:`rpeg.plan.schema.trains_fsdp` (FSDP on CUDA devices at dp > 1 without pp or cp);
+    then a forward unit (log-probs, values) on the same devices as an FSDP training unit
+    runs in that group's FSDP layout (the compiler's group is a device set, and every role
+    of an FSDP group is sharded: rpeg.runtime.sharding). Other units as given."""
+    cuda = not eager_cpu.is_cpu(cluster.gpu)
+    kinds = {uname: {k for _, k, _ in members} for uname, members in units}
+    changed: dict[str, UnitPlan] = {}
+    fsdp_devices: set[tuple[int, ...]] = set()
+    for uname, ks in kinds.items():
+        u = plan.units.get(uname)
+        if u is None or not ks & set(TRAIN_KINDS):
+            continue
+        dp = u.num_devices // (u.tp * u.pp * u.cp)
+        if trains_fsdp(u.engine, cuda=cuda, dp=dp, pp=u.pp, cp=u.cp):
+            fsdp_devices.add(tuple(u.devices))
+            if u.engine == "auto":
+                changed[uname] = u.model_copy(update={"engine": "fsdp"})
+    for uname, ks in kinds.items():
+        u = plan.units.get(uname)
+        if u is None or u.engine != "auto" or not ks & set(FWD_KINDS) or ks & set(TRAIN_KINDS):
+            continue
+        if tuple(u.devices) in fsdp_devices:
+            changed[uname] = u.model_copy(update={"engine": "fsdp"})
+    if not changed:
+        return plan
+    return plan.model_copy(update={"units": {**plan.units, **changed}})
 
 
 # --- one execution unit -------------------------------------------------------------------
@@ -173,6 +205,7 @@ def price_unit(
         model = specs.model(plan.model)
     calib = resolve_calibration(calib, cluster.name)
     info = graph_info(graph)
+    plan = engines_as_run(plan, cluster, info["units"])
     c = UnitContext(plan, wl, time_shared(cluster, plan, info["units"]), model, calib)
     members = dict(info["units"]).get(unit)
     if members is None:
@@ -213,6 +246,7 @@ def predict(
     calib = resolve_calibration(calib, cluster.name)
     info = graph_info(graph)
     units = info["units"]
+    plan = engines_as_run(plan, cluster, units)
     cores, cluster = cluster.num_devices, time_shared(cluster, plan, units)
     c = UnitContext(plan, wl, cluster, model, calib)
     # device checks

@@ -33,6 +33,21 @@ DEFAULT_PP_SCHEDULE: PpSchedule = "1f1b"
 PP_SCHEDULE_CHUNKS: dict[str, int] = {"1f1b": 1, "interleaved_1f1b": 2, "gpipe": 1}
 
 
+def trains_fsdp(engine: str, *, cuda: bool, dp: int, pp: int = 1, cp: int = 1) -> bool:
+    """Whether a training unit's ranks run FSDP2 (parameters, gradients and AdamW state
+    sharded over its ``dp`` data-parallel ranks) rather than whole replicas. ``engine: fsdp``
+    does; ``engine: auto`` does on CUDA devices when the unit has more than one
+    data-parallel rank and no pipeline or context split (stages and sequence shards keep
+    replicas): a replica there holds the whole fp32 master and Adam moments, 16 bytes per
+    parameter, which is what the GPU peers (verl's FSDP workers, torchtitan) avoid by
+    default. CPU workers keep replicas under ``auto`` (gloo gathers per micro-batch cost
+    more than they save at the sizes a CPU trains). One rule for the compiler
+    (``GroupSpec.fsdp``), the performance model and the search."""
+    if engine == "fsdp":
+        return True
+    return engine == "auto" and cuda and dp > 1 and pp == 1 and cp == 1
+
+
 class InfeasiblePlan(RpegError):
     """A plan that cannot run: ``reason`` is memory, divisibility or devices.
 

@@ -28,6 +28,8 @@ from typing import Any
 
 from rpeg import defaults
 from rpeg.ir import Graph, GraphError, bound_async, fuse, share_actor_critic
+from rpeg.perf.eager_cpu import is_cpu
+from rpeg.plan.schema import trains_fsdp
 
 GEN_KINDS = frozenset({"generate"})
 POOL_GEN_KINDS = frozenset({"generate", "reward"})
@@ -329,7 +331,16 @@ class SearchSpace:
                 (defaults.SEARCH_GPU_MEMORY_UTILIZATION,),
             )
         out = []
+        cuda = not is_cpu(c.gpu)
         for tp, pp, cp, ep, mb, rc, en, ut in grid:
+            dp = n // (tp * pp * cp)
+            if (
+                cls == "train"
+                and en == "fsdp"
+                and "auto" in eng
+                and trains_fsdp("auto", cuda=cuda, dp=dp, pp=pp, cp=cp)
+            ):
+                continue  # the same layout as engine auto, which runs FSDP there
             lay = Layout(tp, pp, cp, ep, mb, rc, en, ut)
             why = self._invalid(lay, n, node, cls == "gen")
             if why:
@@ -358,7 +369,14 @@ class SearchSpace:
             return "runtime: more data-parallel ranks than prompts"
         if cls in ("train", "gen") and p % dp:
             per_rank = (p // dp) * w.samples_per_prompt
-            if lay.tp > 1 or lay.ep > 1 or lay.engine == "fsdp" or per_rank < w.train_minibatches:
+            # the training unit's engine as the compiler resolves it (auto: FSDP on CUDA)
+            fsdp = lay.engine == "fsdp" or (
+                cls == "train"
+                and trains_fsdp(
+                    lay.engine, cuda=not is_cpu(self.cluster.gpu), dp=dp, pp=lay.pp, cp=lay.cp
+                )
+            )
+            if lay.tp > 1 or lay.ep > 1 or fsdp or per_rank < w.train_minibatches:
                 return "runtime: dp does not divide the prompts"
         return ""
 

@@ -43,12 +43,29 @@ def test_memory_breakdown_of_a_known_configuration():
     plan = disaggregated_plan(
         g, "dgx-h100", num_nodes=2, gen_devices=8, train_devices=8, model="llama3.1-8b"
     )
-    p = predict(g, plan, WL)
-    mem = p.stages["train_actor"].memory_gb
     n = specs.model("llama3.1-8b").params
+
+    def train_memory(engine):
+        units = dict(plan.units)
+        units["train_actor"] = units["train_actor"].model_copy(update={"engine": engine})
+        p = predict(g, plan.model_copy(update={"units": units}), WL, check_memory=False)
+        return p.stages["train_actor"].memory_gb
+
+    # engine auto on 8 GPUs runs FSDP (rpeg.plan.schema.trains_fsdp): bf16 weights and
+    # gradients, fp32 master + Adam m, v (12 B), all sharded over dp = 8
+    mem = train_memory("auto")
+    assert mem["weights"] == pytest.approx(n * 2 / 8 / 1e9)
+    assert mem["gradients"] == pytest.approx(n * 2 / 8 / 1e9)
+    assert mem["optimizer"] == pytest.approx(n * 12 / 8 / 1e9)
+    assert train_memory("fsdp") == mem
+    # replicas (engine torch): each of the 8 ranks holds all of it
+    mem = train_memory("torch")
+    assert (mem["weights"], mem["gradients"]) == pytest.approx((n * 2 / 1e9, n * 2 / 1e9))
+    assert mem["optimizer"] == pytest.approx(n * 12 / 1e9)
+    # Megatron's distributed optimizer: whole weights and gradients, the optimizer sharded
+    mem = train_memory("megatron")
     assert mem["weights"] == pytest.approx(n * 2 / 1e9)
-    assert mem["gradients"] == pytest.approx(n * 2 / 1e9)
-    assert mem["optimizer"] == pytest.approx(n * 12 / 8 / 1e9)  # sharded over dp = 8
+    assert mem["optimizer"] == pytest.approx(n * 12 / 8 / 1e9)
 
 
 def test_staleness_overlaps_pools_and_partial_rollout_removes_the_tail():

@@ -127,7 +127,10 @@ def test_interleaving_halves_the_priced_bubble_and_keeps_more_in_flight():
         mean_response_tokens=4000,
         train_minibatches=4,
     )
-    preds = {s: predict(*_schedule_plan(s), wl) for s in ("1f1b", "interleaved_1f1b", "gpipe")}
+    # pp=4 x tp=4 on 32 GPUs keeps dp=2 replicas with whole AdamW state: past 80 GB, so
+    # priced without the memory check (the schedules' relative figures are the point)
+    schedules = ("1f1b", "interleaved_1f1b", "gpipe")
+    preds = {s: predict(*_schedule_plan(s), wl, check_memory=False) for s in schedules}
     train = {s: p.stages["train_actor"] for s, p in preds.items()}
     b1, bi = (train[s].detail["bubble"] for s in ("1f1b", "interleaved_1f1b"))
     assert b1 > 0 and bi == pytest.approx(b1 / 2, rel=1e-6)

@@ -134,4 +134,9 @@ def test_ep_ranks_need_equal_prompt_shards():
         space._prompts_invalid("train", Layout(ep=2), 2)
         == "runtime: dp does not divide the prompts"
     )
-    assert space._prompts_invalid("train", Layout(ep=1), 2) == ""
+    # replicas (engine torch) take unequal shards; engine auto runs FSDP on GPUs: refused too
+    assert space._prompts_invalid("train", Layout(ep=1, engine="torch"), 2) == ""
+    assert (
+        space._prompts_invalid("train", Layout(ep=1), 2)
+        == "runtime: dp does not divide the prompts"
+    )

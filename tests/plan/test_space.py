@@ -50,10 +50,12 @@ def test_train_layout_divisibility():
         assert 12 % (x.tp * x.pp) == 0
     # tp*pp in {8 (1x8, 2x4, 4x2), 16 (2x8, 4x4), 32 (4x8)} does not divide 12 devices
     assert s.counts.infeasible["divisibility"] == 6
-    # of the 6 left, tp > 1 with dp not dividing the 64 prompts is refused by the runtime
-    # (sharded ranks need equal batches): (tp 2, dp 6), (tp 2 pp 2, dp 3), (tp 4, dp 3)
-    assert s.counts.infeasible["runtime: dp does not divide the prompts"] == 3
-    assert sorted((x.tp, x.pp) for x in lays) == [(1, 1), (1, 2), (1, 4)]
+    # of the 6 left, sharded ranks with dp not dividing the 64 prompts are refused by the
+    # runtime (they need equal batches): tp > 1 (tp 2, dp 6), (tp 2 pp 2, dp 3), (tp 4, dp 3),
+    # and (tp 1, dp 12), which engine auto runs as FSDP on GPUs (rpeg.plan.schema.trains_fsdp);
+    # pp > 1 keeps dp replicas, which take unequal shards
+    assert s.counts.infeasible["runtime: dp does not divide the prompts"] == 4
+    assert sorted((x.tp, x.pp) for x in lays) == [(1, 2), (1, 4)]
 
 
 def test_none_class_has_one_layout_and_space_size_is_the_product():
