@@ -39,6 +39,19 @@ def spec_accept_len(wl: Any, cal: Any) -> float:
     return sum(r**i for i in range(k + 1))
 
 
+def ep_decode_s(c: UnitContext, u: UnitPlan, forwards: float, batch: float) -> float:
+    """Decoding on weights whose experts are split over ``u.ep`` ranks (a generate unit on
+    an ep training group's weights: rpeg.runtime.expert_parallel): every forward -- the
+    prefill and each decode step -- dispatches each MoE layer's tokens to the experts' ranks
+    and combines them, in lockstep with the other ranks: per MoE layer, the device's fixed
+    dispatch cost (``GPUSpec.ep_layer_overhead_s``) and the two all-to-alls of ``batch``
+    tokens' top-k hidden states."""
+    m = c.model
+    nbytes = batch * m.moe.top_k * m.hidden * c.wbytes
+    ta, _ = costs.alltoall_time(nbytes, u.ep, c.cluster, u.devices[0], u.tp, c.calib.nccl_bus_eff)
+    return forwards * m.moe_layers * (c.gpu.ep_layer_overhead_s + 2.0 * ta)
+
+
 def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: bool) -> StageCost:
     m, gpu, cal = c.model, c.gpu, c.calib
     tp, pp = u.tp, u.pp
@@ -123,6 +136,7 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
         ctx = live_ctx
         ts, f1, b1, cm = step(b_eff, ctx)
         n_steps = S * L.mean / b_eff
+        forwards = n_steps / accept
         t += n_steps * ts
         fl += n_steps * f1
         by += n_steps * b1
@@ -155,6 +169,7 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
             by += batches * seg * b1
             comm += batches * seg * cm
         t += batches * one
+        forwards = batches * lmax / accept
         sc.detail.update(batch=b, static_batches=batches, longest_response=lmax)
     else:
         lmax = L.expected_max(c.N)
@@ -185,7 +200,13 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
             by += seg * b1
             comm += seg * cm
         t += bulk + tail
+        forwards = ((n_steps if b_max < S else 0.0) + lmax) / accept
         sc.detail.update(batch=min(S, b_max), longest_response=lmax, tail_s=tail, bulk_s=bulk)
+    if u.ep > 1 and m.moe is not None:
+        ep_s = ep_decode_s(c, u, forwards + 1.0, min(S, b_max))  # + the prefill
+        t += ep_s
+        comm += ep_s
+        sc.detail.update(ep_dispatch_s=ep_s)
     level = c.cluster.span_level_contiguous(first, tp) if tp > 1 else "device"
     sc.time_s = eager_cpu.scaled(gpu, t - comm, comm, cal.gen_eff_scale)
     sc.flops = fl * replica * replicas

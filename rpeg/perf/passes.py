@@ -89,7 +89,9 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
     cpu = eager_cpu.is_cpu(c.gpu)
     tok_mb = c.max_seq * u.micro_batch_size if u.seq_packing else (c.P + c.R) * u.micro_batch_size
     tok_rank = c.tokens / dp
-    tok_mb = min(tok_mb, tok_rank)
+    # a micro-batch holds at most one optimizer step's rows: every mini-batch runs at least
+    # one micro-batch on each rank (its FSDP gathers, fixed costs and pipeline fill included)
+    tok_mb = min(tok_mb, tok_rank / (max(1, c.wl.train_minibatches) if train else 1))
     mb = eager_cpu.micro_batches(c, dp, u.micro_batch_size, train)
     tok_mb = mb.tokens if cpu else tok_mb
     tok_dev = tok_mb / cp
@@ -337,7 +339,8 @@ def lora_grad_sum_s(c: UnitContext, s: PassShape, first: int) -> float:
 
 def expert_parallel_s(c: UnitContext, s: PassShape, first: int) -> tuple[str, float]:
     """All-to-all dispatch + combine per MoE layer per pass, waiting for the slowest EP
-    group of the pool: (link level, seconds)."""
+    group of the pool, plus the dispatch's fixed cost per MoE layer and forward call on the
+    device (``GPUSpec.ep_layer_overhead_s``): (link level, seconds)."""
     m = c.model
     tp, cp, ep, n = s.tp, s.cp, s.ep, s.devices
     # with tensor parallel, sequence parallel splits the tokens over the tp ranks first
@@ -359,32 +362,112 @@ def expert_parallel_s(c: UnitContext, s: PassShape, first: int) -> tuple[str, fl
         t_b, l_b = costs.alltoall_time(a2a_bytes, ep, c.cluster, b0, tp * cp, c.calib.nccl_bus_eff)
         if t_b > ta:
             ta, lvl = t_b, l_b
-    return lvl, s.micro_batches * s.passes * 2 * m.moe_layers / s.pp * ta
+    # the dispatch's fixed cost per MoE layer and forward call (GPUSpec.ep_layer_overhead_s);
+    # a backward pays half of it (two of the four all-to-alls)
+    calls = (1.0 + (1.0 if s.recompute else 0.0) + 0.5) if s.train else 1.0
+    fixed = s.micro_batches * calls * m.moe_layers / s.pp * c.gpu.ep_layer_overhead_s
+    return lvl, s.micro_batches * s.passes * 2 * m.moe_layers / s.pp * ta + fixed
 
 
-def context_parallel_s(c: UnitContext, s: PassShape, first: int) -> tuple[str, float]:
-    """The K/V exchange of the full-attention layers (ring), bandwidth term only: (link
+def collective_latency(c: UnitContext, alpha: float) -> float:
+    """The latency of one collective call that the runtime issues from Python inside a pass
+    (context parallelism's key/value gathers and log-prob sums, the per-tensor gradient sums
+    of cp and of pipelined dp replicas): the cluster's measured ``collective_latency_s`` where
+    its catalog states one (gloo on CPU workers wakes its threads after the rank's compute:
+    ~0.7 ms against a link latency of 0.15 ms, benchmarks/bench_collectives.py), never below
+    the link's latency ``alpha``; the link's latency elsewhere (NCCL)."""
+    lat = c.cluster.collective_latency_s
+    return alpha if lat is None else max(alpha, lat)
+
+
+def param_tensors(m: ModelSpec, pp: int) -> float:
+    """Parameter tensors one pipeline rank holds (the HF layout's, split over ``pp`` stages):
+    the number of gradient collectives a runtime that sums them one tensor at a time issues."""
+    return max(1.0, m.hf_tensors / max(1, pp))
+
+
+def own_replicas(u: UnitPlan) -> bool:
+    """Whether the unit's pp/cp ranks are RPEG's own (rpeg.runtime.pipeline,
+    rpeg.runtime.context_parallel: dp replicas, collectives issued from Python one tensor at a
+    time; the runtime refuses pp/cp with FSDP) rather than an engine that buckets them
+    (Megatron, FSDP with Ulysses: the published systems)."""
+    return u.engine not in SHARDED_OPTIMIZER_ENGINES
+
+
+def context_parallel_s(
+    c: UnitContext, s: PassShape, first: int, own: bool = False
+) -> tuple[str, float]:
+    """The K/V exchange of the full-attention layers (rpeg.runtime.context_parallel): per
+    layer and forward two all-gathers (keys, values), per backward two all-reduces of their
+    gathered gradients (twice the bytes: the backward counts as two passes), each call at
+    :func:`collective_latency`; with RPEG's own ranks (``own``, :func:`own_replicas`) also
+    per micro-batch the log-probs' sum over cp (and the entropies' in training): (link
     level, seconds)."""
-    m = c.model
+    m, cal = c.model, c.calib
     lvl, bw, alpha = costs.group_link(c.cluster, first, s.cp, s.tp)
+    lat_c = collective_latency(c, alpha)
     full = max(1, m.full_attn_layers)  # linear-attention layers exchange no K/V
     kvb = s.tokens_dev * m.kv_bytes_per_token(2.0) / full * (s.cp - 1)
-    # and per layer and pass two collectives (keys, values: rpeg.runtime.context_parallel
-    # all-gathers them forward, sums their gradients backward), each (cp - 1) latencies
-    lat = 2 * alpha * (s.cp - 1)
-    return lvl, s.micro_batches * s.passes * full / s.pp * (kvb / (bw * c.calib.nccl_bus_eff) + lat)
+    # per layer and pass two collectives (keys, values), each (cp - 1) latencies
+    lat = 2 * lat_c * (s.cp - 1)
+    kv = s.micro_batches * s.passes * full / s.pp * (kvb / (bw * cal.nccl_bus_eff) + lat)
+    # the [b, R] fp32 log-probs (training: and entropies) summed over cp per micro-batch
+    resp = s.tokens_mb * c.R / max(1e-9, c.P + c.R) * 4.0
+    sums = (2 if s.train else 1) * s.micro_batches / s.pp if own else 0.0
+    return lvl, kv + sums * costs.allreduce_time(resp, s.cp, bw, lat_c, cal.nccl_bus_eff)
 
 
 def context_grad_sum_s(
-    c: UnitContext, s: PassShape, first: int, weights_gb: float
+    c: UnitContext, s: PassShape, first: int, weights_gb: float, own: bool = False
 ) -> tuple[str, float]:
     """Context parallelism: each cp rank holds its positions' share of every gradient, summed
-    over the cp group once per optimizer step (rpeg.runtime.context_parallel.ContextShards,
-    an all-reduce: reduce-scatter + all-gather): (link level, seconds)."""
+    over the cp group once per optimizer step (an all-reduce: reduce-scatter + all-gather);
+    RPEG's own ranks (``own``: rpeg.runtime.context_parallel.ContextShards) sum one parameter
+    tensor at a time (:func:`param_tensors` calls, each at :func:`collective_latency`):
+    (link level, seconds)."""
     lvl, bw, lat = costs.group_link(c.cluster, first, s.cp, s.tp)
     g_bytes = weights_gb * GB / c.wbytes * s.value_bytes
-    per_step = 2 * costs.gather_time(g_bytes, s.cp, bw, lat, c.calib.nccl_bus_eff)
+    eff = c.calib.nccl_bus_eff
+    if not own:
+        return lvl, 2 * costs.gather_time(g_bytes, s.cp, bw, lat, eff) * c.wl.train_minibatches
+    per_step = costs.allreduce_time(g_bytes, s.cp, bw, 0.0, eff) + param_tensors(
+        c.model, s.pp
+    ) * costs.allreduce_time(1.0, s.cp, float("inf"), collective_latency(c, lat), eff)
     return lvl, per_step * c.wl.train_minibatches
+
+
+def replica_tensor_sums_s(c: UnitContext, s: PassShape, first: int) -> float:
+    """Pipelined or context-parallel trainers average the gradients over their dp replicas
+    one parameter tensor at a time (rpeg.runtime.pipeline.Pipeline.grad_norm_and_clip,
+    ContextShards.sync_grads), not in the buckets of the plain replicas that
+    :func:`gradient_sync_s` prices: the latencies of the calls beyond those two, per
+    optimizer step (0 elsewhere)."""
+    if not (s.train and s.dp > 1 and (s.pp > 1 or s.cp > 1)):
+        return 0.0
+    _, _, alpha = _dp_link(c, s, first)
+    calls = param_tensors(c.model, s.pp)
+    eff = c.calib.nccl_bus_eff
+    per_call = costs.allreduce_time(1.0, s.dp, float("inf"), collective_latency(c, alpha), eff)
+    bucketed = 2 * costs.gather_time(1.0, s.dp, float("inf"), alpha, eff)
+    return c.wl.train_minibatches * max(0.0, calls * per_call - bucketed)
+
+
+def pipeline_rank_sync_s(c: UnitContext, s: PassShape, first: int) -> tuple[str, float]:
+    """The pipeline group's own collectives besides the stage boundaries' messages
+    (rpeg.runtime.pipeline): per optimizer step the gradient norm's all-reduce over the pp
+    ranks and the last stage's metrics broadcast (an object: its size, then its bytes); per
+    forward pass the last stage's ``[B, R]`` log-probs broadcast to the group: (link level,
+    seconds)."""
+    lvl, bw, alpha = costs.group_link(c.cluster, first, s.pp, s.tp * s.cp)
+    lat = collective_latency(c, alpha)
+    eff = c.calib.nccl_bus_eff
+    if s.train:
+        per_step = costs.allreduce_time(8.0, s.pp, bw, lat, eff) + 2 * costs.gather_time(
+            1.0, s.pp, bw, lat, eff
+        )
+        return lvl, c.wl.train_minibatches * per_step
+    rows = s.tokens_rank / max(1e-9, c.P + c.R)
+    return lvl, costs.gather_time(rows * c.R * 4.0 * s.pp, s.pp, bw, lat, eff)
 
 
 def _dp_link(c: UnitContext, s: PassShape, first: int) -> tuple[str, float, float]:
@@ -553,10 +636,13 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
                 sc.detail["lora_tp_grad_sum_s"] = lora
     if c.model.moe and s.ep > 1:
         _add(comm, *expert_parallel_s(c, s, first))
+    own = own_replicas(u)
     if s.cp > 1:
-        _add(comm, *context_parallel_s(c, s, first))
+        _add(comm, *context_parallel_s(c, s, first, own))
     if s.pp > 1:
         _add(comm, *pipeline_p2p_s(c, s, first))
+        if own:
+            _add(comm, *pipeline_rank_sync_s(c, s, first))
     state = state_memory(c, u, train)
     if u.engine == "fsdp" and s.dp > 1:
         gathered = "gathered_weights" in state
@@ -568,12 +654,16 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     if train and s.dp > 1:
         split_gb = ep_experts(c.model, s.ep, u.engine) / (s.ep * s.pp) * c.wbytes / GB
         _add(comm, *gradient_sync_s(c, s, first, state["weights"] - split_gb))
+        per_tensor = replica_tensor_sums_s(c, s, first) if own else 0.0
+        if per_tensor:
+            _add(comm, _dp_link(c, s, first)[0], per_tensor)
+            sc.detail["replica_tensor_sums_s"] = per_tensor
         ex = expert_grad_sync_s(c, s, first, u)
         if ex:
             _add(comm, _dp_link(c, s, first)[0], ex)
             sc.detail["ep_expert_grad_sync_s"] = ex
     if train and s.cp > 1:  # every gradient summed over the cp ranks once per update
-        _add(comm, *context_grad_sum_s(c, s, first, state["weights"]))
+        _add(comm, *context_grad_sum_s(c, s, first, state["weights"], own))
     t_opt = optimizer_s(c, u, s, state.get("optimizer", 0.0))
     b = bubble(s)
     scale = c.calib.train_eff_scale if train else c.calib.fwd_eff_scale

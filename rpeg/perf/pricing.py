@@ -33,13 +33,14 @@ from rpeg.specs import ClusterSpec, ModelSpec
 
 
 # --- the plan as the runtime runs it -----------------------------------------------------
-def engines_as_run(plan: Plan, cluster: ClusterSpec, units: Any) -> Plan:
+def plan_as_run(plan: Plan, cluster: ClusterSpec, units: Any) -> Plan:
     """``plan`` with ``engine: auto`` resolved as the compiler resolves it, so the model
     prices the sharding the ranks run: a training unit's by
     :func:`rpeg.plan.schema.trains_fsdp` (FSDP on CUDA devices at dp > 1 without pp or cp);
     then a forward unit (log-probs, values) on the same devices as an FSDP training unit
     runs in that group's FSDP layout (the compiler's group is a device set, and every role
-    of an FSDP group is sharded: rpeg.runtime.sharding). Other units as given."""
+    of an FSDP group is sharded: rpeg.runtime.sharding); a torch-engine generate unit on an
+    ep training unit's devices at its tp decodes at that ep. Other units as given."""
     cuda = not eager_cpu.is_cpu(cluster.gpu)
     kinds = {uname: {k for _, k, _ in members} for uname, members in units}
     changed: dict[str, UnitPlan] = {}
@@ -59,6 +60,22 @@ def engines_as_run(plan: Plan, cluster: ClusterSpec, units: Any) -> Plan:
             continue
         if tuple(u.devices) in fsdp_devices:
             changed[uname] = u.model_copy(update={"engine": "fsdp"})
+    # a torch-engine generate unit at the training unit's tp on its devices decodes on the
+    # training weights, experts split at the group's ep (the compiler notes it:
+    # rpeg.compile.layouts._ep_layout); vLLM holds its own whole copy
+    train_ep = {
+        (tuple(u.devices), u.tp): u.ep
+        for n, ks in kinds.items()
+        if (u := plan.units.get(n)) is not None and ks & set(TRAIN_KINDS) and u.ep > 1
+    }
+    for uname, ks in kinds.items():
+        u = plan.units.get(uname)
+        if u is None or GEN_KIND not in ks or ks & set(TRAIN_KINDS):
+            continue
+        ep = train_ep.get((tuple(u.devices), u.tp), u.ep)
+        torch_engine = u.engine == "torch" or (u.engine == "auto" and not cuda)
+        if torch_engine and ep != u.ep:
+            changed[uname] = u.model_copy(update={"ep": ep})
     if not changed:
         return plan
     return plan.model_copy(update={"units": {**plan.units, **changed}})
@@ -205,7 +222,7 @@ def price_unit(
         model = specs.model(plan.model)
     calib = resolve_calibration(calib, cluster.name)
     info = graph_info(graph)
-    plan = engines_as_run(plan, cluster, info["units"])
+    plan = plan_as_run(plan, cluster, info["units"])
     c = UnitContext(plan, wl, time_shared(cluster, plan, info["units"]), model, calib)
     members = dict(info["units"]).get(unit)
     if members is None:
@@ -246,7 +263,7 @@ def predict(
     calib = resolve_calibration(calib, cluster.name)
     info = graph_info(graph)
     units = info["units"]
-    plan = engines_as_run(plan, cluster, units)
+    plan = plan_as_run(plan, cluster, units)
     cores, cluster = cluster.num_devices, time_shared(cluster, plan, units)
     c = UnitContext(plan, wl, cluster, model, calib)
     # device checks

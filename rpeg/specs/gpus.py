@@ -34,6 +34,12 @@ class GPUSpec:
     # (eager-mode op dispatch: CPU torch runs ~20 ops per layer at ~50 us each); 0 = use the
     # calibration's GPU figure (kernel launches, ``Calibration.layer_overhead_s``).
     layer_overhead_s: float = 0.0
+    # Fixed time per MoE layer and forward call at ep > 1 on RPEG's runtime
+    # (rpeg.runtime.expert_parallel): the routing's host work and the waits of its four
+    # all-to-alls for the other ranks (each rank computes different rows between them),
+    # beyond the bytes and link latency the all-to-all prices; a backward pays half (two
+    # all-to-alls). 0 = not measured on this device: only bytes and latency are priced.
+    ep_layer_overhead_s: float = 0.0
 
     @property
     def usable_hbm_gb(self) -> float:
@@ -103,6 +109,7 @@ def parse_gpus(sources: list[tuple[dict[str, Any], str]]) -> dict[str, GPUSpec]:
             src_text = c.text("source", default="")
             calibrated = c.flag("calibrated", False)
             lay_ms = c.num("layer_overhead_ms", lo=0, hi=1000, default=0.0, unit="ms")
+            ep_ms = c.num("ep_layer_overhead_ms", lo=0, hi=1000, default=0.0, unit="ms")
             c.done()
             mm = mm or default_mm
             hb = hb or default_hbm
@@ -126,6 +133,7 @@ def parse_gpus(sources: list[tuple[dict[str, Any], str]]) -> dict[str, GPUSpec]:
                 hbm_reported_gb=float(hbm_rep),
                 software_eff=float(sw_eff),
                 layer_overhead_s=float(lay_ms) / 1e3,
+                ep_layer_overhead_s=float(ep_ms) / 1e3,
             )
     if problems:
         raise SpecError(problems, title="invalid GPU catalog")

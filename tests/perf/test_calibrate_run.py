@@ -224,3 +224,23 @@ def test_the_step_overhead_comes_from_the_benchmarks_runtime_figure(tmp_path, ca
     assert values["fitted_step_overhead_s"] == 0.0
     with pytest.raises(fit.RunDataError, match="runtime_s"):
         fit.fit(lambda cal: predict(graph, plan, wl, calib=cal), measured, runtime_s=-1.0)
+
+
+def test_a_unit_measured_below_its_fixed_part_is_fitted_to_the_fixed_part(tmp_path, case):
+    """A CPU run whose forward units took less than the collectives the model prices for
+    them: the fit cannot explain them with a positive rate; it sets the class's scale to its
+    bound (the units priced at their fixed part), not the shipped scale."""
+    cfg, graph, plan, wl = case
+    pred = predict(graph, plan, wl)
+    fwd = [n for n, st in pred.stages.items() if fit._class(st.kinds) == "fwd"]
+    assert fwd
+    _write_run(tmp_path / "run", pred, fixed={n: 1e-6 for n in fwd})
+    values, lines = fit.fit(
+        lambda cal: predict(graph, plan, wl, calib=cal), fit.read_run(tmp_path / "run")
+    )
+    assert values["fwd_eff_scale"] == fit.SCALE_RANGE[1]
+    assert any("fwd units: measured at or below" in line for line in lines)
+    bound = predict(graph, plan, wl, calib=replace(SHIPPED, **values))
+    # as close to the measured as the fixed part lets it be (a unit with no work, e.g. a
+    # reused old_logprob, is its dispatch either way)
+    assert sum(bound.stages[n].time_s for n in fwd) < sum(pred.stages[n].time_s for n in fwd)

@@ -233,6 +233,14 @@ def fit(
     for cls, (p, m) in sums.items():
         if m > 0 and p > 0:
             out[f"{cls}_eff_scale"] = min(max(p / m, SCALE_RANGE[0]), SCALE_RANGE[1])
+        elif p > 0:
+            # measured at or below the fixed part (dispatch, CPU collectives): the closest
+            # fit is the fixed part alone, not the shipped scale
+            out[f"{cls}_eff_scale"] = SCALE_RANGE[1]
+            lines.append(
+                f"{cls} units: measured at or below their fixed part (collectives, dispatch); "
+                f"{cls}_eff_scale set to its bound {SCALE_RANGE[1]:g}"
+            )
     host = _host_per_sample(predict_fn, base, measured)
     if host is not None:
         out["fitted_host_per_sample_s"] = host
