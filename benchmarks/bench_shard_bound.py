@@ -92,7 +92,7 @@ def _child(i: int, n: int, mode: str, args: tuple, q) -> None:
     from rpeg.runtime.role_builder import build_roles
 
     cfg = _config(cfg_path, out)
-    actor = build_roles(cfg, ["actor"], engine_kind=lambda m: "torch").actor
+    actor = build_roles(cfg, ["actor"], engine="torch").actor
     batch = _load_batch(batch_path)
     rows = list(range(batch.size))
     if mode == "layout":

@@ -18,8 +18,8 @@ The description is what the Prefect flow executes and what the golden tests comp
   else ``bucketed`` from the trainer group to the generator group(s): a broadcast of the full
   weights in ``bucket_bytes`` buckets over a process group spanning the trainer's rank 0 and
   every generator rank, every ``every_steps`` updates.
-* ``buffer``: the units on each side of the staleness buffer, the samples of a step and the
-  off-policy correction; the bound k is the step's ``staleness``.
+* ``buffer``: the units on each side of the staleness buffer and the samples of a step; the
+  bound k is the step's ``staleness``.
 
 ``pp``/``cp``/``ep`` > 1 are refused (and removed from the search space,
 :mod:`rpeg.search.space`). Every field the runtime reads is checked by
@@ -126,7 +126,6 @@ def compile_step(
             rollout_units=tuple(t.name for t in tasks if t.phase == "rollout"),
             train_units=tuple(t.name for t in tasks if t.phase == "train"),
             samples_per_step=int(config.workload.samples_per_step),
-            off_policy_correction=str(config.algorithm.rollout_correction.mode),
         ),
         notes=lay.notes + tuple(pp_notes),
     )

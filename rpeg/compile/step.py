@@ -22,7 +22,7 @@ from rpeg.plan.schema import DEFAULT_PP_SCHEDULE
 SUPPORTED_ROLES = ("actor", "reference", "critic")
 ROLLOUT_KINDS = frozenset({StageKind.generate, StageKind.reward})
 TRAINABLE_KINDS = {StageKind.train_actor: "actor", StageKind.train_critic: "critic"}
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # 4: Buffer without off_policy_correction
 #: kinds that run a forward (and backward) pass over micro-batches of ``micro_batch_size``
 FORWARD_KINDS = frozenset(
     {
@@ -122,7 +122,8 @@ class TaskSpec:
     and ``max_tokens_per_micro_batch`` (a token budget; None: by count) apply to its forward
     passes; ``stream_chunk_prompts`` > 0: a streaming rollout hands on that many prompt
     groups at a time. ``shared_forward``: actor-critic sharing, logits and values from one
-    forward. ``offload``: the state of the roles the unit computes with goes to host memory
+    forward (read by the runtime's ``old_logprob`` stage: rpeg.runtime.stages.run_stage, through
+    the stage loop's ``StageContext.unit``). ``offload``: the state of the roles the unit computes with goes to host memory
     once it has run, and comes back before a unit uses it (rpeg.runtime.unit_memory)."""
 
     name: str
@@ -200,14 +201,14 @@ class WeightSync:
 @dataclass(frozen=True)
 class Buffer:
     """The staleness buffer between the ``rollout_units`` and the ``train_units``: a step
-    trains on ``samples_per_step`` samples, off-policy ones corrected by
-    ``off_policy_correction`` (``algorithm.rollout_correction.mode``). Its bound is the
-    step's :attr:`CompiledStep.staleness`."""
+    trains on ``samples_per_step`` samples. Its bound is the step's
+    :attr:`CompiledStep.staleness`; how off-policy rows are corrected is the trainer's
+    (``algorithm.rollout_correction``, read whole by ``PolicyWorker.train_step``: its mode,
+    bounds and scope are one decision, not a copy of its mode here)."""
 
     rollout_units: tuple[str, ...]
     train_units: tuple[str, ...]
     samples_per_step: int
-    off_policy_correction: str
 
     def to_dict(self) -> dict[str, object]:
         return {

@@ -9,12 +9,13 @@ import torch
 
 from rpeg.config import AlgorithmConfig, OptimConfig, WorkloadConfig
 from rpeg.runtime.batch import RolloutBatch
+from rpeg.runtime.micro_batches import MicroBatching, micro_batches
 from rpeg.runtime.model_io import CriticModel
 from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.precision import compute, loss_scaler_for
 from rpeg.runtime.recipes import critic_value_loss
 from rpeg.runtime.role_state import load_role_state, module_device, role_configs, role_state
-from rpeg.runtime.updates import adamw, micro_batches, minibatch_updates, on_device
+from rpeg.runtime.updates import adamw, minibatch_updates, on_device
 
 
 class CriticWorker:
@@ -32,6 +33,9 @@ class CriticWorker:
         compute_dtype: torch.dtype = torch.float32,
     ):
         self.algorithm, self.optim_cfg, self.workload = role_configs(algorithm, optim, workload)
+        # what cuts its passes into micro-batches: the compiled unit it runs (set by the
+        # stage loop, rpeg.runtime.micro_batches.unit_micro_batches), else its workload's
+        self.micro_batching: MicroBatching = self.workload
         self.reduce = reduce
         self.compute_dtype = compute_dtype  # as PolicyWorker's
         self.loss_scaler = loss_scaler_for(compute_dtype)
@@ -93,7 +97,7 @@ class CriticWorker:
         """Values ``[B,R]``: ``V_t`` is the value of the state before response token ``t``."""
         self.module.eval()
         out = torch.zeros(tuple(batch.response_ids.shape), dtype=torch.float32)
-        for ix, mb, real in micro_batches(batch, self.workload, self.reduce):
+        for ix, mb, real in micro_batches(batch, self):
             v = self._values(mb)
             if real:
                 out[ix, : v.shape[1]] = v.float().cpu() * mb.response_mask

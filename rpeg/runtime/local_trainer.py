@@ -1,20 +1,23 @@
 """The single-process reference trainer: the compiled step's units (one group on one device,
 :func:`rpeg.compile.compile_local`) run in order, one RL step at a time.
 
-The distributed runtime must reproduce what this does; it reuses the workers and stages, the
-compiled units' micro-batching and the one staleness rule
-(:func:`rpeg.runtime.actors.weight_sync.refresh_lagging_engine`).
+The distributed runtime must reproduce what this does; both build their roles one way
+(:func:`rpeg.runtime.role_builder.build_roles`, the engine resolved by the one rule,
+:func:`rpeg.runtime.engines.choice.rank_engine`) and run every unit through the one stage
+loop (:class:`rpeg.runtime.stage_loop.StageLoop`: the unit's micro-batching and offload, the
+stages, the one staleness rule at ``sync_weights``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rpeg.compile.step import CompiledStep
+from rpeg.compile.step import DEFAULT_DEVICE_TYPE, CompiledStep
 from rpeg.config import RunConfig
 from rpeg.ir import StageKind
 from rpeg.runtime import stages
@@ -29,12 +32,12 @@ from rpeg.runtime.actors.checkpoint import (
 from rpeg.runtime.actors.checkpoint_identity import TRAINER_PART, local_meta
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.data import DataCursor, Example
-from rpeg.runtime.engines.choice import resolve_engine
+from rpeg.runtime.engines.choice import rank_engine
 from rpeg.runtime.engines.residency import EngineResidency
 from rpeg.runtime.engines.row_sampling import rollout_seed
-from rpeg.runtime.micro_batches import unit_micro_batches
 from rpeg.runtime.role_builder import all_roles, build_roles
 from rpeg.runtime.samples import keep_samples_upto
+from rpeg.runtime.stage_loop import StageLoop
 
 
 class LocalTrainer:
@@ -64,12 +67,15 @@ class LocalTrainer:
             compiled = compile_local(c)
         self.compiled = compiled
         self.k = compiled.staleness
+        # the group's engine, resolved once by the rule the driver resolves each group's with
+        # (engines.choice.rank_engine: rpeg.runtime.actors.programs), on the device this
+        # process builds its roles on: build_roles without a device, the default device type
+        group = dataclasses.replace(compiled.actor_groups[0], device_type=DEFAULT_DEVICE_TYPE)
+        self.engine = rank_engine(c, group)
         built = build_roles(
             c,
             all_roles(c),
-            engine_kind=lambda model: resolve_engine(
-                c.runtime.engine, device_type=next(model.parameters()).device.type
-            ),
+            engine=self.engine,
             lagging_engine=self.k > 0,  # a generator with its own weights
             colocated=True,
             log=self.log,
@@ -90,6 +96,19 @@ class LocalTrainer:
         # host is the device: the moves run and cost nothing)
         roles = {"actor": self.actor, "reference": self.reference, "critic": self.critic}
         self.offloader = Offloader(roles, next(self.actor.module.parameters()).device)
+        # the one stage loop (rpeg.runtime.stage_loop), as every rank runs its units
+        self.loop = StageLoop(
+            stages.StageContext(
+                c,
+                actor=self.actor,
+                reference=self.reference,
+                critic=self.critic,
+                rewards=self.rewards,
+            ),
+            self.residency,
+            self.offloader,
+            self.k,
+        )
         self.step_index = 0
         self.history: list[dict[str, float]] = []
 
@@ -99,41 +118,23 @@ class LocalTrainer:
         return [k for t in self.compiled.tasks for k in t.kinds]
 
     def step(self) -> dict[str, float]:
+        """The compiled step's units in order through the stage loop (the rank's loop: each
+        unit's micro-batching and offload, the one staleness rule at ``sync_weights``)."""
         c = self.config
         t0 = time.perf_counter()
         m: dict[str, float] = {"step": self.step_index + 1}  # 1-based, as the console counts
-        ctx = stages.StageContext(
-            c, actor=self.actor, reference=self.reference, critic=self.critic, rewards=self.rewards
-        )
-        batch = None
-        roles = (self.actor, self.reference, self.critic)
-        synced = False
+        store: dict[int, RolloutBatch | None] = {}
+        seed = rollout_seed(c.runtime.seed, self.step_index)
         for unit in self.compiled.tasks:
-            self.offloader.before(unit.kinds)
-            with unit_micro_batches(roles, unit.micro_batch_size, unit.max_tokens_per_micro_batch):
-                for kind in unit.kinds:
-                    if kind == StageKind.sync_weights:
-                        m.update(
-                            weight_sync.refresh_lagging_engine(self.actor, self.residency, self.k)
-                        )
-                        synced = True
-                        continue
-                    if kind == StageKind.generate:
-                        batch, sm = stages.run_stage(
-                            kind,
-                            ctx,
-                            None,
-                            examples=self.cursor.next(c.workload.num_prompts),
-                            seed=rollout_seed(c.runtime.seed, self.step_index),
-                        )
-                        self.residency.after_rollout()
-                    else:
-                        batch, sm = stages.run_stage(kind, ctx, batch)
-                    m.update(sm)
-            self.offloader.after(unit.kinds, unit.offload)
+            examples = self.cursor.next(c.workload.num_prompts) if unit.generates else None
+            with self.loop.unit(unit) as run:
+                um, _spans = run.run_stages(unit.kinds, store, 0, examples=examples, seed=seed)
+            m.update(um)
         self.offloader.restore_all()  # resident between steps (checkpoints, evaluation)
-        if not synced:  # a graph without a sync_weights stage still obeys the bound
+        if StageKind.sync_weights not in self.stage_kinds():
+            # a graph without a sync_weights stage still obeys the bound
             m.update(weight_sync.refresh_lagging_engine(self.actor, self.residency, self.k))
+        batch = store[0]
         self.last_batch = batch
         m["step_s"] = time.perf_counter() - t0
         m["tokens_per_s"] = batch.num_tokens / m["step_s"]

@@ -1,10 +1,17 @@
 """Cutting a (mini-)batch into micro-batches: a fixed number of samples, or a token budget.
 
 * Fixed: ``micro_batch_size`` samples each, in order.
-* Token budget (``workload.max_tokens_per_micro_batch``, verl's ``ppo_max_token_len_per_gpu``
-  / NeMo-RL's dynamic batching): samples sorted by length, longest first, are packed while
+* Token budget (``max_tokens_per_micro_batch``, verl's ``ppo_max_token_len_per_gpu`` /
+  NeMo-RL's dynamic batching): samples sorted by length, longest first, are packed while
   the micro-batch's padded size ``rows * (longest prompt + longest response)`` stays within
   the budget; a sample over the budget on its own forms its own micro-batch.
+
+Both numbers are the compiled unit's (:class:`rpeg.compile.step.TaskSpec`'s
+``micro_batch_size`` and ``max_tokens_per_micro_batch``): the stage loop
+(:mod:`rpeg.runtime.stage_loop`) hands the unit it runs to its roles
+(:func:`unit_micro_batches`: ``role.micro_batching``) and every forward or training pass
+cuts its batch with :func:`micro_batches`, which reads the unit's fields (a role used on
+its own, outside a unit, is cut as its workload config says). No config is copied.
 
 Every forward or backward of a sharded (FSDP / TP) or data-parallel model is a collective, so
 the ranks of a group must run the same number of micro-batches. :func:`plan_micro_batches`
@@ -17,12 +24,24 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.parallel import LOCAL, RankReduce
+
+
+class MicroBatching(Protocol):
+    """What cuts a role's passes into micro-batches: the compiled unit the role runs
+    (:class:`rpeg.compile.step.TaskSpec`), or, for a role used on its own, its
+    :class:`rpeg.config.WorkloadConfig` (the same two fields)."""
+
+    @property
+    def micro_batch_size(self) -> int: ...
+
+    @property
+    def max_tokens_per_micro_batch(self) -> int | None: ...
 
 
 def _lengths(batch: RolloutBatch) -> tuple[list[int], list[int]]:
@@ -96,22 +115,31 @@ def plan_micro_batches(
     return [c.tolist() for c in torch.tensor_split(torch.arange(n), k)]
 
 
+def micro_batches(batch: RolloutBatch, role: Any) -> list[tuple[list[int], RolloutBatch, bool]]:
+    """``(rows, micro-batch, real)`` of ``batch`` for a pass of ``role``: cut by the compiled
+    unit the role runs (``role.micro_batching.micro_batch_size`` samples, or its token budget
+    ``max_tokens_per_micro_batch``) and agreed over ``role.reduce``'s group
+    (:func:`plan_micro_batches`); an empty part becomes the batch's first row marked
+    ``real=False``: run for the collectives, weighted 0."""
+    cut: MicroBatching = role.micro_batching
+    parts = plan_micro_batches(
+        batch, cut.micro_batch_size, cut.max_tokens_per_micro_batch or None, role.reduce
+    )
+    return [(ix, batch.select(ix), True) if ix else ([], batch.select([0]), False) for ix in parts]
+
+
 @contextlib.contextmanager
-def unit_micro_batches(
-    workers: Iterable[Any], size: int, max_tokens: int | None = None
-) -> Iterator[None]:
-    """While inside, every worker's (role's) workload cuts its batches as a compiled unit
-    says: ``size`` samples per forward call, or the token budget ``max_tokens`` (None: by
-    count); their own workloads come back on exit. A worker that is None or has no workload
-    is left as is."""
+def unit_micro_batches(workers: Iterable[Any], unit: MicroBatching) -> Iterator[None]:
+    """While inside, every worker's (role's) passes are cut as the compiled ``unit`` says
+    (``role.micro_batching`` is the unit itself, read by :func:`micro_batches`); each
+    role's own comes back on exit. A worker that is None or has none is left as is."""
     saved = []
-    update = {"micro_batch_size": int(size), "max_tokens_per_micro_batch": max_tokens}
     for wk in workers:
-        if wk is not None and getattr(wk, "workload", None) is not None:
-            saved.append((wk, wk.workload))
-            wk.workload = wk.workload.model_copy(update=update)
+        if wk is not None and getattr(wk, "micro_batching", None) is not None:
+            saved.append((wk, wk.micro_batching))
+            wk.micro_batching = unit
     try:
         yield
     finally:
-        for wk, w in saved:
-            wk.workload = w
+        for wk, cut in saved:
+            wk.micro_batching = cut

@@ -755,11 +755,11 @@ def pipelined_updates(
     mini-batches (:func:`rpeg.runtime.updates.minibatch_rows`), micro-batches and loss
     weights; each mini-batch's micro-batches run through the pipeline schedule, the role's
     ``micro_loss`` on the last stage. Metrics are the last stage's, on every pipeline rank."""
+    from rpeg.runtime.micro_batches import micro_batches
     from rpeg.runtime.updates import (
         _micro_weight,
         _mini_total,
         apply_update,
-        micro_batches,
         minibatch_rows,
     )
 
@@ -782,7 +782,7 @@ def pipelined_updates(
                 if (check := getattr(role, "before_update", None)) is not None:
                     check(steps, mini)
                 optimizer.zero_grad(set_to_none=True)
-                parts = micro_batches(mini or batch.select([0]), workload, reduce)
+                parts = micro_batches(mini or batch.select([0]), role)
                 weights = [
                     _micro_weight(mb, total, agg, reduce) if real and mini else 0.0
                     for _, mb, real in parts
@@ -821,14 +821,14 @@ def pipelined_updates(
 def pipelined_logprobs(worker, batch, *, with_entropy: bool = False):
     """:meth:`PolicyWorker.compute_logprobs` through the pipeline: the same micro-batches,
     forwards only; the last stage's log-probs ``[B,R]`` (and entropies) on every rank."""
-    from rpeg.runtime.updates import micro_batches
+    from rpeg.runtime.micro_batches import micro_batches
 
     pipe: Pipeline = worker.pipeline
     worker.module.eval()
     r = batch.response_ids.shape[1]
     lp_out = torch.zeros((batch.size, r), dtype=torch.float32)
     ent_out = torch.zeros((batch.size, r), dtype=torch.float32)
-    parts = micro_batches(batch, worker.workload, worker.reduce)
+    parts = micro_batches(batch, worker)
 
     def last_fn(j, mb):
         ix, _, real = parts[j]

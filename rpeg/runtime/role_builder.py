@@ -159,7 +159,7 @@ def build_roles(
     config: RunConfig | RoleInputs,
     roles: Collection[str],
     *,
-    engine_kind: Callable[[torch.nn.Module], str],
+    engine: str,
     actor_trainable: bool = True,
     lagging_engine: bool = False,
     colocated: bool = True,
@@ -172,9 +172,12 @@ def build_roles(
 ) -> Roles:
     """The task's data and rewards and the ``roles`` (of :data:`ROLE_NAMES`) of one process.
 
-    ``engine_kind(model)``: "torch" or "vllm" (asked only when the process holds the actor);
-    a vLLM engine always holds its own weights, a torch one only with ``lagging_engine`` (a
-    bounded-staleness generator); ``colocated``: the engine shares its device with
+    ``engine``: the generation engine, ``torch`` or ``vllm`` (used only when the process
+    holds the actor), resolved once by the one rule
+    (:func:`rpeg.runtime.engines.choice.rank_engine`: a rank's from its ``RankProgram``, the
+    local trainer's for its group); a vLLM engine always holds its own weights, a torch one
+    only with ``lagging_engine`` (a bounded-staleness generator); ``colocated``: the engine
+    shares its device with
     training (vLLM sleep mode); ``engine_memory``: the plan's ``gpu_memory_utilization`` of
     the generate unit for a vLLM engine (None: the plan schema's default). ``place(model)``
     moves the built model before any role copies it (a rank's device); ``device``: where the model is built
@@ -230,9 +233,9 @@ def build_roles(
         # a LoRA run's reference is the frozen base: rebuilt from its source, never checkpointed
         out.reference.rebuilt_from_source = c.model.lora is not None
     if "actor" in roles:
-        engine = None
+        own_engine = None
         pending_engine = None
-        kind = engine_kind(model)
+        kind = engine
         if sharded_build and kind == "vllm":
             # built once the actor is laid out and filled, from its shards (a collective):
             # vLLM receives the weights bucket by bucket, no rank holds a whole copy first
@@ -248,7 +251,7 @@ def build_roles(
                 )
 
         elif kind == "vllm" or lagging_engine:  # a generator with its own weights
-            engine = build_engine(
+            own_engine = build_engine(
                 kind,
                 model,
                 tok,
@@ -256,8 +259,8 @@ def build_roles(
                 colocated=colocated,
                 gpu_memory_utilization=engine_memory,  # the plan's (vLLM's KV-cache share)
             )
-            if isinstance(getattr(engine, "model", None), torch.nn.Module):
-                engine.model.to(dtype=frozen)
+            if isinstance(getattr(own_engine, "model", None), torch.nn.Module):
+                own_engine.model.to(dtype=frozen)
         if not actor_trainable:
             model.to(dtype=frozen)
         elif c.model.lora is not None:  # adapters on the trained actor, after the copies above
@@ -272,7 +275,7 @@ def build_roles(
             workload=c.workload,
             trainable=actor_trainable,
             value_head=ppo and a.share_actor_critic,
-            engine=engine,
+            engine=own_engine,
             seed=c.runtime.seed,
             compute_dtype=compute_dtype,
         )

@@ -37,6 +37,7 @@ from rpeg.runtime.engines.base import (
     generate_in_groups,
 )
 from rpeg.runtime.engines.torch_engine import TorchEngine
+from rpeg.runtime.micro_batches import MicroBatching, micro_batches
 from rpeg.runtime.model_io import ActorCritic, LogprobRequest, lm_logprobs, moe
 from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.precision import compute, frozen_dtype, loss_scaler_for
@@ -48,7 +49,7 @@ from rpeg.runtime.role_state import (
     role_configs,
 )
 from rpeg.runtime.sharding import gathered_blocks
-from rpeg.runtime.updates import adamw, micro_batches, minibatch_updates, on_device
+from rpeg.runtime.updates import adamw, minibatch_updates, on_device
 
 
 class PolicyWorker:
@@ -75,6 +76,9 @@ class PolicyWorker:
         compute_dtype: torch.dtype = torch.float32,
     ):
         self.algorithm, self.optim_cfg, self.workload = role_configs(algorithm, optim, workload)
+        # what cuts its passes into micro-batches: the compiled unit it runs (set by the
+        # stage loop, rpeg.runtime.micro_batches.unit_micro_batches), else its workload's
+        self.micro_batching: MicroBatching = self.workload
         self.reduce = reduce  # data-parallel loss normalization (rpeg.runtime.parallel)
         self.tokenizer = tokenizer
         self.trainable = trainable
@@ -409,7 +413,7 @@ class PolicyWorker:
         r = batch.response_ids.shape[1]
         lp_out = torch.zeros((batch.size, r), dtype=torch.float32)
         ent_out = torch.zeros((batch.size, r), dtype=torch.float32) if with_entropy else None
-        for ix, mb, real in micro_batches(batch, self.workload, self.reduce):
+        for ix, mb, real in micro_batches(batch, self):
             lp, ent, _ = self._forward(mb, batch.temperature, with_entropy=with_entropy)
             if not real:
                 continue
@@ -437,7 +441,7 @@ class PolicyWorker:
         r = batch.response_ids.shape[1]
         lp_out = torch.zeros((batch.size, r), dtype=torch.float32)
         v_out = torch.zeros((batch.size, r), dtype=torch.float32)
-        for ix, mb, real in micro_batches(batch, self.workload, self.reduce):
+        for ix, mb, real in micro_batches(batch, self):
             lp, _, v = self._forward(mb, batch.temperature)
             if not real:
                 continue

@@ -8,8 +8,8 @@ and returns a new batch with its fields filled in plus a metrics dict.
 
 :func:`run_stage` maps an IR stage kind to its function over a :class:`StageContext` (the
 workers one process hosts): the single-process trainer and every distributed actor run stage
-kinds through it, so they cannot drift apart. Weight sync is the caller's: it depends on where
-the generator lives.
+kinds through it (the one stage loop, :mod:`rpeg.runtime.stage_loop`, calls it), so they
+cannot drift apart. Weight sync is the stage loop's: it depends on where the generator lives.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 
 from rpeg import defaults
 from rpeg.compile.rank_program import RoleInputs
+from rpeg.compile.step import TaskSpec
 from rpeg.config import AlgorithmConfig, RunConfig
 from rpeg.runtime.algorithms import masked_mean, mismatch_metrics
 from rpeg.runtime.batch import RolloutBatch
@@ -230,6 +231,7 @@ def old_logprob_stage(
     worker: PolicyWorker,
     batch: RolloutBatch,
     *,
+    shared_forward: bool = False,
     recompute: bool = False,
     mismatch_threshold: float = defaults.MISMATCH_THRESHOLD,
     reduce: RankReduce = LOCAL,
@@ -238,7 +240,8 @@ def old_logprob_stage(
 
     On-policy samples reuse their sampling log-probs unless ``recompute``; samples from an
     older policy version (bounded staleness) always get a forward pass (decoupled PPO's
-    proximal policy). With actor-critic sharing one forward fills ``values`` too.
+    proximal policy). ``shared_forward`` (the compiled unit's: actor-critic sharing): one
+    forward of the actor's shared value head fills ``values`` too.
     Metrics: ``staleness_max`` (policy versions behind, max over the batch) and, whenever a
     forward computed them, the rollout/trainer mismatch between them and the engine's
     sampling log-probs (``logprob_mismatch_*``: rpeg.runtime.algorithms.mismatch, over the
@@ -246,7 +249,7 @@ def old_logprob_stage(
     """
     lag = worker.policy_version - batch.policy_version
     m: Metrics = {"staleness_max": float(lag.max())}
-    if worker.shared_critic:
+    if shared_forward:
         t0 = time.perf_counter()
         lp, v = worker.compute_logprobs_and_values(batch)
         batch = batch.replace(old_logprobs=lp, values=v)
@@ -273,7 +276,8 @@ def old_logprob_stage(
 @dataclass
 class StageContext:
     """What one process runs stages with: the run config, the workers it hosts, the rewards,
-    and how its data-parallel group reduces batch statistics."""
+    how its data-parallel group reduces batch statistics, and the compiled unit whose stages
+    run (set by the stage loop, rpeg.runtime.stage_loop: its ``shared_forward``)."""
 
     config: RunConfig | RoleInputs  # a rank's: the sections of its RankProgram
     actor: PolicyWorker | None = None
@@ -281,6 +285,7 @@ class StageContext:
     critic: CriticWorker | None = None
     rewards: RewardSet | None = None
     reduce: RankReduce = LOCAL
+    unit: TaskSpec | None = None
 
 
 STAGE_KINDS = (
@@ -381,6 +386,7 @@ def run_stage(
         return old_logprob_stage(
             ctx.actor,
             batch,
+            shared_forward=ctx.unit is not None and ctx.unit.shared_forward,
             recompute=a.recompute_old_logprobs or rc.measure == "forward" or rc.apply_to == "all",
             mismatch_threshold=rc.mismatch_threshold,
             reduce=ctx.reduce,

@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 
-from rpeg.config import WorkloadConfig
 from rpeg.runtime.batch import SAMPLE_FIELDS, TOKEN_FIELDS, RolloutBatch, chunk_order
-from rpeg.runtime.micro_batches import plan_micro_batches
+from rpeg.runtime.micro_batches import micro_batches
 from rpeg.runtime.parallel import RankReduce
 
 #: metric: the share of a step's optimizer updates skipped for a non-finite gradient norm
@@ -87,20 +86,6 @@ def _grad_norm_and_clip(params, max_norm: float, shards=None, loss_scale: float 
     return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
 
-def _max_tokens(workload: WorkloadConfig) -> int | None:
-    """The token budget of a micro-batch (``workload.max_tokens_per_micro_batch``; None: off)."""
-    return getattr(workload, "max_tokens_per_micro_batch", None) or None
-
-
-def micro_batches(
-    batch: RolloutBatch, workload: WorkloadConfig, reduce: RankReduce
-) -> list[tuple[list[int], RolloutBatch, bool]]:
-    """``(rows, micro-batch, real)`` of ``batch`` (:func:`plan_micro_batches`); an empty part
-    becomes the batch's first row marked ``real=False``: run for the collectives, weighted 0."""
-    parts = plan_micro_batches(batch, workload.micro_batch_size, _max_tokens(workload), reduce)
-    return [(ix, batch.select(ix), True) if ix else ([], batch.select([0]), False) for ix in parts]
-
-
 def on_device(b: RolloutBatch, device: torch.device) -> RolloutBatch:
     """``b`` with its tensor fields on ``device`` (a no-op on the CPU)."""
     if device.type == "cpu":
@@ -124,9 +109,9 @@ def minibatch_updates(
     gradient clip, shuffling generator, rank reduce and shards) on ``batch``:
     ``algorithm.ppo_epochs`` passes over ``batch`` in ``workload.train_minibatches``
     shuffled mini-batches (:func:`minibatch_rows`: the same on every layout), one optimizer
-    step each, accumulating micro-batches
-    (:func:`micro_batches`: ``workload.micro_batch_size`` samples or the token budget
-    ``workload.max_tokens_per_micro_batch``). ``micro_loss(micro) -> (loss, metrics)``; each
+    step each, accumulating micro-batches (:func:`rpeg.runtime.micro_batches.micro_batches`:
+    the compiled unit's ``micro_batch_size`` samples or its token budget, read from
+    ``role.micro_batching``). ``micro_loss(micro) -> (loss, metrics)``; each
     micro-batch loss is weighted so that accumulation (and the average of gradients over
     data-parallel ranks) equals one loss over the global mini-batch. ``shards``
     (:class:`rpeg.runtime.sharding.Shards`): average replicated gradients over dp and clip
@@ -167,7 +152,7 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
             stats: dict[str, float] = {}
             scale = 1.0 if scaler is None else scaler.scale
             # a rank without rows of the chunk runs one of its rows at weight 0 (collectives)
-            for _, micro, real in micro_batches(mini or batch.select([0]), workload, reduce):
+            for _, micro, real in micro_batches(mini or batch.select([0]), role):
                 w = _micro_weight(micro, total, agg, reduce) if real and mini else 0.0
                 loss, m = micro_loss(micro)
                 (loss * (w * scale)).backward()

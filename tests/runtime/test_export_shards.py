@@ -110,7 +110,7 @@ def test_lora_shards_export_the_adapter_and_the_merged_model(tmp_path, monkeypat
     from rpeg.runtime.role_builder import build_roles
 
     cfg = _lora_cfg(tmp_path)
-    w = build_roles(cfg, ["actor"], engine_kind=lambda m: "torch").actor
+    w = build_roles(cfg, ["actor"], engine="torch").actor
     torch.manual_seed(0)
     with torch.no_grad():  # B starts at zero: nonzero so that the merge shows
         for n, p in w.lm.named_parameters():

@@ -153,7 +153,7 @@ def test_a_rank_state_of_a_lora_run_holds_adapters_only(tmp_path, monkeypatch):
     from rpeg.runtime.role_builder import build_roles
 
     cfg = _cfg(tmp_path, **{"optim.warmup_sft_steps": 0})
-    built = build_roles(cfg, ["actor", "reference"], engine_kind=lambda m: "torch")
+    built = build_roles(cfg, ["actor", "reference"], engine="torch")
     data = rank_state_bytes(0, "g0", {"actor": built.actor, "reference": built.reference})
     st = loads(data)
     assert sorted(st["actor"]["module"]) == sorted(
@@ -164,5 +164,5 @@ def test_a_rank_state_of_a_lora_run_holds_adapters_only(tmp_path, monkeypatch):
     # 8 adapters of 64 x 4 in fp32 with 2 AdamW moments: 8 x 256 x 4 B x 3 = 24.6 KB; the
     # base weights alone (~88 k parameters) would be ~350 KB
     assert len(data) < 200_000
-    again = build_roles(cfg, ["actor", "reference"], engine_kind=lambda m: "torch")
+    again = build_roles(cfg, ["actor", "reference"], engine="torch")
     load_rank_state_bytes(data, {"actor": again.actor, "reference": again.reference})

@@ -150,9 +150,7 @@ def test_roles_hold_masters_and_frozen_copies_in_the_compute_dtype():
             "model.tiny_shape": dict(C.SHAPE),
         },
     )
-    built = build_roles(
-        cfg, ("actor", "reference", "critic"), engine_kind=lambda m: "torch", lagging_engine=True
-    )
+    built = build_roles(cfg, ("actor", "reference", "critic"), engine="torch", lagging_engine=True)
 
     def dtypes(mod):
         return {p.dtype for p in mod.parameters()}

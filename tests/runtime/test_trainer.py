@@ -205,7 +205,12 @@ def test_shared_forward_fills_old_logprobs_and_values_and_matches_separate_passe
     cfg = _cfg(**{"algorithm.name": "ppo", "algorithm.share_actor_critic": True})
     w = _worker(tiny, cfg, value_head=True)
     batch, _ = _rollout(w, cfg)
-    ctx = stages.StageContext(cfg, actor=w, rewards=RewardSet(["exact_numeric"]))
+    from rpeg.compile import compile_local
+
+    # the compiled unit says the forward is shared (TaskSpec.shared_forward): the stage reads it
+    unit = next(t for t in compile_local(cfg).tasks if "old_logprob" in t.kinds)
+    assert unit.shared_forward
+    ctx = stages.StageContext(cfg, actor=w, rewards=RewardSet(["exact_numeric"]), unit=unit)
     out, m = stages.run_stage("old_logprob", ctx, batch)
     assert m["shared_forward"] == 1.0 and m["staleness_max"] == 0.0
     torch.testing.assert_close(out.old_logprobs, w.compute_logprobs(batch))

@@ -100,7 +100,7 @@ class RankModels:
         built = build_roles(
             self.inputs,
             self.roles,
-            engine_kind=lambda _model: engine,
+            engine=engine,
             actor_trainable=trainable,
             # vLLM holds its own weights; with torch and k>0 colocated: a lagging copy
             lagging_engine=trainable and self.k > 0 and not p.async_rollout,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from rpeg.ir import StageKind
@@ -19,8 +18,8 @@ from rpeg.runtime.actors.rank_data import RankBatches
 from rpeg.runtime.actors.rank_models import RankModels
 from rpeg.runtime.actors.row_shards import rollout_start
 from rpeg.runtime.actors.unit_call import UnitCall
-from rpeg.runtime.data import PromptShard
-from rpeg.runtime.micro_batches import unit_micro_batches
+from rpeg.runtime.stage_loop import StageLoop
+from rpeg.runtime.stages import StageContext
 
 
 class RankUnits:
@@ -54,23 +53,33 @@ class RankUnits:
         t0 = time.perf_counter()
         self._hook_forwards()
         f0 = self.forwards
-        roles = (md.actor, md.reference, md.critic)
-        budget = unit.max_tokens_per_micro_batch
-        md.offloader.before(kinds)
-        with unit_micro_batches(roles, unit.micro_batch_size, budget):
+        store = self.batches.store
+        with self.stage_loop().unit(unit) as loop:  # the one stage loop (rpeg.runtime.stage_loop)
             if stream_from is not None:
-                m, spans = streaming.consume(self, step, kinds, stream_from)
+                m, spans = streaming.consume(loop, self.batches, step, kinds, stream_from)
             elif unit.stream_chunk and kinds[0] == StageKind.generate and prompts:
-                m, spans = self._run_streamed(step, kinds, prompts, unit.stream_chunk)
+                seed, first = rollout_start(md.inputs, step, prompts)
+                m, spans = streaming.produce(
+                    loop,
+                    self.batches,
+                    step,
+                    kinds,
+                    prompts.examples,
+                    unit.stream_chunk,
+                    seed,
+                    first,
+                )
+                md.residency.after_rollout()
             else:
                 examples = None if prompts is None else prompts.examples
                 seed, first = rollout_start(md.inputs, step, prompts)
-                m, spans = self.run_stages(step, kinds, examples, seed, first_row=first)
+                m, spans = loop.run_stages(
+                    kinds, store, step, examples=examples, seed=seed, first_row=first
+                )
         from rpeg.runtime import samples as SM
         from rpeg.runtime.actors.dataplane import tensor_bytes
         from rpeg.runtime.actors.unit_result import Span, UnitResult, counted_tokens
 
-        md.offloader.after(kinds, unit.offload)
         if unit.offload:  # moves so far (either way): the plan's offload at work
             m["offload_moves"] = float(md.offloader.moves)
         batch = self.batches.store.get(step)
@@ -112,13 +121,12 @@ class RankUnits:
         )
 
     # ---------------------------------------------------------------- the stage loop
-    def stage_context(self) -> Any:
-        """What the stages run with (rpeg.runtime.stages.StageContext): the config sections,
-        this rank's roles and rewards, its data-parallel reduce."""
-        from rpeg.runtime import stages as S
-
+    def stage_loop(self) -> StageLoop:
+        """The one stage loop (rpeg.runtime.stage_loop) over this rank's roles as they are
+        now (laid out: its data-parallel reduce, its engine's residency), its offloader and
+        the staleness bound k of its weight syncs."""
         md = self.models
-        return S.StageContext(
+        ctx = StageContext(
             md.inputs,
             actor=md.actor,
             reference=md.reference,
@@ -126,56 +134,7 @@ class RankUnits:
             rewards=md.rewards,
             reduce=md.reduce,
         )
-
-    def run_stages(
-        self,
-        step: int,
-        kinds: Sequence[str],
-        examples: Any,
-        seed: int,
-        batch_key: Any = None,
-        first_row: int = 0,
-    ) -> tuple[dict[str, Any], list[tuple[str, float, float]]]:
-        """``kinds`` one after another on the batch stored under ``batch_key`` (default:
-        ``step``), each stage's output stored back. -> (metrics, spans)."""
-        from rpeg.runtime import stages as S
-
-        md = self.models
-        store = self.batches.store
-        key = step if batch_key is None else batch_key
-        m: dict[str, Any] = {}
-        spans: list[tuple[str, float, float]] = []
-        ctx = self.stage_context()
-        for kind in kinds:
-            ts = time.time()
-            batch = store.get(key)
-            if kind == StageKind.sync_weights:
-                from rpeg.runtime.actors.weight_sync import refresh_lagging_engine
-
-                m.update(refresh_lagging_engine(md.actor, md.residency, md.k))
-            elif kind == StageKind.env and spans:  # ran inside generate's turns: env_s
-                spans.append(S.env_span(spans[-1][2], m))
-                continue
-            else:
-                batch, sm = S.run_stage(
-                    kind, ctx, batch, examples=examples, seed=seed, first_row=first_row
-                )
-                m.update(sm)
-                if kind == StageKind.generate:
-                    md.residency.after_rollout()
-            store[key] = batch
-            spans.append((kind, ts, time.time()))
-        return m, spans
-
-    def _run_streamed(
-        self, step: int, kinds: Sequence[str], prompts: PromptShard, chunk: int
-    ) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
-        from rpeg.runtime.actors import streaming
-
-        seed, first = rollout_start(self.models.inputs, step, prompts)
-        out = streaming.produce(self, step, kinds, prompts.examples, chunk, seed, first)
-        self.models.residency.after_rollout()
-        return out
+        return StageLoop(ctx, md.residency, md.offloader, md.k)
 
     def _hook_forwards(self) -> None:
         """Count forward calls of every role's module (the observable of micro_batch_size)."""

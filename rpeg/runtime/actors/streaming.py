@@ -1,49 +1,29 @@
 """Streaming units on a rank (docs/dataplane.md "Streaming"): the producer side, one decode
 releasing finished prompt groups chunk by chunk, and the consumer side, a trainer rank
-running its first unit on each chunk of its generator rank as it arrives. Functions of the
-rank's units (:class:`rpeg.runtime.actors.rank_units.RankUnits`: its stage loop, its batches'
-store and chunk list) they run in; the batches' ``chunk`` method hands the chunks out."""
+running its first unit on each chunk of its generator rank as it arrives. Both run the
+unit's stages through the one stage loop (:class:`rpeg.runtime.stage_loop.StageLoop`, the
+unit's: as the rank's unstreamed units) on chunks kept in the rank's batches
+(:class:`rpeg.runtime.actors.rank_data.RankBatches`: its store and chunk list; its ``chunk``
+method hands the chunks out)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from rpeg.ir import StageKind
-
-if TYPE_CHECKING:
-    from rpeg.runtime.actors.rank_data import RankBatches
-    from rpeg.runtime.actors.rank_models import RankModels
-
-#: a stage loop's metrics and its stages' spans ``(kind, start, end)``
-Ran = tuple[dict[str, Any], list[tuple[str, float, float]]]
-
-
-class StageLoop(Protocol):
-    """What streaming runs in: a rank's units (rpeg.runtime.actors.rank_units.RankUnits)."""
-
-    models: RankModels
-    batches: RankBatches
-
-    def stage_context(self) -> Any: ...
-
-    def run_stages(
-        self,
-        step: int,
-        kinds: Sequence[str],
-        examples: Any,
-        seed: int,
-        batch_key: Any = None,
-        first_row: int = 0,
-    ) -> Ran: ...
+from rpeg.runtime.actors.rank_data import RankBatches
+from rpeg.runtime.data import Example
+from rpeg.runtime.stage_loop import StageLoop
 
 
 def produce(
-    units: StageLoop,
+    loop: StageLoop,
+    batches: RankBatches,
     step: int,
     kinds: Sequence[str],
-    examples: Any,
+    examples: Sequence[Example],
     chunk: int,
     seed: int,
     first_row: int,
@@ -62,46 +42,42 @@ def produce(
     from rpeg.runtime.actors.dataplane import concat_rows
 
     later = list(kinds[1:])
-    batches = units.batches
-    n_local = (
-        len(later) if units.models.reduce.world_size == 1 else leading(later, StageKind.reward)
-    )
+    store = batches.store
+    n_local = len(later) if loop.ctx.reduce.world_size == 1 else leading(later, StageKind.reward)
     per_chunk, after = later[:n_local], later[n_local:]
     parts, spans, per = [], [], []
     t_gen = t_last = time.time()
     for i, (b, gm) in enumerate(
-        S.run_generate_chunks(
-            units.stage_context(), examples, seed=seed, min_prompts=chunk, first_row=first_row
-        )
+        S.run_generate_chunks(loop.ctx, examples, seed=seed, min_prompts=chunk, first_row=first_row)
     ):
         t_last = time.time()  # this chunk's samples are done decoding
         key = ("chunk", step, i)
-        batches.store[key] = b
-        m, sp = units.run_stages(step, per_chunk, None, seed, key)
-        b = batches.store.pop(key)
+        store[key] = b
+        m, sp = loop.run_stages(per_chunk, store, key, seed=seed)
+        b = store.pop(key)
         parts.append(b)
         batches.offer_chunk(step, b)  # for a streaming consumer
         per.append(({**gm, **m}, b.size))
         spans.extend(sp)
     spans.insert(0, (StageKind.generate.value, t_gen, t_last))
     batches.end_chunks(step)
-    batches.store[step] = concat_rows(parts)
+    store[step] = concat_rows(parts)
     out = weighted(per)
     if after:
-        m, sp = units.run_stages(step, after, None, seed)
+        m, sp = loop.run_stages(after, store, step, seed=seed)
         out.update(m)
         spans.extend(sp)
     return out, spans
 
 
 def consume(
-    units: StageLoop, step: int, kinds: Sequence[str], producer: Any
+    loop: StageLoop, batches: RankBatches, step: int, kinds: Sequence[str], producer: Any
 ) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
     """The consumer side of streaming across groups: run ``kinds`` on each chunk of the
     producer rank's rows as it arrives (while the producer generates the next)."""
     from rpeg.runtime.actors.dataplane import concat_rows, tensor_bytes
 
-    batches = units.batches
+    store = batches.store
     parts, spans, per = [], [], []
     i = 0
     while True:
@@ -110,14 +86,14 @@ def consume(
             break
         batches.received_bytes += tensor_bytes(b)
         key = ("stream", step, i)
-        batches.store[key] = b
-        m, sp = units.run_stages(step, kinds, None, 0, key)
-        b = batches.store.pop(key)
+        store[key] = b
+        m, sp = loop.run_stages(kinds, store, key, seed=0)
+        b = store.pop(key)
         parts.append(b)
         per.append((m, b.size))
         spans.extend(sp)
         i += 1
-    batches.store[step] = concat_rows(parts)
+    store[step] = concat_rows(parts)
     return weighted(per), spans
 
 

@@ -248,20 +248,31 @@ def test_a_lagging_engine_is_refreshed_only_when_the_bound_needs_it():
 
 
 def test_both_runtimes_refresh_through_the_one_rule(monkeypatch):
-    """The local trainer and a colocated rank's sync_weights stage call the same function
-    (behaviour: replacing it changes what both do)."""
+    """The local trainer and a colocated rank run their units through the one stage loop
+    (rpeg.runtime.stage_loop), whose sync_weights stage calls the one rule (behaviour:
+    replacing it changes what both do)."""
     import rpeg.runtime.local_trainer as LT
+    from rpeg.runtime import stage_loop as SL
     from rpeg.runtime.actors import weight_sync as W
     from rpeg.runtime.actors.rank_data import RankBatches
     from rpeg.runtime.actors.rank_units import RankUnits
 
-    assert LT.weight_sync is W  # the local trainer calls W.refresh_lagging_engine
+    assert LT.StageLoop is SL.StageLoop and SL.weight_sync is W
     calls = []
     monkeypatch.setattr(W, "refresh_lagging_engine", lambda a, r, k: calls.append(k) or {})
-    models = types.SimpleNamespace(actor=_Actor(), residency=_Residency(), k=2)
+    models = types.SimpleNamespace(
+        inputs=None,
+        actor=_Actor(),
+        reference=None,
+        critic=None,
+        rewards=None,
+        reduce=None,
+        residency=_Residency(),
+        offloader=None,
+        k=2,
+    )
     units = RankUnits(models, RankBatches())  # only its stage loop: a sync_weights stage
-    monkeypatch.setattr(RankUnits, "stage_context", lambda self: None)
-    m, spans = units.run_stages(0, ["sync_weights"], None, 0)
+    m, spans = units.stage_loop().run_stages(["sync_weights"], {}, 0)
     assert calls == [2] and [s[0] for s in spans] == ["sync_weights"]
 
 
