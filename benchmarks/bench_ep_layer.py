@@ -51,7 +51,7 @@ def _rank(rank: int, world: int, port: int, calls: int, q) -> None:
         return out
 
     for m in lm.modules():
-        info = getattr(m, EP_ATTR := EP.EP_ATTR, None)
+        info = getattr(m, EP.EP_ATTR, None)
         if info is None:
             continue
         inner = info["forward"]
@@ -127,7 +127,9 @@ def main() -> None:
             )
     fwd = statistics.mean(res[r]["forward"]["dispatch_ms"] for r in (0, 1))
     both = statistics.mean(res[r]["forward+backward"]["dispatch_ms"] for r in (0, 1))
-    print(f"summary: ep=2 dispatch per MoE layer: forward {fwd:.2f} ms, in a training forward {both:.2f} ms")
+    print(
+        f"summary: ep=2 dispatch per MoE layer: forward {fwd:.2f} ms, in a training forward {both:.2f} ms"
+    )
 
 
 if __name__ == "__main__":
