@@ -75,7 +75,13 @@ def unit_context(c: Any, cores: int, workers: int) -> Any:
     # bandwidth is s times, its latency 1/s times what two ranks with a core each see
     cl = c.cluster
     cl = replace(
-        cl, gpu=gpu, intra_gbps=cl.intra_gbps * s, intra_latency_us=cl.intra_latency_us / s
+        cl,
+        gpu=gpu,
+        intra_gbps=cl.intra_gbps * s,
+        intra_latency_us=cl.intra_latency_us / s,
+        collective_latency_s=None
+        if cl.collective_latency_s is None
+        else cl.collective_latency_s / s,
     )
     out = copy.copy(c)
     out.cluster, out.gpu, out.peak_flops = cl, gpu, c.peak_flops * s

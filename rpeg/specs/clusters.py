@@ -56,6 +56,11 @@ class ClusterSpec:
     # host work per sample of a rule reward (overrides Calibration.host_per_sample_s): rpeg's
     # CPU runtime scores short arithmetic answers in the rank, no detokenising of long traces
     host_per_sample_s: float | None = None
+    # the latency of one collective call the runtime issues from Python inside a pass (context
+    # parallelism's key/value gathers and sums, per-tensor gradient sums): gloo on CPU workers
+    # wakes its worker threads after the rank's compute (benchmarks/bench_collectives.py);
+    # None = the link's latency (NCCL)
+    collective_latency_s: float | None = None
 
     @property
     def num_devices(self) -> int:
@@ -175,7 +180,7 @@ def parse_clusters(
             if up:
                 up.done()
             rt = c.sub("runtime")
-            disp = hlat = sov = refit = hps = None
+            disp = hlat = sov = refit = hps = coll = None
             reuse = False
             if rt:
                 disp = rt.num("dispatch_ms", lo=0, hi=100000, default=None, unit="ms")
@@ -184,6 +189,7 @@ def parse_clusters(
                 reuse = rt.flag("reuses_rollout_logprobs", False)
                 refit = rt.num("refit_tensor_ms", lo=0, hi=100000, default=None, unit="ms")
                 hps = rt.num("host_per_sample_ms", lo=0, hi=100000, default=None, unit="ms")
+                coll = rt.num("collective_latency_ms", lo=0, hi=100000, default=None, unit="ms")
                 rt.done()
             source = c.text("source", default="")
             c.done()
@@ -218,6 +224,7 @@ def parse_clusters(
                 reuses_rollout_logprobs=bool(reuse),
                 refit_tensor_s=None if refit is None else float(refit) / 1e3,
                 host_per_sample_s=None if hps is None else float(hps) / 1e3,
+                collective_latency_s=None if coll is None else float(coll) / 1e3,
             )
     if problems:
         raise SpecError(problems, title="invalid cluster catalog")
