@@ -7,6 +7,7 @@ import itertools
 import math
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rpeg.ir import Graph, to_dict
@@ -70,6 +71,9 @@ class Evaluator:
         self.max_candidates = max_candidates
         self._unit_cache: dict[tuple, UnitCost | str] = {}
         self._unitplans: dict[tuple, UnitPlan] = {}
+        #: (layout class, layout) -> kept: narrows every unit's candidates (the report's
+        #: best pp / cp alternatives: rpeg.search.optimizer.dimension_alternatives)
+        self.layout_filter: Callable[[str, Layout], bool] | None = None
 
     # --- cells ----------------------------------------------------------------------------
     def cell(self, st: Structure, g: Graph, pl: Placement) -> Cell:
@@ -85,7 +89,10 @@ class Evaluator:
         return c
 
     def candidates(self, c: Cell, name: str) -> list[Layout]:
-        return self.space.layouts(c.classes[name], len(c.devices[name]))
+        lays = self.space.layouts(c.classes[name], len(c.devices[name]))
+        if self.layout_filter is None:
+            return lays
+        return [lay for lay in lays if self.layout_filter(c.classes[name], lay)]
 
     def offloaded(self, c: Cell, name: str) -> bool:
         pl = c.placement

@@ -33,7 +33,7 @@ from rpeg.search.baselines import price_baselines
 from rpeg.search.evaluate import Evaluator, anneal_cell, exhaustive_cell, lower_bound, solve_cell
 from rpeg.search.inputs import config_from_kwargs, load_config
 from rpeg.search.problem import PlanProblem, default_space, problem_from_config, search_space
-from rpeg.search.result import Candidate, SearchResult
+from rpeg.search.result import Candidate, DimensionAlternative, SearchResult
 from rpeg.search.space import (
     POOL_GEN_KINDS,
     Counts,
@@ -335,10 +335,98 @@ def optimize_problem(
         if baselines
         else {}
     )
+    dims = dimension_alternatives(prob, best, space_options=space_options, calib=calib)
+    faster = [
+        d.candidate for d in dims.values() if d.candidate and d.candidate.step_s < best.step_s
+    ]
+    if faster:  # the cell's solve with the training units held at pp/cp > 1 found a better plan
+        best = min(faster, key=lambda c: c.step_s)
+        results = sorted([best, *results], key=lambda c: c.step_s)
+        dims = dimension_alternatives(prob, best, space_options=space_options, calib=calib)
     alts = _alternatives(results, best, opt.top_alternatives, pruned)
     res = SearchResult(prob, best, alts, bl, counts, time.perf_counter() - t0, mode, opt.seed)
     res.step_range = _step_range(prob, best, calib)
+    res.dimensions = dims
     return res
+
+
+#: the parallel dimensions whose best plan the report shows beside the chosen one
+DIMENSIONS = ("pp", "cp")
+
+
+def dimension_alternatives(
+    prob: PlanProblem,
+    best: Candidate,
+    *,
+    space_options: SpaceOptions | None = None,
+    calib: Calibration = DEFAULT,
+) -> dict[str, DimensionAlternative]:
+    """For pp and cp: the best plan of the chosen structure and placement whose training
+    units run at that degree > 1 (the other units' layouts free), priced as the search
+    prices; or, where none is feasible, why -- the training layouts at that degree rejected
+    by reason (the space's rules, the runtime's refusals, memory). A user sees what the
+    dimension would cost against the chosen plan, or what rules it out."""
+    so = space_options or default_space(prob)
+    st, pl = best.structure, best.placement
+    graph = st.graph(prob.base)
+    out: dict[str, DimensionAlternative] = {}
+    for dim in DIMENSIONS:
+        train_lays = [
+            lay for n, lay in best.layouts.items() if n in best.plan.units and _is_train(best, n)
+        ]
+        if any(getattr(lay, dim) > 1 for lay in train_lays):
+            out[dim] = DimensionAlternative(dim, best, chosen=True)
+            continue
+        degrees = tuple(d for d in getattr(so, dim) if d > 1)
+        if not degrees:
+            out[dim] = DimensionAlternative(
+                dim, None, f"not searched ({dim} in {getattr(so, dim)})"
+            )
+            continue
+        # every training layout at dim > 1 on the cell's training devices, rejected by reason
+        rspace = search_space(prob, so.restrict(**{dim: degrees}))
+        ev = Evaluator(prob, search_space(prob, so), calib)
+        cell = ev.cell(st, graph, pl)
+        sizes = {len(cell.devices[n]) for n, cls in cell.classes.items() if cls == "train"}
+        kept = sum(len(rspace.layouts("train", k)) for k in sizes)
+        rejected = dict(rspace.counts.infeasible)
+        if not kept:
+            out[dim] = DimensionAlternative(
+                dim, None, _why_none(dim, prob, so, rejected), rejected=rejected
+            )
+            continue
+        ev.layout_filter = lambda cls, lay, dim=dim: cls != "train" or getattr(lay, dim) > 1
+        for n in cell.classes:  # enumerate first: the counts below are the pricing's own
+            ev.candidates(cell, n)
+        enumerated = dict(ev.counts.infeasible)
+        cand = solve_cell(ev, cell)
+        for k, v in ev.counts.infeasible.items():
+            if v > enumerated.get(k, 0):
+                rejected[k] = rejected.get(k, 0) + v - enumerated.get(k, 0)
+        if cand is None:
+            out[dim] = DimensionAlternative(
+                dim, None, _why_none(dim, prob, so, rejected), rejected=rejected
+            )
+        else:
+            out[dim] = DimensionAlternative(dim, cand, rejected=rejected)
+    return out
+
+
+def _is_train(c: Candidate, name: str) -> bool:
+    s = c.prediction.stages.get(name)
+    return s is not None and bool({"train_actor", "train_critic"} & set(s.kinds))
+
+
+def _why_none(dim: str, prob: PlanProblem, so: SpaceOptions, rejected: dict[str, int]) -> str:
+    if dim == "cp" and prob.max_seq_tokens < so.cp_min_seq_tokens:
+        return (
+            f"sequences of {prob.max_seq_tokens} tokens are below cp_min_seq_tokens "
+            f"({so.cp_min_seq_tokens}): cp is not searched"
+        )
+    if not rejected:
+        return f"no training layout at {dim} > 1"
+    top = sorted(rejected.items(), key=lambda kv: -kv[1])
+    return "every training layout rejected: " + ", ".join(f"{k} {v}" for k, v in top)
 
 
 def _step_range(prob: PlanProblem, best: Candidate, calib: Calibration) -> tuple[float, float]:

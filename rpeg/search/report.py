@@ -144,6 +144,14 @@ def render(result: SearchResult, console: Any = None, files: dict[str, str] | No
         for a in result.alternatives:
             at.add_row(a.describe(), f"{a.step_s:.1f}", why_lost(a, b))
         con.print(at)
+    if result.dimensions:
+        dt = Table(title="best plan training at pp > 1 / cp > 1 (same structure and placement)")
+        for col in ("dim", "training layout", "step s", "vs chosen", "why"):
+            dt.add_column(col)
+        for dim, alt in result.dimensions.items():
+            for row in dimension_rows(dim, alt, b):
+                dt.add_row(*row)
+        con.print(dt)
     cd = result.counts.to_dict()
     con.print(
         f"search: {result.mode}, {result.search_s:.1f} s, {cd['structures']} structures, "
@@ -157,6 +165,24 @@ def render(result: SearchResult, console: Any = None, files: dict[str, str] | No
     con.print(
         "[dim]All numbers are predictions of the analytical performance model, not measurements.[/dim]"
     )
+
+
+def dimension_rows(dim: str, alt: Any, best: Candidate) -> list[tuple[str, ...]]:
+    """Table rows of one :class:`rpeg.search.result.DimensionAlternative`."""
+    if alt.chosen:
+        return [(dim, alt.describe(), f"{best.step_s:.1f}", "1.00x", "the chosen plan")]
+    if alt.candidate is None:
+        return [(dim, "-", "-", "-", f"none feasible: {alt.reason}")]
+    c = alt.candidate
+    return [
+        (
+            dim,
+            alt.describe(),
+            f"{c.step_s:.1f}",
+            f"{c.step_s / best.step_s:.2f}x",
+            why_lost(c, best),
+        )
+    ]
 
 
 def fixed_records(p: Any) -> list[Any]:

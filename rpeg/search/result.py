@@ -3,7 +3,7 @@ alternatives lost (pure)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rpeg.perf.prediction import StepPrediction
@@ -70,6 +70,49 @@ class Baseline:
 
 
 @dataclass
+class DimensionAlternative:
+    """The best plan of the chosen structure and placement whose training units run at
+    ``dim`` > 1 (pp or cp), or why there is none (its layouts' rejections by reason)."""
+
+    dim: str
+    candidate: Candidate | None
+    reason: str = ""
+    rejected: dict[str, int] = field(default_factory=dict)
+    chosen: bool = False  # the chosen plan itself trains at dim > 1
+
+    def describe(self) -> str:
+        c = self.candidate
+        if c is None:
+            return "-"
+        return ", ".join(
+            f"{n} {lay.describe()} mb{lay.micro_batch_size}"
+            + ("" if lay.recompute else " no-recompute")
+            + f" {c.plan.units[n].engine}"
+            for n, lay in c.layouts.items()
+            if lay.pp > 1 or lay.cp > 1 or n in _train_units(c)
+        )
+
+    def to_dict(self, best: Candidate) -> dict[str, Any]:
+        d: dict[str, Any] = {"dim": self.dim, "chosen": self.chosen}
+        if self.candidate is None:
+            d.update(predicted_step_s=None, reason=self.reason, rejected=dict(self.rejected))
+            return d
+        d.update(
+            self.candidate.summary(),
+            vs_chosen=self.candidate.step_s / best.step_s,
+            why_lost=why_lost(self.candidate, best),
+            rejected=dict(self.rejected),
+        )
+        return d
+
+
+def _train_units(c: Candidate) -> set[str]:
+    return {
+        n for n, s in c.prediction.stages.items() if {"train_actor", "train_critic"} & set(s.kinds)
+    }
+
+
+@dataclass
 class SearchResult:
     problem: PlanProblem
     best: Candidate
@@ -81,6 +124,8 @@ class SearchResult:
     seed: int
     # the best plan's predicted range (low, high) s; None before it is computed
     step_range: tuple[float, float] | None = None
+    # per parallel dimension (pp, cp): the best plan training at it, or why none
+    dimensions: dict[str, DimensionAlternative] = field(default_factory=dict)
 
     @property
     def plan(self) -> Plan:
@@ -107,6 +152,7 @@ class SearchResult:
             "alternatives": [
                 {**a.summary(), "why_lost": why_lost(a, b)} for a in self.alternatives
             ],
+            "dimensions": {k: v.to_dict(b) for k, v in self.dimensions.items()},
             "counts": self.counts.to_dict(),
             "search_s": self.search_s,
             "mode": self.mode,
