@@ -25,7 +25,7 @@ log = logging.getLogger("rpeg.flows.launch")
 
 def run_logger() -> Any:
     """The Prefect run logger inside a run (its lines show in the UI), else a module logger."""
-    return art._run_logger()
+    return art.run_logger()
 
 
 def short_id() -> str:

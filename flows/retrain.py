@@ -215,7 +215,7 @@ def _decide(
         "data": data_url,
         "config": params.config,
         "promoted_at": datetime.now(UTC).isoformat(),
-        "flow_run_id": art._flow_run_id(),
+        "flow_run_id": art.flow_run_id(),
         "previous": previous,
     }
     if ok and step > base_step:

@@ -1,4 +1,4 @@
-"""What the training flow does before any actor starts (:func:`_setup`): compile and check
+"""What the training flow does before any actor starts (:func:`setup_run`): compile and check
 every input (:func:`validate_before_start`), connect to or start the Dask cluster, count the
 workers' GPUs against the plan; and the stall monitor and start-up messages of
 :mod:`rpeg.flows.train`."""
@@ -66,7 +66,7 @@ def warm_up_before_ranks(
         return False
     from rpeg.runtime.role_builder import build_policy
 
-    _phase(
+    startup_phase(
         progress,
         "SFT warm-up of the policy (%d steps, once for all ranks; cached for later runs)",
         config.warmup_sft_steps,
@@ -75,7 +75,7 @@ def warm_up_before_ranks(
     return True
 
 
-def _stall_monitor(run: Any, cluster: Any, rt: Any) -> Any:
+def stall_monitor(run: Any, cluster: Any, rt: Any) -> Any:
     """A worker that stops answering: warned about after runtime.worker_stall_warn_s, killed
     (then recovered as lost) after runtime.worker_lost_after_s (rpeg.runtime.actors.
     stall_watch); None for a cluster object that cannot ping (tests' doubles)."""
@@ -95,7 +95,7 @@ def _stall_monitor(run: Any, cluster: Any, rt: Any) -> Any:
     ).start()
 
 
-def _phase(shown: bool, msg: str, *args: Any) -> None:
+def startup_phase(shown: bool, msg: str, *args: Any) -> None:
     """A start-up phase: the run's log, and the console when the progress is shown (the
     CLI quiets Prefect's console logs: ~16 s of start-up used to pass without a word)."""
     run_logger().info(msg, *args)
@@ -105,7 +105,7 @@ def _phase(shown: bool, msg: str, *args: Any) -> None:
         announce(f"start-up: {msg % args}", label=msg % args)
 
 
-def _setup(
+def setup_run(
     config: RunConfig,
     cluster_address: Any,
     resume: bool,
@@ -146,7 +146,7 @@ def _setup(
     owned = cluster is None  # we started the LocalCluster or connected the client
     if cl is None:
         n_workers = max(c.cluster.n_workers, compiled.num_devices)
-        _phase(progress, "starting a Dask LocalCluster with %d worker processes", n_workers)
+        startup_phase(progress, "starting a Dask LocalCluster with %d worker processes", n_workers)
         t_cl = time.perf_counter()
         cl = start_cluster(
             None,
@@ -155,7 +155,7 @@ def _setup(
             torch_threads=c.runtime.torch_threads,
             cluster_config=c.cluster,
         )
-        _phase(progress, "LocalCluster up in %.1f s", time.perf_counter() - t_cl)
+        startup_phase(progress, "LocalCluster up in %.1f s", time.perf_counter() - t_cl)
     _check_worker_gpus(c, compiled, cl, owned)
     return c, compiled, cl, owned
 

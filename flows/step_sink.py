@@ -1,4 +1,4 @@
-"""Where a finished training step goes (:class:`_Sink`): metrics.jsonl, TensorBoard when
+"""Where a finished training step goes (:class:`StepSink`): metrics.jsonl, TensorBoard when
 installed, the progress bar or one line per step, and the Prefect artifacts -- written by a
 thread of its own, off the path from one step to the next. Used by :mod:`rpeg.flows.train`."""
 
@@ -53,7 +53,7 @@ class _Metrics:
         self.tb.close()
 
 
-class _Sink:
+class StepSink:
     """Where a finished step goes: metrics.jsonl (the next step's line appended; the first
     record and a step recomputed after a recovery rewrite the file, so that step replaces
     its line), TensorBoard when installed, the progress

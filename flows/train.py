@@ -32,13 +32,13 @@ prefect_env()
 from prefect import flow  # noqa: E402
 from rpeg.flows.launch import config_run_name, run_logger  # noqa: E402
 from rpeg.flows.run_setup import (  # noqa: E402
-    _phase,
-    _setup,
-    _stall_monitor,
     handed_step,
+    setup_run,
+    stall_monitor,
+    startup_phase,
     warm_up_before_ranks,
 )
-from rpeg.flows.step_sink import _Sink, publish_guarded  # noqa: E402
+from rpeg.flows.step_sink import StepSink, publish_guarded  # noqa: E402
 
 from rpeg.config import RunConfig  # noqa: E402
 
@@ -63,7 +63,7 @@ def _outcome(ins: Any, fut: Any) -> Any:
     return ins.done(res)
 
 
-def _drive(run: Any, sched: Any, event: Any, sink: _Sink, hook: Any) -> Any:
+def _drive(run: Any, sched: Any, event: Any, sink: StepSink, hook: Any) -> Any:
     """Execute the scheduler's instructions, feeding every result back as an event, until it
     says Finish or Recover (returned); Fail is raised. Decides nothing.
 
@@ -177,7 +177,7 @@ def train_body(
     from rpeg.runtime.step import scheduler as S
 
     t_start = time.perf_counter()
-    c, compiled, cl, owned = _setup(config, cluster_address, resume, cluster, progress, compiled)
+    c, compiled, cl, owned = setup_run(config, cluster_address, resume, cluster, progress, compiled)
     out = Path(c.runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compiled_step.yaml").write_text(compiled.to_yaml())
@@ -194,7 +194,7 @@ def train_body(
 
     sched.predicted_memory_gib = unit_memory_gib(c)  # named if a unit runs out of memory
     initial = sched.state_dict()  # what a recovery before any checkpoint starts from
-    sink = _Sink(out, c.runtime.steps, progress, run.checkpoint_url, c)
+    sink = StepSink(out, c.runtime.steps, progress, run.checkpoint_url, c)
     from rpeg.runtime.degenerate import DegenerateWatch
 
     sink.watch = DegenerateWatch(
@@ -207,15 +207,17 @@ def train_body(
         # CPU ranks: the warm-up once, here, so that its progress is shown (not per rank)
         warm_up_before_ranks(c, compiled, log=sink.say, progress=progress)
         n = sum(len(g.devices) for g in compiled.actor_groups)
-        _phase(
+        startup_phase(
             progress,
             "starting %d actors in %d group(s); models load now",
             n,
             len(compiled.actor_groups),
         )
         start_with_retries(run, c.runtime.step_retries, warn=rlog.warning)
-        monitor = _stall_monitor(run, cl, c.runtime)
-        _phase(progress, "actors ready (models loaded, warmed up) in %.1f s", run.actor_start_s)
+        monitor = stall_monitor(run, cl, c.runtime)
+        startup_phase(
+            progress, "actors ready (models loaded, warmed up) in %.1f s", run.actor_start_s
+        )
         state = run.restore() if c.runtime.resume else None
         if state is not None:
             rlog.info("resumed from checkpoint at step %d", state["step"])

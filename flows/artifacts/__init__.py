@@ -46,10 +46,10 @@ report, refused run, summary numbers), ``results`` (a finished run's page with i
 """
 
 from rpeg.flows.artifacts.context import (
-    _flow_run_id,
-    _run_logger,
     artifact_key,
+    flow_run_id,
     in_prefect_run,
+    run_logger,
 )
 from rpeg.flows.artifacts.pages import (
     location_text,
@@ -81,8 +81,8 @@ from rpeg.flows.artifacts.steps import (
 __all__ = [
     "MAIN_METRICS",
     "TABLE_METRICS",
-    "_flow_run_id",
-    "_run_logger",
+    "flow_run_id",
+    "run_logger",
     "artifact_key",
     "curve_section",
     "format_step_line",

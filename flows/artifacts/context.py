@@ -25,7 +25,7 @@ def in_prefect_run() -> bool:
     return _run_context() is not None
 
 
-def _flow_run_id() -> str:
+def flow_run_id() -> str:
     from prefect.context import FlowRunContext, TaskRunContext
 
     fctx = FlowRunContext.get()
@@ -51,11 +51,11 @@ def artifact_key(*parts: Any) -> str:
     return re.sub(r"-{2,}", "-", s) or "rpeg"
 
 
-def _default_key(kind: str) -> str:
+def default_key(kind: str) -> str:
     return artifact_key(_flow_name(), kind)
 
 
-def _run_logger() -> Any:
+def run_logger() -> Any:
     try:
         from prefect import get_run_logger
 
@@ -64,7 +64,7 @@ def _run_logger() -> Any:
         return log
 
 
-def _safe(what: str, fn, *args, **kwargs) -> Any:
+def safely(what: str, fn, *args, **kwargs) -> Any:
     try:
         return fn(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - artifacts never fail a run
@@ -72,7 +72,7 @@ def _safe(what: str, fn, *args, **kwargs) -> Any:
         return None
 
 
-def _fmt(v: Any) -> str:
+def fmt_value(v: Any) -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return "nan"

@@ -9,7 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from rpeg.flows.api_calls import api_call
-from rpeg.flows.artifacts.context import _default_key, _fmt, in_prefect_run
+from rpeg.flows.artifacts.context import default_key, fmt_value, in_prefect_run
 
 
 def location_text(url: str) -> str:
@@ -32,10 +32,10 @@ def publish_checkpoint(
     """A markdown artifact naming a committed checkpoint (its folder or fsspec URL as text)."""
     if not in_prefect_run():
         return None
-    text = f"checkpoint step {step}" + (f" (score {_fmt(score)})" if score is not None else "")
+    text = f"checkpoint step {step}" + (f" (score {fmt_value(score)})" if score is not None else "")
     return publish_markdown(
         f"# {text}\n\n{location_text(url)}\n",
-        key=key or _default_key("checkpoint"),
+        key=key or default_key("checkpoint"),
         description=description or f"{text}: {url}",
     )
 
@@ -62,7 +62,7 @@ def publish_plan_report(markdown: str | Path, *, key: str | None = None) -> UUID
         except OSError as exc:
             markdown = f"plan report not readable: {exc}"
     return publish_markdown(
-        str(markdown), key=key or _default_key("plan"), description="execution plan report"
+        str(markdown), key=key or default_key("plan"), description="execution plan report"
     )
 
 
@@ -73,7 +73,7 @@ def summary_markdown(
     for k, v in summary.items():
         if k.startswith("_") or isinstance(v, dict | list):
             continue
-        lines.append(f"| {k} | {_fmt(v)} |")
+        lines.append(f"| {k} | {fmt_value(v)} |")
     if out_dir is not None:
         lines += ["", f"output folder: {location_text(str(out_dir))}"]
     return "\n".join(lines) + "\n"
@@ -88,7 +88,7 @@ def publish_summary(
 ) -> UUID | None:
     return publish_markdown(
         summary_markdown(summary, title, out_dir),
-        key=key or _default_key("summary"),
+        key=key or default_key("summary"),
         description=title,
     )
 
@@ -97,6 +97,6 @@ def publish_refused(reason: str, *, key: str | None = None) -> UUID | None:
     """The ``refused`` artifact of a run whose parameters or config were refused."""
     return publish_markdown(
         f"# Run refused\n\nNothing was started:\n\n```\n{reason}\n```\n",
-        key=key or _default_key("refused"),
+        key=key or default_key("refused"),
         description=reason[:500],
     )

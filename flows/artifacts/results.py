@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from rpeg.flows.artifacts.context import _default_key, _fmt, _safe, in_prefect_run
+from rpeg.flows.artifacts.context import default_key, fmt_value, in_prefect_run, safely
 from rpeg.flows.artifacts.pages import location_text, publish_markdown, summary_markdown
 from rpeg.flows.artifacts.steps import publish_metrics_table
 
@@ -18,7 +18,7 @@ from rpeg.flows.artifacts.steps import publish_metrics_table
 def _saved(image_path: str | Path | None, png: bytes) -> list[str]:
     if image_path is None:
         return []
-    saved = _safe("picture file", _write_bytes, image_path, png)
+    saved = safely("picture file", _write_bytes, image_path, png)
     return [f"saved as {location_text(str(saved))}", ""] if saved is not None else []
 
 
@@ -32,7 +32,7 @@ def timeline_section(
     from rpeg.flows import reports
 
     meas, pred = list(measured or []), list(predicted or [])
-    png = _safe("timeline picture", reports.gantt_png, meas, pred)
+    png = safely("timeline picture", reports.gantt_png, meas, pred)
     lines = ["## Step timeline: predicted vs measured", ""]
     if png:
         lines += [reports.image_markdown(png, "predicted vs measured Gantt chart"), ""]
@@ -50,14 +50,17 @@ def curve_section(
     """Markdown lines: reward and accuracy per step as an embedded image."""
     from rpeg.flows import reports
 
-    png = _safe("curve picture", reports.curve_png, history, heldout=heldout)
+    png = safely("curve picture", reports.curve_png, history, heldout=heldout)
     if not png:
         return []
     lines = ["## Reward and accuracy", "", reports.image_markdown(png, "reward and accuracy"), ""]
     lines += _saved(image_path, png)
     before, after = heldout
     if before is not None or after is not None:
-        lines += [f"held-out accuracy: {_fmt(before)} before, {_fmt(after)} after training", ""]
+        lines += [
+            f"held-out accuracy: {fmt_value(before)} before, {fmt_value(after)} after training",
+            "",
+        ]
     return lines
 
 
@@ -73,7 +76,7 @@ def publish_timeline(
         return None
     return publish_markdown(
         "\n".join(timeline_section(measured, predicted, image_path)),
-        key=key or _default_key("timeline"),
+        key=key or default_key("timeline"),
         description="step timeline",
     )
 
@@ -99,7 +102,7 @@ def publish_curve(
     if not lines:
         return None
     return publish_markdown(
-        "\n".join(lines), key=key or _default_key("curve"), description="reward/accuracy curve"
+        "\n".join(lines), key=key or default_key("curve"), description="reward/accuracy curve"
     )
 
 
@@ -152,14 +155,14 @@ def publish_results(
         timeline = _read_timeline(out / "timeline.json")
     history = list(history or [])
     publish_metrics_table(history)
-    measured = _safe("timeline", reports.last_step_records, timeline or []) or []
+    measured = safely("timeline", reports.last_step_records, timeline or []) or []
     md = results_markdown(summary, history, measured=measured, predicted=predicted, out_dir=out)
     before, after = summary.get("heldout_acc_before"), summary.get("heldout_acc_after")
     publish_markdown(
         md,
-        key=_default_key("summary"),
+        key=default_key("summary"),
         description=f"{summary.get('steps', len(history))} steps; held-out accuracy "
-        f"{_fmt(before)} -> {_fmt(after)}; curve and timeline inside",
+        f"{fmt_value(before)} -> {fmt_value(after)}; curve and timeline inside",
     )
 
 

@@ -11,11 +11,11 @@ from uuid import UUID
 
 from rpeg.flows.api_calls import api_call
 from rpeg.flows.artifacts.context import (
-    _default_key,
-    _flow_run_id,
-    _fmt,
-    _run_logger,
+    default_key,
+    flow_run_id,
+    fmt_value,
     in_prefect_run,
+    run_logger,
 )
 
 # metrics shown in the per-step log line and the table, in this order, when present
@@ -58,7 +58,7 @@ def format_step_line(step: int, total_steps: int, metrics: Mapping[str, Any]) ->
         for k in metrics
         if k not in MAIN_METRICS and k != "step" and isinstance(metrics[k], int | float)
     )
-    body = " ".join(f"{k}={_fmt(metrics[k])}" for k in keys[:16])
+    body = " ".join(f"{k}={fmt_value(metrics[k])}" for k in keys[:16])
     return f"step {step}/{total_steps} {body}".rstrip()
 
 
@@ -80,15 +80,15 @@ def publish_step(
         return None
     metrics = metrics or {}
     if log_line:
-        _run_logger().info(format_step_line(step, total_steps, metrics))
+        run_logger().info(format_step_line(step, total_steps, metrics))
     from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
     pct = 100.0 * min(max(step, 0), max(total_steps, 1)) / max(total_steps, 1)
-    k = key or _default_key("progress")
-    rid = _flow_run_id()
+    k = key or default_key("progress")
+    rid = flow_run_id()
     desc = f"step {step}/{total_steps}"
     if "reward_mean" in metrics:
-        desc += f", reward {_fmt(metrics['reward_mean'])}"
+        desc += f", reward {fmt_value(metrics['reward_mean'])}"
     with _LOCK:
         aid = _PROGRESS.get((rid, k))
         if aid is None:
@@ -107,7 +107,7 @@ def progress_artifact_id(key: str | None = None) -> UUID | None:
     """The id of this flow run's progress artifact (after a :func:`publish_step`)."""
     if not in_prefect_run():
         return None
-    return _PROGRESS.get((_flow_run_id(), key or _default_key("progress")))
+    return _PROGRESS.get((flow_run_id(), key or default_key("progress")))
 
 
 # ---------------------------------------------------------------------- tables, links
@@ -145,7 +145,7 @@ def publish_metrics_table(
         "table",
         create_table_artifact,
         table=rows,
-        key=key or _default_key("metrics"),
+        key=key or default_key("metrics"),
         description=description or f"per-step metrics ({len(history)} steps)",
     )
 
@@ -164,6 +164,6 @@ def publish_samples(
         "table",
         create_table_artifact,
         table=[dict(r) for r in rows],
-        key=key or _default_key("samples"),
+        key=key or default_key("samples"),
         description=f"samples of step {step} (all logged samples: samples.jsonl)",
     )

@@ -8,7 +8,7 @@ import contextlib
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from rpeg.flows.params.models import RetrainParams, _Params, load_config
+from rpeg.flows.params.models import BaseParams, RetrainParams, load_config
 
 from rpeg.errors import ConfigError, Problem
 
@@ -55,7 +55,7 @@ def _explain(err: dict[str, Any], model: type[BaseModel]) -> Problem:
     return Problem(where, f"{what} (got {got!r})")
 
 
-def validate_params(model: type[_Params], values: dict[str, Any]) -> Any:
+def validate_params(model: type[BaseParams], values: dict[str, Any]) -> Any:
     """``model`` from ``values``; ConfigError with one human line per bad field."""
     try:
         return model.model_validate(values)
@@ -74,7 +74,7 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".replace("\n", " ")
 
 
-def form_defaults(model: type[_Params], config: str, **given: Any) -> dict[str, Any]:
+def form_defaults(model: type[BaseParams], config: str, **given: Any) -> dict[str, Any]:
     """Deployment defaults for ``model``'s form: the config's own values for the numeric
     fields (so the form shows what the config runs), then ``given``; validated."""
     cfg = load_config(config)

@@ -40,7 +40,7 @@ from rpeg.config import RunConfig
 from rpeg.errors import ConfigError, Problem
 
 
-class _Params(BaseModel):
+class BaseParams(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     @field_validator("overrides", check_fields=False)
@@ -74,7 +74,7 @@ class _Params(BaseModel):
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-") or "config"
 
 
-class TrainParams(_Params):
+class TrainParams(BaseParams):
     """Parameters of one training run (flow ``train``), in form order."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, title="train parameters")
@@ -105,7 +105,7 @@ class TrainParams(_Params):
         return self.load_base().with_overrides(self.config_overrides())
 
 
-class RetrainParams(_Params):
+class RetrainParams(BaseParams):
     """Parameters of the scheduled retraining flow ``retrain``, in form order."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, title="retrain parameters")

@@ -88,10 +88,10 @@ def _model_and_tokenizer(meta: Mapping[str, Any], model_path: str | None):
     """A fresh model of the checkpoint's architecture and its tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rpeg.runtime.model_io import _fetch_folder, load_tokenizer
+    from rpeg.runtime.model_io import fetch_folder, load_tokenizer
 
     if model_path:
-        local = _fetch_folder(model_path, "--model")
+        local = fetch_folder(model_path, "--model")
         cfg = AutoConfig.from_pretrained(local, trust_remote_code=False)
         return AutoModelForCausalLM.from_config(cfg), load_tokenizer(model_path, "--model")
     policy = (meta.get("model") or {}).get("policy") or {}

@@ -48,13 +48,13 @@ from torch import nn
 from rpeg.runtime.tensor_parallel import (
     PARTIAL_GRAD,
     STYLES,
-    _CopyToTP,
-    _local,
-    _shard,
-    _SumOverTP,
-    _tp_group,
+    CopyToTP,
+    SumOverTP,
+    local_shard,
+    local_tensor,
     shard_linear,
     tp_all_reduce,
+    tp_group_of,
 )
 
 #: style -> (A's placement, B's placement) as torch placement names (Shard dim or replicate)
@@ -138,7 +138,7 @@ def _adapters(layer: PeftLinear) -> list[str]:
 
 def _weight(p: torch.Tensor, grad: bool) -> torch.Tensor:
     """The rank's part of a DTensor weight for a local matmul (differentiable with ``grad``)."""
-    return _local(p) if grad else _shard(p)
+    return local_shard(p) if grad else local_tensor(p)
 
 
 class ColwiseLoraLinear(LoraLinear):
@@ -152,13 +152,13 @@ class ColwiseLoraLinear(LoraLinear):
             return base(x)
         grad = torch.is_grad_enabled()
         if grad and not base.input_copied:  # one copy for the base and the adapter paths
-            x = _CopyToTP.apply(x, _tp_group(base.weight))
+            x = CopyToTP.apply(x, tp_group_of(base.weight))
         w, b = (
-            (_local(base.weight), _local(base.bias))
+            (local_shard(base.weight), local_shard(base.bias))
             if grad
             else (
-                _shard(base.weight),
-                _shard(base.bias),
+                local_tensor(base.weight),
+                local_tensor(base.bias),
             )
         )
         y = F.linear(x, w, b)
@@ -182,14 +182,14 @@ class RowwiseLoraLinear(LoraLinear):
         if not names:
             return base(x)
         grad = torch.is_grad_enabled()
-        group = _tp_group(base.weight)
-        y = F.linear(x, _local(base.weight) if grad else _shard(base.weight))
+        group = tp_group_of(base.weight)
+        y = F.linear(x, local_shard(base.weight) if grad else local_tensor(base.weight))
         for name in names:
             a = _weight(self.lora_A[name].weight, grad)
             bb = _weight(self.lora_B[name].weight, grad)
             h = F.linear(self.lora_dropout[name](self._cast_input_dtype(x, a.dtype)), a)
             y = y + (F.linear(h, bb) * self.scaling[name]).to(y.dtype)
-        y = _SumOverTP.apply(y, group) if grad else tp_all_reduce(y, group)
+        y = SumOverTP.apply(y, group) if grad else tp_all_reduce(y, group)
         if base.bias is None:
             return y
-        return y + (_local(base.bias) if grad else _shard(base.bias))
+        return y + (local_shard(base.bias) if grad else local_tensor(base.bias))

@@ -214,12 +214,12 @@ def _allocate(module: nn.Module, device: torch.device) -> None:
     """Storage on ``device`` for a laid-out meta ``module`` (each parameter at its shard's
     size); tied weights tied again (``to_empty`` gives plain tied tensors their own storage)
     and rotary buffers recomputed."""
-    from rpeg.runtime.model_io.loading import _rebuild_rotary
+    from rpeg.runtime.model_io.loading import rebuild_rotary
 
     module.to_empty(device=device)
     if hasattr(module, "tie_weights") and getattr(module.config, "tie_word_embeddings", False):
         module.tie_weights()
-    _rebuild_rotary(module, device)
+    rebuild_rotary(module, device)
 
 
 def materialize(module: nn.Module, device: torch.device, fetch: Fetch, where: str = "") -> int:

@@ -757,9 +757,9 @@ def pipelined_updates(
     ``micro_loss`` on the last stage. Metrics are the last stage's, on every pipeline rank."""
     from rpeg.runtime.micro_batches import micro_batches
     from rpeg.runtime.updates import (
-        _micro_weight,
-        _mini_total,
         apply_update,
+        micro_weight,
+        mini_total,
         minibatch_rows,
     )
 
@@ -776,7 +776,7 @@ def pipelined_updates(
         for _ in range(algorithm.ppo_epochs):
             for rows in minibatch_rows(batch, workload.train_minibatches, generator, reduce):
                 mini = batch.select(rows) if rows else None
-                total, n_rows = _mini_total(mini, agg, reduce)
+                total, n_rows = mini_total(mini, agg, reduce)
                 if not n_rows:
                     continue
                 if (check := getattr(role, "before_update", None)) is not None:
@@ -784,7 +784,7 @@ def pipelined_updates(
                 optimizer.zero_grad(set_to_none=True)
                 parts = micro_batches(mini or batch.select([0]), role)
                 weights = [
-                    _micro_weight(mb, total, agg, reduce) if real and mini else 0.0
+                    micro_weight(mb, total, agg, reduce) if real and mini else 0.0
                     for _, mb, real in parts
                 ]
 
@@ -864,11 +864,11 @@ def materialize_stages(pipe: Pipeline, device: torch.device, fetch) -> int:
     allocated and read. The last rank's copy of a tied LM head reads the embedding where the
     source has no ``lm_head.weight`` (a saved tied model stores it once). Returns the bytes
     this rank holds; a name the source lacks is an error naming it."""
-    from rpeg.runtime.model_io.loading import _rebuild_rotary
+    from rpeg.runtime.model_io.loading import rebuild_rotary
 
     lm = pipe.lm
     lm.to_empty(device=device)
-    _rebuild_rotary(lm, device)
+    rebuild_rotary(lm, device)
     held, missing = 0, []
     with torch.no_grad():
         for name, cur in lm.state_dict(keep_vars=True).items():

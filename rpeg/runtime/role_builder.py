@@ -110,11 +110,11 @@ def build_policy_meta(config: RunConfig | RoleInputs, log: Callable[[str], None]
     unsharded run's) and serve as the source until every role is filled."""
     from rpeg.runtime.materialize import ModuleSource, SafetensorsSource, meta_causal_lm
     from rpeg.runtime.model_io import load_tokenizer, torch_dtype
-    from rpeg.runtime.model_io.loading import _fetch_folder, model_config
+    from rpeg.runtime.model_io.loading import fetch_folder, model_config
 
     mc = config.model
     if mc.path and not config.warmup_sft_steps:
-        local = _fetch_folder(mc.path, "model.path")
+        local = fetch_folder(mc.path, "model.path")
         cfg = model_config(local, "model.path", mc.path)
         model = meta_causal_lm(cfg, torch_dtype(mc.dtype))
         return model, load_tokenizer(local), {}, SafetensorsSource(local)

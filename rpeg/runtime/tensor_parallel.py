@@ -12,9 +12,9 @@ rank, and each block needs one sum over the tp ranks after o and one after down.
   them in any other layout, and ``full_tensor()`` gathers them.
 * Activations stay plain tensors. A column-wise linear is ``F.linear(x, W.to_local(),
   b.to_local())`` on the replicated input; a row-wise one multiplies the local input shard
-  and sums the partial outputs over tp (:class:`_SumOverTP`: an all-reduce forward, identity
+  and sums the partial outputs over tp (:class:`SumOverTP`: an all-reduce forward, identity
   backward); the replicated input of a column-wise linear gets its gradient summed over tp
-  in backward (:class:`_CopyToTP`: Megatron's ``f``; ``_SumOverTP`` is its ``g``).
+  in backward (:class:`CopyToTP`: Megatron's ``f``; ``SumOverTP`` is its ``g``).
 
 Why not ``parallelize_module``: its styles wrap every activation in a DTensor and run each
 op through DTensor's sharding propagation and functional collectives. At ``rpeg-tiny``'s
@@ -56,7 +56,7 @@ def tp_all_reduce(t: torch.Tensor, group: Any) -> torch.Tensor:
     return t
 
 
-class _SumOverTP(torch.autograd.Function):
+class SumOverTP(torch.autograd.Function):
     """Forward: the sum of the partial outputs over tp; backward: the gradient as it is."""
 
     @staticmethod
@@ -71,7 +71,7 @@ class _SumOverTP(torch.autograd.Function):
         return grad, None
 
 
-class _CopyToTP(torch.autograd.Function):
+class CopyToTP(torch.autograd.Function):
     """Forward: the replicated input as it is; backward: its gradient summed over tp."""
 
     @staticmethod
@@ -108,8 +108,8 @@ def sum_partial_grads(module: nn.Module | None) -> None:
         g = m.weight.grad
         if g is None:
             continue
-        group = getattr(m, TP_GROUP_ATTR, None) or _tp_group(m.weight)
-        local = _shard(g)
+        group = getattr(m, TP_GROUP_ATTR, None) or tp_group_of(m.weight)
+        local = local_tensor(g)
         buckets.setdefault((id(group), local.dtype), (group, []))[1].append(local)
     for group, grads in buckets.values():
         flat = tp_all_reduce(torch.cat([t.reshape(-1) for t in grads]), group)
@@ -119,7 +119,7 @@ def sum_partial_grads(module: nn.Module | None) -> None:
             a += t.numel()
 
 
-def _local(p: torch.Tensor | None) -> torch.Tensor | None:
+def local_shard(p: torch.Tensor | None) -> torch.Tensor | None:
     """The rank's shard of a DTensor parameter (differentiable), or a plain tensor as is."""
     from torch.distributed.tensor import DTensor
 
@@ -156,14 +156,14 @@ class _LocalShard(torch.autograd.Function):
         return DTensor(grad, copy.copy(spec), requires_grad=False)
 
 
-def _shard(p: torch.Tensor | None) -> torch.Tensor | None:
+def local_tensor(p: torch.Tensor | None) -> torch.Tensor | None:
     """The rank's shard of a DTensor parameter without autograd (for no-grad forwards)."""
     from torch.distributed.tensor import DTensor
 
     return p._local_tensor if isinstance(p, DTensor) else p
 
 
-def _tp_group(weight: torch.Tensor) -> Any:
+def tp_group_of(weight: torch.Tensor) -> Any:
     """The tp process group of a parameter (its DTensor mesh; 2-D ``(dp, tp)``: the tp dim)."""
     mesh = weight.device_mesh
     return mesh.get_group("tp") if mesh.ndim > 1 else mesh.get_group()
@@ -171,23 +171,23 @@ def _tp_group(weight: torch.Tensor) -> Any:
 
 class ColwiseLinear(nn.Linear):
     """``nn.Linear`` whose weight and bias are ``Shard(0)`` DTensors: local output features.
-    ``input_copied``: its input already went through :class:`_CopyToTP` (a
+    ``input_copied``: its input already went through :class:`CopyToTP` (a
     :class:`CopyToTPHook` on the norm that feeds it and its siblings)."""
 
     input_copied = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled():  # decode, log-probs: no autograd functions to run
-            return F.linear(x, _shard(self.weight), _shard(self.bias))
+            return F.linear(x, local_tensor(self.weight), local_tensor(self.bias))
         if not self.input_copied:
-            x = _CopyToTP.apply(x, _tp_group(self.weight))
-        return F.linear(x, _local(self.weight), _local(self.bias))
+            x = CopyToTP.apply(x, tp_group_of(self.weight))
+        return F.linear(x, local_shard(self.weight), local_shard(self.bias))
 
 
 class CopyToTPHook:
     """Forward hook of a norm whose output feeds several column-wise linears (q/k/v after
     ``input_layernorm``, gate/up after ``post_attention_layernorm``): applies
-    :class:`_CopyToTP` once to that output, so backward sums the consumers' partial input
+    :class:`CopyToTP` once to that output, so backward sums the consumers' partial input
     gradients in one all-reduce instead of one per linear (2 per block instead of 5).
     ``linear``: one of the consumers (its weight's mesh names the group)."""
 
@@ -197,7 +197,7 @@ class CopyToTPHook:
     def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled():
             return output  # f is the identity forward; only its backward sums
-        return _CopyToTP.apply(output, _tp_group(self.linear.weight))
+        return CopyToTP.apply(output, tp_group_of(self.linear.weight))
 
 
 def copy_once_after(norm: nn.Module, consumers: list[nn.Module]) -> None:
@@ -217,10 +217,10 @@ class RowwiseLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled():
-            y = tp_all_reduce(F.linear(x, _shard(self.weight)), _tp_group(self.weight))
-            return y if self.bias is None else y + _shard(self.bias)
-        y = _SumOverTP.apply(F.linear(x, _local(self.weight)), _tp_group(self.weight))
-        return y if self.bias is None else y + _local(self.bias)
+            y = tp_all_reduce(F.linear(x, local_tensor(self.weight)), tp_group_of(self.weight))
+            return y if self.bias is None else y + local_tensor(self.bias)
+        y = SumOverTP.apply(F.linear(x, local_shard(self.weight)), tp_group_of(self.weight))
+        return y if self.bias is None else y + local_shard(self.bias)
 
 
 def shard_linear(linear: nn.Linear, style: str, tp_mesh) -> None:

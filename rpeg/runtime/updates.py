@@ -5,7 +5,7 @@ sync and clipping, the optimizer step -- what ``PolicyWorker.train_step`` and
 
 Every micro-batch loss is weighted so that accumulating micro-batches, and averaging the
 gradients over data-parallel ranks, equals one loss over the global mini-batch
-(:func:`_micro_weight`; docs/parallelism.md "Data parallelism").
+(:func:`micro_weight`; docs/parallelism.md "Data parallelism").
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _loss_count(b: RolloutBatch, aggregation: str) -> float:
     return float(b.response_mask.sum()) if aggregation == "token_mean" else float(b.size)
 
 
-def _mini_total(
+def mini_total(
     mini: RolloutBatch | None, aggregation: str, reduce: RankReduce
 ) -> tuple[float, int]:
     """The mini-batch's loss count and rows over every data-parallel rank (one all-reduce,
@@ -62,7 +62,7 @@ def minibatch_rows(
     return [where[c][where[c] >= 0].tolist() for c in chunk_order(r, n, generator)]
 
 
-def _micro_weight(micro: RolloutBatch, total: float, aggregation: str, reduce: RankReduce) -> float:
+def micro_weight(micro: RolloutBatch, total: float, aggregation: str, reduce: RankReduce) -> float:
     """Weight of a micro-batch's loss so that accumulating micro-batches (and DDP's average of
     gradients over ``world_size`` ranks) equals one loss over the whole global mini-batch."""
     return reduce.world_size * _loss_count(micro, aggregation) / total
@@ -143,7 +143,7 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
     for _ in range(algorithm.ppo_epochs):
         for rows in minibatch_rows(batch, workload.train_minibatches, generator, reduce):
             mini = batch.select(rows) if rows else None
-            total, n_rows = _mini_total(mini, agg, reduce)
+            total, n_rows = mini_total(mini, agg, reduce)
             if not n_rows:  # no rank holds a row of this chunk (filtered groups)
                 continue
             if (check := getattr(role, "before_update", None)) is not None:
@@ -153,7 +153,7 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
             scale = 1.0 if scaler is None else scaler.scale
             # a rank without rows of the chunk runs one of its rows at weight 0 (collectives)
             for _, micro, real in micro_batches(mini or batch.select([0]), role):
-                w = _micro_weight(micro, total, agg, reduce) if real and mini else 0.0
+                w = micro_weight(micro, total, agg, reduce) if real and mini else 0.0
                 loss, m = micro_loss(micro)
                 (loss * (w * scale)).backward()
                 for k, v in m.items():

@@ -59,10 +59,10 @@ def test_setup_compiles_only_without_a_checked_step(counted):
     class Cluster:  # a running cluster's stand-in (the tests' shared one)
         workers = [0, 1]
 
-    c, got, _, owned = run_setup._setup(cfg, None, False, Cluster(), checked=step)
+    c, got, _, owned = run_setup.setup_run(cfg, None, False, Cluster(), checked=step)
     assert got is step and c is cfg and not owned and counted == []
-    _, got, _, _ = run_setup._setup(cfg, None, False, Cluster())
+    _, got, _, _ = run_setup.setup_run(cfg, None, False, Cluster())
     assert got is not step and len(counted) == 1
     # a resume changes the config: the handed step is not its own, it is checked again
-    _, got, _, _ = run_setup._setup(cfg, None, True, Cluster(), checked=step)
+    _, got, _, _ = run_setup.setup_run(cfg, None, True, Cluster(), checked=step)
     assert got is not step and len(counted) == 2

@@ -111,9 +111,9 @@ def test_cli_calibrate_then_default_predictions_use_it(tmp_path, case, capsys):
         assert abs(base.step_s - measured) > 0.3 * measured  # it was off before
         assert predict(graph, plan, wl, calib=SHIPPED).step_s == pytest.approx(base.step_s)
     finally:
-        from rpeg.perf.calibration import _user_file
+        from rpeg.perf.calibration import user_calibration_file
 
-        _user_file().unlink(missing_ok=True)
+        user_calibration_file().unlink(missing_ok=True)
         out.unlink(missing_ok=True)
     assert machine_calibration(plan.cluster) is DEFAULT
 
@@ -164,8 +164,8 @@ def test_cli_keeps_the_runs_lengths_for_later_predictions(tmp_path, case, capsys
     """The run's batches held 6 prompt + 3 response tokens a sample, the longest response of
     a step 5: calibrate keeps them (and the spread that makes 5 the expected longest of 128
     samples) for the model and task; a later prediction from the same config uses them."""
-    from rpeg.perf.calibration import _user_file
     from rpeg.perf.calibration import run_lengths as RL
+    from rpeg.perf.calibration import user_calibration_file
 
     cfg, graph, plan, wl = case
     hist = _write_run(tmp_path / "run", predict(graph, plan, wl, calib=HALF), factor=1.0)
@@ -184,7 +184,7 @@ def test_cli_keeps_the_runs_lengths_for_later_predictions(tmp_path, case, capsys
         assert spread.expected_max(128) == pytest.approx(5.0, rel=1e-3)
         assert later.assumed and str(tmp_path / "run") in later.assumed[0]
     finally:
-        _user_file().unlink(missing_ok=True)
+        user_calibration_file().unlink(missing_ok=True)
 
 
 def test_warm_up_steps_beyond_skip_are_left_out():

@@ -7,7 +7,7 @@ import pytest
 
 from rpeg.perf.validation import loso
 from rpeg.perf.validation.published import read_rows
-from rpeg.perf.validation.row_cells import Unpredictable, _number, gpu_name
+from rpeg.perf.validation.row_cells import Unpredictable, cell_number, gpu_name
 from rpeg.perf.validation.rows import read_case
 
 
@@ -34,7 +34,7 @@ from rpeg.perf.validation.rows import read_case
     ],
 )
 def test_a_number_as_written(column, cell, value):
-    assert _number({column: cell}, column) == pytest.approx(value)
+    assert cell_number({column: cell}, column) == pytest.approx(value)
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_a_number_as_written(column, cell, value):
 )
 def test_a_unit_it_does_not_know_is_named_not_dropped(column, cell):
     with pytest.raises(Unpredictable, match=f"{column}='{cell}' is not a number"):
-        _number({column: cell}, column)
+        cell_number({column: cell}, column)
 
 
 @pytest.mark.parametrize(

@@ -94,21 +94,21 @@ def test_a_system_seen_only_in_the_scored_source_takes_the_pooled_prior():
 def test_conformal_half_width_is_the_ceil_n_plus_1_quantile_of_abs_residuals(monkeypatch):
     monkeypatch.setattr(loso_ranges, "ALPHA", 0.2)
     # n = 5, alpha = 0.2: the ceil(6 * 0.8) = 5th smallest |r| = 0.4
-    lo, hi = loso_ranges._range([0.1, -0.2, 0.3, 0.05, -0.4], 1.0)
+    lo, hi = loso_ranges.conformal_range([0.1, -0.2, 0.3, 0.05, -0.4], 1.0)
     assert (lo, hi) == pytest.approx((-0.4, 0.4))
     # n = 10: the ceil(11 * 0.8) = 9th smallest of 0.1 .. 1.0 = 0.9; widened 1.5x
-    lo, hi = loso_ranges._range([0.1 * k for k in range(1, 11)], 1.5)
+    lo, hi = loso_ranges.conformal_range([0.1 * k for k in range(1, 11)], 1.5)
     assert hi == pytest.approx(0.9 * 1.5)
     # the shipped alpha 0.15: ceil(11 * 0.85) = 10th smallest = 1.0
     monkeypatch.setattr(loso_ranges, "ALPHA", 0.15)
-    lo, hi = loso_ranges._range([0.1 * k for k in range(1, 11)], 1.0)
+    lo, hi = loso_ranges.conformal_range([0.1 * k for k in range(1, 11)], 1.0)
     assert hi == pytest.approx(1.0)
 
 
 def test_range_adds_the_unknown_inputs_in_quadrature():
     p = _row("r", "s", "x", 10.0, 10.0)
     p.unknown_lo, p.unknown_hi = 0.3, 0.4
-    lo, hi = loso_ranges._bounds(p, 100.0, -0.4, 0.3)
+    lo, hi = loso_ranges.widened_bounds(p, 100.0, -0.4, 0.3)
     assert lo == pytest.approx(100 * math.exp(-0.5)) and hi == pytest.approx(100 * math.exp(0.5))
 
 
@@ -169,9 +169,9 @@ def test_a_shared_schema_row_is_calibrated_on_shared_schema_residuals():
     ]
     resid = {p.case_id: 0.05 for p in explicit} | {p.case_id: 0.9 for p in shadow}
     shared_row = replace(_row("new", "s-new", "", 10.0, 10.0), regime="shared")
-    pool, _ = loso_ranges._comparable(resid, explicit + shadow, shared_row, "s-new")
+    pool, _ = loso_ranges.comparable_residuals(resid, explicit + shadow, shared_row, "s-new")
     assert pool == [0.9] * 9
-    pool, _ = loso_ranges._comparable(resid, explicit + shadow, explicit[0], "s0")
+    pool, _ = loso_ranges.comparable_residuals(resid, explicit + shadow, explicit[0], "s0")
     assert pool == [0.05] * 6  # the explicit rows of the other two sources
 
 
@@ -288,9 +288,9 @@ def test_an_hours_derived_step_is_compared_with_the_step_plus_the_runs_share(mon
 
 def test_the_fit_loss_is_squared_to_a_factor_two_and_linear_beyond():
     c = math.log(2.0)
-    assert float(loso._loss(0.5)) == pytest.approx(0.25)
-    assert float(loso._loss(-0.5)) == pytest.approx(0.25)
+    assert float(loso_fit.huber_loss(0.5)) == pytest.approx(0.25)
+    assert float(loso_fit.huber_loss(-0.5)) == pytest.approx(0.25)
     # |r| = 1 > ln 2: 2 c |r| - c^2
-    assert float(loso._loss(1.0)) == pytest.approx(2 * c - c * c)
+    assert float(loso_fit.huber_loss(1.0)) == pytest.approx(2 * c - c * c)
     # a row missed 10x pulls like one missed ~3.3x in squared loss, not 10x
-    assert float(loso._loss(math.log(10.0))) < math.log(10.0) ** 2 / 1.5
+    assert float(loso_fit.huber_loss(math.log(10.0))) < math.log(10.0) ** 2 / 1.5

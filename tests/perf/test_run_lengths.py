@@ -8,7 +8,7 @@ from statistics import NormalDist
 import pytest
 import yaml
 
-from rpeg.perf.calibration import _user_file, fit
+from rpeg.perf.calibration import fit, user_calibration_file
 from rpeg.perf.calibration import run_lengths as RL
 from rpeg.preflight import load_config
 
@@ -30,7 +30,7 @@ def test_lengths_are_kept_per_model_and_task_and_used_unless_the_config_states_t
     assert "model=rpeg-tiny" in key and "task=arithmetic" in key and "difficulty=1" in key
     harder = cfg.with_overrides({"task": {**cfg.task.model_dump(), "difficulty": 2}})
     assert RL.task_key(harder) != key
-    path = _user_file()
+    path = user_calibration_file()
     try:
         # the cluster's fitted values are written first; the lengths go beside them
         fit.write("local-cpu", {"train_eff_scale": 0.3}, "run A")

@@ -99,7 +99,7 @@ def test_cli_calibrate_of_a_multiturn_run_prints_the_turn_shape(tmp_path, capsys
     from rpeg.cli import main
     from rpeg.compile.sources import resolve
     from rpeg.config import RunConfig
-    from rpeg.perf.calibration import SHIPPED, _user_file
+    from rpeg.perf.calibration import SHIPPED, user_calibration_file
     from rpeg.perf.calibration.run_lengths import configured_workload
     from rpeg.perf.prediction import Workload
     from rpeg.perf.pricing import predict
@@ -128,7 +128,7 @@ def test_cli_calibrate_of_a_multiturn_run_prints_the_turn_shape(tmp_path, capsys
             "  workload.mean_prompt_tokens: 26",
         ):
             assert line in out.splitlines(), (line, out)
-        stored = _user_file().read_text()
+        stored = user_calibration_file().read_text()
         assert "gen_eff_scale" in stored and "mean_turns: 1.75" in stored
         later = configured_workload(cfg, plan.cluster)  # rpeg predict / bench of the task
         t = later.turns
@@ -144,6 +144,6 @@ def test_cli_calibrate_of_a_multiturn_run_prints_the_turn_shape(tmp_path, capsys
         )
         # calibrating again (a single-turn run or another task) keeps the stored shape
         assert main(["calibrate", str(tmp_path / "run"), "--config", str(path)]) == 0
-        assert "mean_turns: 1.75" in _user_file().read_text()
+        assert "mean_turns: 1.75" in user_calibration_file().read_text()
     finally:
-        _user_file().unlink(missing_ok=True)
+        user_calibration_file().unlink(missing_ok=True)

@@ -127,11 +127,11 @@ NEW_GPUS = {
 
 @pytest.mark.parametrize("written", sorted(NEW_GPUS))
 def test_new_gpus_resolve_and_have_a_cluster(written):
-    from rpeg.perf.validation.row_cells import _cluster_for
+    from rpeg.perf.validation.row_cells import cluster_for
 
     name = gpu_name({"gpu": written})
     assert name == NEW_GPUS[written] and name in specs.gpus()
-    assert specs.cluster(_cluster_for(name, None)).gpu.name == name
+    assert specs.cluster(cluster_for(name, None)).gpu.name == name
     assert not unknown_names({"model": "Qwen3-VL-8B-Instruct", "gpu": written})
 
 

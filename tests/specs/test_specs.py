@@ -145,9 +145,9 @@ def test_cluster_sizing_and_levels():
 
 
 def test_every_catalog_gpu_has_a_cluster_for_validation_rows():
-    from rpeg.perf.validation.published import _cluster_for
+    from rpeg.perf.validation.row_cells import cluster_for
 
     clusters = specs.clusters()
     for gpu in specs.gpus():
-        name = _cluster_for(gpu, None)
+        name = cluster_for(gpu, None)
         assert clusters[name].gpu.name == gpu

@@ -156,7 +156,7 @@ SHIPPED = Calibration()
 CALIBRATION_FILE = "calibration.yaml"
 
 
-def _user_file() -> Path:
+def user_calibration_file() -> Path:
     import os
 
     return _user_file_for(os.environ.get("RPEG_SPECS_DIR", ""))
@@ -190,7 +190,7 @@ _FITTED = (
 def machine_calibration(cluster: str, base: Calibration = DEFAULT) -> Calibration:
     """``base`` with the values fitted on a measured run of ``cluster`` (the user's
     ``calibration.yaml``, written by ``rpeg calibrate``); ``base`` itself when none."""
-    path = _user_file()
+    path = user_calibration_file()
     if not path.is_file():
         return base
     entry = _read(str(path), path.stat().st_mtime).get(cluster)

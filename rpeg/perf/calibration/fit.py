@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rpeg.errors import Problem, ProblemsError
-from rpeg.perf.calibration import SHIPPED, Calibration, _user_file
+from rpeg.perf.calibration import SHIPPED, Calibration, user_calibration_file
 from rpeg.perf.calibration.run_lengths import LENGTHS_KEY, sigma_for_max
 from rpeg.perf.calibration.turn_fit import MeasuredTurns, measured_turns
 from rpeg.perf.calibration.turn_store import TURNS_KEY
@@ -284,7 +284,7 @@ def write(cluster: str, values: dict[str, float], source: str, path: Path | None
     """Store ``values`` for ``cluster`` in the user's calibration.yaml (other clusters kept)."""
     import yaml
 
-    path = path or _user_file()
+    path = path or user_calibration_file()
     data = yaml.safe_load(path.read_text()) if path.is_file() else None
     data = data if isinstance(data, dict) else {}
     entry = {k: round(float(v), 6) for k, v in values.items()}

@@ -122,9 +122,9 @@ def configured_workload(config: Any, cluster: str | None = None) -> Any:
 def _entry(cluster: str, path: Path | None) -> tuple[Path, dict[str, Any], dict[str, Any]]:
     import yaml
 
-    from rpeg.perf.calibration import _user_file
+    from rpeg.perf.calibration import user_calibration_file
 
-    path = path or _user_file()
+    path = path or user_calibration_file()
     data = yaml.safe_load(path.read_text()) if path.is_file() else None
     data = data if isinstance(data, dict) else {}
     clusters = data.setdefault("clusters", {})
@@ -154,9 +154,9 @@ def store(cluster: str, key: str, lengths: RunLengths, path: Path | None = None)
 
 def lookup(cluster: str, key: str, path: Path | None = None) -> RunLengths | None:
     """The lengths stored for ``key`` under ``cluster``; None when there are none."""
-    from rpeg.perf.calibration import _user_file
+    from rpeg.perf.calibration import user_calibration_file
 
-    path = path or _user_file()
+    path = path or user_calibration_file()
     if not path.is_file():
         return None
     _, _, entry = _entry(cluster, path)

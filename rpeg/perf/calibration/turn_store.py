@@ -61,9 +61,9 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _user(path: Path | None) -> Path:
-    from rpeg.perf.calibration import _user_file
+    from rpeg.perf.calibration import user_calibration_file
 
-    return path or _user_file()
+    return path or user_calibration_file()
 
 
 def store(cluster: str, key: str, turns: StoredTurns, path: Path | None = None) -> Path:

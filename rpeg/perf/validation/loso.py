@@ -27,12 +27,12 @@ from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
 from rpeg.perf.pricing import predict
 from rpeg.perf.systems import UNKNOWN_WIDEN, normalise
-from rpeg.perf.validation.loso_fit import GRID, _interp, _loss, fit, fit_lengths, params  # noqa: F401
+from rpeg.perf.validation.loso_fit import GRID, fit, fit_lengths, interp_step, params  # noqa: F401
 from rpeg.perf.validation.loso_lengths import LEN_GRID, at, multiplier, prior_kind, scaled
 from rpeg.perf.validation.loso_oneshot import one_shot
-from rpeg.perf.validation.loso_ranges import _bounds, _comparable, _range
+from rpeg.perf.validation.loso_ranges import comparable_residuals, conformal_range, widened_bounds
 from rpeg.perf.validation.loso_summary import Scored
-from rpeg.perf.validation.row_cells import Unpredictable, _float, _number, unknown_names
+from rpeg.perf.validation.row_cells import Unpredictable, cell_float, cell_number, unknown_names
 from rpeg.perf.validation.row_text import system_of
 from rpeg.perf.validation.rows import assumed_values, read_case
 from rpeg.perf.validation.run_share import fitted_share, from_hours, outside_share
@@ -111,16 +111,16 @@ class Priced:
     inputs: str = ""
 
     def log_pred(self, lg: float, lt: float, lm: float = 0.0) -> float:
-        return float(_interp(at(self.step, lm), lg, lt))
+        return float(interp_step(at(self.step, lm), lg, lt))
 
 
 def _stage_meas(r: dict[str, str]) -> dict[str, float]:
     out = {}
     kind = (r.get("measured_gen_kind") or "rollout").strip().lower()
-    gen = _float(r, "measured_gen_s")
+    gen = cell_float(r, "measured_gen_s")
     if gen and kind == "rollout":
         out["generate"] = gen
-    train = _float(r, "measured_train_s")
+    train = cell_float(r, "measured_train_s")
     if train:
         out["train_actor"] = train
     return out
@@ -130,7 +130,7 @@ def price_rows(
     rows: list[dict[str, str]], dataset: str, calib: Calibration = SHIPPED
 ) -> tuple[list[Priced], list[Scored]]:
     """Every row with a measurement priced on the grid; the rest as Scored with a reason."""
-    from rpeg.perf.validation.published import _throughput
+    from rpeg.perf.validation.published import published_throughput
     from rpeg.perf.validation.solve import solve_row
 
     priced, refused = [], []
@@ -138,8 +138,8 @@ def price_rows(
         cid, src = r.get("case_id") or "?", r.get("source") or ""
         system = normalise(r.get("system") or system_of(r))
         try:
-            step = _number(r, "measured_step_s")
-            tput = _throughput(r)
+            step = cell_number(r, "measured_step_s")
+            tput = published_throughput(r)
             if step is not None and not step > 0:
                 raise Unpredictable(
                     f"measured_step_s={step:g}: must be a positive number of seconds"
@@ -309,11 +309,11 @@ def score(priced: list[Priced]) -> list[Scored]:
         if p.shadow:
             continue
         s = out[p.case_id]
-        pool, own = _comparable(resid_in, steps, p, None)
-        s.lo_in, s.hi_in = _bounds(p, s.pred_in, *_range(pool, 1.0))
-        pool, own = _comparable(resid_loso, steps, p, p.source)
+        pool, own = comparable_residuals(resid_in, steps, p, None)
+        s.lo_in, s.hi_in = widened_bounds(p, s.pred_in, *conformal_range(pool, 1.0))
+        pool, own = comparable_residuals(resid_loso, steps, p, p.source)
         widen = 1.0 if (own and s.system_fitted) else UNKNOWN_WIDEN
-        s.lo_loso, s.hi_loso = _bounds(p, s.pred_loso, *_range(pool, widen))
+        s.lo_loso, s.hi_loso = widened_bounds(p, s.pred_loso, *conformal_range(pool, widen))
     rel = {
         k: (s.lo_loso / s.pred_loso, s.hi_loso / s.pred_loso)
         for k, s in out.items()

@@ -29,9 +29,9 @@ from rpeg.perf.validation.loso_lengths import (
 
 #: factor grid each row is priced on (time = modelled / factor)
 GRID = tuple(2 ** (k * 2 / 3) for k in range(-3, 4))  # 0.25 .. 4
-_LG = np.log(np.array(GRID))
+LOG_GRID = np.log(np.array(GRID))
 #: fine grid the objective is minimised on (log space, interpolated)
-_FINE = np.linspace(_LG[0], _LG[-1], 49)
+_FINE = np.linspace(LOG_GRID[0], LOG_GRID[-1], 49)
 _FG, _FT = np.meshgrid(_FINE, _FINE, indexing="ij")
 #: pseudo-weight pulling a system's log factors to the pooled ones (pooled: to 0)
 SHRINK = 20.0
@@ -42,14 +42,14 @@ STAGE_WEIGHT = 0.5
 Params = tuple[float, float]  # log gen factor, log train factor
 
 
-def _interp(step: np.ndarray, lg: Any, lt: Any) -> Any:
+def interp_step(step: np.ndarray, lg: Any, lt: Any) -> Any:
     """Log of the step at (log gen, log train) factors: bilinear in the inverse factors
     (each unit's time is proportional to 1/factor, so a sum of units is exact and a max of
     pools piecewise exact) between the grid points."""
-    lg, lt = np.clip(lg, _LG[0], _LG[-1]), np.clip(lt, _LG[0], _LG[-1])
-    i = np.clip(np.searchsorted(_LG, lg) - 1, 0, len(_LG) - 2)
-    j = np.clip(np.searchsorted(_LG, lt) - 1, 0, len(_LG) - 2)
-    inv = np.exp(-_LG)
+    lg, lt = np.clip(lg, LOG_GRID[0], LOG_GRID[-1]), np.clip(lt, LOG_GRID[0], LOG_GRID[-1])
+    i = np.clip(np.searchsorted(LOG_GRID, lg) - 1, 0, len(LOG_GRID) - 2)
+    j = np.clip(np.searchsorted(LOG_GRID, lt) - 1, 0, len(LOG_GRID) - 2)
+    inv = np.exp(-LOG_GRID)
     fi = (np.exp(-lg) - inv[i]) / (inv[i + 1] - inv[i])
     fj = (np.exp(-lt) - inv[j]) / (inv[j + 1] - inv[j])
     v = (
@@ -61,7 +61,7 @@ def _interp(step: np.ndarray, lg: Any, lt: Any) -> Any:
     return np.log(v)
 
 
-def _loss(r: Any) -> Any:
+def huber_loss(r: Any) -> Any:
     """Huber loss of log residuals: squared up to ``HUBER``, linear beyond, so that a row
     the model misses by more than 2x (a mechanism it lacks, a row read wrongly) pulls the
     fitted quantities no harder than one it misses by 2x."""
@@ -80,7 +80,7 @@ def _fine_step(p: Any, lk: float) -> np.ndarray:
     if hit is None or hit[0] is not p.step:  # the grid itself is kept: ids are reused
         if len(_FINE_CACHE) > 20000:
             _FINE_CACHE.clear()
-        hit = _FINE_CACHE[key] = (p.step, np.exp(_interp(at(p.step, lk), _FG, _FT)))
+        hit = _FINE_CACHE[key] = (p.step, np.exp(interp_step(at(p.step, lk), _FG, _FT)))
     return hit[1]
 
 
@@ -92,14 +92,16 @@ def _objective(rows: list[Any], weights: dict[str, float], lm: dict[str, float])
     w = np.array([weights[p.source] for p in rows])[:, None, None]
     logm = np.array([math.log(p.measured_s) for p in rows])[:, None, None]
     s = np.stack([_fine_step(p, multiplier(lm, p.kind)) for p in rows])
-    obj = (w * _loss(logm - np.log(s))).sum(axis=0)
+    obj = (w * huber_loss(logm - np.log(s))).sum(axis=0)
     for p in rows:
         lk = multiplier(lm, p.kind)
         for st, m in p.stage_meas.items():
             pr = float(at(p.stage_pred[st], lk)) if st in p.stage_pred else 0.0
             if pr:
                 lf = _FG if st == "generate" else _FT
-                obj += STAGE_WEIGHT * weights[p.source] * _loss(math.log(m) - (math.log(pr) - lf))
+                obj += (
+                    STAGE_WEIGHT * weights[p.source] * huber_loss(math.log(m) - (math.log(pr) - lf))
+                )
     return obj
 
 

@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from rpeg.perf.validation.loso_fit import _LG
+from rpeg.perf.validation.loso_fit import LOG_GRID
 
 #: log factor range the shifts are solved in (the priced grid; beyond it the ratio remains)
-_LO, _HI = float(_LG[0]), float(_LG[-1])
+_LO, _HI = float(LOG_GRID[0]), float(LOG_GRID[-1])
 
 Fold = tuple[float, float, float, float]  # log gen, log train, log length mult, run share
 

@@ -21,7 +21,7 @@ NO_RESIDUALS = 0.5
 MIN_COMPARABLE = 6
 
 
-def _range(resid: list[float], widen: float) -> tuple[float, float]:
+def conformal_range(resid: list[float], widen: float) -> tuple[float, float]:
     """Split-conformal half-width (log) at miscoverage ``ALPHA``: the
     ``ceil((n+1)(1-ALPHA))``-th smallest absolute residual of the comparable rows."""
     if not resid:
@@ -31,14 +31,14 @@ def _range(resid: list[float], widen: float) -> tuple[float, float]:
     return -float(a[k]) * widen, float(a[k]) * widen
 
 
-def _bounds(p: Any, pred: float, lo_q: float, hi_q: float) -> tuple[float, float]:
+def widened_bounds(p: Any, pred: float, lo_q: float, hi_q: float) -> tuple[float, float]:
     """Range: residual quantiles and the unknown inputs' widths, added in quadrature."""
     down = math.sqrt(lo_q * lo_q + p.unknown_lo**2)
     up = math.sqrt(hi_q * hi_q + p.unknown_hi**2)
     return pred * math.exp(-down), pred * math.exp(up)
 
 
-def _comparable(
+def comparable_residuals(
     resid: dict[str, float], rows: list[Any], p: Any, exclude: str | None
 ) -> tuple[list[float], bool]:
     """Residuals of rows comparable to ``p`` outside source ``exclude``: the same regime

@@ -20,12 +20,11 @@ from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
 from rpeg.perf.prediction import StepPrediction
-from rpeg.perf.validation.row_cells import (  # noqa: F401 (_cluster_for: re-exported)
+from rpeg.perf.validation.row_cells import (
     Unpredictable,
-    _cluster_for,
-    _float,
-    _number,
-    _one_line,
+    cell_float,
+    cell_number,
+    one_line,
     unknown_names,
 )
 from rpeg.perf.validation.rows import PRIORS, RowCase, read_case, row_case  # noqa: F401 (re-exported)
@@ -214,14 +213,14 @@ def _other(r: dict[str, str], key: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def _throughput(r: dict[str, str]) -> float | None:
+def published_throughput(r: dict[str, str]) -> float | None:
     """Whole-cluster tokens/s where the row publishes a throughput: AReaL's effective
     training throughput, or NeMo-RL/verl tokens/s/GPU x the row's GPUs."""
     v = _other(r, "effective_train_throughput_tok_s")
     if v:
         return v
     v = _other(r, "tokens_per_s_per_gpu")
-    n = _number(r, "num_gpus")
+    n = cell_number(r, "num_gpus")
     return v * n if v and n else None
 
 
@@ -237,12 +236,12 @@ def _stage_times(r: dict[str, str], case: RowCase, pred: StepPrediction) -> dict
         return sum(t) if t else None
 
     kind = (r.get("measured_gen_kind") or "rollout").strip().lower()
-    gen = _float(r, "measured_gen_s")
+    gen = cell_float(r, "measured_gen_s")
     if gen and kind == "rollout":
         p = unit_time("generate")
         if p:
             out["generate"] = (p, gen)
-    train = _float(r, "measured_train_s")
+    train = cell_float(r, "measured_train_s")
     if train:
         p = unit_time("train_actor")
         if p:
@@ -265,11 +264,11 @@ def validate_rows(
         )
         rep.rows.append(res)
         try:
-            step = _number(r, "measured_step_s")
+            step = cell_number(r, "measured_step_s")
             if step is not None and step <= 0:
                 raise Unpredictable(f"measured_step_s={step:g} must be > 0")
             res.measured_step_s = step
-            res.measured_throughput = _throughput(r)
+            res.measured_throughput = published_throughput(r)
         except Unpredictable as exc:
             res.reason = f"measurement unreadable: {exc}"
             continue
@@ -299,7 +298,7 @@ def validate_rows(
             res.reason = str(exc)
             continue
         except (ValueError, GraphError) as exc:  # a config the plan/graph validators refuse
-            res.reason = "row describes an invalid plan: " + _one_line(exc)
+            res.reason = "row describes an invalid plan: " + one_line(exc)
             continue
         except InfeasiblePlan as exc:
             res.reason = f"model says infeasible: {exc}"

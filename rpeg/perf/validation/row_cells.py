@@ -13,7 +13,7 @@ class Unpredictable(ValueError):
     """A row the model cannot price honestly; the message says why."""
 
 
-def _one_line(exc: Exception) -> str:
+def one_line(exc: Exception) -> str:
     """A validation error's messages on one line (pydantic prints one per line)."""
     errors = getattr(exc, "errors", None)
     if callable(errors):
@@ -25,7 +25,7 @@ def _one_line(exc: Exception) -> str:
 
 
 # The catalog cluster a row's GPU runs in by default; a row whose `gpus_per_node` differs
-# is priced on a catalog cluster of that GPU with that node size (see ``_cluster_for``).
+# is priced on a catalog cluster of that GPU with that node size (see ``cluster_for``).
 _CLUSTER_FOR_GPU = {
     "h100-sxm": "dgx-h100",
     "h200": "dgx-h200",
@@ -43,7 +43,7 @@ _CLUSTER_FOR_GPU = {
 }
 
 
-def _cluster_for(gpu: str, gpus_per_node: int | None) -> str:
+def cluster_for(gpu: str, gpus_per_node: int | None) -> str:
     """Catalog cluster of ``gpu`` with ``gpus_per_node`` GPUs per node (the default cluster
     when the row does not say); Unpredictable naming what is missing otherwise."""
     from rpeg import specs
@@ -250,7 +250,7 @@ _DURATION = re.compile(
 _CAPS = ("max_gen_len", "max_seq_len", "gen_cap")
 
 
-def _number(r: dict[str, str], k: str) -> float | None:
+def cell_number(r: dict[str, str], k: str) -> float | None:
     """The number of column ``k``; None when blank. Read: "8", "8.0", "~8" (approximate), "1,024",
     an annotation after it ("8 (inferred)", "92.8 s"), a thousands suffix ("16k": 16,384 in
     a token cap, else 16,000), a product of counts ("8x2"), a duration in a seconds column
@@ -280,8 +280,8 @@ def _number(r: dict[str, str], k: str) -> float | None:
     return x
 
 
-def _int(r: dict[str, str], k: str, default: int | None = None, minimum: int = 1) -> int:
-    v = _number(r, k)
+def cell_int(r: dict[str, str], k: str, default: int | None = None, minimum: int = 1) -> int:
+    v = cell_number(r, k)
     if v is None:
         if default is None:
             raise Unpredictable(f"{k} not published")
@@ -291,15 +291,15 @@ def _int(r: dict[str, str], k: str, default: int | None = None, minimum: int = 1
     return int(v)
 
 
-def _opt_int(r: dict[str, str], k: str) -> int | None:
+def cell_opt_int(r: dict[str, str], k: str) -> int | None:
     """A layout count that may be blank (None = to be solved)."""
-    return None if _number(r, k) is None else _int(r, k)
+    return None if cell_number(r, k) is None else cell_int(r, k)
 
 
-def _float(r: dict[str, str], k: str) -> float | None:
+def cell_float(r: dict[str, str], k: str) -> float | None:
     """A positive measurement; blank or 0 = unpublished (None); a negative value is a row
     the model cannot read (it was silently replaced by the prior, issue 44)."""
-    v = _number(r, k)
+    v = cell_number(r, k)
     if v is not None and v < 0:
         raise Unpredictable(f"{k}={v:g}: must be >= 0 (blank when not published)")
     return None if v is None or v <= 0 else v
@@ -309,11 +309,11 @@ _YES = ("yes", "true", "1", "y", "on")
 _NO = ("no", "false", "0", "n", "off")
 
 
-def _yes(r: dict[str, str], k: str) -> bool:
+def cell_yes(r: dict[str, str], k: str) -> bool:
     return (r.get(k) or "").strip().lower() in _YES
 
 
-def _tri(r: dict[str, str], k: str) -> bool | None:
+def cell_tri(r: dict[str, str], k: str) -> bool | None:
     """yes/no column; None when blank. Anything else is named."""
     v = (r.get(k) or "").strip().lower()
     if not v:
@@ -325,16 +325,16 @@ def _tri(r: dict[str, str], k: str) -> bool | None:
     raise Unpredictable(f"{k}={v!r}; allowed: yes, no, or blank (unknown)")
 
 
-def _staleness(r: dict[str, str]) -> int:
+def cell_staleness(r: dict[str, str]) -> int:
     """Policy lag bound. 'inf' = unbounded; a fraction (verl's staleness_threshold, the
     share of a step's samples that may come from the previous weights) still lets the
     rollout run ahead of the trainer, i.e. a lag of up to one version: rounded up."""
     st = (r.get("staleness") or "").strip().lower()
     if st in ("inf", "infinite", "unbounded"):
         return 10**6
-    v = _number(r, "staleness")
+    v = cell_number(r, "staleness")
     if v is None:
-        return 1 if _yes(r, "partial_rollout") else 0
+        return 1 if cell_yes(r, "partial_rollout") else 0
     if v < 0:
         raise Unpredictable(f"staleness={v:g}: must be >= 0")
     return math.ceil(v - 1e-9) if v < 10**6 else 10**6

@@ -17,18 +17,18 @@ from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.prediction import Workload
 from rpeg.perf.validation.row_cells import (
     Unpredictable,
-    _cluster_for,
-    _float,
-    _int,
-    _number,
-    _one_line,
-    _opt_int,
-    _staleness,
-    _tri,
-    _yes,
+    cell_float,
+    cell_int,
+    cell_number,
+    cell_opt_int,
+    cell_staleness,
+    cell_tri,
+    cell_yes,
+    cluster_for,
     derived_cluster,
     gpu_name,
     model_name,
+    one_line,
     resolve_model,
 )
 from rpeg.perf.validation.solve import RowLayout, solve_row
@@ -170,7 +170,7 @@ class RowCase:
                 reshard_after_forward=True,
             )
         except ValueError as exc:
-            raise Unpredictable(f"layout: {_one_line(exc)}") from None
+            raise Unpredictable(f"layout: {one_line(exc)}") from None
         units = {}
         for name, members in _units(self.graph):
             # a learned reward model runs with the reference and the critic: a trainer-side
@@ -211,8 +211,8 @@ def read_case(r: dict[str, str]) -> RowCase:
     if model.unsupported:
         raise Unpredictable(f"model {model.name}: {model.unsupported}")
     unknown: list[str] = []
-    gen_n = _opt_int(r, "gen_gpus")
-    train_n = _opt_int(r, "train_gpus")
+    gen_n = cell_opt_int(r, "gen_gpus")
+    train_n = cell_opt_int(r, "train_gpus")
     placement = (r.get("placement") or "").strip().lower()
     placement = PLACEMENT_NAMES.get(placement, placement)
     if not placement:
@@ -223,10 +223,10 @@ def read_case(r: dict[str, str]) -> RowCase:
     if placement not in ("colocated", "disaggregated"):
         raise Unpredictable(f"placement={placement!r}; allowed: colocated, disaggregated")
     colocated = placement == "colocated"
-    if _number(r, "num_gpus") is None and gen_n is not None and train_n is not None:
+    if cell_number(r, "num_gpus") is None and gen_n is not None and train_n is not None:
         n = gen_n if colocated else gen_n + train_n  # the pools say how many
     else:
-        n = _int(r, "num_gpus")
+        n = cell_int(r, "num_gpus")
     if colocated:  # colocated rows often leave the pool sizes blank: both roles use all
         gen_n = train_n = n
     else:
@@ -238,15 +238,15 @@ def read_case(r: dict[str, str]) -> RowCase:
             raise Unpredictable(
                 f"gen_gpus={gen_n} + train_gpus={train_n} must be two pools of num_gpus={n}"
             )
-    staleness = _staleness(r)
-    partial = _yes(r, "partial_rollout")
-    has_ref = _yes(r, "has_ref")
+    staleness = cell_staleness(r)
+    partial = cell_yes(r, "partial_rollout")
+    has_ref = cell_yes(r, "has_ref")
     # PPO with a learned critic: a value forward and a critic update on the trainer pool
     # (the critic is the actor's architecture, as in verl/OpenRLHF recipes by default).
     # A blank has_critic follows the algorithm: plain "ppo" / GAE has a critic.
     critic_cell = (r.get("has_critic") or "").strip()
     algo = (r.get("algorithm") or "").strip().lower()
-    has_critic = _yes(r, "has_critic") if critic_cell else algo in ("ppo", "ppo-gae", "gae")
+    has_critic = cell_yes(r, "has_critic") if critic_cell else algo in ("ppo", "ppo-gae", "gae")
     # blank: on-policy without partial rollout, no reference model, GRPO (no critic)
     unknown += [c for c in ("staleness", "partial_rollout", "has_ref") if not _cell(r, c)]
     if not critic_cell and not algo:
@@ -255,7 +255,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     system = (r.get("system") or "").strip().lower()
     # the reward: a learned reward model's forward over every sample, or rule scoring on the
     # host; blank, the executing system's default (:func:`reward_model_default`)
-    rm = _tri(r, "reward_model")
+    rm = cell_tri(r, "reward_model")
     if rm is None:
         rm = reward_model_default(system, has_critic)
         if rm:
@@ -274,7 +274,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     # ZeRO-3 (DeepSpeed, OpenRLHF) shards parameters like FSDP; everything else (Megatron,
     # ReaL/AReaL 3D) keeps replicated TP/PP shards
     engine = "fsdp" if any(k in backend for k in ("fsdp", "deepspeed", "zero")) else "megatron"
-    zero = _opt_int(r, "zero_stage")
+    zero = cell_opt_int(r, "zero_stage")
     if zero is not None and zero not in (0, 1, 2, 3):
         raise Unpredictable(f"zero_stage={zero}; allowed: 0, 1, 2, 3 or blank")
     if zero is not None and zero < 3:
@@ -283,13 +283,13 @@ def read_case(r: dict[str, str]) -> RowCase:
         engine = "megatron"
 
     def prior(col: str) -> Any:
-        v = _tri(r, col)
+        v = cell_tri(r, col)
         if v is None:
             unknown.append(col)
             return PRIORS[col]
         return v
 
-    util = _float(r, "gpu_memory_utilization")  # None: solved with the layout
+    util = cell_float(r, "gpu_memory_utilization")  # None: solved with the layout
     if util is None:
         unknown.append("gpu_memory_utilization")
     elif util > 1.0:
@@ -297,28 +297,28 @@ def read_case(r: dict[str, str]) -> RowCase:
     recompute, packing = prior("act_ckpt"), prior("seq_packing")
     streaming = prior("streaming") and not colocated and staleness == 0
     reuse = prior("reuse_rollout_logprobs")
-    gpn = _number(r, "gpus_per_node")
+    gpn = cell_number(r, "gpus_per_node")
     if gpn is not None and (gpn < 1 or gpn != int(gpn)):
         raise Unpredictable(f"gpus_per_node={gpn:g}: must be a whole number >= 1")
-    cluster_name = _cluster_for(gpu_name(r), int(gpn) if gpn is not None else None)
+    cluster_name = cluster_for(gpu_name(r), int(gpn) if gpn is not None else None)
     if derived_cluster(cluster_name):
         unknown.append("cluster")  # the catalog has no node of this size: links derived
-    prompt = _float(r, "avg_prompt_len")
+    prompt = cell_float(r, "avg_prompt_len")
     if prompt is None:
         unknown.append("avg_prompt_len")
         prompt = PRIORS["avg_prompt_len"]
     kind = (r.get("model_kind") or "").strip().lower() or resolve_model(r["model"])[1]
     if kind is not None and kind not in MODEL_KINDS:
         raise Unpredictable(f"model_kind={kind!r}; allowed: {', '.join(MODEL_KINDS)} or blank")
-    max_seq = _float(r, "max_seq_len")
-    cap_cell = _opt_int(r, "max_gen_len")
+    max_seq = cell_float(r, "max_seq_len")
+    cap_cell = cell_opt_int(r, "max_gen_len")
     if cap_cell is None:
         # unpublished: the length budget bounds it, else the prior of the model's kind
         unknown.append("max_gen_len")
         cap = int(max_seq) if max_seq else PRIORS["max_gen_len"][kind or model.kind]
     else:
         cap = cap_cell
-    explicit = _opt_int(r, "gen_cap")
+    explicit = cell_opt_int(r, "gen_cap")
     if explicit is not None:
         cap = min(cap, explicit)
     if max_seq:
@@ -327,10 +327,10 @@ def read_case(r: dict[str, str]) -> RowCase:
         cap = int(min(cap, max_seq - prompt))
         if cap < 1:
             raise Unpredictable(f"max_seq_len={max_seq:g} leaves no room for a response")
-    mean = _float(r, "avg_gen_len")
+    mean = cell_float(r, "avg_gen_len")
     if mean is None:
         unknown.append("avg_gen_len")
-    if _number(r, "train_minibatches") is None:
+    if cell_number(r, "train_minibatches") is None:
         unknown.append("train_minibatches")  # one optimizer step per RL step
     if not (r.get("precision") or "").strip():
         unknown.append("precision")
@@ -353,10 +353,10 @@ def read_case(r: dict[str, str]) -> RowCase:
         raise Unpredictable(f"gen_batching={batching!r}; allowed: continuous, static or blank")
     static = None
     if batching == "static":
-        static = _opt_int(r, "gen_batch_size") or STATIC_GEN_BATCH
+        static = cell_opt_int(r, "gen_batch_size") or STATIC_GEN_BATCH
         if static < 1:
             raise Unpredictable(f"gen_batch_size={static}: must be a whole number >= 1")
-        if _opt_int(r, "gen_batch_size") is None:
+        if cell_opt_int(r, "gen_batch_size") is None:
             unknown.append("gen_batch_size")
     spec = (r.get("spec_decode") or "").strip().lower()
     if spec not in SPEC_METHODS:
@@ -365,25 +365,25 @@ def read_case(r: dict[str, str]) -> RowCase:
         )
     drafts = 0
     if spec in ("mtp", "eagle"):
-        drafts = _opt_int(r, "spec_draft_tokens") or (
+        drafts = cell_opt_int(r, "spec_draft_tokens") or (
             (model.mtp_layers or 1) if spec == "mtp" else EAGLE_DRAFT_TOKENS
         )
-        if _float(r, "spec_accept_len") is None:
+        if cell_float(r, "spec_accept_len") is None:
             unknown.append("spec_accept_len")  # the prior (rpeg.perf.generation)
     # LM image tokens per sample: 0 stated is a text-only run of a vision model, blank the prior
-    images = _number(r, "image_tokens")
+    images = cell_number(r, "image_tokens")
     if images is not None and images < 0:
         raise Unpredictable(f"image_tokens={images:g}: must be >= 0 (blank when not published)")
     wl = Workload(
         gen_static_batch=static,
         spec_draft_tokens=drafts,
-        spec_accept_len=_float(r, "spec_accept_len") if drafts else None,
-        num_prompts=_int(r, "num_prompts"),
-        samples_per_prompt=_int(r, "samples_per_prompt"),
+        spec_accept_len=cell_float(r, "spec_accept_len") if drafts else None,
+        num_prompts=cell_int(r, "num_prompts"),
+        samples_per_prompt=cell_int(r, "samples_per_prompt"),
         mean_prompt_tokens=prompt,
         max_response_tokens=cap,
         mean_response_tokens=mean,
-        train_minibatches=_int(r, "train_minibatches", 1),
+        train_minibatches=cell_int(r, "train_minibatches", 1),
         precision=prec,
         max_seq_tokens=int(max_seq) if max_seq else None,
         response_kind=kind,
@@ -402,17 +402,17 @@ def read_case(r: dict[str, str]) -> RowCase:
     layout = RowLayout(
         gen_gpus=gen_n,
         train_gpus=train_n,
-        gen_tp=_opt_int(r, "gen_tp"),
-        gen_pp=_int(r, "gen_pp", 1),
-        train_tp=_opt_int(r, "train_tp"),
-        train_pp=_int(r, "train_pp", 1),
-        train_cp=_int(r, "train_cp", 1),
+        gen_tp=cell_opt_int(r, "gen_tp"),
+        gen_pp=cell_int(r, "gen_pp", 1),
+        train_tp=cell_opt_int(r, "train_tp"),
+        train_pp=cell_int(r, "train_pp", 1),
+        train_cp=cell_int(r, "train_cp", 1),
         # a Megatron-style trainer of a MoE model with no published EP: solved like TP
         # (FSDP runs the experts unsplit: EP 1)
         train_ep=(
-            _opt_int(r, "train_ep")
+            cell_opt_int(r, "train_ep")
             if model.moe is not None and engine != "fsdp"
-            else _int(r, "train_ep", 1)
+            else cell_int(r, "train_ep", 1)
         ),
         gpu_memory_utilization=util,
         recompute=recompute,

@@ -18,7 +18,7 @@ from rpeg.perf.validation.loso import (
     share_of,
 )
 from rpeg.perf.validation.loso_fit import fit_lengths
-from rpeg.perf.validation.loso_ranges import MIN_COMPARABLE, _range
+from rpeg.perf.validation.loso_ranges import MIN_COMPARABLE, conformal_range
 
 
 def system_table(priced: list[Priced]) -> dict[str, SystemParams]:
@@ -36,7 +36,7 @@ def system_table(priced: list[Priced]) -> dict[str, SystemParams]:
         pool = [resid[q.case_id] for q in mine]
         if name == POOLED or len(pool) < MIN_COMPARABLE:
             pool = list(resid.values())
-        lo, hi = _range(pool, 1.0)
+        lo, hi = conformal_range(pool, 1.0)
         table[name] = SystemParams(
             name=name,
             gen_eff=round(math.exp(lg), 3),

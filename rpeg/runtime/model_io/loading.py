@@ -49,7 +49,7 @@ def _local_path(url: str) -> str:
     return url[len("file://") :] if url.startswith("file://") else url
 
 
-def _fetch_folder(url: str, where: str) -> str:
+def fetch_folder(url: str, where: str) -> str:
     """Return a local folder holding the files of ``url`` (copied if it is remote)."""
     if _is_local(url):
         path = _local_path(url)
@@ -106,7 +106,7 @@ def check_tokenizer(tokenizer: Any, where: str = "model.path") -> None:
 def load_tokenizer(url: str, where: str = "model.path"):
     from transformers import AutoTokenizer
 
-    local = _fetch_folder(url, where)
+    local = fetch_folder(url, where)
     try:
         tok = AutoTokenizer.from_pretrained(local, trust_remote_code=False)
     except (OSError, ValueError) as exc:
@@ -210,7 +210,7 @@ def load_model(url: str, dtype: str = "float32", where: str = "model.path", devi
     from transformers import AutoModelForCausalLM
 
     _quiet()
-    local = _fetch_folder(url, where)
+    local = fetch_folder(url, where)
     cfg = model_config(local, where, url)
     if device is not None and torch.device(device).type != "cpu":
         return load_on_device(local, cfg, dtype, device, where)
@@ -222,11 +222,11 @@ def load_model(url: str, dtype: str = "float32", where: str = "model.path", devi
 def load_model_and_tokenizer(
     url: str, dtype: str = "float32", where: str = "model.path", device=None
 ):
-    local = _fetch_folder(url, where)
+    local = fetch_folder(url, where)
     return load_model(local, dtype, where, device), load_tokenizer(local, where)
 
 
-def _rebuild_rotary(model, device) -> None:
+def rebuild_rotary(model, device) -> None:
     """Recompute the non-persistent buffers (rotary ``inv_freq``, Gemma's ``embed_scale``) of
     a model materialised with ``to_empty``: they are not in its checkpoint. A rotary module is
     built afresh on ``device``; any other module's buffers are set by its model's own
@@ -329,7 +329,7 @@ def load_on_device(local: str, cfg, dtype: str, device, where: str = "model.path
         )
     model.to_empty(device=device)
     model.tie_weights()
-    _rebuild_rotary(model, device)
+    rebuild_rotary(model, device)
     own = model.state_dict()
     loaded: set[str] = set()
     unexpected: list[str] = []

@@ -10,9 +10,9 @@ from rpeg.runtime.step.messages import Record
 
 
 def _sink(tmp_path):
-    from rpeg.flows.step_sink import _Sink
+    from rpeg.flows.step_sink import StepSink
 
-    return _Sink(tmp_path, steps=10, progress=False, checkpoint_url=lambda s: None)
+    return StepSink(tmp_path, steps=10, progress=False, checkpoint_url=lambda s: None)
 
 
 def _steps(path):

@@ -13,17 +13,17 @@ import fsspec
 
 from rpeg.errors import ConfigError, Problem
 from rpeg.runtime.actors.checkpoint.layout import (
-    _RUN_RE,
-    _STEP_RE,
     COMMIT,
+    RUN_RE,
+    STEP_RE,
     CheckpointError,
-    _list_steps,
-    _ls,
-    _newest_verified,
-    _state,
-    _verify,
+    list_dir,
+    list_steps,
     new_run_id,
+    newest_verified,
+    step_state,
     step_url,
+    verify_checkpoint,
 )
 from rpeg.runtime.actors.checkpoint_identity import mismatches
 
@@ -34,10 +34,10 @@ if TYPE_CHECKING:
 def _runs(fs: Any, root: str) -> list[str]:
     """Run folders under a checkpoint URL (folders holding ``step-*`` folders)."""
     out = []
-    for e in _ls(fs, root, detail=True):
+    for e in list_dir(fs, root, detail=True):
         name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
-        is_run = e.get("type") == "directory" and _RUN_RE.match(name)
-        if is_run and not _STEP_RE.search(name) and _list_steps(fs, f"{root}/{name}"):
+        is_run = e.get("type") == "directory" and RUN_RE.match(name)
+        if is_run and not STEP_RE.search(name) and list_steps(fs, f"{root}/{name}"):
             out.append(name)
     return sorted(out)
 
@@ -50,13 +50,13 @@ def survey(url: str) -> list[str]:
     lines = []
     places = [("(flat)", root)] + [(r, f"{root}/{r}") for r in _runs(fs, root)]
     for label, where in places:
-        steps = _list_steps(fs, where)
+        steps = list_steps(fs, where)
         if not steps:
             continue
-        desc = ", ".join(f"step {s} {_state(fs, step_url(where, s))}" for s in steps)
+        desc = ", ".join(f"step {s} {step_state(fs, step_url(where, s))}" for s in steps)
         lines.append(f"{label}: {desc}")
-    if not lines and _STEP_RE.search(root):
-        lines.append(f"{root}: {_state(fs, root)}")
+    if not lines and STEP_RE.search(root):
+        lines.append(f"{root}: {step_state(fs, root)}")
     return lines
 
 
@@ -65,13 +65,13 @@ def find_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
     checkpoint URL holding exactly one run (any run id)."""
     fs, root = fsspec.core.url_to_fs(url.rstrip("/"))
     root = root.rstrip("/")
-    if _STEP_RE.search(root):
+    if STEP_RE.search(root):
         try:
-            return _verify(fs, root, None)
+            return verify_checkpoint(fs, root, None)
         except CheckpointError as exc:
             warnings.warn(f"--resume-from {url}: {exc}", RuntimeWarning, stacklevel=2)
             return None
-    got = _newest_verified(fs, root, None)
+    got = newest_verified(fs, root, None)
     if got is not None:
         return got
     runs = _runs(fs, root)
@@ -80,7 +80,7 @@ def find_checkpoint(url: str) -> tuple[dict[str, Any], dict[str, bytes]] | None:
             f"{url} holds checkpoints of {len(runs)} runs ({', '.join(runs)}); name one: "
             f"{url.rstrip('/')}/<run_id>"
         )
-    return _newest_verified(fs, f"{root}/{runs[0]}", None) if runs else None
+    return newest_verified(fs, f"{root}/{runs[0]}", None) if runs else None
 
 
 def resolve_run_id(runtime: RuntimeConfig) -> str:
@@ -123,15 +123,15 @@ def resolve_run_id(runtime: RuntimeConfig) -> str:
 
 
 def _complete_any(fs: Any, root: str) -> bool:
-    return any(_state(fs, step_url(root, s)) == "complete" for s in _list_steps(fs, root))
+    return any(step_state(fs, step_url(root, s)) == "complete" for s in list_steps(fs, root))
 
 
 def _newest_complete_meta(fs: Any, root: str) -> dict[str, Any] | None:
     """The commit marker of the newest complete step under ``root`` (a run's folder or one
     step's), None if there is none."""
-    steps = [root] if _STEP_RE.search(root) else [step_url(root, s) for s in _list_steps(fs, root)]
+    steps = [root] if STEP_RE.search(root) else [step_url(root, s) for s in list_steps(fs, root)]
     for d in reversed(steps):
-        if _state(fs, d) == "complete":
+        if step_state(fs, d) == "complete":
             with fs.open(f"{d}/{COMMIT}", "rb") as fh:
                 meta: dict[str, Any] = json.loads(fh.read())
                 return meta
@@ -156,8 +156,8 @@ def check_resumable(
         fs, root = fsspec.core.url_to_fs(runtime.resume_from.rstrip("/"))
         root = root.rstrip("/")
         ok = (
-            _state(fs, root) == "complete"
-            if _STEP_RE.search(root)
+            step_state(fs, root) == "complete"
+            if STEP_RE.search(root)
             else _complete_any(fs, root)
             or any(_complete_any(fs, f"{root}/{r}") for r in _runs(fs, root))
         )

@@ -23,7 +23,7 @@ log = logging.getLogger("rpeg.runtime.actors.checkpoint")
 
 
 COMMIT = "COMMIT.json"
-_STEP_RE = re.compile(r"step-(\d{8})$")
+STEP_RE = re.compile(r"step-(\d{8})$")
 
 
 def step_folder(step: int) -> str:
@@ -37,7 +37,7 @@ def step_url(root: str, step: int) -> str:
     return f"{root.rstrip('/')}/{step_folder(step)}"
 
 
-_RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 FORMAT_VERSION = 2  # 1: torch.save pickles (refused); 2: rpeg state files + run id
 
 
@@ -64,7 +64,7 @@ class CheckpointInfo:
     meta: dict[str, Any]
 
 
-def _sha256(data: bytes) -> str:
+def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -87,7 +87,7 @@ def new_run_id() -> str:
 
 
 # ------------------------------------------------------------------------------ helpers
-def _ls(fs: Any, root: str, detail: bool) -> list[Any]:
+def list_dir(fs: Any, root: str, detail: bool) -> list[Any]:
     """``fs.ls(root)``; nothing where ``root`` is missing or no folder."""
     try:
         entries: list[Any] = fs.ls(root, detail=detail)
@@ -96,16 +96,18 @@ def _ls(fs: Any, root: str, detail: bool) -> list[Any]:
         return []
 
 
-def _list_steps(fs: Any, root: str) -> list[int]:
+def list_steps(fs: Any, root: str) -> list[int]:
     out = []
-    for e in _ls(fs, root, detail=False):
-        m = _STEP_RE.search(str(e).rstrip("/"))
+    for e in list_dir(fs, root, detail=False):
+        m = STEP_RE.search(str(e).rstrip("/"))
         if m:
             out.append(int(m.group(1)))
     return sorted(set(out))
 
 
-def _verify(fs: Any, d: str, run_id: str | None) -> tuple[dict[str, Any], dict[str, bytes]]:
+def verify_checkpoint(
+    fs: Any, d: str, run_id: str | None
+) -> tuple[dict[str, Any], dict[str, bytes]]:
     try:
         with fs.open(f"{d}/{COMMIT}", "rb") as fh:
             meta = json.loads(fh.read())
@@ -134,18 +136,18 @@ def _verify(fs: Any, d: str, run_id: str | None) -> tuple[dict[str, Any], dict[s
                 data = fh.read()
         except FileNotFoundError:
             raise CheckpointError(f"{d}/{name}: missing") from None
-        if len(data) != info["bytes"] or _sha256(data) != info["sha256"]:
+        if len(data) != info["bytes"] or sha256_hex(data) != info["sha256"]:
             raise CheckpointError(f"{d}/{name}: checksum mismatch (corrupt checkpoint)")
         parts[name] = data
     return meta, parts
 
 
-def _newest_verified(
+def newest_verified(
     fs: Any, root: str, run_id: str | None
 ) -> tuple[dict[str, Any], dict[str, bytes]] | None:
-    for step in reversed(_list_steps(fs, root)):
+    for step in reversed(list_steps(fs, root)):
         try:
-            return _verify(fs, step_url(root, step), run_id)
+            return verify_checkpoint(fs, step_url(root, step), run_id)
         except CheckpointError as exc:
             msg = f"skipping checkpoint step {step}: {exc}; trying the previous one"
             warnings.warn(msg, RuntimeWarning, stacklevel=3)
@@ -153,7 +155,7 @@ def _newest_verified(
     return None
 
 
-def _state(fs: Any, d: str) -> str:
+def step_state(fs: Any, d: str) -> str:
     try:
         with fs.open(f"{d}/{COMMIT}", "rb") as fh:
             meta = json.loads(fh.read())

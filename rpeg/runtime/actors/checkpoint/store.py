@@ -17,17 +17,17 @@ from rpeg import defaults
 from rpeg.errors import ConfigError, Problem
 from rpeg.runtime.actors.checkpoint.finding import find_checkpoint, resolve_run_id, survey
 from rpeg.runtime.actors.checkpoint.layout import (
-    _RUN_RE,
     COMMIT,
     FORMAT_VERSION,
+    RUN_RE,
     CheckpointError,
     CheckpointInfo,
     CheckpointWriteError,
-    _list_steps,
-    _newest_verified,
-    _sha256,
-    _verify,
+    list_steps,
+    newest_verified,
+    sha256_hex,
     step_url,
+    verify_checkpoint,
 )
 
 log = logging.getLogger("rpeg.runtime.actors.checkpoint")
@@ -82,7 +82,7 @@ class CheckpointStore:
         resume_from: str | None = None,
         must_resume: bool = False,
     ):
-        if run_id is not None and not _RUN_RE.match(run_id):
+        if run_id is not None and not RUN_RE.match(run_id):
             raise ConfigError(
                 [Problem("runtime.run_id", f"{run_id!r}: letters, digits, '.', '_', '-' only")]
             )
@@ -115,7 +115,7 @@ class CheckpointStore:
         return step_url(self.url, step)
 
     def _steps(self) -> list[int]:
-        return _list_steps(self.fs, self.root)
+        return list_steps(self.fs, self.root)
 
     # ---------------------------------------------------------------- write
     def save(
@@ -143,7 +143,7 @@ class CheckpointStore:
             for name, data in parts.items():
                 with self.fs.open(f"{d}/{name}", "wb") as fh:
                     fh.write(data)
-                files[name] = {"sha256": _sha256(data), "bytes": len(data)}
+                files[name] = {"sha256": sha256_hex(data), "bytes": len(data)}
             if before_commit is not None:
                 meta = {**(meta or {}), **before_commit(self.step_url(step))}
             commit = {
@@ -190,7 +190,7 @@ class CheckpointStore:
     # ---------------------------------------------------------------- read
     def verify(self, step: int) -> tuple[dict[str, Any], dict[str, bytes]]:
         """Read and verify one checkpoint; raise CheckpointError if partial or corrupt."""
-        return _verify(self.fs, self._dir(step), self.run_id)
+        return verify_checkpoint(self.fs, self._dir(step), self.run_id)
 
     def complete_steps(self) -> list[int]:
         return [s for s in self._steps() if self.fs.exists(f"{self._dir(s)}/{COMMIT}")]
@@ -200,7 +200,7 @@ class CheckpointStore:
         skipped); before this run has one, the one ``resume_from`` names. None if there is
         none, unless the store must resume: then a :class:`CheckpointError` listing what
         was found."""
-        got = _newest_verified(self.fs, self.root, self.run_id)
+        got = newest_verified(self.fs, self.root, self.run_id)
         if got is None and self.resume_from:
             got = find_checkpoint(self.resume_from)
         if got is None and self.must_resume:
