@@ -117,16 +117,11 @@ def compile_step(
         pipeline=graph.algorithm,
         graph=graph.name,
         staleness=int(graph.staleness),
-        shared_actor_critic=bool(graph.shared_actor_critic),
         num_devices=len({d for g in groups for d in g.devices}),
         actor_groups=groups,
         tasks=tasks,
         weight_sync=_weight_sync(tasks),
-        buffer=Buffer(
-            rollout_units=tuple(t.name for t in tasks if t.phase == "rollout"),
-            train_units=tuple(t.name for t in tasks if t.phase == "train"),
-            samples_per_step=int(config.workload.samples_per_step),
-        ),
+        buffer=Buffer(samples_per_step=int(config.workload.samples_per_step)),
         notes=lay.notes + tuple(pp_notes),
     )
     check_step(step)

@@ -22,7 +22,9 @@ from rpeg.plan.schema import DEFAULT_PP_SCHEDULE
 SUPPORTED_ROLES = ("actor", "reference", "critic")
 ROLLOUT_KINDS = frozenset({StageKind.generate, StageKind.reward})
 TRAINABLE_KINDS = {StageKind.train_actor: "actor", StageKind.train_critic: "critic"}
-FORMAT_VERSION = 4  # 4: Buffer without off_policy_correction
+# 4: Buffer without off_policy_correction; 5: without Buffer.rollout_units/train_units and
+# CompiledStep.shared_actor_critic (nothing read them: the tasks' phases and shared_forward)
+FORMAT_VERSION = 5
 #: kinds that run a forward (and backward) pass over micro-batches of ``micro_batch_size``
 FORWARD_KINDS = frozenset(
     {
@@ -200,29 +202,20 @@ class WeightSync:
 
 @dataclass(frozen=True)
 class Buffer:
-    """The staleness buffer between the ``rollout_units`` and the ``train_units``: a step
-    trains on ``samples_per_step`` samples. Its bound is the step's
-    :attr:`CompiledStep.staleness`; how off-policy rows are corrected is the trainer's
-    (``algorithm.rollout_correction``, read whole by ``PolicyWorker.train_step``: its mode,
-    bounds and scope are one decision, not a copy of its mode here)."""
+    """The staleness buffer between the step's rollout units and its train units
+    (:meth:`CompiledStep.tasks_in`): a step trains on ``samples_per_step`` samples. Its bound
+    is the step's :attr:`CompiledStep.staleness`; how off-policy rows are corrected is the
+    trainer's (``algorithm.rollout_correction``, read whole by ``PolicyWorker.train_step``: its
+    mode, bounds and scope are one decision, not a copy of its mode here)."""
 
-    rollout_units: tuple[str, ...]
-    train_units: tuple[str, ...]
     samples_per_step: int
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            **_plain(self),
-            "rollout_units": list(self.rollout_units),
-            "train_units": list(self.train_units),
-        }
+        return _plain(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Buffer:
-        d = _known(cls, d, "buffer")
-        for k in ("rollout_units", "train_units"):
-            d[k] = tuple(d.get(k, ()))
-        return cls(**d)
+        return cls(**_known(cls, d, "buffer"))
 
 
 @dataclass(frozen=True)
@@ -233,7 +226,6 @@ class CompiledStep:
     pipeline: str
     graph: str
     staleness: int
-    shared_actor_critic: bool
     num_devices: int
     actor_groups: tuple[GroupSpec, ...]
     tasks: tuple[TaskSpec, ...]
@@ -291,7 +283,6 @@ class CompiledStep:
             "pipeline": self.pipeline,
             "graph": self.graph,
             "staleness": self.staleness,
-            "shared_actor_critic": self.shared_actor_critic,
             "num_devices": self.num_devices,
             "actor_groups": [g.to_dict() for g in self.actor_groups],
             "tasks": [t.to_dict() for t in self.tasks],
@@ -314,7 +305,6 @@ class CompiledStep:
             pipeline=d["pipeline"],
             graph=d["graph"],
             staleness=int(d["staleness"]),
-            shared_actor_critic=bool(d["shared_actor_critic"]),
             num_devices=int(d["num_devices"]),
             actor_groups=tuple(GroupSpec.from_dict(g) for g in d["actor_groups"]),
             tasks=tuple(TaskSpec.from_dict(t) for t in d["tasks"]),

@@ -99,7 +99,17 @@ def test_disjoint_devices_overlap_and_colocated_units_are_ordered():
 def test_fused_shared_actor_critic_is_one_forward():
     s = _compile("ppo_shared_fused_k2")
     t = s.task("ref_logprob+old_logprob")
-    assert t.fused and t.shared_forward and s.shared_actor_critic and s.staleness == 2
+    assert t.fused and t.shared_forward and s.staleness == 2
+    # shared: no group holds a critic, the actor trains the value head (format 5 dropped the
+    # step-level flag: nothing read it, and these two facts say it)
+    assert all("critic" not in g.roles for g in s.actor_groups)
+
+
+def test_a_step_of_another_format_is_refused_with_recompile():
+    d = _compile("grpo_k0_colocated_dp2").to_dict()
+    old = {**d, "format": 4, "shared_actor_critic": False}
+    with pytest.raises(ConfigError, match="this RPEG reads format 5; recompile"):
+        CompiledStep.from_dict(old)
 
 
 def test_bad_plans_are_refused_with_every_problem():
