@@ -153,7 +153,8 @@ class AlgorithmConfig(Section):
         "routing_mismatch (the share of (layer, token) pairs routed elsewhere than in the "
         "rollout); rollout = the same, and the log-prob and training forwards replay the "
         "rollout's experts on the response tokens (routing_mismatch 0). A model without "
-        "routers, a vLLM engine or pp > 1 is refused",
+        "routers, a vLLM engine (it returns no routes to rpeg: docs/vllm.md) or pp > 1 is "
+        "refused",
     )
 
     @model_validator(mode="before")

@@ -88,7 +88,10 @@ def routing_model_problems(config: RunConfig, cfg: Any) -> list[Problem]:
 
 def routing_engine_problems(config: RunConfig, compiled: CompiledStep | None) -> list[Problem]:
     """``algorithm.routing_replay`` with vLLM generating: only the torch engine records the
-    experts each token was routed to (docs/models.md)."""
+    experts each token was routed to (docs/models.md; why not vLLM: docs/vllm.md "Routed
+    experts")."""
+    from rpeg.runtime.engines.vllm_requests import routes_refusal
+
     engines: set[str] = {config.runtime.engine}
     if compiled is not None:
         engines |= {g.gen_engine for g in compiled.actor_groups if g.gen_engine}
@@ -98,8 +101,8 @@ def routing_engine_problems(config: RunConfig, compiled: CompiledStep | None) ->
         Problem(
             "algorithm.routing_replay",
             f"{config.algorithm.routing_replay!r} needs the torch engine (it records each "
-            "token's experts); vLLM generates in this run: set the engine to torch or "
-            "routing_replay to off",
+            f"token's experts); vLLM generates in this run and {routes_refusal()}: set the "
+            "engine to torch or routing_replay to off",
         )
     ]
 

