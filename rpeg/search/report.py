@@ -172,7 +172,10 @@ def dimension_rows(dim: str, alt: Any, best: Candidate) -> list[tuple[str, ...]]
     if alt.chosen:
         return [(dim, alt.describe(), f"{best.step_s:.1f}", "1.00x", "the chosen plan")]
     if alt.candidate is None:
-        return [(dim, "-", "-", "-", f"none feasible: {alt.reason}")]
+        why = (
+            alt.reason if alt.reason.startswith("not searched") else f"none feasible: {alt.reason}"
+        )
+        return [(dim, "-", "-", "-", why)]
     c = alt.candidate
     return [
         (
