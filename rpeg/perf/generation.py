@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from rpeg.perf import costs, eager_cpu
+from rpeg.perf.passes import collective_latency
 from rpeg.perf.prediction import GB, StageCost
 from rpeg.perf.units import GEN_KIND, UnitContext
 from rpeg.plan.schema import InfeasiblePlan, UnitPlan, format_devices
@@ -243,13 +244,27 @@ def weight_sync_cost(
     t_tensor = c.cluster.refit_tensor_s
     if same and c.cluster.reuses_rollout_logprobs:
         # one process holds the training model and the generator (rpeg's CPU runtime): at
-        # k = 0 the generator IS the training model (a version bump, no copy); at k >= 1 its
-        # lagging copy is refreshed in process (read + write of the weights at memory speed)
-        if c.plan.staleness == 0:
+        # k = 0 the generator IS the training model (a version bump, no copy) unless the
+        # generator keeps its own copy (the trainer split into pipeline stages, or another
+        # tp: rpeg.runtime.roles); otherwise the copy is refreshed in process (read + write
+        # of the weights at memory speed), a pipelined trainer's tensors each broadcast from
+        # the stage holding it over the pipeline group first
+        # (rpeg.runtime.pipeline.pipeline_weight_source)
+        own_copy = train is not None and (train.pp > 1 or train.tp != gen.tp)
+        if c.plan.staleness == 0 and not own_copy:
             sc.detail.update(in_process=1.0, refit_bytes_s=0.0, refit_tensors_s=0.0)
             return sc
         t = 2.0 * gen_shard / c.gpu.hbm_bytes_per_s
         t_tensors = m.hf_tensors * (t_tensor or 0.0)
+        if train is not None and train.pp > 1:
+            link = c.cluster.link("domain")
+            per_call = collective_latency(c, link.latency_s)
+            t_stages = m.hf_tensors * per_call + m.params * c.wbytes / (
+                link.bytes_per_s * cal.nccl_bus_eff
+            )
+            t += t_stages
+            sc.comm_s = {"domain": t_stages}
+            sc.detail.update(stage_broadcasts_s=t_stages)
         sc.time_s = t + t_tensors
         sc.detail.update(in_process=1.0, refit_bytes_s=t, refit_tensors_s=t_tensors)
         sc.hbm_bytes = 2.0 * gen_shard * gen.num_devices
