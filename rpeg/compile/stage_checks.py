@@ -52,12 +52,12 @@ def stage_problems(
                     "pipelined or sequence-sharded; allowed: pp=1, cp=1 on the critic's group",
                 )
             )
-        if g.fsdp and g.dp > 1:
+        if g.fsdp and g.dp > 1 and g.pp > 1:
             out.append(
                 Problem(
                     where,
-                    f"{deg} with engine fsdp: pipeline stages and sequence shards keep dp "
-                    "replicas; allowed: engine auto",
+                    f"{deg} with engine fsdp: pipeline stages keep dp replicas; allowed: "
+                    "engine auto (FSDP composes with cp: sharded over the dp x cp ranks)",
                 )
             )
         if g.cp > 1 and (g.tp > 1 or g.pp > 1):

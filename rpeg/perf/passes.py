@@ -24,7 +24,7 @@ The per-plan context is :class:`rpeg.perf.units.UnitContext`; generation:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rpeg.perf import costs, eager_cpu
 from rpeg.perf.lora import adapter_memory, tp_grad_sum_bytes, trainable_params
@@ -389,8 +389,9 @@ def param_tensors(m: ModelSpec, pp: int) -> float:
 def own_replicas(u: UnitPlan) -> bool:
     """Whether the unit's pp/cp ranks are RPEG's own (rpeg.runtime.pipeline,
     rpeg.runtime.context_parallel: dp replicas, collectives issued from Python one tensor at a
-    time; the runtime refuses pp/cp with FSDP) rather than an engine that buckets them
-    (Megatron, FSDP with Ulysses: the published systems)."""
+    time) rather than an engine that buckets them (Megatron, FSDP -- RPEG's FSDP at cp shards
+    over the dp x cp ranks and sums the gradients in its reduce-scatter, as FSDP with Ulysses
+    in the published systems does)."""
     return u.engine not in SHARDED_OPTIMIZER_ENGINES
 
 
@@ -644,25 +645,30 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
         if own:
             _add(comm, *pipeline_rank_sync_s(c, s, first))
     state = state_memory(c, u, train)
-    if u.engine == "fsdp" and s.dp > 1:
+    # FSDP shards over the dp x cp ranks (the cp ranks hold the same parameters:
+    # rpeg.runtime.context_parallel.context_fsdp; state_memory's dp counts them): its gathers
+    # and gradient reduction run over that group, which also sums the gradients over cp
+    fsdp = u.engine == "fsdp"
+    fs_shape = replace(s, dp=s.dp * s.cp) if fsdp else s
+    if fsdp and fs_shape.dp > 1:
         gathered = "gathered_weights" in state
         if train:
             sc.detail["fsdp_collectives_per_micro_batch"] = float(fsdp_collectives(gathered))
         split_gb = ep_experts(c.model, s.ep, u.engine) / (s.ep * s.pp) * c.wbytes / GB
-        lvl, fs = fsdp_gathers_s(c, s, first, state["weights"] - split_gb, gathered)
+        lvl, fs = fsdp_gathers_s(c, fs_shape, first, state["weights"] - split_gb, gathered)
         t_comp = eager_cpu.overlap(c.gpu, t_comp, fs, comm, lvl)
-    if train and s.dp > 1:
+    if train and fs_shape.dp > 1:
         split_gb = ep_experts(c.model, s.ep, u.engine) / (s.ep * s.pp) * c.wbytes / GB
-        _add(comm, *gradient_sync_s(c, s, first, state["weights"] - split_gb))
-        per_tensor = replica_tensor_sums_s(c, s, first) if own else 0.0
+        _add(comm, *gradient_sync_s(c, fs_shape, first, state["weights"] - split_gb))
+        per_tensor = replica_tensor_sums_s(c, s, first) if own and s.dp > 1 else 0.0
         if per_tensor:
             _add(comm, _dp_link(c, s, first)[0], per_tensor)
             sc.detail["replica_tensor_sums_s"] = per_tensor
-        ex = expert_grad_sync_s(c, s, first, u)
+        ex = expert_grad_sync_s(c, s, first, u) if s.dp > 1 else 0.0
         if ex:
             _add(comm, _dp_link(c, s, first)[0], ex)
             sc.detail["ep_expert_grad_sync_s"] = ex
-    if train and s.cp > 1:  # every gradient summed over the cp ranks once per update
+    if train and s.cp > 1 and not fsdp:  # every gradient summed over cp once per update
         _add(comm, *context_grad_sum_s(c, s, first, state["weights"], own))
     t_opt = optimizer_s(c, u, s, state.get("optimizer", 0.0))
     b = bubble(s)

@@ -36,7 +36,7 @@ from rpeg.specs import ClusterSpec, ModelSpec
 def plan_as_run(plan: Plan, cluster: ClusterSpec, units: Any) -> Plan:
     """``plan`` with ``engine: auto`` resolved as the compiler resolves it, so the model
     prices the sharding the ranks run: a training unit's by
-    :func:`rpeg.plan.schema.trains_fsdp` (FSDP on CUDA devices at dp > 1 without pp or cp);
+    :func:`rpeg.plan.schema.trains_fsdp` (FSDP on CUDA devices at dp > 1 without pp);
     then a forward unit (log-probs, values) on the same devices as an FSDP training unit
     runs in that group's FSDP layout (the compiler's group is a device set, and every role
     of an FSDP group is sharded: rpeg.runtime.sharding); a torch-engine generate unit on an

@@ -240,15 +240,17 @@ def _pipeline_rank_memory(
     schedule = str(getattr(g, "pp_schedule", "1f1b"))
     v = pipeline_chunks(schedule) if pp > 1 else 1
     last = r == pp - 1
-    fsdp = bool(g.fsdp) and dp > 1
-    s = tp * (dp if fsdp else 1)
+    # FSDP shards over the dp x cp ranks at cp (rpeg.runtime.context_parallel.context_fsdp)
+    fsdp_ranks = dp * (cp if pp == 1 else 1)
+    fsdp = bool(g.fsdp) and fsdp_ranks > 1
+    s = tp * (fsdp_ranks if fsdp else 1)
     Pr = _stage_params(model, pp, r, v, ep)
     layers_r = stage_layers(model.layers, pp, r, v) if pp > 1 else model.layers
     cpu = str(g.device_type) == "cpu"
     base = baseline_gb if baseline_gb is not None else (CPU_BASELINE_GB if cpu else 1.0)
     roles, trained = set(g.roles), set(g.trainable)
     res: dict[str, float] = {"process": base}
-    if cpu and 2 in (dp, tp):  # a same-host pair's shared-memory channel
+    if cpu and 2 in (dp, tp, fsdp_ranks if fsdp else 0):  # a same-host pair's shared-memory channel
         res["pair_channel"] = PAIR_CHANNEL_GB
     if "actor" in roles:
         if "actor" in trained:
@@ -268,7 +270,7 @@ def _pipeline_rank_memory(
     own_copy = generates and (
         gen_tp != tp
         or pp > 1
-        or cp > 1
+        or (cp > 1 and not fsdp)  # under FSDP x cp the engine decodes on the actor's shards
         or ("actor" in trained and staleness > 0 and not fsdp and tp == 1)
     )
     if own_copy:

@@ -37,15 +37,17 @@ def trains_fsdp(engine: str, *, cuda: bool, dp: int, pp: int = 1, cp: int = 1) -
     """Whether a training unit's ranks run FSDP2 (parameters, gradients and AdamW state
     sharded over its ``dp`` data-parallel ranks) rather than whole replicas. ``engine: fsdp``
     does; ``engine: auto`` does on CUDA devices when the unit has more than one
-    data-parallel rank and no pipeline or context split (stages and sequence shards keep
-    replicas): a replica there holds the whole fp32 master and Adam moments, 16 bytes per
-    parameter, which is what the GPU peers (verl's FSDP workers, torchtitan) avoid by
-    default. CPU workers keep replicas under ``auto`` (gloo gathers per micro-batch cost
-    more than they save at the sizes a CPU trains). One rule for the compiler
-    (``GroupSpec.fsdp``), the performance model and the search."""
+    data-parallel rank and no pipeline split (pipeline stages keep replicas; at context
+    parallelism FSDP shards over the dp x cp ranks, as torchtitan composes them:
+    rpeg.runtime.context_parallel.context_fsdp; ``cp`` does not change the rule): a replica
+    holds the whole fp32 master and Adam moments, 16 bytes per parameter, which is what the
+    GPU peers (verl's FSDP workers, torchtitan) avoid by default. CPU workers keep replicas
+    under ``auto`` (gloo gathers per micro-batch cost more than they save at the sizes a CPU
+    trains). One rule for the compiler (``GroupSpec.fsdp``), the performance model and the
+    search."""
     if engine == "fsdp":
         return True
-    return engine == "auto" and cuda and dp > 1 and pp == 1 and cp == 1
+    return engine == "auto" and cuda and dp > 1 and pp == 1
 
 
 class InfeasiblePlan(RpegError):

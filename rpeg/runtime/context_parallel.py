@@ -16,13 +16,14 @@ the cp ranks sum it (forward all-reduce, backward identity: Megatron's ``g``); e
 holds the one-process log-probs and computes the same loss, so the runtime's losses, recipes
 and micro-batching are unchanged (the LM's ``forward`` is replaced, as under pipelining). The
 parameters' gradients are the sums of the ranks' contributions (:class:`ContextShards`,
-``sync_grads``: all-reduce sum over cp, then the mean over dp replicas).
+``sync_grads``: all-reduce sum over cp, then the mean over dp replicas). With FSDP the
+parameters are sharded over all dp x cp ranks and one reduce-scatter does both
+(:func:`context_fsdp`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -186,7 +187,12 @@ class _ContextParallelForward:
         if ent is not None:
             e = ent.new_zeros((b, r)).index_copy(1, j[keep], ent)
             req.entropy = _SumOverCP.apply(e, self.group)
-        return SimpleNamespace(logits=req.logprobs)
+        # a ModelOutput (a pytree node), so that FSDP2's root registers its pre-backward
+        # (re-gather the root's parameters) on the outputs whose backward reaches them
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        extra = (req.entropy,) if req.entropy is not None else None
+        return CausalLMOutputWithPast(logits=req.logprobs, hidden_states=extra)
 
 
 class ContextShards:
@@ -215,11 +221,72 @@ class ContextShards:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
 
 
-def apply_context_parallel(worker, cp_group, rank: int, size: int, dp_group=None) -> None:
+def fsdp_layout(layout):
+    """The layout a role sharded by FSDP2 over every rank of a cp x dp group holds: FSDP over
+    ``dp * cp`` ranks, no cp (what checkpoints, decoding and the summary read from
+    ``shards.layout``)."""
+    from dataclasses import replace
+
+    return replace(layout, dp=layout.dp * layout.cp, cp=1)
+
+
+def context_fsdp(worker, layout, mesh, *, source=None, device=None) -> Any:
+    """FSDP2 over ``mesh`` (1-D, the group's ``dp * cp`` ranks: the cp ranks hold the same
+    parameters, so they shard them as data-parallel ranks do) of ``worker``'s LM, as
+    torchtitan composes FSDP with cp. Gradients: each rank's reduce-scatter input is its
+    positions' share of its dp index's gradient, so the reduction is a sum over all ranks
+    divided by ``dp`` (``set_force_sum_reduction_for_comms`` + ``set_gradient_divide_factor``:
+    a sum over cp, the mean over dp -- :class:`ContextShards` at replicas). A role built on
+    the meta device is filled from ``source`` after sharding (each rank its slices); the
+    optimizer is rebuilt over the sharded parameters. Returns the role's
+    :class:`rpeg.runtime.sharding.Shards` (its ``layout``: :func:`fsdp_layout`)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from rpeg.runtime.materialize import materialize, on_meta
+    from rpeg.runtime.model_io import torch_dtype
+    from rpeg.runtime.parallel import process_group_reduce
+    from rpeg.runtime.precision import fsdp_policy
+    from rpeg.runtime.sharding import Shards, apply_fsdp
+
+    lm = worker.lm
+    meta = on_meta(lm)
+    apply_fsdp(lm, mesh, mp_policy=fsdp_policy(torch_dtype(layout.dtype)))
+    for m in lm.modules():
+        if isinstance(m, FSDPModule):
+            m.set_force_sum_reduction_for_comms(True)
+            m.set_gradient_divide_factor(float(layout.dp))
+    if meta:
+        if source is None or device is None:
+            raise ValueError("a context-parallel role built on the meta device needs a source")
+        from rpeg.runtime.lora import has_lora, lora_fetch
+
+        fetch = source.fetch
+        if has_lora(lm):
+            fetch = lora_fetch(fetch, worker.seed, lm)
+        materialize(lm, device, fetch, "actor" if worker.trainable else "reference")
+    if worker.optimizer is not None:  # over the sharded (and filled) parameters
+        worker.optimizer = worker._make_optimizer()
+    # a decode gathering per forward gathers over every rank of the mesh: lockstep over all
+    return Shards(fsdp_layout(layout), mesh, lockstep=process_group_reduce(mesh.get_group()))
+
+
+def apply_context_parallel(
+    worker,
+    cp_group,
+    rank: int,
+    size: int,
+    dp_group=None,
+    *,
+    fsdp=None,
+    source=None,
+    device=None,
+) -> None:
     """Run ``worker``'s (a :class:`rpeg.runtime.roles.PolicyWorker`) log-prob and training
     passes at context parallelism over ``cp_group`` (this rank is ``rank`` of ``size``).
-    Refused by name: a shared value head, a model whose attention is not transformers'
-    standard (Llama/Qwen2/Qwen3) interface."""
+    ``fsdp``: ``(layout, mesh)`` -- the parameters sharded by FSDP2 over the group's
+    ``dp * cp`` ranks (:func:`context_fsdp`); otherwise every rank holds them whole
+    (:class:`ContextShards`). Refused by name: a shared value head, a model whose attention
+    is not transformers' standard (Llama/Qwen2/Qwen3) interface."""
     if getattr(worker, "shared_critic", False):
         raise ConfigError(
             [
@@ -243,4 +310,7 @@ def apply_context_parallel(worker, cp_group, rank: int, size: int, dp_group=None
     _register()
     whole = worker.lm.forward
     worker.lm.forward = _ContextParallelForward(worker.lm, cp_group, rank, size, whole)
-    worker.shards = ContextShards(worker.module, cp_group, dp_group)
+    if fsdp is not None:
+        worker.shards = context_fsdp(worker, *fsdp, source=source, device=device)
+    else:
+        worker.shards = ContextShards(worker.module, cp_group, dp_group)

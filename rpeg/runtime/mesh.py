@@ -43,9 +43,11 @@ class Layout:
 
     @property
     def sharded(self) -> bool:
-        """True when the role needs DTensor/FSDP (not plain replicas): tp, FSDP over dp,
-        experts split over ep (rpeg.runtime.expert_parallel)."""
-        return self.tp > 1 or (self.fsdp and self.dp > 1) or self.ep > 1
+        """True when the role needs DTensor/FSDP (not plain replicas): tp, FSDP over dp (over
+        dp x cp at context parallelism: rpeg.runtime.context_parallel.context_fsdp), experts
+        split over ep (rpeg.runtime.expert_parallel)."""
+        fsdp_ranks = self.dp * (self.cp if self.pp == 1 else 1)
+        return self.tp > 1 or (self.fsdp and fsdp_ranks > 1) or self.ep > 1
 
     def dp_index(self, rank: int) -> int:
         return rank // self.replica_ranks

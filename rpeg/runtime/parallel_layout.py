@@ -20,8 +20,14 @@ on weights it holds whole (or split at ``gen_tp``):
   (the context-parallel forward hands a decode to the LM's own forward); at ``gen_tp > 1`` it
   gets a copy split at ``gen_tp``.
 
-Refused by name: a critic (value model) on such a group, FSDP over dp with pp or cp (the
-stages and sequence shards keep dp replicas), cp composed with tp or pp, a vLLM engine.
+Training state at cp: replicas (every rank the whole model, gradients summed over cp and
+averaged over dp: :class:`rpeg.runtime.context_parallel.ContextShards`) or, with ``fsdp``,
+FSDP2 over all ``dp * cp`` ranks (:func:`rpeg.runtime.context_parallel.context_fsdp`: each
+rank holds ``1/(dp cp)`` of the parameters, gradients and AdamW state; a role built on meta
+is filled from the weight source after sharding).
+
+Refused by name: a critic (value model) on such a group, FSDP over dp with pp (the stages
+keep dp replicas), cp composed with tp or pp, a vLLM engine.
 """
 
 from __future__ import annotations
@@ -52,12 +58,12 @@ def stage_layout_problems(layout: Any, roles: Any = (), where: str = "plan") -> 
                 "critic's group",
             )
         )
-    if layout.fsdp and layout.dp > 1:
+    if layout.fsdp and layout.dp > 1 and pp > 1:
         out.append(
             Problem(
                 f"{where}.engine",
-                f"fsdp with {deg}={getattr(layout, deg)}: stages and sequence shards keep "
-                "dp replicas; allowed: engine auto (replicas) with pp or cp",
+                f"fsdp with pp={pp}: pipeline stages keep dp replicas; allowed: engine auto "
+                "(replicas) with pp",
             )
         )
     if cp > 1 and (layout.tp > 1 or pp > 1):
@@ -74,7 +80,8 @@ def stage_layout_problems(layout: Any, roles: Any = (), where: str = "plan") -> 
 def layout_groups(layout: Any, rank: int) -> dict[str, Any]:
     """This rank's process groups (None: a group of one rank): ``pp``, ``dp``, ``tp``,
     ``tp_mesh`` (pipeline: :func:`rpeg.runtime.pipeline.new_groups`), or ``cp`` and ``dp``
-    (cp blocks of consecutive ranks; dp: the ranks of one cp index). Every rank calls
+    (cp blocks of consecutive ranks; dp: the ranks of one cp index) and, with ``fsdp``,
+    ``fsdp_mesh``: the 1-D mesh of all ``dp * cp`` ranks FSDP2 shards over. Every rank calls
     ``new_group`` for every group in the same order."""
     import torch.distributed as dist
 
@@ -96,6 +103,10 @@ def layout_groups(layout: Any, rank: int) -> dict[str, Any]:
             g = dist.new_group(ranks)
             if rank in ranks:
                 mine["dp"] = g
+    if layout.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mine["fsdp_mesh"] = init_device_mesh(layout.device_type, (dp * cp,), mesh_dim_names=("dp",))
     return mine
 
 
@@ -173,8 +184,14 @@ def apply_stage_layout(rank_actor: Any) -> None:
         else:
             from rpeg.runtime.context_parallel import apply_context_parallel
 
-            apply_context_parallel(wk, groups["cp"], lay.cp_index(r.rank), lay.cp, groups["dp"])
-            wk.shards.layout = lay  # whole weights on every rank (checkpoints: replicas)
+            # FSDP2 over the dp x cp ranks (built on meta: filled from the source)
+            fs: dict[str, Any] = {}
+            if lay.fsdp:
+                fs = {"fsdp": (lay, groups["fsdp_mesh"]), "source": source, "device": device}
+            cp_index = lay.cp_index(r.rank)
+            apply_context_parallel(wk, groups["cp"], cp_index, lay.cp, groups["dp"], **fs)
+            if not lay.fsdp:
+                wk.shards.layout = lay  # whole weights on every rank (checkpoints: replicas)
     if r.actor is not None and r.actor.engine is not r.residency.engine:
         from rpeg.runtime.engines.residency import EngineResidency
 

@@ -332,7 +332,8 @@ class PolicyWorker:
         # experts split over ep (rpeg.runtime.expert_parallel): every forward is an all-to-all
         lockstep = per_forward or is_split(model)
         if isinstance(self.engine, TorchEngine):
-            self.engine.lockstep = self.reduce if lockstep else None
+            over = getattr(self.shards, "lockstep", None) or self.reduce
+            self.engine.lockstep = over if lockstep else None
             self.engine.record_routes = self.algorithm.routing_replay != "off"
         self._release_routes()
         return nullcontext() if per_forward else gathered_blocks(model)

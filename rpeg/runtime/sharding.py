@@ -208,6 +208,9 @@ class Shards:
     replicated: list[nn.Parameter] = field(default_factory=list)
     tp_split: nn.Module | None = None  # the tp-split LM (its LoRA factors' partial grads)
     experts: Any = None  # experts split over ep (rpeg.runtime.expert_parallel.ExpertShards)
+    #: the RankReduce a decode gathering per forward runs in lockstep over (None: the role's
+    #: dp reduce); FSDP over dp x cp: every rank of the mesh (rpeg.runtime.context_parallel)
+    lockstep: Any = None
 
     @property
     def dp_group(self):

@@ -411,8 +411,8 @@ def _stage_refusal(model: Any, lay: Layout, gen: bool) -> str:
     """The runtime's pp/cp rules (:mod:`rpeg.search.stage_rules`) as a search reason."""
     if gen and (lay.pp > 1 or lay.cp > 1):
         return "runtime: pp/cp on a generate unit (generation runs whole or tp-split weights)"
-    if (lay.pp > 1 or lay.cp > 1) and lay.engine == "fsdp":
-        return "runtime: pp/cp with fsdp (stages and sequence shards keep dp replicas)"
+    if lay.pp > 1 and lay.engine == "fsdp":
+        return "runtime: pp with fsdp (pipeline stages keep dp replicas)"
     from rpeg.search.stage_rules import layout_refusal
 
     return layout_refusal(model, lay.pp, lay.cp, lay.tp)

@@ -103,6 +103,17 @@ def test_context_parallel_halves_a_long_sequences_activations():
     assert 0.45 * a1 < a2 < 0.65 * a1  # half the tokens, plus the gathered keys and values
 
 
+def test_fsdp_at_cp_shards_the_state_over_the_dp_x_cp_ranks():
+    # rpeg.runtime.context_parallel.context_fsdp: the cp ranks hold the same parameters,
+    # FSDP2 shards them over all dp x cp ranks (1/2 at cp=2, 1/4 at cp=2 x dp=2)
+    m = specs.model("qwen2.5-7b")
+    whole = _peak(_group(2, dp=1, cp=2), m).parts
+    for ws, dp, share in ((2, 1, 2), (4, 2, 4)):
+        part = _peak(_group(ws, dp=dp, cp=2, fsdp=True), m).parts
+        for k in ("actor_weights", "actor_optimizer"):
+            assert part[k] == pytest.approx(whole[k] / share), k
+
+
 def _schedule_plan(schedule: str):
     from rpeg.ir import builders
     from rpeg.plan import colocated_plan

@@ -1,5 +1,6 @@
 """A training unit's ``engine: auto`` means one thing to the compiler, the performance model
-and the search: FSDP on CUDA devices at dp > 1 without pp or cp, replicas otherwise
+and the search: FSDP on CUDA devices at dp > 1 without pp (at cp over the dp x cp ranks),
+replicas otherwise
 (rpeg.plan.schema.trains_fsdp). Before, the model priced AdamW state over dp while the ranks
 kept it whole on each replica: a GPU plan could be priced as fitting and not fit."""
 
@@ -25,7 +26,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
         ("auto", True, 8, 1, 1, True),
         ("auto", True, 1, 1, 1, False),  # one rank: nothing to shard over
         ("auto", True, 4, 2, 1, False),  # pipeline stages keep dp replicas
-        ("auto", True, 4, 1, 2, False),  # so do sequence shards
+        ("auto", True, 4, 1, 2, True),  # sequence shards: FSDP over the dp x cp ranks
+        ("auto", True, 1, 1, 2, False),  # cp without dp: replicas under auto
         ("auto", False, 2, 1, 1, False),  # CPU workers keep replicas
         ("fsdp", False, 2, 1, 1, True),
         ("torch", True, 8, 1, 1, False),

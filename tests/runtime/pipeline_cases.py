@@ -222,6 +222,96 @@ def context_case(cfg, dp: int = 1, *, rank: int) -> dict:
     }
 
 
+def _context_fsdp_worker(cfg, dp: int, rank: int, meta: bool = False):
+    """A policy at fsdp x cp (cp = world / dp, cp innermost) as the ranks lay it out
+    (rpeg.runtime.parallel_layout.layout_groups: the cp and dp groups and the 1-D mesh of all
+    ranks): FSDP2 over the dp x cp ranks; ``meta``: built on the meta device and filled from
+    the whole model. Returns (worker, layout, the whole model's parameter bytes)."""
+    import torch.distributed as dist
+
+    from rpeg.runtime.context_parallel import apply_context_parallel
+    from rpeg.runtime.mesh import Layout
+    from rpeg.runtime.parallel import LOCAL, process_group_reduce
+    from rpeg.runtime.parallel_layout import layout_groups
+
+    cp = dist.get_world_size() // dp
+    lay = Layout(dp=dp, cp=cp, fsdp=True)
+    groups = layout_groups(lay, rank)
+    whole, tok = model()
+    full_bytes = sum(p.numel() * p.element_size() for p in whole.parameters())
+    m, source = whole, None
+    if meta:
+        from rpeg.runtime.materialize import ModuleSource, meta_causal_lm
+
+        m, source = meta_causal_lm(whole.config, torch.float32), ModuleSource(whole)
+    reduce = process_group_reduce(groups["dp"]) if dp > 1 else LOCAL
+    w = S.policy(cfg, m, tok, reduce=reduce)
+    apply_context_parallel(
+        w,
+        groups["cp"],
+        lay.cp_index(rank),
+        cp,
+        groups["dp"],
+        fsdp=(lay, groups["fsdp_mesh"]),
+        source=source,
+        device=torch.device("cpu"),
+    )
+    if source is not None:
+        source.close()
+    return w, lay, full_bytes
+
+
+def context_fsdp_case(cfg, dp: int = 1, meta: bool = False, *, rank: int) -> dict:
+    """:func:`context_case` with the parameters sharded by FSDP2 over the dp x cp ranks: the
+    bytes this rank holds, then one step (gradients and weights gathered whole)."""
+    from rpeg.runtime.sharding import param_bytes_local
+
+    w, lay, full_bytes = _context_fsdp_worker(cfg, dp, rank, meta)
+    held = param_bytes_local(w.lm)
+    b = S.batch(0).select(S.rows_of(lay.dp_index(rank), dp))
+    lp = w.compute_logprobs(b)
+    b = b.replace(old_logprobs=lp, sample_logprobs=lp)
+    grads = _snapshot_grads(w)
+    metrics = w.train_step(b)
+    return {
+        "held": held,
+        "full_bytes": full_bytes,
+        "sharded": w.shards.layout.sharded,
+        "logprobs": lp,
+        "metrics": metrics,
+        "grads": {k: _full(v) for k, v in grads.items()},
+        "weights": {k: _full(v) for k, v in w.lm.state_dict().items()},
+    }
+
+
+def context_fsdp_resume_case(cfg, url: str, rank: int) -> dict:
+    """Step 1 at fsdp cp=2 (two ranks, the whole batch), a DCP checkpoint, a fresh dp=2
+    worker (replicas) loads it and runs step 2 on its half of the batch: its metrics."""
+    from rpeg.runtime.actors.shard_checkpoint import (
+        load_shards,
+        restore_extras,
+        save_shards,
+        worker_extras,
+        worker_roles,
+    )
+    from rpeg.runtime.mesh import Layout, build_mesh
+    from rpeg.runtime.parallel import process_group_reduce
+
+    w, _, _ = _context_fsdp_worker(cfg, 1, rank)
+    first = w.train_step(S.with_old_logprobs(S.batch(0), w))
+    save_shards(url, worker_roles(actor=w), worker_extras(actor=w))
+    del w
+    dp = Layout(dp=2, tp=1, fsdp=False)
+    mesh = build_mesh(dp)
+    m, tok = model()
+    v = S.policy(cfg, m, tok)
+    v.apply_layout(dp, mesh, process_group_reduce(mesh.get_group("dp")), device=torch.device("cpu"))
+    extras = load_shards(url, worker_roles(actor=v), worker_extras(actor=v))
+    restore_extras(extras, actor=v)
+    b2 = S.with_old_logprobs(S.batch(1).select(S.rows_of(rank, 2)), v)
+    return {"first": first, "metrics": v.train_step(b2), "version": v.policy_version}
+
+
 def body(rank: int, world: int, port: int, cases: list, q) -> None:
     """Run ``cases`` (``(name, function name here, args)``) in order on this rank."""
     import torch.distributed as dist

@@ -64,3 +64,66 @@ def test_cp2_x_dp2_equals_single_process():
         assert (out[0]["metrics"][k] + out[2]["metrics"][k]) / 2 == pytest.approx(
             ref["metrics"][k], abs=TOL
         ), k
+
+
+def _check_fsdp_cp(out, ref, dp: int, world: int) -> None:
+    """Each rank of fsdp x cp: the one-process log-probs of its rows, gradients and gradient
+    norm (1e-5), the losses' mean over dp, and ``1/world`` of the parameter bytes held."""
+    cp = world // dp
+    for r, res in out.items():
+        rows = C_rows(r // cp, dp)
+        torch.testing.assert_close(res["logprobs"], ref["logprobs"][rows], atol=TOL, rtol=0)
+        assert res["metrics"]["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], abs=TOL)
+        assert set(res["grads"]) == set(ref["grads"])
+        for k, g in res["grads"].items():
+            torch.testing.assert_close(g, ref["grads"][k], atol=TOL, rtol=0, msg=k)
+        assert res["sharded"]
+        # FSDP2 pads each tensor's dim 0 to a multiple of the ranks: within a few rows of 1/world
+        assert res["held"] <= res["full_bytes"] / world * 1.02, (res["held"], res["full_bytes"])
+    for k in ("pg_loss", "kl", "entropy"):  # each dp index's share: their mean is the loss
+        mean = sum(out[d * cp]["metrics"][k] for d in range(dp)) / dp
+        assert mean == pytest.approx(ref["metrics"][k], abs=TOL), k
+
+
+def C_rows(dp_index: int, dp: int) -> list[int]:
+    import pipeline_cases as C
+
+    return C.S.rows_of(dp_index, dp)
+
+
+@pytest.mark.slow  # two spawned ranks
+def test_fsdp_cp2_equals_single_process_on_half_the_parameters():
+    import pipeline_cases as C
+
+    cfg = C.config()
+    ref = C.reference(cfg)
+    out = C.spawn(2, [("f", "context_fsdp_case", (cfg, 1))], port=29981, timeout_s=200)["f"]
+    _check_fsdp_cp(out, ref, 1, 2)
+
+
+@pytest.mark.slow  # four spawned ranks, built on the meta device
+def test_fsdp_cp2_x_dp2_equals_single_process_on_a_quarter_of_the_parameters():
+    import pipeline_cases as C
+
+    cfg = C.config()
+    ref = C.reference(cfg)
+    out = C.spawn(4, [("f", "context_fsdp_case", (cfg, 2, True))], port=29983, timeout_s=300)
+    _check_fsdp_cp(out["f"], ref, 2, 4)
+
+
+@pytest.mark.slow  # two spawned ranks, two layouts
+def test_a_checkpoint_at_fsdp_cp2_resumes_at_dp2(tmp_path):
+    import pipeline_cases as C
+
+    cfg = C.config()
+    ref = C.reference_steps(cfg, 2)
+    url = str(tmp_path / "ckpt")
+    case = [("r", "context_fsdp_resume_case", (cfg, url))]
+    out = C.spawn(2, case, port=29985, timeout_s=200)["r"]
+    for res in out.values():
+        assert res["version"] == 2
+        assert res["first"]["grad_norm"] == pytest.approx(ref[0]["grad_norm"], abs=TOL)
+        assert res["metrics"]["grad_norm"] == pytest.approx(ref[1]["grad_norm"], abs=1e-4)
+    for k in ("pg_loss", "kl", "entropy"):
+        mean = (out[0]["metrics"][k] + out[1]["metrics"][k]) / 2
+        assert mean == pytest.approx(ref[1][k], abs=1e-4), k

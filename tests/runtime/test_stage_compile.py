@@ -77,6 +77,16 @@ def test_unrunnable_pp_and_cp_are_refused_by_name(tmp_path):
     assert "cp=2 with a critic (value model) in the group" in str(p)
 
 
+def test_fsdp_with_cp_compiles_sharded_over_the_dp_x_cp_ranks(tmp_path):
+    from rpeg.runtime.mesh import Layout
+
+    for n in (2, 4):  # cp=2 alone, cp=2 x dp=2
+        cfg = stage_config(tmp_path, n=n, cp=2, engine="fsdp")
+        (g,) = compile_plan(cfg.plan, cfg).actor_groups
+        assert (g.cp, g.dp, g.fsdp) == (2, n // 2, True)
+        assert Layout.from_group(g).sharded  # the ranks build on meta and shard over dp x cp
+
+
 def test_a_model_family_the_stages_do_not_run_is_refused(tmp_path):
     from rpeg import specs
 
@@ -110,7 +120,15 @@ def test_the_search_keeps_pp_and_cp_layouts_and_counts_what_it_drops():
     assert any(x.pp == 2 and x.engine == "auto" for x in train)
     assert any(x.cp == 2 and x.tp == 1 for x in train)
     assert not any(x.cp > 1 and (x.tp > 1 or x.pp > 1) for x in train)
-    assert not any((x.pp > 1 or x.cp > 1) and x.engine == "fsdp" for x in train)
+    assert not any(x.pp > 1 and x.engine == "fsdp" for x in train)
+    # FSDP composes with cp (FSDP2 over the dp x cp ranks: rpeg.runtime.context_parallel):
+    # engine auto runs it on GPUs at dp > 1 (fsdp there is the same layout, not repeated)
+    from rpeg.plan.schema import trains_fsdp
+
+    dp = {x: 8 // (x.tp * x.pp * x.cp) for x in train}
+    assert any(
+        x.cp == 2 and trains_fsdp(x.engine, cuda=True, dp=dp[x], pp=x.pp, cp=x.cp) for x in train
+    )
     reasons = s.counts.to_dict()["infeasible"]
     assert reasons["runtime: cp with tp or pp (context parallelism composes with dp only)"] > 0
-    assert reasons["runtime: pp/cp with fsdp (stages and sequence shards keep dp replicas)"] > 0
+    assert reasons["runtime: pp with fsdp (pipeline stages keep dp replicas)"] > 0

@@ -133,6 +133,17 @@ def stage_layout(layout: Any) -> bool:
     )
 
 
+def context_fsdp_layout(layout: Any) -> bool:
+    """Every trainable group FSDP over dp x cp ranks (tp 1, cp > 1: rpeg.runtime.
+    context_parallel.context_fsdp): its ranks wrote DCP shards, which load at another layout
+    (each rank reads the slices it holds; replicas read whole tensors)."""
+    import re
+
+    return isinstance(layout, dict) and all(
+        re.fullmatch(r"dp\d+xtp1xcp\d+\+fsdp", v) for v in layout.values() if isinstance(v, str)
+    )
+
+
 def identity_mismatches(
     meta: dict[str, Any], ident: dict[str, Any], allow: tuple[str, ...] = ()
 ) -> list[Problem]:
@@ -165,13 +176,17 @@ def identity_mismatches(
             if field == "layout" and not (
                 now == "local"
                 or was == "local"
-                or (replica_layout(was) and (replica_layout(now) or stage_layout(now)))
+                or (
+                    (replica_layout(was) or context_fsdp_layout(was))
+                    and (replica_layout(now) or stage_layout(now))
+                )
             ):
                 out.append(
                     Problem(
                         "--allow-change",
                         f"layout {was} -> {now}: only data-parallel replicas (tp 1, no "
-                        "fsdp) reshard on resume, into replicas or pipeline stages (tp 1, pp)",
+                        "fsdp) and fsdp over cp ranks (tp 1) reshard on resume, into replicas "
+                        "or pipeline stages (tp 1, pp)",
                     )
                 )
             continue

@@ -23,9 +23,11 @@ from rpeg.runtime.samples import keep_samples_upto
 
 
 def _writes_shards(g: GroupSpec) -> bool:
-    """A trainable group sharded by FSDP or TP: its ranks write their own shards of the
-    weights and optimizer state at a checkpoint (no rank holds the whole of either)."""
-    return bool(g.trainable) and (g.tp > 1 or (g.fsdp and g.dp > 1) or g.ep > 1 or g.pp > 1)
+    """A trainable group sharded by FSDP (over dp, or dp x cp: rpeg.runtime.context_parallel)
+    or TP: its ranks write their own shards of the weights and optimizer state at a
+    checkpoint (no rank holds the whole of either)."""
+    fsdp = g.fsdp and g.dp * max(1, g.cp) > 1
+    return bool(g.trainable) and (g.tp > 1 or fsdp or g.ep > 1 or g.pp > 1)
 
 
 class RunCheckpoints:
