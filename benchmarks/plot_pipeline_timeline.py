@@ -1,10 +1,14 @@
-"""Draw the Gantt chart of one pipelined training step from the per-rank action timeline that
-``python benchmarks/bench_pipeline.py --timeline T.json`` writes (each action: kind F/B, model
-chunk, micro-batch, start, end, seconds waiting on its receive), one row per pipeline rank;
-the wait of an action is drawn hatched, the gaps between actions are the idle (bubble) time.
+"""Draw the Gantt chart of one pipelined training step, one row per pipeline rank: from a run's
+``timeline.json`` (``rpeg train`` of a plan whose training unit has pp > 1 writes each rank's
+actions under ``pipeline_actions``; ``--step`` picks the step, default the last) or from the
+action timeline ``python benchmarks/bench_pipeline.py --timeline T.json`` writes; each action:
+kind F/B, model chunk, micro-batch, start, end, seconds waiting on its receive (drawn hatched).
+The gaps between actions are the idle (bubble) time.
 
+    rpeg train configs/pp2-cpu.yaml runtime.steps=3
+    python benchmarks/plot_pipeline_timeline.py runs/pp2-cpu/latest/timeline.json docs/img/pp2-1f1b-gantt.png
     python benchmarks/bench_pipeline.py --layers 8 --rows 16 --micro 2 --timeline /tmp/tl.json
-    python benchmarks/plot_pipeline_timeline.py /tmp/tl.json docs/img/pp2-1f1b-gantt.png
+    python benchmarks/plot_pipeline_timeline.py /tmp/tl.json /tmp/gantt.png
 """
 
 from __future__ import annotations
@@ -13,11 +17,29 @@ import argparse
 import json
 
 
+def run_actions(timeline: dict, step: int | None = None) -> dict[int, list]:
+    """A run's ``timeline.json`` -> {pipeline rank: [(kind, chunk, micro, start, end, wait)]},
+    seconds from the step's first action."""
+    acts = timeline["pipeline_actions"]
+    if not acts:
+        raise SystemExit("timeline.json has no pipeline actions (no training unit at pp > 1)")
+    step = max(a["step"] for a in acts) if step is None else step
+    mine = [a for a in acts if a["step"] == step]
+    t0 = min(a["start_s"] for a in mine)
+    out: dict[int, list] = {}
+    for a in mine:
+        s, e = a["start_s"] - t0, a["end_s"] - t0
+        row = (a["kind"], a["chunk"], a["micro"], s, e, a.get("wait_s", 0.0))
+        out.setdefault(a["rank"], []).append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("timeline")
     ap.add_argument("out")
     ap.add_argument("--title", default="pp=2, 1F1B: one training step (rpeg-tiny at 8 layers)")
+    ap.add_argument("--step", type=int, help="a run's timeline.json: the step (default the last)")
     args = ap.parse_args()
     import matplotlib
 
@@ -25,7 +47,9 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     with open(args.timeline) as f:
-        tl = {int(r): acts for r, acts in json.load(f).items()}
+        data = json.load(f)
+    tl = run_actions(data, args.step) if "pipeline_actions" in data else data
+    tl = {int(r): acts for r, acts in tl.items()}
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.8 * len(tl)))
     colors = {"F": "#4c8bd6", "B": "#e0874a"}
     end = 0.0

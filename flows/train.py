@@ -275,6 +275,7 @@ def _finish(
         "records": [r.to_dict() for r in run.timeline.records],
         "step_offsets_s": {str(k): v for k, v in run.timeline.step_offsets().items()},
         "stage_spans": list(run.timeline.stage_spans),
+        "pipeline_actions": list(run.timeline.pipeline_actions),
     }
     timeline = resumed_timeline(out / "timeline.json", now, resumed_at)
     (out / "timeline.json").write_text(json.dumps(timeline))

@@ -446,12 +446,21 @@ class Pipeline:
         #: set to a list to record each action of :meth:`run`: (kind, chunk, micro, start,
         #: end, seconds waiting on receives) in ``time.perf_counter`` seconds
         self.timeline: list[tuple[str, int, int, float, float, float]] | None = None
+        #: every training run's actions since :meth:`take_actions`: (kind, chunk, micro,
+        #: start, end, seconds waiting on receives), wall-clock seconds (a run's
+        #: timeline.json: ``pipeline_actions``)
+        self.actions: list[tuple[str, int, int, float, float, float]] = []
         self._wait = 0.0
         self._base = base
         lm.__dict__["_rpeg_pipeline"] = self  # checkpoint names (checkpoint_names)
         self.prune()
         if self.is_last:
             lm.forward = _LastStageForward(self)
+
+    def take_actions(self) -> list[tuple[str, int, int, float, float, float]]:
+        """The training runs' actions recorded since the last call (and forget them)."""
+        out, self.actions = self.actions, []
+        return out
 
     def chunk(self, k: int) -> _Chunk:
         return self._chunks[k]
@@ -545,6 +554,7 @@ class Pipeline:
         slots: dict[tuple[int, int], _Slot] = {}
         stats: list[dict[str, float]] = [{} for _ in range(m)]
         grad_ctx = contextlib.nullcontext() if train else torch.no_grad()
+        wall = time.time() - time.perf_counter()  # perf_counter -> epoch seconds
         try:
             with grad_ctx:
                 for a in orders[self.index]:
@@ -555,8 +565,11 @@ class Pipeline:
                         self._forward(a, ch, mb, hidden, slots, stats, last_fn, train, autocast)
                     else:
                         self._backward(a, ch, mb, hidden, slots)
+                    t1 = time.perf_counter()
+                    if train:
+                        span = (t0 + wall, t1 + wall, self._wait)
+                        self.actions.append((a.kind, a.chunk, a.micro, *span))
                     if self.timeline is not None:
-                        t1 = time.perf_counter()
                         self.timeline.append((a.kind, a.chunk, a.micro, t0, t1, self._wait))
         finally:
             self.current_input = None

@@ -105,6 +105,7 @@ def resumed_timeline(path: Path, timeline: dict[str, Any], resumed_at: int) -> d
             **timeline.get("step_offsets_s", {}),
         },
         "stage_spans": kept("stage_spans") + list(timeline.get("stage_spans", [])),
+        "pipeline_actions": kept("pipeline_actions") + list(timeline.get("pipeline_actions", [])),
         "segments": [*segments, resumed_at] if resumed_at > 0 else [0],
     }
 

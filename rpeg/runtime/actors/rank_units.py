@@ -78,7 +78,12 @@ class RankUnits:
                 )
         from rpeg.runtime import samples as SM
         from rpeg.runtime.actors.dataplane import tensor_bytes
-        from rpeg.runtime.actors.unit_result import Span, UnitResult, counted_tokens
+        from rpeg.runtime.actors.unit_result import (
+            PipelineAction,
+            Span,
+            UnitResult,
+            counted_tokens,
+        )
 
         if unit.offload:  # moves so far (either way): the plan's offload at work
             m["offload_moves"] = float(md.offloader.moves)
@@ -102,6 +107,7 @@ class RankUnits:
             rows=None if batch is None else int(batch.size),
             batch_bytes=0 if batch is None else int(tensor_bytes(batch)),
             samples=SM.samples_from_batch(batch, step, rules=md.rewards.names) if logged else (),
+            actions=tuple(PipelineAction(*a) for a in pipeline_actions(md.actor)),
         )
 
     def run_units(self, step: int, calls: list[UnitCall]) -> list[Any]:
@@ -146,3 +152,10 @@ class RankUnits:
                 continue
             self._hooked.add(id(mod))
             mod.register_forward_pre_hook(lambda *_a: setattr(self, "forwards", self.forwards + 1))
+
+
+def pipeline_actions(role: Any) -> list[tuple[str, int, int, float, float, float]]:
+    """The actions of ``role``'s pipelined training passes since the last call (a role
+    without a pipeline: none)."""
+    pipe = getattr(role, "pipeline", None)
+    return [] if pipe is None else pipe.take_actions()

@@ -25,6 +25,28 @@ class TimelineRecorder:
         # stages inside an actor call (wall clock of the actor's process, same host clock):
         # {"step", "unit", "stage", "rank", "pid", "start_s", "end_s"}, seconds from origin
         self.stage_spans: list[dict[str, Any]] = []
+        # a pipelined trainer's actions (rpeg.runtime.pipeline), one per forward/backward of
+        # a model chunk on a micro-batch: {"step", "unit", "rank", "kind", "chunk", "micro",
+        # "start_s", "end_s", "wait_s"}, seconds from origin (wait_s: on its receives)
+        self.pipeline_actions: list[dict[str, Any]] = []
+
+    def add_pipeline_actions(self, step: int, unit: str, rank: int, actions: Iterable[Any]) -> None:
+        """``actions``: one rank's :class:`rpeg.runtime.actors.unit_result.PipelineAction`s."""
+        with self._lock:
+            for a in actions:
+                self.pipeline_actions.append(
+                    {
+                        "step": step,
+                        "unit": unit,
+                        "rank": rank,
+                        "kind": a.kind,
+                        "chunk": a.chunk,
+                        "micro": a.micro,
+                        "start_s": round(a.start - self.origin_wall, 6),
+                        "end_s": round(a.end - self.origin_wall, 6),
+                        "wait_s": round(a.wait, 6),
+                    }
+                )
 
     def add_stage_spans(
         self, step: int, unit: str, rank: int, pid: int, spans: Iterable[tuple[str, float, float]]

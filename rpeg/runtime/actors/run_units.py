@@ -163,6 +163,7 @@ class UnitRunner:
         for r, u in enumerate(res):
             spans = [(sp.stage, sp.start, sp.end) for sp in u.spans]
             self.timeline.add_stage_spans(step, task.name, r, u.pid, spans)
+            self.timeline.add_pipeline_actions(step, task.name, r, u.actions)
         from rpeg.plan import format_devices
 
         self.timeline.add(

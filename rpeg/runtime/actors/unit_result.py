@@ -27,10 +27,25 @@ class Span:
 
 
 @dataclass(frozen=True)
+class PipelineAction:
+    """One action of a pipelined training pass on this rank (rpeg.runtime.pipeline): a
+    forward ``F`` or backward ``B`` of model chunk ``chunk`` on micro-batch ``micro``,
+    wall-clock start and end (seconds, epoch) and the seconds of it spent waiting on the
+    point-to-point receives of its input."""
+
+    kind: str
+    chunk: int
+    micro: int
+    start: float
+    end: float
+    wait: float = 0.0
+
+
+@dataclass(frozen=True)
 class UnitResult:
     """One rank's result of one unit: metrics (reduced over ranks by :data:`REDUCTIONS`),
-    the stages' spans and the process id (the timeline's), and what the rank now holds of
-    the step's batch (``rows``, ``batch_bytes``: the data plane's; None/0 without a batch)."""
+    the stages' spans, a pipelined trainer's actions and the process id (the timeline's), and
+    what the rank now holds of the step's batch (``rows``, ``batch_bytes``: the data plane's; None/0 without a batch)."""
 
     metrics: dict[str, float]
     spans: tuple[Span, ...] = ()
@@ -39,6 +54,7 @@ class UnitResult:
     rows: int | None = None
     batch_bytes: int = 0
     samples: tuple[Sample, ...] = ()  # a logged step's sample rows (its advantage unit's)
+    actions: tuple[PipelineAction, ...] = ()  # a pipelined trainer's actions in the call
 
 
 def counted_tokens(batch_tokens: float | None, tp_index: int) -> float | None:

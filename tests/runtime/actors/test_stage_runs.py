@@ -80,6 +80,39 @@ def test_two_ranks_train_at_pp_or_cp_like_data_parallel(
     assert len(s["peak_memory"]["g0"]) == 2 and all(
         m["peak_rss_bytes"] > 0 for m in s["peak_memory"]["g0"]
     )
+    if degrees[0] > 1:
+        _timeline_runs_the_schedule(cfg, degrees[2])
+
+
+def _timeline_runs_the_schedule(cfg, schedule: str) -> None:
+    """The run's timeline.json holds each pipeline rank's training actions (what
+    benchmarks/plot_pipeline_timeline.py draws): per step and rank, the schedule's own order
+    of forwards and backwards for every optimizer step's micro-batches, each action inside
+    the step's train_actor span on that rank."""
+    from pathlib import Path
+
+    from rpeg.runtime.pipeline import schedule_orders
+
+    tl = json.loads((Path(cfg.runtime.output_dir) / "timeline.json").read_text())
+    acts, spans = tl["pipeline_actions"], tl["stage_spans"]
+    assert {a["step"] for a in acts} == {0, 1}
+    for step in (0, 1):
+        for rank in (0, 1):
+            mine = [a for a in acts if (a["step"], a["rank"]) == (step, rank)]
+            got = [(a["kind"], a["chunk"], a["micro"]) for a in mine]
+            m = max(a["micro"] for a in mine) + 1
+            order = [(x.kind, x.chunk, x.micro) for x in schedule_orders(schedule, 2, m)[rank]]
+            assert got == order * (len(got) // len(order)), (step, rank)
+            (train,) = [
+                sp
+                for sp in spans
+                if (sp["step"], sp["rank"], sp["stage"]) == (step, rank, "train_actor")
+            ]
+            assert all(
+                train["start_s"] - 1e-3 <= a["start_s"] <= a["end_s"] <= train["end_s"] + 1e-3
+                and 0 <= a["wait_s"] <= a["end_s"] - a["start_s"] + 1e-6
+                for a in mine
+            )
 
 
 def test_pp2_x_dp2_on_four_ranks_like_data_parallel(tmp_path, prefect_harness, dp_steps):
