@@ -10,6 +10,11 @@ from typing import Any
 
 from rpeg.perf.timeline import TimelineRecord
 
+#: steps whose pipeline actions timeline.json keeps (the newest): a pipelined trainer records
+#: 2 x micro-batches x chunks actions per mini-batch and rank, too many to keep for every step
+#: of a long run; a Gantt needs one step
+PIPELINE_ACTION_STEPS = 3
+
 
 class TimelineRecorder:
     """Collects (stage, device group, start_s, end_s) per step; thread-safe (tasks of one
@@ -31,7 +36,8 @@ class TimelineRecorder:
         self.pipeline_actions: list[dict[str, Any]] = []
 
     def add_pipeline_actions(self, step: int, unit: str, rank: int, actions: Iterable[Any]) -> None:
-        """``actions``: one rank's :class:`rpeg.runtime.actors.unit_result.PipelineAction`s."""
+        """``actions``: one rank's :class:`rpeg.runtime.actors.unit_result.PipelineAction`s;
+        only the newest :data:`PIPELINE_ACTION_STEPS` steps' are kept."""
         with self._lock:
             for a in actions:
                 self.pipeline_actions.append(
@@ -47,6 +53,10 @@ class TimelineRecorder:
                         "wait_s": round(a.wait, 6),
                     }
                 )
+            steps = sorted({a["step"] for a in self.pipeline_actions})
+            if len(steps) > PIPELINE_ACTION_STEPS:
+                keep = set(steps[-PIPELINE_ACTION_STEPS:])
+                self.pipeline_actions = [a for a in self.pipeline_actions if a["step"] in keep]
 
     def add_stage_spans(
         self, step: int, unit: str, rank: int, pid: int, spans: Iterable[tuple[str, float, float]]
