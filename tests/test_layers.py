@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-MAPPED = {"flows": "flows", "tasks": "tasks", "infra": "infra"}  # rpeg.<key> -> folder
+from tests.module_files import MAPPED, ROOT, rpeg_module_files
 
 _GRAPH_SCRIPT = textwrap.dedent(
     """
@@ -132,21 +131,6 @@ def test_the_cycle_check_finds_a_cycle(tmp_path):
 # --------------------------------------------------------------------------- re-exports
 
 
-def _modules() -> dict[str, Path]:
-    """Dotted name -> file, for rpeg/ and the mapped folders."""
-    out: dict[str, Path] = {}
-    roots = {"rpeg": ROOT / "rpeg", **{f"rpeg.{k}": ROOT / v for k, v in MAPPED.items()}}
-    for prefix, root in roots.items():
-        for f in root.rglob("*.py"):
-            parts = list(f.relative_to(root).with_suffix("").parts)
-            if prefix == "rpeg" and parts and parts[0] in MAPPED:
-                continue
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            out[".".join([prefix, *parts])] = f
-    return out
-
-
 def _imported_names(tree: ast.AST) -> set[str]:
     names = set()
     for node in ast.walk(tree):
@@ -173,7 +157,7 @@ def reexport_imports(modules: dict[str, Path]) -> list[str]:
 
 
 def test_names_are_imported_from_the_module_that_defines_them():
-    assert reexport_imports(_modules()) == []
+    assert reexport_imports(rpeg_module_files()) == []
 
 
 def test_reexport_check_finds_a_reexport(tmp_path):

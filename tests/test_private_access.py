@@ -21,23 +21,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-MAPPED = {"flows": "flows", "tasks": "tasks", "infra": "infra"}  # rpeg.<key> -> folder
-
-
-def _modules() -> dict[str, Path]:
-    """Dotted name -> file, for rpeg/ and the mapped folders."""
-    out: dict[str, Path] = {}
-    roots = {"rpeg": ROOT / "rpeg", **{f"rpeg.{k}": ROOT / v for k, v in MAPPED.items()}}
-    for prefix, root in roots.items():
-        for f in sorted(root.rglob("*.py")):
-            parts = list(f.relative_to(root).with_suffix("").parts)
-            if prefix == "rpeg" and parts and parts[0] in MAPPED:
-                continue
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            out[".".join([prefix, *parts])] = f
-    return out
+from tests.module_files import ROOT, rpeg_module_files
 
 
 def _private(name: str) -> bool:
@@ -129,7 +113,7 @@ def private_access(modules: dict[str, Path], root: Path = ROOT) -> list[str]:
 
 
 def test_no_module_reaches_into_another_modules_private_names():
-    bad = private_access(_modules())
+    bad = private_access(rpeg_module_files())
     assert bad == [], "make the name public where it is defined:\n" + "\n".join(bad)
 
 

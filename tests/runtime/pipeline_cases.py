@@ -44,13 +44,10 @@ def _snapshot_grads(worker) -> dict:
     return seen
 
 
-def reference(cfg, rows=None) -> dict:
-    """One process: old log-probs, one train step: metrics, gradients, weights after."""
-    m, tok = model()
-    w = S.policy(cfg, m, tok)
-    b = S.batch(0)
-    if rows is not None:
-        b = b.select(rows)
+def _one_step(w, b) -> dict:
+    """``b``'s old log-probs, then one train step of ``w`` on it: the log-probs, the step's
+    metrics, the (clipped) gradients and the weights after, each gathered whole (tensor- or
+    FSDP-sharded ones: a collective every rank makes; plain tensors copied)."""
     lp = w.compute_logprobs(b)
     b = b.replace(old_logprobs=lp, sample_logprobs=lp)
     grads = _snapshot_grads(w)
@@ -58,9 +55,19 @@ def reference(cfg, rows=None) -> dict:
     return {
         "logprobs": lp,
         "metrics": metrics,
-        "grads": grads,
-        "weights": {k: v.clone() for k, v in w.lm.state_dict().items()},
+        "grads": {k: _full(v) for k, v in grads.items()},
+        "weights": {k: _full(v) for k, v in w.lm.state_dict().items()},
     }
+
+
+def reference(cfg, rows=None) -> dict:
+    """One process: old log-probs, one train step: metrics, gradients, weights after."""
+    m, tok = model()
+    w = S.policy(cfg, m, tok)
+    b = S.batch(0)
+    if rows is not None:
+        b = b.select(rows)
+    return _one_step(w, b)
 
 
 def pipeline_case(cfg, pp: int, dp: int, schedule: str, tp: int = 1, *, rank: int) -> dict:
@@ -77,15 +84,8 @@ def pipeline_case(cfg, pp: int, dp: int, schedule: str, tp: int = 1, *, rank: in
     w = S.policy(cfg, m, tok, reduce=reduce)
     pipe = apply_pipeline(w, lay, rank, groups)
     b = S.batch(0).select(S.rows_of(lay.dp_index(rank), dp))
-    lp = w.compute_logprobs(b)
-    b = b.replace(old_logprobs=lp, sample_logprobs=lp)
-    grads = _snapshot_grads(w)
-    metrics = w.train_step(b)
     return {
-        "logprobs": lp,
-        "metrics": metrics,
-        "grads": {k: _full(v) for k, v in grads.items()},
-        "weights": {k: _full(v) for k, v in w.lm.state_dict().items()},
+        **_one_step(w, b),
         "layers": pipe.owned_layers(),
         "dp_index": lay.dp_index(rank),
         "tp_sharded": sorted(k for k, v in w.lm.state_dict().items() if hasattr(v, "full_tensor")),
@@ -139,20 +139,12 @@ def meta_case(cfg, rank: int) -> dict:
     initial = {k: v.clone() for k, v in whole.state_dict().items()}
     del whole
     gathered = full_state_dict(pipe)
-    b = S.batch(0)
-    lp = w.compute_logprobs(b)
-    b = b.replace(old_logprobs=lp, sample_logprobs=lp)
-    grads = _snapshot_grads(w)
-    metrics = w.train_step(b)
     return {
         "held": held,
         "full_bytes": full_bytes,
         "gathered_ok": set(gathered) == set(initial)
         and all(torch.equal(gathered[k], initial[k]) for k in initial),
-        "logprobs": lp,
-        "metrics": metrics,
-        "grads": grads,
-        "weights": {k: v.clone() for k, v in w.lm.state_dict().items()},
+        **_one_step(w, S.batch(0)),
         "layers": pipe.owned_layers(),
         "dp_index": 0,
     }
@@ -209,17 +201,7 @@ def context_case(cfg, dp: int = 1, *, rank: int) -> dict:
     m, tok = model()
     w = S.policy(cfg, m, tok, reduce=process_group_reduce(dp_group) if dp > 1 else LOCAL)
     apply_context_parallel(w, cp_group, rank % cp, cp, dp_group=dp_group)
-    b = S.batch(0).select(S.rows_of(rank // cp, dp))
-    lp = w.compute_logprobs(b)
-    b = b.replace(old_logprobs=lp, sample_logprobs=lp)
-    grads = _snapshot_grads(w)
-    metrics = w.train_step(b)
-    return {
-        "logprobs": lp,
-        "metrics": metrics,
-        "grads": grads,
-        "weights": {k: v.clone() for k, v in w.lm.state_dict().items()},
-    }
+    return _one_step(w, S.batch(0).select(S.rows_of(rank // cp, dp)))
 
 
 def _context_fsdp_worker(cfg, dp: int, rank: int, meta: bool = False):
@@ -268,19 +250,11 @@ def context_fsdp_case(cfg, dp: int = 1, meta: bool = False, *, rank: int) -> dic
 
     w, lay, full_bytes = _context_fsdp_worker(cfg, dp, rank, meta)
     held = param_bytes_local(w.lm)
-    b = S.batch(0).select(S.rows_of(lay.dp_index(rank), dp))
-    lp = w.compute_logprobs(b)
-    b = b.replace(old_logprobs=lp, sample_logprobs=lp)
-    grads = _snapshot_grads(w)
-    metrics = w.train_step(b)
     return {
         "held": held,
         "full_bytes": full_bytes,
         "sharded": w.shards.layout.sharded,
-        "logprobs": lp,
-        "metrics": metrics,
-        "grads": {k: _full(v) for k, v in grads.items()},
-        "weights": {k: _full(v) for k, v in w.lm.state_dict().items()},
+        **_one_step(w, S.batch(0).select(S.rows_of(lay.dp_index(rank), dp))),
     }
 
 
