@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,14 @@ from rpeg.runtime.progress import StepProgress
 from rpeg.runtime.run_folder import append_lines, rewrite_lines
 
 log = logging.getLogger("rpeg.flows.train")
+
+#: seconds between two updates of a run's progress artifact and samples table (the first and
+#: the last step always update them; every step still writes its log line). Each update is
+#: a Prefect API call that the server answers with a database write: measured on the
+#: built-in task (0.5 s steps, 2 CPU ranks on 2 cores) one update per step cost 45 ms of
+#: every step, the server's CPU taken from the ranks (docs/measurements.md). A step of a GPU
+#: run (tens of seconds) updates them every step.
+ARTIFACT_EVERY_S = 5.0
 
 
 def publish_guarded(fn: str, *args: Any, **kwargs: Any) -> Any:
@@ -77,6 +86,8 @@ class StepSink:
         self.watch: Any = None  # rpeg.runtime.degenerate.DegenerateWatch, set by train_body
         self.samples_from: list[Any] | None = None  # the driver's logged samples, per step
         self._samples_seen = 0
+        self._artifacts_at: float | None = None  # time.monotonic() of the last update
+        self._unpublished: Any = None  # the newest step recorded since that update
 
     def say(self, line: str) -> None:
         """A line of the run's story: the run's log, and the console when progress is shown
@@ -145,16 +156,37 @@ class StepSink:
             self.say(f"checkpoint step {ins.checkpoint}: {where}")
             if ins.checkpoint == self.steps:  # one artifact per run: the final checkpoint
                 publish_guarded("publish_checkpoint", where, ins.checkpoint)
+        now = time.monotonic()
+        due = (
+            self._artifacts_at is None
+            or now - self._artifacts_at >= ARTIFACT_EVERY_S
+            or ins.step + 1 >= self.steps
+        )
+        if not due:  # the log line only; the artifacts at the next update (or at close)
+            publish_guarded("log_step", ins.step + 1, self.steps, ins.metrics)
+            self._unpublished = ins
+            return
+        self._artifacts_at, self._unpublished = now, None
         publish_guarded("publish_step", ins.step + 1, self.steps, ins.metrics)
+        self._publish_samples()
+
+    def _publish_samples(self) -> None:
         got = self.samples_from
-        if got is not None and len(got) > self._samples_seen:  # a logged step's samples
+        if got is not None and len(got) > self._samples_seen:  # the newest logged samples
             from rpeg.runtime.samples import table_rows
 
             self._samples_seen = len(got)
             publish_guarded("publish_samples", table_rows(got[-1]), got[-1][0].step)
 
     def close(self) -> None:
+        """Wait for every record (the first error raised), then bring the progress artifact
+        and the samples table to the newest step (a run that ended before its last step)."""
         self._writer.shutdown(wait=True)
+        ins = self._unpublished
+        if ins is not None:
+            self._unpublished = None
+            publish_guarded("publish_step", ins.step + 1, self.steps, ins.metrics, log_line=False)
+            self._publish_samples()
         self.progress.close()
         self.metrics.close()
         for f in self._pending:

@@ -29,6 +29,7 @@ Functions
 ``in_prefect_run() -> bool``
 ``artifact_key(*parts) -> str``
 ``publish_step(step, total_steps, metrics, *, key=None, log_line=True) -> UUID | None``
+``log_step(step, total_steps, metrics) -> None``  (the step's log line only)
 ``publish_metrics_table(history, *, key=None, columns=None, description=None) -> UUID | None``
 ``publish_checkpoint(url, step, *, key=None, score=None, description=None) -> UUID | None``
 ``publish_plan_report(markdown, *, key=None) -> UUID | None``  (markdown text or a path to .md)
@@ -72,6 +73,7 @@ from rpeg.flows.artifacts.steps import (
     MAIN_METRICS,
     TABLE_METRICS,
     format_step_line,
+    log_step,
     progress_artifact_id,
     publish_metrics_table,
     publish_samples,
@@ -96,6 +98,7 @@ __all__ = [
     "publish_plan_report",
     "publish_refused",
     "publish_results",
+    "log_step",
     "publish_samples",
     "publish_step",
     "publish_summary",

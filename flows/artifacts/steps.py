@@ -62,6 +62,13 @@ def format_step_line(step: int, total_steps: int, metrics: Mapping[str, Any]) ->
     return f"step {step}/{total_steps} {body}".rstrip()
 
 
+def log_step(step: int, total_steps: int, metrics: Mapping[str, Any] | None = None) -> None:
+    """Only the step's line in the flow run's log (what :func:`publish_step` logs), no
+    artifact call: for the steps between two progress updates."""
+    if in_prefect_run():
+        run_logger().info(format_step_line(step, total_steps, metrics or {}))
+
+
 def publish_step(
     step: int,
     total_steps: int,

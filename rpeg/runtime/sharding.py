@@ -221,7 +221,10 @@ class Shards:
         all-reduce per bucket of about ``bucket_bytes`` (gradients flattened by dtype, all
         buckets in flight at once, then copied back), not one per parameter -- a collective's
         fixed cost (gloo over loopback: ~0.3 ms) paid once per bucket (DDP's bucketing, Li
-        et al. 2020, arXiv:2006.15704). First the LoRA tp sums (:attr:`tp_split`)."""
+        et al. 2020, arXiv:2006.15704). A pair of CPU ranks on one host sums each bucket over
+        its pair channel instead (rpeg.runtime.pair_channel: the peer's bytes added straight
+        from shared memory, no hand-off to gloo's threads; measured on rpeg-tiny's dp=2 train
+        step: docs/measurements.md). First the LoRA tp sums (:attr:`tp_split`)."""
         sum_partial_grads(self.tp_split)
         if self.experts is not None:  # summed over their replicas, / dp; the live replicas
             self.replicated = self.experts.sync_grads(self.replicated)
@@ -230,12 +233,21 @@ class Shards:
         import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
+        from rpeg.runtime.pair_channel import pair_channel
+
         grads = [
             p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
             for p in self.replicated
             if p.grad is not None
         ]
         group = self.dp_group
+        pair = pair_channel(group) if grads and grads[0].device.type == "cpu" else None
+        if pair is not None and all(g.is_contiguous() for g in grads):
+            # a same-host pair: the peer's gradients added in place from shared memory
+            for bucket in grad_buckets(grads, bucket_bytes):
+                pair.exchange_sum_(bucket)
+                torch._foreach_div_(bucket, float(self.layout.dp))
+            return
         pending = []
         for bucket in grad_buckets(grads, bucket_bytes):
             flat = torch.cat([g.reshape(-1) for g in bucket])

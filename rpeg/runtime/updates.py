@@ -188,11 +188,30 @@ def apply_update(optimizer, stats: dict[str, float], grad_norm: float, grad_norm
 
 
 def adamw(params, **options) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` with the multi-tensor (``foreach``) update (on CPU torch defaults
-    to one update per parameter tensor in a Python loop: measured on rpeg-tiny, one process,
-    one thread, 13.7 ms per step, 8.1 ms with ``foreach``), run on the local shards of
+    """``torch.optim.AdamW`` with the fused update where every parameter allows it (floating
+    point, on the CPU or a CUDA device: one kernel reading and writing each parameter, its
+    gradient and its two moments once -- the 16 B per parameter at memory speed the
+    performance model prices, rpeg.perf.passes.optimizer_s), the multi-tensor (``foreach``)
+    update otherwise. Measured on rpeg-tiny's 4.0M parameters, one thread: 2.9 ms per step
+    fused, 16.7 ms foreach (several passes over the state), 13.7 ms torch's CPU default (one
+    update per tensor in a Python loop) -- docs/measurements.md. Runs on the local shards of
     DTensor parameters (:class:`_AdamW`)."""
-    return _AdamW(params, foreach=True, **options)
+    params = list(params)
+    flat = [p for g in params for p in g["params"]] if params and isinstance(params[0], dict) else params
+    fused = bool(flat) and all(_fusable(p) for p in flat)
+    return _AdamW(params, fused=fused, foreach=not fused, **options)
+
+
+def _fusable(p: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    local = p._local_tensor if isinstance(p, DTensor) else p
+    return local.device.type in ("cpu", "cuda") and local.dtype in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+    )
 
 
 class _AdamW(torch.optim.AdamW):
@@ -201,18 +220,19 @@ class _AdamW(torch.optim.AdamW):
     checkpoint and any other layout see them as usual). Through DTensor, the foreach update
     ran sharding propagation on every call (not cached: ~10% of a rank's time on 4 CPU
     ranks), and foreach refused a group mixing DTensors with tensors. Keeps its own
-    ``foreach`` when it loads a state dict: a checkpoint saved by another layout
-    (sharding.load_full_role_state) carries that layout's choice."""
+    ``foreach`` / ``fused`` choice when it loads a state dict: a checkpoint saved by another
+    layout or version (sharding.load_full_role_state) carries that one's choice."""
 
     def load_state_dict(self, state_dict: dict) -> None:
-        keep = [g.get("foreach") for g in self.param_groups]
-        super().load_state_dict(state_dict)
-        for g, f in zip(self.param_groups, keep, strict=True):
-            g["foreach"] = f
+        keep = [(g.get("foreach"), g.get("fused")) for g in self.param_groups]
+        groups = [dict(g) for g in state_dict["param_groups"]]
+        for g, (foreach, fused) in zip(groups, keep, strict=True):
+            g["foreach"], g["fused"] = foreach, fused  # before the load: it places "step" by it
+        super().load_state_dict({**state_dict, "param_groups": groups})
 
     @torch.no_grad()
     def step(self, closure=None):
-        if closure is not None or any(g["fused"] or g["differentiable"] for g in self.param_groups):
+        if closure is not None or any(g["differentiable"] for g in self.param_groups):
             return super().step(closure)
         from torch.distributed.tensor import DTensor
         from torch.optim.adam import adam
@@ -238,7 +258,7 @@ class _AdamW(torch.optim.AdamW):
                     foreach=group["foreach"],
                     capturable=group["capturable"],
                     differentiable=False,
-                    fused=None,
+                    fused=group["fused"],
                     decoupled_weight_decay=group["decoupled_weight_decay"],
                 )
         return None

@@ -316,6 +316,35 @@ def test_shared_memory_regions_grow_and_chunk(monkeypatch):
     assert _region_fds() == 0
 
 
+def test_a_list_of_tensors_is_summed_in_place_across_chunks(monkeypatch):
+    """``exchange_sum_``: each tensor of a list += the peer's tensor at its place, the list
+    written back to back into the region and cut into chunks anywhere (inside a tensor, at a
+    boundary): every element equals the two ranks' sum, bit-identical on both, for any mix
+    of sizes; a list mixing dtypes or holding a non-contiguous tensor is refused."""
+    from rpeg.runtime import pair_channel as pc
+
+    monkeypatch.setattr(pc, "CHUNK_BYTES", 1001)  # 992-byte chunks: 248 floats
+    ca, cb = _channel_pair()
+    g = torch.Generator().manual_seed(1)
+    try:
+        for shapes in ([(3, 5), (1000,), (7,), (248,), (2, 124), (1,)], [(5000,)], [(0,), (4,)]):
+            xs = [torch.randn(s, generator=g) for s in shapes]
+            ys = [torch.randn(s, generator=g) for s in shapes]
+            want = [x + y for x, y in zip(xs, ys, strict=True)]
+            ax, by = [x.clone() for x in xs], [y.clone() for y in ys]
+            _both(lambda ax=ax: ca.exchange_sum_(ax), lambda by=by: cb.exchange_sum_(by))
+            for a, b, w in zip(ax, by, want, strict=True):
+                assert torch.equal(a, w) and torch.equal(b, w)
+        bad = [torch.ones(3), torch.ones(3, dtype=torch.float64)]
+        with pytest.raises(ValueError, match="one dtype"):
+            ca.exchange_sum_(bad)
+        with pytest.raises(ValueError, match="contiguous"):
+            ca.exchange_sum_([torch.ones(3, 4).t()])
+    finally:
+        ca.close()
+        cb.close()
+
+
 def test_exchanges_of_different_sizes_are_an_error_on_both_ranks():
     ca, cb = _channel_pair()
     try:

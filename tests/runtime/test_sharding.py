@@ -319,3 +319,31 @@ def test_adamw_step_equals_torch_adamw(chunk_bytes, monkeypatch):
         b.step()
     for p, q in zip(ours, theirs, strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-7)
+
+
+def test_adamw_is_fused_where_every_parameter_allows_it():
+    """The fused update (one kernel per step) on float CPU parameters, foreach where one
+    parameter cannot take it (on the meta device); a state dict saved by a foreach optimizer
+    loads into a fused one and keeps it fused, its steps counting on."""
+    from rpeg.runtime.updates import adamw
+
+    p = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    fused = adamw(p, lr=1e-2)
+    assert fused.param_groups[0]["fused"] and not fused.param_groups[0]["foreach"]
+    meta = adamw([torch.nn.Parameter(torch.empty(3, device="meta")), *p], lr=1e-2)
+    assert meta.param_groups[0]["foreach"] and not meta.param_groups[0]["fused"]
+    groups = adamw([{"params": p[:1]}, {"params": p[1:], "weight_decay": 0.0}], lr=1e-2)
+    assert all(g["fused"] for g in groups.param_groups)
+
+    q = [torch.nn.Parameter(x.detach().clone()) for x in p]
+    old = torch.optim.AdamW(q, lr=1e-2, foreach=True)
+    for x in q:
+        x.grad = torch.ones_like(x)
+    old.step()
+    old.step()
+    fused.load_state_dict(old.state_dict())
+    assert fused.param_groups[0]["fused"] and not fused.param_groups[0]["foreach"]
+    for x in p:
+        x.grad = torch.ones_like(x)
+    fused.step()
+    assert float(fused.state[p[0]]["step"]) == 3.0
