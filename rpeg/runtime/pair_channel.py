@@ -116,9 +116,10 @@ class PairChannel:
 
         self._swap(send.contiguous(), add)
 
-    def exchange_sum_(self, ts: list[torch.Tensor]) -> None:
+    def exchange_sum_(self, ts: list[torch.Tensor], divide: float = 1.0) -> None:
         """Every tensor of ``ts`` += the peer's tensor at the same place of its list, in
-        place: contiguous CPU tensors of one dtype, the same sizes in the same order on both
+        place, then divided by ``divide`` piece by piece while it is in cache (the mean of
+        a pair at 2: ``(own + peer) / 2``, bit-identical on both ranks): contiguous CPU tensors of one dtype, the same sizes in the same order on both
         ranks. They are written one after another into this rank's region (the only copy)
         and the peer's bytes are added straight into them: a bucket of gradients summed
         without flattening it into one tensor and copying the sum back (that flattening and
@@ -156,7 +157,9 @@ class PairChannel:
 
                     got = self._swap_chunk_with(b - a, fill)
                     for f, i, k, off in pieces(a, b):
-                        f[i : i + k].add_(got[off : off + k * size].view(dtype))
+                        piece = f[i : i + k].add_(got[off : off + k * size].view(dtype))
+                        if divide != 1.0:
+                            piece.div_(divide)
             except (BrokenPipeError, ConnectionResetError) as e:
                 raise ConnectionError(
                     f"pair channel: rank {self.peer} closed the connection mid-exchange ({e})"

@@ -245,8 +245,7 @@ class Shards:
         if pair is not None and all(g.is_contiguous() for g in grads):
             # a same-host pair: the peer's gradients added in place from shared memory
             for bucket in grad_buckets(grads, bucket_bytes):
-                pair.exchange_sum_(bucket)
-                torch._foreach_div_(bucket, float(self.layout.dp))
+                pair.exchange_sum_(bucket, divide=float(self.layout.dp))
             return
         pending = []
         for bucket in grad_buckets(grads, bucket_bytes):

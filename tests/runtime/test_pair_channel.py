@@ -335,6 +335,12 @@ def test_a_list_of_tensors_is_summed_in_place_across_chunks(monkeypatch):
             _both(lambda ax=ax: ca.exchange_sum_(ax), lambda by=by: cb.exchange_sum_(by))
             for a, b, w in zip(ax, by, want, strict=True):
                 assert torch.equal(a, w) and torch.equal(b, w)
+            _both(  # the pair's mean: (own + peer) / 2, the same bits on both
+                lambda ax=ax: ca.exchange_sum_(ax, divide=2.0),
+                lambda by=by: cb.exchange_sum_(by, divide=2.0),
+            )
+            for a, b, w in zip(ax, by, want, strict=True):
+                assert torch.equal(a, b) and torch.equal(a, (w + w) / 2)
         bad = [torch.ones(3), torch.ones(3, dtype=torch.float64)]
         with pytest.raises(ValueError, match="one dtype"):
             ca.exchange_sum_(bad)
