@@ -120,9 +120,16 @@ class Offloader:
         """Bring back the roles the unit of ``kinds`` computes with."""
         for r in self._used(kinds):
             if r in self.on_host:
-                move_role(self.roles[r], self.device)
+                self._move(r, self.device)
                 self.on_host.discard(r)
                 self.moves += 1
+
+    def _move(self, role: str, device: torch.device) -> None:
+        """``move_role`` where the host is not the device itself (a CPU rank's host: walking
+        the modules for a move that moves nothing took ~1.2 ms a unit, 12 ms of a 0.5 s
+        built-in step)."""
+        if self.host != self.device:
+            move_role(self.roles[role], device)
 
     def after(self, kinds: Iterable[str], offload: bool) -> None:
         """Once the unit of ``kinds`` has run: with ``offload``, its roles go to the host,
@@ -131,7 +138,7 @@ class Offloader:
             return
         for r in self._used(kinds):
             if r not in self.on_host:
-                move_role(self.roles[r], self.host)
+                self._move(r, self.host)
                 self.on_host.add(r)
                 self.moves += 1
         if self.device.type == "cuda":

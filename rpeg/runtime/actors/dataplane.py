@@ -94,15 +94,20 @@ def tensor_bytes(obj: object) -> int:
 
     import torch
 
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return sum(tensor_bytes(v) for v in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return sum(tensor_bytes(getattr(obj, f.name)) for f in dataclasses.fields(obj))
-    return 0
+    def size(o: object) -> int:
+        if o is None or isinstance(o, str | int | float | bytes):  # most leaves: texts
+            return 0
+        if isinstance(o, torch.Tensor):
+            return o.numel() * o.element_size()
+        if isinstance(o, dict):
+            return sum(size(v) for v in o.values())
+        if isinstance(o, list | tuple):
+            return sum(size(v) for v in o)
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            return sum(size(getattr(o, f.name)) for f in dataclasses.fields(o))
+        return 0
+
+    return size(obj)
 
 
 def concat_rows(parts: Sequence[RolloutBatch]) -> RolloutBatch:
