@@ -197,7 +197,11 @@ def adamw(params, **options) -> torch.optim.AdamW:
     update per tensor in a Python loop) -- docs/measurements.md. Runs on the local shards of
     DTensor parameters (:class:`_AdamW`)."""
     params = list(params)
-    flat = [p for g in params for p in g["params"]] if params and isinstance(params[0], dict) else params
+    flat = (
+        [p for g in params for p in g["params"]]
+        if params and isinstance(params[0], dict)
+        else params
+    )
     fused = bool(flat) and all(_fusable(p) for p in flat)
     return _AdamW(params, fused=fused, foreach=not fused, **options)
 
