@@ -118,12 +118,13 @@ class PairChannel:
 
     def exchange_sum_(self, ts: list[torch.Tensor], divide: float = 1.0) -> None:
         """Every tensor of ``ts`` += the peer's tensor at the same place of its list, in
-        place, then divided by ``divide`` piece by piece while it is in cache (the mean of
-        a pair at 2: ``(own + peer) / 2``, bit-identical on both ranks): contiguous CPU tensors of one dtype, the same sizes in the same order on both
-        ranks. They are written one after another into this rank's region (the only copy)
-        and the peer's bytes are added straight into them: a bucket of gradients summed
-        without flattening it into one tensor and copying the sum back (that flattening and
-        copying took ~25 ms of rpeg-tiny's 0.31 s dp=2 train step: docs/measurements.md)."""
+        place, then divided by ``divide`` piece by piece while in cache (a pair's mean at 2:
+        ``(own + peer) / 2``, bit-identical on both ranks). Contiguous CPU tensors of one
+        dtype, the same sizes in the same order on both ranks. They are written one after
+        another into this rank's region (the only copy) and the peer's bytes are added
+        straight into them: a bucket of gradients summed without flattening it into one
+        tensor and copying the sum back (that took ~25 ms of rpeg-tiny's 0.31 s dp=2 train
+        step: docs/measurements.md)."""
         if not ts:
             return
         dtype = ts[0].dtype
@@ -135,7 +136,6 @@ class PairChannel:
         for f in flats:
             n += f.numel() * size
             ends.append(n)
-        step = max(16, CHUNK_BYTES - CHUNK_BYTES % 16)  # whole elements of any dtype
 
         def pieces(a: int, b: int):
             """(tensor, first element, elements, offset in the chunk) of bytes [a, b)."""
@@ -146,38 +146,33 @@ class PairChannel:
                     yield f, (lo - start) // size, (hi - lo) // size, lo - a
                 start = end
 
-        with self._lock:
-            try:
-                for a in range(0, n, step):
-                    b = min(n, a + step)
+        def fill(a: int, b: int, dst: torch.Tensor) -> None:
+            for f, i, k, off in pieces(a, b):
+                dst[off : off + k * size].view(dtype).copy_(f[i : i + k])
 
-                    def fill(dst: torch.Tensor, a: int = a, b: int = b) -> None:
-                        for f, i, k, off in pieces(a, b):
-                            dst[off : off + k * size].view(dtype).copy_(f[i : i + k])
+        def take(a: int, got: torch.Tensor) -> None:
+            for f, i, k, off in pieces(a, a + got.numel()):
+                piece = f[i : i + k].add_(got[off : off + k * size].view(dtype))
+                if divide != 1.0:
+                    piece.div_(divide)
 
-                    got = self._swap_chunk_with(b - a, fill)
-                    for f, i, k, off in pieces(a, b):
-                        piece = f[i : i + k].add_(got[off : off + k * size].view(dtype))
-                        if divide != 1.0:
-                            piece.div_(divide)
-            except (BrokenPipeError, ConnectionResetError) as e:
-                raise ConnectionError(
-                    f"pair channel: rank {self.peer} closed the connection mid-exchange ({e})"
-                ) from e
-            except TimeoutError as e:
-                raise TimeoutError(
-                    f"pair channel: rank {self.peer} sent nothing for {self.timeout_s:.0f} s"
-                ) from e
+        self._swap_chunks(n, fill, take)
 
     def _swap(self, t: torch.Tensor, take) -> None:
         """Send ``t``'s bytes; ``take(offset, peer bytes)`` for every chunk received."""
         src = t.reshape(-1).view(torch.uint8)
-        n = src.numel()
+        self._swap_chunks(src.numel(), lambda a, b, dst: dst.copy_(src[a:b]), take)
+
+    def _swap_chunks(self, n: int, fill, take) -> None:
+        """Send ``n`` bytes in chunks of at most :data:`CHUNK_BYTES`: ``fill(a, b, region)``
+        writes bytes [a, b) into this rank's region, ``take(a, peer bytes)`` gets the peer's
+        chunk starting at byte ``a``."""
         step = max(16, CHUNK_BYTES - CHUNK_BYTES % 16)  # whole elements of any dtype
         with self._lock:
             try:
                 for a in range(0, n, step):
-                    take(a, self._swap_chunk(src[a : a + step]))
+                    b = min(n, a + step)
+                    take(a, self._swap_chunk_with(b - a, lambda dst, a=a, b=b: fill(a, b, dst)))
             except (BrokenPipeError, ConnectionResetError) as e:
                 raise ConnectionError(
                     f"pair channel: rank {self.peer} closed the connection mid-exchange ({e})"
@@ -186,9 +181,6 @@ class PairChannel:
                 raise TimeoutError(
                     f"pair channel: rank {self.peer} sent nothing for {self.timeout_s:.0f} s"
                 ) from e
-
-    def _swap_chunk(self, piece: torch.Tensor) -> torch.Tensor:
-        return self._swap_chunk_with(piece.numel(), lambda dst: dst.copy_(piece))
 
     def _swap_chunk_with(self, n: int, fill) -> torch.Tensor:
         """Send ``n`` bytes that ``fill(region bytes)`` writes into this rank's region; the
