@@ -147,7 +147,7 @@ class Offloader:
     def restore_all(self) -> None:
         """Every role back on the device (before a checkpoint, an evaluation, the end)."""
         for r in sorted(self.on_host):
-            move_role(self.roles[r], self.device)
+            self._move(r, self.device)
             self.moves += 1
         self.on_host.clear()
 
