@@ -119,7 +119,10 @@ class WorkloadConfig(Section):
         description="for the performance model; None = assume a distribution from the cap",
     )
     train_minibatches: int = Field(
-        defaults.TRAIN_MINIBATCHES, ge=1, description="optimizer steps per RL step"
+        defaults.TRAIN_MINIBATCHES,
+        ge=1,
+        description="optimizer steps per RL step, each on a random 1/train_minibatches of the "
+        "rows stratified by prompt (an equal share of every prompt's samples)",
     )
     micro_batch_size: int = Field(
         defaults.MICRO_BATCH_SIZE, ge=1, description="samples per forward/backward micro-batch"

@@ -159,7 +159,7 @@ class RolloutBatch:
 
     def split(self, n: int, generator: torch.Generator | None = None) -> list[RolloutBatch]:
         """``n`` near-equal mini-batches (shuffled when a generator is given)."""
-        return [self.select(chunk) for chunk in chunk_order(self.size, n, generator)]
+        return [self.select(chunk) for chunk in chunk_order(self.size, n, generator, 1)]
 
     def micro_batches(self, size: int) -> list[RolloutBatch]:
         return [
@@ -221,10 +221,30 @@ class RolloutBatch:
         return cls(**data)
 
 
-def chunk_order(size: int, n: int, generator: torch.Generator | None) -> list[torch.Tensor]:
+def chunk_order(
+    size: int, n: int, generator: torch.Generator | None, group_size: int
+) -> list[torch.Tensor]:
     """Indices ``0 .. size-1`` in ``n`` near-equal, non-empty chunks: a permutation drawn from
-    ``generator``, or in order without one (how mini-batches are cut)."""
+    ``generator``, or in order without one (how mini-batches are cut).
+
+    ``group_size`` 1: a plain permutation. K > 1 (indices ``g*K .. g*K+K-1`` are the samples of prompt ``g``) and a
+    generator: the permutation is *stratified* by prompt -- it is reordered into rounds,
+    round ``j`` holding the ``j``-th drawn sample of every prompt (prompts in the order the
+    permutation met them), and the rounds are cut into chunks. Each chunk then takes an
+    equal share of every prompt's samples (K/n when n divides K): a stratified sample of
+    the rollout, whose mean has no more variance than a simple random one (Cochran,
+    *Sampling Techniques*, 1977, ch. 5). It also gives every data-parallel rank -- a
+    contiguous shard of whole prompts -- the same number of rows in each chunk, where a
+    simple random chunk gave them a hypergeometric share (the rank with more rows set the
+    step: docs/parallelism.md "Layout-invariant runs"). The draws from ``generator`` are
+    the same as unstratified."""
     order = torch.arange(size) if generator is None else torch.randperm(size, generator=generator)
+    if generator is not None and group_size > 1 and size % group_size == 0 and size:
+        g = order // group_size  # each drawn index's prompt
+        by_prompt = torch.argsort(g, stable=True)  # K entries per prompt, in drawn order
+        round_of = torch.empty_like(order)
+        round_of[by_prompt] = torch.arange(size) % group_size
+        order = order[torch.argsort(round_of, stable=True)]
     return [c for c in torch.tensor_split(order, n) if len(c)]
 
 

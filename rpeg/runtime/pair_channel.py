@@ -30,6 +30,7 @@ own memory is.
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import socket
@@ -118,13 +119,19 @@ class PairChannel:
 
     def exchange_sum_(self, ts: list[torch.Tensor], divide: float = 1.0) -> None:
         """Every tensor of ``ts`` += the peer's tensor at the same place of its list, in
-        place, then divided by ``divide`` piece by piece while in cache (a pair's mean at 2:
-        ``(own + peer) / 2``, bit-identical on both ranks). Contiguous CPU tensors of one
-        dtype, the same sizes in the same order on both ranks. They are written one after
-        another into this rank's region (the only copy) and the peer's bytes are added
-        straight into them: a bucket of gradients summed without flattening it into one
-        tensor and copying the sum back (that took ~25 ms of rpeg-tiny's 0.31 s dp=2 train
-        step: docs/measurements.md)."""
+        place, then divided by ``divide`` (a pair's mean at 2: ``(own + peer) / 2``,
+        bit-identical on both ranks). Contiguous CPU tensors of one dtype, the same sizes in
+        the same order on both ranks. They are written one after another into this rank's
+        region (the only copy) and the peer's bytes are added straight into them: a bucket of
+        gradients summed without flattening it into one tensor and copying the sum back (that
+        took ~25 ms of rpeg-tiny's 0.31 s dp=2 train step: docs/measurements.md).
+
+        A power-of-two ``divide`` costs no pass of its own: each rank writes ``own / divide``
+        into its region (the copy it makes anyway) and takes ``peer's / divide + own /
+        divide`` in one ``torch.add(..., alpha=1 / divide)``. Scaling by a power of two is
+        exact, so the result is the correctly rounded ``(own + peer) / divide`` (outside the
+        subnormal range), the same bits on both ranks (addition commutes). Any other divisor
+        divides after the sum."""
         if not ts:
             return
         dtype = ts[0].dtype
@@ -146,15 +153,26 @@ class PairChannel:
                     yield f, (lo - start) // size, (hi - lo) // size, lo - a
                 start = end
 
+        folded = divide != 1.0 and math.frexp(divide)[0] == 0.5  # 2, 4, 0.5 ...: exact 1/x
+        scale = 1.0 / divide
+
         def fill(a: int, b: int, dst: torch.Tensor) -> None:
             for f, i, k, off in pieces(a, b):
-                dst[off : off + k * size].view(dtype).copy_(f[i : i + k])
+                into = dst[off : off + k * size].view(dtype)
+                if folded:
+                    torch.mul(f[i : i + k], scale, out=into)
+                else:
+                    into.copy_(f[i : i + k])
 
         def take(a: int, got: torch.Tensor) -> None:
             for f, i, k, off in pieces(a, a + got.numel()):
-                piece = f[i : i + k].add_(got[off : off + k * size].view(dtype))
-                if divide != 1.0:
-                    piece.div_(divide)
+                piece, theirs = f[i : i + k], got[off : off + k * size].view(dtype)
+                if folded:
+                    torch.add(theirs, piece, alpha=scale, out=piece)
+                else:
+                    piece.add_(theirs)
+                    if divide != 1.0:
+                        piece.div_(divide)
 
         self._swap_chunks(n, fill, take)
 

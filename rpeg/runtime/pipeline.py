@@ -787,7 +787,9 @@ def pipelined_updates(
     module.train()
     try:
         for _ in range(algorithm.ppo_epochs):
-            for rows in minibatch_rows(batch, workload.train_minibatches, generator, reduce):
+            for rows in minibatch_rows(
+                batch, workload.train_minibatches, generator, reduce, workload.samples_per_prompt
+            ):
                 mini = batch.select(rows) if rows else None
                 total, n_rows = mini_total(mini, agg, reduce)
                 if not n_rows:

@@ -42,24 +42,30 @@ def mini_total(
 
 
 def minibatch_rows(
-    batch: RolloutBatch, n: int, generator: torch.Generator | None, reduce: RankReduce
+    batch: RolloutBatch,
+    n: int,
+    generator: torch.Generator | None,
+    reduce: RankReduce,
+    group_size: int,
 ) -> list[list[int]]:
     """Row indices of ``batch`` in each of ``n`` mini-batches, the same partition of the
     step's rollout on every layout: a random permutation (``generator``; None: in order) of
     the rollout's row positions ``0 .. R-1`` (``batch.sample_index``; ``R`` agreed over the
-    data-parallel group), cut into ``n`` near-equal chunks; each rank takes the rows of a
-    chunk it holds. The single process (``R`` = its batch) gets ``batch.split``'s
-    mini-batches; a data-parallel rank a share of each chunk, possibly none. Every rank gets
-    the same number of lists. A batch without ``sample_index``, or holding a position twice
-    (rows of several steps), is split on its own rows."""
+    data-parallel group), stratified by prompt when ``group_size`` (samples per prompt) > 1
+    (:func:`rpeg.runtime.batch.chunk_order`: every chunk an equal share of every prompt's
+    samples, so every rank the same number of rows per chunk), cut into ``n`` near-equal
+    chunks; each rank takes the rows of a chunk it holds. The single process (``R`` = its
+    batch) gets all of each chunk; a data-parallel rank a share, possibly none. Every rank
+    gets the same number of lists. A batch without ``sample_index``, or holding a position
+    twice (rows of several steps), is split on its own rows."""
     idx = batch.sample_index
     if idx is None or idx.unique().numel() != idx.numel():
-        return [m.tolist() for m in chunk_order(batch.size, n, generator)]
+        return [m.tolist() for m in chunk_order(batch.size, n, generator, group_size)]
     here = torch.tensor([int(idx.max()) + 1 if idx.numel() else 0], dtype=torch.long)
     r = int(reduce.max(here)[0])
     where = torch.full((r,), -1, dtype=torch.long)
     where[idx] = torch.arange(batch.size)
-    return [where[c][where[c] >= 0].tolist() for c in chunk_order(r, n, generator)]
+    return [where[c][where[c] >= 0].tolist() for c in chunk_order(r, n, generator, group_size)]
 
 
 def micro_weight(micro: RolloutBatch, total: float, aggregation: str, reduce: RankReduce) -> float:
@@ -141,7 +147,9 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
     steps = 0
     agg = algorithm.loss_aggregation
     for _ in range(algorithm.ppo_epochs):
-        for rows in minibatch_rows(batch, workload.train_minibatches, generator, reduce):
+        for rows in minibatch_rows(
+            batch, workload.train_minibatches, generator, reduce, workload.samples_per_prompt
+        ):
             mini = batch.select(rows) if rows else None
             total, n_rows = mini_total(mini, agg, reduce)
             if not n_rows:  # no rank holds a row of this chunk (filtered groups)

@@ -341,6 +341,14 @@ def test_a_list_of_tensors_is_summed_in_place_across_chunks(monkeypatch):
             )
             for a, b, w in zip(ax, by, want, strict=True):
                 assert torch.equal(a, b) and torch.equal(a, (w + w) / 2)
+            for d in (2.0, 4.0, 3.0):  # a power of two folded into the copy and the add; 3 after
+                ax, by = [x.clone() for x in xs], [y.clone() for y in ys]
+                _both(
+                    lambda ax=ax, d=d: ca.exchange_sum_(ax, divide=d),
+                    lambda by=by, d=d: cb.exchange_sum_(by, divide=d),
+                )
+                for a, b, x, y in zip(ax, by, xs, ys, strict=True):
+                    assert torch.equal(a, b) and torch.equal(a, (x + y) / d)
         bad = [torch.ones(3), torch.ones(3, dtype=torch.float64)]
         with pytest.raises(ValueError, match="one dtype"):
             ca.exchange_sum_(bad)

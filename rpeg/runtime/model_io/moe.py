@@ -12,7 +12,10 @@ so it adds that term itself (:func:`router_loss`), with the model's coefficient.
 Metrics (:func:`router_metrics`): ``router_aux_loss`` (the model's loss, before the
 coefficient) and, per MoE layer ``i``, ``expert_imbalance_l<i>``: the most-loaded expert's
 share of the layer's top-k assignments over the mean share (1 = perfectly balanced, ``E`` =
-every token to one expert's slot); ``expert_imbalance_max`` is the largest over layers.
+every token to one expert's slot); ``expert_imbalance_max`` is the largest over layers. A
+step's training metrics are means over its optimizer updates, so the step's
+``expert_imbalance_max`` is the mean of each update's largest: at least the largest of the
+per-layer means, more when different layers lead in different updates.
 """
 
 from __future__ import annotations

