@@ -227,8 +227,9 @@ def chunk_order(
     """Indices ``0 .. size-1`` in ``n`` near-equal, non-empty chunks: a permutation drawn from
     ``generator``, or in order without one (how mini-batches are cut).
 
-    ``group_size`` 1: a plain permutation. K > 1 (indices ``g*K .. g*K+K-1`` are the samples of prompt ``g``) and a
-    generator: the permutation is *stratified* by prompt -- it is reordered into rounds,
+    ``group_size`` 1: a plain permutation. ``group_size`` K > 1 (indices ``g*K .. g*K+K-1``
+    are the samples of prompt ``g``) and a generator: the permutation is *stratified* by
+    prompt -- it is reordered into rounds,
     round ``j`` holding the ``j``-th drawn sample of every prompt (prompts in the order the
     permutation met them), and the rounds are cut into chunks. Each chunk then takes an
     equal share of every prompt's samples (K/n when n divides K): a stratified sample of

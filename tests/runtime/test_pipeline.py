@@ -197,7 +197,10 @@ def test_pp2_x_dp2_equals_single_process(ref):
     for res in out.values():
         rows = C.S.rows_of(res["dp_index"], 2)
         mine = {**ref, "logprobs": ref["logprobs"][rows]}
-        _check_rank(mine, res, loss_of="dp")
+        # dp's sum of the two halves' gradients reorders the reduction as tp's partial sums
+        # do: a weight whose gradient is ~1e-8 moves by a round-off-sized share of lr
+        # (measured: one v_proj element, gradient 8.97e-9 vs 8.26e-9, weights 2.05e-5 apart)
+        _check_rank(mine, res, loss_of="dp", tiny_grads_free=True)
 
 
 @pytest.mark.slow  # two spawned ranks
