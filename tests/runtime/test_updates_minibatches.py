@@ -108,3 +108,15 @@ def test_stratifying_draws_what_the_plain_permutation_draws():
     chunk_order(24, 3, ga, 4)
     chunk_order(24, 3, gb, 1)
     assert torch.equal(torch.randperm(24, generator=ga), torch.randperm(24, generator=gb))
+
+
+def test_a_filtered_group_leaves_its_slots_empty_in_the_stratified_chunks():
+    """DAPO drops whole groups: their positions are gaps, the other prompts keep K/n samples in
+    every chunk, and every surviving row is in exactly one chunk."""
+    k, n = 4, 2
+    kept = [p for p in range(16) if p // k != 1]  # prompt 1 (positions 4-7) filtered out
+    got = minibatch_rows(_batch(kept), n, torch.Generator().manual_seed(2), LOCAL, k)
+    assert sorted(i for c in got for i in c) == list(range(len(kept)))
+    for c in got:
+        prompts = [kept[i] // k for i in c]
+        assert sorted(prompts) == [0, 0, 2, 2, 3, 3]
