@@ -240,7 +240,7 @@ def chunk_order(
     step: docs/parallelism.md "Layout-invariant runs"). The draws from ``generator`` are
     the same as unstratified."""
     order = torch.arange(size) if generator is None else torch.randperm(size, generator=generator)
-    if generator is not None and group_size > 1 and size % group_size == 0 and size:
+    if generator is not None and group_size > 1 and size % group_size == 0:
         g = order // group_size  # each drawn index's prompt
         by_prompt = torch.argsort(g, stable=True)  # K entries per prompt, in drawn order
         round_of = torch.empty_like(order)

@@ -20,6 +20,7 @@ import torch
 from rpeg.runtime.batch import SAMPLE_FIELDS, TOKEN_FIELDS, RolloutBatch, chunk_order
 from rpeg.runtime.micro_batches import micro_batches
 from rpeg.runtime.parallel import RankReduce
+from rpeg.runtime.tensor_parallel import local_tensor
 
 #: metric: the share of a step's optimizer updates skipped for a non-finite gradient norm
 SKIPPED_UPDATES = "skipped_update_frac"
@@ -215,9 +216,7 @@ def adamw(params, **options) -> torch.optim.AdamW:
 
 
 def _fusable(p: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    local = p._local_tensor if isinstance(p, DTensor) else p
+    local = local_tensor(p)
     return local.device.type in ("cpu", "cuda") and local.dtype in (
         torch.float32,
         torch.float64,
@@ -246,11 +245,10 @@ class _AdamW(torch.optim.AdamW):
     def step(self, closure=None):
         if closure is not None or any(g["differentiable"] for g in self.param_groups):
             return super().step(closure)
-        from torch.distributed.tensor import DTensor
         from torch.optim.adam import adam
 
         def local(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-            return [t._local_tensor if isinstance(t, DTensor) else t for t in ts]
+            return [local_tensor(t) for t in ts]
 
         for group in self.param_groups:
             lists: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [])
