@@ -37,6 +37,10 @@ the driver's direct calls run) and writes its statistics (``python -m pstats FIL
 ``--previous`` adds the arm ``dask_previous``: the driver and the Dask settings as they were
 before 2026-12-05 (the flow waiting for each step's drops, samples.jsonl written inside the
 step, Dask's 20 ms event-loop tick and 500 ms system monitor), on a second cluster.
+``--one-rank`` adds the arm ``dask_1x<T>``: Prefect + Dask with one worker whose one rank runs
+at T torch threads (T: the first ``--local-threads``), on its own cluster -- the runtime's
+machinery against the single process at the same layout (one rank, T threads), where ``dask``
+also changes the layout (two ranks of one thread: data parallel, a gradient sum per update).
 ``--calibrate`` then runs ``rpeg calibrate`` on the last Prefect + Dask run with
 ``--runtime-s`` = the median runtime's own time: the performance model's fixed per-step cost
 on this machine's cluster comes from this measurement (docs/perf-model.md).
@@ -63,9 +67,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 PARTS = ("compute", "runtime", "outside", "to_rank", "between", "back", "gaps", "skew")
 
 
-def _configs(path: str | None, steps: int, out: str, local_threads: int = 2):
+def _configs(path: str | None, steps: int, out: str, local_threads: int = 2, dask_workers: int = 2):
     """(local config, dask config) of the same workload: one process at ``local_threads``
-    torch threads; 2 workers x 1 thread."""
+    torch threads; ``dask_workers`` workers x 1 thread (1: one worker, one rank at
+    ``local_threads`` threads)."""
     from rpeg.config import RunConfig
 
     base = RunConfig.from_yaml(path) if path else RunConfig()
@@ -82,13 +87,15 @@ def _configs(path: str | None, steps: int, out: str, local_threads: int = 2):
             "runtime.output_dir": f"{out}/local{local_threads}",
         }
     )
+    one = dask_workers == 1
     dask = base.with_overrides(
         {
             **common,
-            "runtime.torch_threads": 1,
-            "cluster.n_workers": 2,
+            "runtime.torch_threads": local_threads if one else 1,
+            "cluster.n_workers": dask_workers,
+            "cluster.num_devices": dask_workers,
             "cluster.threads_per_worker": 1,
-            "runtime.output_dir": f"{out}/dask",
+            "runtime.output_dir": f"{out}/dask" + ("_1x" if one else ""),
         }
     )
     return local, dask
@@ -249,6 +256,13 @@ def main(argv: list[str] | None = None) -> dict:
         help="one more arm, dask_previous: the driver and the cluster's Dask settings as "
         "before 2026-12-05, on a second cluster (A/B of the cuts)",
     )
+    ap.add_argument(
+        "--one-rank",
+        action="store_true",
+        help="one more arm, dask_1x<T>: one Dask worker, one rank at the first "
+        "--local-threads count, on its own cluster (the runtime against the single process "
+        "at the same layout)",
+    )
     ap.add_argument("--profile", default=None, help="cProfile of the flow thread -> FILE")
     ap.add_argument(
         "--calibrate",
@@ -274,7 +288,13 @@ def main(argv: list[str] | None = None) -> dict:
     from rpeg.runtime.local_trainer import LocalTrainer
 
     tmp = tempfile.mkdtemp(prefix="rpeg-overhead-")
-    arms = [f"local{t}" for t in threads] + ["dask"] + (["dask_previous"] if a.previous else [])
+    one = f"dask_1x{threads[0]}"
+    arms = (
+        [f"local{t}" for t in threads]
+        + ["dask"]
+        + (["dask_previous"] if a.previous else [])
+        + ([one] if a.one_rank else [])
+    )
     steps: dict[str, list[float]] = {k: [] for k in arms}
     parts: dict[str, list[dict[str, float]]] = {}  # Prefect + Dask arm -> its steps' split
     loads: list[float] = []
@@ -293,7 +313,8 @@ def main(argv: list[str] | None = None) -> dict:
         steps[f"local{t}"] += [tr.step()["step_s"] for _ in range(a.steps)][1:]
 
     def dask(r: int, cl, pids: set[int], arm: str = "dask") -> None:
-        _, cfg = _configs(a.config or None, a.steps, f"{tmp}/{r}")
+        workers = 1 if arm == one else 2
+        _, cfg = _configs(a.config or None, a.steps, f"{tmp}/{r}", threads[0], workers)
         if arm == "dask":
             last_run[:] = [cfg]
         probe = _CpuProbe(pids)  # Prefect's server and Dask's scheduler are up by now
@@ -328,6 +349,13 @@ def main(argv: list[str] | None = None) -> dict:
         prev = stack.enter_context(_previous_cluster(dcfg)) if a.previous else None
         if prev is not None:
             pids |= set(prev.client.run(os.getpid).values())
+        solo = None
+        if a.one_rank:  # one worker of threads[0] torch threads
+            _, ocfg = _configs(a.config or None, a.steps, tmp, threads[0], 1)
+            solo = stack.enter_context(
+                start_cluster(n_workers=1, torch_threads=threads[0], cluster_config=ocfg.cluster)
+            )
+            pids |= set(solo.client.run(os.getpid).values())
         for r in range(a.rounds):
             for arm in arms if r % 2 == 0 else list(reversed(arms)):
                 loads.append(os.getloadavg()[0])
@@ -336,6 +364,8 @@ def main(argv: list[str] | None = None) -> dict:
                 elif arm == "dask_previous":
                     with _previous_driver():
                         dask(r, prev, pids, arm)
+                elif arm == one:
+                    dask(r, solo, pids, arm)
                 else:
                     local(r, int(arm[len("local") :]))
     if prof is not None:
@@ -370,15 +400,16 @@ def main(argv: list[str] | None = None) -> dict:
     c = out["cpu_s_per_step"]
     for d in dasks:
         ms = {k: 1000 * v for k, v in med_parts[d].items()}
+        shape = f"1 worker x {threads[0]} threads" if d == one else "2 workers x 1 thread"
         print(
-            f"{d} (prefect+dask, 2 workers x 1 thread): median step {med[d] * 1000:.1f} ms "
+            f"{d} (prefect+dask, {shape}): median step {med[d] * 1000:.1f} ms "
             f"({len(steps[d])} steps, {units:.0f} units each): compute {ms['compute']:.1f} ms, "
             f"runtime's own {ms['runtime']:.1f} ms = outside the call {ms['outside']:.1f} + to "
             f"the rank {ms['to_rank']:.1f} + between stages {ms['between']:.1f} (the busiest "
             f"rank's gaps {ms['gaps']:.1f}, the others outside its span {ms['skew']:.1f}) + "
             f"back {ms['back']:.1f} (medians of each part); CPU per step (median, one step's "
             f"start to the next): flow process + Prefect server + Dask scheduler "
-            f"{1000 * c[d + '_driver']:.1f} ms, the two workers {1000 * c[d + '_workers']:.1f} ms"
+            f"{1000 * c[d + '_driver']:.1f} ms, the workers {1000 * c[d + '_workers']:.1f} ms"
         )
     print(f"load average (1 min) at each run's start: {', '.join(f'{x:.2f}' for x in loads)}")
     own = 1000 * med_parts["dask"]["runtime"]
@@ -389,6 +420,12 @@ def main(argv: list[str] | None = None) -> dict:
         + (
             f" previous_runtime_own={1000 * med_parts['dask_previous']['runtime']:.1f}ms"
             if "dask_previous" in med_parts
+            else ""
+        )
+        + (
+            f" {one}/{base}={med[one] / med[base]:.3f} {one}={med[one] * 1000:.1f}ms "
+            f"{one}_runtime_own={1000 * med_parts[one]['runtime']:.1f}ms"
+            if one in med_parts
             else ""
         )
         + f" load={statistics.fmean(loads):.2f}"

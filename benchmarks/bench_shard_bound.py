@@ -82,7 +82,7 @@ def _load_batch(where: str):
 
 def _child(i: int, n: int, mode: str, args: tuple, q) -> None:
     """Process ``i`` of ``n`` in ``mode``: build the actor, time ``steps`` train steps."""
-    cfg_path, out, batch_path, steps, layout, port = args
+    cfg_path, out, batch_path, steps, layout, local_threads, port = args
     from rpeg.runtime.cpu_binding import HOST_CORES, bind_process, core_block, should_bind
 
     if should_bind("auto", n, len(HOST_CORES)):
@@ -92,6 +92,8 @@ def _child(i: int, n: int, mode: str, args: tuple, q) -> None:
     from rpeg.runtime.role_builder import build_roles
 
     cfg = _config(cfg_path, out)
+    if mode == "local" and local_threads:
+        cfg = cfg.with_overrides({"runtime.torch_threads": local_threads})
     actor = build_roles(cfg, ["actor"], engine="torch").actor
     batch = _load_batch(batch_path)
     rows = list(range(batch.size))
@@ -158,6 +160,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--config", default="configs/sharded-cpu.yaml")
     ap.add_argument("--steps", type=int, default=6, help="train steps per run (first left out)")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each mode, interleaved")
+    ap.add_argument(
+        "--local-threads",
+        type=int,
+        default=0,
+        help="torch threads of the one-process mode (0: the config's runtime.torch_threads)",
+    )
     a = ap.parse_args(argv)
     if a.steps < 2:
         ap.error("--steps must be at least 2 (each run's first step is left out)")
@@ -177,7 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
     n = group.world_size
     batch_path = os.path.join(out, "batch.pt")
     _rollout(cfg, batch_path)
-    args = (a.config, out, batch_path, a.steps, layout, 0)
+    args = (a.config, out, batch_path, a.steps, layout, a.local_threads, 0)
     res: dict[str, list[tuple[float, float]]] = {"local": [], "bound": [], "layout": []}
     for r in range(a.rounds):
         for mode in ("local", "bound", "layout") if r % 2 == 0 else ("layout", "bound", "local"):

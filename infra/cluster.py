@@ -3,11 +3,13 @@
 * :func:`start_cluster` starts a ``LocalCluster`` (one worker process per device, one thread
   each, non-daemon so DataLoader workers work) or attaches to ``tcp://host:8786``.
 * Every worker gets ``resources={"device": 1}`` (LocalCluster; pass ``--resources device=1``
-  to ``dask worker``) and ``OMP/MKL_NUM_THREADS`` = ``torch_threads``; actors call
-  ``torch.set_num_threads`` themselves. Dask's default ``MALLOC_TRIM_THRESHOLD_`` is unset in
+  to ``dask worker``) and ``OMP/MKL_NUM_THREADS`` = ``torch_threads``; the rank claims its
+  torch threads on the thread that runs it and the worker's other threads run torch at one
+  (rpeg.runtime.compute_thread). Dask's default ``MALLOC_TRIM_THRESHOLD_`` is unset in
   the workers (``worker_environ``: it makes torch CPU ops ~1.4x slower).
 * The bf16-safe tensor serializer is registered in the client and, through a preload
-  (``rpeg.runtime.actors.serializers``), in every worker.
+  (``rpeg.runtime.actors.worker_setup``: also the worker's own threads at one torch thread),
+  in every worker.
 * Everything listens on loopback: the scheduler and workers on 127.0.0.1, no dashboard
   unless ``cluster.dashboard_address`` names one (``dashboard=True``: 127.0.0.1, free port).
   A ``tls://`` scheduler is reached with Dask's ``Security`` (``cluster.tls_*_file``).
@@ -29,7 +31,7 @@ from rpeg.infra.network import collective_env
 
 from rpeg import defaults
 
-PRELOAD = "rpeg.runtime.actors.serializers"
+PRELOAD = "rpeg.runtime.actors.worker_setup"
 LOST_WORKER_TIMEOUT = "600s"  # configure_dask says why
 
 
@@ -466,10 +468,15 @@ def start_cluster(
 
     sweep_stale()  # the folders of killed drivers, which could not remove their own
     store_dir = make_store_dir()  # mode 0700, owner recorded; removed by close()
+    from rpeg.runtime.compute_thread import wait_policy_env
+    from rpeg.runtime.cpu_binding import HOST_CORES
+
     env = {
         **collective_env(cc),
         "OMP_NUM_THREADS": str(torch_threads),
         "MKL_NUM_THREADS": str(torch_threads),
+        # more torch threads than cores: idle OpenMP threads sleep instead of spinning
+        **wait_policy_env(n_workers, torch_threads, len(HOST_CORES)),
         STORE_DIR_ENV: store_dir,
     }
     try:
@@ -540,12 +547,12 @@ def _local_cuda_cluster(common: dict[str, Any], env: dict[str, str]) -> Any:  # 
 def _preload_plugin():
     from distributed.diagnostics.plugin import WorkerPlugin
 
-    class _Serializers(WorkerPlugin):
-        name = "rpeg-serializers"
+    class _WorkerSetup(WorkerPlugin):
+        name = "rpeg-worker-setup"
 
         def setup(self, worker):
-            from rpeg.runtime.actors import serializers
+            from rpeg.runtime.actors import worker_setup
 
-            serializers.register()
+            worker_setup.setup()
 
-    return _Serializers()
+    return _WorkerSetup()

@@ -20,6 +20,7 @@ import torch
 from rpeg.compile.rank_program import RoleInputs
 from rpeg.config import RunConfig
 from rpeg.ir.recipes import recipe
+from rpeg.runtime import compute_thread
 from rpeg.runtime.critic import CriticWorker
 from rpeg.runtime.data import DataCursor, Example
 from rpeg.runtime.engines.choice import build_engine
@@ -199,7 +200,8 @@ def build_roles(
         raise ValueError(f"roles {unknown}: allowed {', '.join(ROLE_NAMES)}")
     c = config
     a = c.algorithm
-    torch.set_num_threads(c.runtime.torch_threads)
+    # this thread runs the roles at runtime.torch_threads; any other thread at one
+    compute_thread.claim(c.runtime.torch_threads)
     random.seed(c.runtime.seed)
     rewards = RewardSet.from_task(c.task)
     source = None

@@ -33,6 +33,7 @@ from rpeg.runtime.actors.rank_holdings import RankHoldings
 from rpeg.runtime.actors.rank_models import RankModels
 from rpeg.runtime.actors.rank_units import RankUnits
 from rpeg.runtime.actors.rank_weights import RankWeights
+from rpeg.runtime.compute_thread import on_rank_thread
 
 # Data parallelism: batch-wide statistics (advantage whitening, the loss normalizer of a
 # mini-batch) span every rank's shard. After joining the process group, the trainable workers
@@ -84,7 +85,12 @@ class RankActor:
         serializers.register()
         reset_peak_rss()
         self.program = program
-        self.models = RankModels(program, rank, cpu_slot=cpu_slot, gpu_slot=gpu_slot)
+        # built on the worker's actor thread, which runs the rank's methods: its torch threads
+        # (runtime.torch_threads) and their OpenMP team are that thread's
+        # (rpeg.runtime.compute_thread)
+        self.models = on_rank_thread(
+            lambda: RankModels(program, rank, cpu_slot=cpu_slot, gpu_slot=gpu_slot)
+        )
         self.batches = RankBatches()
         self.units = RankUnits(self.models, self.batches)
         self.weights = RankWeights(self.models)

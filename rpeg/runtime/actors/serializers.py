@@ -12,7 +12,8 @@ tokens (``len_i`` = the response length), a left-padded prompt field as each row
 tokens then moves a quarter of its padded bytes. Texts travel in the header.
 
 Every process (client, scheduler, workers) must call :func:`register`: :mod:`rpeg.infra` does
-so via a worker preload and :class:`rpeg.infra.cluster.Cluster`.
+so via a worker preload (:mod:`rpeg.runtime.actors.worker_setup`) and
+:class:`rpeg.infra.cluster.Cluster`.
 """
 
 from __future__ import annotations
@@ -221,7 +222,3 @@ def register() -> None:
     dask_serialize.register(RolloutBatch)(batch_to_frames)
     dask_deserialize.register(RolloutBatch)(batch_from_frames)
     _REGISTERED = True
-
-
-def dask_setup(worker: object = None) -> None:  # a ``--preload`` module hook
-    register()
