@@ -156,3 +156,23 @@ def test_a_worker_builds_on_the_actor_thread_and_its_own_threads_run_at_one(dask
     assert constructor != method  # Dask's constructor thread is another one
     # the worker's preload (rpeg.runtime.actors.worker_setup) left its event loop at one
     assert set(client.run(_main_thread_claim).values()) == {1}
+
+
+def _wait_policy():
+    return os.environ.get("OMP_WAIT_POLICY")
+
+
+def test_oversubscribed_local_cluster_workers_wait_passively(monkeypatch):
+    # 2 workers x max(2, cores) torch threads: more threads than the host's cores
+    from rpeg.infra import start_cluster
+
+    from rpeg.runtime.cpu_binding import HOST_CORES
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with start_cluster(n_workers=2, torch_threads=max(2, len(HOST_CORES))) as cl:
+        assert set(cl.client.run(_wait_policy).values()) == {"PASSIVE"}
+
+
+@pytest.mark.skipif("OMP_WAIT_POLICY" in os.environ, reason="the environment sets a policy")
+def test_local_cluster_workers_at_one_thread_keep_the_default_wait_policy(dask_cluster):
+    assert set(dask_cluster.client.run(_wait_policy).values()) == {None}
