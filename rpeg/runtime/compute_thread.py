@@ -3,9 +3,9 @@ work, every other thread of the process at one.
 
 torch's CPU wheel parallelises ops with OpenMP (libgomp), which keeps a team of worker threads
 for *each* thread that opens a parallel region. Once a process's libgomp threads outnumber
-the cores it may run on, libgomp throttles every team: a worker that finds no work spins ~1000
-times instead of ~300,000 and then sleeps, so each parallel region pays a futex wake-up per
-thread. A Dask worker runs a rank's methods on its actor thread, builds the rank (the actor's
+the cores it may run on, libgomp throttles every team: a worker that finds no work spins 100
+times instead of 300,000 and then sleeps (the GCC libgomp manual, ``GOMP_SPINCOUNT``), so each
+parallel region pays a futex wake-up per thread. A Dask worker runs a rank's methods on its actor thread, builds the rank (the actor's
 constructor) on a task thread, and serializes tensors on its event-loop thread; at
 ``runtime.torch_threads=2`` on 2 cores, any second thread that ran one parallel op made a
 second team, and from then on the rank's elementwise ops took 6-7x longer (a 64 x 1024 GELU
@@ -102,7 +102,7 @@ def wait_policy_env(processes: int, threads: int, cores: int, environ: dict | No
     torch threads outnumber its cores (``processes x threads > cores``, threads > 1), else
     ``{}``; a policy already in ``environ`` (default: this process's) is left to the user.
 
-    With one team per process (above) libgomp spins its idle threads ~300,000 times before
+    With one team per process (above) libgomp spins its idle threads 300,000 times before
     sleeping -- right while the process has its cores, a core burnt per waiting thread when
     another process needs it. Measured on 2 cores, the built-in task on 2 workers x 2 torch
     threads: 2,082 ms a step spinning, 605-637 ms passive (1 worker x 2 threads: 443-455 ms;
