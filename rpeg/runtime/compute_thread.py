@@ -4,9 +4,10 @@ work, every other thread of the process at one.
 torch's CPU wheel parallelises ops with OpenMP (libgomp), which keeps a team of worker threads
 for *each* thread that opens a parallel region. Once a process's libgomp threads outnumber
 the cores it may run on, libgomp throttles every team: a worker that finds no work spins 100
-times instead of 300,000 and then sleeps (the GCC libgomp manual, ``GOMP_SPINCOUNT``), so each
-parallel region pays a futex wake-up per thread. A Dask worker runs a rank's methods on its actor thread, builds the rank (the actor's
-constructor) on a task thread, and serializes tensors on its event-loop thread; at
+times instead of 300,000 and then sleeps (the GCC libgomp manual, ``GOMP_SPINCOUNT``), so
+each parallel region pays a futex wake-up per thread. A Dask worker runs a rank's methods on
+its actor thread, builds the rank (the actor's constructor) on a task thread, and
+serializes tensors on its event-loop thread; at
 ``runtime.torch_threads=2`` on 2 cores, any second thread that ran one parallel op made a
 second team, and from then on the rank's elementwise ops took 6-7x longer (a 64 x 1024 GELU
 45 -> 310 us) and the built-in task's step on one worker at 2 threads 689 ms against 434 ms for
