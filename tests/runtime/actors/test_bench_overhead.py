@@ -71,3 +71,14 @@ def test_a_step_without_spans_is_left_out():
         "history": [{"step": 1, "step_s": 0.6}],
     }
     assert _bench().split_steps(extra) == []
+
+
+def test_the_one_rank_arm_keeps_the_single_process_layout(tmp_path):
+    # --one-rank: one worker whose one rank runs at the local arm's threads; the default arm
+    # stays 2 workers x 1 thread (data parallel)
+    local, one = _bench()._configs(None, 3, str(tmp_path), 2, 1)
+    _, two = _bench()._configs(None, 3, str(tmp_path), 2, 2)
+    assert local.runtime.torch_threads == one.runtime.torch_threads == 2
+    assert (one.cluster.n_workers, one.cluster.num_devices) == (1, 1)
+    assert (two.cluster.n_workers, two.cluster.num_devices, two.runtime.torch_threads) == (2, 2, 1)
+    assert one.runtime.output_dir != two.runtime.output_dir
