@@ -7,8 +7,10 @@ Per round (A, B, A, B ...; the order flips every round so both arms see the same
 
 * ``local<T>``: the single-process trainer (what ``rpeg train --local`` runs) at T torch
   threads (``--local-threads 2,1``: one arm per count; the summary's ratio is to the first);
-* ``dask``: Prefect + Dask (what ``rpeg train`` runs): 2 workers x 1 thread, one LocalCluster
-  and one Prefect test server for the whole benchmark (their start is not a step's cost).
+* ``dask``: Prefect + Dask (what ``rpeg train`` runs): 2 workers x 1 thread; one Prefect test
+  server for the whole benchmark, and each Prefect + Dask run on a LocalCluster of its own,
+  started before it and closed after it (no idle cluster beside another arm's run; starts are
+  not a step's cost).
 
 Both run the config's workload (default: the built-in task) with ``runtime.steps=--steps``,
 no held-out evaluation and no checkpoints; each run's first step is left out. For every
@@ -340,34 +342,30 @@ def main(argv: list[str] | None = None) -> dict:
 
     t_all = time.perf_counter()
     _, dcfg = _configs(a.config or None, a.steps, tmp)
-    with (
-        contextlib.ExitStack() as stack,
-        prefect_test_harness(server_startup_timeout=120),
-        start_cluster(n_workers=2, torch_threads=1, cluster_config=dcfg.cluster) as cl,
-    ):
-        pids = set(cl.client.run(os.getpid).values())  # the workers' processes
-        prev = stack.enter_context(_previous_cluster(dcfg)) if a.previous else None
-        if prev is not None:
-            pids |= set(prev.client.run(os.getpid).values())
-        solo = None
-        if a.one_rank:  # one worker of threads[0] torch threads
-            _, ocfg = _configs(a.config or None, a.steps, tmp, threads[0], 1)
-            solo = stack.enter_context(
-                start_cluster(n_workers=1, torch_threads=threads[0], cluster_config=ocfg.cluster)
-            )
-            pids |= set(solo.client.run(os.getpid).values())
+
+    def cluster_of(arm: str):
+        """The arm's own cluster, started for one run and closed after it: no idle cluster
+        of another arm beside a run (its workers' wake-ups preempt a 2-thread team)."""
+        if arm == "dask_previous":
+            return _previous_cluster(dcfg)
+        workers, t = (1, threads[0]) if arm == one else (2, 1)
+        _, ccfg = _configs(a.config or None, a.steps, tmp, threads[0], workers)
+        return start_cluster(n_workers=workers, torch_threads=t, cluster_config=ccfg.cluster)
+
+    with prefect_test_harness(server_startup_timeout=120):
         for r in range(a.rounds):
             for arm in arms if r % 2 == 0 else list(reversed(arms)):
                 loads.append(os.getloadavg()[0])
-                if arm == "dask":
-                    dask(r, cl, pids)
-                elif arm == "dask_previous":
-                    with _previous_driver():
-                        dask(r, prev, pids, arm)
-                elif arm == one:
-                    dask(r, solo, pids, arm)
-                else:
+                if not arm.startswith("dask"):
                     local(r, int(arm[len("local") :]))
+                    continue
+                with cluster_of(arm) as cl:
+                    pids = set(cl.client.run(os.getpid).values())  # the workers' processes
+                    if arm == "dask_previous":
+                        with _previous_driver():
+                            dask(r, cl, pids, arm)
+                    else:
+                        dask(r, cl, pids, arm)
     if prof is not None:
         prof.dump_stats(a.profile)
     med = {k: statistics.median(v) for k, v in steps.items()}
