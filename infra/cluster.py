@@ -8,8 +8,8 @@
   (rpeg.runtime.compute_thread). Dask's default ``MALLOC_TRIM_THRESHOLD_`` is unset in
   the workers (``worker_environ``: it makes torch CPU ops ~1.4x slower).
 * The bf16-safe tensor serializer is registered in the client and, through a preload
-  (``rpeg.runtime.actors.worker_setup``: also the worker's own threads at one torch thread),
-  in every worker.
+  (``rpeg.runtime.actors.serializers``, whose hook also sets the worker's own threads to one
+  torch thread), in every worker.
 * Everything listens on loopback: the scheduler and workers on 127.0.0.1, no dashboard
   unless ``cluster.dashboard_address`` names one (``dashboard=True``: 127.0.0.1, free port).
   A ``tls://`` scheduler is reached with Dask's ``Security`` (``cluster.tls_*_file``).
@@ -31,7 +31,7 @@ from rpeg.infra.network import collective_env
 
 from rpeg import defaults
 
-PRELOAD = "rpeg.runtime.actors.worker_setup"
+PRELOAD = "rpeg.runtime.actors.serializers"
 LOST_WORKER_TIMEOUT = "600s"  # configure_dask says why
 
 
@@ -551,8 +551,8 @@ def _preload_plugin():
         name = "rpeg-worker-setup"
 
         def setup(self, worker):
-            from rpeg.runtime.actors import worker_setup
+            from rpeg.runtime.actors import serializers
 
-            worker_setup.setup()
+            serializers.dask_setup(worker)
 
     return _WorkerSetup()

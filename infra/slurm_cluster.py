@@ -34,7 +34,7 @@ from typing import Any
 from rpeg import defaults
 
 #: the workers' preload (rpeg.infra.cluster.PRELOAD; this module imports nothing of it)
-PRELOAD = "rpeg.runtime.actors.worker_setup"
+PRELOAD = "rpeg.runtime.actors.serializers"
 WORKER_MODULE = "rpeg.infra.slurm_worker"
 #: the variable that makes the nodes' workers non-daemonic (their nanny reads it at start)
 DAEMON_VAR = "DASK_DISTRIBUTED__WORKER__DAEMON"

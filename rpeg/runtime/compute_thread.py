@@ -15,7 +15,7 @@ the single process at 2 threads (docs/measurements.md 2026-12-06). One process, 
 
 * :func:`single_threaded` -- this thread runs torch at one thread, and so does every thread
   that first runs torch later; a Dask worker calls it at start (its preload,
-  :mod:`rpeg.runtime.actors.worker_setup`), before its event loop touches a tensor.
+  :func:`rpeg.runtime.actors.serializers.dask_setup`), before its event loop touches a tensor.
 * :func:`claim` -- the thread that runs the process's torch work gets ``n`` threads; the
   process default stays one (``torch.set_num_threads`` sets the calling thread's OpenMP
   count and a process-wide default that other threads take when they first run torch: the

@@ -154,7 +154,7 @@ def test_a_worker_builds_on_the_actor_thread_and_its_own_threads_run_at_one(dask
     assert built == method  # the build ran on the thread that runs the actor's methods
     assert address == w  # ... in the constructor's context: get_worker() answered
     assert constructor != method  # Dask's constructor thread is another one
-    # the worker's preload (rpeg.runtime.actors.worker_setup) left its event loop at one
+    # the worker's preload (rpeg.runtime.actors.serializers.dask_setup) left its event loop at one
     assert set(client.run(_main_thread_claim).values()) == {1}
 
 

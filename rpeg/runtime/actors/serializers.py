@@ -12,7 +12,7 @@ tokens (``len_i`` = the response length), a left-padded prompt field as each row
 tokens then moves a quarter of its padded bytes. Texts travel in the header.
 
 Every process (client, scheduler, workers) must call :func:`register`: :mod:`rpeg.infra` does
-so via a worker preload (:mod:`rpeg.runtime.actors.worker_setup`) and
+so via a worker preload (this module's :func:`dask_setup`) and
 :class:`rpeg.infra.cluster.Cluster`.
 """
 
@@ -222,3 +222,17 @@ def register() -> None:
     dask_serialize.register(RolloutBatch)(batch_to_frames)
     dask_deserialize.register(RolloutBatch)(batch_from_frames)
     _REGISTERED = True
+
+
+def dask_setup(worker: object = None) -> None:
+    """The ``--preload`` hook of this module, which every worker recipe names
+    (``rpeg.infra.cluster.PRELOAD``, the Slurm script, the Kubernetes manifest, docs/runtime.md)
+    and the plugin sent to an attached scheduler runs: what a worker does when it starts,
+    before any task -- these serializers, and the worker's own threads (event loop, task and
+    offload threads) at one torch thread (:func:`rpeg.runtime.compute_thread.single_threaded`):
+    the rank claims ``runtime.torch_threads`` on the thread that runs it, and no other thread
+    opens an OpenMP team beside it."""
+    from rpeg.runtime import compute_thread
+
+    register()
+    compute_thread.single_threaded()
