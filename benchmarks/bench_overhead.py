@@ -314,9 +314,13 @@ def main(argv: list[str] | None = None) -> dict:
         tr = LocalTrainer(cfg)
         steps[f"local{t}"] += [tr.step()["step_s"] for _ in range(a.steps)][1:]
 
+    def arm_config(arm: str, out: str):
+        """A Prefect + Dask arm's run config: ``one`` one worker at ``threads[0]`` torch
+        threads, the others 2 workers x 1 thread."""
+        return _configs(a.config or None, a.steps, out, threads[0], 1 if arm == one else 2)[1]
+
     def dask(r: int, cl, pids: set[int], arm: str = "dask") -> None:
-        workers = 1 if arm == one else 2
-        _, cfg = _configs(a.config or None, a.steps, f"{tmp}/{r}", threads[0], workers)
+        cfg = arm_config(arm, f"{tmp}/{r}")
         if arm == "dask":
             last_run[:] = [cfg]
         probe = _CpuProbe(pids)  # Prefect's server and Dask's scheduler are up by now
@@ -348,9 +352,12 @@ def main(argv: list[str] | None = None) -> dict:
         of another arm beside a run (its workers' wake-ups preempt a 2-thread team)."""
         if arm == "dask_previous":
             return _previous_cluster(dcfg)
-        workers, t = (1, threads[0]) if arm == one else (2, 1)
-        _, ccfg = _configs(a.config or None, a.steps, tmp, threads[0], workers)
-        return start_cluster(n_workers=workers, torch_threads=t, cluster_config=ccfg.cluster)
+        c = arm_config(arm, tmp)
+        return start_cluster(
+            n_workers=c.cluster.n_workers,
+            torch_threads=c.runtime.torch_threads,
+            cluster_config=c.cluster,
+        )
 
     with prefect_test_harness(server_startup_timeout=120):
         for r in range(a.rounds):
