@@ -225,13 +225,29 @@ def host_optimizer_s(c: UnitContext, u: UnitPlan, dp: int) -> float:
     )
 
 
-def optimizer_s(c: UnitContext, u: UnitPlan, s: PassShape, optimizer_gb: float) -> float:
+def split_update_share(c: UnitContext, u: UnitPlan, s: PassShape, first: int) -> float:
+    """The share of its optimizer update a rank runs: 1/2 for two plain replicas of CPU ranks
+    on one host (dp=2, no tp/pp/cp/ep, not FSDP), whose update the runtime splits in halves
+    over their pair channel (rpeg.runtime.pair_update: each rank sums, clips and AdamW-updates
+    half and they swap weight halves -- the reduce-scatter and all-gather
+    :func:`gradient_sync_s` prices); 1 otherwise."""
+    plain = (s.dp, s.tp, s.pp, s.cp, s.ep) == (2, 1, 1, 1, 1) and own_replicas(u)
+    if plain and eager_cpu.is_cpu(c.gpu) and _dp_link(c, s, first)[0] in ("device", "domain"):
+        return 0.5
+    return 1.0
+
+
+def optimizer_s(
+    c: UnitContext, u: UnitPlan, s: PassShape, optimizer_gb: float, first: int = 0
+) -> float:
     """The optimizer update per step: 16 B read/written per local parameter at HBM speed
-    (``optimizer_gb`` holds 12 B of it), once per optimizer step; plus the host's step where
-    the optimizer lives on the host. 0 for a forward pass."""
+    (``optimizer_gb`` holds 12 B of it), once per optimizer step (a split replica pair:
+    :func:`split_update_share`); plus the host's step where the optimizer lives on the host.
+    0 for a forward pass."""
     if not s.train:
         return 0.0
     t = c.wl.train_minibatches * optimizer_gb * (GB / 12.0 * 16.0 * 2 / c.gpu.hbm_bytes_per_s)
+    t *= split_update_share(c, u, s, first)
     if c.wl.assumed_optimizer_on_host:
         t += c.wl.train_minibatches * host_optimizer_s(c, u, s.dp)
     return t
@@ -670,7 +686,7 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
             sc.detail["ep_expert_grad_sync_s"] = ex
     if train and s.cp > 1 and not fsdp:  # every gradient summed over cp once per update
         _add(comm, *context_grad_sum_s(c, s, first, state["weights"], own))
-    t_opt = optimizer_s(c, u, s, state.get("optimizer", 0.0))
+    t_opt = optimizer_s(c, u, s, state.get("optimizer", 0.0), first)
     b = bubble(s)
     scale = c.calib.train_eff_scale if train else c.calib.fwd_eff_scale
     t_pipe = t_comp * bubble_factor(c, b)

@@ -134,63 +134,80 @@ class PairChannel:
         divides after the sum."""
         if not ts:
             return
-        dtype = ts[0].dtype
-        if any(t.dtype != dtype or not t.is_contiguous() for t in ts):
-            raise ValueError("exchange_sum_: tensors must be contiguous and of one dtype")
-        flats = [t.view(-1) for t in ts]
-        size = ts[0].element_size()
-        ends, n = [], 0
-        for f in flats:
-            n += f.numel() * size
-            ends.append(n)
-
-        def pieces(a: int, b: int):
-            """(tensor, first element, elements, offset in the chunk) of bytes [a, b)."""
-            start = 0
-            for f, end in zip(flats, ends, strict=True):
-                lo, hi = max(a, start), min(b, end)
-                if lo < hi:
-                    yield f, (lo - start) // size, (hi - lo) // size, lo - a
-                start = end
-
+        _check_pieces(ts, "exchange_sum_")
         folded = divide != 1.0 and math.frexp(divide)[0] == 0.5  # 2, 4, 0.5 ...: exact 1/x
-        scale = 1.0 / divide
+        flats = [t.view(-1) for t in ts]
+        self.swap_pieces(flats, flats, scale=1.0 / divide if folded else 1.0, add=True)
+        if divide != 1.0 and not folded:
+            torch._foreach_div_(flats, divide)
+
+    def swap_pieces(
+        self,
+        send: list[torch.Tensor],
+        recv: list[torch.Tensor],
+        *,
+        scale: float = 1.0,
+        add: bool = False,
+    ) -> None:
+        """Send the tensors of ``send`` back to back (each times ``scale``, written straight
+        into this rank's region) and take the peer's, in its order, into ``recv``: copied,
+        or with ``add`` each ``r = peer's + scale * r`` (one ``torch.add``; the peer's bytes
+        are read from its region, never copied). The peer calls it with its own lists: its
+        ``send`` holds, in bytes and dtype, what this rank's ``recv`` does, and the two
+        directions may differ in size -- a reduce-scatter (each rank sends the other's half
+        of a gradient list and sums its own half) and an all-gather of halves are one call
+        each. One dtype, contiguous tensors (``send`` and ``recv`` may share tensors:
+        :meth:`exchange_sum_`)."""
+        both = [*send, *recv]
+        if not both:
+            return
+        _check_pieces(both, "swap_pieces")
+        dtype, size = both[0].dtype, both[0].element_size()
+        sends, recvs = [t.view(-1) for t in send], [t.view(-1) for t in recv]
 
         def fill(a: int, b: int, dst: torch.Tensor) -> None:
-            for f, i, k, off in pieces(a, b):
+            for f, i, k, off in _pieces(sends, size, a, b):
                 into = dst[off : off + k * size].view(dtype)
-                if folded:
+                if scale != 1.0:
                     torch.mul(f[i : i + k], scale, out=into)
                 else:
                     into.copy_(f[i : i + k])
 
         def take(a: int, got: torch.Tensor) -> None:
-            for f, i, k, off in pieces(a, a + got.numel()):
+            for f, i, k, off in _pieces(recvs, size, a, a + got.numel()):
                 piece, theirs = f[i : i + k], got[off : off + k * size].view(dtype)
-                if folded:
+                if not add:
+                    piece.copy_(theirs)
+                elif scale != 1.0:
                     torch.add(theirs, piece, alpha=scale, out=piece)
                 else:
                     piece.add_(theirs)
-                    if divide != 1.0:
-                        piece.div_(divide)
 
-        self._swap_chunks(n, fill, take)
+        n_send = sum(t.numel() for t in sends) * size
+        self._swap_chunks(n_send, fill, take, sum(t.numel() for t in recvs) * size)
 
     def _swap(self, t: torch.Tensor, take) -> None:
         """Send ``t``'s bytes; ``take(offset, peer bytes)`` for every chunk received."""
         src = t.reshape(-1).view(torch.uint8)
         self._swap_chunks(src.numel(), lambda a, b, dst: dst.copy_(src[a:b]), take)
 
-    def _swap_chunks(self, n: int, fill, take) -> None:
+    def _swap_chunks(self, n: int, fill, take, n_recv: int | None = None) -> None:
         """Send ``n`` bytes in chunks of at most :data:`CHUNK_BYTES`: ``fill(a, b, region)``
         writes bytes [a, b) into this rank's region, ``take(a, peer bytes)`` gets the peer's
-        chunk starting at byte ``a``."""
+        chunk starting at byte ``a``; the peer sends ``n_recv`` bytes (default ``n``). Both
+        sides walk ``max(n, n_recv)`` in the same chunks (a side with fewer bytes sends
+        short or empty ones), so each knows every header's size."""
+        m = n if n_recv is None else n_recv
         step = max(16, CHUNK_BYTES - CHUNK_BYTES % 16)  # whole elements of any dtype
         with self._lock:
             try:
-                for a in range(0, n, step):
-                    b = min(n, a + step)
-                    take(a, self._swap_chunk_with(b - a, lambda dst, a=a, b=b: fill(a, b, dst)))
+                for a in range(0, max(n, m), step):
+                    b, c = max(a, min(n, a + step)), max(a, min(m, a + step))
+                    got = self._swap_chunk_with(
+                        b - a, lambda dst, a=a, b=b: fill(a, b, dst), expect=c - a
+                    )
+                    if got.numel():
+                        take(a, got)
             except (BrokenPipeError, ConnectionResetError) as e:
                 raise ConnectionError(
                     f"pair channel: rank {self.peer} closed the connection mid-exchange ({e})"
@@ -200,28 +217,31 @@ class PairChannel:
                     f"pair channel: rank {self.peer} sent nothing for {self.timeout_s:.0f} s"
                 ) from e
 
-    def _swap_chunk_with(self, n: int, fill) -> torch.Tensor:
+    def _swap_chunk_with(self, n: int, fill, expect: int | None = None) -> torch.Tensor:
         """Send ``n`` bytes that ``fill(region bytes)`` writes into this rank's region; the
-        peer's ``n`` bytes (a view of its region) back."""
+        peer's ``expect`` bytes (default ``n``; a view of its region) back."""
+        expect = n if expect is None else expect
         slot = self._turn % 2
         self._turn += 1
         region = self._mine[slot]
-        grown = region is None or region.size < n
+        grown = n > 0 and (region is None or region.size < n)
         if grown:
             old, region = region, SharedRegion.create(max(n, 2 * (region.size if region else 0)))
             self._mine[slot] = region
             if old is not None:
                 old.close()  # the peer keeps its own mapping until it adopts the new one
-        fill(region.bytes[:n])
+        if n:
+            fill(region.bytes[:n])
         head = n.to_bytes(8, "little") + (region.size if grown else 0).to_bytes(8, "little")
         if grown:
             region.send_fd(self.sock, head)
         else:
             self.sock.sendall(head)
         got, size, fds = self._recv_header()
-        if got != n:
+        if got != expect:
+            what = f"sent {n}" if expect == n else f"expected {expect}"
             raise ValueError(
-                f"pair channel: rank {self.peer} sent {got} bytes where this rank sent {n} "
+                f"pair channel: rank {self.peer} sent {got} bytes where this rank {what} "
                 "(both ranks must exchange tensors of one size, in the same order)"
             )
         if size:
@@ -230,10 +250,14 @@ class PairChannel:
             old, self._theirs[slot] = self._theirs[slot], SharedRegion.adopt(fds[0], size)
             if old is not None:
                 old.close()
+        if not expect:
+            return _EMPTY
         theirs = self._theirs[slot]
-        if theirs is None or theirs.size < n:
-            raise ConnectionError(f"pair channel: rank {self.peer} sent no region of {n} bytes")
-        return theirs.bytes[:n]
+        if theirs is None or theirs.size < expect:
+            raise ConnectionError(
+                f"pair channel: rank {self.peer} sent no region of {expect} bytes"
+            )
+        return theirs.bytes[:expect]
 
     def _recv_header(self) -> tuple[int, int, list[int]]:
         buf, fds = b"", []
@@ -258,6 +282,29 @@ class PairChannel:
                 if r is not None:
                     r.close()
                 regions[i] = None
+
+
+_EMPTY = torch.empty(0, dtype=torch.uint8)
+
+
+def _check_pieces(ts: list[torch.Tensor], what: str) -> None:
+    dtype = ts[0].dtype
+    if any(t.dtype != dtype or not t.is_contiguous() for t in ts):
+        raise ValueError(f"{what}: tensors must be contiguous and of one dtype")
+
+
+def _pieces(flats: list[torch.Tensor], size: int, a: int, b: int):
+    """(tensor, first element, elements, offset from ``a``) of bytes [a, b) of ``flats``
+    laid back to back (``size`` bytes an element)."""
+    start = 0
+    for f in flats:
+        end = start + f.numel() * size
+        lo, hi = max(a, start), min(b, end)
+        if lo < hi:
+            yield f, (lo - start) // size, (hi - lo) // size, lo - a
+        if end >= b:
+            return
+        start = end
 
 
 def host_key() -> int:

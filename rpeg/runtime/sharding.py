@@ -211,10 +211,39 @@ class Shards:
     #: the RankReduce a decode gathering per forward runs in lockstep over (None: the role's
     #: dp reduce); FSDP over dp x cp: every rank of the mesh (rpeg.runtime.context_parallel)
     lockstep: Any = None
+    #: a same-host pair's split update (rpeg.runtime.pair_update.PairSplit), made at the
+    #: first gradient sum that can use it; ``split_update``: the split the current update
+    #: runs on (set by :meth:`sync_grads`, read by clipping and the optimizer step)
+    split: Any = field(default=None, repr=False)
+    split_update: Any = field(default=None, repr=False)
+    _split_checked: bool = field(default=False, repr=False)
 
     @property
     def dp_group(self):
         return None if self.mesh is None else self.mesh.get_group("dp")
+
+    def _pair_split(self, pair, group):
+        """The pair's :class:`PairSplit` of :attr:`replicated` where the layout is two plain
+        replicas (dp=2, no FSDP, tp, pp, cp or expert split) of CPU tensors of one dtype;
+        decided once (both ranks decide alike: the same layout and parameters)."""
+        if not self._split_checked:
+            self._split_checked = True
+            from rpeg.runtime.pair_update import PairSplit
+
+            lay = self.layout
+            plain = (lay.dp, lay.tp, lay.pp, lay.cp, lay.ep) == (2, 1, 1, 1, 1) and not lay.fsdp
+            if plain and self.experts is None and PairSplit.usable(self.replicated):
+                import torch.distributed as dist
+
+                me = dist.get_group_rank(group, dist.get_rank())
+                self.split = PairSplit(self.replicated, pair, me)
+        return self.split
+
+    def consolidate(self, optimizer) -> None:
+        """Before a checkpoint reads ``optimizer``: a split pair's moments made whole on both
+        ranks (:meth:`PairSplit.consolidate`; a collective of the pair). A no-op otherwise."""
+        if self.split is not None and optimizer is not None:
+            self.split.consolidate(optimizer)
 
     def sync_grads(self, bucket_bytes: int = GRAD_BUCKET_BYTES) -> None:
         """Average the gradients of :attr:`replicated` parameters over the ``dp`` ranks: one
@@ -224,7 +253,10 @@ class Shards:
         et al. 2020, arXiv:2006.15704). A pair of CPU ranks on one host sums each bucket over
         its pair channel instead (rpeg.runtime.pair_channel: the peer's bytes added straight
         from shared memory, no hand-off to gloo's threads; measured on rpeg-tiny's dp=2 train
-        step: docs/measurements.md). First the LoRA tp sums (:attr:`tp_split`)."""
+        step: docs/measurements.md); two plain replicas sum only their own half
+        (:meth:`_pair_split`: the update then runs in halves, :attr:`split_update`). First the
+        LoRA tp sums (:attr:`tp_split`)."""
+        self.split_update = None
         sum_partial_grads(self.tp_split)
         if self.experts is not None:  # summed over their replicas, / dp; the live replicas
             self.replicated = self.experts.sync_grads(self.replicated)
@@ -243,6 +275,11 @@ class Shards:
         group = self.dp_group
         pair = pair_channel(group) if grads and grads[0].device.type == "cpu" else None
         if pair is not None and all(g.is_contiguous() for g in grads):
+            split = self._pair_split(pair, group) if self.tp_split is None else None
+            if split is not None:  # each rank sums its half; clip and AdamW over it
+                split.reduce_scatter(divide=float(self.layout.dp))
+                self.split_update = split
+                return
             # a same-host pair: the peer's gradients added in place from shared memory
             for bucket in grad_buckets(grads, bucket_bytes):
                 pair.exchange_sum_(bucket, divide=float(self.layout.dp))
@@ -260,6 +297,8 @@ class Shards:
                 a += g.numel()
 
     def clip_grads(self, params: Iterable[nn.Parameter], max_norm: float) -> float:
+        if self.split_update is not None:  # the pair's halves: each clips its own
+            return self.split_update.clip(max_norm)
         return grad_norm_and_clip(params, max_norm)
 
     def training_pass(self, module: nn.Module) -> contextlib.AbstractContextManager:

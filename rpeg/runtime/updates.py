@@ -171,7 +171,7 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
             if scaler is not None:
                 scaler.update(math.isfinite(gn))
                 stats["loss_scale"] = scale
-            apply_update(optimizer, stats, gn, grad_norm_key)
+            apply_update(optimizer, stats, gn, grad_norm_key, shards)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
@@ -181,17 +181,23 @@ def _updates(role, batch, micro_loss, grad_norm_key) -> tuple[dict[str, float], 
     return sums, steps
 
 
-def apply_update(optimizer, stats: dict[str, float], grad_norm: float, grad_norm_key: str) -> None:
+def apply_update(
+    optimizer, stats: dict[str, float], grad_norm: float, grad_norm_key: str, shards=None
+) -> None:
     """One optimizer update after the gradients were reduced and clipped (``grad_norm``: the
     norm before clipping, recorded under ``grad_norm_key``). An inf/nan gradient (an overflow,
     a bad sample) would make every weight nan for good: that update is skipped, as verl's
     actors do, and counted under :data:`SKIPPED_UPDATES`; the norm is reduced over the group,
-    so every rank skips the same one (and an fp16 scaler halves the same loss scale)."""
+    so every rank skips the same one (and an fp16 scaler halves the same loss scale).
+    ``shards`` whose gradient sum split the update (``split_update``: a replica pair,
+    rpeg.runtime.pair_update) update their half and swap weight halves."""
     skip = not math.isfinite(grad_norm)
     stats[grad_norm_key] = grad_norm
     stats[SKIPPED_UPDATES] = float(skip)
     if skip:
         optimizer.zero_grad(set_to_none=True)
+    elif (split := getattr(shards, "split_update", None)) is not None:
+        split.step(optimizer)  # a pair's halves (rpeg.runtime.pair_update)
     else:
         optimizer.step()
 
@@ -242,8 +248,14 @@ class _AdamW(torch.optim.AdamW):
         super().load_state_dict({**state_dict, "param_groups": groups})
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, owned=None):
+        """One AdamW update. ``owned`` (a :class:`rpeg.runtime.pair_update.PairSplit`): only
+        this rank's elements of each parameter it covers are updated (1-D views of the
+        parameter, its gradient and moments; AdamW is elementwise), a parameter wholly the
+        peer's only advances its step count; parameters it does not cover update whole."""
         if closure is not None or any(g["differentiable"] for g in self.param_groups):
+            if owned is not None:
+                raise ValueError("a split update runs no closure and no differentiable step")
             return super().step(closure)
         from torch.optim.adam import adam
 
@@ -253,6 +265,8 @@ class _AdamW(torch.optim.AdamW):
         for group in self.param_groups:
             lists: tuple[list[torch.Tensor], ...] = ([], [], [], [], [], [])
             has_complex = self._init_group(group, *lists)  # creates state, fills the lists
+            if owned is not None:
+                lists = _owned_lists(lists, owned)
             beta1, beta2 = group["betas"]
             for chunk in _chunks(tuple(local(x) for x in lists), OPTIMIZER_CHUNK_BYTES):
                 adam(
@@ -272,6 +286,35 @@ class _AdamW(torch.optim.AdamW):
                     decoupled_weight_decay=group["decoupled_weight_decay"],
                 )
         return None
+
+
+def _owned_lists(lists: tuple[list[torch.Tensor], ...], owned) -> tuple[list[torch.Tensor], ...]:
+    """AdamW's aligned lists (params, grads, m, v, max v, steps) cut to ``owned``'s elements:
+    a covered parameter's tensors as 1-D views of its own span (its step tensor whole, one
+    per parameter), a parameter wholly the peer's left out, its step advanced here."""
+    params, steps = lists[0], lists[5]
+    out: tuple[list[torch.Tensor], ...] = tuple([] for _ in lists)
+    skipped = []
+    for i, p in enumerate(params):
+        if not owned.covers(p):
+            span = None
+            keep = True
+        else:
+            span = owned.owned(p)
+            keep = span is not None
+        if not keep:
+            skipped.append(steps[i])
+            continue
+        for j, x in enumerate(lists):
+            if len(x) != len(params):  # max v without amsgrad: empty
+                continue
+            t = x[i]
+            if span is not None and j != 5:
+                t = t.view(-1)[span[0] : span[1]]
+            out[j].append(t)
+    if skipped:
+        torch._foreach_add_(skipped, 1)
+    return out
 
 
 #: parameter bytes per multi-tensor AdamW call: the foreach update allocates temporaries the

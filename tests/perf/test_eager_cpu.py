@@ -102,3 +102,20 @@ def test_fsdp_gathers_add_to_the_pass_on_cpu(builtin):
     st = predict(g, fsdp, wl, calib=SHIPPED).stages["train_actor"]
     assert st.detail["fsdp_collectives_per_micro_batch"] == 2.0
     assert st.comm_s["domain"] == pytest.approx(4 * per_step + 4 * per_micro)
+
+
+def test_a_replica_pair_on_one_host_prices_half_an_update_each(builtin):
+    """The built-in plan's train_actor is two CPU replicas on one host: the runtime splits
+    their update in halves (rpeg.runtime.pair_update), so each rank's AdamW moves 16 B of
+    half the parameters per optimizer step: (P / 2) x 16 B x 2 (read + write) / memory
+    bandwidth x 4 steps. The same unit at dp=1 updates all of them."""
+    g, plan, wl = builtin
+    p = specs.model("rpeg-tiny").params
+    u = plan.units["train_actor"]
+    st = predict(g, plan, wl, calib=SHIPPED).stages["train_actor"]
+    assert (len(u.devices), u.tp, u.dp) == (2, 1, 0)  # dp 0: devices / (tp x pp) = 2
+    assert st.detail["optimizer_s"] == pytest.approx(4 * (p / 2) * 16.0 * 2 / CPU.hbm_bytes_per_s)
+    one = u.model_copy(update={"devices": u.devices[:1]})
+    single = plan.model_copy(update={"units": {**plan.units, "train_actor": one}})
+    st1 = predict(g, single, wl, calib=SHIPPED).stages["train_actor"]
+    assert st1.detail["optimizer_s"] == pytest.approx(2 * st.detail["optimizer_s"])

@@ -219,9 +219,20 @@ def train_case(cfg, layout, mesh, rank: int, role: str = "actor", meta: bool = F
         "full": full,
         "local_after": param_bytes_local(w.module),  # every FSDP unit resharded after the step
         "fsdp_units": units,
+        "split_update": w.shards is not None and w.shards.split is not None,  # pair_update
+        "weights_digest": _digest(weights),  # (rank > 0 sends no weights)
         "layers": w.module.config.num_hidden_layers if role != "critic" else 0,
         "all_gathers": all_gathers,  # FSDP unit all-gathers during the training step
     }
+
+
+def _digest(weights: dict) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for k in sorted(weights):
+        h.update(k.encode() + weights[k].contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 class _count_all_gathers:

@@ -368,3 +368,44 @@ def test_exchanges_of_different_sizes_are_an_error_on_both_ranks():
     finally:
         ca.close()
         cb.close()
+
+
+def test_pieces_of_unequal_sizes_swap_each_way(monkeypatch):
+    """``swap_pieces``: each side sends its list and takes the peer's into another list of
+    the peer's size (a reduce-scatter's or all-gather's halves: the directions differ when
+    the elements are odd), copied or added at a scale, across chunks and empty sides; a
+    receive list of the wrong size is an error naming both sizes."""
+    from rpeg.runtime import pair_channel as pc
+
+    monkeypatch.setattr(pc, "CHUNK_BYTES", 1001)  # 992-byte chunks: 248 floats
+    ca, cb = _channel_pair()
+    g = torch.Generator().manual_seed(2)
+    try:
+        for na, nb in ((300, 700), (1000, 3), (0, 5), (5, 0), (248, 249)):
+            xa = [torch.randn(k, generator=g) for k in (na // 3, na - na // 3)]
+            xb = [torch.randn(nb, generator=g)]
+            ra = [torch.zeros(nb // 2), torch.zeros(nb - nb // 2)]  # a's receive: b's size
+            rb = [torch.zeros(na)]
+            _both(
+                lambda xa=xa, ra=ra: ca.swap_pieces(xa, ra),
+                lambda xb=xb, rb=rb: cb.swap_pieces(xb, rb),
+            )
+            assert torch.equal(torch.cat(ra), torch.cat(xb))
+            assert torch.equal(torch.cat(rb), torch.cat(xa))
+            # added at a scale: r = peer's (sent times 1/2) + r / 2
+            base_a, base_b = torch.randn(nb, generator=g), torch.randn(na, generator=g)
+            sa, sb = [base_a.clone()], [base_b.clone()]
+            _both(
+                lambda xa=xa, sa=sa: ca.swap_pieces(xa, sa, scale=0.5, add=True),
+                lambda xb=xb, sb=sb: cb.swap_pieces(xb, sb, scale=0.5, add=True),
+            )
+            assert torch.equal(sa[0], torch.cat(xb) * 0.5 + base_a * 0.5)
+            assert torch.equal(sb[0], torch.cat(xa) * 0.5 + base_b * 0.5)
+        ea, eb = _both(
+            lambda: ca.swap_pieces([torch.ones(4)], [torch.zeros(3)]),
+            lambda: cb.swap_pieces([torch.ones(4)], [torch.zeros(4)]),
+        )
+        assert isinstance(ea, ValueError) and "sent 16 bytes where this rank expected 12" in str(ea)
+    finally:
+        ca.close()
+        cb.close()

@@ -106,6 +106,9 @@ def test_two_rank_layouts_equal_single_process(reference):
     assert out["fsdp_gathered"][0]["local_after"] == out["fsdp_gathered"][0]["local"]
     assert out["tp2"][0]["local"] < 0.75 * full
     assert out["dp2_replicas"][0]["local"] == full
+    # the replicas split their update in halves (rpeg.runtime.pair_update) and end equal
+    assert [out[n][0]["split_update"] for n in LAYOUTS_2] == [False, False, True]
+    assert out["dp2_replicas"][1]["weights_digest"] == out["dp2_replicas"][0]["weights_digest"]
 
 
 @pytest.mark.slow

@@ -30,6 +30,10 @@ class RankCheckpoints:
         from rpeg.runtime.actors.checkpoint import rank_state_bytes
 
         m.fault("checkpoint", m.policy_version())
+        for role in m.role_map().values():  # a split pair's moments whole on both ranks
+            consolidate = getattr(getattr(role, "shards", None), "consolidate", None)
+            if consolidate is not None:  # (rpeg.runtime.pair_update; a collective)
+                consolidate(role.optimizer)
         lay = getattr(m, "layout", None)
         replica = lay is not None and not lay.sharded and lay.dp_index(m.rank) > 0
         return rank_state_bytes(m.rank, m.group.name, m.role_map(), light or replica)
