@@ -88,16 +88,22 @@ def truncated_mean(median: float, cap: float, sigma: float) -> float:
     )
 
 
-def prior_mean(kind: str, cap: float, calib: object, scale: float = 1.0) -> float:
+def prior_mean(
+    kind: str, cap: float, calib: object, scale: float = 1.0, domain: str | None = None
+) -> float:
     """Mean response length of a model of ``kind`` at generation cap ``cap`` when the
     workload does not state it: the model's untruncated ("natural") length is lognormal
     with the median of its kind (``Calibration.response_median_reasoning`` /
     ``response_median_instruct``) and ``length_sigma``, clamped at the cap. The same rule for
-    every model and run; ``scale`` moves the median (interval bounds). Sources of the
-    medians: docs/perf-model.md, "Response-length prior"."""
+    every model and run; ``scale`` moves the median (interval bounds); ``domain`` "code" (the
+    prompts ask for programs) multiplies a reasoning model's median by
+    ``Calibration.response_scale_code``. Sources of the medians: docs/perf-model.md,
+    "Response-length prior"."""
     median = (
         calib.response_median_reasoning  # type: ignore[attr-defined]
         if kind == "reasoning"
         else calib.response_median_instruct  # type: ignore[attr-defined]
     )
+    if domain == "code" and kind == "reasoning":
+        median *= calib.response_scale_code  # type: ignore[attr-defined]
     return min(cap * 0.999, truncated_mean(median * scale, cap, calib.length_sigma))  # type: ignore[attr-defined]

@@ -32,6 +32,10 @@ class Workload:
     # catalog model's ``kind`` (a base checkpoint of a reasoning family): picks the
     # response-length prior; None = the model's own kind
     response_kind: str | None = None
+    # what the prompts ask for where a run says so ("code": programs, whose reasoning traces
+    # run longer than math ones; "math"): scales the response-length prior of a reasoning
+    # model (rpeg.perf.lengths.prior_mean); None = not stated
+    task_domain: str | None = None
     # LM image tokens per sample for a model with a vision tower; None = the model's prior
     image_tokens: float | None = None
     # LoRA (model.lora): the adapters' rank and target modules; None = full fine-tuning

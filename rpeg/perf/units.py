@@ -134,10 +134,11 @@ class UnitContext:
             mean = turns.transcript_mean(wl.turns, tkind, calib, cap) if mean is None else mean
         if mean is None:
             kind = wl.response_kind or model.kind
-            mean = prior_mean(kind, cap, calib)
+            mean = prior_mean(kind, cap, calib, domain=wl.task_domain)
+            task = " on code" if wl.task_domain == "code" and kind == "reasoning" else ""
             self.assumptions.append(
                 f"mean response length unpublished: assumed {mean:.0f} tokens (prior of "
-                f"{kind} models at a {cap:.0f}-token cap)"
+                f"{kind} models{task} at a {cap:.0f}-token cap)"
             )
         self.lengths = LengthDist(mean, cap, wl.length_sigma or calib.length_sigma)
         self.N = wl.samples

@@ -99,7 +99,7 @@ def test_conformal_half_width_is_the_ceil_n_plus_1_quantile_of_abs_residuals(mon
     # n = 10: the ceil(11 * 0.8) = 9th smallest of 0.1 .. 1.0 = 0.9; widened 1.5x
     lo, hi = loso_ranges.conformal_range([0.1 * k for k in range(1, 11)], 1.5)
     assert hi == pytest.approx(0.9 * 1.5)
-    # the shipped alpha 0.15: ceil(11 * 0.85) = 10th smallest = 1.0
+    # alpha 0.15: ceil(11 * 0.85) = 10th smallest = 1.0
     monkeypatch.setattr(loso_ranges, "ALPHA", 0.15)
     lo, hi = loso_ranges.conformal_range([0.1 * k for k in range(1, 11)], 1.0)
     assert hi == pytest.approx(1.0)

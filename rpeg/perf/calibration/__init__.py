@@ -102,6 +102,13 @@ class Calibration:
     # base/instruct models; sources in docs/perf-model.md, "Response-length prior".
     response_median_reasoning: float = 6000.0
     response_median_instruct: float = 700.0
+    # A reasoning model's natural length on code-generation prompts relative to math prompts
+    # (the reasoning median's multiplier where a workload says its task is code): the same
+    # model, the same evaluator, no length limit that binds -- AceReason-Nemotron-14B (RL from
+    # R1-Distill-Qwen-14B) 16,669 tokens on LiveCodeBench v5 vs 13,833 on AIME24 (Elastic
+    # Reasoning, arXiv 2505.05315, the E1-AceReason-14B model card). docs/perf-model.md,
+    # "Response-length prior".
+    response_scale_code: float = 1.2
     # Host work per sample on the step's critical path (reward scoring, detokenisation,
     # batch marshalling in the driver), s. See docs/perf-model.md, "Calibration constants".
     host_per_sample_s: float = 0.002

@@ -50,6 +50,7 @@ EXPLICIT = (
     "gen_cap",
     "system",
     "model_kind",
+    "task_domain",
     "image_tokens",
     "spec_decode",
     "spec_draft_tokens",

@@ -10,11 +10,14 @@ from typing import Any
 
 import numpy as np
 
-#: target miscoverage of a range (split conformal over comparable LOSO residuals). 0.15,
+#: target miscoverage of a range (split conformal over comparable LOSO residuals). 0.12,
 #: not the 0.2 of an "80% range": residuals of other sources are not exchangeable with a new
 #: source's (each source carries its own shift), so a nominal 80% range under-covers unseen
-#: sources (the hidden set of issue 30: 53% inside); 0.15 holds >= 80% on the shipped sets
-ALPHA = 0.15
+#: sources (the hidden set of issue 30: 53% inside). The rule: the largest of 0.15, 0.14,
+#: ... at which every set held here -- both shipped files and their shared-schema copies --
+#: covers >= 85% under LOSO (80% + 5 points for sources unlike them): 0.15 covered the
+#: steps_dev2 copy 79.4%, 0.13 85.3%, 0.12 88.2% (docs/validation.md "Ranges")
+ALPHA = 0.12
 #: log half-width when no residual is available (a factor of e^0.5 = 1.65 either way)
 NO_RESIDUALS = 0.5
 #: fewest other-source residuals of a system before its own spread is used

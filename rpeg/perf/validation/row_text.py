@@ -74,6 +74,23 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
             "no",
         ),
     ),
+    # what the prompts ask for, named by a benchmark or a data set of one domain: code
+    # (programs checked by tests) or math. Bare words are not read ("verl code",
+    # "Qwen2.5-Math"), nor a name that is also a model or recipe unless it names the data
+    # ("DeepScaleR data", not "DeepScaleR's recipe"); a row naming both domains is left blank
+    "task_domain": (
+        (
+            r"\blivecodebench\b|\bcodeforces\b|\bcode_?contests\b|\bhumaneval\b|\bmbpp\b"
+            r"|\btaco-verified\b|\bcompetitive programming\b|\bcode generation\b"
+            r"|\bcoding (?:problems|tasks)\b|\bdeepcoder(?:-preview)? (?:data|problems|prompts)",
+            "code",
+        ),
+        (
+            r"\baime(?: ?(?:20)?2[45])?\b|\bmath-?500\b|\bgsm8k\b|\bnuminamath\b|\bdapo-math\b"
+            r"|\bmath (?:data|problems|reasoning|rl)\b|\bdeepscaler(?:-preview)? (?:data|problems|prompts)",
+            "math",
+        ),
+    ),
     # DeepSpeed-Chat generates inside its training engine (the "hybrid engine"): HF-style
     # static batches, no continuous batching (verl also calls its colocation a hybrid engine)
     "gen_batching": (

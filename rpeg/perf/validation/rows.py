@@ -105,6 +105,8 @@ def reward_model_default(system: str, has_critic: bool) -> bool:
 
 #: what a model was trained to emit (``model_kind`` column; blank = the catalog's kind)
 MODEL_KINDS = ("base", "instruct", "reasoning")
+#: what the prompts ask for (``task_domain`` column; blank = not stated: no domain scale)
+TASK_DOMAINS = ("code", "math")
 
 
 @dataclass
@@ -310,6 +312,9 @@ def read_case(r: dict[str, str]) -> RowCase:
     kind = (r.get("model_kind") or "").strip().lower() or resolve_model(r["model"])[1]
     if kind is not None and kind not in MODEL_KINDS:
         raise Unpredictable(f"model_kind={kind!r}; allowed: {', '.join(MODEL_KINDS)} or blank")
+    domain = (r.get("task_domain") or "").strip().lower() or None
+    if domain is not None and domain not in TASK_DOMAINS:
+        raise Unpredictable(f"task_domain={domain!r}; allowed: {', '.join(TASK_DOMAINS)} or blank")
     max_seq = cell_float(r, "max_seq_len")
     cap_cell = cell_opt_int(r, "max_gen_len")
     if cap_cell is None:
@@ -387,6 +392,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         precision=prec,
         max_seq_tokens=int(max_seq) if max_seq else None,
         response_kind=kind,
+        task_domain=domain,
         image_tokens=images,
     )
     if model.vision is not None and wl.image_tokens is None:
@@ -466,7 +472,10 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "reuse_rollout_logprobs": yn(case.reuse),
         "avg_prompt_len": f"{wl.mean_prompt_tokens:.0f}",
         "max_gen_len": f"{wl.max_response_tokens}",
-        "avg_gen_len": f"{prior_mean(kind, wl.max_response_tokens, calib):.0f} ({kind} prior)",
+        "avg_gen_len": (
+            f"{prior_mean(kind, wl.max_response_tokens, calib, domain=wl.task_domain):.0f} "
+            f"({kind}{' code' if wl.task_domain == 'code' and kind == 'reasoning' else ''} prior)"
+        ),
         "precision": wl.precision,
         "image_tokens": (
             f"{wl.image_tokens if wl.image_tokens is not None else vision.image_tokens:.0f}"
