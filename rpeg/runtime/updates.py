@@ -296,13 +296,8 @@ def _owned_lists(lists: tuple[list[torch.Tensor], ...], owned) -> tuple[list[tor
     out: tuple[list[torch.Tensor], ...] = tuple([] for _ in lists)
     skipped = []
     for i, p in enumerate(params):
-        if not owned.covers(p):
-            span = None
-            keep = True
-        else:
-            span = owned.owned(p)
-            keep = span is not None
-        if not keep:
+        span = owned.owned(p) if owned.covers(p) else None  # None and covered: the peer's
+        if span is None and owned.covers(p):
             skipped.append(steps[i])
             continue
         for j, x in enumerate(lists):
