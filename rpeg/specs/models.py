@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -305,6 +305,8 @@ class ModelSpec:
 def parse_models(sources: list[tuple[dict[str, Any], str]]) -> dict[str, ModelSpec]:
     problems: list[Problem] = []
     out: dict[str, ModelSpec] = {}
+    derived: dict[str, tuple[str, str]] = {}  # name -> (same_as, kind or "")
+    derived_src: dict[str, str] = {}
     for data, src in sources:
         top = Checker(src, data, problems)
         ms = top.sub("models", required=src.startswith("rpeg/"))
@@ -313,6 +315,12 @@ def parse_models(sources: list[tuple[dict[str, Any], str]]) -> dict[str, ModelSp
             continue
         for name, entry in ms.data.items():
             c = Checker(f"{src}: models.{name}", entry, problems)
+            same = c.text("same_as", default="")
+            if same:  # a checkpoint of another entry's architecture (a fine-tune, an RL run)
+                derived[name] = (same, c.text("kind", default="", choices=("", *MODEL_KINDS)))
+                derived_src[name] = c.text("source", default="")
+                c.done()
+                continue
             unsupported = c.text("unsupported", default="")
             req = None if unsupported else ...
             kw: dict[str, Any] = dict(
@@ -393,6 +401,23 @@ def parse_models(sources: list[tuple[dict[str, Any], str]]) -> dict[str, ModelSp
                     )
                 )
             out[name] = ModelSpec(name=name, **kw)
+    for name, (same, kind) in derived.items():
+        base = out.get(same)
+        if base is None or same in derived:
+            problems.append(
+                Problem(
+                    f"models.{name}.same_as", f"{same!r} is no architecture entry of the catalog"
+                )
+            )
+            continue
+        out[name] = replace(
+            base,
+            name=name,
+            kind=kind or base.kind,
+            published_params_b=None,
+            published_active_params_b=None,
+            source=derived_src[name] or f"same architecture as {same}",
+        )
     if problems:
         raise SpecError(problems, title="invalid model catalog")
     return out
