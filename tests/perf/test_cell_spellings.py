@@ -58,6 +58,20 @@ def test_the_system_a_gpu_sits_in_is_not_its_name(written, catalog):
     assert gpu_name({"gpu": written}) == catalog
 
 
+@pytest.mark.parametrize(
+    ("written", "catalog", "tflops"),
+    [("RTX A6000", "rtx-a6000", 154.8), ("A6000 48GB", "rtx-a6000", 154.8), ("A40", "a40", 149.7)],
+)
+def test_workstation_cards_of_academic_rl_runs_are_priced(written, catalog, tflops):
+    from rpeg import specs
+    from rpeg.perf.validation.row_cells import cluster_for
+
+    assert gpu_name({"gpu": written}) == catalog
+    assert specs.gpu(catalog).bf16_dense_tflops == tflops  # dense: half the sparse figure
+    c = specs.cluster(cluster_for(catalog, 4))
+    assert (c.gpu.name, c.gpus_per_node) == (catalog, 4)  # a row's node size, links kept
+
+
 def _row(**cells):
     for r in read_rows(loso.default_datasets()["steps_dev"]):
         if r["case_id"] == "nemo-v0.5-h100bf16-llama-grpo-on-16g":
