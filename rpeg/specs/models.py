@@ -319,8 +319,10 @@ def parse_models(sources: list[tuple[dict[str, Any], str]]) -> dict[str, ModelSp
             if same:  # a checkpoint of another entry's architecture (a fine-tune, an RL run)
                 derived[name] = (same, c.text("kind", default="", choices=("", *MODEL_KINDS)))
                 derived_src[name] = c.text("source", default="")
+                out.pop(name, None)  # the last file's entry of a name wins (user over shipped)
                 c.done()
                 continue
+            derived.pop(name, None)
             unsupported = c.text("unsupported", default="")
             req = None if unsupported else ...
             kw: dict[str, Any] = dict(

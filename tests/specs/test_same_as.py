@@ -68,3 +68,13 @@ def test_published_checkpoint_names_price_as_their_architecture(published, entry
     m, arch = specs.model(name), specs.model(entry)
     assert name != entry and m.params == arch.params
     assert (said or m.kind) == kind
+
+
+def test_the_last_file_s_entry_of_a_name_wins():
+    base = {"layers": 2, "hidden": 64, "ffn_hidden": 128, "heads": 4, "kv_heads": 2}
+    base |= {"head_dim": 16, "vocab": 100}
+    shipped = {"models": {"m": base, "x": {"same_as": "m"}, "y": base}}
+    user = {"models": {"x": {**base, "layers": 3}, "y": {"same_as": "m", "kind": "base"}}}
+    out = parse_models([(shipped, "rpeg/specs/data/models.yaml"), (user, "user")])
+    assert out["x"].layers == 3  # a user's full entry over a shipped same_as
+    assert out["y"].kind == "base" and out["y"].source == "same architecture as m"
