@@ -366,13 +366,13 @@ def main(argv: list[str] | None = None) -> dict:
                 if not arm.startswith("dask"):
                     local(r, int(arm[len("local") :]))
                     continue
-                with cluster_of(arm) as cl:
+                previous = arm == "dask_previous"
+                with (
+                    cluster_of(arm) as cl,
+                    _previous_driver() if previous else contextlib.nullcontext(),
+                ):
                     pids = set(cl.client.run(os.getpid).values())  # the workers' processes
-                    if arm == "dask_previous":
-                        with _previous_driver():
-                            dask(r, cl, pids, arm)
-                    else:
-                        dask(r, cl, pids, arm)
+                    dask(r, cl, pids, arm)
     if prof is not None:
         prof.dump_stats(a.profile)
     med = {k: statistics.median(v) for k, v in steps.items()}

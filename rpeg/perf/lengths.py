@@ -88,6 +88,11 @@ def truncated_mean(median: float, cap: float, sigma: float) -> float:
     )
 
 
+def code_scaled(kind: str, domain: str | None) -> bool:
+    """Whether :func:`prior_mean` scales the median for the task: a reasoning model on code."""
+    return domain == "code" and kind == "reasoning"
+
+
 def prior_mean(
     kind: str, cap: float, calib: object, scale: float = 1.0, domain: str | None = None
 ) -> float:
@@ -104,6 +109,6 @@ def prior_mean(
         if kind == "reasoning"
         else calib.response_median_instruct  # type: ignore[attr-defined]
     )
-    if domain == "code" and kind == "reasoning":
+    if code_scaled(kind, domain):
         median *= calib.response_scale_code  # type: ignore[attr-defined]
     return min(cap * 0.999, truncated_mean(median * scale, cap, calib.length_sigma))  # type: ignore[attr-defined]

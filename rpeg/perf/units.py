@@ -10,7 +10,7 @@ from typing import Any
 
 from rpeg.perf import costs, turns
 from rpeg.perf.calibration import Calibration
-from rpeg.perf.lengths import LengthDist, prior_mean
+from rpeg.perf.lengths import LengthDist, code_scaled, prior_mean
 from rpeg.perf.prediction import GB, Workload
 from rpeg.plan.schema import InfeasiblePlan, Plan, UnitPlan
 from rpeg.specs import ClusterSpec, ModelSpec
@@ -135,7 +135,7 @@ class UnitContext:
         if mean is None:
             kind = wl.response_kind or model.kind
             mean = prior_mean(kind, cap, calib, domain=wl.task_domain)
-            task = " on code" if wl.task_domain == "code" and kind == "reasoning" else ""
+            task = " on code" if code_scaled(kind, wl.task_domain) else ""
             self.assumptions.append(
                 f"mean response length unpublished: assumed {mean:.0f} tokens (prior of "
                 f"{kind} models{task} at a {cap:.0f}-token cap)"

@@ -455,7 +455,7 @@ def _cell(r: dict[str, str], k: str) -> str:
 def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ...]:
     """``column=value`` for each prior ``case`` took (its ``unknown`` columns but the
     layout ones, which are solved and listed apart), e.g. ``max_gen_len=32768``."""
-    from rpeg.perf.lengths import prior_mean
+    from rpeg.perf.lengths import code_scaled, prior_mean
 
     wl = case.workload
 
@@ -474,7 +474,7 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "max_gen_len": f"{wl.max_response_tokens}",
         "avg_gen_len": (
             f"{prior_mean(kind, wl.max_response_tokens, calib, domain=wl.task_domain):.0f} "
-            f"({kind}{' code' if wl.task_domain == 'code' and kind == 'reasoning' else ''} prior)"
+            f"({kind}{' code' if code_scaled(kind, wl.task_domain) else ''} prior)"
         ),
         "precision": wl.precision,
         "image_tokens": (
