@@ -3,7 +3,8 @@
 Each uncertain input moves the prediction one way or the other: the efficiencies of each
 term (decode bandwidth, training/forward compute, collectives) within their documented
 bounds, the fixed costs within a factor, and every input the run leaves blank (response
-length, prompt length, KV budget, activation checkpointing, packing) over its prior's range.
+length, prompt length, KV budget, activation checkpointing, packing) over its prior's range;
+a stand-in architecture (a model the catalog lacks) moves the step by :data:`ARCH_FACTOR`.
 Each is moved alone to both ends and the prediction's deviations are combined in quadrature
 (independent errors), so the range is ``point - sqrt(sum of downward deviations^2)`` to
 ``point + sqrt(sum of upward deviations^2)``. The bounds are in
@@ -24,6 +25,11 @@ from rpeg.plan.schema import InfeasiblePlan
 # Range of the blank inputs (published RL recipes): KV budget share, prompt length factor.
 UTIL_RANGE = (0.6, 0.9)
 PROMPT_FACTOR = 2.0
+#: a stand-in architecture's factor either way (a model the catalog lacks, priced as the
+#: nearest cataloged one at its size: rpeg.perf.validation.row_cells.stand_in): each shipped
+#: row priced with a stand-in from a catalog without its own shape is within 1.45-1.53x of
+#: its own model's price on 80% of rows (docs/validation.md, "Models the catalog lacks")
+ARCH_FACTOR = 1.5
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,7 @@ class Unknowns:
     recompute: bool = False
     seq_packing: bool = False
     spec_accept: bool = False  # speculative decoding's acceptance length (its prior)
+    architecture: bool = False  # a stand-in architecture (a model the catalog lacks)
 
     @classmethod
     def of(cls, names: Any) -> Unknowns:
@@ -47,6 +54,7 @@ class Unknowns:
             recompute="act_ckpt" in s,
             seq_packing="seq_packing" in s,
             spec_accept="spec_accept_len" in s,
+            architecture="model" in s,
         )
 
 
@@ -143,6 +151,8 @@ def predict_interval(
         except (InfeasiblePlan, ValueError):
             continue  # that end does not fit: it bounds nothing
         by_input.setdefault(name, []).append(s - point)
+    if unknown.architecture:
+        by_input["architecture"] = [point * (ARCH_FACTOR - 1.0), point * (1.0 / ARCH_FACTOR - 1.0)]
     for devs in by_input.values():
         down += max([0.0] + [-d for d in devs]) ** 2
         up += max([0.0] + devs) ** 2

@@ -212,7 +212,8 @@ def read_case(r: dict[str, str]) -> RowCase:
     model = specs.model(model_name(r))
     if model.unsupported:
         raise Unpredictable(f"model {model.name}: {model.unsupported}")
-    unknown: list[str] = []
+    # a model the catalog lacks, priced as the architecture nearest its stated size
+    unknown: list[str] = [] if model.name in specs.models() else ["model"]
     gen_n = cell_opt_int(r, "gen_gpus")
     train_n = cell_opt_int(r, "train_gpus")
     placement = (r.get("placement") or "").strip().lower()
@@ -491,6 +492,7 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "gen_batch_size": f"{wl.gen_static_batch} (static batches)",
         "train_backend": case.engine,
         "cluster": case.cluster_name,
+        "model": case.model.name,
     }
     return tuple(f"{u}={values[u]}" for u in case.unknown if u in values)
 
