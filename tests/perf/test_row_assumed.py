@@ -60,7 +60,7 @@ def test_a_row_publishing_a_column_does_not_list_it():
     [
         # a name stating no size: nothing to stand in for it (rpeg.perf.validation.row_cells)
         ("model", "acme-lm", "unknown model 'acme-lm' (add it: rpeg specs add-model --from-hf"),
-        ("gpu", "H300", "unknown GPU 'H300' (add it to the user gpus.yaml; catalog: a100-40g"),
+        ("gpu", "H300", "unknown GPU 'H300' (add it to the user gpus.yaml; catalog: a10, a100-40g"),
         ("model", "", "model not published (a catalog name: `rpeg specs list`)"),
     ],
 )

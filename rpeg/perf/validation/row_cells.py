@@ -39,6 +39,21 @@ _CLUSTER_FOR_GPU = {
     "a800": "a800-cluster",
     "b200": "dgx-b200",
     "mi300x": "mi300x-cluster",
+    "v100-32g": "dgx1-v100",
+    "v100-16g": "dgx1-v100-16g",
+    "v100-pcie": "v100-pcie-cluster",
+    "v100-pcie-16g": "v100-pcie-16g-cluster",
+    "v100s": "v100s-cluster",
+    "a10": "a10-cluster",
+    "a10g": "aws-g5",
+    "a30": "a30-cluster",
+    "l4": "l4-cluster",
+    "t4": "t4-cluster",
+    "mi250x": "frontier-mi250x",
+    "mi250": "mi250-cluster",
+    "rtx-3090": "rtx3090-cluster",
+    "rtx-5090": "rtx5090-cluster",
+    "a100-pcie-40g": "a100-pcie-40g-cluster",
     "cpu": "local-cpu",
 }
 
@@ -94,6 +109,27 @@ GPU_ALIASES = {
     "gh200-96gb": "gh200",
     "mi300": "mi300x",
     "a6000": "rtx-a6000",
+    # Volta: a bare "V100" is the SXM2 32 GB part of most published training runs (DGX-1V /
+    # DGX-2); the 16 GB and PCIe parts when the name says so
+    "v100": "v100-32g",
+    "v100-32gb": "v100-32g",
+    "v100-16gb": "v100-16g",
+    "v100-16g": "v100-16g",
+    "v100-pcie-32gb": "v100-pcie",
+    "v100-pcie-16gb": "v100-pcie-16g",
+    "v100s-pcie": "v100s",
+    "a10-pcie": "a10",
+    "a30-pcie": "a30",
+    "l4-pcie": "l4",
+    "a100-pcie-40gb": "a100-pcie-40g",
+    "a800-pcie": "a100-pcie",  # the A800 PCIe 80GB is the A100 PCIe 80GB with capped links
+    "a800-pcie-80gb": "a100-pcie",
+    # AMD CDNA2: one catalog GPU is one GCD (what ROCm and Slurm list)
+    "mi250x-gcd": "mi250x",
+    "mi250-gcd": "mi250",
+    "3090": "rtx-3090",
+    "4090": "rtx-4090",
+    "5090": "rtx-5090",
 }
 
 
