@@ -113,3 +113,71 @@ def test_a_trainer_with_no_stated_pipeline_takes_the_fewest_stages_that_fit():
     assert not stated.pp_open
     with pytest.raises(InfeasiblePlan):
         solve_row(stated, SHIPPED)
+
+
+def test_a_trainer_with_no_stated_context_parallel_splits_a_long_sequence_to_fit():
+    # Qwen3-8B trained on 64k-token sequences on 16 A100-40GB, FSDP, nothing else stated:
+    # one sequence's activations and logits exceed a GPU even with the optimizer on the host
+    row = _described(
+        case_id="long-cp",
+        source="a report",
+        model="qwen3-8b",
+        gpu="a100-40g",
+        num_gpus=16,
+        gpus_per_node=8,
+        placement="colocated",
+        train_backend="fsdp",
+        num_prompts=16,
+        samples_per_prompt=8,
+        avg_prompt_len=256,
+        avg_gen_len=32768,
+        max_gen_len=65536,
+        measured_step_s=300,
+    )
+    case = read_case(row)
+    assert case.cp_open
+    host = replace(case, workload=replace(case.workload, assumed_optimizer_on_host=True))
+    with pytest.raises(InfeasiblePlan):
+        solve_layout(host, SHIPPED)
+    priced, lay, pred = solve_row(case, SHIPPED)
+    assert lay.solved["optimizer"] == "host" and lay.solved["train_cp"] >= 2
+    assert lay.train_cp == lay.solved["train_cp"]
+    assert max(s.peak_memory_gb for s in pred.stages.values()) <= 40.0
+    assert any("context-parallel" in a for a in pred.assumptions)
+    # fewer ranks per sequence do not fit
+    if lay.train_cp > 2:
+        fewer = replace(priced, layout=replace(priced.layout, train_cp=lay.train_cp // 2))
+        with pytest.raises(InfeasiblePlan):
+            solve_layout(fewer, SHIPPED)
+    # a stated context-parallel size is kept
+    stated = read_case({**row, "train_cp": "1"})
+    assert not stated.cp_open
+    with pytest.raises(InfeasiblePlan):
+        solve_row(stated, SHIPPED)
+
+
+def test_a_row_that_fits_at_its_lengths_is_priced_though_twice_them_would_not():
+    # loso prices an unpublished-length row at multipliers of the prior's length (0.5-2x)
+    # on the layout solved at the prior; a multiplier's memory is not the run's
+    from rpeg.perf.validation.loso_lengths import LEN_GRID, scaled
+
+    row = _described(
+        case_id="7b-32k",
+        source="a report",
+        model="qwen2.5-7b",
+        gpu="a100-40g",
+        num_gpus=256,
+        gpus_per_node=8,
+        placement="colocated",
+        algorithm="grpo",
+        num_prompts=128,
+        samples_per_prompt=4,
+        max_gen_len=32768,
+        measured_step_s=300,
+    )
+    priced_case, lay, _ = solve_row(read_case(row), SHIPPED)
+    plan = priced_case.plan(lay)
+    with pytest.raises(InfeasiblePlan):  # the path under test: 2x the prior does not fit
+        predict(priced_case.graph, plan, priced_case.workload, calib=scaled(SHIPPED, LEN_GRID[-1]))
+    priced, refused = loso.price_rows([row], "mine")
+    assert not refused and len(priced) == 1

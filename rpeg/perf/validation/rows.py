@@ -136,6 +136,8 @@ class RowCase:
     # the row leaves the trainer's pipeline size blank (priced at 1 unless nothing fits:
     # rpeg.perf.validation.solve.solve_row)
     pp_open: bool = False
+    # the row leaves the trainer's context-parallel size blank (1 unless nothing fits)
+    cp_open: bool = False
     # the reward is a learned model's forward (builders' reward="model"), not rule scoring
     reward_model: bool = False
 
@@ -446,6 +448,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         system=system,
         reward_model=rm,
         pp_open=not (r.get("train_pp") or "").strip(),
+        cp_open=not (r.get("train_cp") or "").strip(),
     )
 
 

@@ -187,6 +187,10 @@ def solve_layout(case: Any, calib: Calibration = DEFAULT) -> tuple[RowLayout, St
 #: pipeline stages a Megatron-style trainer of a row that states none may be assumed to take
 #: when nothing else fits (the fewest that do)
 FIT_PP = (2, 4, 8, 16, 32)
+#: context-parallel sizes a trainer of a row that states none may be assumed to take when
+#: nothing else fits (the fewest that do): long sequences split over ranks, as verl's Ulysses
+#: ``ulysses_sequence_parallel_size`` and Megatron's / NeMo-RL's ``context_parallel_size`` do
+FIT_CP = (2, 4, 8)
 
 
 def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, StepPrediction]:
@@ -196,7 +200,8 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
     among the candidates; then the trainer's optimizer on the host (CPU offload:
     ``Workload.assumed_optimizer_on_host``); then, for a Megatron-style trainer whose
     pipeline size the row leaves blank (``case.pp_open``), the fewest pipeline stages of
-    :data:`FIT_PP` that fit. Returns the case as priced (its workload carries the measure),
+    :data:`FIT_PP` that fit; then, for a trainer whose context-parallel size the row leaves
+    blank (``case.cp_open``), the fewest ranks of :data:`FIT_CP` a sequence is split over. Returns the case as priced (its workload carries the measure),
     the layout (``solved`` names each measure) and the prediction. A run that happened is
     never refused for memory while such a measure remains; the first refusal is raised when
     none fits."""
@@ -208,26 +213,41 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
             raise
         first = exc
     fitted = replace(case, workload=replace(case.workload, assumed_optimizer_on_host=True))
+    pool = fitted.layout.train_gpus or case.num_gpus
     tries = [fitted]
     if getattr(case, "pp_open", False) and case.engine != "fsdp":
         layers = case.model.layers
         tries += [
             replace(fitted, layout=replace(fitted.layout, train_pp=pp))
             for pp in FIT_PP
-            if pp <= layers and (fitted.layout.train_gpus or case.num_gpus) % pp == 0
+            if pp <= layers and pool % pp == 0
+        ]
+    if getattr(case, "cp_open", False):
+        # the sequence split over ranks: its activations (and logits) per rank / cp
+        tries += [
+            replace(fitted, layout=replace(fitted.layout, train_cp=cp))
+            for cp in FIT_CP
+            if pool % (cp * fitted.layout.train_pp) == 0
         ]
     for trial in tries:
         try:
             lay, pred = solve_layout(trial, calib)
         except (InfeasiblePlan, ValueError):
             continue
+        extra = []
+        if lay.train_pp != fitted.layout.train_pp:
+            extra.append(f"{lay.train_pp} pipeline stages")
+        if lay.train_cp != fitted.layout.train_cp:
+            extra.append(f"the sequence split over {lay.train_cp} context-parallel ranks")
         pred.assumptions.append(
             "no layout fits the devices' memory as described: the trainer's optimizer assumed "
             "on the host (CPU offload), priced over the host link and a CPU Adam"
-            + (f"; {lay.train_pp} pipeline stages" if trial is not fitted else "")
+            + "".join(f"; {e}" for e in extra)
         )
         solved = {**lay.solved, "optimizer": "host"}
-        if trial is not fitted:
+        if lay.train_pp != fitted.layout.train_pp:
             solved["train_pp"] = lay.train_pp
+        if lay.train_cp != fitted.layout.train_cp:
+            solved["train_cp"] = lay.train_cp
         return trial, replace(lay, solved=solved), pred
     raise first
