@@ -113,3 +113,12 @@ def test_a_catalog_entry_is_never_shadowed_by_a_stand_in():
     stand_in("qwen2.5-7b")  # a stand-in built for a name the catalog holds is not registered
     assert resolve_model("Qwen2.5-7B") == ("qwen2.5-7b", None)
     assert specs.model("qwen2.5-7b") == specs.models()["qwen2.5-7b"]
+
+
+def test_a_given_catalog_is_the_only_choice():
+    # benchmarks/bench_stand_in.py prices each row with a catalog lacking its own shape
+    only = {"llama3.1-70b": specs.model("llama3.1-70b")}
+    spec = stand_in("Acme-8B", catalog=only)
+    assert spec.name == "acme-8b (as llama3.1-70b)" and spec.hidden == 8192
+    assert spec.params == pytest.approx(8e9, rel=0.15)  # 8B in whole 70B-wide layers
+    assert stand_in("Acme-30B-A3B", catalog=only) is None  # no MoE to stand in

@@ -220,7 +220,7 @@ def stated_kind(name: str) -> str | None:
     return None
 
 
-def stand_in(name: str):  # -> ModelSpec | None
+def stand_in(name: str, catalog: dict | None = None):  # -> ModelSpec | None
     """The architecture that prices a model the catalog lacks, when its name states its size
     (``OPT-6.7B``, ``Foo-30B-A3B``; a vision-language name -- ``-VL``, ``Vision``,
     ``InternVL`` -- among the entries with a vision tower):
@@ -239,7 +239,8 @@ def stand_in(name: str):  # -> ModelSpec | None
     else instruct. None when the name states no size, several, or an MoE without its total
     (``8x22B``, ``17B-16E``): such a row stays refused with the command that adds the model.
     The row lists ``model`` among its priors and its range takes the architecture's spread
-    (rpeg.perf.interval, ``architecture``)."""
+    (rpeg.perf.interval, ``architecture``). ``catalog``: the entries to choose from (default:
+    the catalog; benchmarks/bench_stand_in.py leaves a row's own shape out)."""
     from dataclasses import replace
 
     from rpeg import specs
@@ -262,7 +263,7 @@ def stand_in(name: str):  # -> ModelSpec | None
     vision = any(_vision_word(w) for w in words)
     pool = [
         m
-        for m in specs.models().values()
+        for m in (specs.models() if catalog is None else catalog).values()
         if m.family != "rpeg"
         and not m.unsupported
         and m.linear_attn is None
