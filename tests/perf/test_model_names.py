@@ -27,6 +27,13 @@ from rpeg.perf.validation.row_cells import resolve_model, unknown_names
         # fine-tunes named after their base and size take its architecture, kind unsaid
         ("OpenRLHF/Llama-3-8b-sft-mixture", "llama3-8b", None),
         ("hkust-nlp/Qwen2.5-7B-SimpleRL-Zoo", "qwen2.5-7b", None),
+        # quantized checkpoints are their architecture; footnote marks are not the name
+        ("zai-org/GLM-4.5-Air-FP8", "glm-4.5-air", None),
+        ("Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", "qwen3-235b-a22b", "instruct"),
+        ("Qwen2.5-7B-Instruct-GPTQ-Int4", "qwen2.5-7b-instruct", None),
+        ("Qwen3-32B-AWQ", "qwen3-32b", None),
+        ("DeepSeek-R1-Distill-Qwen-7B*", "deepseek-r1-distill-qwen-7b", None),
+        ("Llama-3-8B†", "llama3-8b", None),
         # names that resolved before resolve as before
         ("Qwen3-30B-A3B-Base", "qwen3-30b-a3b", "base"),
         ("Qwen3-4B-Instruct-2507", "qwen3-4b", "instruct"),

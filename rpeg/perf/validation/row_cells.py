@@ -133,10 +133,20 @@ GPU_ALIASES = {
 }
 
 
+#: a checkpoint's quantization or weight-format suffix (-FP8, -AWQ, -Int4, -GPTQ-Int8,
+#: -FP8-Dynamic): the same architecture
+_QUANT = re.compile(
+    r"(?:-(?:fp8|fp4|nvfp4|mxfp4|int4|int8|w4a16|w8a8|w4a4|awq|gptq|gguf|bnb-4bit|4bit|8bit)"
+    r"(?:-dynamic|-block)?)+$"
+)
+
+
 def _key(name: str) -> str:
-    """Catalog key of a name as written: no organisation prefix, lower case, dashes."""
+    """Catalog key of a name as written: no organisation prefix, lower case, dashes, no
+    footnote marks around it (``Qwen2.5-7B*``, ``Llama-3-8B†``)."""
     n = (name or "").strip().split("/")[-1].lower()
-    return "-".join(n.replace("_", " ").split())
+    n = "-".join(n.replace("_", " ").split())
+    return n.strip("*†‡§¶#^'\"`,;:.")
 
 
 def _compact(name: str) -> str:
@@ -341,7 +351,10 @@ def _resolve(key: str) -> tuple[str, str | None] | None:
     compact = {_compact(n): n for n in catalog}
     # the transformers-format suffix (Llama-2-7b-chat-hf), then release date (-2507) and
     # version (-v0.1) suffixes
-    stem, kind = re.sub(r"-(?:\d{4}|v\d+(?:\.\d+)*)$", "", re.sub(r"-hf$", "", key)), None
+    stem, kind = (
+        re.sub(r"-(?:\d{4}|v\d+(?:\.\d+)*)$", "", re.sub(r"-hf$", "", _QUANT.sub("", key))),
+        None,
+    )
     for _ in range(2):
         if _compact(stem) in compact:
             return compact[_compact(stem)], kind
