@@ -122,6 +122,11 @@ def test_a_node_size_the_catalog_lacks_is_derived_and_listed_not_refused():
         ("AMD Instinct MI300X", "mi300x"),
         ("GH200 144GB HBM3e", "gh200-144g"),
         ("H100 NVL", "h100-nvl"),
+        # a bracketed memory size or a count before the name is not the GPU's name
+        ("H100 (80GB)", "h100-sxm"),
+        ("8xH100", "h100-sxm"),
+        ("8 x A100 40GB", "a100-40g"),
+        ("16\u00d7H800", "h800"),
         ("H300", "h300"),  # no such GPU: kept as written, refused by unknown_names
     ],
 )

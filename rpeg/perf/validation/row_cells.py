@@ -379,19 +379,23 @@ def model_name(r: dict[str, str]) -> str:
 # a GB200 NVL72 rack; "H100 NVL", a card of its own, is matched whole first)
 _GPU_NOISE = re.compile(r"^(?:nvidia|amd|instinct|tesla|geforce|hbm\d*e?|sxm\d?|hgx|dgx|nvl\d+)$")
 _GPU_MEMORY = re.compile(r"^\d+(?:gb?)$")
+_GPU_COUNT = re.compile(r"^\s*\d+\s*[x×*]\s*")
 
 
 def gpu_name(r: dict[str, str]) -> str:
     """The catalog GPU a row names (``H100`` -> ``h100-sxm``, ``A800-80GB`` -> ``a800``,
-    ``NVIDIA H100 80GB HBM3`` -> ``h100-sxm``, ``A100-PCIe-80GB`` -> ``a100-pcie``): the name
+    ``NVIDIA H100 80GB HBM3``, ``H100 (80GB)``, ``8xH100`` -> ``h100-sxm``, ``A100-PCIe-80GB`` ->
+    ``a100-pcie``): the name
     as written, an alias, or -- dropping the vendor, memory technology and SXM words, then the
     memory size -- the first of those that the catalog or the aliases hold. The name as
     written when none does (refused by :func:`unknown_names`)."""
     from rpeg import specs
 
-    k = _key(r.get("gpu") or "")
+    # a count before the name ("8xH100", "8 x A100") and brackets around a word ("H100
+    # (80GB)") are not the GPU's name
+    k = _key(_GPU_COUNT.sub("", r.get("gpu") or ""))
     catalog = specs.gpus()
-    words = k.split("-")
+    words = [w for w in (w.strip("()[]") for w in k.split("-")) if w]
     plain = [w for w in words if not _GPU_NOISE.match(w)]
     sizeless = [w for w in plain if not _GPU_MEMORY.match(w)]
     for cand in (k, "-".join(plain), "-".join(sizeless)):
