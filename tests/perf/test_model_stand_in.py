@@ -32,7 +32,13 @@ ROW = {
 
 @pytest.mark.parametrize(
     ("name", "billions"),
-    [("facebook/OPT-6.7B", 6.7), ("acme-lm-13b", 13.0), ("Foo-70B-Chat", 70.0), ("x-350m", 0.35)],
+    [
+        ("facebook/OPT-6.7B", 6.7),
+        ("acme-lm-13b", 13.0),
+        ("Foo-70B-Chat", 70.0),
+        ("x-350m", 0.35),
+        ("Acme-1.2T", 1200.0),
+    ],
 )
 def test_a_dense_name_is_priced_at_its_stated_size(name, billions):
     spec = stand_in(name)
@@ -43,11 +49,14 @@ def test_a_dense_name_is_priced_at_its_stated_size(name, billions):
     assert base in specs.models() and spec.hidden == specs.model(base).hidden
 
 
-def test_an_moe_name_matches_active_and_total():
-    spec = stand_in("Acme-100B-A10B")
+@pytest.mark.parametrize(
+    ("name", "total", "active"), [("Acme-100B-A10B", 100e9, 10e9), ("Acme-1T-A32B", 1e12, 32e9)]
+)
+def test_an_moe_name_matches_active_and_total(name, total, active):
+    spec = stand_in(name)
     assert spec is not None and spec.moe is not None
-    assert spec.active_params == pytest.approx(10e9, rel=0.08)
-    assert spec.params == pytest.approx(100e9, rel=0.08)
+    assert spec.active_params == pytest.approx(active, rel=0.08)
+    assert spec.params == pytest.approx(total, rel=0.08)
     assert spec.moe.experts % 8 == 0 and spec.moe.experts >= spec.moe.top_k
 
 

@@ -205,8 +205,9 @@ def resolve_model(name: str) -> tuple[str, str | None]:
     return _key(name), None
 
 
-#: a name's size word: parameters (6.7b, 350m), an MoE's active parameters (a3b)
-_PARAMS = re.compile(r"^(\d+(?:\.\d+)?)([bm])$")
+#: a name's size word: parameters (6.7b, 350m, 1t), an MoE's active parameters (a3b)
+_PARAMS = re.compile(r"^(\d+(?:\.\d+)?)([bmt])$")
+_UNIT = {"m": 1e6, "b": 1e9, "t": 1e12}
 _ACTIVE = re.compile(r"^a(\d+(?:\.\d+)?)b$")
 #: size words that leave an MoE's total unsaid (8x22b, 16e): no stand-in
 _EXPERTS = re.compile(r"^(?:\d+x\d+(?:\.\d+)?[bm]|\d+e)$")
@@ -261,11 +262,7 @@ def stand_in(name: str, catalog: dict | None = None):  # -> ModelSpec | None
     words = key.split("-")
     if not key or any(_EXPERTS.match(w) for w in words):
         return None
-    totals = [
-        float(m.group(1)) * (1e9 if m.group(2) == "b" else 1e6)
-        for m in map(_PARAMS.match, words)
-        if m
-    ]
+    totals = [float(m.group(1)) * _UNIT[m.group(2)] for m in map(_PARAMS.match, words) if m]
     actives = [float(m.group(1)) * 1e9 for m in map(_ACTIVE.match, words) if m]
     if len(totals) != 1 or len(actives) > 1 or (actives and actives[0] >= totals[0]):
         return None
