@@ -134,7 +134,7 @@ def test_predict_takes_the_executing_system(tmp_path, capsys):
         ("Qwen3-4B-Thinking-2507", "qwen3-4b", "reasoning"),
         ("meta-llama/Llama-3.1-8B", "llama3.1-8b", None),
         ("Qwen2.5-1.5B", "qwen2.5-1.5b-instruct", "base"),
-        ("llama9-1t", "llama9-1t", None),
+        ("llama9-max", "llama9-max", None),  # no size in the name: no stand-in
     ],
 )
 def test_model_names_resolve_to_the_catalog_with_the_checkpoints_kind(written, catalog, kind):

@@ -110,10 +110,10 @@ def test_length_prior_matches_a_monte_carlo_of_its_definition():
 
 def test_unknown_names_are_listed_not_fatal(tmp_path, capsys):
     rows = ROWS[:3]
-    bad = [dict(rows[0], model="llama9-1t"), dict(rows[1], gpu="tpu-v9"), dict(rows[2])]
+    bad = [dict(rows[0], model="llama9-max"), dict(rows[1], gpu="tpu-v9"), dict(rows[2])]
     rep = validate_rows(bad)
     a, b, c = rep.rows
-    assert a.prediction is None and "llama9-1t" in a.reason and "add-model" in a.reason
+    assert a.prediction is None and "llama9-max" in a.reason and "add-model" in a.reason
     assert b.prediction is None and "tpu-v9" in b.reason
     assert c.prediction is not None
     path = tmp_path / "bad.csv"
@@ -125,7 +125,7 @@ def test_unknown_names_are_listed_not_fatal(tmp_path, capsys):
         w.writerows(bad)
     assert main(["validate", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "llama9-1t" in out and "not predicted" in out and "n=1" in out
+    assert "llama9-max" in out and "not predicted" in out and "n=1" in out
 
 
 def test_cli_validate_default_table_and_json(capsys):
