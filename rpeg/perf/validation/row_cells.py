@@ -233,11 +233,11 @@ def stated_kind(name: str) -> str | None:
 
 def stand_in(name: str, catalog: dict | None = None):  # -> ModelSpec | None
     """The architecture that prices a model the catalog lacks, when its name states its size
-    (``OPT-6.7B``, ``Foo-30B-A3B``; a vision-language name -- ``-VL``, ``Vision``,
+    (``Acme-6.7B``, ``Foo-30B-A3B``; a vision-language name -- ``-VL``, ``Vision``,
     ``InternVL`` -- among the entries with a vision tower):
 
     1. the entries of the name's family within a factor 2 of its size -- catalog names that
-       start with the name's first word (``Qwen2.5-Math-72B`` -> qwen2.5-*) -- else every entry;
+       start with the name's first word (``Qwen2.5-Foo-72B`` -> qwen2.5-*) -- else every entry;
        of these, those with grouped-query or latent attention (the KV cache of a current model: a
        long-generation step is bound by it, and full multi-head attention is the old
        exception, OPT, Llama-2), of the same kind (dense, or an MoE when the name gives
