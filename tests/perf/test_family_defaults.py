@@ -60,3 +60,25 @@ def test_a_publisher_naming_no_family_takes_the_one_its_notes_name():
     assert "system" not in read(_row(source=paper, notes="OpenRLHF vs DeepSpeed-Chat"))
     # a publisher that names a family keeps it only when the notes name no other
     assert "system" not in read(_row(source="AReaL paper", notes="measured with verl"))
+
+
+@pytest.mark.parametrize(
+    ("cell", "backend", "system", "engine"),
+    [
+        ("verl", "", "verl-fsdp", "fsdp"),
+        ("VeRL (Megatron)", "", "verl-megatron", "megatron"),
+        ("verl", "Megatron-Core", "verl-megatron", "megatron"),
+        ("OpenRLHF", "", "openrlhf-deepspeed", "fsdp"),
+        ("slime", "", "slime-megatron", "megatron"),
+        ("NeMo-RL", "", "nemo-rl-dtensor", "fsdp"),
+        ("ReaLHF", "", "areal", "megatron"),
+        ("roll", "", "roll", "megatron"),  # a family rpeg has no factors for: pooled
+    ],
+)
+def test_a_stated_system_naming_a_family_is_that_family_s_system(cell, backend, system, engine):
+    case = read_case(_row(source="a lab's report", system=cell, train_backend=backend))
+    assert case.system == system and case.engine == engine
+    priced, refused = loso.price_rows(
+        [_row(source="a lab's report", system=cell, train_backend=backend)], "mine"
+    )
+    assert not refused and priced[0].system == system

@@ -33,7 +33,7 @@ from rpeg.perf.validation.loso_oneshot import one_shot
 from rpeg.perf.validation.loso_ranges import comparable_residuals, conformal_range, widened_bounds
 from rpeg.perf.validation.loso_summary import Scored
 from rpeg.perf.validation.row_cells import Unpredictable, cell_float, cell_number, unknown_names
-from rpeg.perf.validation.row_text import system_of
+from rpeg.perf.validation.row_text import canonical_system, system_of
 from rpeg.perf.validation.rows import assumed_values, read_case
 from rpeg.perf.validation.run_share import fitted_share, from_hours, outside_share
 from rpeg.plan.schema import InfeasiblePlan
@@ -137,7 +137,8 @@ def price_rows(
     priced, refused = [], []
     for r in rows:
         cid, src = r.get("case_id") or "?", r.get("source") or ""
-        system = normalise(r.get("system") or system_of(r))
+        system = canonical_system(r.get("system") or "", r.get("train_backend") or "")
+        system = system or normalise(system_of(r))
         try:
             step = cell_number(r, "measured_step_s")
             tput = published_throughput(r)

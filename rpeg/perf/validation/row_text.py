@@ -167,6 +167,33 @@ def _system(family: str, backend: str) -> str:
     return family  # areal, skyrl
 
 
+def canonical_system(cell: str, backend: str = "") -> str:
+    """A stated ``system`` cell as a name of rpeg.perf.systems.SYSTEMS when it names one
+    family (``verl`` -> verl-fsdp, ``VeRL (Megatron)`` -> verl-megatron, ``OpenRLHF`` ->
+    openrlhf-deepspeed, ``ReaLHF`` -> areal: the trainer from the cell or ``train_backend``,
+    else the family's default); otherwise the cell normalised ('' stays '': not stated)."""
+    from rpeg.perf.systems import SYSTEMS, normalise
+
+    name = normalise(cell)
+    if not name or name in SYSTEMS:
+        return name
+    fams = families(cell)
+    if len(fams) != 1:
+        return name
+    text = f"{backend} {cell}".lower()
+    trainer = next((t for t, words in _TRAINERS.items() if any(w in text for w in words)), "")
+    found = _system(fams.pop(), trainer)
+    return found if found in SYSTEMS else name
+
+
+#: trainer words of a system cell or ``train_backend`` (the first that matches wins)
+_TRAINERS = {
+    "megatron": ("megatron", "mcore"),
+    "fsdp": ("fsdp", "dtensor"),
+    "deepspeed": ("deepspeed", "zero"),
+}
+
+
 def families(text: str) -> set[str]:
     low = text.lower()
     return {f for f, pat in FAMILIES.items() if re.search(pat, low)}

@@ -208,7 +208,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     (rpeg.perf.validation.row_text)."""
     from rpeg import specs
     from rpeg.ir import builders
-    from rpeg.perf.validation.row_text import with_text
+    from rpeg.perf.validation.row_text import canonical_system, with_text
 
     r = with_text(r)
     model = specs.model(model_name(r))
@@ -257,7 +257,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     if not critic_cell and not algo:
         unknown.append("algorithm")
     builder = "ppo" if has_critic else "grpo"
-    system = (r.get("system") or "").strip().lower()
+    system = canonical_system(r.get("system") or "", r.get("train_backend") or "")
     # the reward: a learned reward model's forward over every sample, or rule scoring on the
     # host; blank, the executing system's default (:func:`reward_model_default`)
     rm = cell_tri(r, "reward_model")
