@@ -226,6 +226,9 @@ def test_parameter_counts_print_in_units_that_show_them():
         (b"a,b\n1,2\n", "missing column(s) case_id, model, gpu"),
         (b"case_id,model,gpu,num_gpus\n", "no rows under the header"),
         (b"\x7fELF\x02\x01\x01\x00\xff\xfe\x00\x00", "not UTF-8 CSV text"),
+        # a row with more cells than the header: which line, not a crash
+        (b"case_id,model,gpu\nx1,Qwen2.5-7B,H100\nx2,Qwen2.5-7B,H100,8,extra\n", "line(s) 3: more"),
+        (b"case_id,model,gpu\nx1,Qwen2.5-7B,H100\nx1,Qwen2.5-7B,A100\n", "case_id repeated: 'x1'"),
     ],
 )
 def test_a_file_that_is_not_a_data_set_is_refused_with_what_is_missing(
@@ -240,3 +243,26 @@ def test_a_file_that_is_not_a_data_set_is_refused_with_what_is_missing(
     assert code == 2, err
     assert f"  - {path}: {message}" in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        # a spreadsheet's UTF-8 export with a byte-order mark; ';' and tab between cells; a
+        # short row whose trailing blank cells are left out
+        "\ufeffcase_id,source,model,gpu,num_gpus,num_prompts,samples_per_prompt,measured_step_s\n"
+        "x1,s,Qwen2.5-7B,H100,16,64,8,100\n",
+        "case_id;source;model;gpu;num_gpus;num_prompts;samples_per_prompt;measured_step_s\n"
+        "x1;s;Qwen2.5-7B;H100;16;64;8;100\n",
+        "case_id\tsource\tmodel\tgpu\tnum_gpus\tnum_prompts\tsamples_per_prompt\tmeasured_step_s\n"
+        "x1\ts\tQwen2.5-7B\tH100\t16\t64\t8\t100\n",
+        "case_id,source,model,gpu,num_gpus,num_prompts,samples_per_prompt,measured_step_s,notes\n"
+        "x1,s,Qwen2.5-7B,H100,16,64,8,100\n",
+    ],
+)
+def test_spreadsheet_exports_read_as_the_same_row(tmp_path, content):
+    path = tmp_path / "runs.csv"
+    path.write_text(content, encoding="utf-8")
+    (row,) = read_rows(path)
+    assert row["case_id"] == "x1" and row["measured_step_s"] == "100"
+    assert all(isinstance(v, str) for v in row.values())

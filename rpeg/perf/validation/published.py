@@ -9,6 +9,7 @@ with ``measured_step_s`` and the stage times where published.
 from __future__ import annotations
 
 import csv
+import io
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -176,11 +177,21 @@ def read_rows(path: str | Path | None = None) -> list[dict[str, str]]:
     from rpeg.errors import ConfigError, Problem
 
     where = str(path or default_data())
+    extra: list[int] = []  # lines with more cells than the header
     try:
-        with open(path or default_data(), newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            rows = list(reader)
-            header = list(reader.fieldnames or [])
+        with open(path or default_data(), newline="", encoding="utf-8-sig") as fh:
+            text = fh.read()
+        # a spreadsheet's export: ';' or tab between cells when the header has no comma
+        first = text.split("\n", 1)[0]
+        delimiter = next((d for d in (";", "\t") if "," not in first and d in first), ",")
+        reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+        rows = []
+        for r in reader:
+            if None in r:
+                extra.append(reader.line_num)
+            # a short row's missing trailing cells are blank
+            rows.append({k: ("" if v is None else v) for k, v in r.items() if k is not None})
+        header = list(reader.fieldnames or [])
     except UnicodeDecodeError as exc:
         raise ConfigError(
             [Problem(where, f"not UTF-8 CSV text ({exc.reason})")], title="invalid data set"
@@ -202,6 +213,22 @@ def read_rows(path: str | Path | None = None) -> list[dict[str, str]]:
         )
     elif not rows:
         problems.append(Problem(where, "no rows under the header"))
+    if extra:
+        lines = ", ".join(map(str, extra[:10])) + (", ..." if len(extra) > 10 else "")
+        problems.append(
+            Problem(where, f"line(s) {lines}: more cells than the header's {len(header)} columns")
+        )
+    seen: dict[str, int] = {}
+    dups = []
+    for i, r in enumerate(rows):
+        cid = (r.get("case_id") or "").strip()
+        if cid and cid in seen:
+            dups.append(f"{cid!r} (data rows {seen[cid] + 1} and {i + 1})")
+        seen.setdefault(cid, i)
+    if dups:
+        problems.append(
+            Problem(where, f"case_id repeated: {', '.join(dups[:10])}; each row needs its own")
+        )
     if problems:
         raise ConfigError(problems, title="invalid data set")
     return rows
