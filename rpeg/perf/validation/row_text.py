@@ -167,6 +167,14 @@ def _system(family: str, backend: str) -> str:
     return family  # areal, skyrl
 
 
+#: trainer words of a system cell or ``train_backend`` (the first that matches wins)
+_TRAINERS = {
+    "megatron": ("megatron", "mcore"),
+    "fsdp": ("fsdp", "dtensor"),
+    "deepspeed": ("deepspeed", "zero"),
+}
+
+
 def canonical_system(cell: str, backend: str = "") -> str:
     """A stated ``system`` cell as a name of rpeg.perf.systems.SYSTEMS when it names one
     family (``verl`` -> verl-fsdp, ``VeRL (Megatron)`` -> verl-megatron, ``OpenRLHF`` ->
@@ -184,14 +192,6 @@ def canonical_system(cell: str, backend: str = "") -> str:
     trainer = next((t for t, words in _TRAINERS.items() if any(w in text for w in words)), "")
     found = _system(fams.pop(), trainer)
     return found if found in SYSTEMS else name
-
-
-#: trainer words of a system cell or ``train_backend`` (the first that matches wins)
-_TRAINERS = {
-    "megatron": ("megatron", "mcore"),
-    "fsdp": ("fsdp", "dtensor"),
-    "deepspeed": ("deepspeed", "zero"),
-}
 
 
 def families(text: str) -> set[str]:

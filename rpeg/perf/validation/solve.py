@@ -201,8 +201,9 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
     ``Workload.assumed_optimizer_on_host``); then, for a Megatron-style trainer whose
     pipeline size the row leaves blank (``case.pp_open``), the fewest pipeline stages of
     :data:`FIT_PP` that fit; then, for a trainer whose context-parallel size the row leaves
-    blank (``case.cp_open``), the fewest ranks of :data:`FIT_CP` a sequence is split over. Returns the case as priced (its workload carries the measure),
-    the layout (``solved`` names each measure) and the prediction. A run that happened is
+    blank (``case.cp_open``), the fewest ranks of :data:`FIT_CP` a sequence is split over.
+    Returns the case as priced (its workload carries the measure), the layout (``solved``
+    names each measure) and the prediction. A run that happened is
     never refused for memory while such a measure remains; the first refusal is raised when
     none fits."""
     try:
