@@ -31,6 +31,14 @@ from rpeg.perf.validation.rows import read_case
         ("num_gpus", "16-GPU", 16),  # annotations that name what is counted
         ("staleness", "1-step", 1),
         ("measured_step_s", "92.8*", 92.8),
+        # a step time as a clock or in milliseconds; a word that qualifies it
+        ("measured_step_s", "1:32", 92),
+        ("measured_step_s", "1:02:05", 3725),
+        ("measured_step_s", "95,000 ms", 95),
+        ("measured_step_s", "95000ms", 95),
+        ("measured_step_s", "95 avg", 95),
+        ("measured_step_s", "95 s/step", 95),
+        ("measured_step_s", "95±5", 95),
     ],
 )
 def test_a_number_as_written(column, cell, value):
@@ -38,7 +46,20 @@ def test_a_number_as_written(column, cell, value):
 
 
 @pytest.mark.parametrize(
-    ("column", "cell"), [("num_gpus", "16gb"), ("max_gen_len", "2M"), ("avg_gen_len", "1.5B")]
+    ("column", "cell"),
+    [
+        ("num_gpus", "16gb"),
+        ("max_gen_len", "2M"),
+        ("avg_gen_len", "1.5B"),
+        # a unit after a space was dropped: "16 GB" read as 16, "2 nodes" as 2 GPUs
+        ("num_gpus", "16 GB"),
+        ("num_gpus", "2 nodes"),
+        # a ratio or a range is not one number: "1:32" read as 1, "8-16" as 8
+        ("num_gpus", "1:32"),
+        ("num_gpus", "8-16"),
+        ("num_prompts", "64/128"),
+        ("measured_step_s", "95 - 100"),
+    ],
 )
 def test_a_unit_it_does_not_know_is_named_not_dropped(column, cell):
     with pytest.raises(Unpredictable, match=f"{column}='{cell}' is not a number"):

@@ -429,16 +429,24 @@ _NUMBER = re.compile(
     r"([-+]?(?:\d{1,3}(?:[,_]\d{3})+(?:\.\d*)?|\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 )
 #: what may follow a number: nothing, an annotation ("8 (inferred)", "4096 tokens", "1-step",
-#: "92.8*", "3200+") or a word naming what it counts; a letter of another unit ("16gb", "2M")
-#: may not
+#: "92.8*", "3200+", "95 avg") or a word naming what it counts; a letter or word of another unit
+#: ("16gb", "2M", "16 GB", "95,000 ms", "2 nodes") may not, with or without a space before it,
+#: nor a second number ("1:32", "8-16", "8/8": a ratio or range is not one number)
 _ANNOTATION = re.compile(
-    r"^(?:$|[^\w]|(?:s|sec|seconds?|tok|tokens?|gpus?|steps?|prompts?|samples?)\b)", re.I
+    r"^\s*(?:$|(?![:/\-–]\s*\d)[^\w\s]|(?:s|sec|secs|seconds?|tok|tokens?|gpus?|steps?|prompts?|samples?|"
+    r"approx|approximately|about|avg|average|mean|median|est|estimated|inferred|assumed|"
+    r"measured|reported|per)\b)",
+    re.I,
 )
 #: a duration written in units: 1h2m, 1m32s, 2 min
 _DURATION = re.compile(
     r"^\s*(?:(\d+(?:\.\d+)?)\s*h(?:ours?)?)?\s*(?:(\d+(?:\.\d+)?)\s*m(?:in)?)?"
     r"\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
 )
+#: a clock duration: 1:32 (m:ss), 1:02:05 (h:mm:ss)
+_CLOCK = re.compile(r"^\s*(?:(\d+):)?(\d+):([0-5]\d(?:\.\d+)?)\s*$")
+#: milliseconds: 95000ms, 95,000 ms
+_MILLIS = re.compile(r"^\s*(\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?)\s*ms\s*$", re.I)
 #: columns that are token caps: "16k" is 16,384 there (context sizes are powers of two), 1,000
 #: elsewhere ("1.2k" mean tokens)
 _CAPS = ("max_gen_len", "max_seq_len", "gen_cap")
@@ -448,7 +456,7 @@ def cell_number(r: dict[str, str], k: str) -> float | None:
     """The number of column ``k``; None when blank. Read: "8", "8.0", "~8" (approximate), "1,024",
     an annotation after it ("8 (inferred)", "92.8 s"), a thousands suffix ("16k": 16,384 in
     a token cap, else 16,000), a product of counts ("8x2"), a duration in a seconds column
-    ("1m32s"), a percentage ("60%": 0.6). Anything else -- a unit it does not know ("16gb") -- is a row the model cannot
+    ("1m32s", "1:32", "95000 ms"), a percentage ("60%": 0.6). Anything else -- a unit it does not know ("16gb") -- is a row the model cannot
     read, reported with the column and value (never read as its leading digits)."""
     v = (r.get(k) or "").strip()
     if not v:
@@ -458,6 +466,13 @@ def cell_number(r: dict[str, str], k: str) -> float | None:
         if d is not None and (d.group(1) or d.group(2)):
             h, mi, sec = (float(x) if x else 0.0 for x in d.groups())
             return 3600 * h + 60 * mi + sec
+        c = _CLOCK.match(v)
+        if c is not None:
+            h, mi, sec = (float(x) if x else 0.0 for x in c.groups())
+            return 3600 * h + 60 * mi + sec
+        ms = _MILLIS.match(v)
+        if ms is not None:
+            return float(ms.group(1).replace(",", "")) / 1000
     m = _NUMBER.match(v)
     if m is None:
         raise Unpredictable(f"{k}={v!r} is not a number")
@@ -470,7 +485,9 @@ def cell_number(r: dict[str, str], k: str) -> float | None:
     if prod is not None:
         return x * int(prod.group(1))
     if not _ANNOTATION.match(rest):
-        raise Unpredictable(f"{k}={v!r} is not a number (a unit it does not know)")
+        raise Unpredictable(
+            f"{k}={v!r} is not a number (a unit it does not know, or a second number)"
+        )
     return x
 
 
