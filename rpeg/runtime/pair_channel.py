@@ -135,11 +135,21 @@ class PairChannel:
         if not ts:
             return
         _check_pieces(ts, "exchange_sum_")
-        folded = divide != 1.0 and math.frexp(divide)[0] == 0.5  # 2, 4, 0.5 ...: exact 1/x
         flats = [t.view(-1) for t in ts]
-        self.swap_pieces(flats, flats, scale=1.0 / divide if folded else 1.0, add=True)
-        if divide != 1.0 and not folded:
-            torch._foreach_div_(flats, divide)
+        self.sum_pieces_(flats, flats, divide)
+
+    def sum_pieces_(
+        self, send: list[torch.Tensor], recv: list[torch.Tensor], divide: float = 1.0
+    ) -> None:
+        """Every tensor of ``recv`` := (itself + the peer's ``send`` piece at its place) /
+        ``divide``, this rank's ``send`` going to the peer's ``recv`` (:meth:`swap_pieces`
+        with ``add``); a power-of-two ``divide`` folded into the copy and the add as
+        :meth:`exchange_sum_` describes, any other divided after. The whole-list sum
+        (``send`` is ``recv``) and a pair's reduce-scatter (each sends the other's half)."""
+        folded = divide != 1.0 and math.frexp(divide)[0] == 0.5  # 2, 4, 0.5 ...: exact 1/x
+        self.swap_pieces(send, recv, scale=1.0 / divide if folded else 1.0, add=True)
+        if divide != 1.0 and not folded and recv:
+            torch._foreach_div_(recv, divide)
 
     def swap_pieces(
         self,

@@ -115,16 +115,10 @@ class PairSplit:
     # --- the update -----------------------------------------------------------------------
     def reduce_scatter(self, divide: float = 2.0) -> None:
         """This rank's half of every gradient := the pair's sum / ``divide`` (the mean at 2;
-        exact for a power of two: both halves pre-scaled, as :meth:`PairChannel.exchange_sum_`
-        does). The peer's half of this rank's gradients is left as it was (not summed)."""
+        exact for a power of two: :meth:`PairChannel.sum_pieces_`). The peer's half of this
+        rank's gradients is left as it was (not summed)."""
         own, theirs = self._halves(self._grads())
-        if not own and not theirs:
-            return
-        folded = divide != 1.0 and math.frexp(divide)[0] == 0.5
-        scale = 1.0 / divide if folded else 1.0
-        self.channel.swap_pieces(theirs, own, scale=scale, add=True)
-        if divide != 1.0 and not folded and own:
-            torch._foreach_div_(own, divide)
+        self.channel.sum_pieces_(theirs, own, divide)
 
     def clip(self, max_norm: float) -> float:
         """The global L2 norm of the summed gradients (this half's squares + the peer's, in
