@@ -5,7 +5,7 @@
 
 Every step-time row of the shipped published-run sets is priced twice, in-sample, its layout
 solved as ``rpeg validate`` solves it: with its own catalog model, and with the stand-in
-(:func:`rpeg.perf.validation.row_cells.stand_in`) a name stating only its size would get from
+(:func:`rpeg.perf.validation.stand_in.stand_in`) a name stating only its size would get from
 a catalog holding no entry of the row's shape (same layers, width, heads, vocabulary, experts,
 latent attention) nor one within 1% of its parameters -- what an unseen checkpoint of an
 uncataloged family meets. ``--family`` keeps the model's family word in the name
@@ -53,9 +53,10 @@ def main() -> None:
 
     from rpeg import specs
     from rpeg.perf.calibration import SHIPPED
-    from rpeg.perf.validation.row_cells import Unpredictable, stand_in
+    from rpeg.perf.validation.row_cells import Unpredictable
     from rpeg.perf.validation.rows import read_case
     from rpeg.perf.validation.solve import solve_row
+    from rpeg.perf.validation.stand_in import stand_in
     from rpeg.plan.schema import InfeasiblePlan
 
     catalog = specs.models()

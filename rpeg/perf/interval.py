@@ -26,7 +26,7 @@ from rpeg.plan.schema import InfeasiblePlan
 UTIL_RANGE = (0.6, 0.9)
 PROMPT_FACTOR = 2.0
 #: a stand-in architecture's factor either way (a model the catalog lacks, priced as the
-#: nearest cataloged one at its size: rpeg.perf.validation.row_cells.stand_in): each shipped
+#: nearest cataloged one at its size: rpeg.perf.validation.stand_in): each shipped
 #: row priced with a stand-in from a catalog without its own shape is within 1.30x of its own
 #: model's price on 80% of rows, 1.75x on 90% (docs/validation.md, "Models the catalog lacks")
 ARCH_FACTOR = 1.5

@@ -1,5 +1,5 @@
 """A published row whose model the catalog lacks but whose name states its size is priced by
-a stand-in architecture (rpeg.perf.validation.row_cells.stand_in): the nearest cataloged
+a stand-in architecture (rpeg.perf.validation.stand_in): the nearest cataloged
 architecture, its depth (and an MoE's expert count) set to the named size; listed among the
 row's priors, its range widened by the architecture's spread. A name stating no size, or an
 MoE without its total, stays refused with the command that adds the model."""
@@ -11,9 +11,10 @@ import pytest
 from rpeg import specs
 from rpeg.perf.interval import ARCH_FACTOR, Unknowns, predict_interval
 from rpeg.perf.validation import loso
-from rpeg.perf.validation.row_cells import resolve_model, stand_in, stated_kind, unknown_names
+from rpeg.perf.validation.row_cells import resolve_model, unknown_names
 from rpeg.perf.validation.rows import assumed_values, read_case
 from rpeg.perf.validation.solve import solve_row
+from rpeg.perf.validation.stand_in import stand_in, stated_kind
 
 ROW = {
     "case_id": "u-1",

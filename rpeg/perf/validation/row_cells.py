@@ -141,7 +141,7 @@ _QUANT = re.compile(
 )
 
 
-def _key(name: str) -> str:
+def catalog_key(name: str) -> str:
     """Catalog key of a name as written: no organisation prefix, lower case, dashes, no
     footnote marks around it (``Qwen2.5-7B*``, ``Llama-3-8B†``)."""
     n = (name or "").strip().split("/")[-1].lower()
@@ -149,12 +149,12 @@ def _key(name: str) -> str:
     return n.strip("*†‡§¶#^'\"`,;:.")
 
 
-def _compact(name: str) -> str:
+def compact_name(name: str) -> str:
     return re.sub(r"[-_.\s]", "", name)
 
 
 # checkpoint suffixes of one architecture -> what the checkpoint was trained to emit
-_SUFFIX_KIND = {
+SUFFIX_KIND = {
     "base": "base",
     "instruct": "instruct",
     "chat": "instruct",
@@ -164,7 +164,7 @@ _SUFFIX_KIND = {
 
 
 #: vendor words that lead some checkpoint names (Meta-Llama-3-8B, NVIDIA-Nemotron-3-Nano-30B-A3B)
-_VENDORS = ("meta-", "nvidia-")
+VENDORS = ("meta-", "nvidia-")
 #: a size token of a model name (8b, 1.5b, a3b, 8x7b): where an architecture's name ends
 _SIZE = re.compile(r"^(?:\d+x)?a?\d+(?:\.\d+)?[bm]$")
 
@@ -174,16 +174,16 @@ def resolve_model(name: str) -> tuple[str, str | None]:
     ``Qwen/Qwen2.5-7B-Instruct`` -> qwen2.5-7b-instruct; ``Qwen3-30B-A3B-Base`` -> the
     catalog's qwen3-30b-a3b with kind base; ``Qwen3-4B-Instruct-2507`` -> qwen3-4b,
     instruct; ``Llama-3.1-8B`` and ``Meta-Llama-3.1-8B`` -> llama3.1-8b (a leading vendor word
-    dropped: :data:`_VENDORS`). A fine-tune named
+    dropped: :data:`VENDORS`). A fine-tune named
     after a cataloged architecture and its size (``OpenRLHF/Llama-3-8b-sft-mixture``) takes
     that architecture, kind unsaid. A name no entry matches but that states its size is
-    priced by a stand-in (:func:`stand_in`, registered for this process as
+    priced by a stand-in (:func:`rpeg.perf.validation.stand_in.stand_in`, registered for this process as
     ``<name> (as <entry>)``); else the name unchanged (refused by :func:`unknown_names`)."""
-    found = _resolve(_key(name))
+    found = _resolve(catalog_key(name))
     if found is not None:
         return found
-    key = _key(name)
-    for vendor in _VENDORS:  # the vendor in a checkpoint's name: Meta-Llama-3-8B-Instruct
+    key = catalog_key(name)
+    for vendor in VENDORS:  # the vendor in a checkpoint's name: Meta-Llama-3-8B-Instruct
         if key.startswith(vendor) and len(key) > len(vendor):
             found = _resolve(key[len(vendor) :])
             if found is not None:
@@ -196,138 +196,19 @@ def resolve_model(name: str) -> tuple[str, str | None]:
             found = _resolve("-".join(words[:n]))
             if found is not None:
                 return found[0], None
+    from rpeg.perf.validation.stand_in import stand_in, stated_kind
+
     spec = stand_in(name)
     if spec is not None:
         from rpeg import specs
 
         specs.add_run_model(spec)
         return spec.name, stated_kind(name)
-    return _key(name), None
-
-
-#: a name's size word: parameters (6.7b, 350m, 1t), an MoE's active parameters (a3b)
-_PARAMS = re.compile(r"^(\d+(?:\.\d+)?)([bmt])$")
-_UNIT = {"m": 1e6, "b": 1e9, "t": 1e12}
-_ACTIVE = re.compile(r"^a(\d+(?:\.\d+)?)b$")
-#: size words that leave an MoE's total unsaid (8x22b, 16e): no stand-in
-_EXPERTS = re.compile(r"^(?:\d+x\d+(?:\.\d+)?[bm]|\d+e)$")
-#: words of a reasoning checkpoint's name (R1-distilled, thinking, QwQ)
-_REASONING_WORDS = frozenset({"r1", "reasoning", "reasoner", "think", "thinking", "qwq"})
-
-
-def _vision_word(w: str) -> bool:
-    return w in ("vision", "llava") or w.endswith("vl") or w.startswith("internvl")
-
-
-def stated_kind(name: str) -> str | None:
-    """What a checkpoint's name says it emits: a kind suffix (-Instruct, -Base, -chat, -it,
-    -Thinking) or a reasoning word anywhere (R1, Reasoning, Think, QwQ); None when silent."""
-    words = _key(name).split("-")
-    for w in reversed(words):
-        if w in _SUFFIX_KIND:
-            return _SUFFIX_KIND[w]
-    if _REASONING_WORDS.intersection(words):
-        return "reasoning"
-    return None
-
-
-def stand_in(name: str, catalog: dict | None = None):  # -> ModelSpec | None
-    """The architecture that prices a model the catalog lacks, when its name states its size
-    (``Acme-6.7B``, ``Foo-30B-A3B``; a vision-language name -- ``-VL``, ``Vision``,
-    ``InternVL`` -- among the entries with a vision tower):
-
-    1. the entries of the name's family within a factor 2 of its size -- catalog names that
-       start with the name's first word (``Qwen2.5-Foo-72B`` -> qwen2.5-*) -- else every entry;
-       of these, those with grouped-query or latent attention (the KV cache of a current model: a
-       long-generation step is bound by it, and full multi-head attention is the old
-       exception, OPT, Llama-2), of the same kind (dense, or an MoE when the name gives
-       its active size ``-A3B``);
-    2. the one nearest in parameters (in log; an MoE: total plus active);
-    3. its depth set so its parameters match the name's size (an MoE: the depth matches the
-       active size, the expert count -- a multiple of 8 -- the total).
-
-    Renamed ``<name> (as <entry>)``; its kind is what the name says (:func:`stated_kind`),
-    else instruct. None when the name states no size, several, or an MoE without its total
-    (``8x22B``, ``17B-16E``): such a row stays refused with the command that adds the model.
-    The row lists ``model`` among its priors and its range takes the architecture's spread
-    (rpeg.perf.interval, ``architecture``). ``catalog``: the entries to choose from (default:
-    the catalog; benchmarks/bench_stand_in.py leaves a row's own shape out)."""
-    from dataclasses import replace
-
-    from rpeg import specs
-
-    key = _key(name)
-    for vendor in _VENDORS:
-        key = key[len(vendor) :] if key.startswith(vendor) else key
-    words = key.split("-")
-    if not key or any(_EXPERTS.match(w) for w in words):
-        return None
-    totals = [float(m.group(1)) * _UNIT[m.group(2)] for m in map(_PARAMS.match, words) if m]
-    actives = [float(m.group(1)) * 1e9 for m in map(_ACTIVE.match, words) if m]
-    if len(totals) != 1 or len(actives) > 1 or (actives and actives[0] >= totals[0]):
-        return None
-    total, active = totals[0], (actives[0] if actives else None)
-    vision = any(_vision_word(w) for w in words)
-    pool = [
-        m
-        for m in (specs.models() if catalog is None else catalog).values()
-        if m.family != "rpeg"
-        and not m.unsupported
-        and m.linear_attn is None
-        and (m.moe is not None) == (active is not None)
-        and (m.vision is not None) == vision
-    ]
-    head = _compact(words[0])
-    family = [
-        m
-        for m in pool
-        if len(head) >= 3
-        and _compact(m.name).startswith(head)
-        and abs(math.log(m.params / total)) <= math.log(2.0)
-    ]
-    grouped = [m for m in pool if m.mla is not None or m.kv_heads < m.heads]
-    pool = [m for m in family if m in grouped] or family or grouped or pool
-    if not pool:
-        return None
-
-    def distance(m) -> tuple[float, str]:
-        d = abs(math.log(m.params / total))
-        if active is not None:
-            d += abs(math.log(m.active_params / active))
-        return d, m.name
-
-    near = min(pool, key=distance)
-    first = near.moe.first_dense_layers if near.moe else 0
-    depths = [replace(near, layers=n) for n in range(first + 1, 4 * near.layers + 1)]
-    if active is None:
-        spec = min(depths, key=lambda m: abs(math.log(m.params / total)))
-    else:
-        spec = min(depths, key=lambda m: abs(math.log(m.active_params / active)))
-        moe = spec.moe
-        spec = min(
-            (
-                replace(spec, moe=replace(moe, experts=e))
-                for e in range(8, 4 * moe.experts + 1, 8)
-                if e >= moe.top_k
-            ),
-            key=lambda m: abs(math.log(m.params / total)),
-        )
-    return replace(
-        spec,
-        name=f"{key} (as {near.name})",
-        kind=stated_kind(name) or "instruct",
-        published_params_b=None,
-        published_active_params_b=None,
-        source=(
-            f"stand-in: {near.name}'s architecture at {spec.layers} layers"
-            + (f", {spec.moe.experts} experts" if spec.moe else "")
-            + ", the catalog's nearest to the name's size"
-        ),
-    )
+    return catalog_key(name), None
 
 
 def known_model(name: str) -> bool:
-    """Whether ``name`` prices: a catalog model or a stand-in (:func:`stand_in`)."""
+    """Whether ``name`` prices: a catalog model or a stand-in (rpeg.perf.validation.stand_in)."""
     from rpeg import specs
 
     try:
@@ -345,7 +226,7 @@ def _resolve(key: str) -> tuple[str, str | None] | None:
     catalog = specs.models()
     if key in catalog:
         return key, None
-    compact = {_compact(n): n for n in catalog}
+    compact = {compact_name(n): n for n in catalog}
     # the transformers-format suffix (Llama-2-7b-chat-hf), then release date (-2507) and
     # version (-v0.1) suffixes
     stem, kind = (
@@ -353,16 +234,16 @@ def _resolve(key: str) -> tuple[str, str | None] | None:
         None,
     )
     for _ in range(2):
-        if _compact(stem) in compact:
-            return compact[_compact(stem)], kind
+        if compact_name(stem) in compact:
+            return compact[compact_name(stem)], kind
         head, _, last = stem.rpartition("-")
-        if not head or last not in _SUFFIX_KIND:
+        if not head or last not in SUFFIX_KIND:
             break
-        stem, kind = head, kind or _SUFFIX_KIND[last]
-    if _compact(stem) in compact:
-        return compact[_compact(stem)], kind
-    if _compact(stem + "-instruct") in compact:  # a base checkpoint of a cataloged instruct
-        return compact[_compact(stem + "-instruct")], kind or "base"
+        stem, kind = head, kind or SUFFIX_KIND[last]
+    if compact_name(stem) in compact:
+        return compact[compact_name(stem)], kind
+    if compact_name(stem + "-instruct") in compact:  # a base checkpoint of a cataloged instruct
+        return compact[compact_name(stem + "-instruct")], kind or "base"
     return None
 
 
@@ -390,7 +271,7 @@ def gpu_name(r: dict[str, str]) -> str:
 
     # a count before the name ("8xH100", "8 x A100") and brackets around a word ("H100
     # (80GB)") are not the GPU's name
-    k = _key(_GPU_COUNT.sub("", r.get("gpu") or ""))
+    k = catalog_key(_GPU_COUNT.sub("", r.get("gpu") or ""))
     catalog = specs.gpus()
     words = [w for w in (w.strip("()[]") for w in k.split("-")) if w]
     plain = [w for w in words if not _GPU_NOISE.match(w)]
