@@ -191,6 +191,11 @@ FIT_PP = (2, 4, 8, 16, 32)
 #: nothing else fits (the fewest that do): long sequences split over ranks, as verl's Ulysses
 #: ``ulysses_sequence_parallel_size`` and Megatron's / NeMo-RL's ``context_parallel_size`` do
 FIT_CP = (2, 4, 8)
+#: how a row's assumptions name each size a fit measure took
+_FIT_SAYS = {
+    "train_pp": "{} pipeline stages",
+    "train_cp": "the sequence split over {} context-parallel ranks",
+}
 
 
 def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, StepPrediction]:
@@ -235,20 +240,14 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
             lay, pred = solve_layout(trial, calib)
         except (InfeasiblePlan, ValueError):
             continue
-        extra = []
-        if lay.train_pp != fitted.layout.train_pp:
-            extra.append(f"{lay.train_pp} pipeline stages")
-        if lay.train_cp != fitted.layout.train_cp:
-            extra.append(f"the sequence split over {lay.train_cp} context-parallel ranks")
+        # the sizes this trial assumed beyond the host optimizer, and how each is said
+        taken = {
+            k: getattr(lay, k) for k in _FIT_SAYS if getattr(lay, k) != getattr(fitted.layout, k)
+        }
         pred.assumptions.append(
             "no layout fits the devices' memory as described: the trainer's optimizer assumed "
             "on the host (CPU offload), priced over the host link and a CPU Adam"
-            + "".join(f"; {e}" for e in extra)
+            + "".join(f"; {_FIT_SAYS[k].format(v)}" for k, v in taken.items())
         )
-        solved = {**lay.solved, "optimizer": "host"}
-        if lay.train_pp != fitted.layout.train_pp:
-            solved["train_pp"] = lay.train_pp
-        if lay.train_cp != fitted.layout.train_cp:
-            solved["train_cp"] = lay.train_cp
-        return trial, replace(lay, solved=solved), pred
+        return trial, replace(lay, solved={**lay.solved, "optimizer": "host", **taken}), pred
     raise first
