@@ -8,6 +8,9 @@ from __future__ import annotations
 import math
 import re
 
+from rpeg.perf.validation.model_words import SUFFIX_KIND, VENDORS, catalog_key, compact_name
+from rpeg.perf.validation.stand_in import stand_in, stated_kind
+
 
 class Unpredictable(ValueError):
     """A row the model cannot price honestly; the message says why."""
@@ -141,30 +144,6 @@ _QUANT = re.compile(
 )
 
 
-def catalog_key(name: str) -> str:
-    """Catalog key of a name as written: no organisation prefix, lower case, dashes, no
-    footnote marks around it (``Qwen2.5-7B*``, ``Llama-3-8B†``)."""
-    n = (name or "").strip().split("/")[-1].lower()
-    n = "-".join(n.replace("_", " ").split())
-    return n.strip("*†‡§¶#^'\"`,;:.")
-
-
-def compact_name(name: str) -> str:
-    return re.sub(r"[-_.\s]", "", name)
-
-
-# checkpoint suffixes of one architecture -> what the checkpoint was trained to emit
-SUFFIX_KIND = {
-    "base": "base",
-    "instruct": "instruct",
-    "chat": "instruct",
-    "it": "instruct",
-    "thinking": "reasoning",
-}
-
-
-#: vendor words that lead some checkpoint names (Meta-Llama-3-8B, NVIDIA-Nemotron-3-Nano-30B-A3B)
-VENDORS = ("meta-", "nvidia-")
 #: a size token of a model name (8b, 1.5b, a3b, 8x7b): where an architecture's name ends
 _SIZE = re.compile(r"^(?:\d+x)?a?\d+(?:\.\d+)?[bm]$")
 
@@ -196,8 +175,6 @@ def resolve_model(name: str) -> tuple[str, str | None]:
             found = _resolve("-".join(words[:n]))
             if found is not None:
                 return found[0], None
-    from rpeg.perf.validation.stand_in import stand_in, stated_kind
-
     spec = stand_in(name)
     if spec is not None:
         from rpeg import specs

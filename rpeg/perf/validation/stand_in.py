@@ -5,7 +5,7 @@ size (``Acme-6.7B``, ``Foo-30B-A3B``, ``Bar-1T-A32B``) the row is priced by a st
 nearest cataloged architecture resized to that size (:func:`stand_in`), listed among the
 row's priors, its range widened by the architecture's spread (rpeg.perf.interval,
 ``ARCH_FACTOR``; measured by benchmarks/bench_stand_in.py). Names are read as
-:mod:`rpeg.perf.validation.row_cells` reads them; docs/validation.md, "Models the catalog
+:mod:`rpeg.perf.validation.model_words` reads them; docs/validation.md, "Models the catalog
 lacks".
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 
-from rpeg.perf.validation.row_cells import SUFFIX_KIND, VENDORS, catalog_key, compact_name
+from rpeg.perf.validation.model_words import SUFFIX_KIND, VENDORS, catalog_key, compact_name
 
 #: a name's size word: parameters (6.7b, 350m, 1t), an MoE's active parameters (a3b)
 _PARAMS = re.compile(r"^(\d+(?:\.\d+)?)([bmt])$")
