@@ -106,7 +106,25 @@ def render_config_docs() -> str:
                 f"| `{fname}` | {_cell(_type_name(f.annotation))} | {_cell(_default(f))} "
                 f"| {_cell(f.description or '')} |"
             )
+    _foreign(out)
     return "\n".join(out) + "\n"
+
+
+def _foreign(out: list[str]) -> None:
+    """The verl and TRL keys the refusals translate (rpeg.config.foreign_keys)."""
+    from rpeg.config.foreign_keys import TRL_KEYS, VERL_KEYS
+
+    out.append("\n## Coming from verl or TRL\n")
+    out.append(
+        "A verl or TRL key in a config or an override is refused like any unknown field, "
+        "and the refusal names the field below that holds the same setting "
+        "(`rpeg/config/foreign_keys.py`).\n"
+    )
+    for who, table in (("verl", VERL_KEYS), ("TRL `GRPOConfig`", TRL_KEYS)):
+        out.append(f"| {who} | RPEG | how the value carries over |\n| --- | --- | --- |")
+        for key, (field, how) in table.items():
+            out.append(f"| `{key}` | `{field}` | {_cell(how) or 'as written'} |")
+        out.append("")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,14 +3,16 @@ YAML, dotted overrides, and pydantic's errors as :class:`Problem` s naming dotte
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from rpeg.config.algorithm import AlgorithmConfig, OptimConfig
 from rpeg.config.execution import ClusterConfig, RuntimeConfig, SearchConfig
+from rpeg.config.foreign_keys import foreign_hint, foreign_leaves
 from rpeg.config.section import Section
 from rpeg.config.workload import ModelConfig, TaskConfig, WorkloadConfig
 from rpeg.config.yaml_io import read_text_or_path, safe_yaml
@@ -47,7 +49,7 @@ class RunConfig(Section):
         try:
             return cls.model_validate(data or {})
         except ValidationError as exc:
-            raise ConfigError(problems_from_pydantic(exc), title=_title(source)) from None
+            raise ConfigError(problems_from_pydantic(exc, cls), title=_title(source)) from None
 
     @classmethod
     def from_yaml(cls, text_or_path: str | Path) -> RunConfig:
@@ -78,7 +80,18 @@ class RunConfig(Section):
             parts = dotted.split(".")
             for part in parts[:-1]:
                 if not isinstance(known, dict) or part not in known:
-                    problems.append(Problem(dotted, f"unknown section {part!r}"))
+                    hint = foreign_hint(dotted)
+                    if hint:
+                        problems.append(Problem(dotted, f"unknown field: {hint}"))
+                        break
+                    where = (
+                        [k for k, v in known.items() if isinstance(v, dict)]
+                        if isinstance(known, dict)
+                        else []
+                    )
+                    problems.append(
+                        Problem(dotted, f"unknown section {part!r}{_choices(part, where)}")
+                    )
                     break
                 if not isinstance(node.get(part), dict):
                     node[part] = {}  # a section left at its defaults: set only what is named
@@ -98,8 +111,38 @@ def _title(source: str) -> str:
     return f"invalid configuration {source}".strip()
 
 
-def problems_from_pydantic(exc: ValidationError) -> list[Problem]:
-    """Turn pydantic's error list into :class:`Problem` s with dotted paths."""
+def _choices(name: str, allowed: list[str]) -> str:
+    """`` (did you mean 'x'?; allowed: a, b)`` for a name not among ``allowed``."""
+    if not allowed:
+        return ""
+    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f" ({hint}allowed: {', '.join(sorted(allowed))})"
+
+
+def _fields_at(root: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the section ``loc`` (the path to the unknown key's parent) names
+    in ``root``; empty where the path leaves pydantic models (a dict, a list)."""
+    model: Any = root
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return []
+        info = model.model_fields.get(str(part))
+        if info is None:
+            return []
+        sub = [a for a in (info.annotation, *get_args(info.annotation)) if isinstance(a, type)]
+        model = next((a for a in sub if issubclass(a, BaseModel)), None)
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def problems_from_pydantic(
+    exc: ValidationError, root: type[BaseModel] | None = None
+) -> list[Problem]:
+    """Turn pydantic's error list into :class:`Problem` s with dotted paths; an unknown
+    field names the section's fields (and the closest one) where ``root``, the validated
+    model class, is given."""
     out = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
@@ -108,7 +151,17 @@ def problems_from_pydantic(exc: ValidationError) -> list[Problem]:
         if err["type"] == "literal_error" and "expected" in ctx:
             msg = f"got {err.get('input')!r}; allowed: {ctx['expected']}"
         elif err["type"] == "extra_forbidden":
-            msg = "unknown field"
+            key = str(err["loc"][-1]) if err["loc"] else ""
+            hint = foreign_hint(loc)
+            leaves = [] if hint else foreign_leaves(loc, err.get("input"))
+            if hint:
+                msg = f"unknown field: {hint}"
+            else:
+                msg = "unknown field" + _choices(key, _fields_at(root, tuple(err["loc"][:-1])))
+            if leaves:  # an unknown section of another framework's keys: each one named
+                out.append(Problem(loc, msg))
+                out += [Problem(leaf, f"unknown field: {foreign_hint(leaf)}") for leaf in leaves]
+                continue
         elif err["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
         elif err["type"].startswith(("greater", "less")):

@@ -303,7 +303,7 @@ class Plan(_Base):
             from rpeg.config import problems_from_pydantic
 
             raise ConfigError(
-                problems_from_pydantic(exc), title=f"invalid plan {source}".strip()
+                problems_from_pydantic(exc, cls), title=f"invalid plan {source}".strip()
             ) from None
 
     @classmethod
