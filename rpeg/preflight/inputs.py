@@ -47,7 +47,9 @@ def check_model(config: RunConfig) -> list[Problem]:
     out: list[Problem] = []
     names = sorted(specs.models())
     if m.name not in names:
-        out.append(Problem("model.name", f"unknown model {m.name!r}; known: {', '.join(names)}"))
+        from rpeg.search.inputs import unknown_model_message
+
+        out.append(Problem("model.name", unknown_model_message(m.name)))
     elif m.path is None and m.name != TINY_MODEL:
         out.append(
             Problem(

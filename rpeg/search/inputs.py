@@ -60,6 +60,22 @@ def cluster_for_gpu(gpu: str) -> str:
     raise ConfigError([Problem("--gpu", f"unknown GPU {gpu!r}; allowed: {', '.join(allowed)}")])
 
 
+def unknown_model_message(name: str) -> str:
+    """A model the catalog lacks: the closest entries, how to add it, every entry."""
+    import difflib
+
+    from rpeg import specs
+    from rpeg.perf.validation.model_words import catalog_key
+
+    names = sorted(specs.models())
+    close = difflib.get_close_matches(catalog_key(name), names, n=3, cutoff=0.6)
+    hint = f" (closest: {', '.join(close)})" if close else ""
+    return (
+        f"unknown model {name!r}{hint}; add its architecture from its config.json with "
+        f"`rpeg specs add-model --from-hf CONFIG.json`, or name one of: {', '.join(names)}"
+    )
+
+
 def config_from_kwargs(kw: dict[str, Any], *, base: Any = None) -> Any:
     """Apply flag-style keywords to ``base`` (or the defaults); None values are ignored."""
     from rpeg import specs
@@ -77,12 +93,7 @@ def config_from_kwargs(kw: dict[str, Any], *, base: Any = None) -> Any:
         try:
             data["model"]["name"] = resolve_model(kw["model"]).name
         except specs.SpecError:
-            problems.append(
-                Problem(
-                    "--model",
-                    f"unknown model {kw['model']!r}; allowed: {', '.join(sorted(specs.models()))}",
-                )
-            )
+            problems.append(Problem("--model", unknown_model_message(str(kw["model"]))))
     gpu_cluster = None
     if "gpu" in kw:
         try:

@@ -103,8 +103,12 @@ def search_space(prob: PlanProblem, options: SpaceOptions | None = None) -> Sear
 
 
 def resolve_model(name: str) -> Any:
-    """Catalog model by name; ``qwen2.5-32b`` also finds ``qwen2.5-32b-instruct``."""
+    """Catalog model by name; ``qwen2.5-32b`` also finds ``qwen2.5-32b-instruct``, and a
+    checkpoint name as published (``Qwen/Qwen2.5-7B-Instruct``, ``Meta-Llama-3.1-8B``,
+    ``...-FP8``) the entry it names (:func:`rpeg.perf.validation.row_cells.catalog_match`).
+    Never a stand-in: a plan needs the real architecture."""
     from rpeg import specs
+    from rpeg.perf.validation.row_cells import catalog_match
 
     table = specs.models()
     if name in table:
@@ -112,6 +116,9 @@ def resolve_model(name: str) -> Any:
     for alt in (f"{name}-instruct", name.lower(), f"{name.lower()}-instruct"):
         if alt in table:
             return table[alt]
+    found = catalog_match(name)
+    if found is not None and found[0] in table:
+        return table[found[0]]
     return specs.model(name)  # raises SpecError listing the known models
 
 

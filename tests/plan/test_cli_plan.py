@@ -83,3 +83,24 @@ def test_model_names_fall_back_to_instruct_and_lower_case():
     assert resolve_model("qwen2.5-14b").name == "qwen2.5-14b-instruct"
     assert resolve_model("Qwen3-8B").name == "qwen3-8b"
     assert resolve_model("qwen2.5-32b").name == "qwen2.5-32b"  # both exist: the exact one
+
+
+def test_published_checkpoint_names_find_their_catalog_entry():
+    from rpeg.search.problem import resolve_model
+
+    assert resolve_model("Qwen/Qwen2.5-7B-Instruct").name == "qwen2.5-7b-instruct"
+    assert resolve_model("meta-llama/Meta-Llama-3.1-8B-Instruct").name == "llama3.1-8b"
+    assert resolve_model("Qwen/Qwen3-30B-A3B-FP8").name == "qwen3-30b-a3b"
+
+
+def test_a_size_only_name_is_not_planned_with_a_stand_in(capsys):
+    """rpeg validate prices `Acme-7B` with a stand-in architecture; a plan needs the real
+    one: refused, naming the closest entries and how to add it."""
+    assert main(["plan", "--model", "Acme-7B", "--gpu", "h100", "--gpus", "8", "--json"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Acme-7B" in err and "rpeg specs add-model --from-hf" in err
+    assert (
+        main(["plan", "--model", "Qwen/Qwen2.5-8B-Instruct", "--gpu", "h100", "--gpus", "8"]) == 2
+    )
+    err = " ".join(capsys.readouterr().err.split())
+    assert "closest: qwen2.5-7b-instruct" in err

@@ -158,6 +158,22 @@ def resolve_model(name: str) -> tuple[str, str | None]:
     that architecture, kind unsaid. A name no entry matches but that states its size is
     priced by a stand-in (:func:`rpeg.perf.validation.stand_in.stand_in`, registered for this process as
     ``<name> (as <entry>)``); else the name unchanged (refused by :func:`unknown_names`)."""
+    found = catalog_match(name)
+    if found is not None:
+        return found
+    spec = stand_in(name)
+    if spec is not None:
+        from rpeg import specs
+
+        specs.add_run_model(spec)
+        return spec.name, stated_kind(name)
+    return catalog_key(name), None
+
+
+def catalog_match(name: str) -> tuple[str, str | None] | None:
+    """(catalog model, stated kind) of a name as written when a catalog entry matches it
+    (the steps of :func:`resolve_model` before a stand-in), else None: what ``rpeg plan
+    --model`` accepts (``Qwen/Qwen2.5-7B-Instruct``, ``Meta-Llama-3.1-8B``)."""
     found = _resolve(catalog_key(name))
     if found is not None:
         return found
@@ -175,13 +191,7 @@ def resolve_model(name: str) -> tuple[str, str | None]:
             found = _resolve("-".join(words[:n]))
             if found is not None:
                 return found[0], None
-    spec = stand_in(name)
-    if spec is not None:
-        from rpeg import specs
-
-        specs.add_run_model(spec)
-        return spec.name, stated_kind(name)
-    return catalog_key(name), None
+    return None
 
 
 def known_model(name: str) -> bool:
