@@ -48,14 +48,21 @@ def load_config(config: Any) -> Any:
 def cluster_for_gpu(gpu: str) -> str:
     """The catalog cluster for a GPU name (``gh200`` -> ``gh200-alps``)."""
     from rpeg import specs
+    from rpeg.perf.validation.row_cells import GPU_COUNT, gpu_name
 
-    name = GPU_ALIASES.get(gpu.lower(), gpu.lower())
+    if GPU_COUNT.match(gpu):
+        raise ConfigError(
+            [Problem("--gpu", f"{gpu!r}: name the GPU type here and the count in --gpus")]
+        )
     table = specs.clusters()
-    if name in PREFERRED_CLUSTER and PREFERRED_CLUSTER[name] in table:
-        return PREFERRED_CLUSTER[name]
-    for cname, cl in sorted(table.items()):
-        if cl.gpu.name == name:
-            return cname
+    # as written, then as a published run's GPU cell reads (``H100 80GB``, ``A100-40GB``,
+    # ``NVIDIA H100``: rpeg.perf.validation.row_cells.gpu_name)
+    for name in (GPU_ALIASES.get(gpu.lower(), gpu.lower()), gpu_name({"gpu": gpu})):
+        if name in PREFERRED_CLUSTER and PREFERRED_CLUSTER[name] in table:
+            return PREFERRED_CLUSTER[name]
+        for cname, cl in sorted(table.items()):
+            if cl.gpu.name == name:
+                return cname
     allowed = sorted({c.gpu.name for c in table.values()} | set(GPU_ALIASES))
     raise ConfigError([Problem("--gpu", f"unknown GPU {gpu!r}; allowed: {', '.join(allowed)}")])
 

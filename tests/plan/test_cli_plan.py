@@ -104,3 +104,16 @@ def test_a_size_only_name_is_not_planned_with_a_stand_in(capsys):
     )
     err = " ".join(capsys.readouterr().err.split())
     assert "closest: qwen2.5-7b-instruct" in err
+
+
+def test_gpu_names_as_published_find_their_cluster():
+    from rpeg.search.inputs import cluster_for_gpu
+
+    assert cluster_for_gpu("H100 80GB") == cluster_for_gpu("h100") == "dgx-h100"
+    assert cluster_for_gpu("NVIDIA H100") == "dgx-h100"
+    assert cluster_for_gpu("A100-40GB") != cluster_for_gpu("A100-80GB")
+
+
+def test_a_gpu_count_in_the_gpu_flag_is_refused(capsys):
+    assert main(["plan", "--model", "qwen2.5-7b", "--gpu", "8xH100", "--gpus", "16"]) == 2
+    assert "count in --gpus" in " ".join(capsys.readouterr().err.split())

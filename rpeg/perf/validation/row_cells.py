@@ -244,7 +244,8 @@ def model_name(r: dict[str, str]) -> str:
 # a GB200 NVL72 rack; "H100 NVL", a card of its own, is matched whole first)
 _GPU_NOISE = re.compile(r"^(?:nvidia|amd|instinct|tesla|geforce|hbm\d*e?|sxm\d?|hgx|dgx|nvl\d+)$")
 _GPU_MEMORY = re.compile(r"^\d+(?:gb?)$")
-_GPU_COUNT = re.compile(r"^\s*\d+\s*[x×*]\s*")
+#: a count before a GPU name ("8xH100", "8 x A100"): not part of the name
+GPU_COUNT = re.compile(r"^\s*\d+\s*[x×*]\s*")
 
 
 def gpu_name(r: dict[str, str]) -> str:
@@ -258,7 +259,7 @@ def gpu_name(r: dict[str, str]) -> str:
 
     # a count before the name ("8xH100", "8 x A100") and brackets around a word ("H100
     # (80GB)") are not the GPU's name
-    k = catalog_key(_GPU_COUNT.sub("", r.get("gpu") or ""))
+    k = catalog_key(GPU_COUNT.sub("", r.get("gpu") or ""))
     catalog = specs.gpus()
     words = [w for w in (w.strip("()[]") for w in k.split("-")) if w]
     plain = [w for w in words if not _GPU_NOISE.match(w)]
