@@ -238,9 +238,9 @@ class TaskConfig(Section):
     )
     answer_key: str | None = Field(
         None,
-        description="dotted path of the reference answer in a row, e.g. "
-        "reward_model.ground_truth (verl). None = answer or solution (GSM8K: the text "
-        "after ####)",
+        description="dotted path of the reference answer in a row, e.g. extra_info.answer. "
+        "None = answer, solution or reward_model.ground_truth (verl), the first present "
+        "(GSM8K: the text after ####)",
     )
     system_prompt: str | None = Field(
         None, description="a system message put before every prompt that has none"

@@ -126,3 +126,37 @@ def test_a_file_of_empty_prompts_is_refused(tmp_path):
     url = _jsonl(tmp_path / "e.jsonl", ["", "  ", "\n"])
     (p,) = check_examples(url, "jsonl")
     assert p.where == "task.url" and "all 3 prompts" in p.what and "empty" in p.what
+
+
+def test_a_line_that_is_not_utf8_is_named_with_its_byte(tmp_path):
+    """A Latin-1 line was a bare UnicodeDecodeError naming neither file nor line."""
+    url = str(tmp_path / "latin.jsonl")
+    good = b'{"question": "1+1", "answer": "2"}\n'
+    with open(url, "wb") as fh:
+        fh.write(good + b'{"question": "caf\xe9 1+1", "answer": "2"}\n' + good)
+    probs = check_examples(url, "jsonl")
+    assert [p.where for p in probs] == [f"{url}:2"]
+    assert "not UTF-8" in probs[0].what and "0xe9" in probs[0].what
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_row(tmp_path):
+    url = str(tmp_path / "bom.jsonl")
+    with open(url, "wb") as fh:
+        fh.write(b"\xef\xbb\xbf" + b'{"question": "1+1", "answer": "2"}\n' * 3)
+    assert check_examples(url, "jsonl") == []
+    assert [t.answer for t in load_row_texts(url, "jsonl")] == ["2"] * 3
+
+
+def test_verl_rows_read_without_keys_and_a_missing_answer_names_where_it_was_looked_for(tmp_path):
+    rows = [
+        {"prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": "2"}}
+    ]
+    url = str(tmp_path / "verl.jsonl")
+    (tmp_path / "verl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert check_examples(url, "jsonl") == []
+    assert [(t.question, t.answer) for t in load_row_texts(url, "jsonl")] == [("1+1?", "2")]
+    url = str(tmp_path / "q.jsonl")
+    (tmp_path / "q.jsonl").write_text(json.dumps({"question": "1+1?"}) + "\n")
+    (p,) = check_examples(url, "jsonl")
+    assert "no reference answer" in p.what and "reward_model.ground_truth" in p.what
+    assert "prompt" not in p.what.split("(")[0]  # the prompt was found

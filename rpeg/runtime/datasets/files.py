@@ -5,10 +5,13 @@ folder written by ``datasets.Dataset.save_to_disk`` -- Arrow stream files -- or 
 ``*.parquet`` / ``*.jsonl`` files as ``load_dataset`` reads them; ``<folder>#<split>`` picks a
 split sub-folder or the files whose names start with the split, default ``train``).
 
-Columns (:class:`RowKeys`): GSM8K (``question``, ``answer`` with the final answer after
-``####``) by default; verl (``prompt`` = chat messages, ``reward_model.ground_truth``) and
-TRL conversational data (``prompt`` = messages) with ``task.prompt_key`` /
-``task.answer_key``.
+Columns (:class:`RowKeys`): by default the first present of ``question`` / ``problem`` /
+``prompt`` and of ``answer`` / ``solution`` / ``reward_model.ground_truth``: GSM8K
+(``question``, ``answer`` with the final answer after ``####``), verl's parquet (``prompt`` =
+chat messages, ``reward_model.ground_truth``) and TRL conversational data (``prompt`` =
+messages) read as they are; other columns with ``task.prompt_key`` / ``task.answer_key``.
+A JSON line that is not UTF-8 is a problem naming its line and byte (a byte-order mark is
+dropped).
 
 Reading is bounded (issue 44): a data file must be a regular file of at most
 :data:`MAX_DATA_BYTES` (``/dev/zero``, a pipe or a socket is refused before a byte is read), a
@@ -29,8 +32,8 @@ from rpeg.errors import ConfigError, Problem
 MAX_ROW_PROBLEMS = 20
 #: prompt columns tried in order when task.prompt_key is not set
 DEFAULT_PROMPT_KEYS = ("question", "problem", "prompt")
-#: answer columns tried in order when task.answer_key is not set
-DEFAULT_ANSWER_KEYS = ("answer", "solution")
+#: answer columns tried in order when task.answer_key is not set (the last: verl's layout)
+DEFAULT_ANSWER_KEYS = ("answer", "solution", "reward_model.ground_truth")
 #: the largest data file read (bytes) and the longest JSON line (characters)
 MAX_DATA_BYTES = 4 * 2**30
 MAX_LINE_CHARS = 64 * 2**20
@@ -116,8 +119,9 @@ def dotted_get(row: Any, path: str) -> Any:
 
 def _first(row: dict, names: tuple[str, ...]) -> tuple[str | None, Any]:
     for n in names:
-        if n in row and row[n] is not None:
-            return n, row[n]
+        got = dotted_get(row, n) if "." in n else row.get(n)
+        if got is not None and got is not _MISSING:
+            return n, got
     return None, _MISSING
 
 
@@ -167,7 +171,15 @@ def row_problem(row: Any, keys: RowKeys = RowKeys()) -> str | None:
     if nulls:
         return f"{', '.join(nulls)} {'is' if len(nulls) == 1 else 'are'} null in this row ({hint})"
     if q is _MISSING or a is _MISSING:
-        return f"row needs 'question' and 'answer' fields ({hint})"
+        missing = [
+            f"{what} ({', '.join(repr(k) for k in names)})"
+            for what, got, names in (
+                ("prompt", q, DEFAULT_PROMPT_KEYS),
+                ("reference answer", a, DEFAULT_ANSWER_KEYS),
+            )
+            if got is _MISSING
+        ]
+        return f"row has no {' and no '.join(missing)} ({hint})"
     if isinstance(q, list):
         why = _messages_problem(q)
         if why:
@@ -350,7 +362,9 @@ def read_rows(
     elif kind == "parquet":
         rows = list(enumerate(_table_or_problem(url, "parquet", problems, where), start=1))
     else:
-        with fsspec.open(url, "r") as fh:
+        # undecodable bytes kept as surrogates: a line that is not UTF-8 is named, not a
+        # UnicodeDecodeError ending the read; a byte-order mark is dropped
+        with fsspec.open(url, "r", encoding="utf-8-sig", errors="surrogateescape") as fh:
             i = 0
             while True:
                 line = fh.readline(MAX_LINE_CHARS + 1)
@@ -363,6 +377,18 @@ def read_rows(
                     bad.append((i, f"line longer than {MAX_LINE_CHARS} characters"))
                     continue
                 if not line.strip():
+                    continue
+                try:
+                    line.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    byte = ord(line[exc.start]) - 0xDC00
+                    bad.append(
+                        (
+                            i,
+                            f"not UTF-8 text (byte 0x{byte:02x} at character {exc.start + 1}): "
+                            "save the file as UTF-8",
+                        )
+                    )
                     continue
                 try:
                     rows.append((i, json.loads(line)))
