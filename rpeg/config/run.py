@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError
@@ -120,19 +120,36 @@ def _choices(name: str, allowed: list[str]) -> str:
     return f" ({hint}allowed: {', '.join(sorted(allowed))})"
 
 
+def _model_in(ann: Any) -> tuple[type[BaseModel] | None, bool]:
+    """(the pydantic model a field's annotation holds, whether inside a container: a
+    ``dict[str, Unit]`` or ``list[Unit]``, whose key or index comes next in a path)."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann, False
+    origin = get_origin(ann)
+    for a in get_args(ann):
+        found, inner = _model_in(a)
+        if found is not None:
+            return found, inner or origin in (dict, list, tuple)
+    return None, False
+
+
 def _fields_at(root: type[BaseModel] | None, loc: tuple[Any, ...]) -> list[str]:
     """The field names of the section ``loc`` (the path to the unknown key's parent) names
-    in ``root``; empty where the path leaves pydantic models (a dict, a list)."""
+    in ``root`` (through a dict's key or a list's index: ``units.train_actor``); empty where
+    the path leaves pydantic models."""
     model: Any = root
+    skip = False  # the next part is a container's key or index
     for part in loc:
+        if skip:
+            skip = False
+            continue
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return []
         info = model.model_fields.get(str(part))
         if info is None:
             return []
-        sub = [a for a in (info.annotation, *get_args(info.annotation)) if isinstance(a, type)]
-        model = next((a for a in sub if issubclass(a, BaseModel)), None)
-    if isinstance(model, type) and issubclass(model, BaseModel):
+        model, skip = _model_in(info.annotation)
+    if isinstance(model, type) and issubclass(model, BaseModel) and not skip:
         return list(model.model_fields)
     return []
 

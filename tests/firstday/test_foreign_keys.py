@@ -101,3 +101,17 @@ def test_every_translation_names_a_field_that_exists(key):
     assert _field_exists(field), f"{key} -> {field}: no such run-config field"
     assert not _field_exists(key), f"{key} is a run-config field: no translation needed"
     assert field in (foreign_hint(key) or "")
+
+
+def test_a_misspelled_plan_field_inside_a_unit_names_the_units_fields():
+    from rpeg.plan import Plan
+
+    data = {
+        "cluster": "local-cpu",
+        "model": "rpeg-tiny",
+        "graph": {"builder": "grpo"},
+        "units": {"train_actor": {"devices": "0-1", "tpp": 2}},
+    }
+    got = _problems(lambda: Plan.from_dict(data))
+    msg = got["units.train_actor.tpp"]
+    assert "did you mean 'tp'?" in msg and "micro_batch_size" in msg
