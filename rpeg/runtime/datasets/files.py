@@ -119,7 +119,7 @@ def dotted_get(row: Any, path: str) -> Any:
 
 def _first(row: dict, names: tuple[str, ...]) -> tuple[str | None, Any]:
     for n in names:
-        got = dotted_get(row, n) if "." in n else row.get(n)
+        got = dotted_get(row, n)  # a plain name is a one-part path
         if got is not None and got is not _MISSING:
             return n, got
     return None, _MISSING
