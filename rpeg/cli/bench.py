@@ -64,7 +64,7 @@ def bench(
     from rpeg.errors import ConfigError, Problem
     from rpeg.flows.bench import BenchEntry, bench_flow, run_entries, table
     from rpeg.perf import predict
-    from rpeg.perf.calibration.fit import measured_workload
+    from rpeg.perf.calibration.fit import run_workload
     from rpeg.perf.calibration.run_lengths import configured_workload
 
     if skip >= steps:
@@ -107,7 +107,7 @@ def bench(
 
     def reprice(e: BenchEntry, measured) -> float | None:
         g, p = graphs[e.name]
-        at = measured_workload(wl, measured)
+        at = run_workload(g, p, wl, measured)  # its lengths (and a multi-turn run's turns)
         return predict(g, p, at).step_s if at is not wl else None
 
     typer.echo(f"running {len(entries)} plan(s) x {steps} steps into {out}/ ...", err=True)

@@ -47,6 +47,11 @@ from rpeg.specs import ModelSpec
 FORWARD_PASSES = 1.0
 TRAIN_PASSES = 3.0
 RECOMPUTE_PASSES = 1.0
+#: the backward's half that a frozen weight skips: LoRA (model.lora) trains adapters only, so
+#: the base's GEMMs compute input gradients and no weight gradients -- about 2/3 of full
+#: fine-tuning's FLOPs per pass (Schulman et al., "LoRA Without Regret", Thinking Machines
+#: 2025). Attention holds no weights: its backward is whole either way.
+WEIGHT_GRAD_PASSES = 1.0
 
 #: bytes per parameter of an offloaded optimizer step over the host link (fp32 gradients
 #: down, bf16 parameters up) and of its CPU Adam in host memory (read master, m, v, gradient;
@@ -71,6 +76,9 @@ class PassShape:
     value_bytes: float  # bytes of a gradient / parameter / activation value on the wire
     tokens_rank: float  # the step's tokens on one data-parallel rank
     tokens_mb: float  # tokens of one micro-batch (packed to the sequence budget)
+    # tokens computed over tokens held: 1 where micro-batches are packed; RPEG's CPU workers
+    # pad each row to its micro-batch's longest (rpeg.perf.eager_cpu)
+    padding: float
     tokens_dev: float  # ... of it on one device (split over cp)
     micro_batches: float  # micro-batches of a rank per step
     per_minibatch: float  # micro-batches per optimizer step (training) or per pass
@@ -123,6 +131,7 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
         value_bytes=eager_cpu.comm_value_bytes(c.wl.precision),
         tokens_rank=tok_rank,
         tokens_mb=tok_mb,
+        padding=mb.padding if cpu else 1.0,
         tokens_dev=tok_dev,
         micro_batches=mb.count if cpu else tok_rank / tok_mb,
         per_minibatch=per_minibatch,
@@ -180,12 +189,15 @@ def gemm_compute(c: UnitContext, s: PassShape) -> GemmCompute:
     factor = pass_factor(cal.train_eff_factor if s.train else cal.forward_eff_factor, gpu)
     peak = c.peak_flops * s.devices
     attn = costs.attn_fwd_flops(m, c.seq_sq) * costs.attn_passes(s.passes, s.train, cal)
-    dense_flops = s.passes * 2.0 * dense_p * c.tokens + s.passes * c.vision_fwd_flops
+    attn *= s.padding  # padded rows attend over their padding too
+    weight_passes = s.passes - (WEIGHT_GRAD_PASSES if s.train and c.wl.lora_rank else 0.0)
+    dense_flops = weight_passes * 2.0 * dense_p * c.tokens * s.padding
+    dense_flops += s.passes * c.vision_fwd_flops
     expert_s, eff_e = 0.0, None
     if expert_p:
         tok_expert = s.tokens_dev * m.moe.top_k / m.moe.experts * s.ep
         eff_e = gpu.matmul_eff(2.0 * tok_expert * m.hidden * m.moe.expert_ffn_hidden)
-        expert_s = s.passes * 2.0 * expert_p * c.tokens / (peak * eff_e * factor)
+        expert_s = weight_passes * 2.0 * expert_p * c.tokens * s.padding / (peak * eff_e * factor)
     return GemmCompute(
         dense_s=dense_flops / (peak * eff_dense * factor),
         attention_s=attn / (peak * (cal.attn_eff or eff_dense * factor)),
@@ -205,6 +217,7 @@ def vocab_traffic_s(c: UnitContext, s: PassShape) -> float | None:
         return None
     return (
         c.tokens
+        * s.padding
         * c.model.vocab
         * 4.0
         * vpasses

@@ -187,6 +187,34 @@ def test_cli_keeps_the_runs_lengths_for_later_predictions(tmp_path, case, capsys
         user_calibration_file().unlink(missing_ok=True)
 
 
+def test_a_run_whose_longest_response_is_the_cap_is_priced_at_its_truncated_share(
+    tmp_path, case
+):
+    """Most steps decoded one response to the 16-token cap (0.6% of them cut there): the
+    median longest is the cap, which bounds the spread only from below. The share cut says
+    the rest: the run is priced at a spread whose longest of a step's 128 samples is the cap,
+    so generate decodes to the cap (the calibrating run's spread would stop near 4 tokens)."""
+    from rpeg.perf.lengths import LengthDist
+
+    cfg, graph, plan, wl = case
+    hist = _write_run(tmp_path / "run", predict(graph, plan, wl, calib=SHIPPED))
+    for i, h in enumerate(hist):
+        h.update(num_tokens=128 * 9, response_length=3.0, response_length_max=16.0)
+        h["truncated_frac"] = (0.0, 0.0078125, 0.0078125, 0.0078125)[i]  # step 1 left out
+    (tmp_path / "run" / "metrics.jsonl").write_text("\n".join(json.dumps(h) for h in hist))
+    measured = fit.read_run(tmp_path / "run")
+    assert measured.truncated == pytest.approx(0.0078125)  # the mean: a rare event's median is 0
+    at = fit.measured_workload(wl, measured)
+    assert LengthDist(3.0, 16.0, at.length_sigma).expected_max(128) == 16.0
+    narrow = replace(at, length_sigma=0.13)  # a spread whose longest of 128 is ~4 tokens
+    assert LengthDist(3.0, 16.0, 0.13).expected_max(128) < 5.0
+    gen = predict(graph, plan, at, calib=SHIPPED).stages["generate"].time_s
+    assert gen > 1.5 * predict(graph, plan, narrow, calib=SHIPPED).stages["generate"].time_s
+    # an older run folder without the truncated share keeps the calibration's spread
+    bare = replace(measured, truncated=None)
+    assert fit.measured_workload(wl, bare).length_sigma == wl.length_sigma
+
+
 def test_warm_up_steps_beyond_skip_are_left_out():
     """Steps 2-3 of 8 still warming up (3.0 s against ~1 s after): the second half of the
     kept steps 2-8 is steps 5-8 at 1.1, 1.0, 0.9, 1.0 s, median 1.0; steps slower than 1.25 s

@@ -119,3 +119,52 @@ def test_a_replica_pair_on_one_host_prices_half_an_update_each(builtin):
     single = plan.model_copy(update={"units": {**plan.units, "train_actor": one}})
     st1 = predict(g, single, wl, calib=SHIPPED).stages["train_actor"]
     assert st1.detail["optimizer_s"] == pytest.approx(2 * st.detail["optimizer_s"])
+
+
+def test_micro_batches_are_padded_to_their_longest_response():
+    """The runtime pads every row of a micro-batch to its longest (RolloutBatch.select trims
+    to that, nothing packs): 64 rows of 6 prompt + 3 response tokens on average, where a
+    spread that puts ~2% of responses at the 16-token cap makes a step's forward on a rank
+    compute 64 x (6 + 16) tokens, 22/9 of what the rows hold. A narrow spread pads little."""
+    from types import SimpleNamespace
+
+    from rpeg.perf.lengths import LengthDist
+
+    def ctx(sigma):
+        lengths = LengthDist(3.0, 16.0, sigma)
+        assert lengths.p_cap * 64 > 0.5 or sigma < 0.5  # the wide one: some row at the cap
+        return SimpleNamespace(
+            N=128, P=6.0, R=3.0, wl=SimpleNamespace(train_minibatches=4), lengths=lengths
+        )
+
+    fwd = eager_cpu.micro_batches(ctx(1.2), 2, 64, False)
+    assert fwd.count == 1.0 and fwd.tokens == pytest.approx(64 * 22.0)
+    assert fwd.padding == pytest.approx(22.0 / 9.0)
+    # an optimizer step's 16 rows: a shorter longest than 64 rows have, still above the mean
+    train = eager_cpu.micro_batches(ctx(1.2), 2, 64, True)
+    assert train.count == 4.0 and 1.0 < train.padding < fwd.padding
+    assert eager_cpu.micro_batches(ctx(0.05), 2, 64, False).padding < 1.1
+
+
+def test_padding_is_priced_on_cpu_workers_only(builtin):
+    """The ref pass of the built-in plan at a spread that pads it 22/9 computes that much more
+    (up to the GEMM-size efficiency); on an H100 cluster (the published systems' packed
+    micro-batches) the same spread changes only the attention term."""
+    g, plan, wl = builtin
+
+    def ref(p, sigma):
+        return predict(g, p, replace(wl, length_sigma=sigma), calib=SHIPPED).stages["ref_logprob"]
+
+    from rpeg.perf.lengths import LengthDist
+
+    wide, narrow = ref(plan, 1.2), ref(plan, 0.05)
+    longest = LengthDist(3.0, 16.0, 0.05).expected_max(64)  # a little above the mean
+    ratio = wide.detail["compute_s"] / narrow.detail["compute_s"]
+    assert ratio == pytest.approx((6 + 16) / (6 + longest), rel=0.1)
+    from rpeg.plan import colocated_plan
+
+    gpu_plan = colocated_plan(g, "dgx-h100", num_devices=8, model="rpeg-tiny")
+    gw, gn = ref(gpu_plan, 1.2), ref(gpu_plan, 0.05)
+    assert gw.detail["compute_s"] - gw.detail["attn_s"] == pytest.approx(
+        gn.detail["compute_s"] - gn.detail["attn_s"], rel=0.02
+    )

@@ -103,3 +103,40 @@ def test_lora_at_tp2_holds_the_replicated_factor_whole_and_sums_its_gradient_onc
     assert lo.detail["lora_tp_grad_sum_s"] == pytest.approx(wl.train_minibatches * one)
     assert "lora_tp_grad_sum_s" not in full.detail
     assert lo.comm_s[lvl] - full.comm_s[lvl] == pytest.approx(wl.train_minibatches * one)
+
+
+def test_lora_backward_skips_the_frozen_weights_gradients():
+    """A frozen base layer's backward computes the input gradient and no weight gradient:
+    its GEMMs run forward + one backward, 2 passes of full fine-tuning's 3 (3 of 4 with the
+    layers recomputed); attention, which holds no weights, keeps its whole backward."""
+    from dataclasses import replace
+
+    from rpeg import specs
+    from rpeg.ir import builders
+    from rpeg.perf import passes
+    from rpeg.perf.calibration import SHIPPED
+    from rpeg.perf.units import UnitContext
+    from rpeg.plan import colocated_plan
+
+    wl = Workload(
+        num_prompts=16,
+        samples_per_prompt=8,
+        mean_prompt_tokens=512,
+        max_response_tokens=2048,
+        mean_response_tokens=1024,
+        train_minibatches=4,
+    )
+    plan = colocated_plan(builders.build("grpo"), "dgx-h100", num_devices=8, model="qwen2.5-7b")
+    u = plan.units["train_actor"]
+    m = specs.model("qwen2.5-7b")
+
+    def gemms(w, unit):
+        c = UnitContext(plan, w, specs.cluster("dgx-h100"), m, SHIPPED)
+        return passes.gemm_compute(c, passes.pass_shape(c, unit, True))
+
+    lora = replace(wl, lora_rank=16, lora_targets=("q_proj", "v_proj"))
+    for recompute, share in ((False, 2 / 3), (True, 3 / 4)):
+        unit = u.model_copy(update={"recompute": recompute})
+        full, lo = gemms(wl, unit), gemms(lora, unit)
+        assert lo.dense_s == pytest.approx(full.dense_s * share)
+        assert lo.attention_s == pytest.approx(full.attention_s)

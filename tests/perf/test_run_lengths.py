@@ -24,6 +24,44 @@ def test_sigma_is_solved_from_the_longest_of_a_steps_samples():
     assert RL.sigma_for_max(3.0, 3.0, 128, 16.0) is None
 
 
+def _truncated_mean_and_share(sigma: float, mean: float, cap: float) -> tuple[float, float]:
+    """E[min(X, cap)] and P(X >= cap) of the lognormal(mu, sigma) with that truncated mean,
+    by a midpoint sum over the log-length (independent of rpeg.perf.lengths)."""
+    norm = NormalDist()
+
+    def moments(mu):
+        n, lo, hi = 4000, mu - 9 * sigma, math.log(cap)
+        w = (hi - lo) / n
+        below = sum(
+            math.exp(lo + (i + 0.5) * w) * norm.pdf((lo + (i + 0.5) * w - mu) / sigma) / sigma * w
+            for i in range(n)
+        )
+        share = 1 - norm.cdf((math.log(cap) - mu) / sigma)
+        return below + cap * share, share
+
+    lo, hi = math.log(mean) - 10, math.log(cap) + 10
+    for _ in range(60):  # the truncated mean grows with mu
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if moments(mid)[0] < mean else (lo, mid)
+    return moments(0.5 * (lo + hi))
+
+
+def test_sigma_is_solved_from_the_share_cut_at_the_cap():
+    """A step whose longest response is the cap says only "at least this spread"; the share
+    of responses cut there says how much: the sigma found gives lognormal lengths of the
+    run's mean that reach the cap that often (checked by summing the density)."""
+    sigma = RL.sigma_for_cap_share(3.0, 0.006, 16.0)
+    assert sigma is not None and 0.5 < sigma < 2.0
+    mean, share = _truncated_mean_and_share(sigma, 3.0, 16.0)
+    assert mean == pytest.approx(3.0, rel=1e-3) and share == pytest.approx(0.006, rel=1e-2)
+    # a larger share needs a wider spread; nothing cut, or a mean at the cap, says nothing
+    assert RL.sigma_for_cap_share(3.0, 0.03, 16.0) > sigma
+    assert RL.sigma_for_cap_share(3.0, 0.0, 16.0) is None
+    assert RL.sigma_for_cap_share(16.0, 0.5, 16.0) is None
+    # more cut than any spread of that mean allows (at most mean / cap): the widest spread
+    assert RL.sigma_for_cap_share(3.0, 0.5, 16.0) == RL.SIGMA_RANGE[1]
+
+
 def test_lengths_are_kept_per_model_and_task_and_used_unless_the_config_states_them(tmp_path):
     cfg = load_config("configs/builtin.yaml")
     key = RL.task_key(cfg)

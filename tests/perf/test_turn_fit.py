@@ -147,3 +147,32 @@ def test_cli_calibrate_of_a_multiturn_run_prints_the_turn_shape(tmp_path, capsys
         assert "mean_turns: 1.75" in user_calibration_file().read_text()
     finally:
         user_calibration_file().unlink(missing_ok=True)
+
+
+def test_a_multiturn_run_is_repriced_at_the_turn_shape_it_measured(tmp_path):
+    """What `rpeg bench` prices a finished run at (fit.run_workload): the turns it measured
+    (the hand-worked 1.75 turns of 22 tokens, 13-token observations) and its lengths, not
+    the config's shape (2 turns of up to 28 tokens)."""
+    from rpeg.compile.sources import resolve
+    from rpeg.config import RunConfig
+    from rpeg.perf.calibration import SHIPPED, fit
+    from rpeg.perf.prediction import Workload
+    from rpeg.perf.pricing import predict
+
+    cfg = RunConfig.from_yaml("configs/tool-cpu.yaml").with_overrides(
+        {"task.multiturn.max_turns": 3, "cluster.num_devices": 2, "cluster.n_workers": 2}
+    )
+    graph, plan = resolve(None, cfg)
+    wl = Workload.from_config(cfg.workload, cfg.model.lora, cfg.task.multiturn)
+    pred = predict(graph, plan, wl, calib=SHIPPED)
+    _write_run(tmp_path / "run", pred, [STEPS[0], *STEPS])
+    measured = fit.read_run(tmp_path / "run")
+    at = fit.run_workload(graph, plan, wl, measured)
+    t = at.turns
+    assert (t.mean_turns, t.mean_turn_tokens, t.observation_tokens) == (1.75, 22.0, 13.0)
+    assert at.mean_response_tokens == 45.5 and at.mean_prompt_tokens == 26.0
+    # a single-turn run's workload gets its lengths alone
+    plain = Workload.from_config(RunConfig().workload)
+    assert fit.run_workload(graph, plan, plain, measured) == fit.measured_workload(
+        plain, measured
+    )

@@ -32,7 +32,7 @@ from typing import Any
 
 from rpeg.errors import Problem, ProblemsError
 from rpeg.perf.calibration import SHIPPED, Calibration, user_calibration_file
-from rpeg.perf.calibration.run_lengths import LENGTHS_KEY, sigma_for_max
+from rpeg.perf.calibration.run_lengths import LENGTHS_KEY, sigma_for_cap_share, sigma_for_max
 from rpeg.perf.calibration.turn_fit import MeasuredTurns, measured_turns
 from rpeg.perf.calibration.turn_store import TURNS_KEY
 from rpeg.perf.units import FWD_KINDS, GEN_KIND, TRAIN_KINDS
@@ -54,6 +54,8 @@ class MeasuredRun:
     tokens_per_step: float | None = None
     response_tokens: float | None = None
     response_max: float | None = None  # the step's longest response (``response_length_max``)
+    # the mean over the same steps of the share of responses cut at the cap (``truncated_frac``)
+    truncated: float | None = None
     # a multi-turn run's per-step turn figures (rpeg.perf.calibration.turn_fit); None: single turn
     turns: MeasuredTurns | None = None
 
@@ -75,9 +77,29 @@ def measured_workload(workload: Any, measured: MeasuredRun) -> Any:
     if measured.response_max:  # the spread: the longest of a step's samples
         cap = float(workload.max_response_tokens)
         sigma = sigma_for_max(r, measured.response_max, workload.samples, cap)
+        if sigma is None and measured.response_max >= cap and measured.truncated:
+            # the longest at the cap says only "at least this much spread"; the share cut
+            # there says how much (a LoRA run at 10x lr truncated 0.6% of its responses, so
+            # most steps decoded to the 16-token cap: priced at the calibrating run's
+            # spread, generate came out 0.16 s against 0.30 s measured)
+            sigma = sigma_for_cap_share(r, measured.truncated, cap)
         if sigma is not None:
             change["length_sigma"] = sigma
     return replace(workload, **change)
+
+
+def run_workload(graph: Any, plan: Any, workload: Any, measured: MeasuredRun) -> Any:
+    """``workload`` at everything the run measured of what it ran: a multi-turn run's turn
+    shape (:func:`rpeg.perf.calibration.turn_fit.fit_workload`) and the lengths
+    (:func:`measured_workload`) -- what ``rpeg bench`` prices each run at. A tool-use run
+    priced at its config's turn shape instead came out 49% over its measured step
+    (configs/tool-cpu.yaml, 2026-12-06); at its own, 22%."""
+    if workload.turns is not None and measured.turns is not None:
+        from rpeg.perf.calibration import turn_fit
+
+        pred = predictor(graph, plan, workload, measured)
+        workload, _ = turn_fit.fit_workload(workload, measured.turns, pred)
+    return measured_workload(workload, measured)
 
 
 def _step_index(h: dict, i: int) -> int:
@@ -148,13 +170,18 @@ def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
     if not step_s:
         raise RunDataError([Problem(str(mj), "no step with a step_s")])
 
-    def med(key: str) -> float | None:
-        xs = [
+    def values(key: str) -> list[float]:
+        return [
             float(h[key])
             for i, h in enumerate(hist)
             if isinstance(h.get(key), (int, float)) and _step_index(h, i) in keep
         ]
+
+    def med(key: str) -> float | None:
+        xs = values(key)
         return statistics.median(xs) if xs else None
+
+    cut = values("truncated_frac")
 
     return MeasuredRun(
         unit_s={k: statistics.median(v.values()) for k, v in per.items()},
@@ -163,6 +190,7 @@ def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
         tokens_per_step=med("num_tokens"),
         response_tokens=med("response_length"),
         response_max=med("response_length_max"),
+        truncated=statistics.fmean(cut) if cut else None,  # rare: a median would say 0
         turns=measured_turns([h for i, h in enumerate(hist) if _step_index(h, i) in keep]),
     )
 

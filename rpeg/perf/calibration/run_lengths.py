@@ -11,7 +11,8 @@ every later prediction from a run config of that model and task (``rpeg predict`
 bench``) that states no mean lengths of its own uses them (:func:`configured_workload`) and
 lists them as an assumption. The spread of the lengths comes from the run too: the
 lognormal's sigma whose expected longest response of a step's ``N`` samples equals the
-run's median longest response (:func:`sigma_for_max`). docs/perf-model.md, "Calibration
+run's median longest response (:func:`sigma_for_max`), or, where that longest is the cap
+itself, whose share of truncated responses is the run's (:func:`sigma_for_cap_share`). docs/perf-model.md, "Calibration
 from a run".
 """
 
@@ -64,6 +65,28 @@ def sigma_for_max(mean: float, longest: float, n: int, cap: float) -> float | No
     for _ in range(50):  # the expected maximum grows with sigma at a fixed mean
         mid = 0.5 * (lo + hi)
         if LengthDist(mean, cap, mid).expected_max(n) < longest:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def sigma_for_cap_share(mean: float, share: float, cap: float) -> float | None:
+    """The lognormal sigma whose samples of mean ``mean`` reach ``cap`` with probability
+    ``share`` (:attr:`LengthDist.p_cap`: the run's truncated fraction) -- what says the spread
+    when a step's longest response is at the cap and :func:`sigma_for_max` cannot. None when
+    nothing was truncated or the mean is not below the cap; the top of :data:`SIGMA_RANGE`
+    when even that spread truncates less than ``share``."""
+    if not (0 < mean < cap) or not 0 < share < 1:
+        return None
+    lo, hi = SIGMA_RANGE
+    if LengthDist(mean, cap, lo).p_cap >= share:
+        return lo
+    if LengthDist(mean, cap, hi).p_cap <= share:
+        return hi
+    for _ in range(50):  # the truncated share grows with sigma at a fixed mean
+        mid = 0.5 * (lo + hi)
+        if LengthDist(mean, cap, mid).p_cap < share:
             lo = mid
         else:
             hi = mid
