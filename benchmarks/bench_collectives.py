@@ -168,7 +168,8 @@ def main() -> None:
     print(
         f"SUMMARY gloo collective latency alpha (2 ranks, calls inside a pass): "
         f"{1e3 * statistics.fmean(fits.values()):.3f} ms (clusters.yaml local-cpu "
-        "runtime.collective_latency_ms)"
+        "runtime.collective_latency_ms; this machine's: rpeg calibrate RUN --collective-ms "
+        f"{1e3 * statistics.fmean(fits.values()):.3f})"
     )
     if args.json:
         with open(args.json, "w") as f:

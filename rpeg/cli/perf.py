@@ -454,6 +454,14 @@ def calibrate_run(
         "benchmarks/bench_overhead.py measures it: the step overhead comes from it "
         "(default: the measured step minus the predicted units)",
     ),
+    collective_ms: float | None = typer.Option(
+        None,
+        "--collective-ms",
+        help="one collective call's latency inside a pass on this machine, as "
+        "benchmarks/bench_collectives.py measures it (its SUMMARY): priced for the "
+        "collectives context and pipeline parallelism issue per layer and per tensor "
+        "(default: the cluster catalog's, or what an earlier calibrate was given)",
+    ),
 ) -> None:
     """Fit this machine's efficiencies and fixed costs from a measured run; later
     predictions on the run's cluster use them. A multi-turn run's turn shape (mean turns,
@@ -488,7 +496,17 @@ def calibrate_run(
             for line in lines:
                 typer.echo(f"turns: {line}")
             shaped = True
-    values, lines = fit.fit(fit.predictor(graph, plan, wl, measured), measured, runtime_s=runtime_s)
+    collective_s = None if collective_ms is None else collective_ms / 1e3
+    if collective_s is None:  # measured by an earlier calibrate of this cluster: kept
+        from rpeg.perf.calibration import machine_calibration
+
+        collective_s = machine_calibration(plan.cluster).fitted_collective_latency_s
+    values, lines = fit.fit(
+        fit.predictor(graph, plan, wl, measured),
+        measured,
+        runtime_s=runtime_s,
+        collective_s=collective_s,
+    )
     at = fit.measured_workload(wl, measured)
     if at is not wl:
         typer.echo(

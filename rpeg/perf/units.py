@@ -6,6 +6,7 @@ equation is in docs/perf-model.md."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from rpeg.perf import costs, turns
@@ -111,6 +112,8 @@ class UnitContext:
     def __init__(
         self, plan: Plan, wl: Workload, cluster: ClusterSpec, model: ModelSpec, calib: Calibration
     ):
+        if calib.fitted_collective_latency_s is not None:  # measured on this machine
+            cluster = replace(cluster, collective_latency_s=calib.fitted_collective_latency_s)
         self.plan, self.wl, self.cluster, self.model, self.calib = plan, wl, cluster, model, calib
         self.gpu = cluster.gpu
         self.prec = (

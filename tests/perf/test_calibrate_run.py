@@ -272,3 +272,46 @@ def test_a_unit_measured_below_its_fixed_part_is_fitted_to_the_fixed_part(tmp_pa
     # as close to the measured as the fixed part lets it be (a unit with no work, e.g. a
     # reused old_logprob, is its dispatch either way)
     assert sum(bound.stages[n].time_s for n in fwd) < sum(pred.stages[n].time_s for n in fwd)
+
+
+def test_a_measured_collective_latency_prices_the_calls_a_pass_makes_and_is_kept(
+    tmp_path, capsys
+):
+    """`--collective-ms` (benchmarks/bench_collectives.py's SUMMARY on this machine) replaces
+    the catalog's gloo call latency: a cp=2 plan's key/value gathers and per-tensor sums cost
+    it per call from then on (the collectives are not scaled by the fitted efficiencies on
+    CPU workers, so its comm moves by calls x the difference), and a later calibrate that
+    does not measure it again keeps it. A negative figure is refused by name."""
+    from rpeg.perf.calibration import user_calibration_file
+
+    cfg = RunConfig.from_yaml("configs/cp2-cpu.yaml")
+    graph, plan = resolve(None, cfg)
+    wl = Workload.from_config(cfg.workload)
+    catalog = predict(graph, plan, wl, calib=SHIPPED)
+    _write_run(tmp_path / "run", catalog, factor=1.0)
+    from rpeg import specs
+
+    lat = specs.cluster(plan.cluster).collective_latency_s  # the catalog's (local-cpu)
+    assert lat == pytest.approx(0.7e-3)
+    measured = replace(SHIPPED, fitted_collective_latency_s=3 * lat)
+    slower = predict(graph, plan, wl, calib=measured).stages["train_actor"].comm_s["domain"]
+    base = catalog.stages["train_actor"].comm_s["domain"]
+    twice = replace(SHIPPED, fitted_collective_latency_s=2 * lat)
+    mid = predict(graph, plan, wl, calib=twice).stages["train_actor"].comm_s["domain"]
+    assert slower > mid > base and slower - mid == pytest.approx(mid - base)  # per call
+    try:
+        args = ["calibrate", str(tmp_path / "run"), "--config", "configs/cp2-cpu.yaml"]
+        assert main([*args, "--collective-ms", "2.1"]) == 0
+        assert "collective call: 2.1 ms (measured)" in capsys.readouterr().out
+        cal = machine_calibration(plan.cluster)
+        assert cal.fitted_collective_latency_s == pytest.approx(3 * lat)
+        after = predict(graph, plan, wl).stages["train_actor"].comm_s["domain"]
+        assert after == pytest.approx(slower)
+        assert main(args) == 0  # measured once, kept
+        assert machine_calibration(plan.cluster).fitted_collective_latency_s == pytest.approx(
+            2.1e-3
+        )
+        with pytest.raises(fit.RunDataError, match="collective_s"):
+            fit.fit(lambda c: catalog, fit.read_run(tmp_path / "run"), collective_s=-1.0)
+    finally:
+        user_calibration_file().unlink(missing_ok=True)

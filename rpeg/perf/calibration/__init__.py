@@ -140,6 +140,11 @@ class Calibration:
     # and the measured host work per sample of its rule-reward units (overrides the cluster's
     # ``runtime.host_per_sample_ms`` and ``host_per_sample_s``)
     fitted_host_per_sample_s: float | None = None
+    # and the latency of one collective call the runtime issues from Python inside a pass, as
+    # benchmarks/bench_collectives.py measures it on this machine (``rpeg calibrate
+    # --collective-ms``; overrides the cluster's ``runtime.collective_latency_ms``: gloo on this
+    # 2-core VM 1.04 ms against the catalog's 0.7 ms)
+    fitted_collective_latency_s: float | None = None
     # vLLM V1 default max_num_seqs on >= 70 GB GPUs (engine concurrency cap per replica).
     max_num_seqs: int = 1024
     # Share of activation memory kept per token and layer, in bytes per hidden unit, for
@@ -191,6 +196,7 @@ _FITTED = (
     "fwd_eff_scale",
     "fitted_step_overhead_s",
     "fitted_host_per_sample_s",
+    "fitted_collective_latency_s",
 )
 
 

@@ -9,6 +9,10 @@ after the first (warm-up), the fit sets, relative to the shipped constants:
   the generation, training and forward-only units (the achieved share of the modelled rate);
 * ``fitted_host_per_sample_s``: the measured rule-reward units' seconds per sample (the host
   work of scoring; GPU stacks that detokenise long traces pay ms, rpeg's CPU runtime us);
+* ``fitted_collective_latency_s``: given (``collective_s``), the latency of one collective call
+  inside a pass that ``benchmarks/bench_collectives.py`` measured on this machine; the units
+  are priced with it before the scales are fitted, and it stays for later calibrations that
+  do not measure it again;
 * ``fitted_step_overhead_s``: measured step minus the step predicted with those scales and no
   step overhead (what the runtime spends outside the units), at least 0; or, given the
   runtime's own seconds per step that ``benchmarks/bench_overhead.py`` measured on this
@@ -224,12 +228,21 @@ def fit(
     measured: MeasuredRun,
     base: Calibration = SHIPPED,
     runtime_s: float | None = None,
+    collective_s: float | None = None,
 ) -> tuple[dict[str, float], list[str]]:
     """The fitted values and one line per fitted quantity. ``predict_fn(calib)`` predicts
     the measured run's plan with ``calib``; ``runtime_s``: the runtime's own seconds per
-    step measured by ``benchmarks/bench_overhead.py`` (module docstring)."""
-    if runtime_s is not None and not (runtime_s >= 0.0):
-        raise RunDataError([Problem("runtime_s", f"{runtime_s!r}: allowed a number >= 0")])
+    step measured by ``benchmarks/bench_overhead.py``; ``collective_s``: one collective
+    call's latency measured by ``benchmarks/bench_collectives.py`` (module docstring)."""
+    for name, v in (("runtime_s", runtime_s), ("collective_s", collective_s)):
+        if v is not None and not (v >= 0.0):
+            raise RunDataError([Problem(name, f"{v!r}: allowed a number >= 0")])
+    out: dict[str, float] = {}
+    lines = []
+    if collective_s is not None:  # a fixed cost of the units: in place before the fit
+        base = replace(base, fitted_collective_latency_s=collective_s)
+        out["fitted_collective_latency_s"] = collective_s
+        lines.append(f"collective call: {1e3 * collective_s:.4g} ms (measured)")
     pred = predict_fn(base)
     # priced again at twice the rates: the part of a unit that halves is the work the
     # scale applies to; the rest (dispatch, and on CPU workers the gloo collectives,
@@ -237,7 +250,6 @@ def fit(
     keys = ("gen_eff_scale", "train_eff_scale", "fwd_eff_scale")
     fast = predict_fn(replace(base, **{k: 2.0 * getattr(base, k) for k in keys}))
     sums: dict[str, list[float]] = {}
-    lines = []
     for name, st in pred.stages.items():
         cls = _class(st.kinds)
         if cls is None or name not in measured.unit_s:
@@ -257,7 +269,6 @@ def fit(
                 )
             ]
         )
-    out: dict[str, float] = {}
     for cls, (p, m) in sums.items():
         if m > 0 and p > 0:
             out[f"{cls}_eff_scale"] = min(max(p / m, SCALE_RANGE[0]), SCALE_RANGE[1])
@@ -318,8 +329,9 @@ def write(cluster: str, values: dict[str, float], source: str, path: Path | None
     entry = {k: round(float(v), 6) for k, v in values.items()}
     entry["source"] = f"{source} ({time.strftime('%Y-%m-%d')})"
     old = data.setdefault("clusters", {}).get(cluster)
-    for key in (LENGTHS_KEY, TURNS_KEY):  # the tasks' lengths and turn shapes, kept
-        if isinstance(old, dict) and key in old:
+    # the tasks' lengths and turn shapes, and a machine figure measured on its own, kept
+    for key in (LENGTHS_KEY, TURNS_KEY, "fitted_collective_latency_s"):
+        if isinstance(old, dict) and key in old and key not in entry:
             entry[key] = old[key]
     data["clusters"][cluster] = entry
     path.parent.mkdir(parents=True, exist_ok=True)
