@@ -93,7 +93,11 @@ def bench(
             if bl.candidate is None or name not in ("verl", "real", "areal"):
                 continue
             c = bl.candidate
-            plans[name] = (c.plan, c.structure.graph(result.problem.base), bl.description)
+            p, desc = c.plan, bl.description
+            if p.partial_rollout:  # AReaL's interruptible rollout: not what this runtime runs
+                p = p.model_copy(update={"partial_rollout": False})
+                desc += " (run and priced without partial rollout: the runtime has none)"
+            plans[name] = (p, c.structure.graph(result.problem.base), desc)
     out.mkdir(parents=True, exist_ok=True)
     entries, graphs = [], {}
     for name, (p, g, desc) in plans.items():

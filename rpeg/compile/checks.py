@@ -21,6 +21,14 @@ from rpeg.plan.schema import PP_SCHEDULES
 from rpeg.search.space import UNSUPPORTED_DEGREES
 
 REFUSED = "plan refused before any actor starts"
+#: why ``plan.partial_rollout`` is refused: what the performance model prices for it (AReaL's
+#: interruptible rollout: sequences in flight across a weight update, re-prefilled on resume)
+#: is not what the runtime does
+PARTIAL_ROLLOUT_REFUSED = (
+    "RPEG's runtime finishes every rollout on the weights it started with (bounded staleness "
+    "k: a rollout lags by at most k versions); it does not interrupt rollouts at a weight "
+    "update and resume them"
+)
 
 
 def plan_problems(
@@ -56,6 +64,13 @@ def plan_problems(
             Problem(
                 "plan",
                 f"asks for {max(need, max_dev + 1)} devices (indices up to {max_dev}) but the cluster has {have}",
+            )
+        )
+    if plan.partial_rollout:
+        out.append(
+            Problem(
+                "plan.partial_rollout",
+                f"true: {PARTIAL_ROLLOUT_REFUSED}; allowed: false (docs/async.md)",
             )
         )
     for n, u in plan.units.items():

@@ -405,7 +405,7 @@ def disaggregated_plan(
     cp: int = 1,
     micro_batch_size: int = defaults.UNIT_MICRO_BATCH_SIZE,
     recompute: bool | Literal["auto"] = True,
-    partial_rollout: bool = True,
+    partial_rollout: bool = False,
     gpu_memory_utilization: float = defaults.GPU_MEMORY_UTILIZATION,
     builder: str | None = None,
     builder_options: dict[str, Any] | None = None,

@@ -192,7 +192,10 @@ class SpaceOptions:
     colocated: bool = True
     disaggregated: bool = True
     offload: tuple[bool, ...] = (True, False)
-    partial_rollout: tuple[bool, ...] = (True, False)
+    # partial rollout (AReaL's interruptible rollout) is priced for published systems only:
+    # RPEG's runtime refuses it (rpeg.compile.checks.PARTIAL_ROLLOUT_REFUSED), so the planner
+    # searches without it; the areal baseline keeps it as a comparison of systems
+    partial_rollout: tuple[bool, ...] = (False,)
     streaming: tuple[bool, ...] = (False, True)
     # device split: exact when the node count is at most this, coarse-to-fine otherwise
     exhaustive_splits: int = 16

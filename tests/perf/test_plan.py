@@ -25,7 +25,8 @@ def test_yaml_round_trip_and_colocation():
     assert again == plan
     groups = sorted(sorted(x) for x in plan.colocated())
     assert ["generate", "reward"] in groups
-    assert plan.num_devices == 16 and plan.partial_rollout and plan.staleness == 1
+    # no partial rollout unless asked: the runtime refuses it (rpeg.compile.checks)
+    assert plan.num_devices == 16 and not plan.partial_rollout and plan.staleness == 1
     co = colocated_plan(g, "dgx-h100", num_nodes=1, model="llama3.1-8b")
     assert len(co.colocated()) == 1
 

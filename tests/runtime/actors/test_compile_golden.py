@@ -199,3 +199,21 @@ def test_the_search_space_drops_what_the_runtime_refuses_with_a_named_reason():
         )
         > 0
     )
+
+
+def test_a_plan_with_partial_rollout_is_refused_by_name_and_never_searched():
+    """The performance model prices AReaL's interruptible rollout (``partial_rollout``: no
+    per-step tail, interrupted sequences re-prefilled); the runtime finishes every rollout on
+    the weights it started with. So the compiler refuses the field by name, the planner's
+    search space leaves it out, and a disaggregated plan does not set it unless asked."""
+    from rpeg.search.space import SpaceOptions
+
+    plan, graph = _grpo_k1_fused()
+    assert plan.staleness == 1 and not plan.partial_rollout
+    plan = plan.with_inline_graph(to_dict(graph))
+    compile_plan(plan, CFG)  # runs as it is
+    with pytest.raises(ConfigError) as ei:
+        compile_plan(plan.model_copy(update={"partial_rollout": True}), CFG)
+    text = str(ei.value)
+    assert "plan.partial_rollout" in text and "allowed: false" in text
+    assert SpaceOptions().partial_rollout == (False,)
