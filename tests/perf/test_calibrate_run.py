@@ -187,9 +187,7 @@ def test_cli_keeps_the_runs_lengths_for_later_predictions(tmp_path, case, capsys
         user_calibration_file().unlink(missing_ok=True)
 
 
-def test_a_run_whose_longest_response_is_the_cap_is_priced_at_its_truncated_share(
-    tmp_path, case
-):
+def test_a_run_whose_longest_response_is_the_cap_is_priced_at_its_truncated_share(tmp_path, case):
     """Most steps decoded one response to the 16-token cap (0.6% of them cut there): the
     median longest is the cap, which bounds the spread only from below. The share cut says
     the rest: the run is priced at a spread whose longest of a step's 128 samples is the cap,
@@ -274,9 +272,7 @@ def test_a_unit_measured_below_its_fixed_part_is_fitted_to_the_fixed_part(tmp_pa
     assert sum(bound.stages[n].time_s for n in fwd) < sum(pred.stages[n].time_s for n in fwd)
 
 
-def test_a_measured_collective_latency_prices_the_calls_a_pass_makes_and_is_kept(
-    tmp_path, capsys
-):
+def test_a_measured_collective_latency_prices_the_calls_a_pass_makes_and_is_kept(tmp_path, capsys):
     """`--collective-ms` (benchmarks/bench_collectives.py's SUMMARY on this machine) replaces
     the catalog's gloo call latency: a cp=2 plan's key/value gathers and per-tensor sums cost
     it per call from then on (the collectives are not scaled by the fitted efficiencies on

@@ -173,6 +173,4 @@ def test_a_multiturn_run_is_repriced_at_the_turn_shape_it_measured(tmp_path):
     assert at.mean_response_tokens == 45.5 and at.mean_prompt_tokens == 26.0
     # a single-turn run's workload gets its lengths alone
     plain = Workload.from_config(RunConfig().workload)
-    assert fit.run_workload(graph, plan, plain, measured) == fit.measured_workload(
-        plain, measured
-    )
+    assert fit.run_workload(graph, plan, plain, measured) == fit.measured_workload(plain, measured)
