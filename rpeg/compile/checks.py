@@ -70,7 +70,7 @@ def plan_problems(
         out.append(
             Problem(
                 "plan.partial_rollout",
-                f"true: {PARTIAL_ROLLOUT_REFUSED}; allowed: false (docs/async.md)",
+                f"true: {PARTIAL_ROLLOUT_REFUSED}; allowed: false (docs/compile.md)",
             )
         )
     for n, u in plan.units.items():
