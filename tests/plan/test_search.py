@@ -139,3 +139,25 @@ def test_cpu_profile_prices_the_runnable_plans():
     assert all(c is not None for c in priced)
     assert all(best.step_s <= c.step_s * (1 + 1e-9) for c in priced)
     assert {c.plan.units["train_actor"].dp_size for c in priced} == {1, 2}
+
+
+def test_the_search_is_never_slower_than_a_baseline_it_could_run():
+    """The verl and ReaL baselines are plans of RPEG's own space (colocated, k = 0, their layout
+    rules), so the search's best is at most theirs. grpo llama3.1-70b on 16 GH200s once broke
+    this: a one-unit-at-a-time descent sat at train tp 1 (4088 s) because train tp 2 needs the
+    fused log-prob unit on the same devices at tp 2 too, a move of two units at once."""
+    from rpeg.search import optimize
+
+    r = optimize(
+        model="llama3.1-70b",
+        gpu="gh200",
+        gpus=16,
+        algo="grpo",
+        num_prompts=512,
+        samples_per_prompt=16,
+        max_response_tokens=8192,
+        max_staleness=2,
+    )
+    for name in ("verl", "real"):
+        base = r.baselines[name].candidate
+        assert base is not None and r.best.step_s <= base.step_s * (1 + 1e-9), name
