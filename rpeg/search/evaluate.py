@@ -372,11 +372,18 @@ def _pair_move(
     lay: Layout,
     width: int,
 ) -> Candidate | None:
-    """The best feasible plan with unit ``n`` at ``lay`` and one other unit moved to one of its
-    ``width`` fastest layouts (or its leanest); None when none fits. What a one-unit descent
-    cannot reach: grpo llama3.1-70b on 16 GH200s sat at train tp 1 (4088 s) because train tp 2
-    needs the fused log-prob unit at tp 2 too (1769 s)."""
-    out: Candidate | None = None
+    """The best feasible plan with unit ``n`` at ``lay`` and the others moved with it: every
+    unit that has a layout of ``lay``'s shape (tp, pp, cp, ep) at its fastest such, or one other
+    unit at one of its ``width`` fastest layouts (or its leanest); None when none fits. What a
+    one-unit descent cannot reach: grpo llama3.1-70b on 16 GH200s sat at train tp 1 (4088 s)
+    because train tp 2 needs the log-prob units on its devices at tp 2 too (1725-1769 s)."""
+    shape = (lay.tp, lay.pp, lay.cp, lay.ep)
+    aligned = {**best.layouts, n: lay}
+    for m, rows in costs.items():
+        same = [lm for lm, _ in rows if (lm.tp, lm.pp, lm.cp, lm.ep) == shape]
+        if m != n and same:
+            aligned[m] = same[0]  # rows run fastest first
+    out = None if ev.exhausted else ev.candidate(c, aligned)
     for m in costs:
         if m == n or len(costs[m]) < 2:
             continue

@@ -161,3 +161,7 @@ def test_the_search_is_never_slower_than_a_baseline_it_could_run():
     for name in ("verl", "real"):
         base = r.baselines[name].candidate
         assert base is not None and r.best.step_s <= base.step_s * (1 + 1e-9), name
+    # ReaL's rules (a layout per unit, colocated, k = 0) hold verl's one-layout plan; its three
+    # trainer-side units (ref, old log-probs, train) must move together to reach train tp 2
+    real, verl = r.baselines["real"].candidate, r.baselines["verl"].candidate
+    assert real.step_s <= verl.step_s * (1 + 1e-9)
