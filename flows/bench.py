@@ -42,6 +42,8 @@ class BenchResult:
     predicted_at_measured_s: float | None = None  # priced at the run's own lengths
     steps: int = 0
     error: str = ""
+    # the fastest and slowest measured step: an error inside the run's own spread is noise
+    measured_range: tuple[float, float] | None = None
 
     @property
     def error_pct(self) -> float | None:
@@ -102,6 +104,7 @@ def run_entries(
                 measured.step_s,
                 predicted_at_measured_s=again,
                 steps=measured.steps,
+                measured_range=measured.step_range,
             )
         )
     return results
@@ -147,20 +150,26 @@ def table(results: list[BenchResult], chosen: str) -> list[str]:
     """The side-by-side table as markdown lines."""
     sp = speedups(results, chosen)
     lines = [
-        "| plan | predicted s | predicted at measured lengths s | measured s | error "
-        "| predicted speedup of chosen | measured speedup of chosen |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| plan | predicted s | predicted at measured lengths s | measured s | measured steps s "
+        "| error | predicted speedup of chosen | measured speedup of chosen |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         pa = f"{r.predicted_at_measured_s:.3f}" if r.predicted_at_measured_s else "-"
         ms = f"{r.measured_s:.3f}" if r.measured_s else f"failed ({r.error[:60]})"
+        rg = "-" if not r.measured_range else "{:.3f}-{:.3f}".format(*r.measured_range)
         err = f"{r.error_pct:+.0f}%" if r.error_pct is not None else "-"
         ps, mspd = sp.get(r.name, (math.nan, None))
         lines.append(
-            f"| {r.name}: {r.description} | {r.predicted_s:.3f} | {pa} | {ms} | {err} "
+            f"| {r.name}: {r.description} | {r.predicted_s:.3f} | {pa} | {ms} | {rg} | {err} "
             f"| {ps:.2f}x | {'-' if mspd is None else f'{mspd:.2f}x'} |"
         )
     errs = [abs(r.error_pct) for r in results if r.error_pct is not None]
+    spreads = [
+        100.0 * (r.measured_range[1] - r.measured_range[0]) / r.measured_s
+        for r in results
+        if r.measured_range and r.measured_s
+    ]
     if errs:
         lines.append("")
         pairs = separated_pairs(results)
@@ -169,10 +178,15 @@ def table(results: list[BenchResult], chosen: str) -> list[str]:
         verdict = {True: "as predicted", False: "differs", None: "n/a (no such pair)"}[
             order_agrees(results)
         ]
+        # a run's own steps spread (the same work, other lengths, a busy machine): an error
+        # smaller than that spread is not evidence against the model
+        spread = (
+            f"; a run's steps spread up to {max(spreads):.0f}% of its median" if spreads else ""
+        )
         lines.append(
             f"mean |error| {statistics.mean(errs):.0f}% over {len(errs)} plans; "
             f"order of plans separated by >= 15%: {verdict} "
-            f"({agree} of {len(pairs)} pairs, {plans} plans)"
+            f"({agree} of {len(pairs)} pairs, {plans} plans){spread}"
         )
     return lines
 

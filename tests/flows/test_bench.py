@@ -130,3 +130,24 @@ def test_warm_up_steps_beyond_skip_are_not_measured(tmp_path):
 
     (res,) = B.run_entries(_entries(tmp_path, {"chosen": 1.0}), 8, tmp_path, runner=runner)
     assert res.measured_s == pytest.approx(0.8) and res.steps == 5
+
+
+def test_the_table_shows_each_runs_step_spread(tmp_path):
+    """Steps of one run at 0.8, 1.0 and 1.2 s after the warm-up: median 1.0 s, the column
+    0.800-1.200, and the summary says the steps spread 40% of the median -- a 10% error sits
+    inside what the same run measured."""
+
+    def run(config: Path, steps: int, out: Path):
+        out.mkdir(parents=True, exist_ok=True)
+        times = [3.0, 0.8, 1.2, 1.0]
+        lines = [json.dumps({"step": i + 1, "step_s": t}) for i, t in enumerate(times)]
+        (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        (out / "timeline.json").write_text(json.dumps({"records": []}))
+        return 0, ""
+
+    res = B.run_entries(_entries(tmp_path, {"chosen": 1.1}), 4, tmp_path, skip=1, runner=run)
+    (r,) = res
+    assert r.measured_s == pytest.approx(1.0) and r.measured_range == (0.8, 1.2)
+    lines = B.table(res, "chosen")
+    assert "| 1.000 | 0.800-1.200 | +10% |" in lines[2]
+    assert lines[-1].endswith("a run's steps spread up to 40% of its median")

@@ -53,6 +53,8 @@ class MeasuredRun:
     unit_s: dict[str, float]  # unit (stage) name -> median seconds per step
     step_s: float  # median measured step
     steps: int  # steps used
+    # the fastest and slowest of those steps: how far one run's steps spread on this machine
+    step_range: tuple[float, float] | None = None
     # medians over the same steps of what the batch held: prompt + response tokens of the
     # step's batch (``num_tokens``) and its mean response length (``response_length``)
     tokens_per_step: float | None = None
@@ -191,6 +193,7 @@ def read_run(run_dir: str | Path, skip: int = 1) -> MeasuredRun:
         unit_s={k: statistics.median(v.values()) for k, v in per.items()},
         step_s=statistics.median(step_s),
         steps=len(step_s),
+        step_range=(min(step_s), max(step_s)),
         tokens_per_step=med("num_tokens"),
         response_tokens=med("response_length"),
         response_max=med("response_length_max"),
