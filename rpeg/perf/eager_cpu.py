@@ -53,10 +53,9 @@ def micro_batches(c: Any, dp: int, mbs: int, train: bool) -> MicroBatches:
     real = c.P + c.R
     mb = split(c.N, real, dp, mbs, c.wl.train_minibatches if train else 1)
     rows = mb.tokens / real if real > 0 else 0.0
-    lengths = getattr(c, "lengths", None)
-    if rows < 1 or lengths is None:
+    if rows < 1:
         return mb
-    padded = c.P + max(c.R, lengths.expected_max(max(1, round(rows))))
+    padded = c.P + max(c.R, c.lengths.expected_max(round(rows)))
     return MicroBatches(mb.count, rows * padded, padded / real)
 
 

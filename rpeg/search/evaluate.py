@@ -346,12 +346,12 @@ def solve_cell(
         for n in names:
             if len(costs[n]) < 2:
                 continue
-            now = {lay: uc.time_s for lay, uc in costs[n]}.get(best.layouts[n], math.inf)
+            unit_s = {lay: uc.time_s for lay, uc in costs[n]}
             for lay, uc in _spread(costs[n], width):
                 if lay == best.layouts[n] or ev.exhausted:
                     continue
                 cand = ev.candidate(c, {**best.layouts, n: lay})
-                if cand is None and uc.time_s < now:
+                if cand is None and uc.time_s < unit_s.get(best.layouts[n], math.inf):
                     # a faster layout that does not fit with the others as they are: units
                     # couple (a log-prob pass on the trainer's devices takes its layout), so
                     # try it with each other unit moved too

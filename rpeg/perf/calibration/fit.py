@@ -37,7 +37,7 @@ from typing import Any
 from rpeg.errors import Problem, ProblemsError
 from rpeg.perf.calibration import SHIPPED, Calibration, user_calibration_file
 from rpeg.perf.calibration.run_lengths import LENGTHS_KEY, sigma_for_cap_share, sigma_for_max
-from rpeg.perf.calibration.turn_fit import MeasuredTurns, measured_turns
+from rpeg.perf.calibration.turn_fit import MeasuredTurns, fit_workload, measured_turns
 from rpeg.perf.calibration.turn_store import TURNS_KEY
 from rpeg.perf.units import FWD_KINDS, GEN_KIND, TRAIN_KINDS
 
@@ -101,10 +101,8 @@ def run_workload(graph: Any, plan: Any, workload: Any, measured: MeasuredRun) ->
     priced at its config's turn shape instead came out 49% over its measured step
     (configs/tool-cpu.yaml, 2026-12-06); at its own, 22%."""
     if workload.turns is not None and measured.turns is not None:
-        from rpeg.perf.calibration import turn_fit
-
         pred = predictor(graph, plan, workload, measured)
-        workload, _ = turn_fit.fit_workload(workload, measured.turns, pred)
+        workload, _ = fit_workload(workload, measured.turns, pred)
     return measured_workload(workload, measured)
 
 

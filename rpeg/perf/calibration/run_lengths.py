@@ -18,6 +18,7 @@ from a run".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -59,16 +60,8 @@ def sigma_for_max(mean: float, longest: float, n: int, cap: float) -> float | No
     figures say nothing (a longest at the cap: the spread is only bounded below)."""
     if not (0 < mean < longest < cap) or n < 2:
         return None
-    lo, hi = SIGMA_RANGE
-    if LengthDist(mean, cap, lo).expected_max(n) >= longest:
-        return lo
-    for _ in range(50):  # the expected maximum grows with sigma at a fixed mean
-        mid = 0.5 * (lo + hi)
-        if LengthDist(mean, cap, mid).expected_max(n) < longest:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
+    # the expected maximum grows with sigma at a fixed mean
+    return _solve_sigma(lambda s: LengthDist(mean, cap, s).expected_max(n), longest)
 
 
 def sigma_for_cap_share(mean: float, share: float, cap: float) -> float | None:
@@ -79,14 +72,21 @@ def sigma_for_cap_share(mean: float, share: float, cap: float) -> float | None:
     when even that spread truncates less than ``share``."""
     if not (0 < mean < cap) or not 0 < share < 1:
         return None
+    # the truncated share grows with sigma at a fixed mean
+    return _solve_sigma(lambda s: LengthDist(mean, cap, s).p_cap, share)
+
+
+def _solve_sigma(grows: Callable[[float], float], target: float) -> float:
+    """The sigma in :data:`SIGMA_RANGE` where ``grows`` (increasing in sigma) reaches
+    ``target``, by bisection; an end of the range when the target lies beyond it."""
     lo, hi = SIGMA_RANGE
-    if LengthDist(mean, cap, lo).p_cap >= share:
+    if grows(lo) >= target:
         return lo
-    if LengthDist(mean, cap, hi).p_cap <= share:
+    if grows(hi) <= target:
         return hi
-    for _ in range(50):  # the truncated share grows with sigma at a fixed mean
+    for _ in range(50):
         mid = 0.5 * (lo + hi)
-        if LengthDist(mean, cap, mid).p_cap < share:
+        if grows(mid) < target:
             lo = mid
         else:
             hi = mid
