@@ -30,6 +30,14 @@ PARTIAL_ROLLOUT_REFUSED = (
     "update and resume them"
 )
 
+#: why ``seq_packing: true`` is refused on a unit at pp > 1 or cp > 1: the runtime's pipeline
+#: stages exchange fixed-shape micro-batches and its context-parallel ranks split each row's
+#: positions, so both run padded rows
+PACKING_REFUSED = (
+    "pipeline (pp > 1) and context-parallel (cp > 1) units run padded micro-batches in RPEG's "
+    "runtime (pipeline stages exchange fixed-shape micro-batches; cp ranks split each row)"
+)
+
 
 def plan_problems(
     plan: Any, names: list[str], roles: list[tuple[str, str]], have: int
@@ -78,6 +86,32 @@ def plan_problems(
             v = getattr(u, deg)
             if v != 1:
                 out.append(Problem(f"plan.units.{n}.{deg}", f"{deg}={v}: {why}; allowed: 1"))
+    return out
+
+
+def packing_problems(plan: Any, model: Any) -> list[Problem]:
+    """``seq_packing: true`` where the runtime runs padded rows: a unit at pp > 1 or cp > 1,
+    or a policy ``model`` (ModelSpec, None: unknown) with linear-attention layers, whose
+    recurrent state would run from one packed sequence into the next."""
+    out: list[Problem] = []
+    for n, u in plan.units.items():
+        if u.seq_packing is not True:
+            continue
+        why = ""
+        if u.pp > 1 or u.cp > 1:
+            why = f"at pp={u.pp}, cp={u.cp}: {PACKING_REFUSED}"
+        elif getattr(model, "linear_attn", None) is not None:
+            why = (
+                f"model {model.name} has linear-attention layers, whose recurrent state "
+                "would run from one packed sequence into the next"
+            )
+        if why:
+            out.append(
+                Problem(
+                    f"plan.units.{n}.seq_packing",
+                    f"true {why}; allowed: false, auto (docs/packing.md)",
+                )
+            )
     return out
 
 

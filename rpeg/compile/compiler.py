@@ -38,6 +38,7 @@ from rpeg.compile.checks import (
     batch_problems,
     check_step,
     env_problems,
+    packing_problems,
     plan_problems,
     raise_if,
 )
@@ -57,6 +58,7 @@ from rpeg.compile.step import (
 )
 from rpeg.errors import Problem
 from rpeg.ir import StageKind
+from rpeg.perf.prediction import Workload
 
 __all__ = ["compile_step"]
 
@@ -108,11 +110,14 @@ def compile_step(
     spec = policy_model(config, model)
     pp_notes, pp_problems = stage_notes(lay.groups, kinds_of, plan)
     raise_if(
-        list(lay.problems) + pp_problems + stage_problems(lay.groups, kinds_of, plan, config, spec)
+        list(lay.problems)
+        + pp_problems
+        + stage_problems(lay.groups, kinds_of, plan, config, spec)
+        + packing_problems(plan, spec)
     )
     groups = lay.groups
     raise_if(batch_problems(groups, config.workload))
-    tasks = _tasks(units, plan, config, graph, deps, phase, group_of, groups)
+    tasks = _tasks(units, plan, config, graph, deps, phase, group_of, groups, spec)
     step = CompiledStep(
         pipeline=graph.algorithm,
         graph=graph.name,
@@ -218,9 +223,10 @@ def _tasks(
     phase: dict[str, Phase],
     group_of: dict[str, str],
     groups: tuple[GroupSpec, ...],
+    spec: Any = None,
 ) -> tuple[TaskSpec, ...]:
     """The units with their order within a step (``after``, ``concurrent_with``), their
-    micro-batching and streaming chunk."""
+    micro-batching (packed or not, for the policy model ``spec``) and streaming chunk."""
     names = [u.name for u in units]
     ancestors: dict[str, set[str]] = {}
     for n in names:  # names are in topological order
@@ -259,7 +265,10 @@ def _tasks(
                 depends_on=tuple(deps[n]),
                 after=tuple(after),
                 concurrent_with=tuple(conc),
-                max_tokens_per_micro_batch=budget if forward else None,
+                max_tokens_per_micro_batch=_budget(budget, plan.units[n], config, spec)
+                if forward
+                else None,
+                seq_packing=forward and plan.units[n].packs(spec),
                 stream_chunk_prompts=_chunk(config, by_name[group_of[n]]) if u.streaming else 0,
                 offload=bool(plan.units[n].offload),
             )
@@ -279,6 +288,17 @@ def _weight_sync(tasks: tuple[TaskSpec, ...]) -> WeightSync:
         every_steps=1,
         bucket_bytes=DEFAULT_BUCKET_BYTES,
     )
+
+
+def _budget(budget: int | None, u: Any, config: Any, spec: Any) -> int | None:
+    """A forward unit's token budget per micro-batch: the workload's
+    ``max_tokens_per_micro_batch`` where set; else, for a packed unit, ``micro_batch_size``
+    sequences of the longest length the model prices (``Workload.max_seq``: prompt cap +
+    response cap), as the performance model cuts it (rpeg.perf.passes); else none (by
+    count)."""
+    if budget or not u.packs(spec):
+        return budget
+    return int(u.micro_batch_size) * Workload.from_config(config.workload).max_seq
 
 
 def _micro_batch(size: int, kinds: set[StageKind]) -> int:

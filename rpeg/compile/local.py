@@ -16,8 +16,10 @@ from rpeg.compile.step import CompiledStep
 ONE_DEVICE = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "dp": 0}
 
 
-def compile_local(config: Any) -> CompiledStep:
-    """One actor group on one device running every unit of the run's step."""
+def compile_local(config: Any, model: Any = None) -> CompiledStep:
+    """One actor group on one device running every unit of the run's step (``model``: the
+    policy's ModelSpec read from its folder, as :func:`compile_step` takes it)."""
     _graph, plan = resolve(None, config)
     units = {n: u.model_copy(update={"devices": (0,), **ONE_DEVICE}) for n, u in plan.units.items()}
-    return compile_step(plan.model_copy(update={"units": units}), config, cluster_devices=1)
+    plan = plan.model_copy(update={"units": units})
+    return compile_step(plan, config, cluster_devices=1, model=model)

@@ -122,7 +122,9 @@ class TaskSpec:
     ``depends_on``: data edges; ``after``: colocated units ordered before it with no data
     edge; ``concurrent_with``: units on other devices it may overlap. ``micro_batch_size``
     and ``max_tokens_per_micro_batch`` (a token budget; None: by count) apply to its forward
-    passes; ``stream_chunk_prompts`` > 0: a streaming rollout hands on that many prompt
+    passes, packed end to end without padding when ``seq_packing`` (the plan's
+    ``UnitPlan.packs``; its budget then counts real tokens, docs/packing.md);
+    ``stream_chunk_prompts`` > 0: a streaming rollout hands on that many prompt
     groups at a time. ``shared_forward``: actor-critic sharing, logits and values from one
     forward (read by the runtime's ``old_logprob`` stage: rpeg.runtime.stages.run_stage, through
     the stage loop's ``StageContext.unit``). ``offload``: the state of the roles the unit computes with goes to host memory
@@ -141,6 +143,7 @@ class TaskSpec:
     after: tuple[str, ...] = ()
     concurrent_with: tuple[str, ...] = ()
     max_tokens_per_micro_batch: int | None = None
+    seq_packing: bool = False
     stream_chunk_prompts: int = 0
     offload: bool = False
 

@@ -139,6 +139,12 @@ class WorkloadConfig(Section):
     top_k: int = Field(0, ge=0, description="0 = no top-k filtering")
 
     @property
+    def seq_packing(self) -> bool:
+        """A role used on its own, outside a compiled unit, runs padded micro-batches:
+        packing is a plan field (``UnitPlan.seq_packing``, docs/packing.md)."""
+        return False
+
+    @property
     def samples_per_step(self) -> int:
         return self.num_prompts * self.samples_per_prompt
 

@@ -5,13 +5,15 @@ A CPU device is a one-thread worker process running eager PyTorch (``runtime.tor
 device is ``cpu`` (:func:`rpeg.perf.passes.pass_cost`); docs/perf-model.md, "Calibration from
 a run":
 
-* micro-batches are cut by sample count inside each of the ``train_minibatches`` optimizer
-  steps (``rpeg.runtime.micro_batches``): a rank runs ``minibatches x ceil(rows / mbs)``
-  micro-batches, each paying the eager per-layer cost, whatever the packing budget says;
-* a micro-batch is padded, not packed (``RolloutBatch.select`` trims it to its longest
-  row): every row computes the micro-batch's longest response, the expected longest of its
-  rows under the step's length spread (:meth:`rpeg.perf.lengths.LengthDist.expected_max`).
-  One response at the cap in 64 rows of ~3 tokens makes a forward compute 2.4x its tokens;
+* a packed unit (``UnitPlan.packs``, docs/packing.md) cuts each of the
+  ``train_minibatches`` optimizer steps into micro-batches of at most ``mbs x max_seq`` real
+  tokens and computes only those: ``ceil(tokens / budget)`` micro-batches, no padding;
+* an unpacked one cuts them by sample count (``rpeg.runtime.micro_batches``): a rank runs
+  ``minibatches x ceil(rows / mbs)`` micro-batches, each paying the eager per-layer cost,
+  and pads each to its longest row (``RolloutBatch.select`` trims it there): every row
+  computes the micro-batch's longest response, the expected longest of its rows under the
+  step's length spread (:meth:`rpeg.perf.lengths.LengthDist.expected_max`). One response at
+  the cap in 64 rows of ~3 tokens makes a forward compute 2.4x its tokens;
 * decoder layers are checkpointed where the plan asks for recompute
   (rpeg.runtime.unit_memory), as on a GPU: four passes instead of three;
 * gradients, FSDP shards and tensor-parallel activations of an fp32 run move as fp32 (4
@@ -43,15 +45,19 @@ class MicroBatches:
     padding: float = 1.0
 
 
-def micro_batches(c: Any, dp: int, mbs: int, train: bool) -> MicroBatches:
+def micro_batches(c: Any, dp: int, mbs: int, train: bool, packed: bool = False) -> MicroBatches:
     """The runtime's micro-batches on one rank of a ``dp``-way group (``c``: the
     :class:`rpeg.perf.units.UnitContext`): the step's ``c.N`` samples split over the dp
-    ranks, in ``train_minibatches`` optimizer steps when training (one pass otherwise),
-    each cut into ``ceil(rows / mbs)`` micro-batches of at most ``mbs`` rows, every row
+    ranks, in ``train_minibatches`` optimizer steps when training (one pass otherwise).
+    ``packed``: each cut into ``ceil(tokens / (mbs x c.max_seq))`` micro-batches of real
+    tokens. Else into ``ceil(rows / mbs)`` micro-batches of at most ``mbs`` rows, every row
     padded to the micro-batch's longest response (``c.lengths``: its expected longest of that
     many rows) after the mean prompt (``c.P``: prompts are priced without spread)."""
     real = c.P + c.R
-    mb = split(c.N, real, dp, mbs, c.wl.train_minibatches if train else 1)
+    steps = c.wl.train_minibatches if train else 1
+    if packed:
+        return packed_split(c.N, real, dp, mbs * c.max_seq, steps)
+    mb = split(c.N, real, dp, mbs, steps)
     rows = mb.tokens / real if real > 0 else 0.0
     if rows < 1:
         return mb
@@ -65,6 +71,17 @@ def split(samples: int, tokens_per_sample: float, dp: int, mbs: int, steps: int)
     rows = samples / max(1, dp) / steps  # rows of one rank per optimizer step (or pass)
     per_step = max(1, math.ceil(rows / max(1, mbs) - 1e-9))
     return MicroBatches(count=float(steps * per_step), tokens=rows / per_step * tokens_per_sample)
+
+
+def packed_split(
+    samples: int, tokens_per_sample: float, dp: int, budget: float, steps: int
+) -> MicroBatches:
+    """Packed micro-batches in numbers: one rank's rows of each of ``steps`` optimizer steps
+    cut into micro-batches of at most ``budget`` real tokens."""
+    steps = max(1, steps)
+    tokens = samples / max(1, dp) / steps * tokens_per_sample
+    per_step = max(1, math.ceil(tokens / max(1.0, budget) - 1e-9))
+    return MicroBatches(count=float(steps * per_step), tokens=tokens / per_step)
 
 
 def comm_value_bytes(precision: str) -> float:

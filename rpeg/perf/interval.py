@@ -121,7 +121,7 @@ def _edit(plan: Any, wl: Any, edits: dict) -> tuple[Any, Any]:
         if "recompute" in edits and u.engine != "vllm":
             upd["recompute"] = not u.recompute
         if "seq_packing" in edits and u.engine != "vllm":
-            upd["seq_packing"] = not u.seq_packing
+            upd["seq_packing"] = not u.packs()
         units[name] = u.model_copy(update=upd) if upd else u
     plan = plan.model_copy(update={"units": units})
     if "prompt" in edits:

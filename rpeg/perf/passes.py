@@ -95,13 +95,17 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
     tp, pp, cp = u.tp, u.pp, u.cp
     dp = max(1, n // (tp * pp * cp))
     cpu = eager_cpu.is_cpu(c.gpu)
-    tok_mb = c.max_seq * u.micro_batch_size if u.seq_packing else (c.P + c.R) * u.micro_batch_size
+    packed = u.packs(c.model)
+    tok_mb = c.max_seq * u.micro_batch_size if packed else (c.P + c.R) * u.micro_batch_size
     tok_rank = c.tokens / dp
     # a micro-batch holds at most one optimizer step's rows: every mini-batch runs at least
     # one micro-batch on each rank (its FSDP gathers, fixed costs and pipeline fill included)
     tok_mb = min(tok_mb, tok_rank / (max(1, c.wl.train_minibatches) if train else 1))
-    mb = eager_cpu.micro_batches(c, dp, u.micro_batch_size, train)
-    tok_mb = mb.tokens if cpu else tok_mb
+    mb = eager_cpu.micro_batches(c, dp, u.micro_batch_size, train, packed)
+    # the runtime's own cut (rpeg.perf.eager_cpu): on CPU workers, and wherever a unit runs
+    # padded micro-batches (not packed): each computes its rows at its longest row
+    own_cut = cpu or not packed
+    tok_mb = mb.tokens if own_cut else tok_mb
     tok_dev = tok_mb / cp
     chunks = pipeline_chunks(u.pp_schedule) if pp > 1 else 1
     if train:
@@ -131,9 +135,9 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
         value_bytes=eager_cpu.comm_value_bytes(c.wl.precision),
         tokens_rank=tok_rank,
         tokens_mb=tok_mb,
-        padding=mb.padding if cpu else 1.0,
+        padding=mb.padding if own_cut else 1.0,
         tokens_dev=tok_dev,
-        micro_batches=mb.count if cpu else tok_rank / tok_mb,
+        micro_batches=mb.count if own_cut else tok_rank / tok_mb,
         per_minibatch=per_minibatch,
         in_flight=in_flight,
         pp_chunks=chunks,

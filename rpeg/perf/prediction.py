@@ -90,6 +90,16 @@ class Workload:
     def samples(self) -> int:
         return self.num_prompts * self.samples_per_prompt
 
+    @property
+    def max_seq(self) -> int:
+        """Tokens of the longest sequence: the packing budget per packed micro-batch row
+        (``max_seq_tokens``, else the prompt cap, or the mean prompt, plus the response
+        cap; rpeg.perf.units.UnitContext's ``max_seq`` also counts a vision tower's image
+        tokens in the mean prompt)."""
+        if self.max_seq_tokens:
+            return self.max_seq_tokens
+        return int((self.max_prompt_tokens or self.mean_prompt_tokens) + self.max_response_tokens)
+
 
 def turns_from_config(mt: Any) -> Turns | None:
     """The :class:`Turns` of a task.multiturn section (None: no environment, one turn)."""

@@ -198,7 +198,16 @@ class UnitPlan(_Base):
         le=1.0,
         description="generation: KV-cache budget share",
     )
-    seq_packing: bool = True
+    seq_packing: bool | Literal["auto"] = Field(
+        "auto",
+        description="forward/backward passes: pack each micro-batch's rows end to end without "
+        "padding, the micro-batch cut by a token budget of micro_batch_size x the longest "
+        "sequence (prompt cap + response cap; NeMo-RL sequence packing, verl "
+        "use_remove_padding + use_dynamic_bsz); false = micro_batch_size rows padded to their "
+        "longest; auto = true where RPEG's runtime packs (pp = 1 and cp = 1: pipeline stages "
+        "and context-parallel shards run padded rows; a model without linear-attention "
+        "layers). docs/packing.md",
+    )
     reshard_after_forward: bool | Literal["auto"] = Field(
         "auto",
         description="FSDP training: true frees each block's gathered parameters after its "
@@ -213,7 +222,7 @@ class UnitPlan(_Base):
     def _devices(cls, v: Any) -> tuple[int, ...]:
         return parse_devices(v)
 
-    @field_validator("reshard_after_forward", "recompute", mode="before")
+    @field_validator("reshard_after_forward", "recompute", "seq_packing", mode="before")
     @classmethod
     def _reshard(cls, v: Any) -> bool | str:
         if isinstance(v, bool) or v == "auto":
@@ -223,6 +232,15 @@ class UnitPlan(_Base):
     @property
     def num_devices(self) -> int:
         return len(self.devices)
+
+    def packs(self, model: Any = None) -> bool:
+        """Whether the unit's passes run packed micro-batches: ``seq_packing`` as given, or
+        ``auto`` resolved for the policy ``model`` (a ModelSpec, or None: unknown) -- packed
+        at pp 1 and cp 1 unless the model has linear-attention layers, whose recurrent
+        state would run from one packed sequence into the next (docs/packing.md)."""
+        if isinstance(self.seq_packing, bool):
+            return self.seq_packing
+        return self.pp == 1 and self.cp == 1 and getattr(model, "linear_attn", None) is None
 
     @property
     def dp_size(self) -> int:

@@ -63,8 +63,14 @@ class LocalTrainer:
         c = self.config
         if compiled is None:
             from rpeg.compile import compile_local
+            from rpeg.errors import RpegError
+            from rpeg.specs.hf import priced_model
 
-            compiled = compile_local(c)
+            try:  # the policy's shape (a folder's config.json): which units can pack
+                spec = priced_model(c.model)
+            except RpegError:  # an unknown name: the model's checks say so when it loads
+                spec = None
+            compiled = compile_local(c, spec)
         self.compiled = compiled
         self.k = compiled.staleness
         # the group's engine, resolved once by the rule the driver resolves each group's with

@@ -3,8 +3,10 @@
 * Fixed: ``micro_batch_size`` samples each, in order.
 * Token budget (``max_tokens_per_micro_batch``, verl's ``ppo_max_token_len_per_gpu`` /
   NeMo-RL's dynamic batching): samples sorted by length, longest first, are packed while
-  the micro-batch's padded size ``rows * (longest prompt + longest response)`` stays within
-  the budget; a sample over the budget on its own forms its own micro-batch.
+  the micro-batch's size stays within the budget; a sample over the budget on its own forms
+  its own micro-batch. The size is what the pass computes: padded, ``rows * (longest
+  prompt + longest response)``; packed (the unit's ``seq_packing``: the rows run end to end
+  without padding, rpeg.runtime.packing), the rows' own tokens.
 
 Both numbers are the compiled unit's (:class:`rpeg.compile.step.TaskSpec`'s
 ``micro_batch_size`` and ``max_tokens_per_micro_batch``): the stage loop
@@ -43,9 +45,15 @@ class MicroBatching(Protocol):
     @property
     def max_tokens_per_micro_batch(self) -> int | None: ...
 
+    @property
+    def seq_packing(self) -> bool: ...
+
 
 def _lengths(batch: RolloutBatch) -> tuple[list[int], list[int]]:
-    return batch.prompt_mask.sum(-1).tolist(), batch.response_mask.sum(-1).tolist()
+    """Each row's prompt and response tokens as a pass computes them (a multi-turn
+    transcript's: every token it attends to, the environment's included)."""
+    r = batch.response_mask if batch.response_attention is None else batch.response_attention
+    return batch.prompt_mask.sum(-1).tolist(), r.sum(-1).tolist()
 
 
 def padded_tokens(batch: RolloutBatch, index: list[int]) -> int:
@@ -56,37 +64,46 @@ def padded_tokens(batch: RolloutBatch, index: list[int]) -> int:
     return len(index) * (max(p[i] for i in index) + max(r[i] for i in index))
 
 
-def _by_budget(p: list[int], r: list[int], budget: int) -> list[list[int]]:
+def _size(rows: int, mp: int, mr: int, tokens: int, packed: bool) -> int:
+    """What a micro-batch of ``rows`` rows computes: their ``tokens`` packed, else every row
+    padded to the longest prompt ``mp`` and response ``mr``."""
+    return tokens if packed else rows * (mp + mr)
+
+
+def _by_budget(p: list[int], r: list[int], budget: int, packed: bool = False) -> list[list[int]]:
     order = sorted(range(len(p)), key=lambda i: (-(p[i] + r[i]), i))
     parts: list[list[int]] = []
     cur: list[int] = []
-    mp = mr = 0
+    mp = mr = tok = 0
     for i in order:
-        np_, nr = max(mp, p[i]), max(mr, r[i])
-        if cur and (len(cur) + 1) * (np_ + nr) > budget:
+        np_, nr, nt = max(mp, p[i]), max(mr, r[i]), tok + p[i] + r[i]
+        if cur and _size(len(cur) + 1, np_, nr, nt, packed) > budget:
             parts.append(cur)
-            cur, np_, nr = [], p[i], r[i]
+            cur, np_, nr, nt = [], p[i], r[i], p[i] + r[i]
         cur.append(i)
-        mp, mr = np_, nr
+        mp, mr, tok = np_, nr, nt
     if cur:
         parts.append(cur)
     return parts
 
 
-def _balanced(p: list[int], r: list[int], k: int) -> list[list[int]]:
-    """``k`` parts of near-equal padded size (longest first, each to the part it grows least)."""
+def _balanced(p: list[int], r: list[int], k: int, packed: bool = False) -> list[list[int]]:
+    """``k`` parts of near-equal size (:func:`_size`; longest first, each to the part it
+    grows least)."""
     order = sorted(range(len(p)), key=lambda i: (-(p[i] + r[i]), i))
     parts: list[list[int]] = [[] for _ in range(k)]
     shape = [(0, 0)] * k
+    tokens = [0] * k
     for i in order:
 
         def grown(j: int, i: int = i) -> tuple[int, int]:
             mp, mr = max(shape[j][0], p[i]), max(shape[j][1], r[i])
-            return (len(parts[j]) + 1) * (mp + mr), j
+            return _size(len(parts[j]) + 1, mp, mr, tokens[j] + p[i] + r[i], packed), j
 
         j = min(range(k), key=grown)
         parts[j].append(i)
         shape[j] = (max(shape[j][0], p[i]), max(shape[j][1], r[i]))
+        tokens[j] += p[i] + r[i]
     return parts
 
 
@@ -95,13 +112,15 @@ def plan_micro_batches(
     micro_batch_size: int,
     max_tokens: int | None = None,
     reduce: RankReduce = LOCAL,
+    packed: bool = False,
 ) -> list[list[int]]:
-    """Row indices of each micro-batch of ``batch`` (see the module doc). Every rank of
-    ``reduce``'s group gets the same number of lists; some may be empty."""
+    """Row indices of each micro-batch of ``batch`` (see the module doc; ``packed``: the
+    budget counts the rows' own tokens). Every rank of ``reduce``'s group gets the same
+    number of lists; some may be empty."""
     n = batch.size
     if max_tokens:
         p, r = _lengths(batch)
-        parts = _by_budget(p, r, max_tokens)
+        parts = _by_budget(p, r, max_tokens, packed)
     else:
         parts = [
             list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)
@@ -111,7 +130,7 @@ def plan_micro_batches(
         return parts
     if max_tokens:
         p, r = _lengths(batch)
-        return _balanced(p, r, k)
+        return _balanced(p, r, k, packed)
     return [c.tolist() for c in torch.tensor_split(torch.arange(n), k)]
 
 
@@ -123,7 +142,11 @@ def micro_batches(batch: RolloutBatch, role: Any) -> list[tuple[list[int], Rollo
     ``real=False``: run for the collectives, weighted 0."""
     cut: MicroBatching = role.micro_batching
     parts = plan_micro_batches(
-        batch, cut.micro_batch_size, cut.max_tokens_per_micro_batch or None, role.reduce
+        batch,
+        cut.micro_batch_size,
+        cut.max_tokens_per_micro_batch or None,
+        role.reduce,
+        cut.seq_packing,
     )
     return [(ix, batch.select(ix), True) if ix else ([], batch.select([0]), False) for ix in parts]
 

@@ -39,6 +39,7 @@ from rpeg.runtime.engines.base import (
 from rpeg.runtime.engines.torch_engine import TorchEngine
 from rpeg.runtime.micro_batches import MicroBatching, micro_batches
 from rpeg.runtime.model_io import ActorCritic, LogprobRequest, lm_logprobs, moe
+from rpeg.runtime.packing import pack, packed_forward
 from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.precision import compute, frozen_dtype, loss_scaler_for
 from rpeg.runtime.recipes import actor_loss, runtime_recipe
@@ -381,12 +382,20 @@ class PolicyWorker:
     ):
         """-> (log-probs ``[b,R]``, entropy ``[b,R]`` or None, values ``[b,R]`` or None) of a
         micro-batch, on this role's device. Log-probs come from the chunked LM head
-        (rpeg.runtime.model_io.lm_logprobs): no ``[b,R,V]`` fp32 logits."""
+        (rpeg.runtime.model_io.lm_logprobs): no ``[b,R,V]`` fp32 logits. A packed unit
+        (``seq_packing``) runs the micro-batch's rows end to end without padding
+        (rpeg.runtime.packing); the results come back in the padded layout."""
         dev = self.device
         ids = mb.input_ids.to(dev)
         mask = mb.attention_mask.to(dev)
         pos = mb.position_ids.to(dev)
         labels = mb.response_ids.to(dev)
+        pk = None
+        if self.micro_batching.seq_packing:
+            att = mb.response_mask if mb.response_attention is None else mb.response_attention
+            pk = pack(ids, mask, pos, labels, att.to(dev))
+            ids, mask, pos, labels = pk.input_ids, None, pk.position_ids, pk.labels
+        keep = None if pk is None else pk.keep
         req = LogprobRequest(
             temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad
         )
@@ -399,20 +408,27 @@ class PolicyWorker:
                 rr.set(None)
             else:
                 full, where = replay_inputs(mb.routes.to(dev), mb.response_mask.to(dev), p_width)
+                if pk is not None:
+                    full, where = pk.tokens(full, dim=1), pk.tokens(where)
                 rr.set(full, where, replay=self.algorithm.routing_replay == "rollout")
-        with compute(dev.type, self.compute_dtype):
+        with compute(dev.type, self.compute_dtype), packed_forward(self.lm, pk) as fkw:
             if self.shared_critic:
-                req, values = self.module.logprobs_and_values(ids, mask, pos, labels, req)
+                req, values = self.module.logprobs_and_values(
+                    ids, mask, pos, labels, req, keep, **fkw
+                )
             else:
-                req = lm_logprobs(self.lm, ids, mask, pos, labels, req)
+                req = lm_logprobs(self.lm, ids, mask, pos, labels, req, keep, **fkw)
                 values = None
         # a mixture-of-experts training forward: the router's loss and loads (model_io.moe)
         self._router = req.extra.get("router")
         if rr is not None and mb.routes is not None:
             from rpeg.runtime.model_io.routing import replay_metrics
 
-            self._route_stats = replay_metrics(rr, mb.routes, mb.response_mask, p_width)
-        return req.logprobs, req.entropy, values
+            self._route_stats = replay_metrics(rr, mb.routes, mb.response_mask, p_width, pk)
+        if pk is None:
+            return req.logprobs, req.entropy, values
+        ent = None if req.entropy is None else pk.unpack(req.entropy)
+        return pk.unpack(req.logprobs), ent, None if values is None else pk.unpack(values)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: RolloutBatch, *, with_entropy: bool = False):

@@ -146,25 +146,42 @@ def test_micro_batches_are_padded_to_their_longest_response():
     assert eager_cpu.micro_batches(ctx(0.05), 2, 64, False).padding < 1.1
 
 
-def test_padding_is_priced_on_cpu_workers_only(builtin):
-    """The ref pass of the built-in plan at a spread that pads it 22/9 computes that much more
-    (up to the GEMM-size efficiency); on an H100 cluster (the published systems' packed
-    micro-batches) the same spread changes only the attention term."""
+def _packing(plan, value, **more):
+    update = {"seq_packing": value, **more}
+    units = {n: u.model_copy(update=update) for n, u in plan.units.items()}
+    return plan.model_copy(update={"units": units})
+
+
+def test_padding_is_priced_where_micro_batches_are_padded_only(builtin):
+    """The ref pass of the built-in plan, unpacked (seq_packing false), at a spread that pads
+    it 22/9 computes that much more (up to the GEMM-size efficiency); so does a 7B model's on
+    an H100 cluster at 8 rows of 1,000-token responses under a 16k cap a micro-batch. Packed
+    (the default at pp 1),
+    the same spread changes only the attention term."""
     g, plan, wl = builtin
 
-    def ref(p, sigma):
-        return predict(g, p, replace(wl, length_sigma=sigma), calib=SHIPPED).stages["ref_logprob"]
+    def ref(p, sigma, w=wl):
+        return predict(g, p, replace(w, length_sigma=sigma), calib=SHIPPED).stages["ref_logprob"]
 
     from rpeg.perf.lengths import LengthDist
-
-    wide, narrow = ref(plan, 1.2), ref(plan, 0.05)
-    longest = LengthDist(3.0, 16.0, 0.05).expected_max(64)  # a little above the mean
-    ratio = wide.detail["compute_s"] / narrow.detail["compute_s"]
-    assert ratio == pytest.approx((6 + 16) / (6 + longest), rel=0.1)
     from rpeg.plan import colocated_plan
 
-    gpu_plan = colocated_plan(g, "dgx-h100", num_devices=8, model="rpeg-tiny")
-    gw, gn = ref(gpu_plan, 1.2), ref(gpu_plan, 0.05)
-    assert gw.detail["compute_s"] - gw.detail["attn_s"] == pytest.approx(
-        gn.detail["compute_s"] - gn.detail["attn_s"], rel=0.02
+    longest = LengthDist(3.0, 16.0, 0.05).expected_max(64)  # a little above the mean
+    padded = _packing(plan, False)
+    ratio = ref(padded, 1.2).detail["compute_s"] / ref(padded, 0.05).detail["compute_s"]
+    assert ratio == pytest.approx((6 + 16) / (6 + longest), rel=0.1)
+    gpu_plan = _packing(
+        colocated_plan(g, "dgx-h100", num_devices=8, model="qwen2.5-7b"), "auto", micro_batch_size=8
     )
+    long = replace(wl, mean_response_tokens=1000.0, max_response_tokens=16384)
+    unpacked = _packing(gpu_plan, False)
+    gw, gn = ref(unpacked, 1.2, long), ref(unpacked, 0.05, long)
+    assert gw.detail["compute_s"] - gw.detail["attn_s"] > 1.5 * (
+        gn.detail["compute_s"] - gn.detail["attn_s"]
+    )
+    for p, w in ((plan, wl), (gpu_plan, long)):
+        assert all(u.packs() for u in p.units.values())
+        pw, pn = ref(p, 1.2, w), ref(p, 0.05, w)
+        assert pw.detail["compute_s"] - pw.detail["attn_s"] == pytest.approx(
+            pn.detail["compute_s"] - pn.detail["attn_s"], rel=0.02
+        )

@@ -44,6 +44,9 @@ def test_the_trainer_of_a_plan_on_h20_reaches_the_roofline_share_of_its_gemm_rat
     g = builders.build("grpo", use_reference=True)
     for cluster, gpu, expected in (("dgx-h100", "h100-sxm", 0.7), ("h20-cluster", "h20", 0.949025)):
         plan = colocated_plan(g, cluster, num_nodes=2, model="llama3.1-8b", pp=2)
+        # packed micro-batches of the sequence budget (the published systems' pipelines)
+        units = {n: u.model_copy(update={"seq_packing": True}) for n, u in plan.units.items()}
+        plan = plan.model_copy(update={"units": units})
         d = predict(g, plan, WL, calib=SHIPPED).stages["train_actor"].detail
         m = specs.model("llama3.1-8b")
         tok_mb = min(plan.units["train_actor"].micro_batch_size * (128 + 4096), 1e12)

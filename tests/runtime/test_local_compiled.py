@@ -8,9 +8,10 @@ from rpeg.config import RunConfig
 UNITS = ("generate", "reward", "ref_logprob", "old_logprob", "advantage", "train_actor")
 
 
-def _cfg(ref_mbs: int, k: int = 0) -> RunConfig:
+def _cfg(ref_mbs: int, k: int = 0, packing: bool | str = False) -> RunConfig:
     units = {u: {"devices": "0"} for u in (*UNITS, "sync_weights")}
     units["ref_logprob"]["micro_batch_size"] = ref_mbs
+    units["ref_logprob"]["seq_packing"] = packing
     for u in ("old_logprob", "train_actor"):
         units[u]["micro_batch_size"] = 16
     return RunConfig().with_overrides(
@@ -48,6 +49,27 @@ def test_the_local_trainer_runs_each_unit_at_its_planned_micro_batch_size():
     decoder.register_forward_pre_hook(lambda *_a: calls.append(1))
     tr.step()
     assert len(calls) == 4
+    tr.close()
+
+
+def test_a_packed_unit_runs_its_rows_end_to_end_within_its_token_budget():
+    """seq_packing: the reference's micro-batches hold at most 4 x (32-token prompt cap +
+    4-token response cap) = 144 real tokens, each run as one row without padding: 16 rows of
+    at most 36 tokens take 2 to 4 forwards, not the 4 of 4 rows each."""
+    from rpeg.runtime.local_trainer import LocalTrainer
+
+    tr = LocalTrainer(_cfg(ref_mbs=4, packing=True))
+    unit = tr.compiled.task("ref_logprob")
+    assert unit.seq_packing and unit.max_tokens_per_micro_batch == 4 * (32 + 4)
+    assert not tr.compiled.task("generate").seq_packing  # no forward pass to pack
+    shapes = []
+    decoder = getattr(tr.reference.module, "model", tr.reference.module)
+    decoder.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    tr.step()
+    assert all(rows == 1 and n <= 144 for rows, n in shapes)
+    assert 2 <= len(shapes) < 4
     tr.close()
 
 

@@ -148,7 +148,7 @@ def layer_tp_plan(cfg: Any) -> tuple[dict[str, str], str]:
     return out, "transformers"
 
 
-def _hybrid_kinds(cfg: Any) -> list[str]:
+def hybrid_kinds(cfg: Any) -> list[str]:
     """Layer kinds other than (sliding / full / chunked) attention: linear attention, mamba."""
     kinds = getattr(cfg, "layer_types", None) or []
     return sorted({k for k in kinds if "attention" not in k or k.startswith("linear")})
@@ -173,7 +173,7 @@ def tp_problems(cfg: Any, tp: int, where: str = "plan.layout.tp") -> list[Proble
                 f"run (it runs {', '.join(RUN_STYLES)}); use tp=1 (dp, FSDP)",
             )
         )
-    hybrid = _hybrid_kinds(cfg)
+    hybrid = hybrid_kinds(cfg)
     if hybrid and not other:
         out.append(
             Problem(

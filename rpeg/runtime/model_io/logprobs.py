@@ -83,16 +83,22 @@ def lm_logprobs(
     position_ids: torch.Tensor,
     labels: torch.Tensor | None,
     request: LogprobRequest | None = None,
+    keep: torch.Tensor | None = None,
+    **forward_kw,
 ) -> LogprobRequest:
     """One forward of ``lm`` over ``input_ids [B,P+R]`` keeping the last ``R + 1`` positions
-    (``R = labels.shape[1]``, or ``request.extra["keep"]`` without labels); returns the
+    (``R = labels.shape[1]``, or ``request.extra["keep"]`` without labels), or the positions
+    ``keep`` indexes (a packed row, rpeg.runtime.packing: the ``R`` positions that predict
+    the labels, then one more); returns the
     filled ``request`` (log-probs of ``labels`` under ``softmax(logits / temperature)``,
     entropy and hidden states as asked). A training forward (grad enabled) of a
     mixture-of-experts model also returns its router's terms in ``request.extra["router"]``
-    (rpeg.runtime.model_io.moe: the loss to add, the metrics)."""
+    (rpeg.runtime.model_io.moe: the loss to add, the metrics). ``forward_kw`` go to the
+    forward (a packed row's, rpeg.runtime.packing.packed_forward)."""
     req = request or LogprobRequest()
     req.labels = labels
-    keep = labels.shape[1] + 1 if labels is not None else int(req.extra["keep"])
+    if keep is None:
+        keep = labels.shape[1] + 1 if labels is not None else int(req.extra["keep"])
     head = install_logprob_head(lm)
     head.__dict__["_rpeg_request"] = req
     from rpeg.runtime.model_io import moe
@@ -107,6 +113,7 @@ def lm_logprobs(
             logits_to_keep=keep,
             use_cache=False,
             **kw,
+            **forward_kw,
         )
     finally:
         head.__dict__.pop("_rpeg_request", None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -214,19 +215,28 @@ def response_routes(
 
 
 def replay_metrics(
-    replay: RouteReplay, routes: torch.Tensor, response_mask: torch.Tensor, prompt_width: int
+    replay: RouteReplay,
+    routes: torch.Tensor,
+    response_mask: torch.Tensor,
+    prompt_width: int,
+    packed: Any = None,
 ) -> dict[str, float]:
     """After a forward through ``replay``: ``routing_mismatch``, the share of (layer, response
     token) pairs whose experts in the forward differ from the rollout's ``routes [b, R, L,
     k]``; when replaying, also ``routing_mismatch_unreplayed``, the same for the experts the
     routers chose themselves (what the forward would have used without replay, given the
-    replayed earlier layers)."""
+    replayed earlier layers). ``packed`` (a rpeg.runtime.packing.Packed): the forward ran
+    the micro-batch packed; its routes are laid back out padded first."""
     b, r, layers, k = routes.shape
     rec = routes.permute(2, 0, 1, 3).reshape(layers, b * r, k).long()
     mask = response_mask.reshape(-1)
-    used = response_routes(replay.used, b, prompt_width, r).to(rec.device)
+
+    def laid_out(t: torch.Tensor) -> torch.Tensor:
+        return t if packed is None else packed.padded(t, dim=1)
+
+    used = response_routes(laid_out(replay.used), b, prompt_width, r).to(rec.device)
     out = {"routing_mismatch": routing_mismatch(used, rec, mask)}
     if replay.replay:
-        own = response_routes(replay.own, b, prompt_width, r).to(rec.device)
+        own = response_routes(laid_out(replay.own), b, prompt_width, r).to(rec.device)
         out["routing_mismatch_unreplayed"] = routing_mismatch(own, rec, mask)
     return out

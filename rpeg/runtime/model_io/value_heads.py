@@ -52,13 +52,25 @@ class CriticModel(nn.Module):
         self.value_head = _beside(ValueHead(lm.config.hidden_size), lm)
 
     def forward(
-        self, input_ids, attention_mask=None, position_ids=None, keep_last: int = 0
+        self,
+        input_ids,
+        attention_mask=None,
+        position_ids=None,
+        keep_last: int | torch.Tensor = 0,
+        **forward_kw,
     ) -> ModelOutput:
-        """``keep_last > 0``: values of the last ``keep_last`` positions only."""
+        """``keep_last > 0``: values of the last ``keep_last`` positions only; a tensor: of
+        the positions it indexes (a packed row, rpeg.runtime.packing; ``forward_kw`` from
+        its ``packed_forward``)."""
         h = self.trunk(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **forward_kw,
         ).last_hidden_state
-        if keep_last:
+        if isinstance(keep_last, torch.Tensor):
+            h = h[:, keep_last]
+        elif keep_last:
             h = h[:, -keep_last:]
         return ModelOutput(logits=None, values=self.value_head(h).float())
 
@@ -88,9 +100,19 @@ class ActorCritic(nn.Module):
         return ModelOutput(logits=req.extra["logits"], values=self.value_head(req.hidden).float())
 
     def logprobs_and_values(
-        self, input_ids, attention_mask, position_ids, labels, request: LogprobRequest
+        self,
+        input_ids,
+        attention_mask,
+        position_ids,
+        labels,
+        request: LogprobRequest,
+        keep=None,
+        **forward_kw,
     ) -> tuple[LogprobRequest, torch.Tensor]:
-        """Chunked log-probs of ``labels [B,R]`` and values ``[B,R]`` from one forward."""
+        """Chunked log-probs of ``labels [B,R]`` and values ``[B,R]`` from one forward
+        (``keep``, ``forward_kw``: as :func:`rpeg.runtime.model_io.lm_logprobs`)."""
         request.capture = True
-        req = lm_logprobs(self.lm, input_ids, attention_mask, position_ids, labels, request)
+        req = lm_logprobs(
+            self.lm, input_ids, attention_mask, position_ids, labels, request, keep, **forward_kw
+        )
         return req, self.value_head(req.hidden[:, :-1]).float()

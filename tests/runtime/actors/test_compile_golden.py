@@ -217,3 +217,29 @@ def test_a_plan_with_partial_rollout_is_refused_by_name_and_never_searched():
     text = str(ei.value)
     assert "plan.partial_rollout" in text and "allowed: false" in text
     assert SpaceOptions().partial_rollout == (False,)
+
+
+def test_packing_compiles_into_a_token_budget_and_is_refused_by_name_where_rows_run_padded():
+    """seq_packing (auto: packed at pp 1 and cp 1): a forward unit's micro-batches hold
+    micro_batch_size x (prompt cap 32 + response cap 16) real tokens; a pipeline unit runs
+    padded rows, so auto compiles it unpacked and an explicit true is refused by name."""
+    plan = colocated_plan(build("grpo"), num_devices=2, builder="grpo")
+    units = {
+        n: u.model_copy(update={"micro_batch_size": 4}) if n.endswith("logprob") else u
+        for n, u in plan.units.items()
+    }
+    step = compile_plan(plan.model_copy(update={"units": units}), CFG)
+    ref = step.task("ref_logprob")
+    assert ref.seq_packing and ref.max_tokens_per_micro_batch == 4 * (32 + 16)
+    assert not step.task("generate").seq_packing and not step.task("reward").seq_packing
+    off = {**units, "ref_logprob": units["ref_logprob"].model_copy(update={"seq_packing": False})}
+    step = compile_plan(plan.model_copy(update={"units": off}), CFG)
+    assert not step.task("ref_logprob").seq_packing
+    assert step.task("ref_logprob").max_tokens_per_micro_batch is None  # by count
+    piped = colocated_plan(build("grpo"), num_devices=2, pp=2, builder="grpo")
+    assert not piped.units["train_actor"].packs()
+    bad = piped.units["train_actor"].model_copy(update={"seq_packing": True})
+    with pytest.raises(ConfigError) as ei:
+        compile_plan(piped.model_copy(update={"units": {**piped.units, "train_actor": bad}}), CFG)
+    text = str(ei.value)
+    assert "plan.units.train_actor.seq_packing" in text and "allowed: false, auto" in text
