@@ -3,19 +3,20 @@
 A padded micro-batch ``[b, P + R]`` (prompts left-padded, responses right-padded) computes
 every row at the micro-batch's longest prompt and response; a packed one computes only the
 tokens the rows hold. :func:`pack` lays the attended tokens of each row one after the
-other in a ``[1, N]`` row whose position ids restart at 0 for every sequence and passes no
-attention mask: transformers then builds a block-diagonal causal mask from the position ids
-(``masking_utils.find_packed_sequence_indices``), so no token attends across rows, and the
-rotary embeddings see each sequence's own positions. The LM head keeps only the positions
-that predict a response token (``logits_to_keep`` as an index tensor), and
+other in a ``[1, N]`` row whose position ids restart at 0 for every sequence (the rotary
+embeddings see each sequence's own positions), with no attention mask. Inside
+:func:`packed_forward` the model's attention (routed once through
+``rpeg_packed_<sdpa|eager>``, :func:`install`) gathers each sequence to its own row and
+attends it causally, so no token attends across sequences and no ``N x N`` mask is built;
+the projections, MLPs and LM head see only the ``N`` real tokens. The LM head keeps only
+the positions that predict a response token (``logits_to_keep`` as an index tensor), and
 :meth:`Packed.unpack` scatters what it returns back to the ``[b, R]`` layout the losses
 read (zeros off the response). The same index moves any per-token tensor of the padded
 layout into the packed row (:meth:`Packed.tokens`: recorded expert routes) and back
 (:meth:`Packed.padded`).
 
 NeMo-RL's sequence packing and verl's ``use_remove_padding`` do the same with varlen
-flash-attention kernels; this runs on any attention transformers implements with a mask
-(eager, sdpa). docs/packing.md.
+flash-attention kernels. docs/packing.md.
 """
 
 from __future__ import annotations
@@ -47,10 +48,6 @@ class Packed:
     shape: tuple[int, int]  # (b, R): the response layout unpack restores
     width: int  # P + R of the padded layout
     lengths: tuple[int, ...]  # each row's attended tokens, in packed order
-
-    @property
-    def tokens_computed(self) -> int:
-        return int(self.input_ids.shape[1])
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """``[1, M, ...]`` (one value per label) -> ``[b, R, ...]``, zeros elsewhere;
@@ -121,6 +118,8 @@ PACKABLE_BASES = ("sdpa", "eager")
 _PREFIX = "rpeg_packed_"
 #: the keyword a packed forward hands every attention layer (:func:`packed_forward`)
 KWARG = "rpeg_packed_rows"
+#: set while a packed forward of this thread builds its masks (:func:`packed_forward`)
+_PACKING: ContextVar[bool] = ContextVar("rpeg_packing", default=False)
 
 
 @dataclass(frozen=True)
@@ -200,20 +199,24 @@ def _mask_for(base: str):
 
     own = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[base]
 
-    def mask(*args, attention_mask=None, allow_is_causal_skip=True, **kw):
-        # a packed forward passes no 2-D mask and its position ids restart (transformers
-        # then turns causal skipping off): the attention separates the sequences itself
-        if _PACKING.get():
-            return None
-        return own(
-            *args, attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip, **kw
-        )
+    def mask(*args, **kw):
+        # a packed forward: the attention separates the sequences itself (no N x N mask)
+        return None if _PACKING.get() else own(*args, **kw)
 
     return mask
 
 
-#: set while a packed forward of this thread builds its masks (:func:`packed_forward`)
-_PACKING: ContextVar[bool] = ContextVar("rpeg_packing", default=False)
+def _register() -> None:
+    """``rpeg_packed_<base>`` in transformers' attention and mask interfaces, in every
+    process that imports this module (a model routed here and sent to another process
+    finds them there)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    for base in PACKABLE_BASES:
+        if _PREFIX + base not in AttentionInterface._global_mapping:
+            AttentionInterface.register(_PREFIX + base, _packed_attention)
+            AttentionMaskInterface.register(_PREFIX + base, _mask_for(base))
 
 
 def install(lm) -> bool:
@@ -237,14 +240,8 @@ def install(lm) -> bool:
         return True
     if name not in PACKABLE_BASES:
         return False
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    new = _PREFIX + name
-    if new not in AttentionInterface._global_mapping:
-        AttentionInterface.register(new, _packed_attention)
-        AttentionMaskInterface.register(new, _mask_for(name))
-    cfg._attn_implementation = new
+    _register()
+    cfg._attn_implementation = _PREFIX + name
     return True
 
 
@@ -263,3 +260,6 @@ def packed_forward(lm, packed: Packed | None) -> Iterator[dict]:
         yield kw
     finally:
         _PACKING.reset(token)
+
+
+_register()

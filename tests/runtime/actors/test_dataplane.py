@@ -238,9 +238,13 @@ def test_micro_batch_size_sets_the_number_of_forward_calls(tmp_path, dask_cluste
 
         compiled = compile_plan(None, cfg)
         R = dataclasses.replace
-        tasks = tuple(
-            R(t, micro_batch_size=mbs) if t.name == "ref_logprob" else t for t in compiled.tasks
-        )
+        # by count: unpacked, no token budget (a packed unit's budget: test_packing.py)
+        by_count = {
+            "micro_batch_size": mbs,
+            "seq_packing": False,
+            "max_tokens_per_micro_batch": None,
+        }
+        tasks = tuple(R(t, **by_count) if t.name == "ref_logprob" else t for t in compiled.tasks)
         compiled = R(compiled, tasks=tasks)
         run = DistributedRun(cfg, compiled, dask_cluster)
         run.start_actors()
