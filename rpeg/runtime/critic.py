@@ -11,7 +11,7 @@ from rpeg.config import AlgorithmConfig, OptimConfig, WorkloadConfig
 from rpeg.runtime.batch import RolloutBatch
 from rpeg.runtime.micro_batches import MicroBatching, micro_batches
 from rpeg.runtime.model_io import CriticModel
-from rpeg.runtime.packing import pack, packed_forward
+from rpeg.runtime.packing import pack_micro_batch, packed_forward
 from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.precision import compute, loss_scaler_for
 from rpeg.runtime.recipes import critic_value_loss
@@ -87,12 +87,11 @@ class CriticWorker:
         packed unit, rpeg.runtime.packing; 0 off the response there)."""
         r = mb.response_ids.shape[1]
         dev = self.device
-        ids, mask, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids.to(dev)
         if not self.micro_batching.seq_packing:
+            ids, mask, pos = mb.input_ids.to(dev), mb.attention_mask.to(dev), mb.position_ids
             with compute(dev.type, self.compute_dtype):
-                return self.module(ids, mask, pos, keep_last=r + 1).values[:, :-1]
-        att = mb.response_mask if mb.response_attention is None else mb.response_attention
-        pk = pack(ids, mask, pos, mb.response_ids.to(dev), att.to(dev))
+                return self.module(ids, mask, pos.to(dev), keep_last=r + 1).values[:, :-1]
+        pk = pack_micro_batch(mb, dev)
         with compute(dev.type, self.compute_dtype), packed_forward(self.module, pk) as fkw:
             v = self.module(pk.input_ids, None, pk.position_ids, keep_last=pk.keep, **fkw).values
         return pk.unpack(v[:, :-1])

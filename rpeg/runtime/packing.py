@@ -25,6 +25,7 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -67,6 +68,20 @@ class Packed:
         size[dim] = self.shape[0] * self.width
         out = x.new_zeros(size)
         return out.index_copy(dim, self.flat.to(x.device), x)
+
+
+def pack_micro_batch(mb: Any, device: torch.device) -> Packed:
+    """:func:`pack` of a micro-batch (a :class:`rpeg.runtime.batch.RolloutBatch`) on
+    ``device``, scoring every response token the pass attends to (a multi-turn transcript's
+    environment tokens too; the loss mask picks the model's own later)."""
+    att = mb.response_mask if mb.response_attention is None else mb.response_attention
+    return pack(
+        mb.input_ids.to(device),
+        mb.attention_mask.to(device),
+        mb.position_ids.to(device),
+        mb.response_ids.to(device),
+        att.to(device),
+    )
 
 
 def pack(

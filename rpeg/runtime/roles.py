@@ -39,7 +39,7 @@ from rpeg.runtime.engines.base import (
 from rpeg.runtime.engines.torch_engine import TorchEngine
 from rpeg.runtime.micro_batches import MicroBatching, micro_batches
 from rpeg.runtime.model_io import ActorCritic, LogprobRequest, lm_logprobs, moe
-from rpeg.runtime.packing import pack, packed_forward
+from rpeg.runtime.packing import pack_micro_batch, packed_forward
 from rpeg.runtime.parallel import LOCAL, RankReduce
 from rpeg.runtime.precision import compute, frozen_dtype, loss_scaler_for
 from rpeg.runtime.recipes import actor_loss, runtime_recipe
@@ -386,14 +386,11 @@ class PolicyWorker:
         (``seq_packing``) runs the micro-batch's rows end to end without padding
         (rpeg.runtime.packing); the results come back in the padded layout."""
         dev = self.device
-        ids = mb.input_ids.to(dev)
-        mask = mb.attention_mask.to(dev)
-        pos = mb.position_ids.to(dev)
-        labels = mb.response_ids.to(dev)
-        pk = None
-        if self.micro_batching.seq_packing:
-            att = mb.response_mask if mb.response_attention is None else mb.response_attention
-            pk = pack(ids, mask, pos, labels, att.to(dev))
+        pk = pack_micro_batch(mb, dev) if self.micro_batching.seq_packing else None
+        if pk is None:
+            ids, mask = mb.input_ids.to(dev), mb.attention_mask.to(dev)
+            pos, labels = mb.position_ids.to(dev), mb.response_ids.to(dev)
+        else:
             ids, mask, pos, labels = pk.input_ids, None, pk.position_ids, pk.labels
         keep = None if pk is None else pk.keep
         req = LogprobRequest(

@@ -295,3 +295,23 @@ def test_a_linear_attention_model_is_not_packed_and_packing_it_is_refused_by_nam
     w.micro_batching = Cut(seq_packing=True)
     with pytest.raises(ValueError, match="linear_attention layers carry state.*seq_packing: false"):
         w.compute_logprobs(_ragged_batch())
+
+
+def test_a_multi_turn_transcript_packs_every_attended_token_and_keeps_the_loss_mask(tiny):
+    """A transcript attends to the environment's tokens too (``response_attention``) while
+    its loss mask is the model's own: packed, every attended position gets the padded
+    log-prob, the environment's tokens included."""
+    from rpeg.runtime.roles import PolicyWorker
+
+    batch = _ragged_batch()
+    att = batch.response_mask.clone()
+    loss = att.clone()
+    loss[0, 1:3] = 0  # row 0: tokens 1-2 are the environment's
+    batch = batch.replace(response_mask=loss, response_attention=att)
+    w = PolicyWorker(copy.deepcopy(tiny[0]), tiny[1])
+    w.micro_batching = Cut()
+    padded, _, _ = w._forward(batch, 1.0)
+    w.micro_batching = Cut(seq_packing=True)
+    packed, _, _ = w._forward(batch, 1.0)
+    torch.testing.assert_close(packed * att, padded * att, atol=1e-5, rtol=0)
+    assert bool((packed[0, 1:3] != 0).all())  # scored, though the loss will not count them
