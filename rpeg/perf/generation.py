@@ -27,6 +27,15 @@ def prefill_time(
     return flops / (c.peak_flops * c.gpu.matmul_eff(gemm) * c.calib.train_eff_factor), flops
 
 
+def static_engine(u: UnitPlan, gpu: Any) -> bool:
+    """Whether the unit decodes with RPEG's torch engine (``engine: torch``, or ``auto`` on
+    CPU workers, as the compiler resolves it): one static batch of the rank's rows, every
+    row computed until the longest ends (rpeg.runtime.engines.torch_engine masks finished
+    rows, it does not drop them). ``auto`` on accelerators is priced as a continuous-batching
+    engine, as the published systems run (vLLM, SGLang)."""
+    return u.engine == "torch" or (u.engine == "auto" and eager_cpu.is_cpu(gpu))
+
+
 def spec_accept_len(wl: Any, cal: Any) -> float:
     """Mean tokens a decode step advances a sequence by: 1 without speculative decoding;
     the workload's published acceptance length; else the prior 1 + r + ... + r^k (each of
@@ -154,12 +163,14 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
         t += t_re
         fl += re_fl
         sc.detail.update(batch=b_eff, decode_steps=n_steps, reprefill_s=t_re, live_context=ctx)
-    elif c.wl.gen_static_batch:
+    elif c.wl.gen_static_batch or static_engine(u, gpu):
         # static batches: ceil(S / b) batches, each b sequences decoded until the longest of
-        # its b responses ends (a finished sequence is padding, still computed)
-        b = max(1, min(int(c.wl.gen_static_batch), math.ceil(S)))
+        # its b responses ends (a finished sequence is padding, still computed); RPEG's torch
+        # engine decodes all of a rank's rows as one such batch, and the step waits for the
+        # rank whose batch holds the longest of all the unit's rows
+        b = max(1, min(int(c.wl.gen_static_batch or math.ceil(S)), math.ceil(S)))
         batches = math.ceil(S / b)
-        lmax = L.expected_max(b)
+        lmax = L.expected_max(b if c.wl.gen_static_batch else max(1, round(c.N)))
         K = 12
         seg = lmax / K
         one = 0.0

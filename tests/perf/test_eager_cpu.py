@@ -185,3 +185,27 @@ def test_padding_is_priced_where_micro_batches_are_padded_only(builtin):
         assert pw.detail["compute_s"] - pw.detail["attn_s"] == pytest.approx(
             pn.detail["compute_s"] - pn.detail["attn_s"], rel=0.02
         )
+
+
+def test_the_torch_engine_decodes_every_row_of_a_rank_to_the_longest_of_the_step(builtin):
+    """On CPU workers the torch engine runs a rank's rows as one static batch, finished rows
+    still computed, and the step waits for the rank holding the longest of all 128 rows: the
+    decode scales with that longest, not with the rows still alive. An accelerator's auto
+    engine is priced as continuous batching."""
+    from rpeg.perf.lengths import LengthDist
+
+    g, plan, wl = builtin
+
+    def gen(p, sigma):
+        w = replace(wl, length_sigma=sigma)
+        return predict(g, p, w, calib=SHIPPED).stages["generate"]
+
+    wide, narrow = gen(plan, 1.2), gen(plan, 0.05)
+    assert wide.detail["static_batches"] == 1 and wide.detail["batch"] == 64  # 128 rows, dp 2
+    assert wide.detail["longest_response"] == LengthDist(3.0, 16.0, 1.2).expected_max(128) == 16.0
+    longest = LengthDist(3.0, 16.0, 0.05).expected_max(128)
+    assert narrow.detail["longest_response"] == pytest.approx(longest)
+    from rpeg.plan import colocated_plan
+
+    gpu = gen(colocated_plan(g, "dgx-h100", num_devices=8, model="qwen2.5-7b"), 1.2)
+    assert "static_batches" not in gpu.detail and "tail_s" in gpu.detail
