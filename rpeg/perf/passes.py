@@ -108,12 +108,15 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
     tok_mb = mb.tokens if own_cut else tok_mb
     tok_dev = tok_mb / cp
     chunks = pipeline_chunks(u.pp_schedule) if pp > 1 else 1
+    steps = max(1, c.wl.train_minibatches) if train else 1
+    if own_cut:  # the cut's own count: padded tokens per micro-batch exceed the real ones
+        per_minibatch = max(1.0, mb.count / steps)
+    else:
+        per_minibatch = max(1.0, tok_rank / steps / tok_mb)
     if train:
-        per_minibatch = max(1.0, tok_rank / c.wl.train_minibatches / tok_mb)
         # the first pipeline rank's (the most): its schedule's chunk-forwards in flight
         in_flight = inflight_chunks(u.pp_schedule, pp, per_minibatch, 0) / chunks if pp > 1 else 1.0
     else:
-        per_minibatch = max(1.0, tok_rank / tok_mb)
         in_flight = 1.0
     act_full = full_activation_bytes(c.model, tok_dev, tp, pp, in_flight, c.calib)
     # the runtime checkpoints each decoder layer (rpeg.runtime.unit_memory) when the
