@@ -214,7 +214,8 @@ def test_the_torch_engine_decodes_every_row_of_a_rank_to_the_longest_of_the_step
 def test_an_unpacked_unit_counts_its_own_micro_batches_per_optimizer_step(builtin):
     """The built-in plan's trainer unpacked at 4 rows a micro-batch: 128 rows over dp 2 in 4
     optimizer steps are 16 rows a step, 4 micro-batches each -- what the pipeline schedule and
-    the fixed costs see -- however much padding each carries (a wide spread here)."""
+    the fixed costs see -- though each computes more tokens than it holds (padded to its
+    longest row: 16% more at this spread; counted by tokens they would be 3.4)."""
     from rpeg.perf.passes import pass_shape
     from rpeg.perf.units import UnitContext
 
@@ -223,7 +224,7 @@ def test_an_unpacked_unit_counts_its_own_micro_batches_per_optimizer_step(builti
     w = replace(wl, length_sigma=1.2)
     c = UnitContext(plan, w, specs.cluster("local-cpu"), specs.model("rpeg-tiny"), SHIPPED)
     s = pass_shape(c, u, True)
-    assert s.padding > 1.5
+    assert s.padding > 1.1
     assert s.per_minibatch == 4.0 and s.micro_batches == 16.0
     packed = pass_shape(c, u.model_copy(update={"seq_packing": True}), True)
     assert packed.padding == 1.0 and packed.per_minibatch == 1.0  # 16 rows in 4 x 48 tokens
