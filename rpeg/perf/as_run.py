@@ -12,6 +12,12 @@ from rpeg.plan.schema import Plan, UnitPlan, trains_fsdp
 from rpeg.specs import ClusterSpec
 
 
+def torch_engine(u: UnitPlan, cuda: bool) -> bool:
+    """Whether a generate unit decodes with RPEG's torch engine, as the compiler resolves
+    it: ``engine: torch``, or ``auto`` off CUDA devices (CPU workers)."""
+    return u.engine == "torch" or (u.engine == "auto" and not cuda)
+
+
 def plan_as_run(plan: Plan, cluster: ClusterSpec, units: Any) -> Plan:
     """``plan`` with ``engine: auto`` resolved as the compiler resolves it, so the model
     prices the sharding the ranks run: a training unit's by
@@ -52,8 +58,7 @@ def plan_as_run(plan: Plan, cluster: ClusterSpec, units: Any) -> Plan:
         if u is None or GEN_KIND not in ks or ks & set(TRAIN_KINDS):
             continue
         ep = train_ep.get((tuple(u.devices), u.tp), u.ep)
-        torch_engine = u.engine == "torch" or (u.engine == "auto" and not cuda)
-        if torch_engine and ep != u.ep:
+        if torch_engine(u, cuda) and ep != u.ep:
             changed[uname] = u.model_copy(update={"ep": ep})
     if not changed:
         return plan

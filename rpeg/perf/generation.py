@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from rpeg.perf import costs, eager_cpu
+from rpeg.perf.as_run import torch_engine
 from rpeg.perf.passes import collective_latency
 from rpeg.perf.prediction import GB, StageCost
 from rpeg.perf.units import GEN_KIND, UnitContext
@@ -28,12 +29,12 @@ def prefill_time(
 
 
 def static_engine(u: UnitPlan, gpu: Any) -> bool:
-    """Whether the unit decodes with RPEG's torch engine (``engine: torch``, or ``auto`` on
-    CPU workers, as the compiler resolves it): one static batch of the rank's rows, every
-    row computed until the longest ends (rpeg.runtime.engines.torch_engine masks finished
-    rows, it does not drop them). ``auto`` on accelerators is priced as a continuous-batching
-    engine, as the published systems run (vLLM, SGLang)."""
-    return u.engine == "torch" or (u.engine == "auto" and eager_cpu.is_cpu(gpu))
+    """Whether the unit decodes with RPEG's torch engine (:func:`rpeg.perf.as_run.torch_engine`):
+    one static batch of the rank's rows, every row computed until the longest ends
+    (rpeg.runtime.engines.torch_engine masks finished rows, it does not drop them). ``auto``
+    on accelerators is priced as a continuous-batching engine, as the published systems run
+    (vLLM, SGLang)."""
+    return torch_engine(u, cuda=not eager_cpu.is_cpu(gpu))
 
 
 def spec_accept_len(wl: Any, cal: Any) -> float:

@@ -177,12 +177,9 @@ def test_packed_routing_replay_routes_and_learns_as_the_padded_forward(recompute
     from transformers import AutoModelForCausalLM
 
     from rpeg.config import AlgorithmConfig
-    from rpeg.runtime.engines.base import SamplingParams
-    from rpeg.runtime.engines.torch_engine import left_pad
-    from rpeg.runtime.model_io.routing import routers
     from rpeg.runtime.roles import PolicyWorker
     from rpeg.runtime.unit_memory import apply_recompute
-    from tests.runtime.models.tiny_folders import tiny_hf_config
+    from tests.runtime.models.tiny_folders import replay_rollout, tiny_hf_config
 
     tok = SimpleNamespace(pad_token_id=0, eos_token_id=99)
     torch.manual_seed(0)
@@ -190,23 +187,7 @@ def test_packed_routing_replay_routes_and_learns_as_the_padded_forward(recompute
     if recompute:
         assert apply_recompute(lm)
     w = PolicyWorker(lm, tok, algorithm=AlgorithmConfig(routing_replay="rollout"))
-    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
-    out = w.generate(prompts, SamplingParams(max_new_tokens=6, temperature=1.0), seed=3)
-    ids, pmask = left_pad(prompts, 0)
-    batch = RolloutBatch(
-        prompt_ids=ids,
-        prompt_mask=pmask,
-        response_ids=out.response_ids,
-        response_mask=out.mask,
-        sample_logprobs=out.logprobs,
-        policy_version=torch.zeros(3, dtype=torch.long),
-        group_ids=torch.arange(3),
-        routes=out.routes,
-    )
-    with torch.no_grad():  # the trainer's routers moved: they would choose otherwise
-        g = torch.Generator().manual_seed(1)
-        for r in routers(lm):
-            r.weight.add_(3 * torch.randn(r.weight.shape, generator=g))
+    batch = replay_rollout(w, [[5, 6, 7], [8, 9], [10, 11, 12, 13]], 6)
     lm.train()
     stats, grads, lps = [], [], []
     for cut in (Cut(), Cut(seq_packing=True)):

@@ -12,7 +12,7 @@ import torch
 
 from rpeg.config import RunConfig
 from rpeg.errors import ConfigError
-from tests.runtime.models.tiny_folders import tiny_hf_config, write_tiny_folder
+from tests.runtime.models.tiny_folders import replay_rollout, tiny_hf_config, write_tiny_folder
 
 
 def _batch(b: int, p: int, r: int, lengths, layers: int = 2, k: int = 2):
@@ -249,10 +249,6 @@ def test_a_recomputing_backward_routes_as_the_replayed_forward():
     from transformers import AutoModelForCausalLM
 
     from rpeg.config import AlgorithmConfig
-    from rpeg.runtime.batch import RolloutBatch
-    from rpeg.runtime.engines.base import SamplingParams
-    from rpeg.runtime.engines.torch_engine import left_pad
-    from rpeg.runtime.model_io.routing import routers
     from rpeg.runtime.roles import PolicyWorker
     from rpeg.runtime.unit_memory import apply_recompute
 
@@ -267,23 +263,7 @@ def test_a_recomputing_backward_routes_as_the_replayed_forward():
         if recompute:
             assert apply_recompute(lm)
         w = PolicyWorker(lm, tok, algorithm=algo)
-        prompts = [[5, 6, 7], [8, 9]]
-        out = w.generate(prompts, SamplingParams(max_new_tokens=5, temperature=1.0), seed=3)
-        ids, pmask = left_pad(prompts, 0)
-        batch = RolloutBatch(
-            prompt_ids=ids,
-            prompt_mask=pmask,
-            response_ids=out.response_ids,
-            response_mask=out.mask,
-            sample_logprobs=out.logprobs,
-            policy_version=torch.zeros(2, dtype=torch.long),
-            group_ids=torch.arange(2),
-            routes=out.routes,
-        )
-        with torch.no_grad():  # the trainer's routers moved: they would choose otherwise
-            g = torch.Generator().manual_seed(1)
-            for r in routers(lm):
-                r.weight.add_(3 * torch.randn(r.weight.shape, generator=g))
+        batch = replay_rollout(w, [[5, 6, 7], [8, 9]], 5)  # the trainer's routers moved
         lm.train()
         lp, _, _ = w._forward(batch, 1.0)
         lp.sum().backward()

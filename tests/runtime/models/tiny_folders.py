@@ -98,3 +98,35 @@ def write_tiny_folder(model_type: str, path: str | Path, seed: int = 0, **over) 
     model.save_pretrained(path, safe_serialization=True)
     build_char_tokenizer().save_pretrained(path)
     return path
+
+
+def replay_rollout(worker, prompts: list[list[int]], max_new_tokens: int):
+    """A rollout batch of ``prompts`` sampled by ``worker`` (a PolicyWorker recording its
+    experts: ``routes``), then its model's routers moved away from that choice, as a
+    trainer's are once its weights moved (routing-replay tests)."""
+    import torch
+
+    from rpeg.runtime.batch import RolloutBatch
+    from rpeg.runtime.engines.base import SamplingParams
+    from rpeg.runtime.engines.torch_engine import left_pad
+    from rpeg.runtime.model_io.routing import routers
+
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+    out = worker.generate(prompts, params, seed=3)
+    ids, pmask = left_pad(prompts, 0)
+    n = len(prompts)
+    batch = RolloutBatch(
+        prompt_ids=ids,
+        prompt_mask=pmask,
+        response_ids=out.response_ids,
+        response_mask=out.mask,
+        sample_logprobs=out.logprobs,
+        policy_version=torch.zeros(n, dtype=torch.long),
+        group_ids=torch.arange(n),
+        routes=out.routes,
+    )
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for r in routers(worker.lm):
+            r.weight.add_(3 * torch.randn(r.weight.shape, generator=g))
+    return batch
