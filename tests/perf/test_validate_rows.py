@@ -49,6 +49,10 @@ def test_disaggregated_row_pool_sizes_must_add_up_or_are_solved():
     assert res.solved["gen_gpus"] + res.solved["train_gpus"] == 16
     res = _one(placement="disaggregated", gen_gpus="4", train_gpus="")
     assert res.prediction is not None and res.solved == {}  # 12 follows from the total
+    # one GPU cannot hold two pools: named before any layout is tried
+    res = _one(placement="disaggregated", num_gpus="1", gen_gpus="", train_gpus="")
+    assert res.prediction is None
+    assert "placement=disaggregated needs two pools" in res.reason and "num_gpus=1" in res.reason
 
 
 def test_annotated_numbers_are_read_and_garbage_is_named():

@@ -27,6 +27,7 @@ from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
 from rpeg.perf.pricing import predict
 from rpeg.perf.systems import UNKNOWN_WIDEN, normalise
+from rpeg.perf.validation import mechanisms
 from rpeg.perf.validation.loso_fit import GRID, fit, fit_lengths, interp_step, params  # noqa: F401
 from rpeg.perf.validation.loso_lengths import LEN_GRID, at, multiplier, prior_kind, scaled
 from rpeg.perf.validation.loso_oneshot import one_shot
@@ -110,6 +111,8 @@ class Priced:
     traits: tuple[str, ...] = ()
     # what the model reads of the row (:func:`inputs_of`)
     inputs: str = ""
+    # what its prediction rests on (rpeg.perf.validation.mechanisms.of)
+    mechanisms: tuple[str, ...] = ()
 
     def log_pred(self, lg: float, lt: float, lm: float = 0.0) -> float:
         return float(interp_step(at(self.step, lm), lg, lt))
@@ -223,6 +226,7 @@ def price_rows(
                 assumed=assumed_values(case, calib),
                 traits=(*_traits(r), system),
                 inputs=inputs_of(r),
+                mechanisms=mechanisms.of(case, lay.solved),
             )
         )
     return priced, refused
@@ -309,6 +313,7 @@ def score(priced: list[Priced]) -> list[Scored]:
         if p.measured_tput and not p.measured_s:
             s.tput = (float(at(p.tokens_per_step, lk)) / s.pred_loso, p.measured_tput)
         out[p.case_id] = s
+    unchecked = mechanisms.unchecked(priced)
     for p in priced:
         if p.shadow:
             continue
@@ -317,7 +322,12 @@ def score(priced: list[Priced]) -> list[Scored]:
         s.lo_in, s.hi_in = widened_bounds(p, s.pred_in, *conformal_range(pool, 1.0))
         pool, own = comparable_residuals(resid_loso, steps, p, p.source)
         widen = 1.0 if (own and s.system_fitted) else UNKNOWN_WIDEN
-        s.lo_loso, s.hi_loso = widened_bounds(p, s.pred_loso, *conformal_range(pool, widen))
+        # what no other source's run checks widens the range (in-sample the row checks it)
+        s.unchecked = unchecked[p.case_id]
+        extra = mechanisms.extra_width(s.unchecked)
+        s.lo_loso, s.hi_loso = widened_bounds(
+            p, s.pred_loso, *conformal_range(pool, widen), extra=extra
+        )
     rel = {
         k: (s.lo_loso / s.pred_loso, s.hi_loso / s.pred_loso)
         for k, s in out.items()

@@ -34,10 +34,13 @@ def conformal_range(resid: list[float], widen: float) -> tuple[float, float]:
     return -float(a[k]) * widen, float(a[k]) * widen
 
 
-def widened_bounds(p: Any, pred: float, lo_q: float, hi_q: float) -> tuple[float, float]:
-    """Range: residual quantiles and the unknown inputs' widths, added in quadrature."""
-    down = math.sqrt(lo_q * lo_q + p.unknown_lo**2)
-    up = math.sqrt(hi_q * hi_q + p.unknown_hi**2)
+def widened_bounds(
+    p: Any, pred: float, lo_q: float, hi_q: float, extra: float = 0.0
+) -> tuple[float, float]:
+    """Range: residual quantiles, the unknown inputs' widths and ``extra`` (log, either way:
+    mechanisms no other source checks, rpeg.perf.validation.mechanisms), in quadrature."""
+    down = math.sqrt(lo_q * lo_q + p.unknown_lo**2 + extra * extra)
+    up = math.sqrt(hi_q * hi_q + p.unknown_hi**2 + extra * extra)
     return pred * math.exp(-down), pred * math.exp(up)
 
 

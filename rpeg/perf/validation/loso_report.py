@@ -50,6 +50,10 @@ def lines(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> l
             )
             if s.solved:
                 out.append(f"{'':46s}solved: " + ", ".join(f"{k}={v}" for k, v in s.solved.items()))
+            if s.unchecked:
+                out.append(
+                    f"{'':46s}unchecked by other sources (range widened): " + ", ".join(s.unchecked)
+                )
             assumed = s.assumed or [u for u in s.unknown if u != "gpu_memory_utilization"]
             if assumed:
                 out.append(f"{'':46s}assumed (prior): " + ", ".join(assumed))
@@ -181,6 +185,7 @@ def to_json(scored: list[Scored], refused: list[Scored], datasets: list[str]) ->
                 "loso_high_s": s.hi_loso,
                 "inside": s.lo_loso <= s.measured_s <= s.hi_loso,  # type: ignore[operator]
                 "system_fitted": s.system_fitted,
+                "unchecked": list(s.unchecked),
                 "solved": s.solved,
                 "unknown": list(s.unknown),
                 "assumed": list(s.assumed),

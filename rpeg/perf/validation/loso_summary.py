@@ -38,6 +38,9 @@ class Scored:
     # what the model reads of the row (its cells, free text read as columns), as one string:
     # rows with equal inputs get equal predictions (rpeg.perf.validation.loso_oneshot.floor)
     inputs: str = ""
+    # mechanisms its prediction uses that no row of another source checks: each widened its
+    # LOSO range (rpeg.perf.validation.mechanisms)
+    unchecked: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,8 @@ class RowCase:
     cp_open: bool = False
     # the reward is a learned model's forward (builders' reward="model"), not rule scoring
     reward_model: bool = False
+    # the DeepSpeed ZeRO stage the row states (column or text); None: not stated
+    zero_stage: int | None = None
 
     def plan(self, lay: RowLayout) -> Plan:
         """The plan of this row with every layout field set (``lay``)."""
@@ -235,6 +237,11 @@ def read_case(r: dict[str, str]) -> RowCase:
     if colocated:  # colocated rows often leave the pool sizes blank: both roles use all
         gen_n = train_n = n
     else:
+        if n < 2:
+            raise Unpredictable(
+                f"placement=disaggregated needs two pools of at least one GPU: num_gpus={n}; "
+                "allowed: colocated, or num_gpus >= 2"
+            )
         if gen_n is None and train_n is not None:
             gen_n = n - train_n
         elif train_n is None and gen_n is not None:
@@ -447,6 +454,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         unknown=tuple(unknown),
         system=system,
         reward_model=rm,
+        zero_stage=zero,
         pp_open=not (r.get("train_pp") or "").strip(),
         cp_open=not (r.get("train_cp") or "").strip(),
     )
