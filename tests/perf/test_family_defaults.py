@@ -6,22 +6,18 @@ unattributed (the pooled factors) and is priced with replicated Megatron-style s
 import pytest
 
 from rpeg.perf.validation import loso
-from rpeg.perf.validation.published import read_rows
 from rpeg.perf.validation.row_text import read
 from rpeg.perf.validation.rows import assumed_values, read_case
+from tests.perf.schema_rows import schema_row
 
 
 def _row(**cells):
-    base = read_rows(loso.default_datasets()["steps_dev"])[0]
-    r = {k: "" for k in base}
-    r.update(
+    return schema_row(dict(
         case_id="fam", source="synthetic", measured_step_s="100", gpus_per_node="8",
         model="Qwen/Qwen2.5-7B-Instruct", gpu="H100", num_gpus="16", placement="colocated",
         algorithm="grpo", has_critic="no", num_prompts="128", samples_per_prompt="8",
         max_gen_len="4096", train_minibatches="1",
-    )  # fmt: skip
-    r.update({k: str(v) for k, v in cells.items()})
-    return r
+    ), **cells)  # fmt: skip
 
 
 @pytest.mark.parametrize(

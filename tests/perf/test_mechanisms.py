@@ -10,9 +10,9 @@ import pytest
 
 from rpeg.perf.validation import loso, mechanisms
 from rpeg.perf.validation.loso import GRID, Priced
-from rpeg.perf.validation.published import read_rows
 from rpeg.perf.validation.rows import read_case
 from rpeg.perf.validation.solve import solve_row
+from tests.perf.schema_rows import schema_row
 
 
 def _priced(case, source, mech, measured=20.0):
@@ -85,16 +85,16 @@ def test_an_unchecked_mechanism_widens_the_loso_range_in_quadrature():
 
 
 def _case(**cells):
-    base = read_rows(loso.default_datasets()["steps_dev"])[0]
-    r = {k: "" for k in base}
-    r.update(
-        case_id="syn", source="synthetic", measured_step_s="100", gpus_per_node="8",
-        model="meta-llama/Llama-2-7b-hf", gpu="A800", num_gpus="16", placement="colocated",
-        algorithm="ppo", has_critic="yes", has_ref="yes", num_prompts="256",
-        samples_per_prompt="1", max_gen_len="512", avg_gen_len="400", avg_prompt_len="256",
-        train_backend="deepspeed", train_minibatches="1",
+    r = schema_row(
+        dict(
+            case_id="syn", source="synthetic", measured_step_s="100", gpus_per_node="8",
+            model="meta-llama/Llama-2-7b-hf", gpu="A800", num_gpus="16", placement="colocated",
+            algorithm="ppo", has_critic="yes", has_ref="yes", num_prompts="256",
+            samples_per_prompt="1", max_gen_len="512", avg_gen_len="400",
+            train_backend="deepspeed",
+        ),
+        **cells,
     )  # fmt: skip
-    r.update(cells)
     case, lay, _ = solve_row(read_case(r))
     return mechanisms.of(case, lay.solved)
 

@@ -8,24 +8,20 @@ import pytest
 from rpeg import specs
 from rpeg.perf.pricing import predict
 from rpeg.perf.validation import loso
-from rpeg.perf.validation.published import read_rows
 from rpeg.perf.validation.row_cells import resolve_model
 from rpeg.perf.validation.row_text import read
 from rpeg.perf.validation.rows import assumed_values, read_case, row_case
+from tests.perf.schema_rows import schema_row
 
 
 def _row(**cells):
-    base = read_rows(loso.default_datasets()["steps_dev"])[0]
-    r = {k: "" for k in base}
-    r.update(
+    return schema_row(dict(
         case_id="syn", source="synthetic", measured_step_s="100", gpus_per_node="8",
         model="meta-llama/Llama-2-7b-hf", gpu="A800", num_gpus="16", placement="colocated",
         algorithm="ppo", has_critic="yes", has_ref="yes", num_prompts="256",
         samples_per_prompt="1", max_gen_len="512", avg_gen_len="400", avg_prompt_len="256",
         train_backend="deepspeed", train_minibatches="1",
-    )  # fmt: skip
-    r.update({k: str(v) for k, v in cells.items()})
-    return r
+    ), **cells)  # fmt: skip
 
 
 @pytest.mark.parametrize(

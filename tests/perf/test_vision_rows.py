@@ -8,23 +8,18 @@ import pytest
 
 from rpeg import specs
 from rpeg.perf.pricing import predict
-from rpeg.perf.validation import loso
-from rpeg.perf.validation.published import read_rows
 from rpeg.perf.validation.rows import PRIORS, assumed_values, read_case, row_case
+from tests.perf.schema_rows import schema_row
 
 
 def _row(**cells):
-    base = read_rows(loso.default_datasets()["steps_dev"])[0]
-    r = {k: "" for k in base}
-    r.update(
+    return schema_row(dict(
         case_id="vl", source="synthetic", measured_step_s="100", gpus_per_node="8",
         model="Qwen/Qwen2.5-VL-7B-Instruct", gpu="H100", num_gpus="8", placement="colocated",
         algorithm="grpo", has_critic="no", has_ref="yes", num_prompts="512",
         samples_per_prompt="5", max_gen_len="2048", avg_gen_len="300", train_backend="fsdp",
         train_minibatches="4",
-    )  # fmt: skip
-    r.update({k: str(v) for k, v in cells.items()})
-    return r
+    ), **cells)  # fmt: skip
 
 
 def test_a_published_prompt_of_a_vision_model_counts_its_images():
