@@ -85,6 +85,9 @@ class PassShape:
     in_flight: float  # micro-batches whose activations a rank keeps (a pipeline: its schedule's)
     pp_chunks: int  # model chunks per pipeline rank (2 under interleaved 1F1B, else 1)
     recompute: bool
+    # Megatron's sequence parallelism: the activations outside the tensor-parallel GEMMs (the
+    # layer inputs a recompute keeps among them) split over the tp ranks
+    seq_parallel: bool
     passes: float  # FORWARD_PASSES, TRAIN_PASSES (+ RECOMPUTE_PASSES)
 
 
@@ -145,6 +148,7 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
         in_flight=in_flight,
         pp_chunks=chunks,
         recompute=recompute,
+        seq_parallel=sequence_parallel(u.engine, tp),
         passes=passes,
     )
 
@@ -608,14 +612,27 @@ def state_memory(c: UnitContext, u: UnitPlan, trainable: bool) -> dict[str, floa
     return out
 
 
+#: trainers that run Megatron's sequence parallelism wherever tp > 1: Megatron-style engines
+#: of published systems (Megatron-LM ``--sequence-parallel``, Megatron-Bridge recipes, verl's
+#: ``megatron.sequence_parallel`` default, slime's scripts). RPEG's own tensor parallelism
+#: (rpeg.runtime.tensor_parallel) keeps the layer inputs whole on every tp rank.
+SEQUENCE_PARALLEL_ENGINES = ("megatron",)
+
+
+def sequence_parallel(engine: str, tp: int) -> bool:
+    """Whether a training pass of ``engine`` at ``tp`` splits its layer inputs over tp."""
+    return tp > 1 and engine in SEQUENCE_PARALLEL_ENGINES
+
+
 def activation_memory(c: UnitContext, s: PassShape) -> tuple[float, float]:
     """(activations, logits) in bytes per device: training keeps every layer's activations
-    of the micro-batches in flight, or with recompute each layer's input plus one layer's
-    full set; the fp32 logits of one chunk (and their gradient in training)."""
+    of the micro-batches in flight, or with recompute each layer's input (split over tp
+    under sequence parallelism, else whole on every tp rank) plus one layer's full set; the
+    fp32 logits of one chunk (and their gradient in training)."""
     m, cal = c.model, c.calib
     if s.train:
         per = (
-            cal.act_bytes_per_hidden_recompute
+            cal.act_bytes_per_hidden_recompute / (s.tp if s.seq_parallel else 1)
             if s.recompute
             else cal.act_bytes_per_hidden_full / s.tp
         )

@@ -80,7 +80,8 @@ def _described(**cells):
 
 def test_a_trainer_with_no_stated_pipeline_takes_the_fewest_stages_that_fit():
     # DeepSeek-V3 GRPO on 64 H800 with a Megatron trainer and no layout stated:
-    # weights + gradients alone are 2.7 TB, 42 GB a GPU only when split 64 ways
+    # weights + gradients alone are 2.7 TB, 42 GB a GPU only when split 64 ways. A Megatron
+    # recipe spreads such a model over pipeline stages before it offloads its optimizer
     row = _described(
         case_id="dsv3-64",
         source="a report",
@@ -102,8 +103,11 @@ def test_a_trainer_with_no_stated_pipeline_takes_the_fewest_stages_that_fit():
     with pytest.raises(InfeasiblePlan):
         solve_layout(case, SHIPPED)
     priced, lay, pred = solve_row(case, SHIPPED)
-    assert lay.solved["optimizer"] == "host" and lay.solved["train_pp"] >= 2
+    assert "optimizer" not in lay.solved and lay.solved["train_pp"] >= 2
+    assert not priced.workload.assumed_optimizer_on_host
+    assert pred.stages["train_actor"].memory_gb["optimizer"] > 0
     assert max(s.peak_memory_gb for s in pred.stages.values()) <= 80.0
+    assert any(f"{lay.train_pp} pipeline stages" in a for a in pred.assumptions)
     # fewer stages do not fit
     fewer = replace(priced, layout=replace(priced.layout, train_pp=lay.train_pp // 2))
     with pytest.raises(InfeasiblePlan):
@@ -181,3 +185,29 @@ def test_a_row_that_fits_at_its_lengths_is_priced_though_twice_them_would_not():
         predict(priced_case.graph, plan, priced_case.workload, calib=scaled(SHIPPED, LEN_GRID[-1]))
     priced, refused = loso.price_rows([row], "mine")
     assert not refused and len(priced) == 1
+
+
+def test_a_megatron_trainer_keeps_its_tensor_parallel_group_inside_a_node():
+    # Llama-3.1-405B GRPO on 64 H100 (8 per node), Megatron, no layout stated: the training
+    # TP stays within a node's NVLink and the model spreads over pipeline stages across
+    # nodes (was: TP 64, every layer's all-reduces over the network)
+    row = _described(
+        case_id="405b-64",
+        source="a report",
+        model="llama-3.1-405b",
+        gpu="h100",
+        num_gpus=64,
+        gpus_per_node=8,
+        placement="colocated",
+        train_backend="megatron",
+        num_prompts=64,
+        samples_per_prompt=16,
+        max_gen_len=8192,
+        measured_step_s=300,
+    )
+    priced, lay, pred = solve_row(read_case(row), SHIPPED)
+    assert lay.train_tp <= 8 and lay.train_pp >= 2
+    assert lay.solved["train_pp"] == lay.train_pp
+    assert max(s.peak_memory_gb for s in pred.stages.values()) <= 80.0
+    # generation may still cross nodes: 810 GB of bf16 weights need more than one node
+    assert lay.gen_tp * 80 >= 810

@@ -61,10 +61,17 @@ def test_annotated_numbers_are_read_and_garbage_is_named():
     assert res.prediction is None and "train_tp='two' is not a number" in res.reason
 
 
-def test_layout_errors_are_one_line_reasons():
-    res = _one(train_tp="3")
+def test_layout_errors_are_one_line_reasons_naming_the_cells():
+    res = _one(train_tp="3", train_pp="", train_cp="", train_gpus="")
     assert res.prediction is None
-    assert res.reason.startswith("layout:") and "must divide the 16 devices" in res.reason
+    assert res.reason == "train_tp=3 must divide the train pool's 16 GPUs (num_gpus=16)"
+    res = _one(train_tp="4", train_pp="2", train_cp="4")
+    assert res.reason.startswith("train_tp=4 x train_pp=2 x train_cp=4 = 32 must divide")
+    res = _one(placement="disaggregated", gen_gpus="6", train_gpus="10", gen_tp="4", gen_pp="")
+    assert res.reason == "gen_tp=4 must divide the gen pool's 6 GPUs (gen_gpus=6)"
+    # a pool that follows from the others is named as such
+    res = _one(placement="disaggregated", gen_gpus="6", train_gpus="", train_tp="4", train_pp="")
+    assert "train pool's 10 GPUs (train_gpus=10)" in res.reason
     assert "\n" not in res.reason
 
 

@@ -433,6 +433,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         gpu_memory_utilization=util,
         recompute=recompute,
     )
+    _check_pools(layout, n, r)
     return RowCase(
         graph=graph,
         model=model,
@@ -519,3 +520,26 @@ def _units(graph: Any) -> list[tuple[str, set[str]]]:
     from rpeg.perf.units import graph_units
 
     return [(n, {k for _, k, _ in members}) for n, members in graph_units(graph)]
+
+
+def _check_pools(lay: RowLayout, n: int, r: dict[str, str]) -> None:
+    """Each stated model-parallel group divides its pool, named by the row's cells (before
+    anything is priced): the trainer's ``train_tp x train_pp x train_cp`` its ``train_gpus``
+    (``num_gpus`` colocated), the engine's ``gen_tp x gen_pp`` its ``gen_gpus``."""
+    for side, parts, pool in (
+        ("train", ("tp", "pp", "cp"), lay.train_gpus),
+        ("gen", ("tp", "pp"), lay.gen_gpus),
+    ):
+        stated = [(f"{side}_{k}", getattr(lay, f"{side}_{k}")) for k in parts]
+        stated = [(k, v) for k, v in stated if v is not None and (r.get(k) or "").strip()]
+        size = 1
+        for _, v in stated:
+            size *= v
+        devices = pool or n
+        own = (r.get(f"{side}_gpus") or "").strip()
+        where = f"{side}_gpus={devices}" if own or devices != n else f"num_gpus={n}"
+        if stated and devices % size:
+            cells = " x ".join(f"{k}={v}" for k, v in stated)
+            if len(stated) > 1:
+                cells += f" = {size}"
+            raise Unpredictable(f"{cells} must divide the {side} pool's {devices} GPUs ({where})")

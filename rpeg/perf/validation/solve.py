@@ -24,9 +24,11 @@ from rpeg.perf.prediction import StepPrediction
 from rpeg.perf.pricing import predict
 from rpeg.plan.schema import InfeasiblePlan
 
-# Largest TP group a solved layout tries (models too large for one 8-GPU node, e.g.
-# DeepSeek-V3 in bf16, need generation TP across nodes; the least-parallel rule below keeps
-# the rest inside a node).
+# Largest TP group a solved generation layout tries (models too large for one 8-GPU node,
+# e.g. DeepSeek-V3 in bf16, need generation TP across nodes; the least-parallel rule below
+# keeps the rest inside a node). A solved *training* TP stays inside one NVLink domain:
+# Megatron-style trainers add pipeline stages across nodes (``solve_row``), none runs its
+# per-layer all-reduces over the network.
 MAX_SOLVED_TP = 64
 # Generation share of a disaggregated job tried when the split is unpublished.
 GEN_SHARES = (0.25, 1 / 3, 0.5, 2 / 3, 0.75)
@@ -74,10 +76,10 @@ SOLVABLE = (
 UTIL_CANDIDATES = (0.6, 0.8, 0.9)
 
 
-def _tp_candidates(heads: int, pool: int, other: int) -> list[int]:
+def _tp_candidates(heads: int, pool: int, other: int, most: int = MAX_SOLVED_TP) -> list[int]:
     out = []
     t = 1
-    while t <= MAX_SOLVED_TP:
+    while t <= most:
         if heads % t == 0 and pool % (t * other) == 0:
             out.append(t)
         t *= 2
@@ -112,7 +114,8 @@ def candidates(case: Any) -> list[RowLayout]:
 
     lay = case.layout
     heads = case.model.heads
-    node = specs.cluster(case.cluster_name).gpus_per_node
+    cluster = specs.cluster(case.cluster_name)
+    node = cluster.gpus_per_node
     splits = (
         [(lay.gen_gpus, lay.train_gpus)]
         if lay.gen_gpus is not None
@@ -126,7 +129,8 @@ def candidates(case: Any) -> list[RowLayout]:
         elif case.engine == "fsdp":
             ttp = [1]  # FSDP shards the weights; published FSDP recipes rarely add TP
         else:
-            ttp = _tp_candidates(heads, t, lay.train_pp * lay.train_cp)
+            # within one NVLink domain (a node; a GB200 NVL72 rack)
+            ttp = _tp_candidates(heads, t, lay.train_pp * lay.train_cp, cluster.domain_size)
         utils = (
             UTIL_CANDIDATES if lay.gpu_memory_utilization is None else (lay.gpu_memory_utilization,)
         )
@@ -202,15 +206,15 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
     """:func:`solve_layout` for a run that happened (a published row): when no layout fits
     the devices' memory as the row is described, what such systems do to fit is assumed
     where the row does not say -- activation recompute and the solved layouts are already
-    among the candidates; then the trainer's optimizer on the host (CPU offload:
-    ``Workload.assumed_optimizer_on_host``); then, for a Megatron-style trainer whose
-    pipeline size the row leaves blank (``case.pp_open``), the fewest pipeline stages of
-    :data:`FIT_PP` that fit; then, for a trainer whose context-parallel size the row leaves
-    blank (``case.cp_open``), the fewest ranks of :data:`FIT_CP` a sequence is split over.
-    Returns the case as priced (its workload carries the measure), the layout (``solved``
-    names each measure) and the prediction. A run that happened is
-    never refused for memory while such a measure remains; the first refusal is raised when
-    none fits."""
+    among the candidates; then, for a Megatron-style trainer whose pipeline size the row
+    leaves blank (``case.pp_open``), the fewest pipeline stages of :data:`FIT_PP` that fit
+    (how Megatron recipes spread a model over nodes); then the trainer's optimizer on the
+    host (CPU offload: ``Workload.assumed_optimizer_on_host``), alone and with those stages;
+    then, for a trainer whose context-parallel size the row leaves blank (``case.cp_open``),
+    the fewest ranks of :data:`FIT_CP` a sequence is split over. Returns the case as priced
+    (its workload carries the measure), the layout (``solved`` names each measure) and the
+    prediction. A run that happened is never refused for memory while such a measure
+    remains; the first refusal is raised when none fits."""
     try:
         lay, pred = solve_layout(case, calib)
         return case, lay, pred
@@ -220,14 +224,17 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
         first = exc
     fitted = replace(case, workload=replace(case.workload, assumed_optimizer_on_host=True))
     pool = fitted.layout.train_gpus or case.num_gpus
-    tries = [fitted]
-    if getattr(case, "pp_open", False) and case.engine != "fsdp":
-        layers = case.model.layers
-        tries += [
-            replace(fitted, layout=replace(fitted.layout, train_pp=pp))
+
+    def staged(c: Any) -> list[Any]:
+        if not getattr(case, "pp_open", False) or case.engine == "fsdp":
+            return []
+        return [
+            replace(c, layout=replace(c.layout, train_pp=pp))
             for pp in FIT_PP
-            if pp <= layers and pool % pp == 0
+            if pp <= case.model.layers and pool % pp == 0
         ]
+
+    tries = staged(case) + [fitted] + staged(fitted)
     if getattr(case, "cp_open", False):
         # the sequence split over ranks: its activations (and logits) per rank / cp
         tries += [
@@ -240,14 +247,21 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
             lay, pred = solve_layout(trial, calib)
         except (InfeasiblePlan, ValueError):
             continue
-        # the sizes this trial assumed beyond the host optimizer, and how each is said
+        host = trial.workload.assumed_optimizer_on_host
+        # the sizes this trial assumed beyond the row, and how each is said
         taken = {
-            k: getattr(lay, k) for k in _FIT_SAYS if getattr(lay, k) != getattr(fitted.layout, k)
+            k: getattr(lay, k) for k in _FIT_SAYS if getattr(lay, k) != getattr(case.layout, k)
         }
+        says = [_FIT_SAYS[k].format(v) for k, v in taken.items()]
+        if host:
+            says.insert(
+                0,
+                "the trainer's optimizer assumed on the host (CPU offload), priced over the host "
+                "link and a CPU Adam",
+            )
         pred.assumptions.append(
-            "no layout fits the devices' memory as described: the trainer's optimizer assumed "
-            "on the host (CPU offload), priced over the host link and a CPU Adam"
-            + "".join(f"; {_FIT_SAYS[k].format(v)}" for k, v in taken.items())
+            "no layout fits the devices' memory as described: " + "; ".join(says)
         )
-        return trial, replace(lay, solved={**lay.solved, "optimizer": "host", **taken}), pred
+        measures = {"optimizer": "host"} if host else {}
+        return trial, replace(lay, solved={**lay.solved, **measures, **taken}), pred
     raise first
