@@ -75,6 +75,37 @@ def test_layout_errors_are_one_line_reasons_naming_the_cells():
     assert "\n" not in res.reason
 
 
+def test_a_split_the_model_does_not_allow_is_named_with_the_allowed_values():
+    # BASE: Llama-3.1-8B (32 heads, 32 layers, dense) on 16 GPUs
+    res = _one(train_tp="", train_pp="", train_cp="", gen_tp="", gen_pp="")
+    assert res.prediction is not None
+    res = _one(gen_tp="16", gen_pp="")
+    assert res.prediction is not None  # 16 divides 32 heads and the pool
+    for cells, reason in (
+        (
+            dict(gen_tp="3", gen_gpus="", train_gpus="", num_gpus="12", placement="colocated",
+                 gen_pp="", train_tp="", train_pp="", train_cp=""),
+            "gen_tp=3 must divide llama3.1-8b's 32 attention heads; allowed: 1, 2, 4, 8, 16, 32",
+        ),
+        (
+            dict(train_tp="", train_pp="64", train_cp="", train_gpus="", num_gpus="64",
+                 gen_gpus="", placement="colocated"),
+            "train_pp=64 exceeds llama3.1-8b's 32 decoder layers; allowed: 1-32",
+        ),
+        (dict(train_ep="2"), "train_ep=2: llama3.1-8b has no routed experts; allowed: 1 or blank"),
+    ):  # fmt: skip
+        res = _one(**cells)
+        assert res.prediction is None and res.reason == reason
+
+
+def test_an_expert_split_must_divide_the_experts():
+    res = _one(model="qwen3-30b-a3b", train_ep="3", train_backend="megatron")
+    assert res.prediction is None
+    assert res.reason.startswith("train_ep=3 must divide qwen3-30b-a3b's 128 routed experts")
+    # 8 divides the experts (and the trainer's 8 data-parallel ranks at PP 2): priced
+    assert _one(model="qwen3-30b-a3b", train_ep="8", gen_tp="").prediction is not None
+
+
 def test_placement_is_checked():
     res = _one(placement="hybrid")
     assert "allowed: colocated, disaggregated" in res.reason

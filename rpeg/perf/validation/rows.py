@@ -434,6 +434,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         recompute=recompute,
     )
     _check_pools(layout, n, r)
+    _check_model_split(layout, model, r)
     return RowCase(
         graph=graph,
         model=model,
@@ -543,3 +544,37 @@ def _check_pools(lay: RowLayout, n: int, r: dict[str, str]) -> None:
             if len(stated) > 1:
                 cells += f" = {size}"
             raise Unpredictable(f"{cells} must divide the {side} pool's {devices} GPUs ({where})")
+
+
+def _divisors(k: int) -> str:
+    return ", ".join(str(d) for d in range(1, k + 1) if k % d == 0)
+
+
+def _check_model_split(lay: RowLayout, model: Any, r: dict[str, str]) -> None:
+    """Each stated split is one the model allows, named by the row's cell with the allowed
+    values (as vLLM and Megatron refuse them at start): a TP divides the attention heads, a
+    pipeline has at most one stage per decoder layer, an EP divides the routed experts (and
+    is 1 on a dense model)."""
+    name = r.get("model", "").strip() or "the model"
+    for k in ("gen_tp", "train_tp"):
+        v = getattr(lay, k)
+        if _cell(r, k) and v is not None and model.heads % v:
+            raise Unpredictable(
+                f"{k}={v} must divide {name}'s {model.heads} attention heads; "
+                f"allowed: {_divisors(model.heads)}"
+            )
+    for k in ("gen_pp", "train_pp"):
+        v = getattr(lay, k)
+        if _cell(r, k) and v > model.layers:
+            raise Unpredictable(
+                f"{k}={v} exceeds {name}'s {model.layers} decoder layers; allowed: 1-{model.layers}"
+            )
+    ep = lay.train_ep
+    if _cell(r, "train_ep") and ep is not None and ep > 1:
+        if model.moe is None:
+            raise Unpredictable(f"train_ep={ep}: {name} has no routed experts; allowed: 1 or blank")
+        if model.moe.experts % ep:
+            raise Unpredictable(
+                f"train_ep={ep} must divide {name}'s {model.moe.experts} routed experts; "
+                f"allowed: {_divisors(model.moe.experts)}"
+            )
