@@ -92,7 +92,8 @@ def test_a_node_size_the_catalog_lacks_is_derived_and_listed_not_refused():
     from rpeg.perf.pricing import predict
     from rpeg.perf.validation.solve import solve_layout
 
-    row = {**BLANK, "gen_tp": "8", "train_tp": "1", "max_gen_len": "4096"}
+    # Llama-3.1-8B: 32 attention heads, so TP 8 is a split vLLM runs (the 7B's 28 are not)
+    row = {**BLANK, "model": "llama3.1-8b", "gen_tp": "8", "train_tp": "1", "max_gen_len": "4096"}
     priced, refused = loso.price_rows([{**row, "gpus_per_node": "4"}], "mine")
     assert not refused
     assert "cluster=dgx-h100-4-per-node" in priced[0].assumed

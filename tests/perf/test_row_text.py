@@ -162,3 +162,20 @@ def _described_kind(model, notes):
     path = loso.shared_copies()["steps_dev (shared schema)"]
     row = _rows(path)[0]
     return {**row, "model": model, "notes": notes, "model_arch_notes": ""}
+
+
+def test_the_batch_is_read_where_a_recipe_names_it():
+    verl = "data.train_batch_size=256 actor_rollout_ref.rollout.n=8 ppo_mini_batch_size=64"
+    assert read({"notes": verl}) == {"num_prompts": "256", "samples_per_prompt": "8"}
+    nemo = "num_prompts_per_step: 64, num_generations_per_prompt: 32"
+    assert {k: read({"notes": nemo})[k] for k in ("num_prompts", "samples_per_prompt")} == {
+        "num_prompts": "64",
+        "samples_per_prompt": "32",
+    }
+    got = read({"notes": "--rollout-batch-size 32 --n-samples-per-prompt 8"})
+    assert got == {"num_prompts": "32", "samples_per_prompt": "8"}
+    assert read({"notes": "GRPOConfig(num_generations=16)"}) == {"samples_per_prompt": "16"}
+    # a bare train_batch_size counts samples per optimizer step in DeepSpeed and OpenRLHF
+    assert read({"notes": "train_batch_size=1024, micro_train_batch_size=4"}) == {}
+    # two statements that disagree leave it blank
+    assert "num_prompts" not in read({"notes": "rollout_batch_size=32; rollout_batch_size=64"})

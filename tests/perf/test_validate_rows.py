@@ -248,3 +248,27 @@ def test_blank_total_and_placement_follow_from_the_pools():
     assert res.prediction is not None and res.prediction.num_devices == 16
     assert "placement" in res.unknown
     assert len({s.devices for s in res.prediction.stages.values()}) == 2  # two pools
+
+
+def test_a_batch_the_notes_state_is_read_and_one_nobody_states_is_named():
+    stated = _one().predicted_step_s
+    via_text = _one(
+        num_prompts="",
+        samples_per_prompt="",
+        notes=f"{BASE['notes']} num_prompts_per_step={BASE['num_prompts']} "
+        f"num_generations_per_prompt={BASE['samples_per_prompt']}",
+    )
+    assert via_text.predicted_step_s == stated
+    res = _one(num_prompts="", samples_per_prompt="")
+    assert res.prediction is None
+    assert res.reason == "num_prompts and samples_per_prompt not published"
+
+
+def test_ppo_with_a_critic_samples_one_response_per_prompt_unless_stated():
+    one = _one(has_critic="yes", samples_per_prompt="1")
+    blank = _one(has_critic="yes", samples_per_prompt="")
+    assert blank.predicted_step_s == one.predicted_step_s
+    assert "samples_per_prompt" in blank.unknown
+    # a group-baseline algorithm has no default group size
+    res = _one(has_critic="no", samples_per_prompt="")
+    assert res.prediction is None and res.reason == "samples_per_prompt not published"

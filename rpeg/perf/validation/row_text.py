@@ -117,6 +117,19 @@ _NUMBERS: dict[str, str] = {
     "gen_batch_size": r"\bper_device_generation_batch_size\s*[=:]?\s*(\d+)\b",
     "spec_draft_tokens": r"\bnum_speculative_tokens\s*[=:]?\s*(\d+)\b",
     "spec_accept_len": r"\baccept(?:ance|ed)?[_ ]len(?:gth)?\s*(?:[=:]|of)?\s*(\d+(?:\.\d+)?)",
+    # the batch as the recipes name it: prompts per step (NeMo-RL ``num_prompts_per_step``,
+    # verl ``data.train_batch_size``, OpenRLHF / slime ``rollout_batch_size``) and samples per
+    # prompt (NeMo-RL ``num_generations_per_prompt``, verl ``rollout.n``, OpenRLHF / slime
+    # ``n_samples_per_prompt``, TRL ``num_generations``). A bare ``train_batch_size`` is not
+    # read: DeepSpeed and OpenRLHF count samples per optimizer step with it
+    "num_prompts": (
+        r"(?:\bnum_prompts_per_step|\bdata\.train_batch_size|\brollout[_-]batch[_-]size)"
+        r"\s*[=:]?\s*(\d+)\b"
+    ),
+    "samples_per_prompt": (
+        r"(?:\bnum_generations(?:_per_prompt)?|\brollout\.n|\bn[_-]samples[_-]per[_-]prompt)"
+        r"\s*[=:]?\s*(\d+)\b"
+    ),
 }
 _UTIL = (
     r"\b(?:vllm_)?gpu_mem(?:ory)?_util(?:ization)?\s*[=:]?\s*(0?\.\d+|1\.0)\b",

@@ -389,12 +389,25 @@ def read_case(r: dict[str, str]) -> RowCase:
     images = cell_number(r, "image_tokens")
     if images is not None and images < 0:
         raise Unpredictable(f"image_tokens={images:g}: must be >= 0 (blank when not published)")
+    # PPO with a critic samples one response per prompt unless the row says otherwise
+    # (verl ``rollout.n``, OpenRLHF ``n_samples_per_prompt`` and DeepSpeed-Chat default to
+    # 1); a group-baseline algorithm has no default group size: its blank is refused
+    ppo_one = has_critic and not _cell(r, "samples_per_prompt")
+    missing = [c for c in ("num_prompts", "samples_per_prompt") if not _cell(r, c)]
+    missing = [c for c in missing if not (ppo_one and c == "samples_per_prompt")]
+    if missing:  # the batch sets the step: no prior answers it
+        raise Unpredictable(" and ".join(missing) + " not published")
+    if ppo_one:
+        samples = 1
+        unknown.append("samples_per_prompt")
+    else:
+        samples = cell_int(r, "samples_per_prompt")
     wl = Workload(
         gen_static_batch=static,
         spec_draft_tokens=drafts,
         spec_accept_len=cell_float(r, "spec_accept_len") if drafts else None,
         num_prompts=cell_int(r, "num_prompts"),
-        samples_per_prompt=cell_int(r, "samples_per_prompt"),
+        samples_per_prompt=samples,
         mean_prompt_tokens=prompt,
         max_response_tokens=cap,
         mean_response_tokens=mean,
@@ -497,6 +510,7 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
             else "0"
         ),
         "train_minibatches": f"{wl.train_minibatches}",
+        "samples_per_prompt": f"{wl.samples_per_prompt} (PPO with a critic)",
         "staleness": f"{case.staleness}",
         "partial_rollout": yn(case.partial),
         "has_ref": yn(case.has_ref),
