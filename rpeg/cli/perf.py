@@ -207,6 +207,10 @@ def _rank_peaks(plan, cfg) -> tuple[list, str]:
         step = compile_step(plan, cfg, cluster_devices=plan.num_devices, model=model)
         return rank_peaks(step, cfg, model), ""
     except RpegError as exc:
+        problems = getattr(exc, "problems", None)
+        if problems:  # name each: what `rpeg train` would refuse, and why
+            said = "; ".join(f"{p.where}: {p.what}" for p in problems)
+            return [], f"rpeg train refuses this plan: {said}"
         return [], str(exc).splitlines()[0]
 
 

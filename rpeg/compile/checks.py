@@ -39,6 +39,12 @@ PACKING_REFUSED = (
 )
 
 
+#: the engines a unit of RPEG's runtime runs: its own trainer (``torch`` replicas, ``fsdp``)
+#: and the generation engines (``torch``, ``vllm``; rpeg.runtime.engines.choice). The plan
+#: schema's ``megatron`` and ``sglang`` price published systems (``rpeg validate``) only
+RUNTIME_ENGINES = ("auto", "torch", "fsdp", "vllm")
+
+
 def plan_problems(
     plan: Any, names: list[str], roles: list[tuple[str, str]], have: int
 ) -> list[Problem]:
@@ -82,6 +88,15 @@ def plan_problems(
             )
         )
     for n, u in plan.units.items():
+        if u.engine not in RUNTIME_ENGINES:
+            out.append(
+                Problem(
+                    f"plan.units.{n}.engine",
+                    f"{u.engine!r} prices a published system's engine (rpeg validate); RPEG's "
+                    "runtime does not run it; allowed: auto, torch, fsdp (training and "
+                    "forward units), vllm (generation)",
+                )
+            )
         for deg, why in UNSUPPORTED_DEGREES.items():
             v = getattr(u, deg)
             if v != 1:

@@ -219,6 +219,30 @@ def test_a_plan_with_partial_rollout_is_refused_by_name_and_never_searched():
     assert SpaceOptions().partial_rollout == (False,)
 
 
+def test_an_engine_the_runtime_does_not_run_is_refused_by_name():
+    """The plan schema's ``megatron`` and ``sglang`` price published systems (rpeg validate);
+    a plan asking RPEG's runtime for them is refused, naming the unit and the allowed ones,
+    not run on the runtime's own trainer under another name."""
+    from rpeg.compile.checks import RUNTIME_ENGINES
+    from rpeg.search.space import SpaceOptions
+
+    plan, graph = _grpo_k1_fused()
+    plan = plan.with_inline_graph(to_dict(graph))
+    train = next(n for n in plan.units if n.startswith("train"))
+    gen = next(n for n in plan.units if "gen" in n)
+    for unit, engine in ((train, "megatron"), (gen, "sglang")):
+        units = {**plan.units, unit: plan.units[unit].model_copy(update={"engine": engine})}
+        with pytest.raises(ConfigError) as ei:
+            compile_plan(plan.model_copy(update={"units": units}), CFG)
+        (problem,) = ei.value.problems
+        assert problem.where == f"plan.units.{unit}.engine"
+        assert repr(engine) in problem.what and "allowed: auto, torch, fsdp" in problem.what
+    units = {**plan.units, train: plan.units[train].model_copy(update={"engine": "fsdp"})}
+    compile_plan(plan.model_copy(update={"units": units}), CFG)  # its own FSDP runs
+    # and the planner never proposes what the runtime refuses
+    assert set(SpaceOptions().engines) <= set(RUNTIME_ENGINES)
+
+
 def test_packing_compiles_into_a_token_budget_and_is_refused_by_name_where_rows_run_padded():
     """seq_packing (auto: packed at pp 1 and cp 1): a forward unit's micro-batches hold
     micro_batch_size x (prompt cap 32 + response cap 16) real tokens; a pipeline unit runs
