@@ -214,6 +214,30 @@ def test_blank_has_critic_follows_the_algorithm():
     assert "train_critic" in _one(has_critic="", algorithm="ppo").prediction.stages
     assert "train_critic" not in _one(has_critic="", algorithm="grpo").prediction.stages
     assert "train_critic" not in _one(has_critic="no", algorithm="ppo").prediction.stages
+    # value-based names train a critic; a name that says it has none does not
+    for algo in ("PPO (GAE)", "VAPO", "ppo w/ critic"):
+        assert "train_critic" in _one(has_critic="", algorithm=algo).prediction.stages, algo
+    for algo in ("ppo (no critic)", "ppo-grpo-style (no critic)", "RLOO", "REINFORCE++"):
+        assert "train_critic" not in _one(has_critic="", algorithm=algo).prediction.stages, algo
+
+
+def test_blank_has_ref_follows_the_algorithm_then_the_system():
+    def ref(**cells):
+        res = _one(has_ref="", **cells)
+        assert "has_ref" in res.unknown
+        return "ref_logprob" in res.prediction.stages
+
+    # BASE is a NeMo-RL row: its recipes keep a KL penalty to the reference policy
+    assert ref() and ref(algorithm="grpo")
+    assert not ref(algorithm="GRPO (no KL)") and not ref(algorithm="grpo kl=0")
+    # verl creates a reference only when a KL term is asked for
+    verl = dict(
+        source="a verl report", measured_by="", system="", notes="verl run", train_backend="fsdp"
+    )
+    assert not ref(**verl) and ref(**verl, algorithm="GRPO + KL loss")
+    assert ref(**verl, algorithm="grpo kl=0.001")
+    # a stated cell wins
+    assert "ref_logprob" not in _one(has_ref="no").prediction.stages
 
 
 def test_yes_no_columns_are_checked_and_blank_means_unknown():

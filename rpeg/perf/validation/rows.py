@@ -10,6 +10,7 @@ take the documented prior of :data:`PRIORS` and widen the row's interval
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -101,6 +102,35 @@ REWARD_MODEL_SYSTEMS = ("deepspeed-chat", "openrlhf-deepspeed")
 def reward_model_default(system: str, has_critic: bool) -> bool:
     """Whether a row that does not say scores its samples with a reward model."""
     return has_critic and system in REWARD_MODEL_SYSTEMS
+
+
+#: systems whose recipes keep a KL term to a reference model unless a row says otherwise
+#: (its forward over every sample): NeMo-RL's example configs
+#: (``loss_fn.reference_policy_kl_penalty: 0.01``), OpenRLHF (``--init_kl_coef`` 0.01) and
+#: DeepSpeed-Chat's step 3 (``--init_kl_coef`` 0.02). verl creates a reference only with
+#: ``use_kl_loss`` or ``use_kl_in_reward`` (both off by default); AReaL's default has none
+REFERENCE_SYSTEMS = ("nemo-rl-megatron", "nemo-rl-dtensor", "openrlhf-deepspeed", "deepspeed-chat")
+
+
+def critic_of(algo: str) -> bool:
+    """Whether an algorithm named ``algo`` (lower case) trains a critic: PPO by name, GAE,
+    VAPO / VC-PPO (value-based PPO) or any that says "critic", unless it says it has none."""
+    if re.search(r"\bno critic\b|critic[- ]free|without (?:a )?critic", algo):
+        return False
+    if re.search(r"\b(?:gae|vapo|vc-ppo|actor-critic|critic)\b", algo):
+        return True
+    return bool(re.match(r"ppo\b", algo)) and "grpo" not in algo
+
+
+def reference_of(algo: str, system: str) -> bool:
+    """Whether a row that leaves ``has_ref`` blank runs a reference model: its algorithm's
+    name where it speaks of a KL term ("GRPO + KL", "no KL"), else its system's default
+    (:data:`REFERENCE_SYSTEMS`)."""
+    if re.search(r"\bno[- ]kl\b|\bwithout (?:a )?kl\b|\bkl\s*[=:]\s*0(?:\.0+)?(?![\d.])", algo):
+        return False
+    if re.search(r"\bkl\b", algo):
+        return True
+    return system in REFERENCE_SYSTEMS
 
 
 #: what a model was trained to emit (``model_kind`` column; blank = the catalog's kind)
@@ -252,19 +282,20 @@ def read_case(r: dict[str, str]) -> RowCase:
             )
     staleness = cell_staleness(r)
     partial = cell_yes(r, "partial_rollout")
-    has_ref = cell_yes(r, "has_ref")
     # PPO with a learned critic: a value forward and a critic update on the trainer pool
     # (the critic is the actor's architecture, as in verl/OpenRLHF recipes by default).
-    # A blank has_critic follows the algorithm: plain "ppo" / GAE has a critic.
+    # A blank has_critic follows the algorithm's name (:func:`critic_of`).
     critic_cell = (r.get("has_critic") or "").strip()
     algo = (r.get("algorithm") or "").strip().lower()
-    has_critic = cell_yes(r, "has_critic") if critic_cell else algo in ("ppo", "ppo-gae", "gae")
-    # blank: on-policy without partial rollout, no reference model, GRPO (no critic)
+    has_critic = cell_yes(r, "has_critic") if critic_cell else critic_of(algo)
+    # blank: on-policy without partial rollout, GRPO (no critic); the reference model as the
+    # algorithm's name or the executing system's default says (:func:`reference_of`)
     unknown += [c for c in ("staleness", "partial_rollout", "has_ref") if not _cell(r, c)]
     if not critic_cell and not algo:
         unknown.append("algorithm")
     builder = "ppo" if has_critic else "grpo"
     system = canonical_system(r.get("system") or "", r.get("train_backend") or "")
+    has_ref = cell_yes(r, "has_ref") if _cell(r, "has_ref") else reference_of(algo, system)
     # the reward: a learned reward model's forward over every sample, or rule scoring on the
     # host; blank, the executing system's default (:func:`reward_model_default`)
     rm = cell_tri(r, "reward_model")
