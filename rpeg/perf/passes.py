@@ -88,10 +88,19 @@ class PassShape:
     # Megatron's sequence parallelism: the activations outside the tensor-parallel GEMMs (the
     # layer inputs a recompute keeps among them) split over the tp ranks
     seq_parallel: bool
+    # a critic's or a reward model's pass: a value head (hidden -> 1) where the LM head was,
+    # so no vocabulary projection, log-softmax or logits (``SCALAR_HEAD_KINDS``)
+    scalar_head: bool
     passes: float  # FORWARD_PASSES, TRAIN_PASSES (+ RECOMPUTE_PASSES)
 
 
-def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
+#: stage kinds whose model ends in a value head instead of the LM head: the critic (verl's
+#: and OpenRLHF's critics are token-classification models with one label; RPEG's
+#: rpeg.runtime.model_io.CriticModel drops the LM head) and a learned reward model's forward
+SCALAR_HEAD_KINDS = ("values", "train_critic", "reward")
+
+
+def pass_shape(c: UnitContext, u: UnitPlan, train: bool, scalar_head: bool = False) -> PassShape:
     """The layout, the micro-batches (on CPU workers the runtime's own, rpeg.perf.eager_cpu)
     and the recompute decision of one pass of ``u``."""
     n = u.num_devices
@@ -149,6 +158,7 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool) -> PassShape:
         pp_chunks=chunks,
         recompute=recompute,
         seq_parallel=sequence_parallel(u.engine, tp),
+        scalar_head=scalar_head,
         passes=passes,
     )
 
@@ -195,6 +205,8 @@ def gemm_compute(c: UnitContext, s: PassShape) -> GemmCompute:
     ``costs.attn_passes``)."""
     m, gpu, cal = c.model, c.gpu, c.calib
     dense_p, expert_p = _dense_expert_split(m)
+    if s.scalar_head:  # the value head's h x 1 for the LM head's h x vocab
+        dense_p -= float(m.vocab * m.hidden)
     width = max(m.ffn_hidden if not m.moe else m.attn_width, m.attn_width)
     eff_dense = gpu.matmul_eff(2.0 * s.tokens_dev * m.hidden * width / s.tp)
     factor = pass_factor(cal.train_eff_factor if s.train else cal.forward_eff_factor, gpu)
@@ -224,7 +236,7 @@ def vocab_traffic_s(c: UnitContext, s: PassShape) -> float | None:
     (``vocab_passes_fwd`` / ``vocab_passes_train``); None when the calibration prices none."""
     cal, gpu = c.calib, c.gpu
     vpasses = cal.vocab_passes_train if s.train else cal.vocab_passes_fwd
-    if not vpasses:
+    if not vpasses or s.scalar_head:
         return None
     return (
         c.tokens
@@ -644,6 +656,8 @@ def activation_memory(c: UnitContext, s: PassShape) -> tuple[float, float]:
     logits = (
         min(s.tokens_dev, cal.logits_chunk_tokens) * m.vocab / s.tp * 4.0 * (2 if s.train else 1)
     )
+    if s.scalar_head:  # one value per token
+        logits = 0.0
     return act, logits
 
 
@@ -655,7 +669,7 @@ def _add(comm: dict[str, float], level: str, seconds: float) -> None:
 def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) -> StageCost:
     """One forward-only or training pass of ``u``: time, FLOPs, communication by link level,
     memory per device, and each term in ``detail`` (module docstring)."""
-    s = pass_shape(c, u, train)
+    s = pass_shape(c, u, train, scalar_head=kind in SCALAR_HEAD_KINDS)
     sc = StageCost(name, (kind,), format_devices(u.devices), s.devices)
     sc.detail["recompute"] = float(s.recompute)
     # compute, then memory traffic and fixed costs on the same clock
