@@ -27,6 +27,9 @@ from rpeg.perf.validation.row_cells import resolve_model, unknown_names
         # fine-tunes named after their base and size take its architecture, kind unsaid
         ("OpenRLHF/Llama-3-8b-sft-mixture", "llama3-8b", None),
         ("hkust-nlp/Qwen2.5-7B-SimpleRL-Zoo", "qwen2.5-7b", None),
+        # a distilled checkpoint whose name holds its base's: that base, the kind its name says
+        ("deepseek-ai/DeepSeek-R1-0528-Qwen3-8B", "qwen3-8b", "reasoning"),
+        ("SimpleRL-Zoo-Qwen2.5-Math-7B", "qwen2.5-math-7b", None),
         # quantized checkpoints are their architecture; footnote marks are not the name
         ("zai-org/GLM-4.5-Air-FP8", "glm-4.5-air", None),
         ("Qwen/Qwen3-235B-A22B-Instruct-2507-FP8", "qwen3-235b-a22b", "instruct"),

@@ -155,7 +155,9 @@ def resolve_model(name: str) -> tuple[str, str | None]:
     instruct; ``Llama-3.1-8B`` and ``Meta-Llama-3.1-8B`` -> llama3.1-8b (a leading vendor word
     dropped: :data:`VENDORS`). A fine-tune named
     after a cataloged architecture and its size (``OpenRLHF/Llama-3-8b-sft-mixture``) takes
-    that architecture, kind unsaid. A name no entry matches but that states its size is
+    that architecture, kind unsaid; one whose name holds a cataloged base model's name
+    (``DeepSeek-R1-0528-Qwen3-8B``) takes that one, with the kind its name says. A name no
+    entry matches but that states its size is
     priced by a stand-in (:func:`rpeg.perf.validation.stand_in.stand_in`, registered for this process as
     ``<name> (as <entry>)``); else the name unchanged (refused by :func:`unknown_names`)."""
     found = catalog_match(name)
@@ -191,6 +193,14 @@ def catalog_match(name: str) -> tuple[str, str | None] | None:
             found = _resolve("-".join(words[:n]))
             if found is not None:
                 return found[0], None
+    # a base model's name inside a distilled checkpoint's (DeepSeek-R1-0528-Qwen3-8B): the
+    # earliest, longest run of two or more words ending in a size that an entry holds
+    for start in range(1, len(words) - 1):
+        for end in range(len(words), start + 1, -1):
+            if _SIZE.match(words[end - 1]):
+                found = _resolve("-".join(words[start:end]))
+                if found is not None:
+                    return found[0], stated_kind(name)
     return None
 
 
