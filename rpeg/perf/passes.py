@@ -35,6 +35,7 @@ from rpeg.perf.units import (
     UnitContext,
     full_activation_bytes,
     gathered_extra_gb,
+    layer_activation_bytes_per_hidden,
     params_per_device,
     recomputes,
     unit_keeps_gathered,
@@ -130,7 +131,8 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool, scalar_head: bool = Fal
         in_flight = inflight_chunks(u.pp_schedule, pp, per_minibatch, 0) / chunks if pp > 1 else 1.0
     else:
         in_flight = 1.0
-    act_full = full_activation_bytes(c.model, tok_dev, tp, pp, in_flight, c.calib)
+    seq_par = sequence_parallel(u.engine, tp)
+    act_full = full_activation_bytes(c.model, tok_dev, tp, pp, in_flight, c.calib, seq_par)
     # the runtime checkpoints each decoder layer (rpeg.runtime.unit_memory) when the
     # plan says so; ``auto``: when the activations kept without it would crowd the device
     recompute = train and recomputes(u.recompute, act_full / GB, c.gpu.usable_hbm_gb)
@@ -157,7 +159,7 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool, scalar_head: bool = Fal
         in_flight=in_flight,
         pp_chunks=chunks,
         recompute=recompute,
-        seq_parallel=sequence_parallel(u.engine, tp),
+        seq_parallel=seq_par,
         scalar_head=scalar_head,
         passes=passes,
     )
@@ -643,14 +645,15 @@ def activation_memory(c: UnitContext, s: PassShape) -> tuple[float, float]:
     fp32 logits of one chunk (and their gradient in training)."""
     m, cal = c.model, c.calib
     if s.train:
+        layer = layer_activation_bytes_per_hidden(cal, s.tp, s.seq_parallel)
         per = (
             cal.act_bytes_per_hidden_recompute / (s.tp if s.seq_parallel else 1)
             if s.recompute
-            else cal.act_bytes_per_hidden_full / s.tp
+            else layer
         )
         act = s.tokens_dev * m.hidden * per * (m.layers / s.pp) * s.in_flight
         if s.recompute:
-            act += s.tokens_dev * m.hidden * cal.act_bytes_per_hidden_full / s.tp
+            act += s.tokens_dev * m.hidden * layer
     else:
         act = s.tokens_dev * m.hidden * 2.0 * 4
     logits = (

@@ -216,13 +216,30 @@ def recomputes(setting: bool | str, act_full_gb: float, device_gb: float) -> boo
     return bool(setting)
 
 
+def layer_activation_bytes_per_hidden(cal: Calibration, tp: int, seq_parallel: bool) -> float:
+    """Bytes per token and hidden unit one rank keeps of one layer's activations for backward:
+    the tensor-parallel regions' share split over ``tp``, the rest (layer-norm inputs,
+    dropout masks) whole on every tp rank unless ``seq_parallel`` splits it too (Korthikanti
+    et al. 2022: ``10 + 24/t`` without, ``34/t`` with sequence parallelism)."""
+    if seq_parallel:
+        return cal.act_bytes_per_hidden_full / tp
+    rep = cal.act_bytes_per_hidden_replicated
+    return (cal.act_bytes_per_hidden_full - rep) / tp + rep
+
+
 def full_activation_bytes(
-    m: ModelSpec, tok_dev: float, tp: int, pp: int, in_flight: float, cal: Calibration
+    m: ModelSpec,
+    tok_dev: float,
+    tp: int,
+    pp: int,
+    in_flight: float,
+    cal: Calibration,
+    seq_parallel: bool = False,
 ) -> float:
     """Bytes of the activations one rank keeps for backward without recompute: ``tok_dev``
     tokens of a micro-batch through its ``layers / pp`` layers, ``in_flight`` micro-batches
     (a pipeline holds up to ``pp``)."""
-    per = cal.act_bytes_per_hidden_full / tp
+    per = layer_activation_bytes_per_hidden(cal, tp, seq_parallel)
     return tok_dev * m.hidden * per * (m.layers / pp) * in_flight
 
 

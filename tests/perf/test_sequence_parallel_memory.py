@@ -1,7 +1,8 @@
 """Activation memory of a trainer under tensor parallelism (rpeg.perf.passes.activation_memory):
 Megatron-style trainers run sequence parallelism, so everything a recomputing rank keeps --
 the layer inputs and the one layer it recomputes -- splits over tp; RPEG's own tensor
-parallelism keeps the layer inputs whole on every tp rank."""
+parallelism keeps the layer inputs, layer-norm inputs and dropout masks whole on every tp
+rank."""
 
 from dataclasses import replace
 
@@ -42,7 +43,7 @@ def _row(backend, **over):
     return _described(**{**cells, **over})
 
 
-def _activations_gb(case, tp, pp=1):
+def _activations_gb(case, tp, pp=1, recompute=True):
     lay = replace(
         case.layout,
         gen_gpus=None,
@@ -50,7 +51,7 @@ def _activations_gb(case, tp, pp=1):
         train_tp=tp,
         train_pp=pp,
         train_ep=1,
-        recompute=True,
+        recompute=recompute,
         gpu_memory_utilization=0.8,
     )
     pred = predict(case.graph, case.plan(lay), case.workload, calib=SHIPPED, check_memory=False)
@@ -97,3 +98,14 @@ def test_a_405b_megatron_run_at_32k_tokens_is_priced():
     assert (lay.train_tp, lay.train_pp) == (8, 8)
     assert train.memory_gb["activations"] < 30.0
     assert train.peak_memory_gb <= 80.0
+
+
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_without_recompute_a_tp_rank_keeps_korthikantis_share(tp):
+    # Korthikanti et al. 2022 (arXiv 2205.05198), Table 2, per layer and token in units of
+    # s*b*h bytes with flash attention: 34 unsplit, 10 + 24/t under tensor parallelism, 34/t
+    # with sequence parallelism too
+    for backend, share in (("fsdp", (10 + 24 / tp) / 34), ("megatron", 1 / tp)):
+        case = read_case(_row(backend))
+        one = _activations_gb(case, 1, recompute=False)
+        assert _activations_gb(case, tp, recompute=False) == pytest.approx(one * share), backend

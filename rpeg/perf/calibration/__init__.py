@@ -151,6 +151,10 @@ class Calibration:
     # training with full recompute (checkpoint at layer inputs) vs without.
     act_bytes_per_hidden_recompute: float = 2.0
     act_bytes_per_hidden_full: float = 34.0
+    # ... of which outside the tensor-parallel GEMM regions (the layer norms' inputs, the
+    # dropout masks: 10 of Korthikanti et al. 2022's 34 sbh): whole on every tp rank unless
+    # sequence parallelism splits them (Megatron-style trainers; rpeg.perf.passes)
+    act_bytes_per_hidden_replicated: float = 10.0
     # Share of device memory reserved by the framework/allocator (CUDA context, NCCL buffers).
     reserve_gb: float = 3.0
     # The fp32 logits of a pass are held for at most this many tokens of a device's
