@@ -98,6 +98,13 @@ def test_a_split_the_model_does_not_allow_is_named_with_the_allowed_values():
         assert res.prediction is None and res.reason == reason
 
 
+def test_a_stand_in_architecture_does_not_refuse_a_stated_split():
+    # "Acme-14B" is priced as a resized catalog entry with 40 heads: its own heads are
+    # unknown, so a stated TP 16 is priced, not refused against the stand-in's
+    res = _one(model="Acme-14B", gen_tp="16", gen_pp="", train_tp="", train_pp="")
+    assert "model" in res.unknown and res.prediction is not None
+
+
 def test_an_expert_split_must_divide_the_experts():
     res = _one(model="qwen3-30b-a3b", train_ep="3", train_backend="megatron")
     assert res.prediction is None
