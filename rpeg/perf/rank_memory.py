@@ -20,8 +20,10 @@ Transient, the largest of three phases:
 * training: fp32 gradients ``4P/s`` (freed after the step's last update), FSDP's buffers
   (the whole model when it stays gathered from forward to backward; else
   :data:`FSDP_TRAIN_UNITS` gathered blocks: the one computing, the one prefetched, a block's
-  unsharded gradients and the collectives' staging), and the micro-batch's activations: per token and layer :data:`ACT_FLOATS_PER_HIDDEN`
-  ``x hidden +`` :data:`ACT_FLOATS_PER_FFN` ``x ffn`` values kept for backward, or with
+  unsharded gradients and the collectives' staging), and the micro-batch's activations: per token and layer
+  :data:`ACT_FLOATS_WHOLE_PER_HIDDEN` ``x hidden`` whole on every tp rank plus
+  (:data:`ACT_FLOATS_SPLIT_PER_HIDDEN` ``x hidden +`` :data:`ACT_FLOATS_PER_KV` ``x kv +``
+  :data:`ACT_FLOATS_PER_FFN` ``x ffn``) / tp values kept for backward, or with
   recompute :data:`RECOMPUTE_FLOATS_PER_HIDDEN` ``x hidden`` per layer plus one layer's worth;
 * generation (torch engine): under FSDP the whole model gathered for the decode loop when
   the layout keeps it gathered, else :data:`FSDP_FORWARD_UNITS` blocks (each forward gathers
@@ -43,11 +45,18 @@ from rpeg.perf.prediction import GB
 from rpeg.plan.schema import PP_SCHEDULE_CHUNKS
 
 #: activation values kept for backward per token and decoder layer, per unit of the hidden
-#: size and of the MLP width (a Hugging Face Llama-style block, eager, SDPA attention):
-#: measured with ``torch.autograd.graph.saved_tensors_hooks`` over 8 shapes (hidden 256-1536,
-#: MLP 1024-6144, 4-16 heads, 28-56 tokens), the difference of 2- and 1-layer models, the
-#: weights left out: 10.0 x hidden + 4.0 x MLP values exactly (docs/measurements.md)
-ACT_FLOATS_PER_HIDDEN = 10.0
+#: size, of the MLP width and of the key/value width (kv heads x head dim) (a Hugging Face
+#: Llama-style block, eager, SDPA attention): measured with
+#: ``torch.autograd.graph.saved_tensors_hooks`` as the difference of 2- and 1-layer models,
+#: the weights left out: 10.0 x hidden + 4.0 x MLP values exactly over 8 multi-head shapes
+#: (hidden 256-1536, MLP 1024-6144, 4-16 heads); over 7 grouped-query shapes at tp 1 and 2
+#: (benchmarks/bench_tp_activations.py, RPEG's tensor parallelism) 8.04 x hidden + 4.00 x
+#: MLP + 2.00 x kv at tp 1 and 7.02 x hidden + 2.00 x MLP + 1.00 x kv at tp 2: 6 x hidden
+#: (the layer norms' inputs and outputs, the residual stream) whole on every tp rank, the
+#: rest split (docs/measurements.md)
+ACT_FLOATS_WHOLE_PER_HIDDEN = 6.0
+ACT_FLOATS_SPLIT_PER_HIDDEN = 2.0
+ACT_FLOATS_PER_KV = 2.0
 ACT_FLOATS_PER_FFN = 4.0
 #: with every layer checkpointed: values kept per token and layer (its input and the
 #: rotary tables' share), the same measurement with gradient checkpointing on
@@ -129,7 +138,13 @@ def _unit_bytes(model: Any, cb: float, tp: int) -> float:
 
 def activation_bytes(model: Any, tokens: float, cb: float, tp: int, recompute: bool) -> float:
     """Bytes a training micro-batch of ``tokens`` keeps for backward on one rank (module doc)."""
-    per_layer = (ACT_FLOATS_PER_HIDDEN * model.hidden + ACT_FLOATS_PER_FFN * model.ffn_hidden) / tp
+    kv = model.kv_heads * model.head_dim
+    split = (
+        ACT_FLOATS_SPLIT_PER_HIDDEN * model.hidden
+        + ACT_FLOATS_PER_KV * kv
+        + ACT_FLOATS_PER_FFN * model.ffn_hidden
+    )
+    per_layer = ACT_FLOATS_WHOLE_PER_HIDDEN * model.hidden + split / tp
     if recompute:
         kept = RECOMPUTE_FLOATS_PER_HIDDEN * model.hidden * model.layers
         return tokens * cb * (kept + per_layer)
