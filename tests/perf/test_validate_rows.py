@@ -249,6 +249,10 @@ def test_blank_has_ref_follows_the_algorithm_then_the_system():
 
 def test_yes_no_columns_are_checked_and_blank_means_unknown():
     assert "act_ckpt='maybe'; allowed: yes, no, or blank" in _one(act_ckpt="maybe").reason
+    # the graph's columns too (read as "no" before, silently)
+    for col in ("has_ref", "has_critic", "partial_rollout"):
+        assert f"{col}='maybe'; allowed: yes, no, or blank" in _one(**{col: "maybe"}).reason
+    assert _one(staleness="", partial_rollout="sometimes").prediction is None
     res = _one(act_ckpt="", seq_packing="")
     assert {"act_ckpt", "seq_packing"} <= set(res.unknown)
     # activation recompute costs a fourth pass: the published "no" is faster than "yes"

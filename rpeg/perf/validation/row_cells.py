@@ -399,10 +399,6 @@ _YES = ("yes", "true", "1", "y", "on")
 _NO = ("no", "false", "0", "n", "off")
 
 
-def cell_yes(r: dict[str, str], k: str) -> bool:
-    return (r.get(k) or "").strip().lower() in _YES
-
-
 def cell_tri(r: dict[str, str], k: str) -> bool | None:
     """yes/no column; None when blank. Anything else is named."""
     v = (r.get(k) or "").strip().lower()
@@ -424,7 +420,7 @@ def cell_staleness(r: dict[str, str]) -> int:
         return 10**6
     v = cell_number(r, "staleness")
     if v is None:
-        return 1 if cell_yes(r, "partial_rollout") else 0
+        return 1 if cell_tri(r, "partial_rollout") else 0
     if v < 0:
         raise Unpredictable(f"staleness={v:g}: must be >= 0")
     return math.ceil(v - 1e-9) if v < 10**6 else 10**6

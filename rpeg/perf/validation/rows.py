@@ -24,7 +24,6 @@ from rpeg.perf.validation.row_cells import (
     cell_opt_int,
     cell_staleness,
     cell_tri,
-    cell_yes,
     cluster_for,
     derived_cluster,
     gpu_name,
@@ -281,13 +280,13 @@ def read_case(r: dict[str, str]) -> RowCase:
                 f"gen_gpus={gen_n} + train_gpus={train_n} must be two pools of num_gpus={n}"
             )
     staleness = cell_staleness(r)
-    partial = cell_yes(r, "partial_rollout")
+    partial = bool(cell_tri(r, "partial_rollout"))
     # PPO with a learned critic: a value forward and a critic update on the trainer pool
     # (the critic is the actor's architecture, as in verl/OpenRLHF recipes by default).
     # A blank has_critic follows the algorithm's name (:func:`critic_of`).
     critic_cell = (r.get("has_critic") or "").strip()
     algo = (r.get("algorithm") or "").strip().lower()
-    has_critic = cell_yes(r, "has_critic") if critic_cell else critic_of(algo)
+    has_critic = bool(cell_tri(r, "has_critic")) if critic_cell else critic_of(algo)
     # blank: on-policy without partial rollout, GRPO (no critic); the reference model as the
     # algorithm's name or the executing system's default says (:func:`reference_of`)
     unknown += [c for c in ("staleness", "partial_rollout", "has_ref") if not _cell(r, c)]
@@ -295,7 +294,9 @@ def read_case(r: dict[str, str]) -> RowCase:
         unknown.append("algorithm")
     builder = "ppo" if has_critic else "grpo"
     system = canonical_system(r.get("system") or "", r.get("train_backend") or "")
-    has_ref = cell_yes(r, "has_ref") if _cell(r, "has_ref") else reference_of(algo, system)
+    has_ref = cell_tri(r, "has_ref")
+    if has_ref is None:
+        has_ref = reference_of(algo, system)
     # the reward: a learned reward model's forward over every sample, or rule scoring on the
     # host; blank, the executing system's default (:func:`reward_model_default`)
     rm = cell_tri(r, "reward_model")
