@@ -4,26 +4,20 @@ no log-softmax over the vocabulary, no logits held. RPEG's own critic drops the 
 same way (rpeg.runtime.model_io.CriticModel), as verl's and OpenRLHF's one-label critics do."""
 
 import pytest
+from schema_rows import schema_row
 
 from rpeg.perf.calibration import SHIPPED
-from rpeg.perf.validation import loso
 from rpeg.perf.validation.rows import read_case
 from rpeg.perf.validation.solve import solve_row
 from rpeg.specs import model as model_spec
-
-
-def _described(**cells):
-    path = loso.shared_copies()["steps_dev (shared schema)"]
-    with open(path) as fh:
-        header = fh.readline().strip().split(",")
-    return {**{k: "" for k in header}, **{k: str(v) for k, v in cells.items()}}
 
 
 @pytest.fixture(scope="module")
 def ppo():
     # an OpenRLHF-style PPO of a small, large-vocabulary model: actor, critic, reference and
     # a reward model of one architecture on 8 H100
-    row = _described(
+    row = schema_row(
+        {},
         case_id="ppo",
         source="OpenRLHF report",
         model="qwen2.5-1.5b-instruct",

@@ -7,20 +7,13 @@ rank."""
 from dataclasses import replace
 
 import pytest
+from schema_rows import schema_row
 
 from rpeg.perf.calibration import SHIPPED
 from rpeg.perf.passes import sequence_parallel
 from rpeg.perf.pricing import predict
-from rpeg.perf.validation import loso
 from rpeg.perf.validation.rows import read_case
 from rpeg.perf.validation.solve import solve_row
-
-
-def _described(**cells):
-    path = loso.shared_copies()["steps_dev (shared schema)"]
-    with open(path) as fh:
-        header = fh.readline().strip().split(",")
-    return {**{k: "" for k in header}, **{k: str(v) for k, v in cells.items()}}
 
 
 def _row(backend, **over):
@@ -40,7 +33,7 @@ def _row(backend, **over):
         max_gen_len=16384,
         measured_step_s=300,
     )
-    return _described(**{**cells, **over})
+    return schema_row(cells, **over)
 
 
 def _activations_gb(case, tp, pp=1, recompute=True):
