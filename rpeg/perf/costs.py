@@ -146,6 +146,7 @@ def decode_step_time(
     calib: Calibration,
     precision: str,
     verify: float = 1.0,
+    _stage: bool = False,
 ) -> tuple[float, float, float, float]:
     """One decode step of ``batch`` sequences with mean ``context`` tokens on one replica.
     Returns (seconds, flops, hbm bytes, comm seconds). ``verify``: tokens per sequence the
@@ -154,7 +155,22 @@ def decode_step_time(
 
     t = max(bytes / (HBM * eff), flops / (peak * eff_gemm)) + TP all-reduces + overhead,
     bytes = weights read / (tp*pp) + batch*context*kv_bytes_per_token / kv_split.
+
+    Under pipeline parallelism (``pp > 1``) that is one stage's step on one micro-batch; the
+    engine splits the batch into ``pp`` micro-batches in flight (vLLM's virtual engines), so a
+    sequence advances one token per ``pp`` stage steps of ``batch / pp`` sequences each: every
+    stage's weights are read once per micro-batch, and a lone sequence of the tail waits on
+    all ``pp`` stages in turn (its token costs the whole model's weights over ``tp``, not
+    ``tp * pp``). Returned per token step of the whole batch (flops and bytes per device).
     """
+    if pp > 1 and not _stage:
+        micro = max(batch / pp, min(batch, 1.0))  # a sequence is not split
+        t, f, b, c = decode_step_time(
+            model, gpu, cluster, batch=micro, context=context, tp=tp, pp=pp,
+            first_device=first_device, wbytes=wbytes, kvbytes=kvbytes, calib=calib,
+            precision=precision, verify=verify, _stage=True,
+        )  # fmt: skip
+        return pp * t, pp * f, pp * b, pp * c
     shards = tp * pp
     w = weight_bytes_read(model, batch * verify, wbytes) / shards
     kv = kv_cache_bytes(model, batch * context, tp, kvbytes) / pp

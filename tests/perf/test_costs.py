@@ -63,6 +63,29 @@ def test_decode_grows_with_live_kv():
     assert t1 - t0 == pytest.approx(kv / (3.35e12 * DEFAULT.decode_hbm_eff), rel=0.05)
 
 
+def test_a_pipelined_decode_reads_every_stage_per_token():
+    # one sequence through pp stages waits on each in turn: its token reads the whole model's
+    # weights (over tp), plus one step overhead per stage; a pipeline does not make a lone
+    # sequence's token pp times cheaper
+    m = specs.model("llama3.1-8b")
+    cl = specs.cluster("dgx-h100")
+    kw = dict(first_device=0, wbytes=2.0, kvbytes=2.0, calib=DEFAULT, precision="bf16")
+    one = costs.decode_step_time(m, cl.gpu, cl, batch=1, context=0, tp=1, pp=1, **kw)
+    two = costs.decode_step_time(m, cl.gpu, cl, batch=1, context=0, tp=1, pp=2, **kw)
+    weights = m.params * 2 / (3.35e12 * DEFAULT.decode_hbm_eff)
+    overhead = DEFAULT.decode_step_overhead_s + DEFAULT.decode_seq_overhead_s
+    assert one[0] == pytest.approx(weights + overhead, rel=1e-9)
+    assert two[0] == pytest.approx(weights + 2 * overhead, rel=1e-9)
+    assert two[2] == pytest.approx(one[2])  # a device reads its stage per micro-batch
+    # a full batch splits into pp micro-batches: the same bytes and flops per token step
+    big = dict(batch=256, context=2000, **kw)
+    b1 = costs.decode_step_time(m, cl.gpu, cl, tp=1, pp=1, **big)
+    b2 = costs.decode_step_time(m, cl.gpu, cl, tp=1, pp=2, **big)
+    assert b2[1] == pytest.approx(b1[1] / 2)  # a device computes its half of the layers
+    kv = 256 * 2000 * 131072
+    assert b2[2] == pytest.approx(m.params * 2 + kv / 2, rel=1e-3)
+
+
 def test_training_flops_6n_plus_attention():
     m = specs.model("rpeg-tiny")
     tokens, seq = 1000.0, 100.0  # 10 sequences of 100 tokens
