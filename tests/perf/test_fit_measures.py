@@ -209,5 +209,36 @@ def test_a_megatron_trainer_keeps_its_tensor_parallel_group_inside_a_node():
     assert lay.train_tp <= 8 and lay.train_pp >= 2
     assert lay.solved["train_pp"] == lay.train_pp
     assert max(s.peak_memory_gb for s in pred.stages.values()) <= 80.0
-    # generation may still cross nodes: 810 GB of bf16 weights need more than one node
-    assert lay.gen_tp * 80 >= 810
+    # the engine needs more than one node for 810 GB of bf16 weights: TP across nodes, or
+    # (vLLM's multi-node layout) TP in the node times pipeline stages across nodes
+    assert lay.gen_tp * lay.gen_pp * 80 >= 810
+    assert lay.gen_tp <= 8 or lay.gen_pp == 1
+
+
+def test_an_engine_too_large_for_a_node_may_pipeline_across_nodes():
+    # the same 405B rows' engine: TP 8 x PP 2 is among the candidates (a row that states
+    # gen_pp keeps it), a model a node holds is never pipelined
+    from rpeg.perf.validation.solve import _gen_candidates
+
+    row = _described(
+        case_id="405b-gen",
+        source="a report",
+        model="llama-3.1-405b",
+        gpu="h100",
+        num_gpus=64,
+        gpus_per_node=8,
+        placement="colocated",
+        train_backend="megatron",
+        num_prompts=64,
+        samples_per_prompt=16,
+        max_gen_len=8192,
+        measured_step_s=300,
+    )
+    case = read_case(row)
+    assert case.gen_pp_open
+    gens = _gen_candidates(case, 64, 8)
+    assert (8, 2) in gens and (16, 1) in gens and all(t <= 8 for t, p in gens if p > 1)
+    stated = read_case({**row, "gen_pp": "1"})
+    assert _gen_candidates(stated, 64, 8) == [g for g in gens if g[1] == 1]
+    small = read_case({**row, "model": "llama3.1-70b"})  # 141 GB: one node's 8 x 80 GB
+    assert all(p == 1 for _, p in _gen_candidates(small, 64, 8))

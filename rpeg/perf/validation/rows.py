@@ -167,6 +167,9 @@ class RowCase:
     pp_open: bool = False
     # the row leaves the trainer's context-parallel size blank (1 unless nothing fits)
     cp_open: bool = False
+    # the row leaves the engine's pipeline size blank (1 unless the model outgrows a node's
+    # NVLink domain: rpeg.perf.validation.solve.candidates)
+    gen_pp_open: bool = False
     # the reward is a learned model's forward (builders' reward="model"), not rule scoring
     reward_model: bool = False
     # the DeepSpeed ZeRO stage the row states (column or text); None: not stated
@@ -505,6 +508,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         zero_stage=zero,
         pp_open=not (r.get("train_pp") or "").strip(),
         cp_open=not (r.get("train_cp") or "").strip(),
+        gen_pp_open=not (r.get("gen_pp") or "").strip(),
     )
 
 

@@ -108,6 +108,33 @@ def _split_candidates(n: int, node: int) -> list[int]:
     return sorted(out) or [max(1, n // 2)]
 
 
+def _gen_candidates(case: Any, pool: int, domain: int) -> list[tuple[int, int]]:
+    """(tp, pp) of the rollout engine: the row's, else the TP sizes of :func:`_tp_candidates`
+    at its pipeline size; a model whose weights no TP inside one NVLink domain fits (a
+    405B or 671B model on 8-GPU nodes) may also take TP within the domain times pipeline
+    stages across nodes (vLLM's multi-node guidance: TP the GPUs of a node, PP the nodes)
+    where the row leaves ``gen_pp`` blank (``case.gen_pp_open``)."""
+    lay, m = case.layout, case.model
+    if lay.gen_tp is not None:
+        return [(lay.gen_tp, lay.gen_pp)]
+    out = [(t, lay.gen_pp) for t in _tp_candidates(m.heads, pool, lay.gen_pp)]
+    if not getattr(case, "gen_pp_open", False):
+        return out
+    from rpeg import specs
+
+    inside = [t for t in _tp_candidates(m.heads, pool, 1, domain)]
+    hbm = specs.cluster(case.cluster_name).gpu.hbm_gb * 1e9
+    wbytes = 1.0 if case.workload.precision == "fp8" else 2.0
+    if m.params * wbytes / max(inside) <= max(UTIL_CANDIDATES) * hbm:
+        return out  # a node holds it: no pipeline assumed
+    return out + [
+        (t, p)
+        for t in inside
+        for p in FIT_PP
+        if p <= m.layers and pool % (t * p) == 0 and (t, p) not in out
+    ]
+
+
 def candidates(case: Any) -> list[RowLayout]:
     """Every full layout the open fields of ``case.layout`` allow."""
     from rpeg import specs
@@ -123,7 +150,7 @@ def candidates(case: Any) -> list[RowLayout]:
     )
     out = []
     for g, t in splits:
-        gtp = [lay.gen_tp] if lay.gen_tp is not None else _tp_candidates(heads, g, lay.gen_pp)
+        gens = _gen_candidates(case, g, cluster.domain_size)
         if lay.train_tp is not None:
             ttp = [lay.train_tp]
         elif case.engine == "fsdp":
@@ -135,7 +162,7 @@ def candidates(case: Any) -> list[RowLayout]:
             UTIL_CANDIDATES if lay.gpu_memory_utilization is None else (lay.gpu_memory_utilization,)
         )
         recs = (False, True) if lay.recompute is None else (lay.recompute,)
-        for a, b, u, rc in itertools.product(gtp, ttp, utils, recs):
+        for (a, gpp), b, u, rc in itertools.product(gens, ttp, utils, recs):
             eps = (
                 [lay.train_ep]
                 if lay.train_ep is not None
@@ -148,6 +175,7 @@ def candidates(case: Any) -> list[RowLayout]:
                         gen_gpus=g,
                         train_gpus=t,
                         gen_tp=a,
+                        gen_pp=gpp,
                         train_tp=b,
                         train_ep=e,
                         gpu_memory_utilization=u,
@@ -177,9 +205,15 @@ def solve_layout(case: Any, calib: Calibration = DEFAULT) -> tuple[RowLayout, St
     fastest = min(p.step_s for _, p in ok)
     near = [x for x in ok if x[1].step_s <= fastest * (1 + NEAR_FASTEST)]
     lay, pred = min(
-        near, key=lambda x: (x[0].gen_tp * x[0].train_tp * (x[0].train_ep or 1), x[1].step_s)
+        near,
+        key=lambda x: (
+            x[0].gen_tp * x[0].gen_pp * x[0].train_tp * (x[0].train_ep or 1),
+            x[1].step_s,
+        ),
     )
     solved = {k: getattr(lay, k) for k in open_fields}
+    if lay.gen_pp != case.layout.gen_pp:
+        solved["gen_pp"] = lay.gen_pp
     if solved:
         pred.assumptions.append(
             "layout fields not given, solved (fastest feasible): "
