@@ -187,11 +187,9 @@ def test_a_row_that_fits_at_its_lengths_is_priced_though_twice_them_would_not():
     assert not refused and len(priced) == 1
 
 
-def test_a_megatron_trainer_keeps_its_tensor_parallel_group_inside_a_node():
-    # Llama-3.1-405B GRPO on 64 H100 (8 per node), Megatron, no layout stated: the training
-    # TP stays within a node's NVLink and the model spreads over pipeline stages across
-    # nodes (was: TP 64, every layer's all-reduces over the network)
-    row = _described(
+def _llama_405b():
+    """Llama-3.1-405B GRPO on 64 H100 (8 per node), Megatron, no layout stated."""
+    return _described(
         case_id="405b-64",
         source="a report",
         model="llama-3.1-405b",
@@ -205,7 +203,12 @@ def test_a_megatron_trainer_keeps_its_tensor_parallel_group_inside_a_node():
         max_gen_len=8192,
         measured_step_s=300,
     )
-    priced, lay, pred = solve_row(read_case(row), SHIPPED)
+
+
+def test_a_megatron_trainer_keeps_its_tensor_parallel_group_inside_a_node():
+    # the training TP stays within a node's NVLink and the model spreads over pipeline stages across
+    # nodes (was: TP 64, every layer's all-reduces over the network)
+    priced, lay, pred = solve_row(read_case(_llama_405b()), SHIPPED)
     assert lay.train_tp <= 8 and lay.train_pp >= 2
     assert lay.solved["train_pp"] == lay.train_pp
     assert max(s.peak_memory_gb for s in pred.stages.values()) <= 80.0
@@ -220,20 +223,7 @@ def test_an_engine_too_large_for_a_node_may_pipeline_across_nodes():
     # gen_pp keeps it), a model a node holds is never pipelined
     from rpeg.perf.validation.solve import _gen_candidates
 
-    row = _described(
-        case_id="405b-gen",
-        source="a report",
-        model="llama-3.1-405b",
-        gpu="h100",
-        num_gpus=64,
-        gpus_per_node=8,
-        placement="colocated",
-        train_backend="megatron",
-        num_prompts=64,
-        samples_per_prompt=16,
-        max_gen_len=8192,
-        measured_step_s=300,
-    )
+    row = _llama_405b()
     case = read_case(row)
     assert case.gen_pp_open
     gens = _gen_candidates(case, 64, 8)
