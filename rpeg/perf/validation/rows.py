@@ -583,12 +583,12 @@ def _check_pools(lay: RowLayout, n: int, r: dict[str, str]) -> None:
         ("gen", ("tp", "pp"), lay.gen_gpus),
     ):
         stated = [(f"{side}_{k}", getattr(lay, f"{side}_{k}")) for k in parts]
-        stated = [(k, v) for k, v in stated if v is not None and (r.get(k) or "").strip()]
+        stated = [(k, v) for k, v in stated if v is not None and _cell(r, k)]
         size = 1
         for _, v in stated:
             size *= v
         devices = pool or n
-        own = (r.get(f"{side}_gpus") or "").strip()
+        own = _cell(r, f"{side}_gpus")
         where = f"{side}_gpus={devices}" if own or devices != n else f"num_gpus={n}"
         if stated and devices % size:
             cells = " x ".join(f"{k}={v}" for k, v in stated)
@@ -606,7 +606,7 @@ def _check_model_split(lay: RowLayout, model: Any, r: dict[str, str]) -> None:
     values (as vLLM and Megatron refuse them at start): a TP divides the attention heads, a
     pipeline has at most one stage per decoder layer, an EP divides the routed experts (and
     is 1 on a dense model)."""
-    name = r.get("model", "").strip() or "the model"
+    name = _cell(r, "model") or "the model"
     for k in ("gen_tp", "train_tp"):
         v = getattr(lay, k)
         if _cell(r, k) and v is not None and model.heads % v:

@@ -122,17 +122,12 @@ def _gen_candidates(case: Any, pool: int, domain: int) -> list[tuple[int, int]]:
         return out
     from rpeg import specs
 
-    inside = [t for t in _tp_candidates(m.heads, pool, 1, domain)]
+    inside = _tp_candidates(m.heads, pool, 1, domain)
     hbm = specs.cluster(case.cluster_name).gpu.hbm_gb * 1e9
     wbytes = 1.0 if case.workload.precision == "fp8" else 2.0
     if m.params * wbytes / max(inside) <= max(UTIL_CANDIDATES) * hbm:
         return out  # a node holds it: no pipeline assumed
-    return out + [
-        (t, p)
-        for t in inside
-        for p in FIT_PP
-        if p <= m.layers and pool % (t * p) == 0 and (t, p) not in out
-    ]
+    return out + [(t, p) for t in inside for p in FIT_PP if p <= m.layers and pool % (t * p) == 0]
 
 
 def candidates(case: Any) -> list[RowLayout]:
