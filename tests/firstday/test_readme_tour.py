@@ -281,4 +281,9 @@ def test_tour_python_block_runs_as_written(tour):
     res = subprocess.run(
         [sys.executable, str(script)], cwd=tour, capture_output=True, text=True, timeout=900
     )
+    log = res.stdout + res.stderr
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    # the block keeps its work under the __main__ guard: the workers start and are not
+    # warned about (tests/firstday/test_script_api.py runs it with the guard removed)
+    assert "Nanny failed to start" not in log
+    assert "worker processes will not re-run the script" not in log

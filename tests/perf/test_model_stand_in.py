@@ -39,6 +39,8 @@ ROW = {
         ("Foo-70B-Chat", 70.0),
         ("x-350m", 0.35),
         ("Acme-1.2T", 1200.0),
+        ("bigscience/bloom-7b1", 7.1),  # BLOOM's spelling: the digit after the unit a decimal
+        ("bloomz-1b7", 1.7),
     ],
 )
 def test_a_dense_name_is_priced_at_its_stated_size(name, billions):

@@ -36,6 +36,33 @@ def test_blank_max_gen_len_and_budget_take_the_prior_of_the_models_kind():
     assert read_case(r_base).workload.max_response_tokens == 4096
 
 
+def test_a_mean_past_a_stated_cap_is_named():
+    # BASE states max_gen_len 4,096, max_seq_len 4,096 and its prompt: each bounds the mean
+    for cells, named in (
+        ({"avg_gen_len": "5000"}, "exceeds max_gen_len=4096"),
+        ({"avg_gen_len": "3000", "gen_cap": "2048"}, "exceeds gen_cap=2048"),
+        ({"avg_gen_len": "4090", "max_gen_len": ""}, "exceeds max_seq_len - avg_prompt_len"),
+    ):
+        (res,) = validate_rows([dict(BASE, **cells)]).rows
+        assert res.prediction is None and named in res.reason, (cells, res.reason)
+
+
+def test_a_mean_past_a_prior_cap_moves_the_prior_not_the_mean():
+    # no cap, no budget: the kind's budget (4,096 for an instruct model) gives way to a
+    # published 6,000-token mean instead of clamping every response at 4,096
+    r = dict(BASE, max_gen_len="", max_seq_len="", avg_gen_len="6000", model_kind="instruct")
+    wl = read_case(r).workload
+    assert wl.mean_response_tokens == 6000
+    assert wl.max_response_tokens >= max(PRIORS["max_gen_len"].values())
+    # a budget with the prompt unpublished: the prompt prior shrinks to the room left
+    r = dict(BASE, max_gen_len="", avg_prompt_len="", avg_gen_len="4000")
+    wl = read_case(r).workload
+    assert wl.mean_prompt_tokens == pytest.approx(4096 - 4000)
+    assert wl.max_response_tokens == 4000
+    (res,) = validate_rows([r]).rows
+    assert res.prediction is not None, res.reason
+
+
 def test_model_kind_column_picks_the_length_prior():
     r = dict(BASE, avg_gen_len="", model_kind="base")
     case = read_case(r)

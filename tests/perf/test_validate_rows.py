@@ -213,7 +213,20 @@ def test_absurd_sizes_are_refused_not_allocated():
 
 def test_precision_and_measurement_are_checked():
     assert "allowed: bf16, fp16, fp8, fp32" in _one(precision="int3").reason
-    assert "measured_step_s=-3 must be > 0" in _one(measured_step_s="-3").reason
+    assert "measured_step_s=-3: must be a positive number" in _one(measured_step_s="-3").reason
+    # more than a week for one step is a unit slip (ms, hours), named with the allowed range
+    week = _one(measured_step_s="1e30")
+    assert week.prediction is None and "allowed: seconds in (0, 604800]" in week.reason
+    assert _one(measured_step_s="6 days").prediction is None  # a unit it does not read
+    assert _one(measured_step_s=str(6 * 86400)).prediction is not None
+
+
+def test_a_count_that_is_not_whole_is_named_not_truncated():
+    for col, value in (("num_gpus", "16.5"), ("num_prompts", "63.2"), ("gen_tp", "1.5")):
+        res = _one(**{col: value})
+        assert res.prediction is None, col
+        assert f"{col}={value}: must be a whole number >= 1" in res.reason
+    assert _one(num_prompts="64.0").prediction is not None  # a whole number written as a float
     assert "max_gen_len=0: must be >= 1" in _one(max_gen_len="0").reason
 
 

@@ -33,7 +33,12 @@ from rpeg.perf.validation.loso_lengths import LEN_GRID, at, multiplier, prior_ki
 from rpeg.perf.validation.loso_oneshot import one_shot
 from rpeg.perf.validation.loso_ranges import comparable_residuals, conformal_range, widened_bounds
 from rpeg.perf.validation.loso_summary import Scored
-from rpeg.perf.validation.row_cells import Unpredictable, cell_float, cell_number, unknown_names
+from rpeg.perf.validation.row_cells import (
+    Unpredictable,
+    cell_float,
+    measured_step,
+    unknown_names,
+)
 from rpeg.perf.validation.row_text import canonical_system, system_of
 from rpeg.perf.validation.rows import assumed_values, read_case
 from rpeg.perf.validation.run_share import fitted_share, from_hours, outside_share
@@ -143,12 +148,8 @@ def price_rows(
         system = canonical_system(r.get("system") or "", r.get("train_backend") or "")
         system = system or normalise(system_of(r))
         try:
-            step = cell_number(r, "measured_step_s")
+            step = measured_step(r)
             tput = published_throughput(r)
-            if step is not None and not step > 0:
-                raise Unpredictable(
-                    f"measured_step_s={step:g}: must be a positive number of seconds"
-                )
             if tput is not None and not tput > 0:
                 raise Unpredictable(f"throughput {tput:g} tokens/s: must be positive")
         except Unpredictable as exc:

@@ -25,6 +25,7 @@ from rpeg.perf.validation.row_cells import (
     Unpredictable,
     cell_float,
     cell_number,
+    measured_step,
     one_line,
     unknown_names,
 )
@@ -291,9 +292,7 @@ def validate_rows(
         )
         rep.rows.append(res)
         try:
-            step = cell_number(r, "measured_step_s")
-            if step is not None and step <= 0:
-                raise Unpredictable(f"measured_step_s={step:g} must be > 0")
+            step = measured_step(r)
             res.measured_step_s = step
             res.measured_throughput = published_throughput(r)
         except Unpredictable as exc:

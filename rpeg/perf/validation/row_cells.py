@@ -371,6 +371,8 @@ def cell_number(r: dict[str, str], k: str) -> float | None:
 
 
 def cell_int(r: dict[str, str], k: str, default: int | None = None, minimum: int = 1) -> int:
+    """A count (GPUs, prompts, a layout size): a whole number >= ``minimum`` (``8.5`` GPUs is
+    named, never read as 8)."""
     v = cell_number(r, k)
     if v is None:
         if default is None:
@@ -378,7 +380,27 @@ def cell_int(r: dict[str, str], k: str, default: int | None = None, minimum: int
         return default
     if v < minimum:
         raise Unpredictable(f"{k}={v:g}: must be >= {minimum}")
+    if v != int(v):
+        raise Unpredictable(f"{k}={v:g}: must be a whole number >= {minimum}")
     return int(v)
+
+
+#: the longest step a row may state: a week (a larger value is a unit slip, not a run)
+MAX_STEP_S = 7 * 86400.0
+
+
+def measured_step(r: dict[str, str]) -> float | None:
+    """The row's ``measured_step_s`` in seconds (None: blank): > 0 and at most
+    :data:`MAX_STEP_S`, else named."""
+    step = cell_number(r, "measured_step_s")
+    if step is not None and not step > 0:
+        raise Unpredictable(f"measured_step_s={step:g}: must be a positive number of seconds")
+    if step is not None and step > MAX_STEP_S:
+        raise Unpredictable(
+            f"measured_step_s={step:g}: more than a week ({MAX_STEP_S:,.0f} s) for one step; "
+            "allowed: seconds in (0, 604800]"
+        )
+    return step
 
 
 def cell_opt_int(r: dict[str, str], k: str) -> int | None:

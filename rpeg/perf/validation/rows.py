@@ -380,6 +380,8 @@ def read_case(r: dict[str, str]) -> RowCase:
     mean = cell_float(r, "avg_gen_len")
     if mean is None:
         unknown.append("avg_gen_len")
+    elif mean > cap:
+        cap, prompt = _cap_for_mean(r, mean, cap, prompt, max_seq, cap_cell, explicit)
     if cell_number(r, "train_minibatches") is None:
         unknown.append("train_minibatches")  # one optimizer step per RL step
     if not (r.get("precision") or "").strip():
@@ -510,6 +512,38 @@ def read_case(r: dict[str, str]) -> RowCase:
         cp_open=not (r.get("train_cp") or "").strip(),
         gen_pp_open=not (r.get("gen_pp") or "").strip(),
     )
+
+
+def _cap_for_mean(
+    r: dict[str, str],
+    mean: float,
+    cap: int,
+    prompt: float,
+    max_seq: float | None,
+    cap_cell: int | None,
+    explicit: int | None,
+) -> tuple[int, float]:
+    """(response cap, prompt) for a published mean response longer than the cap the row's
+    cells and priors give: a cap the row states (``max_gen_len``, ``gen_cap``,
+    ``max_seq_len`` less a stated prompt) cannot be passed by the mean, so the row is named;
+    a cap that rests on a prior gives way -- the prompt prior shrinks to what the length
+    budget leaves, a blank budget becomes the long-generation one (``PRIORS['max_gen_len']``'s
+    largest) or twice the mean."""
+    stated_prompt = cell_float(r, "avg_prompt_len") is not None
+    bounds = [("max_gen_len", cap_cell), ("gen_cap", explicit)]
+    if max_seq:
+        room = max_seq - prompt if stated_prompt else max_seq
+        bounds.append(("max_seq_len - avg_prompt_len" if stated_prompt else "max_seq_len", room))
+    for name, bound in bounds:
+        if bound is not None and mean > bound:
+            raise Unpredictable(
+                f"avg_gen_len={mean:g} exceeds {name}={bound:g}: a mean response cannot pass "
+                "its cap (avg_gen_len is the mean generated tokens per sample)"
+            )
+    if max_seq:  # the prompt prior left too little room: it gives way to the published mean
+        prompt = max(1.0, min(prompt, max_seq - mean))
+        return int(min(max_seq - prompt, cap_cell or max_seq, explicit or max_seq)), prompt
+    return int(max(max(PRIORS["max_gen_len"].values()), 2 * mean)), prompt
 
 
 def _cell(r: dict[str, str], k: str) -> str:

@@ -16,14 +16,22 @@ import re
 
 from rpeg.perf.validation.model_words import SUFFIX_KIND, VENDORS, catalog_key, compact_name
 
-#: a name's size word: parameters (6.7b, 350m, 1t), an MoE's active parameters (a3b)
-_PARAMS = re.compile(r"^(\d+(?:\.\d+)?)([bmt])$")
+#: a name's size word: parameters (6.7b, 350m, 1t; BLOOM's 7b1 = 7.1b, 1b7 = 1.7b), an MoE's
+#: active parameters (a3b)
+_PARAMS = re.compile(r"^(\d+(?:\.\d+)?)([bmt])(\d)?$")
 _UNIT = {"m": 1e6, "b": 1e9, "t": 1e12}
 _ACTIVE = re.compile(r"^a(\d+(?:\.\d+)?)b$")
 #: size words that leave an MoE's total unsaid (8x22b, 16e): no stand-in
 _EXPERTS = re.compile(r"^(?:\d+x\d+(?:\.\d+)?[bm]|\d+e)$")
 #: words of a reasoning checkpoint's name (R1-distilled, thinking, QwQ)
 _REASONING_WORDS = frozenset({"r1", "reasoning", "reasoner", "think", "thinking", "qwq"})
+
+
+def _size(m: re.Match) -> float:
+    """Parameters of a size word: ``6.7b``, or BLOOM's ``7b1`` (the digit after the unit is
+    the first decimal: 7.1 B)."""
+    value = float(m.group(1)) if m.group(3) is None else float(f"{m.group(1)}.{m.group(3)}")
+    return value * _UNIT[m.group(2)]
 
 
 def _vision_word(w: str) -> bool:
@@ -73,7 +81,7 @@ def stand_in(name: str, catalog: dict | None = None):  # -> ModelSpec | None
     words = key.split("-")
     if not key or any(_EXPERTS.match(w) for w in words):
         return None
-    totals = [float(m.group(1)) * _UNIT[m.group(2)] for m in map(_PARAMS.match, words) if m]
+    totals = [_size(m) for m in map(_PARAMS.match, words) if m]
     actives = [float(m.group(1)) * 1e9 for m in map(_ACTIVE.match, words) if m]
     if len(totals) != 1 or len(actives) > 1 or (actives and actives[0] >= totals[0]):
         return None
