@@ -99,7 +99,8 @@ def prior_mean(
     """Mean response length of a model of ``kind`` at generation cap ``cap`` when the
     workload does not state it: the model's untruncated ("natural") length is lognormal
     with the median of its kind (``Calibration.response_median_reasoning`` /
-    ``response_median_instruct``) and ``length_sigma``, clamped at the cap. The same rule for
+    ``response_median_instruct``; a reasoning model's at a 4,096 cap, times (cap / 4,096) **
+    ``reasoning_cap_exponent``) and ``length_sigma``, clamped at the cap. The same rule for
     every model and run; ``scale`` moves the median (interval bounds); ``domain`` "code" (the
     prompts ask for programs) multiplies a reasoning model's median by
     ``Calibration.response_scale_code``. Sources of the medians: docs/perf-model.md,
@@ -111,4 +112,6 @@ def prior_mean(
     )
     if code_scaled(kind, domain):
         median *= calib.response_scale_code  # type: ignore[attr-defined]
+    if kind == "reasoning":  # a thinking trace grows with its budget
+        median *= (cap / calib.reasoning_cap_ref) ** calib.reasoning_cap_exponent  # type: ignore[attr-defined]
     return min(cap * 0.999, truncated_mean(median * scale, cap, calib.length_sigma))  # type: ignore[attr-defined]

@@ -248,7 +248,7 @@ def test_the_length_prior_is_fitted_without_the_scored_source(monkeypatch):
 
 
 def test_a_published_system_prediction_takes_the_fitted_length_medians():
-    from rpeg.perf.calibration import SHIPPED
+    from rpeg.perf.calibration import SHIPPED, Calibration
     from rpeg.perf.systems import _table
 
     med = _table()["fitted_length_medians"]
@@ -256,7 +256,8 @@ def test_a_published_system_prediction_takes_the_fitted_length_medians():
     assert cal.response_median_reasoning == med["reasoning"]
     assert cal.response_median_instruct == med["instruct"]
     # the documented priors stay the shipped calibration's (what LOSO shrinks towards)
-    assert SHIPPED.response_median_reasoning == 6000.0
+    assert SHIPPED.response_median_reasoning == Calibration().response_median_reasoning
+    assert SHIPPED.response_median_instruct == Calibration().response_median_instruct
 
 
 def test_run_share_parses_a_runs_total_time_and_flags_hours_derived_steps():

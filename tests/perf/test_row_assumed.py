@@ -3,6 +3,8 @@
 states no size, or an unknown GPU, is refused, naming how to add it."""
 
 import csv
+import math
+from statistics import NormalDist
 
 import pytest
 
@@ -27,10 +29,14 @@ def test_every_prior_a_blank_row_takes_is_listed_with_its_value():
     case = read_case({**BLANK, "algorithm": ""})
     got = dict(a.split("=", 1) for a in assumed_values(case))
     # a reasoning model with neither max_gen_len nor max_seq_len: the recipes' 32,768 budget;
-    # its mean: lognormal median 6,000, sigma 1, truncated at 32,768:
-    # 6000 e^0.5 Phi(ln(32768/6000) - 1) + 32768 (1 - Phi(ln(32768/6000))) = 8,959
+    # its mean: lognormal median 4,762 x (32768/4096)^0.483 = 13,005 at that budget, sigma 1,
+    # truncated at 32,768: m e^0.5 Phi(ln(32768/m) - 1) + 32768 (1 - Phi(ln(32768/m)))
+    m = 4762 * 8**0.483
+    phi = NormalDist().cdf
+    mean = m * math.exp(0.5) * phi(math.log(32768 / m) - 1) + 32768 * (1 - phi(math.log(32768 / m)))
+    assert 15_880 < mean < 15_900  # worked by hand: 10,071 + 5,823
     assert got["max_gen_len"] == "32768"
-    assert got["avg_gen_len"] == "8959 (reasoning prior)"
+    assert got["avg_gen_len"] == f"{mean:.0f} (reasoning prior)"
     assert got["avg_prompt_len"] == "150"
     assert got["precision"] == "bf16"
     assert got["train_minibatches"] == "1"  # a blank was taken as 1 without saying so

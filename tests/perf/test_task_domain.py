@@ -82,7 +82,8 @@ def test_the_code_prior_matches_a_monte_carlo_of_its_definition():
     rng = random.Random(1)
     median = SHIPPED.response_median_reasoning * SHIPPED.response_scale_code
     for cap in (8192, 27648):
-        xs = [min(median * math.exp(rng.gauss(0, SHIPPED.length_sigma)), cap) for _ in range(40000)]
+        at = median * (cap / 4096) ** SHIPPED.reasoning_cap_exponent  # the budget's growth
+        xs = [min(at * math.exp(rng.gauss(0, SHIPPED.length_sigma)), cap) for _ in range(40000)]
         assert prior_mean("reasoning", cap, SHIPPED, domain="code") == pytest.approx(
             sum(xs) / len(xs), rel=0.02
         )

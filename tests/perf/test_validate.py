@@ -100,12 +100,23 @@ def test_length_prior_matches_a_monte_carlo_of_its_definition():
         ("instruct", SHIPPED.response_median_instruct),
     ):
         for cap in (1500, 4096, 16384, 28672):
-            xs = [
-                min(median * math.exp(rng.gauss(0, SHIPPED.length_sigma)), cap)
-                for _ in range(40000)
-            ]
+            # a reasoning model's median grows with its budget: (cap / 4096) ** exponent
+            at = median * (cap / 4096) ** (SHIPPED.reasoning_cap_exponent * (kind == "reasoning"))
+            xs = [min(at * math.exp(rng.gauss(0, SHIPPED.length_sigma)), cap) for _ in range(40000)]
             mc = sum(xs) / len(xs)
             assert prior_mean(kind, cap, SHIPPED) == pytest.approx(mc, rel=0.02)
+
+
+def test_a_reasoning_prior_grows_with_its_budget_and_meets_a_length_it_was_not_set_on():
+    from rpeg.perf.calibration import SHIPPED
+    from rpeg.perf.lengths import prior_mean
+
+    # set on NeMo-RL's Qwen3 lengths at ~4k and ~8k caps; the Miles blog's Qwen3-30B-A3B run
+    # (another source, another system) published a 5,700-token mean at an 8,192 cap
+    assert prior_mean("reasoning", 8192, SHIPPED) == pytest.approx(5700, rel=0.05)
+    # a thinking trace fills a longer budget; an instruct answer is only truncated by it
+    assert prior_mean("reasoning", 32768, SHIPPED) > 2.5 * prior_mean("reasoning", 8192, SHIPPED)
+    assert prior_mean("instruct", 32768, SHIPPED) < 1.1 * prior_mean("instruct", 8192, SHIPPED)
 
 
 def test_unknown_names_are_listed_not_fatal(tmp_path, capsys):

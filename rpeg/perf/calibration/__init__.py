@@ -100,7 +100,7 @@ class Calibration:
     # is lognormal(median of the model's kind, length_sigma), clamped at the cap
     # (rpeg.perf.lengths.prior_mean). Reasoning models (R1-distilled, Qwen3 thinking) vs
     # base/instruct models; sources in docs/perf-model.md, "Response-length prior".
-    response_median_reasoning: float = 6000.0
+    response_median_reasoning: float = 4762.0  # at a 4,096-token cap (below)
     response_median_instruct: float = 700.0
     # A reasoning model's natural length on code-generation prompts relative to math prompts
     # (the reasoning median's multiplier where a workload says its task is code): the same
@@ -109,6 +109,17 @@ class Calibration:
     # Reasoning, arXiv 2505.05315, the E1-AceReason-14B model card). docs/perf-model.md,
     # "Response-length prior".
     response_scale_code: float = 1.2
+    # A reasoning model's median grows with the budget it runs under: (cap / 4,096) **
+    # reasoning_cap_exponent times ``response_median_reasoning`` (the median at a 4,096 cap).
+    # Both set on the published mean lengths of the shipped reasoning rows, not on step
+    # times: NeMo-RL Qwen3-30B/32B at a 3,994 cap 3,154-3,258 (3,205), Qwen3-235B at 8,074
+    # 5,671-5,721 (5,705) -- medians 4,704 and 6,608 under the lognormal clamp, so exponent
+    # ln(6608/4704) / ln(8074/3994) = 0.483 and 4,762 at 4,096. Thinking traces fill what a
+    # longer budget allows (DeepScaleR's 8k -> 16k -> 24k context stages lengthened its
+    # responses); an instruct answer ends on its own: no exponent (docs/perf-model.md,
+    # "Response-length prior").
+    reasoning_cap_exponent: float = 0.483
+    reasoning_cap_ref: float = 4096.0
     # Host work per sample on the step's critical path (reward scoring, detokenisation,
     # batch marshalling in the driver), s. See docs/perf-model.md, "Calibration constants".
     host_per_sample_s: float = 0.002
