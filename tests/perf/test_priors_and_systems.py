@@ -54,6 +54,8 @@ def test_a_mean_past_a_prior_cap_moves_the_prior_not_the_mean():
     wl = read_case(r).workload
     assert wl.mean_response_tokens == 6000
     assert wl.max_response_tokens >= max(PRIORS["max_gen_len"].values())
+    # ... but never past a gen_cap the row states
+    assert read_case(dict(r, gen_cap="8000")).workload.max_response_tokens == 8000
     # a budget with the prompt unpublished: the prompt prior shrinks to the room left
     r = dict(BASE, max_gen_len="", avg_prompt_len="", avg_gen_len="4000")
     wl = read_case(r).workload

@@ -543,7 +543,8 @@ def _cap_for_mean(
     if max_seq:  # the prompt prior left too little room: it gives way to the published mean
         prompt = max(1.0, min(prompt, max_seq - mean))
         return int(min(max_seq - prompt, cap_cell or max_seq, explicit or max_seq)), prompt
-    return int(max(max(PRIORS["max_gen_len"].values()), 2 * mean)), prompt
+    blank_budget = max(max(PRIORS["max_gen_len"].values()), 2 * mean)
+    return int(min(blank_budget, explicit or blank_budget)), prompt
 
 
 def _cell(r: dict[str, str], k: str) -> str:
