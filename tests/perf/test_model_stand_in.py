@@ -93,7 +93,9 @@ def test_the_kind_is_what_the_name_says(name, kind):
     assert stand_in(name).kind == (kind or "instruct")
 
 
-@pytest.mark.parametrize("name", ["Acme-8x22B", "Acme-17B-16E-Instruct", "acme-lm", "a-7b-13b"])
+@pytest.mark.parametrize(
+    "name", ["Acme-8x22B", "Acme-17B-16E-Instruct", "acme-lm", "a-7b-13b", "acme-6.7b1"]
+)
 def test_no_stated_size_or_an_moe_without_its_total_stays_refused(name):
     assert stand_in(name) is None
     assert "rpeg specs add-model --from-hf" in unknown_names({"model": name, "gpu": "H100"})

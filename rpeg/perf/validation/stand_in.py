@@ -16,9 +16,9 @@ import re
 
 from rpeg.perf.validation.model_words import SUFFIX_KIND, VENDORS, catalog_key, compact_name
 
-#: a name's size word: parameters (6.7b, 350m, 1t; BLOOM's 7b1 = 7.1b, 1b7 = 1.7b), an MoE's
-#: active parameters (a3b)
-_PARAMS = re.compile(r"^(\d+(?:\.\d+)?)([bmt])(\d)?$")
+#: a name's size word: parameters (6.7b, 350m, 1t; BLOOM's 7b1 = 7.1b, 1b7 = 1.7b: a whole
+#: number, the unit, one decimal digit), an MoE's active parameters (a3b)
+_PARAMS = re.compile(r"^(\d+(?:\.\d+)?)([bmt])$|^(\d+)([bmt])(\d)$")
 _UNIT = {"m": 1e6, "b": 1e9, "t": 1e12}
 _ACTIVE = re.compile(r"^a(\d+(?:\.\d+)?)b$")
 #: size words that leave an MoE's total unsaid (8x22b, 16e): no stand-in
@@ -30,8 +30,9 @@ _REASONING_WORDS = frozenset({"r1", "reasoning", "reasoner", "think", "thinking"
 def _size(m: re.Match) -> float:
     """Parameters of a size word: ``6.7b``, or BLOOM's ``7b1`` (the digit after the unit is
     the first decimal: 7.1 B)."""
-    value = float(m.group(1)) if m.group(3) is None else float(f"{m.group(1)}.{m.group(3)}")
-    return value * _UNIT[m.group(2)]
+    if m.group(1) is not None:
+        return float(m.group(1)) * _UNIT[m.group(2)]
+    return float(f"{m.group(3)}.{m.group(5)}") * _UNIT[m.group(4)]
 
 
 def _vision_word(w: str) -> bool:
