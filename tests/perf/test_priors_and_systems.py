@@ -176,3 +176,23 @@ def test_a_base_checkpoint_named_in_the_row_takes_the_base_length_prior():
     r = dict(BASE, model="Qwen3-32B-Base", avg_gen_len="")
     case = read_case(r)
     assert case.model.name == "qwen3-32b" and case.workload.response_kind == "base"
+
+
+def test_a_stated_micro_batch_budget_sets_the_trainers_micro_batches():
+    def train_unit(**cells):
+        case = read_case(dict(BASE, **cells))
+        (res,) = validate_rows([dict(BASE, **cells)]).rows
+        assert res.prediction is not None, res.reason
+        lay = case.layout
+        return case.plan(lay).units["train_actor"], res.prediction.stages["train_actor"].time_s
+
+    blank, t_blank = train_unit()
+    assert blank.micro_batch_size == 1  # silent: one max-length (4,096-token) sequence
+    # verl's ppo_max_token_len_per_gpu as a multiple of the sequence budget, or in tokens
+    double, t_double = train_unit(micro_batch_tokens="2x")
+    assert double.micro_batch_size == 2 and t_double < t_blank  # half the per-micro-batch costs
+    assert train_unit(micro_batch_tokens="12288")[0].micro_batch_size == 3  # 3 x 4,096
+    assert train_unit(micro_batch_tokens="3000")[0].micro_batch_size == 1  # under one sequence
+    for bad in ("0.5x", "-4", "lots"):
+        (res,) = validate_rows([dict(BASE, micro_batch_tokens=bad)]).rows
+        assert res.prediction is None and "micro_batch_tokens=" in res.reason, bad

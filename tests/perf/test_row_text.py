@@ -179,3 +179,18 @@ def test_the_batch_is_read_where_a_recipe_names_it():
     assert read({"notes": "train_batch_size=1024, micro_train_batch_size=4"}) == {}
     # two statements that disagree leave it blank
     assert "num_prompts" not in read({"notes": "rollout_batch_size=32; rollout_batch_size=64"})
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("dynamic_bsz (ppo_max_token_len_per_gpu=2x(prompt+resp)), remove_padding", "2x"),
+        ("actor.ppo_max_token_len_per_gpu=16384", "16384"),
+        ("dynamic bsz (max 10240 tok/GPU), vLLM gen TP4", "10240"),
+        ("dynamic micro-batching with 32,768-token budget", "32768"),
+        ("ppo_max_token_len_per_gpu=2x(prompt+resp); ppo_max_token_len_per_gpu=16384", None),
+        ("micro_batch_size 4", None),  # a count of rows names no token budget
+    ],
+)
+def test_the_micro_batch_token_budget_is_read_where_a_recipe_states_it(text, value):
+    assert read({"notes": text}).get("micro_batch_tokens") == value

@@ -131,6 +131,15 @@ _NUMBERS: dict[str, str] = {
         r"\s*[=:]?\s*(\d+)\b"
     ),
 }
+#: a trainer's micro-batch token budget per GPU (verl ``ppo_max_token_len_per_gpu`` with
+#: dynamic bsz, often written as a multiple of the sequence budget; AReaL's dynamic
+#: micro-batches): ``micro_batch_tokens`` as tokens, or ``<n>x`` of prompt + response
+_MB_MULTIPLE = r"\bppo_max_token_len_per_gpu\s*[=:]?\s*(\d+)\s*[x*×]\s*\(\s*prompt\s*\+\s*resp"
+_MB_TOKENS = (
+    r"\bppo_max_token_len_per_gpu\s*[=:]?\s*(\d[\d,]*)\b(?!\s*[x*×])",
+    r"\bmax (\d[\d,]*) tok(?:ens)?\s*/\s*gpu\b",
+    r"\bdynamic micro-?batch(?:es|ing)? with (?:a )?(\d[\d,]*)-token budget\b",
+)
 _UTIL = (
     r"\b(?:vllm_)?gpu_mem(?:ory)?_util(?:ization)?\s*[=:]?\s*(0?\.\d+|1\.0)\b",
     r"\bmem_fraction(?:_static)?\s*[=:]?\s*(0?\.\d+)\b",
@@ -258,6 +267,11 @@ def read(r: dict[str, str]) -> dict[str, str]:
     for col, pat in _NUMBERS.items():
         if v := _one([str(float(m.group(1))) for m in re.finditer(pat, text)]):
             out[col] = v if col == "spec_accept_len" else str(int(float(v)))
+    budgets = [f"{int(m.group(1))}x" for m in re.finditer(_MB_MULTIPLE, text)]
+    for pat in _MB_TOKENS:
+        budgets += [str(int(m.group(1).replace(",", ""))) for m in re.finditer(pat, text)]
+    if b := _one(budgets):
+        out["micro_batch_tokens"] = b
     if s := system_of(r):
         out["system"] = s
     return out

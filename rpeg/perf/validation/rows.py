@@ -174,6 +174,9 @@ class RowCase:
     reward_model: bool = False
     # the DeepSpeed ZeRO stage the row states (column or text); None: not stated
     zero_stage: int | None = None
+    # sequence budgets per trainer micro-batch (``micro_batch_tokens``; 1: one max-length
+    # sequence, the packed micro-batch the model prices when the row is silent)
+    micro_batch_size: int = 1
 
     def plan(self, lay: RowLayout) -> Plan:
         """The plan of this row with every layout field set (``lay``)."""
@@ -203,6 +206,7 @@ class RowCase:
                 engine=self.engine,
                 recompute=lay.recompute,
                 seq_packing=self.packing,
+                micro_batch_size=self.micro_batch_size,
                 offload=self.colocated,
                 # published FSDP / ZeRO-3 runs (verl, OpenRLHF defaults) reshard after forward
                 reshard_after_forward=True,
@@ -511,7 +515,31 @@ def read_case(r: dict[str, str]) -> RowCase:
         pp_open=not (r.get("train_pp") or "").strip(),
         cp_open=not (r.get("train_cp") or "").strip(),
         gen_pp_open=not (r.get("gen_pp") or "").strip(),
+        micro_batch_size=_micro_batch_size(r, max_seq or prompt + cap),
     )
+
+
+def _micro_batch_size(r: dict[str, str], seq_budget: float) -> int:
+    """Sequence budgets per trainer micro-batch from ``micro_batch_tokens`` (verl's
+    ``ppo_max_token_len_per_gpu`` under dynamic bsz, AReaL's dynamic micro-batch budget): a
+    token count, or ``<n>x`` of the sequence budget (prompt + response cap); the whole
+    budgets it holds, at least 1. Blank: 1 (one max-length sequence)."""
+    v = _cell(r, "micro_batch_tokens").lower()
+    if not v:
+        return 1
+    multiple = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x", v)
+    if multiple:
+        n = float(multiple.group(1))
+        if n < 1:
+            raise Unpredictable(f"micro_batch_tokens={v!r}: a multiple must be >= 1x")
+        return int(n)
+    tokens = cell_number(r, "micro_batch_tokens")
+    if tokens is None or tokens < 1:
+        raise Unpredictable(
+            f"micro_batch_tokens={v!r}; allowed: tokens per GPU (>= 1), '<n>x' of the "
+            "sequence budget, or blank"
+        )
+    return max(1, int(tokens // seq_budget))
 
 
 def _cap_for_mean(
