@@ -176,7 +176,7 @@ class RowCase:
     zero_stage: int | None = None
     # sequence budgets per trainer micro-batch (``micro_batch_tokens``; 1: one max-length
     # sequence, the packed micro-batch the model prices when the row is silent)
-    micro_batch_size: int = 1
+    budgets_per_micro_batch: int = 1
 
     def plan(self, lay: RowLayout) -> Plan:
         """The plan of this row with every layout field set (``lay``)."""
@@ -206,7 +206,7 @@ class RowCase:
                 engine=self.engine,
                 recompute=lay.recompute,
                 seq_packing=self.packing,
-                micro_batch_size=self.micro_batch_size,
+                micro_batch_size=self.budgets_per_micro_batch,
                 offload=self.colocated,
                 # published FSDP / ZeRO-3 runs (verl, OpenRLHF defaults) reshard after forward
                 reshard_after_forward=True,
@@ -515,11 +515,11 @@ def read_case(r: dict[str, str]) -> RowCase:
         pp_open=not (r.get("train_pp") or "").strip(),
         cp_open=not (r.get("train_cp") or "").strip(),
         gen_pp_open=not (r.get("gen_pp") or "").strip(),
-        micro_batch_size=_micro_batch_size(r, max_seq or prompt + cap),
+        budgets_per_micro_batch=_budgets_per_micro_batch(r, max_seq or prompt + cap),
     )
 
 
-def _micro_batch_size(r: dict[str, str], seq_budget: float) -> int:
+def _budgets_per_micro_batch(r: dict[str, str], seq_budget: float) -> int:
     """Sequence budgets per trainer micro-batch from ``micro_batch_tokens`` (verl's
     ``ppo_max_token_len_per_gpu`` under dynamic bsz, AReaL's dynamic micro-batch budget): a
     token count, or ``<n>x`` of the sequence budget (prompt + response cap); the whole
