@@ -193,6 +193,11 @@ def test_a_stated_micro_batch_budget_sets_the_trainers_micro_batches():
     assert double.micro_batch_size == 2 and t_double < t_blank  # half the per-micro-batch costs
     assert train_unit(micro_batch_tokens="12288")[0].micro_batch_size == 3  # 3 x 4,096
     assert train_unit(micro_batch_tokens="3000")[0].micro_batch_size == 1  # under one sequence
+    # a per-GPU budget over a context-parallel group holds cp times its tokens (verl scales
+    # ppo_max_token_len_per_gpu by its sequence-parallel size)
+    case = read_case(dict(BASE, micro_batch_tokens="2x", train_cp="2", num_gpus="32"))
+    assert case.budgets_per_micro_batch(case.layout.train_cp) == 4
+    assert read_case(dict(BASE, train_cp="2")).budgets_per_micro_batch(2) == 1  # silent: one
     for bad in ("0.5x", "-4", "lots"):
         (res,) = validate_rows([dict(BASE, micro_batch_tokens=bad)]).rows
         assert res.prediction is None and "micro_batch_tokens=" in res.reason, bad

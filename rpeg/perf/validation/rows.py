@@ -174,9 +174,17 @@ class RowCase:
     reward_model: bool = False
     # the DeepSpeed ZeRO stage the row states (column or text); None: not stated
     zero_stage: int | None = None
-    # sequence budgets per trainer micro-batch (``micro_batch_tokens``; 1: one max-length
-    # sequence, the packed micro-batch the model prices when the row is silent)
-    budgets_per_micro_batch: int = 1
+    # a trainer GPU's micro-batch token budget in sequence budgets (``micro_batch_tokens`` /
+    # (prompt + response cap)); None: the row is silent, one max-length sequence a micro-batch
+    gpu_budget_seqs: float | None = None
+
+    def budgets_per_micro_batch(self, cp: int) -> int:
+        """Whole sequence budgets in one trainer micro-batch: a per-GPU token budget holds
+        ``cp`` times its tokens over a context-parallel group (verl multiplies
+        ``ppo_max_token_len_per_gpu`` by its sequence-parallel size); 1 when unstated."""
+        if self.gpu_budget_seqs is None:
+            return 1
+        return max(1, int(self.gpu_budget_seqs * cp + 1e-9))
 
     def plan(self, lay: RowLayout) -> Plan:
         """The plan of this row with every layout field set (``lay``)."""
@@ -206,7 +214,7 @@ class RowCase:
                 engine=self.engine,
                 recompute=lay.recompute,
                 seq_packing=self.packing,
-                micro_batch_size=self.budgets_per_micro_batch,
+                micro_batch_size=self.budgets_per_micro_batch(lay.train_cp),
                 offload=self.colocated,
                 # published FSDP / ZeRO-3 runs (verl, OpenRLHF defaults) reshard after forward
                 reshard_after_forward=True,
@@ -515,31 +523,31 @@ def read_case(r: dict[str, str]) -> RowCase:
         pp_open=not (r.get("train_pp") or "").strip(),
         cp_open=not (r.get("train_cp") or "").strip(),
         gen_pp_open=not (r.get("gen_pp") or "").strip(),
-        budgets_per_micro_batch=_budgets_per_micro_batch(r, max_seq or prompt + cap),
+        gpu_budget_seqs=_gpu_budget_seqs(r, max_seq or prompt + cap),
     )
 
 
-def _budgets_per_micro_batch(r: dict[str, str], seq_budget: float) -> int:
-    """Sequence budgets per trainer micro-batch from ``micro_batch_tokens`` (verl's
-    ``ppo_max_token_len_per_gpu`` under dynamic bsz, AReaL's dynamic micro-batch budget): a
-    token count, or ``<n>x`` of the sequence budget (prompt + response cap); the whole
-    budgets it holds, at least 1. Blank: 1 (one max-length sequence)."""
+def _gpu_budget_seqs(r: dict[str, str], seq_budget: float) -> float | None:
+    """A trainer GPU's micro-batch token budget in sequence budgets, from
+    ``micro_batch_tokens`` (verl's ``ppo_max_token_len_per_gpu`` under dynamic bsz, AReaL's
+    dynamic micro-batch budget): a token count, or ``<n>x`` of the sequence budget (prompt +
+    response cap). None when blank."""
     v = _cell(r, "micro_batch_tokens").lower()
     if not v:
-        return 1
+        return None
     multiple = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x", v)
     if multiple:
         n = float(multiple.group(1))
         if n < 1:
             raise Unpredictable(f"micro_batch_tokens={v!r}: a multiple must be >= 1x")
-        return int(n)
+        return n
     tokens = cell_number(r, "micro_batch_tokens")
     if tokens is None or tokens < 1:
         raise Unpredictable(
             f"micro_batch_tokens={v!r}; allowed: tokens per GPU (>= 1), '<n>x' of the "
             "sequence budget, or blank"
         )
-    return max(1, int(tokens // seq_budget))
+    return tokens / seq_budget
 
 
 def _cap_for_mean(
