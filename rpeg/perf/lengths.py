@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from statistics import NormalDist
+from typing import Any
 
 _N = NormalDist()
 SQ2 = math.sqrt(2.0)
@@ -105,13 +106,13 @@ def prior_mean(
     prompts ask for programs) multiplies a reasoning model's median by
     ``Calibration.response_scale_code``. Sources of the medians: docs/perf-model.md,
     "Response-length prior"."""
-    median = (
-        calib.response_median_reasoning  # type: ignore[attr-defined]
-        if kind == "reasoning"
-        else calib.response_median_instruct  # type: ignore[attr-defined]
-    )
-    if code_scaled(kind, domain):
-        median *= calib.response_scale_code  # type: ignore[attr-defined]
+    cal: Any = calib
     if kind == "reasoning":  # a thinking trace grows with its budget
-        median *= (cap / calib.reasoning_cap_ref) ** calib.reasoning_cap_exponent  # type: ignore[attr-defined]
+        median = cal.response_median_reasoning * (cap / cal.reasoning_cap_ref) ** (
+            cal.reasoning_cap_exponent
+        )
+    else:
+        median = cal.response_median_instruct
+    if code_scaled(kind, domain):
+        median *= cal.response_scale_code
     return min(cap * 0.999, truncated_mean(median * scale, cap, calib.length_sigma))  # type: ignore[attr-defined]

@@ -101,7 +101,8 @@ def test_length_prior_matches_a_monte_carlo_of_its_definition():
     ):
         for cap in (1500, 4096, 16384, 28672):
             # a reasoning model's median grows with its budget: (cap / 4096) ** exponent
-            at = median * (cap / 4096) ** (SHIPPED.reasoning_cap_exponent * (kind == "reasoning"))
+            grow = SHIPPED.reasoning_cap_exponent * (kind == "reasoning")
+            at = median * (cap / SHIPPED.reasoning_cap_ref) ** grow
             xs = [min(at * math.exp(rng.gauss(0, SHIPPED.length_sigma)), cap) for _ in range(40000)]
             mc = sum(xs) / len(xs)
             assert prior_mean(kind, cap, SHIPPED) == pytest.approx(mc, rel=0.02)
