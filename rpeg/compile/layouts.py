@@ -260,6 +260,7 @@ def _layout(
         gen_tp=gp.tp if gp is not None else up.tp,
         gen_engine=None if gp is None else str(gp.engine),
         gen_memory_utilization=None if gp is None else gp.gpu_memory_utilization,
+        gen_enforce_eager=gp is not None and gp.enforce_eager,
         reshard_after_forward=not (fsdp and dp > 1 and _keeps_gathered(config, up, dtype, model)),
         recompute=bool(train) and _recomputes(config, plan.units[train[0]], model),
         device_type=dev,

@@ -63,8 +63,9 @@ class GroupSpec:
     ``tp * cp * pp`` ranks of one dp index hold the same rows (:attr:`replica_ranks`). ``gen_tp``: tensor-parallel size
     of the generation engine on these ranks (its own copy when it differs from tp);
     ``gen_engine``: the plan's engine of the group's generate unit (``auto``, ``torch``,
-    ``vllm``; None: the group generates nothing) and ``gen_memory_utilization`` its KV-cache
-    share of the device. ``reshard_after_forward``: FSDP training frees each block's gathered
+    ``vllm``; None: the group generates nothing), ``gen_memory_utilization`` its KV-cache
+    share of the device and ``gen_enforce_eager`` whether a vLLM engine decodes without CUDA
+    graphs (the unit's ``enforce_eager``). ``reshard_after_forward``: FSDP training frees each block's gathered
     parameters after its forward (the plan's setting, ``auto`` resolved by the compiler).
     ``recompute``: training checkpoints every decoder layer (the training unit's
     ``recompute``, ``auto`` resolved by the compiler: rpeg.perf.units.recomputes).
@@ -86,6 +87,7 @@ class GroupSpec:
     gen_tp: int = 1
     gen_engine: str | None = None
     gen_memory_utilization: float | None = None
+    gen_enforce_eager: bool = False
     reshard_after_forward: bool = True
     recompute: bool = False
     device_type: DeviceType = DEFAULT_DEVICE_TYPE

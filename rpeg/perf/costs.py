@@ -146,6 +146,7 @@ def decode_step_time(
     calib: Calibration,
     precision: str,
     verify: float = 1.0,
+    eager: bool = False,
     _stage: bool = False,
 ) -> tuple[float, float, float, float]:
     """One decode step of ``batch`` sequences with mean ``context`` tokens on one replica.
@@ -168,7 +169,7 @@ def decode_step_time(
         t, f, b, c = decode_step_time(
             model, gpu, cluster, batch=micro, context=context, tp=tp, pp=pp,
             first_device=first_device, wbytes=wbytes, kvbytes=kvbytes, calib=calib,
-            precision=precision, verify=verify, _stage=True,
+            precision=precision, verify=verify, eager=eager, _stage=True,
         )  # fmt: skip
         return pp * t, pp * f, pp * b, pp * c
     shards = tp * pp
@@ -200,4 +201,7 @@ def decode_step_time(
             * allreduce_time(batch * verify * model.hidden * 2.0, tp, bw, alpha, calib.nccl_bus_eff)
         )
     overhead = calib.decode_step_overhead_s + batch * calib.decode_seq_overhead_s
-    return max(t_mem, t_cmp) + t_comm + overhead, flops, nbytes, t_comm
+    t_gpu = max(t_mem, t_cmp) + t_comm
+    if eager:  # no CUDA graph: the host launches every layer's kernels, ahead of the device
+        t_gpu = max(t_gpu, model.layers / pp * (gpu.layer_overhead_s or calib.layer_overhead_s))
+    return t_gpu + overhead, flops, nbytes, t_comm

@@ -105,6 +105,9 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
 
     k = c.wl.spec_draft_tokens
     accept = spec_accept_len(c.wl, cal)
+    # a GPU decode without CUDA graphs: the plan's enforce_eager, or RPEG's torch engine (a
+    # CPU device's eager cost is its own profile: rpeg.perf.eager_cpu)
+    eager = not eager_cpu.is_cpu(gpu) and (u.enforce_eager or static_engine(u, gpu))
 
     def step(b: float, ctx: float) -> tuple[float, float, float, float]:
         """One decode step, per token it advances a sequence by (speculative decoding: a
@@ -124,11 +127,12 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
             calib=cal,
             precision=c.prec,
             verify=1.0 + k,
+            eager=eager,
         )
         if k:
             one, f0, b0, _ = costs.decode_step_time(
                 m, gpu, c.cluster, batch=b, context=ctx, tp=tp, pp=pp, first_device=first,
-                wbytes=c.wbytes, kvbytes=c.kvbytes, calib=cal, precision=c.prec,
+                wbytes=c.wbytes, kvbytes=c.kvbytes, calib=cal, precision=c.prec, eager=eager,
             )  # fmt: skip
             draft = k / m.layers  # a draft pass: one layer's share of a single-token step
             ts, f1, b1 = ts + draft * one, f1 + draft * f0, b1 + draft * b0

@@ -198,6 +198,13 @@ class UnitPlan(_Base):
         le=1.0,
         description="generation: KV-cache budget share",
     )
+    enforce_eager: bool = Field(
+        False,
+        description="generation: decode without CUDA graphs (vLLM's enforce_eager; verl's "
+        "rollout default before August 2025): every decode step launches each layer's "
+        "kernels from the host, which bounds a small batch's step; false = the engine's own "
+        "(vLLM captures CUDA graphs on GPUs; its CPU build and RPEG's torch engine run eager)",
+    )
     seq_packing: bool | Literal["auto"] = Field(
         "auto",
         description="forward/backward passes: pack each micro-batch's rows end to end without "

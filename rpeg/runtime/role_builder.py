@@ -168,6 +168,7 @@ def build_roles(
     log: Callable[[str], None] | None = None,
     compute_dtype: torch.dtype | None = None,
     engine_memory: float | None = None,
+    engine_eager: bool = False,
     device: torch.device | None = None,
     sharded_build: bool = False,
 ) -> Roles:
@@ -180,7 +181,8 @@ def build_roles(
     only with ``lagging_engine`` (a bounded-staleness generator); ``colocated``: the engine
     shares its device with
     training (vLLM sleep mode); ``engine_memory``: the plan's ``gpu_memory_utilization`` of
-    the generate unit for a vLLM engine (None: the plan schema's default). ``place(model)``
+    the generate unit for a vLLM engine (None: the plan schema's default); ``engine_eager``:
+    its ``enforce_eager`` (a vLLM engine without CUDA graphs). ``place(model)``
     moves the built model before any role copies it (a rank's device); ``device``: where the model is built
     (:func:`build_policy`), so ``place`` has nothing to move.
 
@@ -249,6 +251,7 @@ def build_roles(
                     config=c,
                     colocated=colocated,
                     gpu_memory_utilization=engine_memory,
+                    enforce_eager=engine_eager,
                     source=worker.weight_source(),  # LoRA: merged
                 )
 
@@ -260,6 +263,7 @@ def build_roles(
                 config=c,
                 colocated=colocated,
                 gpu_memory_utilization=engine_memory,  # the plan's (vLLM's KV-cache share)
+                enforce_eager=engine_eager,
             )
             if isinstance(getattr(own_engine, "model", None), torch.nn.Module):
                 own_engine.model.to(dtype=frozen)

@@ -158,3 +158,35 @@ def test_cpu_layer_overhead_is_a_device_field():
     ms = raw["gpus"]["cpu"]["layer_overhead_ms"]  # measured, in ms in the data file
     assert ms > 0 and cpu.layer_overhead_s == pytest.approx(ms / 1e3)  # seconds in the spec
     assert h100.layer_overhead_s == 0.0  # GPUs use Calibration.layer_overhead_s
+
+
+def test_an_eager_decode_step_is_bound_by_the_hosts_layer_launches():
+    # without CUDA graphs the host launches every layer's kernels each step: a small model's
+    # lone sequence waits on them (layers x the per-layer launch cost), a large batch whose
+    # device time exceeds that does not
+    m = specs.model("qwen2.5-0.5b-instruct")
+    cl = specs.cluster("dgx-h100")
+    kw = dict(tp=1, pp=1, first_device=0, wbytes=2.0, kvbytes=2.0, calib=DEFAULT, precision="bf16")
+    graphs = costs.decode_step_time(m, cl.gpu, cl, batch=1, context=0, **kw)[0]
+    eager = costs.decode_step_time(m, cl.gpu, cl, batch=1, context=0, eager=True, **kw)[0]
+    overhead = DEFAULT.decode_step_overhead_s + DEFAULT.decode_seq_overhead_s
+    weights = m.params * 2 / (3.35e12 * DEFAULT.decode_hbm_eff)  # ~0.3 ms
+    assert graphs == pytest.approx(weights + overhead, rel=1e-9)
+    assert eager == pytest.approx(m.layers * DEFAULT.layer_overhead_s + overhead, rel=1e-9)
+    big = dict(batch=256, context=30000, **kw)  # ~40 ms of KV reads a step
+    assert costs.decode_step_time(m, cl.gpu, cl, eager=True, **big)[0] == pytest.approx(
+        costs.decode_step_time(m, cl.gpu, cl, **big)[0]
+    )
+    # a pipeline stage launches its own layers
+    two = costs.decode_step_time(
+        m,
+        cl.gpu,
+        cl,
+        batch=1,
+        context=0,
+        tp=1,
+        pp=2,
+        eager=True,
+        **{k: v for k, v in kw.items() if k not in ("tp", "pp")},
+    )[0]
+    assert two == pytest.approx(2 * (m.layers / 2 * DEFAULT.layer_overhead_s + overhead), rel=1e-9)

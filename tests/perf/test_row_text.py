@@ -3,6 +3,7 @@ copies of the shipped data sets scored as runs described only by the shared colu
 here reads ../shared: the copies are package data."""
 
 import csv
+from dataclasses import replace
 
 import pytest
 
@@ -194,3 +195,37 @@ def test_the_batch_is_read_where_a_recipe_names_it():
 )
 def test_the_micro_batch_token_budget_is_read_where_a_recipe_states_it(text, value):
     assert read({"notes": text}).get("micro_batch_tokens") == value
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("vLLM gen TP4 enforce_eager, gpu_memory_utilization 0.7", "yes"),
+        ("actor_rollout_ref.rollout.enforce_eager=False", "no"),
+        ("rollout.enforce_eager: true", "yes"),
+        ("SGLang with disable_cuda_graph", "yes"),
+        ("sglang disable_cuda_graph=false", None),
+        ("CUDA graphs disabled for the engine", "yes"),
+        ("enforce_eager=True; enforce_eager=False", None),  # two statements that disagree
+        ("vLLM 0.8.4 with CUDA graphs", None),
+    ],
+)
+def test_an_eager_engine_is_read_where_the_text_names_it(text, value):
+    assert read({"notes": text}).get("enforce_eager") == value
+
+
+def test_a_row_whose_engine_runs_eager_prices_its_decode_without_cuda_graphs():
+    path = loso.shared_copies()["steps_dev (shared schema)"]
+    row = {**_rows(path)[0], "notes": "vLLM gen TP4 enforce_eager"}
+    case = read_case(row)
+    assert case.enforce_eager
+    lay = case.layout
+    filled = replace(
+        lay,
+        gen_tp=lay.gen_tp or 1,
+        train_tp=lay.train_tp or 1,
+        gpu_memory_utilization=lay.gpu_memory_utilization or 0.6,
+    )
+    gen = [u for u in case.plan(filled).units.values() if u.engine == "vllm"]
+    assert gen and all(u.enforce_eager for u in gen)
+    assert not read_case({**row, "notes": ""}).enforce_eager

@@ -91,3 +91,16 @@ def test_an_unknown_acceptance_widens_the_range_and_a_bad_method_is_refused():
     assert hi - lo > hi2 - lo2
     with pytest.raises(Unpredictable, match="spec_decode='medusa'; allowed: none, mtp, eagle"):
         read_case({**r, "spec_decode": "medusa"})
+
+
+def test_an_eager_engine_decodes_slower_where_the_host_bounds_its_steps():
+    # one sequence per replica of a 30B-A3B MoE at tp 4 on H20s: each decode step's device
+    # work is under its 48 layers' launches, so an engine without CUDA graphs takes longer
+    # per token; the prefill is unchanged
+    row = _row("verl-fa-30b-colocate-128g", num_prompts=32, samples_per_prompt=1)
+    _, _, graphs = _gen({**row, "notes": ""})
+    case, _, eager = _gen({**row, "notes": "vLLM gen TP4 enforce_eager"})
+    assert case.enforce_eager
+    assert eager.detail["prefill_s"] == pytest.approx(graphs.detail["prefill_s"])
+    decode = lambda s: s.time_s - s.detail["prefill_s"]  # noqa: E731
+    assert decode(eager) > 1.3 * decode(graphs)

@@ -310,8 +310,9 @@ def test_refresh_engine_after_a_weight_receive(tiny):
 
 
 def test_the_plans_memory_share_reaches_the_vllm_engine(tiny, monkeypatch):
-    """gpu_memory_utilization comes from the plan's generate unit (compiled into the group),
-    the engine's dtype from the policy's precision, sleep mode from colocation."""
+    """gpu_memory_utilization and enforce_eager come from the plan's generate unit (compiled
+    into the group), the engine's dtype from the policy's precision, sleep mode from
+    colocation; enforce_eager false leaves vLLM its own (CUDA graphs on GPUs)."""
     from rpeg.compile import compile_plan
     from rpeg.runtime.engines import choice
     from rpeg.runtime.engines.vllm import VLLMEngine
@@ -327,7 +328,11 @@ def test_the_plans_memory_share_reaches_the_vllm_engine(tiny, monkeypatch):
                 "units": {
                     u: {
                         "devices": "0",
-                        **({"gpu_memory_utilization": 0.3} if u == "generate" else {}),
+                        **(
+                            {"gpu_memory_utilization": 0.3, "enforce_eager": True}
+                            if u == "generate"
+                            else {}
+                        ),
                     }
                     for u in (
                         "generate",
@@ -343,15 +348,37 @@ def test_the_plans_memory_share_reaches_the_vllm_engine(tiny, monkeypatch):
         }
     )
     (group,) = [g for g in compile_plan(None, cfg).actor_groups if "generate" in g.units]
-    assert group.gen_memory_utilization == 0.3
+    assert group.gen_memory_utilization == 0.3 and group.gen_enforce_eager is True
+    others = [g for g in compile_plan(None, cfg).actor_groups if "generate" not in g.units]
+    assert all(g.gen_enforce_eager is False for g in others)
     got = {}
     monkeypatch.setattr(VLLMEngine, "from_model", classmethod(lambda cls, m, **kw: got.update(kw)))
     model, tok = tiny
     choice.build_engine("vllm", model, tok, config=cfg, colocated=True, gpu_memory_utilization=0.3)
     assert got["gpu_memory_utilization"] == 0.3 and got["sleep_mode"] is True
     assert got["dtype"] == "float32"  # an fp32 policy's engine (was bf16: 1.4e-2 off)
+    assert "enforce_eager" not in got
+    choice.build_engine("vllm", model, tok, config=cfg, colocated=False, enforce_eager=True)
+    assert got["enforce_eager"] is True
+    got.clear()
     choice.build_engine("vllm", model, tok, config=cfg, colocated=False)
     assert got["gpu_memory_utilization"] == 0.8 and got["sleep_mode"] is False  # schema default
+    assert "enforce_eager" not in got
     bf16 = cfg.with_overrides({"workload.precision": "bf16"})
     choice.build_engine("vllm", model, tok, config=bf16, colocated=False)
     assert got["dtype"] == "bfloat16"
+
+
+def test_a_ranks_roles_build_their_vllm_engine_with_the_groups_enforce_eager(monkeypatch):
+    """build_roles (a rank's models, the local trainer) hands ``engine_eager`` to the
+    engine it builds, and leaves it off by default."""
+    from rpeg.runtime import role_builder
+
+    seen = []
+    monkeypatch.setattr(
+        role_builder, "build_engine", lambda *a, **kw: seen.append(kw.get("enforce_eager"))
+    )
+    cfg = RunConfig()
+    role_builder.build_roles(cfg, ["actor"], engine="vllm", colocated=False, engine_eager=True)
+    role_builder.build_roles(cfg, ["actor"], engine="vllm", colocated=False)
+    assert seen == [True, False]

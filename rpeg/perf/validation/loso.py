@@ -63,6 +63,7 @@ EXPLICIT = (
     "spec_accept_len",
     "gen_batching",
     "gen_batch_size",
+    "enforce_eager",
     "zero_stage",
     "reward_model",
 )

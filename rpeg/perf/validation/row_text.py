@@ -34,6 +34,7 @@ _BOOL: dict[str, tuple[str, ...]] = {
     ),
     "seq_packing": (r"\bseq(?:uence)?_packing\s*[=:]?\s*" + _FLAGS,),
     "reuse_rollout_logprobs": (r"\buse_rollout_log_probs\s*[=:]?\s*" + _FLAGS,),
+    "enforce_eager": (r"\benforce_eager\s*[=:]\s*" + _FLAGS,),
 }
 #: column -> phrases that state the value without a flag
 _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -45,6 +46,13 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
         (r"\b(?:use_)?remove_padding\b", "yes"),
     ),
     "reuse_rollout_logprobs": ((r"\bold_log_prob not recomputed\b", "yes"),),
+    # the rollout engine without CUDA graphs: vLLM's flag named bare ("vLLM TP4
+    # enforce_eager"), SGLang's disable_cuda_graph
+    "enforce_eager": (
+        (r"\benforce_eager\b(?!\s*[=:])", "yes"),
+        (r"\bdisable_cuda_graph\b(?!\s*[=:]\s*(?:false|0|no)\b)", "yes"),
+        (r"\bcuda graphs? (?:disabled|off)\b", "yes"),
+    ),
     "model_kind": (
         (r"\bbase (?:checkpoint|model)\b", "base"),
         (r"\binstruct (?:checkpoint|model)\b", "instruct"),

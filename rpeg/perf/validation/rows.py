@@ -177,6 +177,8 @@ class RowCase:
     # a trainer GPU's micro-batch token budget in sequence budgets (``micro_batch_tokens`` /
     # (prompt + response cap)); None: the row is silent, one max-length sequence a micro-batch
     gpu_budget_seqs: float | None = None
+    # the engine decodes without CUDA graphs (``enforce_eager`` column or text); blank: with
+    enforce_eager: bool = False
 
     def budgets_per_micro_batch(self, cp: int) -> int:
         """Whole sequence budgets in one trainer micro-batch: a per-GPU token budget holds
@@ -204,6 +206,7 @@ class RowCase:
                 gpu_memory_utilization=lay.gpu_memory_utilization,
                 offload=self.colocated,
                 engine="vllm",
+                enforce_eager=self.enforce_eager,
             )
             train = UnitPlan(
                 devices=train_devs,
@@ -518,6 +521,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         workload=wl,
         unknown=tuple(unknown),
         system=system,
+        enforce_eager=bool(cell_tri(r, "enforce_eager")),
         reward_model=rm,
         zero_stage=zero,
         pp_open=not (r.get("train_pp") or "").strip(),

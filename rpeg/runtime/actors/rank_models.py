@@ -110,6 +110,7 @@ class RankModels:
             # fp32 masters for trainable roles, compute in the plan's dtype (rpeg.runtime.precision)
             compute_dtype=torch_dtype(self.layout.dtype),
             engine_memory=self.group.gen_memory_utilization,  # the plan's generate unit
+            engine_eager=self.group.gen_enforce_eager,  # its enforce_eager (vLLM)
             # a sharded layout: roles built on the meta device, each filled with its shard
             # once laid out (_apply_layout; rpeg.runtime.materialize)
             sharded_build=sharded_build(self.layout, engine),

@@ -219,13 +219,16 @@ def build_engine(
     gpu_memory_utilization: float | None = None,
     log: Any = None,
     source: Any = None,
+    enforce_eager: bool = False,
 ):
     """A private generation engine over a copy of ``model``'s weights: a TorchEngine on a
     deep copy, or a VLLMEngine loading them in the policy's compute dtype, with sleep mode
     when ``colocated`` with training (where the platform has it) and the plan's
     ``gpu_memory_utilization`` (None: the plan schema's default for a generate unit).
     ``source``: vLLM's weights as ``(meta, fetch)`` instead of ``model``'s own (a laid-out
-    trainer's ``weight_source``: gathered one tensor at a time, LoRA merged)."""
+    trainer's ``weight_source``: gathered one tensor at a time, LoRA merged).
+    ``enforce_eager``: the plan's (vLLM decodes without CUDA graphs; the torch engine always
+    runs eager, and vLLM's CPU build too)."""
     import copy
 
     if engine == "torch":
@@ -247,6 +250,8 @@ def build_engine(
         gpu_memory_utilization=float(gpu_memory_utilization),
         log=log,
     )
+    if enforce_eager:  # false leaves vLLM its own: CUDA graphs on GPUs, eager on its CPU build
+        kwargs["enforce_eager"] = True
     if source is not None:
         where = next(model.parameters()).device
         return VLLMEngine.from_source(model.config, source, where, **kwargs)
