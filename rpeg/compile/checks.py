@@ -130,6 +130,20 @@ def packing_problems(plan: Any, model: Any) -> list[Problem]:
     return out
 
 
+def eager_problems(plan: Any, kinds_of: dict[str, Any]) -> list[Problem]:
+    """``enforce_eager: true`` on a unit that generates nothing: the flag is the rollout
+    engine's (decode without CUDA graphs), no other unit has an engine to give it to."""
+    return [
+        Problem(
+            f"plan.units.{n}.enforce_eager",
+            "true on a unit without a generate stage; allowed: false (the flag is the "
+            "rollout engine's: decode without CUDA graphs)",
+        )
+        for n, u in plan.units.items()
+        if u.enforce_eager and "generate" not in {str(k) for k in kinds_of.get(n, ())}
+    ]
+
+
 def batch_problems(groups: Iterable[GroupSpec], workload: Any) -> list[Problem]:
     """Each data-parallel rank needs a whole prompt group; sharded (or unevenly split)
     training ranks must run the same number of collectives."""

@@ -37,6 +37,7 @@ from typing import Any
 from rpeg.compile.checks import (
     batch_problems,
     check_step,
+    eager_problems,
     env_problems,
     packing_problems,
     plan_problems,
@@ -114,6 +115,7 @@ def compile_step(
         + pp_problems
         + stage_problems(lay.groups, kinds_of, plan, config, spec)
         + packing_problems(plan, spec)
+        + eager_problems(plan, kinds_of)
     )
     groups = lay.groups
     raise_if(batch_problems(groups, config.workload))

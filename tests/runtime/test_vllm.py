@@ -11,7 +11,7 @@ import torch
 from fake_vllm import FakeLLM, check_wire, shard
 
 from rpeg.config import RunConfig
-from rpeg.errors import RpegError
+from rpeg.errors import ConfigError, RpegError
 from rpeg.runtime.engines.base import SamplingParams
 from rpeg.runtime.engines.vllm import VLLMEngine
 from rpeg.runtime.engines.vllm_requests import (
@@ -351,6 +351,10 @@ def test_the_plans_memory_share_reaches_the_vllm_engine(tiny, monkeypatch):
     assert group.gen_memory_utilization == 0.3 and group.gen_enforce_eager is True
     others = [g for g in compile_plan(None, cfg).actor_groups if "generate" not in g.units]
     assert all(g.gen_enforce_eager is False for g in others)
+    # the flag on a unit without an engine is refused by name, before anything starts
+    bad = cfg.with_overrides({"plan.units.train_actor.enforce_eager": True})
+    with pytest.raises(ConfigError, match=r"plan\.units\.train_actor\.enforce_eager"):
+        compile_plan(None, bad)
     got = {}
     monkeypatch.setattr(VLLMEngine, "from_model", classmethod(lambda cls, m, **kw: got.update(kw)))
     model, tok = tiny
