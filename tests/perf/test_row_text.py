@@ -10,7 +10,7 @@ import pytest
 from rpeg.perf.validation import loso
 from rpeg.perf.validation.loso_summary import summarise
 from rpeg.perf.validation.row_text import read, system_of, with_text
-from rpeg.perf.validation.rows import read_case
+from rpeg.perf.validation.rows import assumed_values, eager_default, read_case
 
 #: the columns of ../shared/validation/steps_dev*.csv (its README's schema)
 SHARED = [
@@ -229,3 +229,29 @@ def test_a_row_whose_engine_runs_eager_prices_its_decode_without_cuda_graphs():
     gen = [u for u in case.plan(filled).units.values() if u.engine == "vllm"]
     assert gen and all(u.enforce_eager for u in gen)
     assert not read_case({**row, "notes": ""}).enforce_eager
+
+
+@pytest.mark.parametrize(
+    ("system", "text", "eager"),
+    [
+        ("verl-fsdp", "verl 0.3.0.post1, vLLM rollout", True),
+        ("verl-megatron", "trained with verl v0.5.0", True),
+        ("verl-fsdp", "verl v0.6.1, vLLM rollout", False),  # CUDA graphs on by default
+        ("verl-fsdp", "verl 0.3.0.post1, SGLang 0.4.5.post3 rollout", False),
+        ("verl-fsdp", "verl v0.4.1 then verl v0.7.0", False),  # releases that disagree
+        ("verl-fsdp", "verl main", False),  # no release named
+        ("nemo-rl-megatron", "compared with verl 0.4.1", False),  # not a verl run
+    ],
+)
+def test_a_verl_release_before_cuda_graphs_by_default_runs_its_rollout_eager(system, text, eager):
+    assert eager_default(system, {"notes": text}) is eager
+
+
+def test_the_release_default_yields_to_a_stated_flag_and_is_reported_as_assumed():
+    path = loso.shared_copies()["steps_dev (shared schema)"]
+    row = {**_rows(path)[0], "system": "verl-fsdp", "notes": "verl 0.4.1, vLLM rollout"}
+    case = read_case(row)
+    assert case.enforce_eager and "enforce_eager" in case.unknown
+    assert "enforce_eager=yes (verl <= 0.5 rollout default)" in assumed_values(case)
+    stated = read_case({**row, "notes": "verl 0.4.1, vLLM rollout, enforce_eager=False"})
+    assert not stated.enforce_eager and "enforce_eager" not in stated.unknown

@@ -111,6 +111,27 @@ def reward_model_default(system: str, has_critic: bool) -> bool:
 REFERENCE_SYSTEMS = ("nemo-rl-megatron", "nemo-rl-dtensor", "openrlhf-deepspeed", "deepspeed-chat")
 
 
+#: the last verl release whose rollout config defaults to ``enforce_eager: True`` (with
+#: ``free_cache_engine: True``, which asserted it); v0.6.0 (PR #2956, 2025-08-08) turned vLLM's
+#: CUDA graphs on by default
+VERL_EAGER_UNTIL = (0, 5)
+_VERL_VERSION = re.compile(r"\bverl[ _-]?v?(\d+)[._](\d+)(?:[._]\d+)?\b")
+
+
+def eager_default(system: str, r: dict[str, str]) -> bool:
+    """Whether a row that does not say runs its vLLM rollout without CUDA graphs: a verl
+    run whose text names a verl release up to :data:`VERL_EAGER_UNTIL` (one release, or
+    several that agree) and no SGLang rollout (verl never handed the flag to SGLang)."""
+    if not system.startswith("verl"):
+        return False
+    text = " ".join((r.get(c) or "") for c in ("notes", "model_arch_notes", "source_locator"))
+    text = text.lower()
+    found = {(int(a), int(b)) for a, b in _VERL_VERSION.findall(text)}
+    if "sglang" in text or len({v <= VERL_EAGER_UNTIL for v in found}) != 1:
+        return False
+    return next(iter(found)) <= VERL_EAGER_UNTIL
+
+
 def critic_of(algo: str) -> bool:
     """Whether an algorithm named ``algo`` (lower case) trains a critic: PPO by name, GAE,
     VAPO / VC-PPO (value-based PPO) or any that says "critic", unless it says it has none."""
@@ -498,6 +519,11 @@ def read_case(r: dict[str, str]) -> RowCase:
         gpu_memory_utilization=util,
         recompute=recompute,
     )
+    eager = cell_tri(r, "enforce_eager")
+    if eager is None:  # blank: the executing system's release default (eager_default)
+        eager = eager_default(system, r)
+        if eager:
+            unknown.append("enforce_eager")
     _check_pools(layout, n, r)
     if "model" not in unknown:  # a stand-in's heads and layers are not the model's own
         _check_model_split(layout, model, r)
@@ -521,7 +547,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         workload=wl,
         unknown=tuple(unknown),
         system=system,
-        enforce_eager=bool(cell_tri(r, "enforce_eager")),
+        enforce_eager=eager,
         reward_model=rm,
         zero_stage=zero,
         pp_open=not (r.get("train_pp") or "").strip(),
@@ -632,6 +658,7 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "train_backend": case.engine,
         "cluster": case.cluster_name,
         "model": case.model.name,
+        "enforce_eager": f"{yn(case.enforce_eager)} (verl <= 0.5 rollout default)",
     }
     return tuple(f"{u}={values[u]}" for u in case.unknown if u in values)
 
