@@ -81,7 +81,16 @@ def test_the_system_a_gpu_sits_in_is_not_its_name(written, catalog):
 
 @pytest.mark.parametrize(
     ("written", "catalog", "tflops"),
-    [("RTX A6000", "rtx-a6000", 154.8), ("A6000 48GB", "rtx-a6000", 154.8), ("A40", "a40", 149.7)],
+    [
+        ("RTX A6000", "rtx-a6000", 154.8),
+        ("A6000 48GB", "rtx-a6000", 154.8),
+        ("A40", "a40", 149.7),
+        ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada", 364.2),
+        # Huawei's NPU (verl / MindSpeed-RL runs): verl's own MFU basis, 354 TF
+        ("Ascend 910B", "ascend-910b", 354),
+        ("Huawei Ascend 910B3", "ascend-910b", 354),
+        ("Atlas 800T A2", "ascend-910b", 354),
+    ],
 )
 def test_workstation_cards_of_academic_rl_runs_are_priced(written, catalog, tflops):
     from rpeg import specs

@@ -112,6 +112,17 @@ GPU_ALIASES = {
     "gh200-96gb": "gh200",
     "mi300": "mi300x",
     "a6000": "rtx-a6000",
+    "rtx-6000-ada-generation": "rtx-6000-ada",
+    "6000-ada": "rtx-6000-ada",
+    # Huawei's NPU as published runs name it (verl / MindSpeed-RL: "Ascend 910B", "910B3",
+    # "Atlas 800T A2")
+    "910b": "ascend-910b",
+    "910b2": "ascend-910b",
+    "910b3": "ascend-910b",
+    "ascend910b": "ascend-910b",
+    "ascend-910b2": "ascend-910b",
+    "ascend-910b3": "ascend-910b",
+    "atlas-800t-a2": "ascend-910b",
     # Volta: a bare "V100" is the SXM2 32 GB part of most published training runs (DGX-1V /
     # DGX-2); the 16 GB and PCIe parts when the name says so
     "v100": "v100-32g",
@@ -252,7 +263,9 @@ def model_name(r: dict[str, str]) -> str:
 # words of a GPU's marketing name that do not tell catalog GPUs apart: the vendor, the memory
 # technology ("HBM3"), the form factor of the SXM parts, the system it sits in (HGX/DGX boards,
 # a GB200 NVL72 rack; "H100 NVL", a card of its own, is matched whole first)
-_GPU_NOISE = re.compile(r"^(?:nvidia|amd|instinct|tesla|geforce|hbm\d*e?|sxm\d?|hgx|dgx|nvl\d+)$")
+_GPU_NOISE = re.compile(
+    r"^(?:nvidia|amd|huawei|instinct|tesla|geforce|hbm\d*e?|sxm\d?|hgx|dgx|nvl\d+)$"
+)
 _GPU_MEMORY = re.compile(r"^\d+(?:gb?)$")
 #: a count before a GPU name ("8xH100", "8 x A100"): not part of the name
 GPU_COUNT = re.compile(r"^\s*\d+\s*[x×*]\s*")
