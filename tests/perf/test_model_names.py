@@ -8,7 +8,7 @@ import pytest
 from rpeg import specs
 from rpeg.perf.validation import loso
 from rpeg.perf.validation.published import read_rows
-from rpeg.perf.validation.row_cells import known_model, model_name, resolve_model, unknown_names
+from rpeg.perf.validation.row_cells import resolve_model, unknown_names
 
 
 @pytest.mark.parametrize(
@@ -127,17 +127,3 @@ def test_runs_on_these_architectures_are_priced_not_refused(cells):
     priced, refused = loso.price_rows([_row(**cells)], "synthetic")
     assert [r.reason for r in refused] == [] and len(priced) == 1
     assert priced[0].step.min() > 0
-
-
-def test_phi_3_5_mini_takes_phi_3_minis_shape():
-    # a published run's "microsoft/Phi-3.5-mini-instruct" is priced (it was refused as unknown)
-    name = model_name({"model": "microsoft/Phi-3.5-mini-instruct"})
-    assert name == "phi-3.5-mini-instruct" and known_model(name)
-    a, b = specs.model(name), specs.model("phi-3-mini-4k")
-    assert (a.layers, a.hidden, a.kv_heads, a.vocab, a.params) == (
-        b.layers,
-        b.hidden,
-        b.kv_heads,
-        b.vocab,
-        b.params,
-    )

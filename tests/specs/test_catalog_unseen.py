@@ -11,6 +11,12 @@ from rpeg.perf.validation.row_cells import resolve_model
 # (name as a run writes it, catalog entry, kind the name's suffix states or None, the
 # checkpoint's kind from its model card)
 CASES = [
+    ("deepseek-ai/DeepSeek-V2-Chat", "deepseek-v2", "instruct", "instruct"),
+    ("DeepSeek-V2.5", "deepseek-v2.5", None, "instruct"),
+    ("deepseek-ai/DeepSeek-Coder-V2-Instruct", "deepseek-coder-v2", "instruct", "instruct"),
+    ("mistralai/Devstral-Small-2505", "devstral-small", None, "instruct"),
+    ("microsoft/Phi-3-mini-128k-instruct", "phi-3-mini-128k", "instruct", "instruct"),
+    ("microsoft/Phi-3.5-mini-instruct", "phi-3.5-mini", "instruct", "instruct"),
     ("Qwen/Qwen2.5-Math-72B", "qwen2.5-math-72b", None, "base"),
     ("Qwen2.5-Math-72B-Instruct", "qwen2.5-math-72b", "instruct", "instruct"),
     ("mistralai/Mistral-Nemo-Instruct-2407", "mistral-nemo", "instruct", "instruct"),
@@ -151,6 +157,7 @@ NEW_ARCHITECTURES = {
     "opt-66b": 66,
     "qwen3-coder-480b-a35b-instruct": 480,
     "deepseek-v2-lite": 15.7,
+    "deepseek-v2": 236,
     "moonlight-16b-a3b": 16,
     "mixtral-8x22b-instruct": 141,
     "minimax-m2": 230,
@@ -192,6 +199,11 @@ def test_a_new_architecture_meets_its_published_total(name):
         ("deepseek-v3.2-exp", "deepseek-v3"),
         ("glm-4.6", "glm-4.5"),
         ("kimi-dev-72b", "qwen2.5-72b"),
+        ("deepseek-v2.5", "deepseek-v2"),
+        ("deepseek-coder-v2", "deepseek-v2"),
+        ("devstral-small", "mistral-small-24b"),
+        ("phi-3-mini-128k", "phi-3-mini-4k"),
+        ("phi-3.5-mini", "phi-3-mini-4k"),
     ],
 )
 def test_a_fine_tune_has_its_base_architecture(name, base):
