@@ -114,6 +114,16 @@ def _row(**cells):
     [
         (dict(placement="colocate"), dict(placement="colocated")),
         (dict(placement="Co-located"), dict(placement="colocated")),
+        (dict(placement="colocated (sync)"), dict(placement="colocated")),
+        (dict(placement="Hybrid Engine"), dict(placement="colocated")),
+        (dict(placement="co_located"), dict(placement="colocated")),
+        *(
+            (
+                dict(placement=p, gen_gpus="8", train_gpus="8"),
+                dict(placement="disaggregated", gen_gpus="8", train_gpus="8"),
+            )
+            for p in ("separate pools", "Disaggregated; 8:8", "decoupled")
+        ),
         (dict(precision="bfloat16"), dict(precision="bf16")),
         (dict(precision="float16"), dict(precision="fp16")),
         (dict(max_gen_len="4k"), dict(max_gen_len="4096")),

@@ -75,10 +75,29 @@ PLACEMENT_NAMES = {
     "colocate": "colocated",
     "co-located": "colocated",
     "collocated": "colocated",
+    # verl's and OpenRLHF's "hybrid engine": generation and training share the GPUs (a bare
+    # "hybrid" may mean a mix of both: refused)
+    "hybrid-engine": "colocated",
+    "shared": "colocated",
     "disaggregate": "disaggregated",
     "separate": "disaggregated",
     "separated": "disaggregated",
+    "decoupled": "disaggregated",
+    "split": "disaggregated",
+    "dedicated": "disaggregated",
 }
+
+
+def placement_name(cell: str) -> str:
+    """The placement a ``placement`` cell names: its first words before a bracket or a
+    separator (``colocated (sync)``, ``disaggregated; 96:32``), case, spaces and underscores
+    as one spelling (``Hybrid Engine``, ``co_located``), :data:`PLACEMENT_NAMES`' synonyms."""
+    head = re.split(r"[(;,/]", cell, maxsplit=1)[0].strip().lower()
+    head = re.sub(r"[\s_]+", "-", head)
+    if head in PLACEMENT_NAMES or head in ("colocated", "disaggregated"):
+        return PLACEMENT_NAMES.get(head, head)
+    first = head.split("-", 1)[0]  # "separate pools", "disaggregated rollout"
+    return PLACEMENT_NAMES.get(first, first if first in ("colocated", "disaggregated") else head)
 
 #: sequences per generation batch of an engine without continuous batching where a row does
 #: not say (DeepSpeed-Chat's ``per_device_generation_batch_size`` default)
@@ -288,15 +307,17 @@ def read_case(r: dict[str, str]) -> RowCase:
     unknown: list[str] = [] if model.name in specs.models() else ["model"]
     gen_n = cell_opt_int(r, "gen_gpus")
     train_n = cell_opt_int(r, "train_gpus")
-    placement = (r.get("placement") or "").strip().lower()
-    placement = PLACEMENT_NAMES.get(placement, placement)
+    placement = placement_name(r.get("placement") or "")
     if not placement:
         # blank: two pools that add up are disaggregated; otherwise one shared pool
         split = gen_n is not None and train_n is not None and gen_n != train_n
         placement = "disaggregated" if split else "colocated"
         unknown.append("placement")
     if placement not in ("colocated", "disaggregated"):
-        raise Unpredictable(f"placement={placement!r}; allowed: colocated, disaggregated")
+        raise Unpredictable(
+            f"placement={(r.get('placement') or '').strip()!r}; allowed: colocated, "
+            "disaggregated (or a synonym: colocate, hybrid engine, separate, decoupled, split)"
+        )
     colocated = placement == "colocated"
     if cell_number(r, "num_gpus") is None and gen_n is not None and train_n is not None:
         n = gen_n if colocated else gen_n + train_n  # the pools say how many
