@@ -125,13 +125,34 @@ def _row(**cells):
             for p in ("separate pools", "Disaggregated; 8:8", "decoupled")
         ),
         (dict(precision="bfloat16"), dict(precision="bf16")),
+        (dict(precision="BF16/FP32"), dict(precision="bf16")),  # compute / master
+        (dict(precision="fp16 (fp32 grads/optimizer)"), dict(precision="fp16")),
+        (dict(precision="tf32"), dict(precision="fp32")),
+        (dict(staleness="one-step"), dict(staleness="1")),
+        (dict(staleness="off-policy 2"), dict(staleness="2")),
+        (dict(staleness="on-policy"), dict(staleness="0")),
+        (dict(partial_rollout="yes (interruptible)"), dict(partial_rollout="yes")),
+        (dict(partial_rollout="interruptible"), dict(partial_rollout="yes")),
+        (dict(partial_rollout="No - sync"), dict(partial_rollout="no")),
         (dict(precision="float16"), dict(precision="fp16")),
         (dict(max_gen_len="4k"), dict(max_gen_len="4096")),
     ],
 )
 def test_a_spelling_reads_as_the_canonical_cell(cells, same_as):
     a, b = read_case(_row(**cells)), read_case(_row(**same_as))
-    assert (a.colocated, a.workload) == (b.colocated, b.workload)
+    assert (a.colocated, a.staleness, a.partial, a.workload) == (
+        b.colocated,
+        b.staleness,
+        b.partial,
+        b.workload,
+    )
+
+
+def test_a_lag_that_states_no_bound_is_refused_naming_the_allowed_values():
+    with pytest.raises(Unpredictable, match=r"staleness='async' states no bound; allowed: .*inf"):
+        read_case(_row(staleness="async"))
+    with pytest.raises(Unpredictable, match="partial_rollout='maybe'; allowed: yes, no"):
+        read_case(_row(partial_rollout="maybe"))
 
 
 def test_an_ambiguous_placement_is_still_refused_by_name():

@@ -430,8 +430,10 @@ def cell_float(r: dict[str, str], k: str) -> float | None:
     return None if v is None or v <= 0 else v
 
 
-_YES = ("yes", "true", "1", "y", "on")
-_NO = ("no", "false", "0", "n", "off")
+_YES = ("yes", "true", "1", "y", "on", "enabled")
+_NO = ("no", "false", "0", "n", "off", "disabled")
+#: column -> words that state it (AReaL's "interruptible" generation is a partial rollout)
+_TRI_WORDS = {"partial_rollout": {"interruptible": True, "partial": True}}
 
 
 def cell_tri(r: dict[str, str], k: str) -> bool | None:
@@ -439,10 +441,14 @@ def cell_tri(r: dict[str, str], k: str) -> bool | None:
     v = (r.get(k) or "").strip().lower()
     if not v:
         return None
-    if v in _YES:
-        return True
-    if v in _NO:
-        return False
+    head = re.split(r"[\s(;,]", v, maxsplit=1)[0]  # "yes (interruptible)", "no - sync"
+    for word in (v, head):
+        if word in _YES:
+            return True
+        if word in _NO:
+            return False
+        if word in _TRI_WORDS.get(k, {}):
+            return _TRI_WORDS[k][word]
     raise Unpredictable(f"{k}={v!r}; allowed: yes, no, or blank (unknown)")
 
 
@@ -453,7 +459,23 @@ def cell_staleness(r: dict[str, str]) -> int:
     st = (r.get("staleness") or "").strip().lower()
     if st in ("inf", "infinite", "unbounded"):
         return 10**6
-    v = cell_number(r, "staleness")
+    # the lag as the systems name it: on-policy / sync 0, verl's one-step-off 1, "off-policy 2"
+    # (its number); a bare "async" or "off-policy" states no bound (refused by the number check)
+    named = {"on-policy": 0, "on policy": 0, "sync": 0, "synchronous": 0, "one-step": 1,
+             "one-step-off": 1, "one step off": 1, "one-step off-policy": 1}  # fmt: skip
+    if st in named:
+        return named[st]
+    m = re.fullmatch(r"(?:off[- ]policy|async(?:hronous)?|lag|staleness)\s*[=:(]?\s*(\d+)\)?", st)
+    if m:
+        return int(m.group(1))
+    try:
+        v = cell_number(r, "staleness")
+    except Unpredictable:
+        raise Unpredictable(
+            f"staleness={st!r} states no bound; allowed: the policy lag in versions (0 "
+            "on-policy, 1 one-step-off, a fraction as verl's staleness_threshold), inf, "
+            "'off-policy N', or blank"
+        ) from None
     if v is None:
         return 1 if cell_tri(r, "partial_rollout") else 0
     if v < 0:

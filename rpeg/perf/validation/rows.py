@@ -66,6 +66,7 @@ PRECISION_NAMES = {
     "float16": "fp16",
     "half": "fp16",
     "float32": "fp32",
+    "tf32": "fp32",  # fp32 weights, TF32 tensor-core matmuls
     "fp8-hybrid": "fp8",
     "fp8-e4m3": "fp8",
     "e4m3": "fp8",
@@ -98,6 +99,7 @@ def placement_name(cell: str) -> str:
         return PLACEMENT_NAMES.get(head, head)
     first = head.split("-", 1)[0]  # "separate pools", "disaggregated rollout"
     return PLACEMENT_NAMES.get(first, first if first in ("colocated", "disaggregated") else head)
+
 
 #: sequences per generation batch of an engine without continuous batching where a row does
 #: not say (DeepSpeed-Chat's ``per_device_generation_batch_size`` default)
@@ -443,7 +445,10 @@ def read_case(r: dict[str, str]) -> RowCase:
         unknown.append("train_minibatches")  # one optimizer step per RL step
     if not (r.get("precision") or "").strip():
         unknown.append("precision")
-    prec = ((r.get("precision") or PRIORS["precision"]).split() or ["bf16"])[0].lower()
+    # the first word: "bf16 (fp32 grads)", "BF16/FP32" (compute / master), "bf16 + fp8 rollout"
+    prec = (
+        re.split(r"[\s/+,(;]", (r.get("precision") or PRIORS["precision"]).strip())[0] or "bf16"
+    ).lower()
     prec = PRECISION_NAMES.get(prec, prec)
     if prec in AMP_NAMES:
         # fp32 master weights, bf16 autocast compute: priced as bf16 compute with the same
