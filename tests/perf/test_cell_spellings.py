@@ -39,6 +39,10 @@ from rpeg.perf.validation.rows import read_case
         ("measured_step_s", "95 avg", 95),
         ("measured_step_s", "95 s/step", 95),
         ("measured_step_s", "95±5", 95),
+        # a recipe's key before the value
+        ("samples_per_prompt", "n=8", 8),
+        ("samples_per_prompt", "rollout.n: 16", 16),
+        ("gen_tp", "tp = 4", 4),
     ],
 )
 def test_a_number_as_written(column, cell, value):

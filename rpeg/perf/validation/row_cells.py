@@ -346,13 +346,15 @@ _CAPS = ("max_gen_len", "max_seq_len", "gen_cap")
 
 def cell_number(r: dict[str, str], k: str) -> float | None:
     """The number of column ``k``; None when blank. Read: "8", "8.0", "~8" (approximate), "1,024",
-    an annotation after it ("8 (inferred)", "92.8 s"), a thousands suffix ("16k": 16,384 in
+    an annotation after it ("8 (inferred)", "92.8 s"), a recipe key before it ("n=8"), a thousands suffix ("16k": 16,384 in
     a token cap, else 16,000), a product of counts ("8x2"), a duration in a seconds column
     ("1m32s", "1:32", "95000 ms"), a percentage ("60%": 0.6). Anything else -- a unit it does not know ("16gb") -- is a row the model cannot
     read, reported with the column and value (never read as its leading digits)."""
     v = (r.get(k) or "").strip()
     if not v:
         return None
+    # a recipe's key before the value ("n=8", "rollout.n: 8", "tp = 4") names the cell's quantity
+    v = re.sub(r"^[A-Za-z_][\w.]*\s*[=:]\s*(?=[~≈\d.+-])", "", v)
     if k.endswith("_s"):
         d = _DURATION.match(v)
         if d is not None and (d.group(1) or d.group(2)):
