@@ -236,6 +236,7 @@ def test_a_row_whose_engine_runs_eager_prices_its_decode_without_cuda_graphs():
     [
         ("verl-fsdp", "verl 0.3.0.post1, vLLM rollout", True),
         ("verl-megatron", "trained with verl v0.5.0", True),
+        ("verl-fsdp", "pip install verl==0.4.1", True),
         ("verl-fsdp", "verl v0.6.1, vLLM rollout", False),  # CUDA graphs on by default
         ("verl-fsdp", "verl 0.3.0.post1, SGLang 0.4.5.post3 rollout", False),
         ("verl-fsdp", "verl v0.4.1 then verl v0.7.0", False),  # releases that disagree

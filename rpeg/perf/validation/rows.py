@@ -136,7 +136,7 @@ REFERENCE_SYSTEMS = ("nemo-rl-megatron", "nemo-rl-dtensor", "openrlhf-deepspeed"
 #: ``free_cache_engine: True``, which asserted it); v0.6.0 (PR #2956, 2025-08-08) turned vLLM's
 #: CUDA graphs on by default
 VERL_EAGER_UNTIL = (0, 5)
-_VERL_VERSION = re.compile(r"\bverl[ _-]?v?(\d+)[._](\d+)(?:[._]\d+)?\b")
+_VERL_VERSION = re.compile(r"\bverl[\s_=:(-]{0,3}v?(\d+)[._](\d+)(?:[._]\d+)?\b")
 
 
 def eager_default(system: str, r: dict[str, str]) -> bool:
