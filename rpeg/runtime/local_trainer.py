@@ -84,7 +84,7 @@ class LocalTrainer:
             engine=self.engine,
             lagging_engine=self.k > 0,  # a generator with its own weights
             colocated=True,
-            engine_eager=bool(compiled.actor_groups and compiled.actor_groups[0].gen_enforce_eager),
+            engine_eager=group.gen_enforce_eager,  # the plan's generate unit's (vLLM)
             log=self.log,
         )
         self.rewards, self.cursor, self.heldout = built.rewards, built.cursor, built.heldout

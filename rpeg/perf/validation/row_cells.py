@@ -454,6 +454,20 @@ def cell_tri(r: dict[str, str], k: str) -> bool | None:
     raise Unpredictable(f"{k}={v!r}; allowed: yes, no, or blank (unknown)")
 
 
+#: the lag as the systems name it: on-policy / sync 0, verl's one-step-off 1 ("off-policy 2"
+#: is read by its number; a bare "async" or "off-policy" states no bound and is refused)
+NAMED_LAGS = {
+    "on-policy": 0,
+    "on policy": 0,
+    "sync": 0,
+    "synchronous": 0,
+    "one-step": 1,
+    "one-step-off": 1,
+    "one step off": 1,
+    "one-step off-policy": 1,
+}
+
+
 def cell_staleness(r: dict[str, str]) -> int:
     """Policy lag bound. 'inf' = unbounded; a fraction (verl's staleness_threshold, the
     share of a step's samples that may come from the previous weights) still lets the
@@ -461,12 +475,8 @@ def cell_staleness(r: dict[str, str]) -> int:
     st = (r.get("staleness") or "").strip().lower()
     if st in ("inf", "infinite", "unbounded"):
         return 10**6
-    # the lag as the systems name it: on-policy / sync 0, verl's one-step-off 1, "off-policy 2"
-    # (its number); a bare "async" or "off-policy" states no bound (refused by the number check)
-    named = {"on-policy": 0, "on policy": 0, "sync": 0, "synchronous": 0, "one-step": 1,
-             "one-step-off": 1, "one step off": 1, "one-step off-policy": 1}  # fmt: skip
-    if st in named:
-        return named[st]
+    if st in NAMED_LAGS:
+        return NAMED_LAGS[st]
     m = re.fullmatch(r"(?:off[- ]policy|async(?:hronous)?|lag|staleness)\s*[=:(]?\s*(\d+)\)?", st)
     if m:
         return int(m.group(1))

@@ -95,10 +95,11 @@ def placement_name(cell: str) -> str:
     as one spelling (``Hybrid Engine``, ``co_located``), :data:`PLACEMENT_NAMES`' synonyms."""
     head = re.split(r"[(;,/]", cell, maxsplit=1)[0].strip().lower()
     head = re.sub(r"[\s_]+", "-", head)
-    if head in PLACEMENT_NAMES or head in ("colocated", "disaggregated"):
-        return PLACEMENT_NAMES.get(head, head)
-    first = head.split("-", 1)[0]  # "separate pools", "disaggregated rollout"
-    return PLACEMENT_NAMES.get(first, first if first in ("colocated", "disaggregated") else head)
+    for name in (head, head.split("-", 1)[0]):  # whole, then its first word ("separate pools")
+        name = PLACEMENT_NAMES.get(name, name)
+        if name in ("colocated", "disaggregated"):
+            return name
+    return head
 
 
 #: sequences per generation batch of an engine without continuous batching where a row does
@@ -148,9 +149,7 @@ def eager_default(system: str, r: dict[str, str]) -> bool:
     text = " ".join((r.get(c) or "") for c in ("notes", "model_arch_notes", "source_locator"))
     text = text.lower()
     found = {(int(a), int(b)) for a, b in _VERL_VERSION.findall(text)}
-    if "sglang" in text or len({v <= VERL_EAGER_UNTIL for v in found}) != 1:
-        return False
-    return next(iter(found)) <= VERL_EAGER_UNTIL
+    return "sglang" not in text and {v <= VERL_EAGER_UNTIL for v in found} == {True}
 
 
 def critic_of(algo: str) -> bool:
