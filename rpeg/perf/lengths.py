@@ -72,13 +72,23 @@ class LengthDist:
         q = 1.0 - 1.0 / (n + 1)
         return min(self.cap, math.exp(self.mu + self.sigma * _N.inv_cdf(q)))
 
-    def second_moment(self) -> float:
-        """E[min(X, cap)^2] (for attention terms)."""
+    def moment(self, n: int) -> float:
+        """E[min(X, cap)^n]."""
         s, mu = self.sigma, self.mu
         return (
-            math.exp(2 * mu + 2 * s * s) * _phi((self.lc - mu - 2 * s * s) / s)
-            + self.cap**2 * self.p_cap
+            math.exp(n * mu + n * n * s * s / 2) * _phi((self.lc - mu - n * s * s) / s)
+            + self.cap**n * self.p_cap
         )
+
+    def token_spread(self, prompt: float) -> float:
+        """Coefficient of variation (sd / mean) of one sample's tokens, prompt + response."""
+        mean = prompt + self.mean
+        var = max(0.0, self.moment(2) - self.mean**2)
+        return math.sqrt(var) / mean if mean > 0 else 0.0
+
+    def second_moment(self) -> float:
+        """E[min(X, cap)^2] (for attention terms)."""
+        return self.moment(2)
 
 
 def truncated_mean(median: float, cap: float, sigma: float) -> float:
@@ -116,3 +126,12 @@ def prior_mean(
     if code_scaled(kind, domain):
         median *= cal.response_scale_code
     return min(cap * 0.999, truncated_mean(median * scale, cap, calib.length_sigma))  # type: ignore[attr-defined]
+
+
+def expected_max_normal(n: int) -> float:
+    """Expected largest of ``n`` independent standard normals, by Blom's approximation
+    ``Phi^-1((n - 0.375) / (n + 0.25))`` (G. Blom, *Statistical Estimates and Transformed
+    Beta-Variables*, 1958): 0 for one, 0.59 for two (exact 0.56), 1.43 for eight (1.42)."""
+    if n <= 1:
+        return 0.0
+    return _N.inv_cdf((n - 0.375) / (n + 0.25))

@@ -12,7 +12,8 @@
   the optimizer update (:func:`optimizer_s`, on the host too where the optimizer lives there);
 * **fixed costs** per layer per micro-batch and pass (:func:`layer_overhead_s`,
   :func:`expert_loop_s`);
-* the **pipeline bubble** (:func:`bubble`);
+* the **pipeline bubble** (:func:`bubble`) and the **straggler** of a data-parallel optimizer
+  step over packed micro-batches (:func:`straggler`);
 * **communication**, by link level (:func:`tensor_parallel_s`, :func:`lora_grad_sum_s`,
   :func:`expert_parallel_s`, :func:`context_parallel_s`, :func:`fsdp_gathers_s` -- overlapped
   with the compute --, :func:`gradient_sync_s`);
@@ -24,9 +25,11 @@ The per-plan context is :class:`rpeg.perf.units.UnitContext`; generation:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from rpeg.perf import costs, eager_cpu
+from rpeg.perf.lengths import expected_max_normal
 from rpeg.perf.lora import adapter_memory, tp_grad_sum_bytes, trainable_params
 from rpeg.perf.prediction import GB, StageCost
 from rpeg.perf.rank_memory import inflight_chunks, pipeline_chunks
@@ -93,6 +96,9 @@ class PassShape:
     # so no vocabulary projection, log-softmax or logits (``SCALAR_HEAD_KINDS``)
     scalar_head: bool
     passes: float  # FORWARD_PASSES, TRAIN_PASSES (+ RECOMPUTE_PASSES)
+    # micro-batches packed to a token budget from whole samples (a rank's tokens per step
+    # vary with the lengths it drew); False where the runtime's own cut pads fixed rows
+    packed: bool = False
 
 
 #: stage kinds whose model ends in a value head instead of the LM head: the critic (verl's
@@ -162,6 +168,7 @@ def pass_shape(c: UnitContext, u: UnitPlan, train: bool, scalar_head: bool = Fal
         seq_parallel=seq_par,
         scalar_head=scalar_head,
         passes=passes,
+        packed=not own_cut,
     )
 
 
@@ -344,6 +351,28 @@ def bubble(s: PassShape) -> float:
     is ``pp - 1`` chunk-times of ``1/v`` a stage; Narayanan et al. 2021, arXiv:2104.04473;
     rpeg.runtime.pipeline.bubble_fraction is the same bubble as a share of the step)."""
     return (s.pp - 1) / (s.pp_chunks * s.per_minibatch) if s.pp > 1 else 0.0
+
+
+def straggler(c: UnitContext, s: PassShape) -> float:
+    """The training pass's compute time over its mean rank's: every optimizer step waits for
+    the data-parallel rank that drew the most tokens. A rank packs the whole samples it was
+    dealt (verl's dynamic batch size, NeMo-RL's sequence packing, Megatron's packed
+    sequences), ``k = samples / (mini-batches x dp)`` of them per step, so its tokens are a sum
+    of ``k`` draws of the workload's length distribution (coefficient of variation ``v`` per
+    sample: :meth:`rpeg.perf.lengths.LengthDist.token_spread`); the largest of ``dp`` such sums
+    is about ``1 + v z_dp / sqrt(k)`` times their mean (``z_dp``: the expected largest of
+    ``dp`` standard normals, :func:`rpeg.perf.lengths.expected_max_normal`). So a trainer
+    loses strong scaling as ``dp`` grows at a fixed batch (fewer samples per rank, more ranks
+    to wait for). 1 for a forward-only pass (one wait at its end, over all of a rank's
+    samples), one data-parallel rank, and micro-batches of fixed rows padded to their
+    longest (the runtime's own cut prices those: :func:`pass_shape`)."""
+    if not (s.train and s.packed and s.dp > 1):
+        return 1.0
+    k = c.N / (max(1, c.wl.train_minibatches) * s.dp)
+    if k <= 0:
+        return 1.0
+    v = c.lengths.token_spread(c.P)
+    return 1.0 + v * expected_max_normal(s.dp) / math.sqrt(max(1.0, k))
 
 
 def bubble_factor(c: UnitContext, b: float) -> float:
@@ -743,7 +772,8 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     t_opt = optimizer_s(c, u, s, state.get("optimizer", 0.0), first)
     b = bubble(s)
     scale = c.calib.train_eff_scale if train else c.calib.fwd_eff_scale
-    t_pipe = t_comp * bubble_factor(c, b)
+    strag = straggler(c, s)
+    t_pipe = t_comp * bubble_factor(c, b) * strag
     sc.time_s = eager_cpu.scaled(c.gpu, t_pipe + t_opt, sum(comm.values()), scale)
     sc.flops = pass_flops(c, s)
     sc.comm_s = comm
@@ -757,6 +787,7 @@ def pass_cost(c: UnitContext, u: UnitPlan, name: str, kind: str, train: bool) ->
     sc.detail.update(
         mfu_gemm_dense=g.dense_eff,
         bubble=b,
+        straggler=strag,
         micro_batches=s.micro_batches,
         compute_s=t_comp,
         optimizer_s=t_opt,
