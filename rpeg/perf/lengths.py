@@ -90,6 +90,34 @@ class LengthDist:
         """E[min(X, cap)^2] (for attention terms)."""
         return self.moment(2)
 
+    def padded_spread(self, rows: int, prompt: float) -> float:
+        """Coefficient of variation of a micro-batch of ``rows`` rows padded to its longest:
+        its tokens are ``rows x (prompt + the longest of rows responses)``
+        (:func:`_max_moments`); :meth:`token_spread` for one row."""
+        if rows <= 1:
+            return self.token_spread(prompt)
+        m1, m2 = _max_moments(self.mu, self.sigma, self.cap, int(rows))
+        mean = prompt + m1
+        return math.sqrt(max(0.0, m2 - m1 * m1)) / mean if mean > 0 else 0.0
+
+
+#: quantile points of the midpoint rule :func:`_max_moments` integrates over
+_MAX_POINTS = 400
+
+
+@lru_cache(maxsize=4096)
+def _max_moments(mu: float, sigma: float, cap: float, n: int) -> tuple[float, float]:
+    """(E[M], E[M^2]) of the longest ``M`` of ``n`` draws of min(lognormal(mu, sigma), cap):
+    ``M``'s quantile at ``u`` is the draws' quantile at ``u^(1/n)``, integrated over ``u``
+    by the midpoint rule."""
+    m1 = m2 = 0.0
+    for i in range(_MAX_POINTS):
+        p = ((i + 0.5) / _MAX_POINTS) ** (1.0 / n)
+        x = min(cap, math.exp(mu + sigma * _N.inv_cdf(p)))
+        m1 += x
+        m2 += x * x
+    return m1 / _MAX_POINTS, m2 / _MAX_POINTS
+
 
 def truncated_mean(median: float, cap: float, sigma: float) -> float:
     """E[min(X, cap)] for X ~ lognormal(log(median), sigma)."""

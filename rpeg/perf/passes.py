@@ -355,23 +355,31 @@ def bubble(s: PassShape) -> float:
 
 def straggler(c: UnitContext, s: PassShape) -> float:
     """The training pass's compute time over its mean rank's: every optimizer step waits for
-    the data-parallel rank that drew the most tokens. A rank packs the whole samples it was
-    dealt (verl's dynamic batch size, NeMo-RL's sequence packing, Megatron's packed
-    sequences), ``k = samples / (mini-batches x dp)`` of them per step, so its tokens are a sum
-    of ``k`` draws of the workload's length distribution (coefficient of variation ``v`` per
-    sample: :meth:`rpeg.perf.lengths.LengthDist.token_spread`); the largest of ``dp`` such sums
-    is about ``1 + v z_dp / sqrt(k)`` times their mean (``z_dp``: the expected largest of
-    ``dp`` standard normals, :func:`rpeg.perf.lengths.expected_max_normal`). So a trainer
-    loses strong scaling as ``dp`` grows at a fixed batch (fewer samples per rank, more ranks
-    to wait for). 1 for a forward-only pass (one wait at its end, over all of a rank's
-    samples), one data-parallel rank, and micro-batches of fixed rows padded to their
-    longest (the runtime's own cut prices those: :func:`pass_shape`)."""
-    if not (s.train and s.packed and s.dp > 1):
+    the data-parallel rank that drew the most work. A rank's work per step is a sum of ``k``
+    independent parts -- the whole samples it packs (verl's dynamic batch size, NeMo-RL's
+    sequence packing, Megatron's packed sequences): ``k = samples / (mini-batches x dp)``,
+    each one sample's tokens (:meth:`rpeg.perf.lengths.LengthDist.token_spread`); or its
+    micro-batches of fixed rows padded to their longest (``k``: micro-batches per step, each
+    rows x the longest of them: :meth:`~rpeg.perf.lengths.LengthDist.padded_spread`) -- with
+    coefficient of variation ``v``; the largest of ``dp`` such sums is about
+    ``1 + v z_dp / sqrt(k)`` times their mean (``z_dp``: the expected largest of ``dp``
+    standard normals, :func:`rpeg.perf.lengths.expected_max_normal`). So a trainer loses
+    strong scaling as ``dp`` grows at a fixed batch (fewer samples per rank, more ranks to
+    wait for). 1 for a forward-only pass (one wait at its end, over all of a rank's samples),
+    one data-parallel rank, and RPEG's CPU workers (their passes are priced from the eager
+    profile ``rpeg calibrate`` measures on the runtime's own ranks, wait included:
+    rpeg.perf.eager_cpu)."""
+    if not (s.train and s.dp > 1) or s.cpu:
         return 1.0
-    k = c.N / (max(1, c.wl.train_minibatches) * s.dp)
+    if s.packed:
+        k = c.N / (max(1, c.wl.train_minibatches) * s.dp)
+        v = c.lengths.token_spread(c.P)
+    else:
+        k = s.per_minibatch
+        rows = s.tokens_mb / (s.padding * (c.P + c.R))
+        v = c.lengths.padded_spread(max(1, round(rows)), c.P)
     if k <= 0:
         return 1.0
-    v = c.lengths.token_spread(c.P)
     return 1.0 + v * expected_max_normal(s.dp) / math.sqrt(max(1.0, k))
 
 

@@ -1,6 +1,6 @@
-"""A data-parallel optimizer step waits for the rank that drew the most tokens
-(rpeg.perf.passes.straggler): packed trainers lose strong scaling as their ranks multiply at
-a fixed batch; forward passes, one rank and padded fixed rows do not wait."""
+"""A data-parallel optimizer step waits for the rank that drew the most work
+(rpeg.perf.passes.straggler): trainers lose strong scaling as their ranks multiply at a fixed
+batch, packed or padded; forward passes and one rank do not wait."""
 
 import math
 
@@ -64,11 +64,30 @@ def test_forward_passes_do_not_wait(by_gpus):
         assert st["old_logprob"].detail["straggler"] == 1.0, n
 
 
-def test_one_rank_and_padded_rows_do_not_wait():
+def test_one_rank_does_not_wait():
     one = _stages(1, model="qwen2.5-0.5b-instruct", num_prompts=16)["train_actor"]
     assert one.detail["straggler"] == 1.0
-    padded = _stages(64, seq_packing="no")["train_actor"]
-    assert padded.detail["straggler"] == 1.0
+
+
+def test_padded_rows_wait_for_the_rank_with_the_longest_micro_batches():
+    # fixed rows padded to their longest: a rank's work is its micro-batches' longest rows
+    few = _stages(8, seq_packing="no")["train_actor"].detail["straggler"]
+    many = _stages(64, seq_packing="no")["train_actor"].detail["straggler"]
+    assert 1.0 < few < many
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_a_padded_micro_batch_spread_matches_a_simulation(rows):
+    lengths = LengthDist(2000, 8192, 1.0)
+    rng = np.random.default_rng(3)
+    draws = np.exp(rng.normal(lengths.mu, lengths.sigma, size=(200_000, rows)))
+    longest = np.minimum(draws, lengths.cap).max(1) + 200
+    assert lengths.padded_spread(rows, 200) == pytest.approx(
+        longest.std() / longest.mean(), rel=0.02
+    )
+    # the longest of more rows varies less
+    if rows > 1:
+        assert lengths.padded_spread(rows, 200) < lengths.token_spread(200)
 
 
 def test_more_samples_per_rank_wait_less():
