@@ -112,7 +112,7 @@ def _max_moments(mu: float, sigma: float, cap: float, n: int) -> tuple[float, fl
     by the midpoint rule."""
     m1 = m2 = 0.0
     for i in range(_MAX_POINTS):
-        p = ((i + 0.5) / _MAX_POINTS) ** (1.0 / n)
+        p = min(((i + 0.5) / _MAX_POINTS) ** (1.0 / n), 1.0 - 1e-12)  # inv_cdf needs p < 1
         x = min(cap, math.exp(mu + sigma * _N.inv_cdf(p)))
         m1 += x
         m2 += x * x
