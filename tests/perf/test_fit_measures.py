@@ -1,5 +1,6 @@
 """A run that happened is never refused for memory while a measure its system would have
-taken remains (rpeg.perf.validation.solve.solve_row): the trainer's optimizer on the host."""
+taken remains (rpeg.perf.validation.solve.solve_row): the trainer's optimizer on the host, a
+pipeline, a context-parallel split, the trainer pool's idle models on the host."""
 
 from dataclasses import replace
 
@@ -232,3 +233,43 @@ def test_an_engine_too_large_for_a_node_may_pipeline_across_nodes():
     assert _gen_candidates(stated, 64, 8) == [g for g in gens if g[1] == 1]
     small = read_case({**row, "model": "llama3.1-70b"})  # 141 GB: one node's 8 x 80 GB
     assert all(p == 1 for _, p in _gen_candidates(small, 64, 8))
+
+
+def _ppo_on_a10g(gpu: str) -> dict[str, str]:
+    from schema_rows import schema_row
+
+    # an OpenRLHF PPO of a 9B model (actor, critic, reference, reward model) on 8 GPUs split
+    # 4 + 4: on 24 GB parts the trainer pool holds four models' shards
+    return schema_row(
+        {},
+        case_id=f"ppo-9b-{gpu}",
+        source="OpenRLHF report",
+        model="gemma-2-9b",
+        gpu=gpu,
+        num_gpus=8,
+        gpus_per_node=8,
+        placement="disaggregated",
+        gen_gpus=4,
+        train_gpus=4,
+        algorithm="ppo",
+        has_critic="yes",
+        train_backend="deepspeed",
+        num_prompts=512,
+        samples_per_prompt=1,
+        max_gen_len=4096,
+        measured_step_s=100,
+    )
+
+
+def test_a_trainer_pool_of_several_models_keeps_the_idle_ones_on_the_host():
+    case = read_case(_ppo_on_a10g("a10g"))
+    priced, lay, pred = solve_row(case, SHIPPED)
+    assert lay.solved["idle_models"] == "host" and lay.solved["optimizer"] == "host"
+    assert priced.idle_offload and not case.idle_offload
+    assert any("--ref_reward_offload" in a for a in pred.assumptions)
+    assert max(pred.device_memory_gb.values()) <= 24.0
+    # the moves cost time: an offload/reload record on the step's timeline
+    assert any(r.kind == "offload" for r in pred.timeline)
+    # where the pool holds them all (with the optimizer on the host), they stay on the device
+    roomy = solve_row(read_case(_ppo_on_a10g("a100-80g")), SHIPPED)[1]
+    assert "idle_models" not in roomy.solved

@@ -52,6 +52,8 @@ def of(case: Any, solved: dict[str, Any]) -> tuple[str, ...]:
         out.append("mixture of experts")
     if solved.get("optimizer") == "host":
         out.append("optimizer on the host")
+    if solved.get("idle_models") == "host":
+        out.append("idle models on the host")
     return tuple(out)
 
 

@@ -220,6 +220,10 @@ class RowCase:
     gpu_budget_seqs: float | None = None
     # the engine decodes without CUDA graphs (``enforce_eager`` column or text); blank: with
     enforce_eager: bool = False
+    # a fit measure (rpeg.perf.validation.solve.solve_row): the trainer pool's models keep
+    # their state on the host between uses, as OpenRLHF's ``--ref_reward_offload`` /
+    # ``--adam_offload`` and DeepSpeed-Chat's offload do; colocated rows always do
+    idle_offload: bool = False
 
     def budgets_per_micro_batch(self, cp: int) -> int:
         """Whole sequence budgets in one trainer micro-batch: a per-GPU token budget holds
@@ -259,7 +263,7 @@ class RowCase:
                 recompute=lay.recompute,
                 seq_packing=self.packing,
                 micro_batch_size=self.budgets_per_micro_batch(lay.train_cp),
-                offload=self.colocated,
+                offload=self.colocated or self.idle_offload,
                 # published FSDP / ZeRO-3 runs (verl, OpenRLHF defaults) reshard after forward
                 reshard_after_forward=True,
             )

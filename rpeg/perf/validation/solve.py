@@ -240,7 +240,8 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
     (how Megatron recipes spread a model over nodes); then the trainer's optimizer on the
     host (CPU offload: ``Workload.assumed_optimizer_on_host``), alone and with those stages;
     then, for a trainer whose context-parallel size the row leaves blank (``case.cp_open``),
-    the fewest ranks of :data:`FIT_CP` a sequence is split over. Returns the case as priced
+    the fewest ranks of :data:`FIT_CP` a sequence is split over; then, on a trainer pool of
+    its own, every model's state on the host while another runs (``case.idle_offload``). Returns the case as priced
     (its workload carries the measure), the layout (``solved`` names each measure) and the
     prediction. A run that happened is never refused for memory while such a measure
     remains; the first refusal is raised when none fits."""
@@ -271,6 +272,11 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
             for cp in FIT_CP
             if pool % (cp * fitted.layout.train_pp) == 0
         ]
+    if not case.colocated:
+        # a trainer pool holding several models (reference, reward model, critic): each one's
+        # state on the host while another runs (colocated rows offload already)
+        idle = replace(fitted, idle_offload=True)
+        tries += [idle, *staged(idle)]
     for trial in tries:
         try:
             lay, pred = solve_layout(trial, calib)
@@ -282,6 +288,13 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
             k: getattr(lay, k) for k in _FIT_SAYS if getattr(lay, k) != getattr(case.layout, k)
         }
         says = [_FIT_SAYS[k].format(v) for k, v in taken.items()]
+        idle = getattr(trial, "idle_offload", False)
+        if idle:
+            says.insert(
+                0,
+                "the trainer pool's models each on the host while another runs (OpenRLHF's "
+                "--ref_reward_offload, DeepSpeed-Chat's offload), priced as moves over the host link",
+            )
         if host:
             says.insert(
                 0,
@@ -292,5 +305,7 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
             "no layout fits the devices' memory as described: " + "; ".join(says)
         )
         measures = {"optimizer": "host"} if host else {}
+        if idle:
+            measures["idle_models"] = "host"
         return trial, replace(lay, solved={**lay.solved, **measures, **taken}), pred
     raise first
