@@ -241,9 +241,9 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
     host (CPU offload: ``Workload.assumed_optimizer_on_host``), alone and with those stages;
     then, for a trainer whose context-parallel size the row leaves blank (``case.cp_open``),
     the fewest ranks of :data:`FIT_CP` a sequence is split over; then, on a trainer pool of
-    its own, every model's state on the host while another runs (``case.idle_offload``). Returns the case as priced
-    (its workload carries the measure), the layout (``solved`` names each measure) and the
-    prediction. A run that happened is never refused for memory while such a measure
+    its own, every model's state on the host while another runs (``case.idle_offload``).
+    Returns the case as priced (its workload carries the measure), the layout (``solved``
+    names each measure) and the prediction. A run that happened is never refused for memory while such a measure
     remains; the first refusal is raised when none fits."""
     try:
         lay, pred = solve_layout(case, calib)
@@ -275,8 +275,8 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
     if not case.colocated:
         # a trainer pool holding several models (reference, reward model, critic): each one's
         # state on the host while another runs (colocated rows offload already)
-        idle = replace(fitted, idle_offload=True)
-        tries += [idle, *staged(idle)]
+        offloaded = replace(fitted, idle_offload=True)
+        tries += [offloaded, *staged(offloaded)]
     for trial in tries:
         try:
             lay, pred = solve_layout(trial, calib)
