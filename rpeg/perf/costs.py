@@ -131,6 +131,13 @@ def weight_bytes_read_dense(model: ModelSpec, wbytes: float) -> float:
     return (model.params - model.routed_expert_params) * wbytes
 
 
+def layer_launch_s(gpu: GPUSpec, calib: Calibration) -> float:
+    """The host's fixed cost of one layer's kernels per pass: the device's
+    ``layer_overhead_ms`` where the catalog sets it, else the calibration's
+    ``layer_overhead_s``."""
+    return gpu.layer_overhead_s or calib.layer_overhead_s
+
+
 def decode_step_time(
     model: ModelSpec,
     gpu: GPUSpec,
@@ -203,5 +210,5 @@ def decode_step_time(
     overhead = calib.decode_step_overhead_s + batch * calib.decode_seq_overhead_s
     t_gpu = max(t_mem, t_cmp) + t_comm
     if eager:  # no CUDA graph: the host launches every layer's kernels, ahead of the device
-        t_gpu = max(t_gpu, model.layers / pp * (gpu.layer_overhead_s or calib.layer_overhead_s))
+        t_gpu = max(t_gpu, model.layers / pp * layer_launch_s(gpu, calib))
     return t_gpu + overhead, flops, nbytes, t_comm

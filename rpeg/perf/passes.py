@@ -98,7 +98,7 @@ class PassShape:
     passes: float  # FORWARD_PASSES, TRAIN_PASSES (+ RECOMPUTE_PASSES)
     # micro-batches packed to a token budget from whole samples (a rank's tokens per step
     # vary with the lengths it drew); False where the runtime's own cut pads fixed rows
-    packed: bool = False
+    packed: bool
 
 
 #: stage kinds whose model ends in a value head instead of the LM head: the critic (verl's
@@ -303,7 +303,7 @@ def layer_overhead_s(c: UnitContext, s: PassShape) -> float:
     """A fixed cost per layer per micro-batch and pass (launch, host sync, MoE routing):
     the device's ``layer_overhead_ms`` where set, else ``layer_overhead_s``."""
     cal, m = c.calib, c.model
-    per_layer = (c.gpu.layer_overhead_s or cal.layer_overhead_s) * m.dense_layers + (
+    per_layer = costs.layer_launch_s(c.gpu, cal) * m.dense_layers + (
         cal.moe_layer_overhead_s * m.moe_layers
     )
     return s.micro_batches * s.passes * per_layer / s.pp

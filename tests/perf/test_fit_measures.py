@@ -236,12 +236,9 @@ def test_an_engine_too_large_for_a_node_may_pipeline_across_nodes():
 
 
 def _ppo_on_a10g(gpu: str) -> dict[str, str]:
-    from schema_rows import schema_row
-
     # an OpenRLHF PPO of a 9B model (actor, critic, reference, reward model) on 8 GPUs split
     # 4 + 4: on 24 GB parts the trainer pool holds four models' shards
-    return schema_row(
-        {},
+    return _described(
         case_id=f"ppo-9b-{gpu}",
         source="OpenRLHF report",
         model="gemma-2-9b",
