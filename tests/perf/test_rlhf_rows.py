@@ -168,3 +168,66 @@ def test_a_reward_model_runs_on_the_trainer_pool_with_the_reference():
     graph, plan, wl = row_case({**r, "notes": "rule-based reward"})
     where = {name: u.devices for name, u in plan.units.items()}
     assert where[next(n for n in where if "reward" in n)] == where[gen]
+
+
+def _forward_flops(r):
+    pred, _ = _pred(r)
+    return next(s.flops for s in pred.stages.values() if "ref_logprob" in s.kinds)
+
+
+def test_deepspeed_chat_computes_every_prompt_padded_to_its_budget():
+    # DeepSpeed-Chat's collator pads each prompt to max_prompt_seq_len = max_seq_len -
+    # max_gen_len (here 1024 - 512 = 512 tokens) whatever the prompts' own length (256)
+    r = _row(source="DeepSpeed-Chat benchmark", max_seq_len="1024")
+    ds = read_case(r)
+    assert ds.workload.mean_prompt_tokens == 512
+    assert any("prompts padded to the 512-token prompt budget" in a for a in ds.workload.assumed)
+    # with no packing: fixed [batch, seq] tensors (a blank seq_packing, listed as assumed)
+    assert ds.packing is False and "seq_packing=no" in assumed_values(ds)
+    # another system computes the prompts as published, and packs by default
+    other = read_case(_row(source="OpenRLHF paper", max_seq_len="1024"))
+    assert other.workload.mean_prompt_tokens == 256 and other.packing is True
+    # without a stated budget nothing says how far prompts were padded: the published length
+    assert read_case(_row(source="DeepSpeed-Chat benchmark")).workload.mean_prompt_tokens == 256
+    # the passes see the padding: a forward's FLOPs grow with (512 + 400) / (256 + 400) tokens
+    # per sample at least (attention grows faster)
+    padded = _forward_flops(r)
+    stated = _forward_flops({**r, "seq_packing": "no", "source": "OpenRLHF paper"})
+    assert padded / stated >= (512 + 400) / (256 + 400) - 1e-9
+    # a stated seq_packing is kept
+    assert read_case({**r, "seq_packing": "yes"}).packing is True
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("Optimized DeepSpeed-Chat with Hybrid Engine, Adam offload", "yes"),
+        ("--adam_offload --flash_attn", "yes"),
+        ("zero_optimization.offload_optimizer.device=cpu", "yes"),
+        ("ZeRO-Offload (CPU Adam)", "yes"),
+        ("adam_offload: false", "no"),
+        # verl's optimizer_offload keeps the state on the host between phases; the step runs
+        # on the GPU
+        ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=True", None),
+    ],
+)
+def test_an_optimizer_on_the_host_is_read_where_the_text_says_it(text, value):
+    assert read({"notes": text}).get("cpu_adam") == value
+
+
+def test_a_stated_cpu_adam_prices_the_host_step_and_frees_the_device():
+    on_gpu = read_case(_row(source="OpenRLHF paper"))
+    on_host = read_case(_row(source="OpenRLHF paper", cpu_adam="yes"))
+    assert not on_gpu.workload.assumed_optimizer_on_host
+    assert on_host.workload.assumed_optimizer_on_host
+    p_gpu, _ = _pred(_row(source="OpenRLHF paper"))
+    p_host, _ = _pred(_row(source="OpenRLHF paper", cpu_adam="yes"))
+    train = next(n for n, s in p_gpu.stages.items() if "train_actor" in s.kinds)
+    # the optimizer state leaves the device; its step crosses the host link and runs a CPU Adam
+    assert p_host.stages[train].memory_gb["optimizer"] == 0.0
+    assert p_gpu.stages[train].memory_gb["optimizer"] > 0.0
+    assert p_host.stages[train].detail["optimizer_s"] > p_gpu.stages[train].detail["optimizer_s"]
+    # stated, it is the row's own setting: not a fit measure the solve assumed
+    priced, refused = loso.price_rows([_row(source="OpenRLHF paper", cpu_adam="yes")], "syn")
+    assert not refused and "optimizer" not in priced[0].solved
+    assert "optimizer on the host" in priced[0].mechanisms

@@ -65,6 +65,7 @@ EXPLICIT = (
     "gen_batch_size",
     "enforce_eager",
     "zero_stage",
+    "cpu_adam",
     "reward_model",
 )
 

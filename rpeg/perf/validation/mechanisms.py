@@ -50,7 +50,7 @@ def of(case: Any, solved: dict[str, Any]) -> tuple[str, ...]:
         out.append("hybrid linear attention")
     if model.moe is not None:
         out.append("mixture of experts")
-    if solved.get("optimizer") == "host":
+    if solved.get("optimizer") == "host" or wl.assumed_optimizer_on_host:
         out.append("optimizer on the host")
     if solved.get("idle_models") == "host":
         out.append("idle models on the host")

@@ -35,6 +35,7 @@ _BOOL: dict[str, tuple[str, ...]] = {
     "seq_packing": (r"\bseq(?:uence)?_packing\s*[=:]?\s*" + _FLAGS,),
     "reuse_rollout_logprobs": (r"\buse_rollout_log_probs\s*[=:]?\s*" + _FLAGS,),
     "enforce_eager": (r"\benforce_eager\s*[=:]\s*" + _FLAGS,),
+    "cpu_adam": (r"\badam_offload\s*[=:]\s*" + _FLAGS,),
 }
 #: column -> phrases that state the value without a flag
 _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -52,6 +53,13 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
         (r"\benforce_eager\b(?!\s*[=:])", "yes"),
         (r"\bdisable_cuda_graph\b(?!\s*[=:]\s*(?:false|0|no)\b)", "yes"),
         (r"\bcuda graphs? (?:disabled|off)\b", "yes"),
+    ),
+    # the optimizer's step on the host: OpenRLHF's ``--adam_offload``, DeepSpeed's
+    # ``offload_optimizer`` (ZeRO-Offload's CPU Adam). verl's ``optimizer_offload`` is not it:
+    # the state waits on the host between phases and the step runs on the GPU
+    "cpu_adam": (
+        (r"\badam[_ ]offload(?:ed|ing)?\b(?!\s*[=:])", "yes"),
+        (r"\boffload_optimizer\b|\bcpu[_ ]?adam\b|\bzero-offload\b", "yes"),
     ),
     "model_kind": (
         (r"\bbase (?:checkpoint|model)\b", "base"),

@@ -133,6 +133,29 @@ def reward_model_default(system: str, has_critic: bool) -> bool:
 REFERENCE_SYSTEMS = ("nemo-rl-megatron", "nemo-rl-dtensor", "openrlhf-deepspeed", "deepspeed-chat")
 
 
+#: systems whose trainer feeds fixed ``[batch, seq]`` tensors where a row does not say: no
+#: sample packing anywhere in DeepSpeed-Chat's step 3 (its experience and training passes run
+#: the generate call's padded output; its Llama-2 scripts use ``per_device_training_batch_size
+#: 1``, the one-row micro-batch a silent row gets)
+UNPACKED_SYSTEMS = ("deepspeed-chat",)
+
+#: systems that pad every prompt to the prompt budget before generating: DeepSpeed-Chat's
+#: ``DataCollatorRLHF`` pads each batch's prompts to ``max_prompt_seq_len`` (left padding), and
+#: the generate call, the four models' experience passes and the training passes all run
+#: that padded prompt (microsoft/DeepSpeedExamples, applications/DeepSpeed-Chat/dschat/utils/
+#: data/data_utils.py and dschat/rlhf/ppo_trainer.py)
+PROMPT_PADDED_SYSTEMS = ("deepspeed-chat",)
+
+
+def padded_prompt(system: str, max_seq: float | None, cap_cell: int | None) -> float | None:
+    """The prompt tokens a system that pads prompts to its budget computes per sample: the
+    budget ``max_seq_len - max_gen_len`` where the row states both; None elsewhere."""
+    if system not in PROMPT_PADDED_SYSTEMS or not max_seq or cap_cell is None:
+        return None
+    budget = max_seq - cap_cell
+    return budget if budget >= 1 else None
+
+
 #: the last verl release whose rollout config defaults to ``enforce_eager: True`` (with
 #: ``free_cache_engine: True``, which asserted it); v0.6.0 (PR #2956, 2025-08-08) turned vLLM's
 #: CUDA graphs on by default
@@ -395,6 +418,8 @@ def read_case(r: dict[str, str]) -> RowCase:
         v = cell_tri(r, col)
         if v is None:
             unknown.append(col)
+            if col == "seq_packing" and system in UNPACKED_SYSTEMS:
+                return False
             return PRIORS[col]
         return v
 
@@ -444,6 +469,17 @@ def read_case(r: dict[str, str]) -> RowCase:
         unknown.append("avg_gen_len")
     elif mean > cap:
         cap, prompt = _cap_for_mean(r, mean, cap, prompt, max_seq, cap_cell, explicit)
+    padded = padded_prompt(system, max_seq, cap_cell)
+    assumed: tuple[str, ...] = ()
+    if padded is not None and padded > prompt:
+        # every pass computes the padded prompt, whatever the prompts' own lengths
+        assumed = (
+            f"prompts padded to the {padded:.0f}-token prompt budget ({system}'s collator: "
+            "every pass runs the padded prompt)",
+        )
+        prompt = padded
+        if "avg_prompt_len" in unknown:
+            unknown.remove("avg_prompt_len")
     if cell_number(r, "train_minibatches") is None:
         unknown.append("train_minibatches")  # one optimizer step per RL step
     if not (r.get("precision") or "").strip():
@@ -519,6 +555,9 @@ def read_case(r: dict[str, str]) -> RowCase:
         response_kind=kind,
         task_domain=domain,
         image_tokens=images,
+        assumed=assumed,
+        # the optimizer's step on the host where the row says so (``cpu_adam``)
+        assumed_optimizer_on_host=bool(cell_tri(r, "cpu_adam")),
     )
     if model.vision is not None and wl.image_tokens is None:
         unknown.append("image_tokens")  # the model's prior (rpeg.perf.units)

@@ -249,9 +249,9 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
         lay, pred = solve_layout(case, calib)
         return case, lay, pred
     except (InfeasiblePlan, ValueError) as exc:
-        if case.workload.assumed_optimizer_on_host:
-            raise
         first = exc
+    # a row stating its optimizer on the host (``cpu_adam``) keeps it there in every trial
+    stated_host = case.workload.assumed_optimizer_on_host
     fitted = replace(case, workload=replace(case.workload, assumed_optimizer_on_host=True))
     pool = fitted.layout.train_gpus or case.num_gpus
 
@@ -264,7 +264,7 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
             if pp <= case.model.layers and pool % pp == 0
         ]
 
-    tries = staged(case) + [fitted] + staged(fitted)
+    tries = staged(case) if stated_host else staged(case) + [fitted] + staged(fitted)
     if getattr(case, "cp_open", False):
         # the sequence split over ranks: its activations (and logits) per rank / cp
         tries += [
@@ -282,7 +282,7 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
             lay, pred = solve_layout(trial, calib)
         except (InfeasiblePlan, ValueError):
             continue
-        host = trial.workload.assumed_optimizer_on_host
+        host = trial.workload.assumed_optimizer_on_host and not stated_host
         # the sizes this trial assumed beyond the row, and how each is said
         taken = {
             k: getattr(lay, k) for k in _FIT_SAYS if getattr(lay, k) != getattr(case.layout, k)
