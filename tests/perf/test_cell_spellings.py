@@ -77,6 +77,9 @@ def test_a_unit_it_does_not_know_is_named_not_dropped(column, cell):
         ("B200 HGX", "b200"),
         ("DGX H100", "h100-sxm"),
         ("H100 NVL", "h100-nvl"),
+        ("H200 NVL", "h200-nvl"),  # a PCIe card of its own, not the SXM H200
+        ("MI300X OAM", "mi300x"),
+        ("Hopper H100", "h100-sxm"),
     ],
 )
 def test_the_system_a_gpu_sits_in_is_not_its_name(written, catalog):
@@ -94,6 +97,8 @@ def test_the_system_a_gpu_sits_in_is_not_its_name(written, catalog):
         ("Ascend 910B", "ascend-910b", 354),
         ("Huawei Ascend 910B3", "ascend-910b", 354),
         ("Atlas 800T A2", "ascend-910b", 354),
+        ("RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000", 503.8),
+        ("H200 NVL", "h200-nvl", 835),
     ],
 )
 def test_workstation_cards_of_academic_rl_runs_are_priced(written, catalog, tflops):

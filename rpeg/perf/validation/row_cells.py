@@ -261,10 +261,12 @@ def model_name(r: dict[str, str]) -> str:
 
 
 # words of a GPU's marketing name that do not tell catalog GPUs apart: the vendor, the memory
-# technology ("HBM3"), the form factor of the SXM parts, the system it sits in (HGX/DGX boards,
+# technology ("HBM3"), the form factor of the SXM / OAM parts, the system it sits in (HGX/DGX boards,
 # a GB200 NVL72 rack; "H100 NVL", a card of its own, is matched whole first)
 _GPU_NOISE = re.compile(
-    r"^(?:nvidia|amd|huawei|instinct|tesla|geforce|hbm\d*e?|sxm\d?|hgx|dgx|nvl\d+)$"
+    r"^(?:nvidia|amd|huawei|instinct|tesla|geforce|hbm\d*e?|sxm\d?|oam|hgx|dgx|nvl\d+"
+    # architecture and edition words: "Hopper H100", "RTX PRO 6000 Blackwell Server Edition"
+    r"|volta|ampere|hopper|blackwell|server|workstation|edition)$"
 )
 _GPU_MEMORY = re.compile(r"^\d+(?:gb?)$")
 #: a count before a GPU name ("8xH100", "8 x A100"): not part of the name

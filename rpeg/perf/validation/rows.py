@@ -469,7 +469,8 @@ def read_case(r: dict[str, str]) -> RowCase:
         unknown.append("avg_gen_len")
     elif mean > cap:
         cap, prompt = _cap_for_mean(r, mean, cap, prompt, max_seq, cap_cell, explicit)
-    padded = padded_prompt(system, max_seq, cap_cell)
+    # (a cap raised past the row's to hold its published mean leaves the budget the rest)
+    padded = padded_prompt(system, max_seq, None if cap_cell is None else max(cap_cell, cap))
     assumed: tuple[str, ...] = ()
     if padded is not None and padded > prompt:
         # every pass computes the padded prompt, whatever the prompts' own lengths
