@@ -184,6 +184,9 @@ def test_deepspeed_chat_computes_every_prompt_padded_to_its_budget():
     assert any("prompts padded to the 512-token prompt budget" in a for a in ds.workload.assumed)
     # with no packing: fixed [batch, seq] tensors (a blank seq_packing, listed as assumed)
     assert ds.packing is False and "seq_packing=no" in assumed_values(ds)
+    # shown beside the priors (the padded length is known, so it widens no range)
+    assert "avg_prompt_len=512 (padded to the prompt budget)" in assumed_values(ds)
+    assert "avg_prompt_len" not in ds.unknown
     # another system computes the prompts as published, and packs by default
     other = read_case(_row(source="OpenRLHF paper", max_seq_len="1024"))
     assert other.workload.mean_prompt_tokens == 256 and other.packing is True

@@ -147,6 +147,10 @@ UNPACKED_SYSTEMS = ("deepspeed-chat",)
 PROMPT_PADDED_SYSTEMS = ("deepspeed-chat",)
 
 
+#: how a prediction's assumptions name the padding (rows.assumed_values shows it)
+PADDED_SAYS = "prompts padded to"
+
+
 def padded_prompt(system: str, max_seq: float | None, cap_cell: int | None) -> float | None:
     """The prompt tokens a system that pads prompts to its budget computes per sample: the
     budget ``max_seq_len - max_gen_len`` where the row states both; None elsewhere."""
@@ -475,7 +479,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     if padded is not None and padded > prompt:
         # every pass computes the padded prompt, whatever the prompts' own lengths
         assumed = (
-            f"prompts padded to the {padded:.0f}-token prompt budget ({system}'s collator: "
+            f"{PADDED_SAYS} the {padded:.0f}-token prompt budget ({system}'s collator: "
             "every pass runs the padded prompt)",
         )
         prompt = padded
@@ -729,7 +733,10 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "model": case.model.name,
         "enforce_eager": f"{yn(case.enforce_eager)} (verl <= 0.5 rollout default)",
     }
-    return tuple(f"{u}={values[u]}" for u in case.unknown if u in values)
+    out = tuple(f"{u}={values[u]}" for u in case.unknown if u in values)
+    if any(a.startswith(PADDED_SAYS) for a in wl.assumed):  # known, not a prior: shown anyway
+        out += (f"avg_prompt_len={wl.mean_prompt_tokens:.0f} (padded to the prompt budget)",)
+    return out
 
 
 def row_case(r: dict[str, str], calib: Calibration = SHIPPED) -> tuple[Any, Plan, Workload]:
