@@ -41,6 +41,7 @@ SYSTEMS: dict[str, str] = {
     "areal": "AReaL (ReaL/Megatron-style 3D trainer, SGLang rollout, asynchronous)",
     "slime-megatron": "slime (and its fork Miles): Megatron trainer, SGLang rollout",
     "skyrl": "SkyRL (FSDP trainer, vLLM rollout)",
+    "trl": "Hugging Face TRL (GRPOTrainer; transformers generate unless use_vllm)",
     "rpeg": "RPEG's own runtime (calibrated per machine by `rpeg calibrate`)",
 }
 

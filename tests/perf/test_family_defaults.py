@@ -78,3 +78,53 @@ def test_a_stated_system_naming_a_family_is_that_family_s_system(cell, backend, 
         [_row(source="a lab's report", system=cell, train_backend=backend)], "mine"
     )
     assert not refused and priced[0].system == system
+
+
+def _trl(**cells):
+    return _row(
+        **{"source": "a TRL blog", "notes": "TRL GRPOTrainer run", "samples_per_prompt": ""} | cells
+    )
+
+
+def test_a_trl_row_takes_trls_own_defaults():
+    # huggingface/trl GRPOConfig: use_vllm=False (transformers' generate: static batches of a
+    # process's per_device_train_batch_size x steps_per_generation = 8, no CUDA graphs),
+    # num_generations 8, max_completion_length 512, beta 0 (no reference), padding_free off
+    case = read_case(_trl(max_gen_len=""))
+    assert case.system == "trl" and case.engine == "fsdp"
+    wl = case.workload
+    assert (wl.gen_static_batch, case.enforce_eager, case.packing, case.has_ref) == (
+        8,
+        True,
+        False,
+        False,
+    )
+    assert (wl.samples_per_prompt, wl.max_response_tokens) == (8, 512)
+    said = assumed_values(case)
+    assert "samples_per_prompt=8 (trl's default)" in said and "max_gen_len=512" in said
+    assert "enforce_eager=yes (transformers' generate)" in said
+    # the group size is the TRL default, not refused; another family's blank still is
+    priced, refused = loso.price_rows([_trl()], "mine")
+    assert not refused and priced[0].system == "trl"
+    _, refused = loso.price_rows([_row(source="verl docs", samples_per_prompt="")], "mine")
+    assert "samples_per_prompt not published" in refused[0].reason
+
+
+def test_a_trl_row_naming_vllm_generates_with_continuous_batching():
+    case = read_case(_trl(notes="TRL GRPOTrainer, use_vllm=True, vllm_mode=colocate"))
+    assert case.workload.gen_static_batch is None and not case.enforce_eager
+    # what the row states is kept: its group size, cap, reference and packing
+    case = read_case(
+        _trl(samples_per_prompt="16", max_gen_len="2048", has_ref="yes", seq_packing="yes")
+    )
+    wl = case.workload
+    assert (wl.samples_per_prompt, wl.max_response_tokens, case.has_ref, case.packing) == (
+        16,
+        2048,
+        True,
+        True,
+    )
+    # transformers' generate (static, eager) is slower than the same row on vLLM
+    hf, _ = loso.price_rows([_trl()], "mine")
+    vl, _ = loso.price_rows([_trl(notes="TRL GRPOTrainer with vLLM")], "mine")
+    assert hf[0].step.min() > vl[0].step.min()

@@ -169,6 +169,7 @@ FAMILIES: dict[str, str] = {
     "openrlhf": r"\bopenrlhf\b",
     "deepspeed-chat": r"\bdeepspeed[- ]?chat\b|\bds-?chat\b",
     "skyrl": r"\bskyrl\b",
+    "trl": r"\btrl\b|\bgrpotrainer\b",
 }
 
 
@@ -202,7 +203,7 @@ def _system(family: str, backend: str) -> str:
         return "openrlhf-deepspeed"
     if family == "deepspeed-chat":
         return "deepspeed-chat"
-    return family  # areal, skyrl
+    return family  # areal, skyrl, trl
 
 
 #: trainer words of a system cell or ``train_backend`` (the first that matches wins)

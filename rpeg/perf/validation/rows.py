@@ -105,6 +105,26 @@ def placement_name(cell: str) -> str:
 #: sequences per generation batch of an engine without continuous batching where a row does
 #: not say (DeepSpeed-Chat's ``per_device_generation_batch_size`` default)
 STATIC_GEN_BATCH = 16
+#: ... per system: TRL's GRPOTrainer generates a process's ``per_device_train_batch_size x
+#: steps_per_generation`` prompts' completions in one ``generate`` call (8 x 1 by default)
+STATIC_GEN_BATCHES = {"deepspeed-chat": STATIC_GEN_BATCH, "trl": 8}
+
+#: TRL's GRPOConfig defaults (huggingface/trl@f2cd57710 trl/trainer/grpo_config.py):
+#: ``use_vllm=False`` (completions from transformers' ``generate``: static batches, no CUDA
+#: graphs), ``num_generations=8``, ``max_completion_length=512``, ``beta=0.0`` (no reference
+#: model), ``padding_free=False`` (padded micro-batches)
+TRL_SAMPLES_PER_PROMPT = 8
+TRL_MAX_COMPLETION = 512
+
+
+def trl_transformers_generate(system: str, r: dict[str, str]) -> bool:
+    """Whether a TRL row generates with transformers (its default) rather than vLLM: its
+    text names no vLLM (``use_vllm=True``, "vLLM colocate", "vllm_mode")."""
+    if system != "trl":
+        return False
+    text = " ".join((r.get(c) or "") for c in ("notes", "model_arch_notes", "source_locator"))
+    return not re.search(r"\bvllm", text.lower())
+
 
 #: speculative decoding of the rollout engine (``spec_decode`` column): none, a model's
 #: multi-token-prediction heads as the draft (one draft token per head), an EAGLE draft head
@@ -136,8 +156,8 @@ REFERENCE_SYSTEMS = ("nemo-rl-megatron", "nemo-rl-dtensor", "openrlhf-deepspeed"
 #: systems whose trainer feeds fixed ``[batch, seq]`` tensors where a row does not say: no
 #: sample packing anywhere in DeepSpeed-Chat's step 3 (its experience and training passes run
 #: the generate call's padded output; its Llama-2 scripts use ``per_device_training_batch_size
-#: 1``, the one-row micro-batch a silent row gets)
-UNPACKED_SYSTEMS = ("deepspeed-chat",)
+#: 1``, the one-row micro-batch a silent row gets); TRL's ``padding_free`` is off by default
+UNPACKED_SYSTEMS = ("deepspeed-chat", "trl")
 
 #: systems that pad every prompt to the prompt budget before generating: DeepSpeed-Chat's
 #: ``DataCollatorRLHF`` pads each batch's prompts to ``max_prompt_seq_len`` (left padding), and
@@ -171,6 +191,8 @@ def eager_default(system: str, r: dict[str, str]) -> bool:
     """Whether a row that does not say runs its vLLM rollout without CUDA graphs: a verl
     run whose text names a verl release up to :data:`VERL_EAGER_UNTIL` (one release, or
     several that agree) and no SGLang rollout (verl never handed the flag to SGLang)."""
+    if trl_transformers_generate(system, r):
+        return True  # transformers' generate launches every layer's kernels (no CUDA graphs)
     if not system.startswith("verl"):
         return False
     text = " ".join((r.get(c) or "") for c in ("notes", "model_arch_notes", "source_locator"))
@@ -404,7 +426,16 @@ def read_case(r: dict[str, str]) -> RowCase:
     )
     backend = (r.get("train_backend") or "").lower().strip()
     if not backend:  # blank: the executing system's trainer (row_text.DEFAULT_BACKEND)
-        sharded = ("verl-fsdp", "nemo-rl-dtensor", "openrlhf-deepspeed", "deepspeed-chat", "skyrl")
+        # (TRL trains under accelerate: DDP unless a ZeRO-3 / FSDP config shards it, which
+        # its docs give for models past a GPU's memory: sharded as the likelier)
+        sharded = (
+            "verl-fsdp",
+            "nemo-rl-dtensor",
+            "openrlhf-deepspeed",
+            "deepspeed-chat",
+            "skyrl",
+            "trl",
+        )
         backend = "fsdp" if system in sharded else ""
         unknown.append("train_backend")
     # ZeRO-3 (DeepSpeed, OpenRLHF) shards parameters like FSDP; everything else (Megatron,
@@ -457,6 +488,8 @@ def read_case(r: dict[str, str]) -> RowCase:
         # unpublished: the length budget bounds it, else the prior of the model's kind
         unknown.append("max_gen_len")
         cap = int(max_seq) if max_seq else PRIORS["max_gen_len"][kind or model.kind]
+        if system == "trl" and not max_seq:  # TRL's max_completion_length default
+            cap = TRL_MAX_COMPLETION
     else:
         cap = cap_cell
     explicit = cell_opt_int(r, "gen_cap")
@@ -504,14 +537,19 @@ def read_case(r: dict[str, str]) -> RowCase:
             f"precision={prec!r}; allowed: bf16, fp16, fp8, fp32, amp (mixed, fp32 master)"
         )
     # DeepSpeed-Chat generates only in its hybrid engine (static batches); blank: that
+    # (and TRL in transformers' generate unless its text names vLLM)
     batching = (r.get("gen_batching") or "").strip().lower() or (
-        "static" if system == "deepspeed-chat" else "continuous"
+        "static"
+        if system == "deepspeed-chat" or trl_transformers_generate(system, r)
+        else "continuous"
     )
     if batching not in ("continuous", "static"):
         raise Unpredictable(f"gen_batching={batching!r}; allowed: continuous, static or blank")
     static = None
     if batching == "static":
-        static = cell_opt_int(r, "gen_batch_size") or STATIC_GEN_BATCH
+        static = cell_opt_int(r, "gen_batch_size") or STATIC_GEN_BATCHES.get(
+            system, STATIC_GEN_BATCH
+        )
         if static < 1:
             raise Unpredictable(f"gen_batch_size={static}: must be a whole number >= 1")
         if cell_opt_int(r, "gen_batch_size") is None:
@@ -535,13 +573,15 @@ def read_case(r: dict[str, str]) -> RowCase:
     # PPO with a critic samples one response per prompt unless the row says otherwise
     # (verl ``rollout.n``, OpenRLHF ``n_samples_per_prompt`` and DeepSpeed-Chat default to
     # 1); a group-baseline algorithm has no default group size: its blank is refused
+    # (TRL's ``num_generations`` defaults to 8: its group-baseline blank is that default)
     ppo_one = has_critic and not _cell(r, "samples_per_prompt")
+    trl_group = system == "trl" and not has_critic and not _cell(r, "samples_per_prompt")
     missing = [c for c in ("num_prompts", "samples_per_prompt") if not _cell(r, c)]
-    missing = [c for c in missing if not (ppo_one and c == "samples_per_prompt")]
+    missing = [c for c in missing if not ((ppo_one or trl_group) and c == "samples_per_prompt")]
     if missing:  # the batch sets the step: no prior answers it
         raise Unpredictable(" and ".join(missing) + " not published")
-    if ppo_one:
-        samples = 1
+    if ppo_one or trl_group:
+        samples = 1 if ppo_one else TRL_SAMPLES_PER_PROMPT
         unknown.append("samples_per_prompt")
     else:
         samples = cell_int(r, "samples_per_prompt")
@@ -721,7 +761,10 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
             else "0"
         ),
         "train_minibatches": f"{wl.train_minibatches}",
-        "samples_per_prompt": f"{wl.samples_per_prompt} (PPO with a critic)",
+        "samples_per_prompt": (
+            f"{wl.samples_per_prompt} "
+            + ("(PPO with a critic)" if case.builder == "ppo" else f"({case.system}'s default)")
+        ),
         "staleness": f"{case.staleness}",
         "partial_rollout": yn(case.partial),
         "has_ref": yn(case.has_ref),
@@ -731,7 +774,8 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "train_backend": case.engine,
         "cluster": case.cluster_name,
         "model": case.model.name,
-        "enforce_eager": f"{yn(case.enforce_eager)} (verl <= 0.5 rollout default)",
+        "enforce_eager": f"{yn(case.enforce_eager)} "
+        + ("(transformers' generate)" if case.system == "trl" else "(verl <= 0.5 rollout default)"),
     }
     out = tuple(f"{u}={values[u]}" for u in case.unknown if u in values)
     if any(a.startswith(PADDED_SAYS) for a in wl.assumed):  # known, not a prior: shown anyway
