@@ -188,9 +188,10 @@ _VERL_VERSION = re.compile(r"\bverl[\s_=:(-]{0,3}v?(\d+)[._](\d+)(?:[._]\d+)?\b"
 
 
 def eager_default(system: str, r: dict[str, str]) -> bool:
-    """Whether a row that does not say runs its vLLM rollout without CUDA graphs: a verl
-    run whose text names a verl release up to :data:`VERL_EAGER_UNTIL` (one release, or
-    several that agree) and no SGLang rollout (verl never handed the flag to SGLang)."""
+    """Whether a row that does not say runs its rollout without CUDA graphs: a verl run whose
+    text names a verl release up to :data:`VERL_EAGER_UNTIL` (one release, or several that
+    agree) and no SGLang rollout (verl never handed the flag to SGLang); a TRL run in
+    transformers' ``generate`` (:func:`trl_transformers_generate`)."""
     if trl_transformers_generate(system, r):
         return True  # transformers' generate launches every layer's kernels (no CUDA graphs)
     if not system.startswith("verl"):
