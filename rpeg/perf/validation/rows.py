@@ -105,16 +105,31 @@ def placement_name(cell: str) -> str:
 #: sequences per generation batch of an engine without continuous batching where a row does
 #: not say (DeepSpeed-Chat's ``per_device_generation_batch_size`` default)
 STATIC_GEN_BATCH = 16
-#: ... per system: TRL's GRPOTrainer generates a process's ``per_device_train_batch_size x
-#: steps_per_generation`` prompts' completions in one ``generate`` call (8 x 1 by default)
-STATIC_GEN_BATCHES = {"deepspeed-chat": STATIC_GEN_BATCH, "trl": 8}
 
-#: TRL's GRPOConfig defaults (huggingface/trl@f2cd57710 trl/trainer/grpo_config.py):
-#: ``use_vllm=False`` (completions from transformers' ``generate``: static batches, no CUDA
-#: graphs), ``num_generations=8``, ``max_completion_length=512``, ``beta=0.0`` (no reference
-#: model), ``padding_free=False`` (padded micro-batches)
-TRL_SAMPLES_PER_PROMPT = 8
-TRL_MAX_COMPLETION = 512
+#: what a system's own configuration gives a column a row leaves blank, over :data:`PRIORS`
+#: and the defaults above (each listed as assumed):
+#: - DeepSpeed-Chat: no sample packing anywhere in its step 3 (its experience and training
+#:   passes run the generate call's padded output; its Llama-2 scripts use
+#:   ``per_device_training_batch_size 1``, the one-row micro-batch a silent row gets);
+#: - TRL's GRPOConfig (huggingface/trl@f2cd57710 trl/trainer/grpo_config.py): ``padding_free``
+#:   off, ``num_generations`` 8, ``max_completion_length`` 512, one ``generate`` call per
+#:   process of its ``per_device_train_batch_size x steps_per_generation`` = 8 x 1 prompts;
+#:   ``use_vllm=False`` (:func:`trl_transformers_generate`) and ``beta=0.0`` (no reference
+#:   model: not in :data:`REFERENCE_SYSTEMS`)
+SYSTEM_PRIORS: dict[str, dict[str, Any]] = {
+    "deepspeed-chat": {"seq_packing": False},
+    "trl": {"seq_packing": False, "samples_per_prompt": 8, "max_gen_len": 512, "gen_batch_size": 8},
+}
+
+
+def system_prior(system: str, col: str) -> Any:
+    """The value ``system``'s own configuration gives a blank ``col``; None when it has none."""
+    return SYSTEM_PRIORS.get(system, {}).get(col)
+
+
+def _said(r: dict[str, str]) -> str:
+    """A row's words that may name a release or an engine: its notes and source locator."""
+    return " ".join((r.get(c) or "") for c in ("notes", "model_arch_notes", "source_locator"))
 
 
 def trl_transformers_generate(system: str, r: dict[str, str]) -> bool:
@@ -122,7 +137,7 @@ def trl_transformers_generate(system: str, r: dict[str, str]) -> bool:
     text names no vLLM (``use_vllm=True``, "vLLM colocate", "vllm_mode")."""
     if system != "trl":
         return False
-    text = " ".join((r.get(c) or "") for c in ("notes", "model_arch_notes", "source_locator"))
+    text = _said(r)
     return not re.search(r"\bvllm", text.lower())
 
 
@@ -153,22 +168,12 @@ def reward_model_default(system: str, has_critic: bool) -> bool:
 REFERENCE_SYSTEMS = ("nemo-rl-megatron", "nemo-rl-dtensor", "openrlhf-deepspeed", "deepspeed-chat")
 
 
-#: systems whose trainer feeds fixed ``[batch, seq]`` tensors where a row does not say: no
-#: sample packing anywhere in DeepSpeed-Chat's step 3 (its experience and training passes run
-#: the generate call's padded output; its Llama-2 scripts use ``per_device_training_batch_size
-#: 1``, the one-row micro-batch a silent row gets); TRL's ``padding_free`` is off by default
-UNPACKED_SYSTEMS = ("deepspeed-chat", "trl")
-
 #: systems that pad every prompt to the prompt budget before generating: DeepSpeed-Chat's
 #: ``DataCollatorRLHF`` pads each batch's prompts to ``max_prompt_seq_len`` (left padding), and
 #: the generate call, the four models' experience passes and the training passes all run
 #: that padded prompt (microsoft/DeepSpeedExamples, applications/DeepSpeed-Chat/dschat/utils/
 #: data/data_utils.py and dschat/rlhf/ppo_trainer.py)
 PROMPT_PADDED_SYSTEMS = ("deepspeed-chat",)
-
-
-#: how a prediction's assumptions name the padding (rows.assumed_values shows it)
-PADDED_SAYS = "prompts padded to"
 
 
 def padded_prompt(system: str, max_seq: float | None, cap_cell: int | None) -> float | None:
@@ -196,7 +201,7 @@ def eager_default(system: str, r: dict[str, str]) -> bool:
         return True  # transformers' generate launches every layer's kernels (no CUDA graphs)
     if not system.startswith("verl"):
         return False
-    text = " ".join((r.get(c) or "") for c in ("notes", "model_arch_notes", "source_locator"))
+    text = _said(r)
     text = text.lower()
     found = {(int(a), int(b)) for a, b in _VERL_VERSION.findall(text)}
     return "sglang" not in text and {v <= VERL_EAGER_UNTIL for v in found} == {True}
@@ -274,6 +279,8 @@ class RowCase:
     # their state on the host between uses, as OpenRLHF's ``--ref_reward_offload`` /
     # ``--adam_offload`` and DeepSpeed-Chat's offload do; colocated rows always do
     idle_offload: bool = False
+    # every prompt padded to the prompt budget (:data:`PROMPT_PADDED_SYSTEMS`)
+    prompt_padded: bool = False
 
     def budgets_per_micro_batch(self, cp: int) -> int:
         """Whole sequence budgets in one trainer micro-batch: a per-GPU token budget holds
@@ -454,9 +461,8 @@ def read_case(r: dict[str, str]) -> RowCase:
         v = cell_tri(r, col)
         if v is None:
             unknown.append(col)
-            if col == "seq_packing" and system in UNPACKED_SYSTEMS:
-                return False
-            return PRIORS[col]
+            own = system_prior(system, col)
+            return PRIORS[col] if own is None else own
         return v
 
     util = cell_float(r, "gpu_memory_utilization")  # None: solved with the layout
@@ -489,8 +495,8 @@ def read_case(r: dict[str, str]) -> RowCase:
         # unpublished: the length budget bounds it, else the prior of the model's kind
         unknown.append("max_gen_len")
         cap = int(max_seq) if max_seq else PRIORS["max_gen_len"][kind or model.kind]
-        if system == "trl" and not max_seq:  # TRL's max_completion_length default
-            cap = TRL_MAX_COMPLETION
+        if not max_seq and system_prior(system, "max_gen_len"):
+            cap = system_prior(system, "max_gen_len")
     else:
         cap = cap_cell
     explicit = cell_opt_int(r, "gen_cap")
@@ -510,10 +516,11 @@ def read_case(r: dict[str, str]) -> RowCase:
     # (a cap raised past the row's to hold its published mean leaves the budget the rest)
     padded = padded_prompt(system, max_seq, None if cap_cell is None else max(cap_cell, cap))
     assumed: tuple[str, ...] = ()
-    if padded is not None and padded > prompt:
+    prompt_padded = padded is not None and padded > prompt
+    if prompt_padded:
         # every pass computes the padded prompt, whatever the prompts' own lengths
         assumed = (
-            f"{PADDED_SAYS} the {padded:.0f}-token prompt budget ({system}'s collator: "
+            f"prompts padded to the {padded:.0f}-token prompt budget ({system}'s collator: "
             "every pass runs the padded prompt)",
         )
         prompt = padded
@@ -548,8 +555,10 @@ def read_case(r: dict[str, str]) -> RowCase:
         raise Unpredictable(f"gen_batching={batching!r}; allowed: continuous, static or blank")
     static = None
     if batching == "static":
-        static = cell_opt_int(r, "gen_batch_size") or STATIC_GEN_BATCHES.get(
-            system, STATIC_GEN_BATCH
+        static = (
+            cell_opt_int(r, "gen_batch_size")
+            or system_prior(system, "gen_batch_size")
+            or STATIC_GEN_BATCH
         )
         if static < 1:
             raise Unpredictable(f"gen_batch_size={static}: must be a whole number >= 1")
@@ -574,15 +583,15 @@ def read_case(r: dict[str, str]) -> RowCase:
     # PPO with a critic samples one response per prompt unless the row says otherwise
     # (verl ``rollout.n``, OpenRLHF ``n_samples_per_prompt`` and DeepSpeed-Chat default to
     # 1); a group-baseline algorithm has no default group size: its blank is refused
-    # (TRL's ``num_generations`` defaults to 8: its group-baseline blank is that default)
-    ppo_one = has_critic and not _cell(r, "samples_per_prompt")
-    trl_group = system == "trl" and not has_critic and not _cell(r, "samples_per_prompt")
+    # (unless the system's own configuration sets the group size: :data:`SYSTEM_PRIORS`)
+    n_default = 1 if has_critic else system_prior(system, "samples_per_prompt")
+    n_blank = n_default is not None and not _cell(r, "samples_per_prompt")
     missing = [c for c in ("num_prompts", "samples_per_prompt") if not _cell(r, c)]
-    missing = [c for c in missing if not ((ppo_one or trl_group) and c == "samples_per_prompt")]
+    missing = [c for c in missing if not (n_blank and c == "samples_per_prompt")]
     if missing:  # the batch sets the step: no prior answers it
         raise Unpredictable(" and ".join(missing) + " not published")
-    if ppo_one or trl_group:
-        samples = 1 if ppo_one else TRL_SAMPLES_PER_PROMPT
+    if n_blank:
+        samples = n_default
         unknown.append("samples_per_prompt")
     else:
         samples = cell_int(r, "samples_per_prompt")
@@ -668,6 +677,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         cp_open=not (r.get("train_cp") or "").strip(),
         gen_pp_open=not (r.get("gen_pp") or "").strip(),
         gpu_budget_seqs=_gpu_budget_seqs(r, max_seq or prompt + cap),
+        prompt_padded=prompt_padded,
     )
 
 
@@ -779,7 +789,7 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         + ("(transformers' generate)" if case.system == "trl" else "(verl <= 0.5 rollout default)"),
     }
     out = tuple(f"{u}={values[u]}" for u in case.unknown if u in values)
-    if any(a.startswith(PADDED_SAYS) for a in wl.assumed):  # known, not a prior: shown anyway
+    if case.prompt_padded:  # known, not a prior: shown anyway
         out += (f"avg_prompt_len={wl.mean_prompt_tokens:.0f} (padded to the prompt budget)",)
     return out
 
