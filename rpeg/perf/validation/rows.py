@@ -116,9 +116,16 @@ STATIC_GEN_BATCH = 16
 #:   process of its ``per_device_train_batch_size x steps_per_generation`` = 8 x 1 prompts;
 #:   ``use_vllm=False`` (:func:`trl_transformers_generate`) and ``beta=0.0`` (no reference
 #:   model: not in :data:`REFERENCE_SYSTEMS`)
+#: TRL's ``num_generations`` (its group size; RPEG's own default is rpeg.defaults')
+TRL_NUM_GENERATIONS = 8
 SYSTEM_PRIORS: dict[str, dict[str, Any]] = {
     "deepspeed-chat": {"seq_packing": False},
-    "trl": {"seq_packing": False, "samples_per_prompt": 8, "max_gen_len": 512, "gen_batch_size": 8},
+    "trl": {
+        "seq_packing": False,
+        "samples_per_prompt": TRL_NUM_GENERATIONS,
+        "max_gen_len": 512,
+        "gen_batch_size": 8,
+    },
 }
 
 
