@@ -109,3 +109,21 @@ def test_a_source_with_one_row_has_no_one_shot_and_the_reports_carry_it():
     assert any(
         line.strip().startswith("one-shot   MAPE=") for line in lines(scored, [], ["synthetic"])
     )
+
+
+def test_the_report_sets_the_calibration_beside_the_same_rows_uncalibrated():
+    # sources whose rows share their factor: calibrating helps, and the report says by how
+    # much against the same rows' leave-one-source-out error
+    shared = loso.score(_sources([0.6, 1.5, 0.8, 1.25, 0.7]))
+    o = summary(shared)
+    assert o["uncalibrated"] == pytest.approx(summarise(shared).mape, abs=0.01)
+    assert o["mape"] < o["uncalibrated"] - 10.0
+    # one row without another of its source scores no one-shot and is not in either figure
+    lonely = loso.score(_sources([0.6, 1.5, 0.8]) + [_row("alone", "src-alone", 0.3)])
+    o = summary(lonely)
+    kept = [s for s in lonely if s.one_shot]
+    assert o["uncalibrated"] == pytest.approx(summarise(kept).mape, abs=0.01)
+    assert o["uncalibrated"] < summarise(lonely).mape
+    doc = to_json(lonely, [], ["synthetic"])
+    assert doc["one_shot"]["uncalibrated"] == o["uncalibrated"]
+    assert math.isnan(doc["by_source"]["src-alone"]["one_shot"]["uncalibrated"])

@@ -208,7 +208,12 @@ def test_any_cells_give_a_prediction_or_a_reason(cells):
 
 def test_absurd_sizes_are_refused_not_allocated():
     res = _one(num_gpus="1e9")
-    assert res.prediction is None and "device indices must be <=" in res.reason
+    assert res.prediction is None and "num_gpus=1000000000: at most 1,048,576 GPUs" in res.reason
+    # pools that name the slip: the count they add up to is named by its cells
+    res = _one(num_gpus="", placement="disaggregated", gen_gpus="1e9", train_gpus="8")
+    assert res.prediction is None
+    assert "gen_gpus + train_gpus=1000000008: at most 1,048,576 GPUs" in res.reason
+    assert _one(num_gpus=str(1 << 20), placement="colocated").prediction is not None  # the limit
 
 
 def test_precision_and_measurement_are_checked():

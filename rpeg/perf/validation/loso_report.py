@@ -101,7 +101,8 @@ def lines(scored: list[Scored], refused: list[Scored], datasets: list[str]) -> l
         f"MAPE={_pct(pooled.mape)} max={_pct(pooled.max_ape)} n={pooled.predicted} "
         f"coverage={_pct(100 * pooled.coverage)} median_width={_pct(100 * pooled.median_width)} "
         f"predicted_share={_pct(100 * pooled.predicted_share)} (leave-one-source-out, "
-        f"{' + '.join(datasets)}); one-shot MAPE={_pct(o['mape'])} n={o['rows']}"
+        f"{' + '.join(datasets)}); one-shot MAPE={_pct(o['mape'])} n={o['rows']} "
+        f"(uncalibrated {_pct(o['uncalibrated'])})"
     )
     return out
 
@@ -133,8 +134,9 @@ def _throughput_lines(scored: list[Scored]) -> list[str]:
 def _one_shot_line(o: dict[str, float]) -> str:
     return (
         f"MAPE={_pct(o['mape'])} max={_pct(o['max_ape'])} coverage={_pct(100 * o['coverage'])} "
-        f"rows={o['rows']} floor={_pct(o['floor'])}  [one row of the source calibrates, the "
-        "others scored; floor: the least error any model has on rows that read the same]"
+        f"rows={o['rows']} uncalibrated={_pct(o['uncalibrated'])} floor={_pct(o['floor'])}  "
+        "[one row of the source calibrates, the others scored; uncalibrated: the same rows "
+        "leave-one-source-out; floor: the least error any model has on rows that read the same]"
     )
 
 

@@ -32,7 +32,7 @@ from rpeg.perf.validation.row_cells import (
     resolve_model,
 )
 from rpeg.perf.validation.solve import RowLayout, solve_row
-from rpeg.plan.schema import GraphRef, Plan, UnitPlan
+from rpeg.plan.schema import MAX_DEVICE_INDEX, GraphRef, Plan, UnitPlan
 
 # Priors of inputs a row may leave blank (docs/validation.md, "Unknown inputs").
 PRIORS: dict[str, Any] = {
@@ -392,6 +392,9 @@ def read_case(r: dict[str, str]) -> RowCase:
         n = gen_n if colocated else gen_n + train_n  # the pools say how many
     else:
         n = cell_int(r, "num_gpus")
+    if n > MAX_DEVICE_INDEX:  # a slip (``1e9``), not a run: named before any plan is built
+        cells = "num_gpus" if cell_number(r, "num_gpus") is not None else "gen_gpus + train_gpus"
+        raise Unpredictable(f"{cells}={n}: at most {MAX_DEVICE_INDEX:,} GPUs")
     if colocated:  # colocated rows often leave the pool sizes blank: both roles use all
         gen_n = train_n = n
     else:
