@@ -9,7 +9,7 @@ Each run becomes one shared-schema row (model, GPUs, system, batch, caps and the
 words in ``notes``; layouts, lengths and recipe columns blank) and is scored leave-one-source-
 out as ``rpeg validate FILE`` scores a user's file (the shipped sets join the fit). Prints each
 row's prediction and the solved/assumed inputs, then a summary line.
-``python benchmarks/unseen_family_rlhf.py`` (~30 s). docs/validation.md, "A family no row checks".
+``python benchmarks/unseen_family_rlhf.py`` (~12 s). docs/validation.md, "A family no row checks".
 """
 
 from __future__ import annotations

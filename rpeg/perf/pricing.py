@@ -5,6 +5,8 @@ Pure and fast (tens of microseconds per plan). Every equation is in docs/perf-mo
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -186,21 +188,31 @@ def price_unit(
 
 
 # --- the step ---------------------------------------------------------------------------
-def predict(
+@dataclass
+class _Setup:
+    """What pricing a step needs besides the calibration: the plan as run, its context at
+    the given calibration, the graph's units and the pools they share."""
+
+    c: UnitContext
+    cores: int
+    plan: Plan
+    info: dict[str, Any]
+    units: list[tuple[str, tuple[tuple[str, str, str], ...]]]
+    cluster: ClusterSpec
+    pools: list[Any]
+    pool_of: dict[str, int]
+    multi_pool: bool
+    async_overlap: bool
+
+
+def _setup(
     graph: Any,
     plan: Plan,
     workload: Workload | Any,
-    *,
-    cluster: ClusterSpec | None = None,
-    model: ModelSpec | None = None,
-    calib: Calibration = DEFAULT,
-    check_memory: bool = True,
-) -> StepPrediction:
-    """Predict one RL step of ``graph`` executed as ``plan`` on ``workload``.
-
-    ``cluster``/``model`` default to the plan's catalog names (sized by ``plan.num_nodes``).
-    Raises :class:`InfeasiblePlan` (reason memory/devices/divisibility) with the numbers.
-    """
+    cluster: ClusterSpec | None,
+    model: ModelSpec | None,
+    calib: Calibration,
+) -> _Setup:
     from rpeg import specs
 
     wl = workload if isinstance(workload, Workload) else Workload.from_config(workload)
@@ -228,22 +240,35 @@ def predict(
                 unit=uname,
                 device=u.devices[-1],
             )
-    gen_plan, train_plan = _gen_train_plans(plan, units)
     pools = plan.colocated()
     pool_of = {n: i for i, g in enumerate(pools) for n in g}
     multi_pool = len({pool_of[n] for n, _ in units}) > 1
-    async_overlap = plan.staleness >= 1 and multi_pool
+    return _Setup(
+        c, cores, plan, info, units, cluster, pools, pool_of, multi_pool,
+        async_overlap=plan.staleness >= 1 and multi_pool,
+    )  # fmt: skip
 
+
+def _stages(s: _Setup, c: UnitContext) -> dict[str, StageCost]:
+    """Every unit of the step priced in context ``c`` (the setup's, or the same at another
+    calibration)."""
+    gen_plan, train_plan = _gen_train_plans(s.plan, s.units)
     stages: dict[str, StageCost] = {}
-    for uname, members in units:
-        cu = unit_context(c, cores, unit_plan(plan, uname).num_devices)  # CPU: core share
-        stages[uname] = _price_unit(cu, info, uname, members, gen_plan, train_plan)
+    for uname, members in s.units:
+        cu = unit_context(c, s.cores, unit_plan(s.plan, uname).num_devices)  # CPU: core share
+        stages[uname] = _price_unit(cu, s.info, uname, members, gen_plan, train_plan)
+    return stages
 
-    # memory: co-resident units per pool
+
+def _memory(
+    s: _Setup, stages: dict[str, StageCost], check_memory: bool
+) -> tuple[dict[str, float], dict[int, float]]:
+    """(peak GB per device group, offload seconds per pool): co-resident units per pool."""
+    plan, units, cluster, calib = s.plan, s.units, s.cluster, s.c.calib
     cap = cluster.gpu.hbm_gb
     dev_mem: dict[str, float] = {}
     offload_s: dict[int, float] = {}
-    for i, group in enumerate(pools):
+    for i, group in enumerate(s.pools):
         names = [n for n, _ in units if n in group]
         if not names:
             continue
@@ -290,30 +315,36 @@ def predict(
                 device=plan.units[worst].devices[0],
                 breakdown=stages[worst].memory_gb,
             )
+    return dev_mem, offload_s
 
-    # schedule
+
+def _schedule(
+    s: _Setup, stages: dict[str, StageCost], offload_s: dict[int, float]
+) -> tuple[float, list[TimelineRecord]]:
+    """The step's seconds and its Gantt records from the units' times."""
+    c, plan, units, pool_of = s.c, s.plan, s.units, s.pool_of
     timeline: list[TimelineRecord] = []
     pool_busy: dict[int, float] = {}
-    if async_overlap:
+    if s.async_overlap:
         # steady state with bounded staleness: every pool works continuously, the slower
         # pool sets the step time (the bound k >= 1 lets the faster one run ahead).
         for uname, _ in units:
             i = pool_of[uname]
-            s = pool_busy.get(i, 0.0)
+            t0 = pool_busy.get(i, 0.0)
             d = stages[uname].time_s
-            timeline.append(record(stages[uname], s, s + d))
-            pool_busy[i] = s + d
+            timeline.append(record(stages[uname], t0, t0 + d))
+            pool_busy[i] = t0 + d
         step = max(pool_busy.values())
         # CPU workers of the pools share the machine's cores (rpeg.perf.time_sharing)
-        step = _cores_shared(c, cores, plan, stages, step, timeline)
-    elif multi_pool and plan.streaming:
+        step = _cores_shared(c, s.cores, plan, stages, step, timeline)
+    elif s.multi_pool and plan.streaming:
         # k = 0 with streaming: the consumers take the batch in train_minibatches chunks as
         # generation finishes them (evenly over the generation) -- a flow shop: each chunk
         # goes through the units in order, a unit starts a chunk when the chunk is ready and
         # its pool is free (units of one pool take turns). Every unit streams but the
         # weight sync, which follows the last update.
-        step = streamed(stages, units, pool_of, max(1, wl.train_minibatches), timeline)
-        step = _cores_shared(c, cores, plan, stages, step, timeline)  # pools at once, too
+        step = streamed(stages, units, pool_of, max(1, c.wl.train_minibatches), timeline)
+        step = _cores_shared(c, s.cores, plan, stages, step, timeline)  # pools at once, too
     else:
         t = 0.0
         for uname, _ in units:
@@ -334,10 +365,32 @@ def predict(
             )
         )
     step += c.step_overhead_s
+    return step, timeline
 
+
+def predict(
+    graph: Any,
+    plan: Plan,
+    workload: Workload | Any,
+    *,
+    cluster: ClusterSpec | None = None,
+    model: ModelSpec | None = None,
+    calib: Calibration = DEFAULT,
+    check_memory: bool = True,
+) -> StepPrediction:
+    """Predict one RL step of ``graph`` executed as ``plan`` on ``workload``.
+
+    ``cluster``/``model`` default to the plan's catalog names (sized by ``plan.num_nodes``).
+    Raises :class:`InfeasiblePlan` (reason memory/devices/divisibility) with the numbers.
+    """
+    s = _setup(graph, plan, workload, cluster, model, calib)
+    c, plan = s.c, s.plan
+    stages = _stages(s, c)
+    dev_mem, offload_s = _memory(s, stages, check_memory)
+    step, timeline = _schedule(s, stages, offload_s)
     ndev = plan.num_devices
-    useful = sum(s.flops for s in stages.values())
-    mfu = useful / (step * ndev * cluster.gpu.peak_flops(c.prec)) if step > 0 else 0.0
+    useful = sum(st.flops for st in stages.values())
+    mfu = useful / (step * ndev * s.cluster.gpu.peak_flops(c.prec)) if step > 0 else 0.0
     return StepPrediction(
         step_s=step,
         stages=stages,
@@ -347,9 +400,112 @@ def predict(
         mfu=mfu,
         timeline=timeline,
         device_memory_gb=dev_mem,
-        capacity_gb=cap,
+        capacity_gb=s.cluster.gpu.hbm_gb,
         assumptions=c.assumptions,
     )
+
+
+def _check_points(
+    gen_scales: tuple[float, ...], train_scales: tuple[float, ...]
+) -> list[tuple[float, float]]:
+    """Where :func:`predict_grid` checks the affine form: (2, 2) and the grid's corners."""
+    pts = [(2.0, 2.0), (min(gen_scales), min(train_scales)), (max(gen_scales), max(train_scales))]
+    return list(dict.fromkeys(pts))
+
+
+def _timed(stages: dict[str, StageCost], times: dict[str, float]) -> dict[str, StageCost]:
+    """Shallow copies of ``stages`` taking ``times`` (what the schedule reads of them)."""
+    out = {}
+    for n, st in stages.items():
+        out[n] = copy.copy(st)
+        out[n].time_s = times[n]
+    return out
+
+
+#: relative agreement a unit's time must show with ``a + b / g + c / t`` at a fourth point
+#: for :func:`predict_grid` to rebuild it from three pricings (else it prices every point)
+_AFFINE_RTOL = 1e-9
+
+
+def predict_grid(
+    graph: Any,
+    plan: Plan,
+    workload: Workload | Any,
+    gen_scales: tuple[float, ...],
+    train_scales: tuple[float, ...],
+    *,
+    calib: Calibration,
+    cluster: ClusterSpec | None = None,
+    model: ModelSpec | None = None,
+) -> tuple[StepPrediction, list[list[float]]]:
+    """``predict(..., check_memory=False)`` at ``calib`` (the prediction) and the step
+    seconds at ``calib`` with ``gen_eff_scale = g`` and ``train_eff_scale = fwd_eff_scale
+    = t`` for every ``g`` in ``gen_scales`` (rows) and ``t`` in ``train_scales`` (columns).
+
+    A unit's time is ``a + b / g + c / t``: each of its parts is either not scaled (host
+    work, weight sync, hand-offs) or divided by one of the scales (generation by ``g``,
+    forward and training passes by ``t``: :func:`rpeg.perf.eager_cpu.scaled`). So the units
+    are priced at (1, 1), (2, 1) and (1, 2), checked at (2, 2) and at the grid's corners,
+    and the schedule is rebuilt at every point from the units' times (the step's max and
+    flow shop are not affine). A fused streaming unit (its consumers' overlap is a ``min``)
+    or a unit that fails the check has every point priced."""
+    from dataclasses import replace as _replace
+
+    s = _setup(graph, plan, workload, cluster, model, calib)
+
+    def at(g: float, t: float) -> dict[str, StageCost]:
+        cal = _replace(s.c.calib, gen_eff_scale=g, train_eff_scale=t, fwd_eff_scale=t)
+        return _stages(s, UnitContext(s.plan, s.c.wl, s.cluster, s.c.model, cal))
+
+    base = _stages(s, s.c)
+    dev_mem, offload_s = _memory(s, base, False)
+    step, timeline = _schedule(s, base, offload_s)
+    ndev = s.plan.num_devices
+    pred = StepPrediction(
+        step_s=step,
+        stages=base,
+        num_devices=ndev,
+        tokens_per_step=s.c.tokens,
+        tokens_per_s_per_gpu=s.c.tokens / step / ndev if step > 0 else 0.0,
+        mfu=(
+            sum(st.flops for st in base.values())
+            / (step * ndev * s.cluster.gpu.peak_flops(s.c.prec))
+            if step > 0
+            else 0.0
+        ),
+        timeline=timeline,
+        device_memory_gb=dev_mem,
+        capacity_gb=s.cluster.gpu.hbm_gb,
+        assumptions=s.c.assumptions,
+    )
+    p11, p21, p12 = at(1.0, 1.0), at(2.0, 1.0), at(1.0, 2.0)
+    checks = [(g, t, at(g, t)) for g, t in _check_points(gen_scales, train_scales)]
+    affine: dict[str, tuple[float, float, float]] = {}
+    for n in p11:
+        if n in s.info["streaming"]:
+            continue  # its consumers' overlap is a min of scaled and unscaled times
+        b = 2.0 * (p11[n].time_s - p21[n].time_s)
+        cc = 2.0 * (p11[n].time_s - p12[n].time_s)
+        a = p11[n].time_s - b - cc
+        if all(
+            abs(a + b / g + cc / t - p[n].time_s) <= _AFFINE_RTOL * max(1.0, p[n].time_s)
+            for g, t, p in checks
+        ):
+            affine[n] = (a, b, cc)
+    grid: list[list[float]] = []
+    for g in gen_scales:
+        row = []
+        for t in train_scales:
+            priced = {} if len(affine) == len(base) else at(g, t)
+            times = {
+                n: (affine[n][0] + affine[n][1] / g + affine[n][2] / t)
+                if n in affine
+                else priced[n].time_s
+                for n in base
+            }
+            row.append(_schedule(s, _timed(base, times), offload_s)[0])
+        grid.append(row)
+    return pred, grid
 
 
 @lru_cache(maxsize=4096)

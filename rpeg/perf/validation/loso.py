@@ -25,7 +25,7 @@ import numpy as np
 from rpeg.ir.graph import GraphError
 from rpeg.perf.calibration import SHIPPED, Calibration
 from rpeg.perf.interval import Unknowns, predict_interval
-from rpeg.perf.pricing import predict
+from rpeg.perf.pricing import predict_grid
 from rpeg.perf.systems import UNKNOWN_WIDEN, normalise
 from rpeg.perf.validation import mechanisms
 from rpeg.perf.validation.loso_fit import GRID, fit, fit_lengths, interp_step, params  # noqa: F401
@@ -176,18 +176,21 @@ def price_rows(
                 k: np.empty(len(mults)) for k in ("generate", "train_actor")
             }
             for h, m in enumerate(mults):
-                at_m = scaled(calib, m)
-                for i, g in enumerate(GRID):
-                    for j, t in enumerate(GRID):
-                        cal = replace(at_m, gen_eff_scale=g, train_eff_scale=t, fwd_eff_scale=t)
-                        # the layout solved at the row's own lengths: a longer multiplier
-                        # prices its time, not whether the run (which happened) would fit
-                        pr = predict(case.graph, plan, case.workload, calib=cal, check_memory=False)
-                        grid[h, i, j] = pr.step_s
-                        if g == 1.0 and t == 1.0:
-                            tokens[h] = pr.tokens_per_step
-                            for k in stage_pred:
-                                stage_pred[k][h] = _stage(pr, k)
+                unit = replace(scaled(calib, m), gen_eff_scale=1.0, train_eff_scale=1.0)
+                # the layout solved at the row's own lengths: a longer multiplier prices its
+                # time, not whether the run (which happened) would fit (no memory check)
+                pr, steps = predict_grid(
+                    case.graph,
+                    plan,
+                    case.workload,
+                    GRID,
+                    GRID,
+                    calib=replace(unit, fwd_eff_scale=1.0),
+                )
+                grid[h] = steps
+                tokens[h] = pr.tokens_per_step
+                for k in stage_pred:
+                    stage_pred[k][h] = _stage(pr, k)
             lo, hi = predict_interval(
                 case.graph,
                 plan,

@@ -5,7 +5,7 @@ rows themselves to minimise the source's MAPE from its leave-one-source-out fit.
 from one of its rows sets those quantities better for the others (up to that row being left
 out of the scored set), so this bounds what calibrating on a published run can reach.
 
-``python -m rpeg.perf.validation.loso_oracle`` prints it for the shipped sets (~40 s).
+``python -m rpeg.perf.validation.loso_oracle`` prints it for the shipped sets (~15 s).
 """
 
 from __future__ import annotations
