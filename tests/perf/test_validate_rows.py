@@ -325,3 +325,14 @@ def test_ppo_with_a_critic_samples_one_response_per_prompt_unless_stated():
     # a group-baseline algorithm has no default group size
     res = _one(has_critic="no", samples_per_prompt="")
     assert res.prediction is None and res.reason == "samples_per_prompt not published"
+
+
+def test_an_offline_method_is_named_not_priced_as_rl():
+    for algo in ("SFT", "dpo", "KTO", "reward model training"):
+        res = _one(algorithm=algo)
+        assert res.prediction is None
+        assert f"algorithm={algo.lower()!r} trains offline" in res.reason
+        assert "allowed: an RL algorithm" in res.reason
+    # online variants generate: priced; an RL name that contains an offline one is not matched
+    for algo in ("online dpo", "iterative DPO", "grpo", "ppo (sft init)", "dapo"):
+        assert _one(algorithm=algo).prediction is not None, algo

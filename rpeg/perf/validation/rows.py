@@ -214,6 +214,14 @@ def eager_default(system: str, r: dict[str, str]) -> bool:
     return "sglang" not in text and {v <= VERL_EAGER_UNTIL for v in found} == {True}
 
 
+#: an ``algorithm`` cell naming only an offline method: no rollout, so no RL step (its online
+#: variants -- "online dpo", "iterative dpo" -- generate, and are priced as a group baseline)
+OFFLINE_METHODS = re.compile(
+    r"(?:sft|supervised fine-?tuning|dpo|ipo|kto|orpo|simpo|cpo|rm|reward[- ]model(?: training)?"
+    r"|(?:continued )?pre-?training)"
+)
+
+
 def critic_of(algo: str) -> bool:
     """Whether an algorithm named ``algo`` (lower case) trains a critic: PPO by name, GAE,
     VAPO / VC-PPO (value-based PPO) or any that says "critic", unless it says it has none."""
@@ -418,6 +426,11 @@ def read_case(r: dict[str, str]) -> RowCase:
     # A blank has_critic follows the algorithm's name (:func:`critic_of`).
     critic_cell = (r.get("has_critic") or "").strip()
     algo = (r.get("algorithm") or "").strip().lower()
+    if OFFLINE_METHODS.fullmatch(algo):
+        raise Unpredictable(
+            f"algorithm={algo!r} trains offline (no rollout, no RL step to price); allowed: an "
+            "RL algorithm (ppo, grpo, dapo, gspo, rloo, reinforce++, online dpo, ...) or blank"
+        )
     has_critic = bool(cell_tri(r, "has_critic")) if critic_cell else critic_of(algo)
     # blank: on-policy without partial rollout, GRPO (no critic); the reference model as the
     # algorithm's name or the executing system's default says (:func:`reference_of`)
