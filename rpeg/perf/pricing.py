@@ -384,14 +384,20 @@ def predict(
     Raises :class:`InfeasiblePlan` (reason memory/devices/divisibility) with the numbers.
     """
     s = _setup(graph, plan, workload, cluster, model, calib)
-    c, plan = s.c, s.plan
-    stages = _stages(s, c)
+    return _prediction(s, _stages(s, s.c), check_memory)[0]
+
+
+def _prediction(
+    s: _Setup, stages: dict[str, StageCost], check_memory: bool
+) -> tuple[StepPrediction, dict[int, float]]:
+    """The step of the priced ``stages`` (and each pool's offload seconds)."""
+    c = s.c
     dev_mem, offload_s = _memory(s, stages, check_memory)
     step, timeline = _schedule(s, stages, offload_s)
-    ndev = plan.num_devices
+    ndev = s.plan.num_devices
     useful = sum(st.flops for st in stages.values())
     mfu = useful / (step * ndev * s.cluster.gpu.peak_flops(c.prec)) if step > 0 else 0.0
-    return StepPrediction(
+    pred = StepPrediction(
         step_s=step,
         stages=stages,
         num_devices=ndev,
@@ -403,6 +409,7 @@ def predict(
         capacity_gb=s.cluster.gpu.hbm_gb,
         assumptions=c.assumptions,
     )
+    return pred, offload_s
 
 
 def _check_points(
@@ -422,7 +429,7 @@ def _timed(stages: dict[str, StageCost], times: dict[str, float]) -> dict[str, S
     return out
 
 
-#: relative agreement a unit's time must show with ``a + b / g + c / t`` at a fourth point
+#: relative agreement a unit's time must show with ``a + b / g + c / t`` at the check points
 #: for :func:`predict_grid` to rebuild it from three pricings (else it prices every point)
 _AFFINE_RTOL = 1e-9
 
@@ -458,26 +465,7 @@ def predict_grid(
         return _stages(s, UnitContext(s.plan, s.c.wl, s.cluster, s.c.model, cal))
 
     base = _stages(s, s.c)
-    dev_mem, offload_s = _memory(s, base, False)
-    step, timeline = _schedule(s, base, offload_s)
-    ndev = s.plan.num_devices
-    pred = StepPrediction(
-        step_s=step,
-        stages=base,
-        num_devices=ndev,
-        tokens_per_step=s.c.tokens,
-        tokens_per_s_per_gpu=s.c.tokens / step / ndev if step > 0 else 0.0,
-        mfu=(
-            sum(st.flops for st in base.values())
-            / (step * ndev * s.cluster.gpu.peak_flops(s.c.prec))
-            if step > 0
-            else 0.0
-        ),
-        timeline=timeline,
-        device_memory_gb=dev_mem,
-        capacity_gb=s.cluster.gpu.hbm_gb,
-        assumptions=s.c.assumptions,
-    )
+    pred, offload_s = _prediction(s, base, False)
     p11, p21, p12 = at(1.0, 1.0), at(2.0, 1.0), at(1.0, 2.0)
     checks = [(g, t, at(g, t)) for g, t in _check_points(gen_scales, train_scales)]
     affine: dict[str, tuple[float, float, float]] = {}
