@@ -84,24 +84,35 @@ def _fine_step(p: Any, lk: float) -> np.ndarray:
     return hit[1]
 
 
+_LOSS_CACHE: dict[tuple[int, float, float], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _row_loss(p: Any, lk: float) -> np.ndarray:
+    """The row's unweighted loss over the fine (gen, train) grid at log length multiplier
+    ``lk``: its step's, plus ``STAGE_WEIGHT`` x each published stage time's (memoised per
+    priced grid, multiplier and measurement: the folds refit the same rows many times)."""
+    key = (id(p.step), round(lk, 9), p.measured_s)
+    hit = _LOSS_CACHE.get(key)
+    if hit is not None and hit[0] is p.step:  # the grid itself is kept: ids are reused
+        return hit[1]
+    loss = huber_loss(math.log(p.measured_s) - np.log(_fine_step(p, lk)))
+    for st, m in p.stage_meas.items():
+        pr = float(at(p.stage_pred[st], lk)) if st in p.stage_pred else 0.0
+        if pr:
+            lf = _FG if st == "generate" else _FT
+            loss = loss + STAGE_WEIGHT * huber_loss(math.log(m) - (math.log(pr) - lf))
+    if len(_LOSS_CACHE) > 20000:
+        _LOSS_CACHE.clear()
+    _LOSS_CACHE[key] = (p.step, loss)
+    return loss
+
+
 def _objective(rows: list[Any], weights: dict[str, float], lm: dict[str, float]) -> np.ndarray:
     """Weighted loss of ``rows`` over the fine (gen, train) grid, each row at the length
     multiplier ``lm`` of its kind."""
-    if not rows:
-        return np.zeros_like(_FG)
-    w = np.array([weights[p.source] for p in rows])[:, None, None]
-    logm = np.array([math.log(p.measured_s) for p in rows])[:, None, None]
-    s = np.stack([_fine_step(p, multiplier(lm, p.kind)) for p in rows])
-    obj = (w * huber_loss(logm - np.log(s))).sum(axis=0)
+    obj = np.zeros_like(_FG)
     for p in rows:
-        lk = multiplier(lm, p.kind)
-        for st, m in p.stage_meas.items():
-            pr = float(at(p.stage_pred[st], lk)) if st in p.stage_pred else 0.0
-            if pr:
-                lf = _FG if st == "generate" else _FT
-                obj += (
-                    STAGE_WEIGHT * weights[p.source] * huber_loss(math.log(m) - (math.log(pr) - lf))
-                )
+        obj += weights[p.source] * _row_loss(p, multiplier(lm, p.kind))
     return obj
 
 
