@@ -74,6 +74,26 @@ def test_a_family_name_stays_in_its_family_and_a_current_attention():
 def test_a_vision_language_name_takes_a_vision_tower():
     assert stand_in("Acme-VL-7B").vision is not None
     assert stand_in("Acme-7B").vision is None
+    for name in ("SmolVLM-2B", "Idefics3-8B", "Ovis2-8B", "GLM-4.1V-9B-Thinking", "Acme-R1V-38B",
+                 "Acme-Omni-7B", "DeepSeek-VL2-27B", "Acme-V-8B"):  # fmt: skip
+        assert stand_in(name).vision is not None, name
+    # version words are not vision words
+    for name in ("Acme-7B-Instruct-v0.3", "Acme-V3-30B", "Acme-7B-v1"):
+        assert stand_in(name).vision is None, name
+
+
+def test_a_vl_checkpoint_holding_a_text_models_name_keeps_its_vision_tower():
+    from rpeg import specs
+    from rpeg.perf.validation.row_cells import resolve_model
+
+    # LLaVA-1.6 is Mistral-7B's LM with a vision tower: the text entry inside its name would
+    # drop the tower, so a VL stand-in prices it
+    name, _ = resolve_model("llava-v1.6-mistral-7b")
+    assert name.startswith("llava-v1.6-mistral-7b (as ")
+    assert specs.model(name).vision is not None
+    # a text fine-tune holding a cataloged name keeps that entry
+    assert resolve_model("OpenRLHF/Llama-3-8b-sft-mixture") == ("llama3-8b", None)
+    assert resolve_model("Mistral-7B-Instruct-v0.3")[0] == "mistral-7b"
 
 
 @pytest.mark.parametrize(

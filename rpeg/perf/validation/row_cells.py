@@ -9,7 +9,7 @@ import math
 import re
 
 from rpeg.perf.validation.model_words import SUFFIX_KIND, VENDORS, catalog_key, compact_name
-from rpeg.perf.validation.stand_in import stand_in, stated_kind
+from rpeg.perf.validation.stand_in import stand_in, stated_kind, vision_name
 
 
 class Unpredictable(ValueError):
@@ -198,6 +198,9 @@ def catalog_match(name: str) -> tuple[str, str | None] | None:
                 return found
             key = key[len(vendor) :]
             break
+    if vision_name(name):
+        return None  # a VL checkpoint holding a text model's name (LLaVA-...-Mistral-7B): its
+        # vision tower is priced by a stand-in (rpeg.perf.validation.stand_in), not dropped
     words = key.split("-")
     for n in range(len(words) - 1, 0, -1):  # the longest head ending in a size: a fine-tune
         if _SIZE.match(words[n - 1]):

@@ -35,8 +35,28 @@ def _size(m: re.Match) -> float:
     return float(f"{m.group(3)}.{m.group(5)}") * _UNIT[m.group(4)]
 
 
-def _vision_word(w: str) -> bool:
-    return w in ("vision", "llava") or w.endswith("vl") or w.startswith("internvl")
+#: words of a vision-language checkpoint's name: these whole words (Qwen2.5-Omni, MiniCPM-V's
+#: lone "v"), a word ending in ``vl`` / ``vlm`` (Qwen2.5-VL, SmolVLM, DeepSeek-VL2), starting
+#: with a VL family's name (InternVL, LLaVA, Idefics, Ovis) or a version ending in ``v``
+#: (GLM-4.1V, Skywork-R1V)
+_VISION_WORDS = frozenset({"vision", "omni", "v", "vlm"})
+_VL_END = re.compile(r"vlm?\d*$")
+_VISION_VERSION = re.compile(r"^(?:\d+(?:\.\d+)?|r\d+)v$")
+
+
+def vision_word(w: str) -> bool:
+    """Whether a word of a catalog key names a vision-language checkpoint."""
+    return (
+        w in _VISION_WORDS
+        or bool(_VL_END.search(w))
+        or w.startswith(("internvl", "llava", "idefics", "ovis"))
+        or bool(_VISION_VERSION.match(w))
+    )
+
+
+def vision_name(name: str) -> bool:
+    """Whether a checkpoint's name says it is a vision-language model (:func:`vision_word`)."""
+    return any(vision_word(w) for w in catalog_key(name).split("-"))
 
 
 def stated_kind(name: str) -> str | None:
@@ -87,7 +107,7 @@ def stand_in(name: str, catalog: dict | None = None):  # -> ModelSpec | None
     if len(totals) != 1 or len(actives) > 1 or (actives and actives[0] >= totals[0]):
         return None
     total, active = totals[0], (actives[0] if actives else None)
-    vision = any(_vision_word(w) for w in words)
+    vision = any(vision_word(w) for w in words)
     pool = [
         m
         for m in (specs.models() if catalog is None else catalog).values()
