@@ -91,6 +91,8 @@ def test_a_vl_checkpoint_holding_a_text_models_name_keeps_its_vision_tower():
     name, _ = resolve_model("llava-v1.6-mistral-7b")
     assert name.startswith("llava-v1.6-mistral-7b (as ")
     assert specs.model(name).vision is not None
+    # a VL fine-tune of a cataloged VL model keeps that entry, not a stand-in
+    assert resolve_model("Qwen2.5-VL-7B-Instruct-GRPO-geo3k")[0] == "qwen2.5-vl-7b-instruct"
     # a text fine-tune holding a cataloged name keeps that entry
     assert resolve_model("OpenRLHF/Llama-3-8b-sft-mixture") == ("llama3-8b", None)
     assert resolve_model("Mistral-7B-Instruct-v0.3")[0] == "mistral-7b"

@@ -176,17 +176,12 @@ def price_rows(
                 k: np.empty(len(mults)) for k in ("generate", "train_actor")
             }
             for h, m in enumerate(mults):
-                unit = replace(scaled(calib, m), gen_eff_scale=1.0, train_eff_scale=1.0)
+                at_m = replace(
+                    scaled(calib, m), gen_eff_scale=1.0, train_eff_scale=1.0, fwd_eff_scale=1.0
+                )
                 # the layout solved at the row's own lengths: a longer multiplier prices its
                 # time, not whether the run (which happened) would fit (no memory check)
-                pr, steps = predict_grid(
-                    case.graph,
-                    plan,
-                    case.workload,
-                    GRID,
-                    GRID,
-                    calib=replace(unit, fwd_eff_scale=1.0),
-                )
+                pr, steps = predict_grid(case.graph, plan, case.workload, GRID, GRID, calib=at_m)
                 grid[h] = steps
                 tokens[h] = pr.tokens_per_step
                 for k in stage_pred:

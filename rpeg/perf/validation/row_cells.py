@@ -198,14 +198,15 @@ def catalog_match(name: str) -> tuple[str, str | None] | None:
                 return found
             key = key[len(vendor) :]
             break
-    if vision_name(name):
-        return None  # a VL checkpoint holding a text model's name (LLaVA-...-Mistral-7B): its
-        # vision tower is priced by a stand-in (rpeg.perf.validation.stand_in), not dropped
+    # a VL checkpoint takes a part of its name only where that entry has a vision tower: one
+    # holding a text model's name (LLaVA-...-Mistral-7B) is priced by a VL stand-in
+    # (rpeg.perf.validation.stand_in), its tower kept
+    vl = vision_name(name)
     words = key.split("-")
     for n in range(len(words) - 1, 0, -1):  # the longest head ending in a size: a fine-tune
         if _SIZE.match(words[n - 1]):
             found = _resolve("-".join(words[:n]))
-            if found is not None:
+            if found is not None and _keeps_vision(found[0], vl):
                 return found[0], None
     # a base model's name inside a distilled checkpoint's (DeepSeek-R1-0528-Qwen3-8B): the
     # earliest, longest run of two or more words ending in a size that an entry holds
@@ -213,9 +214,17 @@ def catalog_match(name: str) -> tuple[str, str | None] | None:
         for end in range(len(words), start + 1, -1):
             if _SIZE.match(words[end - 1]):
                 found = _resolve("-".join(words[start:end]))
-                if found is not None:
+                if found is not None and _keeps_vision(found[0], vl):
                     return found[0], stated_kind(name)
     return None
+
+
+def _keeps_vision(entry: str, vl: bool) -> bool:
+    """Whether catalog ``entry`` may price a checkpoint whose name is (``vl``) or is not a
+    vision-language model's: a VL name needs an entry with a vision tower."""
+    from rpeg import specs
+
+    return not vl or specs.model(entry).vision is not None
 
 
 def known_model(name: str) -> bool:
