@@ -120,6 +120,38 @@ def test_a_trainer_with_no_stated_pipeline_takes_the_fewest_stages_that_fit():
         solve_row(stated, SHIPPED)
 
 
+def test_a_pool_no_power_of_two_divides_takes_stages_that_divide_the_layers():
+    # Llama-3.1-405B (126 layers) on 1,008 H100 (NeMo-Aligner's 84 + 42 nodes): 1,008 = 16 x 63,
+    # so no power-of-two stage count over TP8 divides it, but 7, 9, 14, ... stages do (each
+    # divides the 126 layers): the run is priced, never refused for memory
+    from rpeg.perf.validation.solve import fit_pp
+
+    assert fit_pp(1008, 126)[:4] == [2, 3, 4, 6]
+    assert 5 not in fit_pp(1000, 126)  # divides the pool, not the layers: not a power of two
+    assert all(1008 % p == 0 for p in fit_pp(1008, 126))
+    row = _described(
+        case_id="l405-1008",
+        source="a report",
+        model="llama3.1-405b",
+        gpu="h100",
+        num_gpus=1008,
+        gpus_per_node=8,
+        placement="colocated",
+        train_backend="megatron",
+        algorithm="ppo",
+        num_prompts=128,
+        samples_per_prompt=1,
+        avg_gen_len=916,
+        measured_step_s=165,
+    )
+    case = read_case(row)
+    priced, lay, pred = solve_row(case, SHIPPED)
+    pp = lay.train_pp
+    assert pp > 1 and 1008 % (lay.train_tp * pp) == 0 and 126 % pp == 0
+    assert max(s.peak_memory_gb for s in pred.stages.values()) <= 80.0
+    assert any(f"{pp} pipeline stages" in a for a in pred.assumptions)
+
+
 def test_a_trainer_with_no_stated_context_parallel_splits_a_long_sequence_to_fit():
     # Qwen3-8B trained on 64k-token sequences on 16 A100-40GB, FSDP, nothing else stated:
     # one sequence's activations and logits exceed a GPU even with the optimizer on the host

@@ -127,7 +127,7 @@ def _gen_candidates(case: Any, pool: int, domain: int) -> list[tuple[int, int]]:
     wbytes = 1.0 if case.workload.precision == "fp8" else 2.0
     if m.params * wbytes / max(inside) <= max(UTIL_CANDIDATES) * hbm:
         return out  # a node holds it: no pipeline assumed
-    return out + [(t, p) for t in inside for p in FIT_PP if p <= m.layers and pool % (t * p) == 0]
+    return out + [(t, p) for t in inside for p in fit_pp(pool // t, m.layers) if pool % t == 0]
 
 
 def candidates(case: Any) -> list[RowLayout]:
@@ -218,8 +218,24 @@ def solve_layout(case: Any, calib: Calibration = DEFAULT) -> tuple[RowLayout, St
 
 
 #: pipeline stages a Megatron-style trainer of a row that states none may be assumed to take
-#: when nothing else fits (the fewest that do)
+#: when nothing else fits (the fewest that do): these (an uneven last stage allowed, as
+#: Megatron's ``decoder_first/last_pipeline_num_layers`` give), or any count up to
+#: :data:`MAX_FIT_PP` that divides the model's layers (:func:`fit_pp`)
 FIT_PP = (2, 4, 8, 16, 32)
+MAX_FIT_PP = 64
+
+
+def fit_pp(pool: int, layers: int) -> list[int]:
+    """Pipeline sizes, fewest first, a pool of ``pool`` GPUs may be assumed to split a model
+    of ``layers`` layers over: a size of :data:`FIT_PP`, or one that divides the layers (a
+    1,008-GPU pool and Llama-3.1-405B's 126 layers: 7, 9, 14, ... stages), dividing the pool."""
+    return [
+        p
+        for p in range(2, min(MAX_FIT_PP, layers) + 1)
+        if pool % p == 0 and (p in FIT_PP or layers % p == 0)
+    ]
+
+
 #: context-parallel sizes a trainer of a row that states none may be assumed to take when
 #: nothing else fits (the fewest that do): long sequences split over ranks, as verl's Ulysses
 #: ``ulysses_sequence_parallel_size`` and Megatron's / NeMo-RL's ``context_parallel_size`` do
@@ -236,7 +252,7 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
     the devices' memory as the row is described, what such systems do to fit is assumed
     where the row does not say -- activation recompute and the solved layouts are already
     among the candidates; then, for a Megatron-style trainer whose pipeline size the row
-    leaves blank (``case.pp_open``), the fewest pipeline stages of :data:`FIT_PP` that fit
+    leaves blank (``case.pp_open``), the fewest pipeline stages of :func:`fit_pp` that fit
     (how Megatron recipes spread a model over nodes); then the trainer's optimizer on the
     host (CPU offload: ``Workload.assumed_optimizer_on_host``), alone and with those stages;
     then, for a trainer whose context-parallel size the row leaves blank (``case.cp_open``),
@@ -260,8 +276,7 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
             return []
         return [
             replace(c, layout=replace(c.layout, train_pp=pp))
-            for pp in FIT_PP
-            if pp <= case.model.layers and pool % pp == 0
+            for pp in fit_pp(pool, case.model.layers)
         ]
 
     tries = staged(case) if stated_host else staged(case) + [fitted] + staged(fitted)
