@@ -42,6 +42,7 @@ SYSTEMS: dict[str, str] = {
     "slime-megatron": "slime (and its fork Miles): Megatron trainer, SGLang rollout",
     "skyrl": "SkyRL (FSDP trainer, vLLM rollout)",
     "trl": "Hugging Face TRL (GRPOTrainer; transformers generate unless use_vllm)",
+    "nemo-aligner": "NVIDIA NeMo-Aligner (Megatron trainer; TensorRT-LLM generation in static batches)",
     "rpeg": "RPEG's own runtime (calibrated per machine by `rpeg calibrate`)",
 }
 

@@ -128,3 +128,48 @@ def test_a_trl_row_naming_vllm_generates_with_continuous_batching():
     hf, _ = loso.price_rows([_trl()], "mine")
     vl, _ = loso.price_rows([_trl(notes="TRL GRPOTrainer with vLLM")], "mine")
     assert hf[0].step.min() > vl[0].step.min()
+
+
+def _aligner(**cells):
+    return _row(
+        **{
+            "source": "a report",
+            "notes": "NeMo-Aligner PPO with TensorRT-LLM generation",
+            "algorithm": "ppo",
+            "has_critic": "yes",
+            "samples_per_prompt": "1",
+            "num_prompts": "512",
+        }
+        | cells
+    )
+
+
+def test_a_nemo_aligner_row_takes_its_own_defaults():
+    # NVIDIA/NeMo-Aligner gpt_ppo_actor.yaml: the actor generates in static batches of
+    # rollout_micro_batch_size (8) per data-parallel rank (the TRT-LLM engine's max batch, run
+    # unstreamed), initial_policy_kl_penalty 0.01 (a reference), a reward model server, Megatron
+    case = read_case(_aligner())
+    assert (case.system, case.engine, case.workload.gen_static_batch) == (
+        "nemo-aligner",
+        "megatron",
+        8,
+    )
+    assert case.has_ref and case.graph is not None
+    said = assumed_values(case)
+    assert "gen_batch_size=8 (static batches)" in said
+    assert "reward_model" in case.unknown
+    # a stated batching or batch size is kept
+    assert read_case(_aligner(gen_batching="continuous")).workload.gen_static_batch is None
+    assert read_case(_aligner(gen_batch_size="16")).workload.gen_static_batch == 16
+
+    # static batches: each waits for its longest response, so on few ranks (many batches a
+    # rank) the step is slower than the same row generated with continuous batching, and
+    # the static step falls with the ranks faster (fewer batches a rank: NeMo-Aligner's
+    # published scaling is near-linear, benchmarks/unseen_family_aligner.py)
+    def steps(n, **cells):
+        return loso.price_rows([_aligner(num_gpus=str(n), **cells)], "mine")[0][0].step[0, 3, 3]
+
+    assert steps(16) > steps(16, gen_batching="continuous")
+    assert steps(16) / steps(64) > steps(16, gen_batching="continuous") / steps(
+        64, gen_batching="continuous"
+    )

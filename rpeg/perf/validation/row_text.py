@@ -170,13 +170,14 @@ FAMILIES: dict[str, str] = {
     "deepspeed-chat": r"\bdeepspeed[- ]?chat\b|\bds-?chat\b",
     "skyrl": r"\bskyrl\b",
     "trl": r"\btrl\b|\bgrpotrainer\b",
+    "nemo-aligner": r"\bnemo[- _]?aligner\b",
 }
 
 
 #: the trainer a family runs when a row leaves ``train_backend`` blank: verl's
 #: ``actor.strategy`` defaults to fsdp, NeMo-RL's example configs enable the DTensor (FSDP2)
 #: policy and leave Megatron off, OpenRLHF and DeepSpeed-Chat train with DeepSpeed only,
-#: SkyRL's trainer strategy is FSDP, slime/Miles train with Megatron
+#: SkyRL's trainer strategy is FSDP, slime/Miles and NeMo-Aligner train with Megatron
 DEFAULT_BACKEND = {
     "verl": "fsdp",
     "nemo-rl": "dtensor",
@@ -184,6 +185,7 @@ DEFAULT_BACKEND = {
     "deepspeed-chat": "deepspeed",
     "skyrl": "fsdp",
     "slime": "megatron",
+    "nemo-aligner": "megatron",
 }
 
 
@@ -203,7 +205,7 @@ def _system(family: str, backend: str) -> str:
         return "openrlhf-deepspeed"
     if family == "deepspeed-chat":
         return "deepspeed-chat"
-    return family  # areal, skyrl, trl
+    return family  # areal, skyrl, trl, nemo-aligner
 
 
 #: trainer words of a system cell or ``train_backend`` (the first that matches wins)

@@ -120,6 +120,11 @@ STATIC_GEN_BATCH = 16
 TRL_NUM_GENERATIONS = 8
 SYSTEM_PRIORS: dict[str, dict[str, Any]] = {
     "deepspeed-chat": {"seq_packing": False},
+    # NeMo-Aligner's PPO actor generates (TensorRT-LLM, or Megatron's own generate) in static
+    # batches of ``model.ppo.rollout_micro_batch_size`` (8) per data-parallel rank: the TRT-LLM
+    # engine is built with that max batch and run unstreamed (NVIDIA/NeMo-Aligner @ af2b3bd9,
+    # nemo_aligner/utils/trt_llm.py, examples/nlp/gpt/conf/gpt_ppo_actor.yaml)
+    "nemo-aligner": {"gen_batch_size": 8},
     "trl": {
         "seq_packing": False,
         "samples_per_prompt": TRL_NUM_GENERATIONS,
@@ -127,6 +132,11 @@ SYSTEM_PRIORS: dict[str, dict[str, Any]] = {
         "gen_batch_size": 8,
     },
 }
+
+
+#: systems that generate only in static batches (blank ``gen_batching``): DeepSpeed-Chat's
+#: hybrid engine, NeMo-Aligner's PPO actor (:data:`SYSTEM_PRIORS`)
+STATIC_GEN_SYSTEMS = ("deepspeed-chat", "nemo-aligner")
 
 
 def system_prior(system: str, col: str) -> Any:
@@ -158,8 +168,8 @@ EAGLE_DRAFT_TOKENS = 3
 #: systems whose PPO (a learned critic) scores samples with a learned reward model unless a
 #: row says otherwise: DeepSpeed-Chat's step 3 always does (its critic starts from the step-2
 #: reward model); OpenRLHF's PPO trainer takes ``--reward_pretrain`` (a rule reward needs
-#: ``--remote_rm_url``)
-REWARD_MODEL_SYSTEMS = ("deepspeed-chat", "openrlhf-deepspeed")
+#: ``--remote_rm_url``); NeMo-Aligner's PPO actor queries its reward model server
+REWARD_MODEL_SYSTEMS = ("deepspeed-chat", "openrlhf-deepspeed", "nemo-aligner")
 
 
 def reward_model_default(system: str, has_critic: bool) -> bool:
@@ -170,9 +180,16 @@ def reward_model_default(system: str, has_critic: bool) -> bool:
 #: systems whose recipes keep a KL term to a reference model unless a row says otherwise
 #: (its forward over every sample): NeMo-RL's example configs
 #: (``loss_fn.reference_policy_kl_penalty: 0.01``), OpenRLHF (``--init_kl_coef`` 0.01) and
-#: DeepSpeed-Chat's step 3 (``--init_kl_coef`` 0.02). verl creates a reference only with
+#: DeepSpeed-Chat's step 3 (``--init_kl_coef`` 0.02), NeMo-Aligner's PPO
+#: (``initial_policy_kl_penalty`` 0.01). verl creates a reference only with
 #: ``use_kl_loss`` or ``use_kl_in_reward`` (both off by default); AReaL's default has none
-REFERENCE_SYSTEMS = ("nemo-rl-megatron", "nemo-rl-dtensor", "openrlhf-deepspeed", "deepspeed-chat")
+REFERENCE_SYSTEMS = (
+    "nemo-rl-megatron",
+    "nemo-rl-dtensor",
+    "openrlhf-deepspeed",
+    "deepspeed-chat",
+    "nemo-aligner",
+)
 
 
 #: systems that pad every prompt to the prompt budget before generating: DeepSpeed-Chat's
@@ -567,11 +584,11 @@ def read_case(r: dict[str, str]) -> RowCase:
         raise Unpredictable(
             f"precision={prec!r}; allowed: bf16, fp16, fp8, fp32, amp (mixed, fp32 master)"
         )
-    # DeepSpeed-Chat generates only in its hybrid engine (static batches); blank: that
-    # (and TRL in transformers' generate unless its text names vLLM)
+    # DeepSpeed-Chat (its hybrid engine) and NeMo-Aligner generate only in static batches;
+    # blank: that (and TRL in transformers' generate unless its text names vLLM)
     batching = (r.get("gen_batching") or "").strip().lower() or (
         "static"
-        if system == "deepspeed-chat" or trl_transformers_generate(system, r)
+        if system in STATIC_GEN_SYSTEMS or trl_transformers_generate(system, r)
         else "continuous"
     )
     if batching not in ("continuous", "static"):

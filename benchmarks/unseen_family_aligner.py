@@ -1,0 +1,100 @@
+"""A family no shipped row checks, priced from what a user would write: NeMo-Aligner's PPO with
+TensorRT-LLM generation (NVIDIA/NeMo-Aligner docs/user-guide/rlhf.rst @ af2b3bd9, "PPO
+Performance Results with TensorRT-LLM"): a Llama3-70B actor and a Llama3-70B reward model /
+critic on 8+4 ... 64+32 nodes of 8 H100s, 1,024 rollout samples, global batch 128, mean
+generated tokens published per run; and a Llama3.1-405B actor and reward model on 84+42 nodes,
+128 samples. The actor's nodes generate and train; the critic / reward-model server runs on its
+own nodes (the two node counts), KL penalty on (a reference).
+
+Each run becomes one shared-schema row (model, GPUs, system, batch, lengths and the table's
+words in ``notes``; layouts and recipe columns blank) and is scored leave-one-source-out as
+``rpeg validate FILE`` scores a user's file (the shipped sets join the fit). Prints each row's
+prediction and what it solved, then a summary line.
+``python benchmarks/unseen_family_aligner.py`` (~10 s). docs/validation.md, "A family no row checks".
+"""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+from pathlib import Path
+
+from rpeg.perf.validation import loso
+from rpeg.perf.validation.loso_report import to_json
+from rpeg.perf.validation.published import read_rows
+
+# (model, actor nodes, critic nodes, rollout samples, mean generated tokens, step s)
+TABLE = (
+    ("llama3-70b", 8, 4, 1024, 350.7, 366.7),
+    ("llama3-70b", 16, 8, 1024, 323.3, 190.4),
+    ("llama3-70b", 32, 16, 1024, 331.7, 108.0),
+    ("llama3-70b", 64, 32, 1024, 334.0, 56.9),
+    ("llama3.1-405b", 84, 42, 128, 915.6, 164.6),
+)
+
+
+def rows() -> list[dict[str, str]]:
+    header = list(read_rows(loso.shared_copies()["steps_dev (shared schema)"])[0])
+    out = []
+    for model, actor, critic, samples, gen, step in TABLE:
+        r = dict.fromkeys(header, "")
+        r.update(
+            case_id=f"aligner-{model}-{actor}x{critic}",
+            source="NeMo-Aligner docs PPO TensorRT-LLM",
+            measured_by="NVIDIA NeMo-Aligner team",
+            algorithm="ppo",
+            model=model,
+            gpu="h100",
+            num_gpus=str(8 * (actor + critic)),
+            gpus_per_node="8",
+            train_backend="megatron",
+            num_prompts=str(samples),
+            samples_per_prompt="1",
+            train_minibatches=str(samples // 128),
+            avg_gen_len=str(gen),
+            has_critic="yes",
+            has_ref="yes",
+            measured_step_s=str(step),
+            notes=(
+                f"NeMo-Aligner PPO with TensorRT-LLM generation (trt_llm.enable, reshard); actor "
+                f"on {actor} nodes, critic and reward model server on {critic} nodes; "
+                f"num_rollout_samples={samples}, global_batch_size=128; reward model"
+            ),
+        )
+        out.append(r)
+    return out
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "aligner.csv"
+        table = rows()
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(table[0]))
+            w.writeheader()
+            w.writerows(table)
+        scored, refused = loso.run({"aligner": path, **loso.default_datasets()})
+        out = to_json(scored, refused, ["aligner"])
+    errs = []
+    for r in out["rows"]:
+        m, p = r["measured_step_s"], r["loso_step_s"]
+        if p is None:
+            print(f"{r['case_id']:28s} not predicted")
+            continue
+        err = 100 * (p - m) / m
+        errs.append(abs(err))
+        print(
+            f"{r['case_id']:28s} {r['system']:14s} measured {m:7.1f} s  LOSO {p:7.1f} s "
+            f"({r['loso_low_s']:.0f}-{r['loso_high_s']:.0f})  {err:+6.1f}%  solved {r['solved']}"
+        )
+    for s in out["skipped"]:
+        print(f"{s['case_id']:28s} not predicted: {s['reason']}")
+    lo = out["loso"]
+    print(
+        f"SUMMARY rows={lo['rows']} predicted={lo['predicted']} LOSO MAPE={lo['mape']:.1f}% "
+        f"coverage={100 * lo['coverage']:.0f}% median_width={100 * lo['median_width']:.0f}%"
+    )
+
+
+if __name__ == "__main__":
+    main()
