@@ -15,13 +15,7 @@ prediction and what it solved, then a summary line.
 
 from __future__ import annotations
 
-import csv
-import tempfile
-from pathlib import Path
-
-from rpeg.perf.validation import loso
-from rpeg.perf.validation.loso_report import to_json
-from rpeg.perf.validation.published import read_rows
+from user_file import blank_row, score
 
 # (model, actor nodes, critic nodes, rollout samples, mean generated tokens, step s)
 TABLE = (
@@ -34,11 +28,9 @@ TABLE = (
 
 
 def rows() -> list[dict[str, str]]:
-    header = list(read_rows(loso.shared_copies()["steps_dev (shared schema)"])[0])
     out = []
     for model, actor, critic, samples, gen, step in TABLE:
-        r = dict.fromkeys(header, "")
-        r.update(
+        r = blank_row(
             case_id=f"aligner-{model}-{actor}x{critic}",
             source="NeMo-Aligner docs PPO TensorRT-LLM",
             measured_by="NVIDIA NeMo-Aligner team",
@@ -66,15 +58,7 @@ def rows() -> list[dict[str, str]]:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "aligner.csv"
-        table = rows()
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(table[0]))
-            w.writeheader()
-            w.writerows(table)
-        scored, refused = loso.run({"aligner": path, **loso.default_datasets()})
-        out = to_json(scored, refused, ["aligner"])
+    out = score(rows(), "aligner")
     errs = []
     for r in out["rows"]:
         m, p = r["measured_step_s"], r["loso_step_s"]

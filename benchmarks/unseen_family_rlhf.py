@@ -14,13 +14,7 @@ row's prediction and the solved/assumed inputs, then a summary line.
 
 from __future__ import annotations
 
-import csv
-import tempfile
-from pathlib import Path
-
-from rpeg.perf.validation import loso
-from rpeg.perf.validation.loso_report import to_json
-from rpeg.perf.validation.published import read_rows
+from user_file import blank_row, score
 
 # (size tag, catalog model, A800 GPUs, Optimized DSChat s, OpenRLHF s): the README's table
 TABLE = (
@@ -39,13 +33,11 @@ SYSTEMS = {
 
 
 def rows() -> list[dict[str, str]]:
-    header = list(read_rows(loso.shared_copies()["steps_dev (shared schema)"])[0])
     out = []
     for tag, model, gpus, dschat_s, openrlhf_s in TABLE:
         for name, step in (("openrlhf", openrlhf_s), ("dschat", dschat_s)):
             backend, words = SYSTEMS[name]
-            r = dict.fromkeys(header, "")
-            r.update(
+            r = blank_row(
                 case_id=f"{name}-{tag}",
                 source="OpenRLHF README Performance",
                 measured_by="OpenRLHF authors",
@@ -70,15 +62,7 @@ def rows() -> list[dict[str, str]]:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "openrlhf_readme.csv"
-        table = rows()
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(table[0]))
-            w.writeheader()
-            w.writerows(table)
-        scored, refused = loso.run({"openrlhf_readme": path, **loso.default_datasets()})
-        out = to_json(scored, refused, ["openrlhf_readme"])
+    out = score(rows(), "openrlhf_readme")
     errs: dict[str, list[float]] = {}
     for r in out["rows"]:
         m, p = r["measured_step_s"], r["loso_step_s"]
