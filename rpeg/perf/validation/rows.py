@@ -119,12 +119,13 @@ STATIC_GEN_BATCH = 16
 #: TRL's ``num_generations`` (its group size; RPEG's own default is rpeg.defaults')
 TRL_NUM_GENERATIONS = 8
 SYSTEM_PRIORS: dict[str, dict[str, Any]] = {
-    "deepspeed-chat": {"seq_packing": False},
+    # DeepSpeed-Chat generates only in its hybrid engine (static batches)
+    "deepspeed-chat": {"seq_packing": False, "gen_batching": "static"},
     # NeMo-Aligner's PPO actor generates (TensorRT-LLM, or Megatron's own generate) in static
     # batches of ``model.ppo.rollout_micro_batch_size`` (8) per data-parallel rank: the TRT-LLM
     # engine is built with that max batch and run unstreamed (NVIDIA/NeMo-Aligner @ af2b3bd9,
     # nemo_aligner/utils/trt_llm.py, examples/nlp/gpt/conf/gpt_ppo_actor.yaml)
-    "nemo-aligner": {"gen_batch_size": 8},
+    "nemo-aligner": {"gen_batching": "static", "gen_batch_size": 8},
     "trl": {
         "seq_packing": False,
         "samples_per_prompt": TRL_NUM_GENERATIONS,
@@ -132,11 +133,6 @@ SYSTEM_PRIORS: dict[str, dict[str, Any]] = {
         "gen_batch_size": 8,
     },
 }
-
-
-#: systems that generate only in static batches (blank ``gen_batching``): DeepSpeed-Chat's
-#: hybrid engine, NeMo-Aligner's PPO actor (:data:`SYSTEM_PRIORS`)
-STATIC_GEN_SYSTEMS = ("deepspeed-chat", "nemo-aligner")
 
 
 def system_prior(system: str, col: str) -> Any:
@@ -584,12 +580,12 @@ def read_case(r: dict[str, str]) -> RowCase:
         raise Unpredictable(
             f"precision={prec!r}; allowed: bf16, fp16, fp8, fp32, amp (mixed, fp32 master)"
         )
-    # DeepSpeed-Chat (its hybrid engine) and NeMo-Aligner generate only in static batches;
-    # blank: that (and TRL in transformers' generate unless its text names vLLM)
-    batching = (r.get("gen_batching") or "").strip().lower() or (
-        "static"
-        if system in STATIC_GEN_SYSTEMS or trl_transformers_generate(system, r)
-        else "continuous"
+    # blank: the system's own (DeepSpeed-Chat, NeMo-Aligner: static batches; TRL static in
+    # transformers' generate unless its text names vLLM), else continuous
+    batching = (
+        (r.get("gen_batching") or "").strip().lower()
+        or system_prior(system, "gen_batching")
+        or ("static" if trl_transformers_generate(system, r) else "continuous")
     )
     if batching not in ("continuous", "static"):
         raise Unpredictable(f"gen_batching={batching!r}; allowed: continuous, static or blank")
