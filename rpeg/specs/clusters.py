@@ -9,7 +9,7 @@ from rpeg.errors import Problem
 from rpeg.specs._load import Checker, SpecError
 from rpeg.specs.gpus import GPUSpec
 
-FABRICS = ("nvswitch", "nvlink", "nvlink-c2c", "infinity-fabric", "hccs", "none")
+FABRICS = ("nvswitch", "nvlink", "nvlink-c2c", "infinity-fabric", "hccs", "ub", "none")
 LEVELS = ("device", "domain", "rack", "cluster")
 
 

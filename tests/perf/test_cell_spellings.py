@@ -111,6 +111,40 @@ def test_workstation_cards_of_academic_rl_runs_are_priced(written, catalog, tflo
     assert (c.gpu.name, c.gpus_per_node) == (catalog, 4)  # a row's node size, links kept
 
 
+@pytest.mark.parametrize(
+    ("written", "catalog", "hbm_gb"),
+    [
+        # a dual-die 910C is listed as two NPUs: one catalog device is one die
+        ("Atlas A3", "ascend-910c", 64),
+        ("Ascend 910C", "ascend-910c", 64),
+        ("16x Atlas 800T A3", "ascend-910c", 64),
+        ("Atlas 900 A3 SuperPoD", "ascend-910c", 64),
+        # the H20's 141 GB SKU by its size or its nickname; a bare H20 is the 96 GB part
+        ("NVIDIA H20 141GB HBM3e", "h20-141g", 141),
+        ("H20-3e", "h20-141g", 141),
+        ("H20", "h20", 96),
+        ("H20 96GB", "h20", 96),
+    ],
+)
+def test_newer_chinese_parts_are_their_own_entries(written, catalog, hbm_gb):
+    from rpeg import specs
+    from rpeg.perf.validation.row_cells import cluster_for
+
+    assert gpu_name({"gpu": written}) == catalog
+    assert specs.gpu(catalog).hbm_gb == hbm_gb
+    assert specs.cluster(cluster_for(catalog, None)).gpu.name == catalog
+
+
+def test_an_atlas_a3_superpod_joins_its_nodes_on_the_unified_bus():
+    from rpeg import specs
+
+    c = specs.cluster("atlas-a3-superpod")
+    assert c.gpus_per_node == 16  # 8 chips x 2 dies a server
+    assert c.domain_size > c.gpus_per_node  # the UB spans servers: not a NIC hop
+    a100 = specs.cluster("dgx-a100")
+    assert a100.domain_size == a100.gpus_per_node
+
+
 def _row(**cells):
     for r in read_rows(loso.default_datasets()["steps_dev"]):
         if r["case_id"] == "nemo-v0.5-h100bf16-llama-grpo-on-16g":

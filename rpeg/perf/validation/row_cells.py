@@ -123,6 +123,18 @@ GPU_ALIASES = {
     "ascend-910b2": "ascend-910b",
     "ascend-910b3": "ascend-910b",
     "atlas-800t-a2": "ascend-910b",
+    # its dual-die successor (Atlas A3 servers and the CloudMatrix384 SuperPoD); a catalog
+    # device is one die, as the runs count NPUs
+    "910c": "ascend-910c",
+    "ascend910c": "ascend-910c",
+    "atlas-a3": "ascend-910c",
+    "atlas-800t-a3": "ascend-910c",
+    "atlas-900-a3": "ascend-910c",
+    "atlas-900-a3-superpod": "ascend-910c",
+    "cloudmatrix384": "ascend-910c",
+    # the H20 with 141 GB HBM3e: a size the name states, not the 96 GB h20
+    "h20-141gb": "h20-141g",
+    "h20-3e": "h20-141g",
     # Volta: a bare "V100" is the SXM2 32 GB part of most published training runs (DGX-1V /
     # DGX-2); the 16 GB and PCIe parts when the name says so
     "v100": "v100-32g",
