@@ -2,7 +2,7 @@
 real system could run, and name why it refuses the others?
 
 Each row takes a catalog model, a catalog GPU, a family (verl FSDP/Megatron, NeMo-RL, OpenRLHF,
-DeepSpeed-Chat, AReaL, slime, TRL or none), colocated or disaggregated placement, a batch and a
+DeepSpeed-Chat, AReaL, slime, TRL, NeMo-Aligner or none), colocated or disaggregated placement, a batch and a
 response cap; only the shared schema's columns (layouts, lengths, recipe columns blank). GPUs:
 the smallest power of two holding >= 20 bytes per parameter (the training state), times 1-8.
 Prints each refusal and a summary line. ``python benchmarks/probe_unseen_rows.py --rows 600``.
@@ -28,6 +28,7 @@ FAMILIES = [
     ("AReaL", ""),
     ("slime", "megatron"),
     ("TRL", ""),
+    ("NeMo-Aligner", ""),
     ("", ""),
 ]
 

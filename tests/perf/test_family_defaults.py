@@ -173,3 +173,36 @@ def test_a_nemo_aligner_row_takes_its_own_defaults():
     assert steps(16) / steps(64) > steps(16, gen_batching="continuous") / steps(
         64, gen_batching="continuous"
     )
+
+
+def test_nemo_aligners_engine_runs_on_the_trainers_shards():
+    # NeMo-Aligner builds its TRT-LLM engine from the actor's Megatron shards (trt_llm.py
+    # refit): a blank gen_tp is the trainer's TP, never a layout of its own; its stages are
+    # the trainer's unless trt_llm.reshard folds them into data parallelism
+    from rpeg.perf.calibration import SHIPPED
+    from rpeg.perf.validation.solve import solve_row
+
+    def layout(**cells):
+        case = read_case(_aligner(model="Llama-3.1-70B", num_gpus="32", **cells))
+        return solve_row(case, SHIPPED)[1]
+
+    assert read_case(_aligner()).gen_from_trainer
+    assert not read_case(_row(algorithm="ppo", has_critic="yes")).gen_from_trainer
+    # pools of their own: not the trainer's shards
+    split = _aligner(placement="disaggregated", gen_gpus="8", train_gpus="8")
+    assert not read_case(split).gen_from_trainer
+    tied = layout(train_tp="4", train_pp="1")
+    assert (tied.gen_tp, tied.gen_pp) == (4, 1)
+    # the fit's pipeline stages (70B on 32 GPUs at TP 4) carry to the engine unresharded
+    fitted = layout(train_tp="4")
+    assert fitted.train_pp > 1 and (fitted.gen_tp, fitted.gen_pp) == (4, fitted.train_pp)
+    staged = layout(train_tp="4", train_pp="2", notes="NeMo-Aligner PPO, TRT-LLM, reshard off")
+    assert (staged.gen_tp, staged.gen_pp) == (4, 2)
+    folded = layout(train_tp="4", train_pp="2", notes="NeMo-Aligner PPO, TRT-LLM, reshard=True")
+    assert (folded.gen_tp, folded.gen_pp) == (4, 1)
+    # a stated engine layout is kept
+    own = layout(train_tp="4", gen_tp="2")
+    assert own.gen_tp == 2
+    # the actor's static batch by its recipe name (the docs' "rollout_micro_batch_size of 16")
+    said = _aligner(notes="NeMo-Aligner PPO; rollout_micro_batch_size of 16")
+    assert read_case(said).workload.gen_static_batch == 16

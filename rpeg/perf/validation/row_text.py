@@ -36,6 +36,9 @@ _BOOL: dict[str, tuple[str, ...]] = {
     "reuse_rollout_logprobs": (r"\buse_rollout_log_probs\s*[=:]?\s*" + _FLAGS,),
     "enforce_eager": (r"\benforce_eager\s*[=:]\s*" + _FLAGS,),
     "cpu_adam": (r"\badam_offload\s*[=:]\s*" + _FLAGS,),
+    # NeMo-Aligner's ``trt_llm.reshard``: the engine folds the trainer's pipeline stages into
+    # data parallelism (tensor parallelism only for inference)
+    "gen_reshard": (r"\breshard\s*[=:]\s*" + _FLAGS,),
 }
 #: column -> phrases that state the value without a flag
 _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -47,6 +50,10 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
         (r"\b(?:use_)?remove_padding\b", "yes"),
     ),
     "reuse_rollout_logprobs": ((r"\bold_log_prob not recomputed\b", "yes"),),
+    "gen_reshard": (
+        (r"\breshard(?:ing)? (?:turned )?(?:off|disabled)\b|\bwithout reshard", "no"),
+        (r"(?<!without )\breshard\b(?!\s*[=:]| (?:turned )?(?:off|disabled)\b)", "yes"),
+    ),
     # the rollout engine without CUDA graphs: vLLM's flag named bare ("vLLM TP4
     # enforce_eager"), SGLang's disable_cuda_graph
     "enforce_eager": (
@@ -130,7 +137,8 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
 #: column -> pattern whose first group is the number
 _NUMBERS: dict[str, str] = {
     "zero_stage": r"\bzero(?:_stage\s*[=:]?\s*|[- ]?stage[- ]?|-)([0-3])\b",
-    "gen_batch_size": r"\bper_device_generation_batch_size\s*[=:]?\s*(\d+)\b",
+    # DeepSpeed-Chat's and NeMo-Aligner's (``ppo.rollout_micro_batch_size``) static batch
+    "gen_batch_size": r"\b(?:per_device_generation_batch_size|rollout_micro_batch_size)\s*(?:[=:]|of)?\s*(\d+)\b",
     "spec_draft_tokens": r"\bnum_speculative_tokens\s*[=:]?\s*(\d+)\b",
     "spec_accept_len": r"\baccept(?:ance|ed)?[_ ]len(?:gth)?\s*(?:[=:]|of)?\s*(\d+(?:\.\d+)?)",
     # the batch as the recipes name it: prompts per step (NeMo-RL ``num_prompts_per_step``,

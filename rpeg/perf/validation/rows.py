@@ -125,7 +125,12 @@ SYSTEM_PRIORS: dict[str, dict[str, Any]] = {
     # batches of ``model.ppo.rollout_micro_batch_size`` (8) per data-parallel rank: the TRT-LLM
     # engine is built with that max batch and run unstreamed (NVIDIA/NeMo-Aligner @ af2b3bd9,
     # nemo_aligner/utils/trt_llm.py, examples/nlp/gpt/conf/gpt_ppo_actor.yaml)
-    "nemo-aligner": {"gen_batching": "static", "gen_batch_size": 8},
+    # Its TRT-LLM engine is built from the actor's own Megatron shards (``refit``: no layout
+    # of its own): the trainer's tensor parallelism, and its pipeline too unless
+    # ``trt_llm.reshard`` folds the stages into data parallelism for inference (the
+    # docs' "training with pipeline parallelism but inference with tensor parallelism only";
+    # the yaml default is off): ``gen_layout: trainer``
+    "nemo-aligner": {"gen_batching": "static", "gen_batch_size": 8, "gen_layout": "trainer"},
     "trl": {
         "seq_packing": False,
         "samples_per_prompt": TRL_NUM_GENERATIONS,
@@ -309,6 +314,10 @@ class RowCase:
     idle_offload: bool = False
     # every prompt padded to the prompt budget (:data:`PROMPT_PADDED_SYSTEMS`)
     prompt_padded: bool = False
+    # the engine runs on the trainer's shards (a system's ``gen_layout: trainer`` and a blank
+    # ``gen_tp``): its TP is the trainer's, its pipeline the trainer's unless ``gen_reshard``
+    gen_from_trainer: bool = False
+    gen_reshard: bool = False
 
     def budgets_per_micro_batch(self, cp: int) -> int:
         """Whole sequence budgets in one trainer micro-batch: a per-GPU token budget holds
@@ -678,6 +687,14 @@ def read_case(r: dict[str, str]) -> RowCase:
         gpu_memory_utilization=util,
         recompute=recompute,
     )
+    # an engine built from the trainer's shards takes its layout (blank gen_tp and gen_pp; on
+    # the trainer's GPUs: a row splitting them into pools describes another arrangement)
+    gen_from_trainer = (
+        system_prior(system, "gen_layout") == "trainer"
+        and colocated
+        and layout.gen_tp is None
+        and not (r.get("gen_pp") or "").strip()
+    )
     eager = cell_tri(r, "enforce_eager")
     if eager is None:  # blank: the executing system's release default (eager_default)
         eager = eager_default(system, r)
@@ -714,6 +731,8 @@ def read_case(r: dict[str, str]) -> RowCase:
         gen_pp_open=not (r.get("gen_pp") or "").strip(),
         gpu_budget_seqs=_gpu_budget_seqs(r, max_seq or prompt + cap),
         prompt_padded=prompt_padded,
+        gen_from_trainer=gen_from_trainer,
+        gen_reshard=bool(cell_tri(r, "gen_reshard")),
     )
 
 
