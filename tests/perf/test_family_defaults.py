@@ -24,6 +24,7 @@ def _row(**cells):
     ("source", "system", "engine"),
     [
         ("verl docs", "verl-fsdp", "fsdp"),
+        ("EasyR1 baselines", "verl-fsdp", "fsdp"),  # a fork of verl
         ("NeMo-RL performance summary", "nemo-rl-dtensor", "fsdp"),
         ("OpenRLHF paper", "openrlhf-deepspeed", "fsdp"),
         ("DeepSpeed-Chat blog", "deepspeed-chat", "fsdp"),

@@ -171,7 +171,8 @@ _UTIL = (
 #: family -> pattern naming it
 FAMILIES: dict[str, str] = {
     "nemo-rl": r"\bnemo[- _]?rl\b",
-    "verl": r"\bverl\b",
+    # EasyR1 (hiyouga/EasyR1) is a fork of verl: its FSDP actor and in-process vLLM rollout
+    "verl": r"\bverl\b|\beasy-?r1\b",
     "areal": r"\bareal\b|\brealhf\b",
     "slime": r"\bslime\b|\bmiles\b",
     "openrlhf": r"\bopenrlhf\b",
