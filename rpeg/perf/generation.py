@@ -109,10 +109,15 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
     # CPU device's eager cost is its own profile: rpeg.perf.eager_cpu)
     eager = not eager_cpu.is_cpu(gpu) and (u.enforce_eager or static_engine(u, gpu))
 
+    # a draft pass (an MTP module or EAGLE head): one decoder layer and a projection onto the
+    # vocabulary, as shares of a single-token step's device work
+    draft_share = 1.0 / m.layers + m.vocab * m.hidden / max(1, m.matmul_params)
+
     def step(b: float, ctx: float) -> tuple[float, float, float, float]:
         """One decode step, per token it advances a sequence by (speculative decoding: a
-        verification of 1 + k tokens and k sequential draft passes of one layer each,
-        advancing ``accept`` tokens)."""
+        verification of 1 + k tokens and k sequential draft passes, each one layer and the
+        vocabulary projection on the device plus ``Calibration.draft_pass_overhead_s`` -- vLLM
+        runs each draft position as a forward of its own -- advancing ``accept`` tokens)."""
         ts, f1, b1, cm = costs.decode_step_time(
             m,
             gpu,
@@ -134,8 +139,9 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
                 m, gpu, c.cluster, batch=b, context=ctx, tp=tp, pp=pp, first_device=first,
                 wbytes=c.wbytes, kvbytes=c.kvbytes, calib=cal, precision=c.prec, eager=eager,
             )  # fmt: skip
-            draft = k / m.layers  # a draft pass: one layer's share of a single-token step
-            ts, f1, b1 = ts + draft * one, f1 + draft * f0, b1 + draft * b0
+            device = max(0.0, one - cal.decode_step_overhead_s - b * cal.decode_seq_overhead_s)
+            ts += k * (draft_share * device + cal.draft_pass_overhead_s)
+            f1, b1 = f1 + k * draft_share * f0, b1 + k * draft_share * b0
         return ts / accept, f1 / accept, b1 / accept, cm / accept
 
     t = fl = by = comm = 0.0

@@ -133,6 +133,14 @@ class Calibration:
     # heads on RL prompts at rollout batch sizes lower), where a run does not publish its
     # acceptance length: mean tokens per step = 1 + r + ... + r^k for k drafts.
     spec_accept_rate: float = 0.8
+    # Host and launch time of one speculative draft pass (vLLM proposes each draft position
+    # with a forward of its own: inputs, graph replay, the vocabulary's argmax), s. Set on
+    # NeMo-RL's speculative rollouts (Iso et al. 2026, arXiv 2604.26779: Qwen3-8B GRPO on 32
+    # GB200, EAGLE-3, k = 3 / 5 / 7 drafts: rollout 1.77 / 1.44 / 1.21x on RL-Zero and 1.53 /
+    # 0.84 / 0.71x on RL-Think; a 64 x 16 rollout at an 8,192 cap there is priced 1.52 / 1.44 /
+    # 1.31x at this value, 2.7 / 3.2 / 3.5x with a draft pass at one layer's share of a step,
+    # as before). docs/perf-model.md, "Calibration constants".
+    draft_pass_overhead_s: float = 0.002
     # Interval bounds (rpeg.perf.interval): relative uncertainty of each term's efficiency,
     # factor on the fixed costs, and the spread (ratio) of the response-length prior's
     # median. docs/validation.md, "Intervals".
