@@ -15,7 +15,7 @@ prediction and what it solved, then a summary line.
 
 from __future__ import annotations
 
-from user_file import blank_row, score
+from user_file import blank_row, print_scored, score, summary
 
 # (model, actor nodes, critic nodes, rollout samples, mean generated tokens, step s)
 #: model, actor nodes, critic nodes, samples, mean generated tokens, step s, what the docs add
@@ -61,25 +61,8 @@ def rows() -> list[dict[str, str]]:
 
 def main() -> None:
     out = score(rows(), "aligner")
-    errs = []
-    for r in out["rows"]:
-        m, p = r["measured_step_s"], r["loso_step_s"]
-        if p is None:
-            print(f"{r['case_id']:28s} not predicted")
-            continue
-        err = 100 * (p - m) / m
-        errs.append(abs(err))
-        print(
-            f"{r['case_id']:28s} {r['system']:14s} measured {m:7.1f} s  LOSO {p:7.1f} s "
-            f"({r['loso_low_s']:.0f}-{r['loso_high_s']:.0f})  {err:+6.1f}%  solved {r['solved']}"
-        )
-    for s in out["skipped"]:
-        print(f"{s['case_id']:28s} not predicted: {s['reason']}")
-    lo = out["loso"]
-    print(
-        f"SUMMARY rows={lo['rows']} predicted={lo['predicted']} LOSO MAPE={lo['mape']:.1f}% "
-        f"coverage={100 * lo['coverage']:.0f}% median_width={100 * lo['median_width']:.0f}%"
-    )
+    print_scored(out, 28)
+    print(summary(out))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ row's prediction and the solved/assumed inputs, then a summary line.
 
 from __future__ import annotations
 
-from user_file import blank_row, score
+from user_file import blank_row, print_scored, score, summary
 
 # (size tag, catalog model, A800 GPUs, Optimized DSChat s, OpenRLHF s): the README's table
 TABLE = (
@@ -63,25 +63,9 @@ def rows() -> list[dict[str, str]]:
 
 def main() -> None:
     out = score(rows(), "openrlhf_readme")
-    errs: dict[str, list[float]] = {}
-    for r in out["rows"]:
-        m, p = r["measured_step_s"], r["loso_step_s"]
-        if p is None:
-            print(f"{r['case_id']:14s} not predicted")
-            continue
-        err = 100 * (p - m) / m
-        errs.setdefault(r["system"], []).append(abs(err))
-        print(
-            f"{r['case_id']:14s} {r['system']:18s} measured {m:8.1f} s  LOSO {p:8.1f} s "
-            f"({r['loso_low_s']:.0f}-{r['loso_high_s']:.0f})  {err:+6.1f}%  "
-            f"solved {r['solved']}"
-        )
+    errs = print_scored(out, 14)
     by = " ".join(f"{k}={sum(v) / len(v):.1f}%" for k, v in sorted(errs.items()))
-    lo = out["loso"]
-    print(
-        f"SUMMARY rows={lo['rows']} predicted={lo['predicted']} LOSO MAPE={lo['mape']:.1f}% "
-        f"coverage={100 * lo['coverage']:.0f}% median_width={100 * lo['median_width']:.0f}% {by}"
-    )
+    print(f"{summary(out)} {by}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ join the fit). Prints each row's prediction, then a summary line.
 
 from __future__ import annotations
 
-from user_file import blank_row, score
+from user_file import blank_row, print_scored, score, summary
 
 #: (version, size, GPU, bits, micro-batch update / experience, vLLM TP, tokens/s/GPU, s/step)
 TABLE = (
@@ -73,23 +73,8 @@ def rows() -> list[dict[str, str]]:
 
 def main() -> None:
     out = score(rows(), "easyr1")
-    for r in out["rows"]:
-        m, p = r["measured_step_s"], r["loso_step_s"]
-        if p is None:
-            print(f"{r['case_id']:34s} not predicted")
-            continue
-        print(
-            f"{r['case_id']:34s} {r['system'] or '-':10s} measured {m:6.1f} s  LOSO {p:6.1f} s "
-            f"({r['loso_low_s']:.0f}-{r['loso_high_s']:.0f})  {100 * (p - m) / m:+6.1f}%  "
-            f"solved {r['solved']}"
-        )
-    for s in out["skipped"]:
-        print(f"{s['case_id']:34s} not predicted: {s['reason']}")
-    lo = out["loso"]
-    print(
-        f"SUMMARY rows={lo['rows']} predicted={lo['predicted']} LOSO MAPE={lo['mape']:.1f}% "
-        f"coverage={100 * lo['coverage']:.0f}% median_width={100 * lo['median_width']:.0f}%"
-    )
+    print_scored(out, 34)
+    print(summary(out))
 
 
 if __name__ == "__main__":

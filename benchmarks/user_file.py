@@ -30,3 +30,33 @@ def score(rows: list[dict[str, str]], label: str) -> dict[str, Any]:
             w.writerows(rows)
         scored, refused = loso.run({label: path, **loso.default_datasets()})
         return to_json(scored, refused, [label])
+
+
+def print_scored(out: dict[str, Any], width: int = 30) -> dict[str, list[float]]:
+    """Each scored row of ``out`` (a :func:`score` report) on a line -- measured, LOSO
+    prediction and range, error, what was solved -- then the rows not predicted, with why.
+    Returns the absolute percentage errors by system."""
+    errs: dict[str, list[float]] = {}
+    for r in out["rows"]:
+        m, p = r["measured_step_s"], r["loso_step_s"]
+        if p is None:
+            print(f"{r['case_id']:{width}s} not predicted")
+            continue
+        err = 100 * (p - m) / m
+        errs.setdefault(r["system"], []).append(abs(err))
+        print(
+            f"{r['case_id']:{width}s} {r['system'] or '-':18s} measured {m:8.1f} s  LOSO {p:8.1f} s "
+            f"({r['loso_low_s']:.0f}-{r['loso_high_s']:.0f})  {err:+6.1f}%  solved {r['solved']}"
+        )
+    for sk in out["skipped"]:
+        print(f"{sk['case_id']:{width}s} not predicted: {sk['reason']}")
+    return errs
+
+
+def summary(out: dict[str, Any]) -> str:
+    """The SUMMARY line's common part: rows, predicted, LOSO MAPE, coverage, median width."""
+    lo = out["loso"]
+    return (
+        f"SUMMARY rows={lo['rows']} predicted={lo['predicted']} LOSO MAPE={lo['mape']:.1f}% "
+        f"coverage={100 * lo['coverage']:.0f}% median_width={100 * lo['median_width']:.0f}%"
+    )
