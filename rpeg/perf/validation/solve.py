@@ -145,8 +145,9 @@ def candidates(case: Any) -> list[RowLayout]:
     )
     out = []
     for g, t in splits:
-        gens = _gen_candidates(case, g, cluster.domain_size)
+        # an engine on the trainer's shards has no layout of its own (set per trainer TP below)
         tied = getattr(case, "gen_from_trainer", False)
+        gens = [(0, 0)] if tied else _gen_candidates(case, g, cluster.domain_size)
         if lay.train_tp is not None:
             ttp = [lay.train_tp]
         elif case.engine == "fsdp":
@@ -159,9 +160,7 @@ def candidates(case: Any) -> list[RowLayout]:
         )
         recs = (False, True) if lay.recompute is None else (lay.recompute,)
         for (a, gpp), b, u, rc in itertools.product(gens, ttp, utils, recs):
-            if tied:  # the engine on the trainer's shards: its TP, its stages unless resharded
-                if a != gens[0][0]:
-                    continue
+            if tied:  # the trainer's TP, and its stages unless resharded
                 a, gpp = b, 1 if case.gen_reshard else lay.train_pp
             eps = (
                 [lay.train_ep]
