@@ -124,6 +124,11 @@ def test_workstation_cards_of_academic_rl_runs_are_priced(written, catalog, tflo
         ("H20-3e", "h20-141g", 141),
         ("H20", "h20", 96),
         ("H20 96GB", "h20", 96),
+        # the 4090's China SKU (fewer SMs), the H800 PCIe (an H100 PCIe), Ada's RTX 6000
+        ("NVIDIA GeForce RTX 4090 D", "rtx-4090d", 24),
+        ("RTX 4090D", "rtx-4090d", 24),
+        ("H800 PCIe", "h100-pcie", 80),
+        ("A6000 Ada", "rtx-6000-ada", 48),
     ],
 )
 def test_newer_chinese_parts_are_their_own_entries(written, catalog, hbm_gb):
@@ -133,6 +138,8 @@ def test_newer_chinese_parts_are_their_own_entries(written, catalog, hbm_gb):
     assert gpu_name({"gpu": written}) == catalog
     assert specs.gpu(catalog).hbm_gb == hbm_gb
     assert specs.cluster(cluster_for(catalog, None)).gpu.name == catalog
+    if catalog == "rtx-4090d":  # 114 of the 4090's 128 SMs
+        assert specs.gpu(catalog).bf16_dense_tflops < specs.gpu("rtx-4090").bf16_dense_tflops
 
 
 def test_an_atlas_a3_superpod_joins_its_nodes_on_the_unified_bus():

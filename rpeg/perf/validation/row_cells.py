@@ -155,6 +155,14 @@ GPU_ALIASES = {
     "mi250-gcd": "mi250",
     "3090": "rtx-3090",
     "4090": "rtx-4090",
+    "4090d": "rtx-4090d",
+    "rtx-4090-d": "rtx-4090d",
+    # the H800 PCIe is the H100 PCIe with its NVLink bridge capped (the A800 PCIe's pattern)
+    "h800-pcie": "h100-pcie",
+    "h800-pcie-80gb": "h100-pcie",
+    # the RTX 6000 Ada Generation by the name it is often given
+    "a6000-ada": "rtx-6000-ada",
+    "rtx-a6000-ada": "rtx-6000-ada",
     "5090": "rtx-5090",
 }
 
