@@ -170,6 +170,11 @@ def test_speculative_decoding_is_read_where_the_text_speaks_of_drafts():
         "spec_accept_len": "2.6",
     }
     assert read({"notes": "the model was trained with an MTP loss"}) == {}
+    # SGLang's spellings: NEXTN is its MTP; the draft depth is speculative_num_steps
+    sg = read({"notes": "SGLang speculative_algorithm NEXTN, speculative_num_steps=3"})
+    assert sg == {"spec_decode": "mtp", "spec_draft_tokens": "3"}
+    tree = "speculative_algorithm=EAGLE speculative_num_steps=2 speculative_eagle_topk=2"
+    assert read({"notes": tree}) == {"spec_decode": "eagle", "spec_draft_tokens": "2"}
 
 
 def test_the_checkpoint_kind_is_read_from_the_thinking_switch_and_named_checkpoints():

@@ -124,6 +124,8 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
     # so MTP counts where the text speaks of speculative decoding or drafts
     "spec_decode": (
         (r"\beagle(?:-?\d)?\b", "eagle"),
+        # SGLang's name for DeepSeek-style MTP drafting (``speculative_algorithm NEXTN``)
+        (r"\bnextn\b", "mtp"),
         (
             r"\bmtp\b(?=.{0,80}\b(?:speculative|draft))|\b(?:speculative|draft)\b.{0,80}\bmtp\b",
             "mtp",
@@ -139,7 +141,10 @@ _NUMBERS: dict[str, str] = {
     "zero_stage": r"\bzero(?:_stage\s*[=:]?\s*|[- ]?stage[- ]?|-)([0-3])\b",
     # DeepSpeed-Chat's and NeMo-Aligner's (``ppo.rollout_micro_batch_size``) static batch
     "gen_batch_size": r"\b(?:per_device_generation_batch_size|rollout_micro_batch_size)\s*(?:[=:]|of)?\s*(\d+)\b",
-    "spec_draft_tokens": r"\bnum_speculative_tokens\s*[=:]?\s*(\d+)\b",
+    # drafts a step: vLLM's ``num_speculative_tokens``; SGLang's draft depth
+    # ``speculative_num_steps`` (its tree's ``speculative_num_draft_tokens`` is the verified
+    # width, which a chain of that depth approximates)
+    "spec_draft_tokens": r"\b(?:num_speculative_tokens|speculative_num_steps)\s*[=:]?\s*(\d+)\b",
     "spec_accept_len": r"\baccept(?:ance|ed)?[_ ]len(?:gth)?\s*(?:[=:]|of)?\s*(\d+(?:\.\d+)?)",
     # the batch as the recipes name it: prompts per step (NeMo-RL ``num_prompts_per_step``,
     # verl ``data.train_batch_size``, OpenRLHF / slime ``rollout_batch_size``) and samples per
