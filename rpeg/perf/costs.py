@@ -138,6 +138,12 @@ def layer_launch_s(gpu: GPUSpec, calib: Calibration) -> float:
     return gpu.layer_overhead_s or calib.layer_overhead_s
 
 
+def decode_host_s(batch: float, calib: Calibration) -> float:
+    """The engine's host time in one decode step of ``batch`` sequences (scheduler, sampler,
+    detokeniser): a fixed part and a part per live sequence."""
+    return calib.decode_step_overhead_s + batch * calib.decode_seq_overhead_s
+
+
 def decode_step_time(
     model: ModelSpec,
     gpu: GPUSpec,
@@ -207,7 +213,7 @@ def decode_step_time(
             / pp
             * allreduce_time(batch * verify * model.hidden * 2.0, tp, bw, alpha, calib.nccl_bus_eff)
         )
-    overhead = calib.decode_step_overhead_s + batch * calib.decode_seq_overhead_s
+    overhead = decode_host_s(batch, calib)
     t_gpu = max(t_mem, t_cmp) + t_comm
     if eager:  # no CUDA graph: the host launches every layer's kernels, ahead of the device
         t_gpu = max(t_gpu, model.layers / pp * layer_launch_s(gpu, calib))

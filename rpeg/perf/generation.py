@@ -139,7 +139,7 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
                 m, gpu, c.cluster, batch=b, context=ctx, tp=tp, pp=pp, first_device=first,
                 wbytes=c.wbytes, kvbytes=c.kvbytes, calib=cal, precision=c.prec, eager=eager,
             )  # fmt: skip
-            device = max(0.0, one - cal.decode_step_overhead_s - b * cal.decode_seq_overhead_s)
+            device = max(0.0, one - costs.decode_host_s(b, cal))
             ts += k * (draft_share * device + cal.draft_pass_overhead_s)
             f1, b1 = f1 + k * draft_share * f0, b1 + k * draft_share * b0
         return ts / accept, f1 / accept, b1 / accept, cm / accept
