@@ -40,14 +40,23 @@ def static_engine(u: UnitPlan, gpu: Any) -> bool:
 def spec_accept_len(wl: Any, cal: Any) -> float:
     """Mean tokens a decode step advances a sequence by: 1 without speculative decoding;
     the workload's published acceptance length; else the prior 1 + r + ... + r^k (each of
-    the k drafts accepted with ``Calibration.spec_accept_rate`` given the previous one)."""
+    the k drafts accepted with ``Calibration.spec_accept_rate`` given the previous one). A
+    sequence advances by at most the tokens a verification runs (a draft tree's width,
+    else the chain's 1 + k)."""
     k = wl.spec_draft_tokens
     if not k:
         return 1.0
+    most = min(1 + k, spec_verify_tokens(wl))
     if wl.spec_accept_len is not None:
-        return min(max(1.0, wl.spec_accept_len), 1.0 + k)
+        return min(max(1.0, wl.spec_accept_len), most)
     r = cal.spec_accept_rate
-    return sum(r**i for i in range(k + 1))
+    return sum(r**i for i in range(most))
+
+
+def spec_verify_tokens(wl: Any) -> int:
+    """Tokens per sequence one verification runs: a draft tree's width where the workload
+    states it (SGLang's ``speculative_num_draft_tokens``), else the chain's 1 + k."""
+    return wl.spec_verify_tokens or 1 + wl.spec_draft_tokens
 
 
 def ep_decode_s(c: UnitContext, u: UnitPlan, forwards: float, batch: float) -> float:
@@ -101,10 +110,12 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
     # stands for vLLM's preemptions at a full cache (docs/perf-model.md, "Equations")
     live_ctx = c.P + L.second_moment() / (2 * L.mean)
     b_kv = kv_tokens / (c.P + L.mean)
-    b_max = max(1.0, min(cal.max_num_seqs, b_kv))
+    b_max = max(1.0, min(c.wl.gen_max_seqs or cal.max_num_seqs, b_kv))
 
     k = c.wl.spec_draft_tokens
     accept = spec_accept_len(c.wl, cal)
+    verify = spec_verify_tokens(c.wl)
+    topk = c.wl.spec_topk
     # a GPU decode without CUDA graphs: the plan's enforce_eager, or RPEG's torch engine (a
     # CPU device's eager cost is its own profile: rpeg.perf.eager_cpu)
     eager = not eager_cpu.is_cpu(gpu) and (u.enforce_eager or static_engine(u, gpu))
@@ -115,7 +126,8 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
 
     def step(b: float, ctx: float) -> tuple[float, float, float, float]:
         """One decode step, per token it advances a sequence by (speculative decoding: a
-        verification of 1 + k tokens and k sequential draft passes, each one layer and the
+        verification of ``verify`` tokens -- 1 + k for a chain, a draft tree's width -- and k
+        sequential draft passes of ``topk`` candidates a sequence, each one layer and the
         vocabulary projection on the device plus ``Calibration.draft_pass_overhead_s`` -- vLLM
         runs each draft position as a forward of its own -- advancing ``accept`` tokens)."""
         ts, f1, b1, cm = costs.decode_step_time(
@@ -131,13 +143,14 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
             kvbytes=c.kvbytes,
             calib=cal,
             precision=c.prec,
-            verify=1.0 + k,
+            verify=float(verify),
             eager=eager,
         )
         if k:
             one, f0, b0, _ = costs.decode_step_time(
                 m, gpu, c.cluster, batch=b, context=ctx, tp=tp, pp=pp, first_device=first,
-                wbytes=c.wbytes, kvbytes=c.kvbytes, calib=cal, precision=c.prec, eager=eager,
+                wbytes=c.wbytes, kvbytes=c.kvbytes, calib=cal, precision=c.prec,
+                verify=float(topk), eager=eager,
             )  # fmt: skip
             device = max(0.0, one - costs.decode_host_s(b, cal))
             ts += k * (draft_share * device + cal.draft_pass_overhead_s)

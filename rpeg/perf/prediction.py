@@ -62,6 +62,14 @@ class Workload:
     # (rpeg.perf.generation.spec_accept_len). docs/perf-model.md, "Equations"
     spec_draft_tokens: int = 0
     spec_accept_len: float | None = None
+    # a draft tree (SGLang's EAGLE worker): tokens per sequence a verification runs
+    # (``speculative_num_draft_tokens``; None = the chain's 1 + k) and candidates per
+    # sequence each draft pass runs (``speculative_eagle_topk``; 1 = a chain)
+    spec_verify_tokens: int | None = None
+    spec_topk: int = 1
+    # the rollout engine's cap on sequences in flight per replica where the run sets one
+    # (vLLM ``max_num_seqs``, SGLang ``max_running_requests``); None = Calibration.max_num_seqs
+    gen_max_seqs: int | None = None
     # an engine without continuous batching (DeepSpeed-Chat's hybrid engine, HF ``generate``):
     # sequences per generation batch of a replica; each batch decodes until its longest
     # response ends, finished sequences still computed. None = continuous batching (vLLM,

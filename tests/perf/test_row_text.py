@@ -174,7 +174,31 @@ def test_speculative_decoding_is_read_where_the_text_speaks_of_drafts():
     sg = read({"notes": "SGLang speculative_algorithm NEXTN, speculative_num_steps=3"})
     assert sg == {"spec_decode": "mtp", "spec_draft_tokens": "3"}
     tree = "speculative_algorithm=EAGLE speculative_num_steps=2 speculative_eagle_topk=2"
-    assert read({"notes": tree}) == {"spec_decode": "eagle", "spec_draft_tokens": "2"}
+    assert read({"notes": tree}) == {
+        "spec_decode": "eagle",
+        "spec_draft_tokens": "2",
+        "spec_topk": "2",
+    }
+    # a model's MTP heads drafted through SGLang's EAGLE worker (verl's and slime's MTP docs)
+    # are MTP; the flags as slime passes them, with dashes; the tree's verified width
+    mtp = (
+        "MTP rollout: --sglang-speculative-algorithm EAGLE --sglang-speculative-num-steps 3 "
+        "--sglang-speculative-eagle-topk 1 --sglang-speculative-num-draft-tokens 4"
+    )
+    assert read({"notes": mtp}) == {
+        "spec_decode": "mtp",
+        "spec_draft_tokens": "3",
+        "spec_topk": "1",
+        "spec_verify_tokens": "4",
+    }
+    # vLLM's flag right after the method's name (no word boundary inside num_speculative)
+    assert read({"notes": "vLLM MTP num_speculative_tokens=1"}) == {
+        "spec_decode": "mtp",
+        "spec_draft_tokens": "1",
+    }
+    # the engine's cap on sequences in flight, as vLLM and SGLang name it
+    assert read({"notes": "max_num_seqs=512"}) == {"gen_max_seqs": "512"}
+    assert read({"notes": "--sglang-max-running-requests 128"}) == {"gen_max_seqs": "128"}
 
 
 def test_the_checkpoint_kind_is_read_from_the_thinking_switch_and_named_checkpoints():

@@ -135,3 +135,69 @@ def test_an_eager_engine_decodes_slower_where_the_host_bounds_its_steps():
     assert eager.detail["prefill_s"] == pytest.approx(graphs.detail["prefill_s"])
     decode = lambda s: s.time_s - s.detail["prefill_s"]  # noqa: E731
     assert decode(eager) > 1.3 * decode(graphs)
+
+
+#: verl's MTP guide (docs/advance/mtp.md): MiMo-7B, SGLang drafting with the MTP head as a
+#: tree of 2 steps x 2 candidates, 4 tokens verified; a rollout of 128 x 16 on 8 GPUs
+_MIMO = dict(
+    model="mimo-7b", num_gpus=16, gpus_per_node=8, placement="disaggregated", gen_gpus=8,
+    train_gpus=8, gen_tp=1, gen_pp="", gen_ep="", train_tp="", train_pp="", train_cp="",
+    train_ep="", num_prompts=128, samples_per_prompt=16, max_gen_len=8192, avg_gen_len="",
+    max_seq_len="", staleness=0, partial_rollout="no",
+)  # fmt: skip
+_TREE = (
+    "SGLang rollout, MTP: speculative_algorithm=EAGLE speculative_num_steps=2 "
+    "speculative_eagle_topk=2 speculative_num_draft_tokens=4"
+)
+
+
+def _mimo(base, gpu, notes, **cells):
+    return _gen(_row(base, gpu=gpu, notes=notes, **{**_MIMO, **cells}))
+
+
+def test_a_draft_tree_verifies_its_width_and_drafts_its_candidates():
+    base = "verl-fa-30b-colocate-128g"
+    chain = _mimo(base, "h20", _TREE.replace(" speculative_eagle_topk=2", "").replace("=4", "=3"))
+    tree = _mimo(base, "h20", _TREE)
+    assert (chain[0].workload.spec_verify_tokens, chain[0].workload.spec_topk) == (3, 1)
+    assert (tree[0].workload.spec_verify_tokens, tree[0].workload.spec_topk) == (4, 2)
+    # the same depth (the same prior acceptance): a wider verification and two candidates a
+    # draft pass cost more on a rollout batch
+    assert spec_accept_len(tree[0].workload, SHIPPED) == spec_accept_len(chain[0].workload, SHIPPED)
+    assert tree[2].time_s > chain[2].time_s
+    # a sequence advances by at most the tokens verified
+    narrow = replace(
+        tree[0].workload, spec_draft_tokens=3, spec_verify_tokens=2, spec_accept_len=3.5
+    )
+    assert spec_accept_len(narrow, SHIPPED) == 2.0
+    with pytest.raises(Unpredictable, match="spec_verify_tokens=9: a draft tree"):
+        read_case(_row(base, notes=_TREE.replace("=4", "=9"), **_MIMO))
+
+
+def test_drafts_pay_on_a_compute_rich_gpu_and_not_on_a_compute_poor_one():
+    # verl's guide: on H20 (148 dense TFLOPS for 4 TB/s) MTP cut MiMo-7B's rollout throughput
+    # by ~50% and it lists H800/H200's 10x the compute: a verification of 4 tokens per
+    # sequence is compute-bound on the H20 at a rollout's batch
+    base = "verl-fa-30b-colocate-128g"
+    gain = {}
+    for gpu in ("h20", "h800"):
+        plain = _mimo(base, gpu, "SGLang rollout")[2].time_s
+        gain[gpu] = plain / _mimo(base, gpu, _TREE)[2].time_s
+    assert gain["h20"] < 1.1 < gain["h800"]
+
+
+def test_sglang_caps_its_running_requests_under_speculative_decoding():
+    # SGLang resets max_running_requests to 48 for its speculative workers unless the run sets
+    # it; slime does not set it, verl hands SGLang its own max_num_seqs
+    slime = "miles-mi300x-qwen3-30b-a3b-8g"
+    capped, _, gen = _mimo(slime, "h800", _TREE)
+    assert capped.workload.gen_max_seqs == 48 and "gen_max_seqs" in capped.unknown
+    lifted, _, gen_lifted = _mimo(slime, "h800", _TREE + " --sglang-max-running-requests 256")
+    assert lifted.workload.gen_max_seqs == 256 and "gen_max_seqs" not in lifted.unknown
+    assert gen.time_s > 1.2 * gen_lifted.time_s  # 48 sequences a replica starve the rollout
+    plain, _, _ = _mimo(slime, "h800", "SGLang rollout")
+    assert plain.workload.gen_max_seqs is None  # no drafts: SGLang's own default (memory)
+    verl, _, _ = _mimo("verl-fa-30b-colocate-128g", "h800", _TREE)
+    assert verl.workload.gen_max_seqs is None
+    with pytest.raises(Unpredictable, match="gen_max_seqs=0: must be >= 1"):
+        read_case(_row(slime, **{**_MIMO, "gen_max_seqs": 0}))

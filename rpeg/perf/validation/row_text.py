@@ -127,7 +127,7 @@ _PHRASES: dict[str, tuple[tuple[str, str], ...]] = {
         # SGLang's name for DeepSeek-style MTP drafting (``speculative_algorithm NEXTN``)
         (r"\bnextn\b", "mtp"),
         (
-            r"\bmtp\b(?=.{0,80}\b(?:speculative|draft))|\b(?:speculative|draft)\b.{0,80}\bmtp\b",
+            r"\bmtp\b(?=.{0,80}(?:\b|_)(?:speculative|draft))|(?:\b|_)(?:speculative|draft).{0,80}\bmtp\b",
             "mtp",
         ),
         (
@@ -142,9 +142,14 @@ _NUMBERS: dict[str, str] = {
     # DeepSpeed-Chat's and NeMo-Aligner's (``ppo.rollout_micro_batch_size``) static batch
     "gen_batch_size": r"\b(?:per_device_generation_batch_size|rollout_micro_batch_size)\s*(?:[=:]|of)?\s*(\d+)\b",
     # drafts a step: vLLM's ``num_speculative_tokens``; SGLang's draft depth
-    # ``speculative_num_steps`` (its tree's ``speculative_num_draft_tokens`` is the verified
-    # width, which a chain of that depth approximates)
-    "spec_draft_tokens": r"\b(?:num_speculative_tokens|speculative_num_steps)\s*[=:]?\s*(\d+)\b",
+    # ``speculative_num_steps``, its tree's verified width ``speculative_num_draft_tokens``
+    # and candidates a draft pass keeps ``speculative_eagle_topk`` (flags spelled with - or _)
+    "spec_draft_tokens": r"\b(?:num[-_]speculative[-_]tokens|speculative[-_]num[-_]steps)\s*[=:]?\s*(\d+)\b",
+    "spec_verify_tokens": r"\bspeculative[-_]num[-_]draft[-_]tokens\s*[=:]?\s*(\d+)\b",
+    "spec_topk": r"\bspeculative[-_]eagle[-_]topk\s*[=:]?\s*(\d+)\b",
+    # the engine's cap on sequences in flight (vLLM ``max_num_seqs``, SGLang
+    # ``max_running_requests``)
+    "gen_max_seqs": r"\b(?:max[-_]num[-_]seqs|max[-_]running[-_]requests)\s*[=:]?\s*(\d+)\b",
     "spec_accept_len": r"\baccept(?:ance|ed)?[_ ]len(?:gth)?\s*(?:[=:]|of)?\s*(\d+(?:\.\d+)?)",
     # the batch as the recipes name it: prompts per step (NeMo-RL ``num_prompts_per_step``,
     # verl ``data.train_batch_size``, OpenRLHF / slime ``rollout_batch_size``) and samples per
@@ -285,6 +290,8 @@ def read(r: dict[str, str]) -> dict[str, str]:
                 found.append("yes" if m.group(1) in _TRUE else "no")
         for pat, value in _PHRASES.get(col, ()):
             found += [value] * len(re.findall(pat, text))
+        if col == "spec_decode" and set(found) == {"mtp", "eagle"}:
+            found = ["mtp"]  # SGLang drafts with a model's MTP heads through its EAGLE worker
         if v := _one(found):
             out[col] = v
     utils = []

@@ -166,6 +166,27 @@ SPEC_METHODS = ("", "none", "mtp", "eagle")
 #: ``num_speculative_tokens`` 3)
 EAGLE_DRAFT_TOKENS = 3
 
+#: sequences in flight per SGLang server under speculative decoding where the run does not
+#: set ``max_running_requests``: SGLang resets its default to 48 for its EAGLE / EAGLE3 /
+#: standalone workers (python/sglang/srt/server_args.py, from 2025-07 through at least
+#: 2026-04, "Max running requests is reset to 48 for speculative decoding"). verl hands
+#: SGLang its own ``max_num_seqs`` (async_sglang_server.py since 2025-09), so its rows are
+#: not capped
+SGLANG_SPEC_MAX_RUNNING = 48
+#: systems whose rollout engine is SGLang whatever the text says
+SGLANG_SYSTEMS = ("slime-megatron", "areal")
+
+
+def gen_max_seqs_default(system: str, r: dict[str, str], drafts: int) -> int | None:
+    """The running-request cap a row's engine sets itself where the row states none:
+    SGLang's under speculative decoding (:data:`SGLANG_SPEC_MAX_RUNNING`) for a system
+    that does not pass its own; None elsewhere."""
+    if not drafts or system.startswith("verl"):
+        return None
+    on_sglang = system in SGLANG_SYSTEMS or "sglang" in _said(r).lower()
+    return SGLANG_SPEC_MAX_RUNNING if on_sglang else None
+
+
 #: systems whose PPO (a learned critic) scores samples with a learned reward model unless a
 #: row says otherwise: DeepSpeed-Chat's step 3 always does (its critic starts from the step-2
 #: reward model); OpenRLHF's PPO trainer takes ``--reward_pretrain`` (a rule reward needs
@@ -621,6 +642,20 @@ def read_case(r: dict[str, str]) -> RowCase:
         )
         if cell_float(r, "spec_accept_len") is None:
             unknown.append("spec_accept_len")  # the prior (rpeg.perf.generation)
+    # the engine's cap on sequences in flight: stated, else the one an engine sets itself
+    max_seqs = cell_opt_int(r, "gen_max_seqs")  # a count: 0 or below is refused
+    if max_seqs is None and (max_seqs := gen_max_seqs_default(system, r, drafts)):
+        unknown.append("gen_max_seqs")
+    # a draft tree (SGLang's EAGLE worker): candidates a draft pass keeps per sequence and
+    # the tokens a verification runs; blank: a chain of the k drafts
+    topk = cell_opt_int(r, "spec_topk") or 1
+    verify = cell_opt_int(r, "spec_verify_tokens")
+    if drafts and (topk < 1 or (verify is not None and not 2 <= verify <= 1 + drafts * topk)):
+        raise Unpredictable(
+            f"spec_topk={topk}, spec_verify_tokens={verify}: a draft tree keeps >= 1 candidate "
+            f"a pass and verifies 2 to 1 + spec_draft_tokens x spec_topk = {1 + drafts * topk} "
+            "tokens (blank: a chain)"
+        )
     # LM image tokens per sample: 0 stated is a text-only run of a vision model, blank the prior
     images = cell_number(r, "image_tokens")
     if images is not None and images < 0:
@@ -644,6 +679,9 @@ def read_case(r: dict[str, str]) -> RowCase:
         gen_static_batch=static,
         spec_draft_tokens=drafts,
         spec_accept_len=cell_float(r, "spec_accept_len") if drafts else None,
+        spec_verify_tokens=verify if drafts else None,
+        spec_topk=topk if drafts else 1,
+        gen_max_seqs=max_seqs,
         num_prompts=cell_int(r, "num_prompts"),
         samples_per_prompt=samples,
         mean_prompt_tokens=prompt,
@@ -837,6 +875,7 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "algorithm": case.builder,
         "reward_model": yn(case.reward_model),
         "gen_batch_size": f"{wl.gen_static_batch} (static batches)",
+        "gen_max_seqs": f"{wl.gen_max_seqs} (SGLang's default under speculative decoding)",
         "train_backend": case.engine,
         "cluster": case.cluster_name,
         "model": case.model.name,
