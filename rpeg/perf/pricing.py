@@ -512,6 +512,8 @@ def _unit_role(sc: StageCost) -> str:
     for k in sc.kinds:
         if k in _ROLE_OF_KIND:
             return _ROLE_OF_KIND[k]
+    if set(sc.kinds) == {"reward"} and sc.memory_gb.get("weights", 0.0) > 0:
+        return "reward_model"  # a learned reward model's forward: weights of its own
     return "actor"
 
 

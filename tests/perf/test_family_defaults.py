@@ -184,7 +184,8 @@ def test_nemo_aligners_engine_runs_on_the_trainers_shards():
     from rpeg.perf.validation.solve import solve_row
 
     def layout(**cells):
-        case = read_case(_aligner(model="Llama-3.1-70B", num_gpus="32", **cells))
+        # the critic on the trainer's pool (critic_gpus=0): the pools below are the actor's
+        case = read_case(_aligner(model="Llama-3.1-70B", num_gpus="32", critic_gpus="0", **cells))
         return solve_row(case, SHIPPED)[1]
 
     assert read_case(_aligner()).gen_from_trainer
@@ -207,3 +208,84 @@ def test_nemo_aligners_engine_runs_on_the_trainers_shards():
     # the actor's static batch by its recipe name (the docs' "rollout_micro_batch_size of 16")
     said = _aligner(notes="NeMo-Aligner PPO; rollout_micro_batch_size of 16")
     assert read_case(said).workload.gen_static_batch == 16
+
+
+def test_nemo_aligners_critic_and_reward_model_serve_from_nodes_of_their_own():
+    # NeMo-Aligner's PPO launches the critic and the reward model as a server job on nodes
+    # of its own (rlhf.rst: 8+4 ... 64+32 actor + critic nodes); the actor's nodes generate
+    # and train. A blank size is a third of the nodes; the docs' words or a cell state it
+    from rpeg.perf import predict
+    from rpeg.perf.calibration import SHIPPED
+    from rpeg.perf.validation.solve import solve_row
+
+    big = dict(model="Llama-3.1-70B", num_gpus="96", train_tp="8", gen_tp="8")
+    case = read_case(_aligner(**big))
+    assert case.critic_gpus == 32 and "critic_gpus" in case.unknown
+    assert "critic_gpus=32 (nemo-aligner's critic and reward-model server)" in assumed_values(case)
+    assert (case.layout.gen_gpus, case.layout.train_gpus) == (64, 64)
+    said = read_case(_aligner(**{**big, "notes": "NeMo-Aligner PPO, actor on 10 nodes, "
+                                 "critic and reward model server on 2 nodes"}))  # fmt: skip
+    assert said.critic_gpus == 16 and "critic_gpus" not in said.unknown
+    # the critic's and the reward model's work on the last GPUs, the actor's on the first
+    case, lay, pred = solve_row(case, SHIPPED)
+    plan = case.plan(lay)
+    on = {name: u.devices for name, u in plan.units.items()}
+    assert set(on["train_critic"]) == set(on["values"]) == set(on["reward"]) == set(range(64, 96))
+    assert set(on["train_actor"]) == set(on["generate"]) == set(range(64))
+    # only the actor's GPUs generate: fewer engine replicas than on one pool of 96
+    one, lay1, pred1 = solve_row(read_case(_aligner(**big, critic_gpus="0")), SHIPPED)
+    assert pred.stages["generate"].detail["replicas"] == 8
+    assert pred1.stages["generate"].detail["replicas"] == 12
+    assert pred.stages["generate"].time_s > pred1.stages["generate"].time_s
+    # the critic trains on a third of the GPUs: slower than over all 96
+    assert pred.stages["train_critic"].time_s > pred1.stages["train_critic"].time_s
+    assert predict(case.graph, plan, case.workload, calib=SHIPPED).step_s == pytest.approx(
+        pred.step_s
+    )
+
+
+def test_a_critic_pool_that_cannot_be_read_is_named():
+    from rpeg.perf.validation.row_cells import Unpredictable
+
+    with pytest.raises(Unpredictable, match=r"critic_gpus=16: a critic's pool needs a critic"):
+        read_case(_row(critic_gpus="16"))
+    with pytest.raises(Unpredictable, match="critic_gpus=8: a critic's own pool beside"):
+        read_case(
+            _aligner(critic_gpus="8", placement="disaggregated", gen_gpus="8", train_gpus="8")
+        )
+    with pytest.raises(Unpredictable, match="critic_nodes=2: must leave the actor GPUs"):
+        read_case(_aligner(critic_nodes="2"))
+    with pytest.raises(Unpredictable, match="critic_gpus=4: the critic's pool must divide"):
+        read_case(_aligner(num_gpus="20", critic_gpus="4", train_tp="8"))
+    with pytest.raises(Unpredictable, match="critic_gpus=-8: must be >= 0"):
+        read_case(_aligner(critic_gpus="-8"))
+
+
+def test_a_critic_pool_assumed_where_nothing_fits_beside_it_gives_way_to_one_pool():
+    # a third of 24 GPUs (one node) cannot hold a 70B critic and reward model whatever its
+    # stages: the assumed pool gives way to the critic on the trainer's pool, never a refusal
+    from rpeg.perf.calibration import SHIPPED
+    from rpeg.perf.validation.solve import solve_row
+
+    case = read_case(_aligner(model="Llama-3.1-70B", num_gpus="24", gpu="A100-40GB"))
+    assert case.critic_gpus == 8
+    priced, lay, pred = solve_row(case, SHIPPED)
+    assert priced.critic_gpus == 0 and "critic_gpus" not in priced.unknown
+    assert pred.step_s > 0
+
+
+def test_a_learned_reward_model_keeps_its_weights_beside_the_critic_it_shares_a_pool_with():
+    # the critic's own pool holds the critic's update and the reward model, none offloaded:
+    # the pool's peak is the critic's working set plus the reward model's weights
+    from rpeg.perf import predict
+    from rpeg.perf.calibration import SHIPPED
+
+    case = read_case(_aligner(model="Llama-3.1-8B", num_gpus="24", train_tp="8", gen_tp="8"))
+    assert case.critic_gpus == 8 and case.reward_model
+    from rpeg.perf.validation.solve import solve_layout
+
+    lay, _ = solve_layout(case, SHIPPED)
+    pred = predict(case.graph, case.plan(lay), case.workload, calib=SHIPPED)
+    crit, rm = pred.stages["train_critic"], pred.stages["reward"]
+    peak = pred.device_memory_gb["16-23"]
+    assert peak == pytest.approx(crit.peak_memory_gb + rm.memory_gb["weights"], rel=1e-6)

@@ -64,6 +64,8 @@ EXPLICIT = (
     "spec_topk",
     "spec_verify_tokens",
     "gen_max_seqs",
+    "critic_gpus",
+    "critic_nodes",
     "gen_batching",
     "gen_batch_size",
     "enforce_eager",

@@ -147,6 +147,9 @@ _NUMBERS: dict[str, str] = {
     "spec_draft_tokens": r"\b(?:num[-_]speculative[-_]tokens|speculative[-_]num[-_]steps)\s*[=:]?\s*(\d+)\b",
     "spec_verify_tokens": r"\bspeculative[-_]num[-_]draft[-_]tokens\s*[=:]?\s*(\d+)\b",
     "spec_topk": r"\bspeculative[-_]eagle[-_]topk\s*[=:]?\s*(\d+)\b",
+    # a critic served from nodes of its own (NeMo-Aligner: "critic and reward model server
+    # on 4 nodes"; its ``trainer.ppo.critic`` job's ``num_nodes``)
+    "critic_nodes": r"\bcritic\b[\w ,/-]{0,40}?\bon (\d+) nodes?\b",
     # the engine's cap on sequences in flight (vLLM ``max_num_seqs``, SGLang
     # ``max_running_requests``)
     "gen_max_seqs": r"\b(?:max[-_]num[-_]seqs|max[-_]running[-_]requests)\s*[=:]?\s*(\d+)\b",

@@ -194,6 +194,48 @@ def gen_max_seqs_default(system: str, r: dict[str, str], drafts: int) -> int | N
 REWARD_MODEL_SYSTEMS = ("deepspeed-chat", "openrlhf-deepspeed", "nemo-aligner")
 
 
+#: systems whose PPO serves the critic and the reward model from nodes of their own, and the
+#: share of a run's GPUs they take where the row does not say: NeMo-Aligner's critic /
+#: reward-model server ("PPO Performance Results with TensorRT-LLM", rlhf.rst: 8+4, 16+8,
+#: 32+16, 64+32 and 84+42 actor + critic nodes)
+CRITIC_POOL_SYSTEMS = {"nemo-aligner": 1 / 3}
+
+
+def critic_pool(
+    r: dict[str, str], system: str, has_critic: bool, colocated: bool, n: int, node: int
+) -> int:
+    """GPUs of the critic's own pool (:attr:`RowCase.critic_gpus`): the row's
+    ``critic_gpus`` or ``critic_nodes`` (x ``node`` GPUs; 0: stated on the trainer's pool),
+    else the system's share of ``n`` in whole nodes (:data:`CRITIC_POOL_SYSTEMS`); 0 = the
+    critic on the trainer's pool.
+    A stated pool needs a critic, the colocated actor pool beside it and GPUs left for it."""
+    stated, nodes = (
+        None if cell_number(r, k) is None else cell_int(r, k, minimum=0)
+        for k in ("critic_gpus", "critic_nodes")
+    )
+    if stated is None and nodes is not None:
+        stated = nodes * node
+    if stated == 0:
+        return 0  # stated: the critic on the trainer's pool
+    if stated is not None:
+        where = f"critic_gpus={stated}" if _cell(r, "critic_gpus") else f"critic_nodes={nodes}"
+        if not has_critic:
+            raise Unpredictable(f"{where}: a critic's pool needs a critic (has_critic=yes, PPO)")
+        if not colocated:
+            raise Unpredictable(
+                f"{where}: a critic's own pool beside placement=disaggregated is not priced; "
+                "allowed: placement=colocated (the actor's pool generates and trains)"
+            )
+        if not 1 <= stated < n:
+            raise Unpredictable(f"{where}: must leave the actor GPUs of num_gpus={n}")
+        return stated
+    share = CRITIC_POOL_SYSTEMS.get(system)
+    if share is None or not has_critic or not colocated:
+        return 0
+    whole = round(n / node * share) * node  # whole nodes, as the server is launched
+    return whole if 1 <= whole < n else 0
+
+
 def reward_model_default(system: str, has_critic: bool) -> bool:
     """Whether a row that does not say scores its samples with a reward model."""
     return has_critic and system in REWARD_MODEL_SYSTEMS
@@ -339,6 +381,10 @@ class RowCase:
     # ``gen_tp``): its TP is the trainer's, its pipeline the trainer's unless ``gen_reshard``
     gen_from_trainer: bool = False
     gen_reshard: bool = False
+    # GPUs of a pool of their own for the critic and the learned reward model, the last
+    # ``critic_gpus`` of the row's (NeMo-Aligner's critic / reward-model server): their
+    # forwards and the critic's update run there, beside the actor pool's; 0 = one pool
+    critic_gpus: int = 0
 
     def budgets_per_micro_batch(self, cp: int) -> int:
         """Whole sequence budgets in one trainer micro-batch: a per-GPU token budget holds
@@ -353,8 +399,9 @@ class RowCase:
         from rpeg import specs
 
         n = self.num_gpus
+        c = self.critic_gpus
         if self.colocated:
-            gen_devs = train_devs = f"0-{n - 1}"
+            gen_devs = train_devs = f"0-{n - c - 1}"
         else:
             gen_devs = f"0-{lay.gen_gpus - 1}"
             train_devs = f"{lay.gen_gpus}-{lay.gen_gpus + lay.train_gpus - 1}"
@@ -384,12 +431,23 @@ class RowCase:
             )
         except ValueError as exc:
             raise Unpredictable(f"layout: {one_line(exc)}") from None
+        critic = train
+        if c:  # the critic's own pool: the trainer's layout over its GPUs, no other model
+            critic = UnitPlan.model_validate(
+                {
+                    **train.model_dump(),
+                    "devices": f"{n - c}-{n - 1}",
+                    "pp": lay.critic_pp or lay.train_pp,
+                    "offload": False,
+                }
+            )
         units = {}
         for name, members in _units(self.graph):
             # a learned reward model runs with the reference and the critic: a trainer-side
             # model (DeepSpeed-Chat's and OpenRLHF's ZeRO engines), not in the rollout engine
             on_gen = "generate" in members or ("reward" in members and not self.reward_model)
-            units[name] = gen if on_gen else train
+            on_critic = bool(members & {"values", "train_critic", "reward"}) and not on_gen
+            units[name] = gen if on_gen else critic if on_critic else train
         cl = specs.cluster(self.cluster_name)
         return Plan(
             cluster=self.cluster_name,
@@ -545,6 +603,12 @@ def read_case(r: dict[str, str]) -> RowCase:
     cluster_name = cluster_for(gpu_name(r), int(gpn) if gpn is not None else None)
     if derived_cluster(cluster_name):
         unknown.append("cluster")  # the catalog has no node of this size: links derived
+    node = specs.cluster(cluster_name).gpus_per_node
+    critic_n = critic_pool(r, system, has_critic, colocated, n, node)
+    if critic_n and not (_cell(r, "critic_gpus") or _cell(r, "critic_nodes")):
+        unknown.append("critic_gpus")  # the system's own share
+    if critic_n:  # the actor's pool generates and trains; the critic's is the rest
+        gen_n = train_n = n - critic_n
     prompt = cell_float(r, "avg_prompt_len")
     if prompt is None:
         unknown.append("avg_prompt_len")
@@ -739,6 +803,12 @@ def read_case(r: dict[str, str]) -> RowCase:
         if eager:
             unknown.append("enforce_eager")
     _check_pools(layout, n, r)
+    group = (layout.train_tp or 1) * layout.train_pp * layout.train_cp
+    if critic_n and "critic_gpus" not in unknown and critic_n % group:
+        raise Unpredictable(
+            f"critic_gpus={critic_n}: the critic's pool must divide into the trainer's "
+            f"train_tp x train_pp x train_cp = {group} groups"
+        )
     if "model" not in unknown:  # a stand-in's heads and layers are not the model's own
         _check_model_split(layout, model, r)
     return RowCase(
@@ -767,6 +837,7 @@ def read_case(r: dict[str, str]) -> RowCase:
         pp_open=not (r.get("train_pp") or "").strip(),
         cp_open=not (r.get("train_cp") or "").strip(),
         gen_pp_open=not (r.get("gen_pp") or "").strip(),
+        critic_gpus=critic_n,
         gpu_budget_seqs=_gpu_budget_seqs(r, max_seq or prompt + cap),
         prompt_padded=prompt_padded,
         gen_from_trainer=gen_from_trainer,
@@ -876,6 +947,7 @@ def assumed_values(case: RowCase, calib: Calibration = SHIPPED) -> tuple[str, ..
         "reward_model": yn(case.reward_model),
         "gen_batch_size": f"{wl.gen_static_batch} (static batches)",
         "gen_max_seqs": f"{wl.gen_max_seqs} (SGLang's default under speculative decoding)",
+        "critic_gpus": f"{case.critic_gpus} ({case.system}'s critic and reward-model server)",
         "train_backend": case.engine,
         "cluster": case.cluster_name,
         "model": case.model.name,

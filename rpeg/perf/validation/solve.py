@@ -55,6 +55,9 @@ class RowLayout:
     train_ep: int | None = 1
     gpu_memory_utilization: float | None = defaults.GPU_MEMORY_UTILIZATION
     recompute: bool | None = True
+    # pipeline stages of a critic on its own pool (``RowCase.critic_gpus``); None = the
+    # trainer's (``train_pp``)
+    critic_pp: int | None = None
     solved: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -247,6 +250,7 @@ FIT_CP = (2, 4, 8)
 #: how a row's assumptions name each size a fit measure took
 _FIT_SAYS = {
     "train_pp": "{} pipeline stages",
+    "critic_pp": "the critic's pool in {} pipeline stages",
     "train_cp": "the sequence split over {} context-parallel ranks",
 }
 
@@ -275,13 +279,23 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
     fitted = replace(case, workload=replace(case.workload, assumed_optimizer_on_host=True))
     pool = fitted.layout.train_gpus or case.num_gpus
 
+    critic = getattr(case, "critic_gpus", 0)
+
     def staged(c: Any) -> list[Any]:
+        """The trainer in the fewest stages that fit; a critic on its own pool (its server's
+        own layout) also in more stages than the actor, fewest first."""
         if not getattr(case, "pp_open", False) or case.engine == "fsdp":
             return []
-        return [
-            replace(c, layout=replace(c.layout, train_pp=pp))
-            for pp in fit_pp(pool, case.model.layers)
-        ]
+        out = []
+        for pp in [c.layout.train_pp] + fit_pp(pool, case.model.layers):
+            if pp != c.layout.train_pp:
+                out.append(replace(c, layout=replace(c.layout, train_pp=pp)))
+            out += [
+                replace(c, layout=replace(c.layout, train_pp=pp, critic_pp=cpp))
+                for cpp in (fit_pp(critic, case.model.layers) if critic else [])
+                if cpp > pp
+            ]
+        return out
 
     tries = staged(case) if stated_host else staged(case) + [fitted] + staged(fitted)
     if getattr(case, "cp_open", False):
@@ -327,4 +341,11 @@ def solve_row(case: Any, calib: Calibration = DEFAULT) -> tuple[Any, RowLayout, 
         if idle:
             measures["idle_models"] = "host"
         return trial, replace(lay, solved={**lay.solved, **measures, **taken}), pred
+    if critic and "critic_gpus" in case.unknown:
+        # the system's critic pool was assumed, not stated: nothing fits beside it, so the
+        # critic shares the trainer's pool (every GPU), as a row without the prior reads
+        n = case.num_gpus
+        one = replace(case, critic_gpus=0, layout=replace(case.layout, gen_gpus=n, train_gpus=n))
+        one = replace(one, unknown=tuple(u for u in case.unknown if u != "critic_gpus"))
+        return solve_row(one, calib)
     raise first
