@@ -10,7 +10,8 @@ import pytest
 from rpeg.perf.validation import loso
 from rpeg.perf.validation.loso_summary import summarise
 from rpeg.perf.validation.row_text import read, system_of, with_text
-from rpeg.perf.validation.rows import assumed_values, eager_default, read_case
+from rpeg.perf.validation.rows import assumed_values, read_case
+from rpeg.perf.validation.system_defaults import eager_default
 
 #: the columns of ../shared/validation/steps_dev*.csv (its README's schema)
 SHARED = [
