@@ -81,9 +81,9 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
     sc = StageCost(name, (GEN_KIND,), format_devices(u.devices), u.num_devices)
     w_dev = m.params * c.wbytes / replica
     budget = u.gpu_memory_utilization * gpu.usable_hbm_gb * GB
-    act_reserve = (
-        1.0 * GB + 2.0 * cal.max_num_seqs * m.vocab * 4 / tp / 16
-    )  # logits/sampling buffers
+    # the engine's cap on sequences in flight: the run's where it sets one
+    max_seqs = c.wl.gen_max_seqs or cal.max_num_seqs
+    act_reserve = 1.0 * GB + 2.0 * max_seqs * m.vocab * 4 / tp / 16  # logits/sampling buffers
     kv_free = budget - w_dev - act_reserve
     sc.memory_gb = {
         "weights": w_dev / GB,
@@ -110,7 +110,7 @@ def generation_cost(c: UnitContext, u: UnitPlan, name: str, throughput_mode: boo
     # stands for vLLM's preemptions at a full cache (docs/perf-model.md, "Equations")
     live_ctx = c.P + L.second_moment() / (2 * L.mean)
     b_kv = kv_tokens / (c.P + L.mean)
-    b_max = max(1.0, min(c.wl.gen_max_seqs or cal.max_num_seqs, b_kv))
+    b_max = max(1.0, min(max_seqs, b_kv))
 
     k = c.wl.spec_draft_tokens
     accept = spec_accept_len(c.wl, cal)
