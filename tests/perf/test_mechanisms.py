@@ -118,6 +118,17 @@ def test_a_row_names_what_its_prediction_rests_on():
     assert "vision tower" not in _case(
         algorithm="grpo", has_critic="no", model="Qwen/Qwen2.5-VL-7B-Instruct", image_tokens="0"
     )
+    # NeMo-Aligner's critic server on nodes of its own; SGLang's running cap under drafts
+    aligner = _case(system="nemo-aligner", num_gpus="24", train_backend="megatron")
+    assert "critic on a pool of its own" in aligner
+    assert "critic on a pool of its own" not in _case(
+        system="nemo-aligner", num_gpus="24", train_backend="megatron", critic_gpus="0"
+    )
+    slime = _case(
+        algorithm="grpo", has_critic="no", system="slime", train_backend="megatron",
+        notes="SGLang EAGLE speculative_num_steps=3",
+    )  # fmt: skip
+    assert {"speculative decoding", "engine running-request cap"} <= set(slime)
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@
 
 The model prices mechanisms that no shipped row exercises -- a GPU no published run was
 measured on, a PPO critic, a learned reward model, DeepSpeed-Chat's static batches, ZeRO-1/2,
-speculative decoding, a vision tower, hybrid linear attention, the optimizer on the host --
+speculative decoding, a vision tower, hybrid linear attention, the optimizer on the host, a
+critic on a pool of its own --
 from their documentation. A row that rests on one is predicted as well as the model can, but
 its range should say that nothing measured backs that term. ``rpeg validate`` names, for each
 row, the mechanisms its prediction uses (:func:`of`) and, leave-one-source-out, those no row of
@@ -38,12 +39,16 @@ def of(case: Any, solved: dict[str, Any]) -> tuple[str, ...]:
     out.append("trainer " + ("zero-1/2" if case.zero_stage in (1, 2) else case.engine))
     if case.builder == "ppo":
         out.append("ppo critic")
+    if getattr(case, "critic_gpus", 0):
+        out.append("critic on a pool of its own")
     if case.reward_model:
         out.append("learned reward model")
     if wl.gen_static_batch:
         out.append("static-batch generation")
     if wl.spec_draft_tokens:
         out.append("speculative decoding")
+    if wl.gen_max_seqs:
+        out.append("engine running-request cap")
     if model.vision is not None and (wl.image_tokens is None or wl.image_tokens > 0):
         out.append("vision tower")
     if model.linear_attn:
