@@ -255,7 +255,10 @@ def test_a_critic_pool_that_cannot_be_read_is_named():
         )
     with pytest.raises(Unpredictable, match="critic_nodes=2: must leave the actor GPUs"):
         read_case(_aligner(critic_nodes="2"))
-    with pytest.raises(Unpredictable, match="critic_gpus=4: the critic's pool must divide"):
+    with pytest.raises(
+        Unpredictable,
+        match=r"critic_gpus=4 \(of num_gpus=20\): the critic.s pool and the actor.s 16 GPUs",
+    ):
         read_case(_aligner(num_gpus="20", critic_gpus="4", train_tp="8"))
     with pytest.raises(Unpredictable, match="critic_gpus=-8: must be >= 0"):
         read_case(_aligner(critic_gpus="-8"))

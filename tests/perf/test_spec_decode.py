@@ -201,3 +201,6 @@ def test_sglang_caps_its_running_requests_under_speculative_decoding():
     assert verl.workload.gen_max_seqs is None
     with pytest.raises(Unpredictable, match="gen_max_seqs=0: must be >= 1"):
         read_case(_row(slime, **{**_MIMO, "gen_max_seqs": 0}))
+    # a slip is named, not priced as a sampler reserve no GPU holds
+    with pytest.raises(Unpredictable, match="gen_max_seqs=1000000000: at most 65,536"):
+        read_case(_row(slime, **{**_MIMO, "gen_max_seqs": "1e9"}))

@@ -149,6 +149,10 @@ def reference_of(algo: str, system: str) -> bool:
     return system in REFERENCE_SYSTEMS
 
 
+#: the most sequences a row may say an engine keeps in flight (``gen_max_seqs``): more is a
+#: slip, not a run (vLLM's default is 1,024 on large GPUs, SGLang's set by its memory)
+MAX_RUNNING_SEQS = 65536
+
 #: what a model was trained to emit (``model_kind`` column; blank = the catalog's kind)
 MODEL_KINDS = ("base", "instruct", "reasoning")
 #: what the prompts ask for (``task_domain`` column; blank = not stated: no domain scale)
@@ -533,6 +537,11 @@ def read_case(r: dict[str, str]) -> RowCase:
             unknown.append("spec_accept_len")  # the prior (rpeg.perf.generation)
     # the engine's cap on sequences in flight: stated, else the one an engine sets itself
     max_seqs = cell_opt_int(r, "gen_max_seqs")  # a count: 0 or below is refused
+    if max_seqs is not None and max_seqs > MAX_RUNNING_SEQS:
+        raise Unpredictable(
+            f"gen_max_seqs={max_seqs}: at most {MAX_RUNNING_SEQS:,} sequences in flight per "
+            "engine (vLLM max_num_seqs, SGLang max_running_requests)"
+        )
     if max_seqs is None and (max_seqs := gen_max_seqs_default(system, r, drafts)):
         unknown.append("gen_max_seqs")
     # a draft tree (SGLang's EAGLE worker): candidates a draft pass keeps per sequence and
@@ -627,13 +636,14 @@ def read_case(r: dict[str, str]) -> RowCase:
         eager = eager_default(system, r)
         if eager:
             unknown.append("enforce_eager")
-    _check_pools(layout, n, r)
     group = (layout.train_tp or 1) * layout.train_pp * layout.train_cp
-    if critic_n and "critic_gpus" not in unknown and critic_n % group:
+    if critic_n and "critic_gpus" not in unknown and (critic_n % group or (n - critic_n) % group):
         raise Unpredictable(
-            f"critic_gpus={critic_n}: the critic's pool must divide into the trainer's "
-            f"train_tp x train_pp x train_cp = {group} groups"
+            f"critic_gpus={critic_n} (of num_gpus={n}): the critic's pool and the actor's "
+            f"{n - critic_n} GPUs must each divide into the trainer's train_tp x train_pp x "
+            f"train_cp = {group} groups"
         )
+    _check_pools(layout, n, r)
     if "model" not in unknown:  # a stand-in's heads and layers are not the model's own
         _check_model_split(layout, model, r)
     return RowCase(
