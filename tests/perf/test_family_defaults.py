@@ -262,6 +262,13 @@ def test_a_critic_pool_that_cannot_be_read_is_named():
         read_case(_aligner(num_gpus="20", critic_gpus="4", train_tp="8"))
     with pytest.raises(Unpredictable, match="critic_gpus=-8: must be >= 0"):
         read_case(_aligner(critic_gpus="-8"))
+    # words that do not fit the row (4 + 4 nodes said, 32 GPUs run) are not a statement:
+    # the system's share stands, as assumed; the same count in a cell is refused by name
+    words = "NeMo-Aligner PPO, actor on 4 nodes, critic on 4 nodes"
+    case = read_case(_aligner(num_gpus="32", notes=words))
+    assert case.critic_gpus == 8 and "critic_gpus" in case.unknown
+    with pytest.raises(Unpredictable, match="critic_nodes=4: must leave the actor GPUs"):
+        read_case(_aligner(num_gpus="32", critic_nodes="4"))
 
 
 def test_a_critic_pool_assumed_where_nothing_fits_beside_it_gives_way_to_one_pool():

@@ -200,6 +200,9 @@ def test_speculative_decoding_is_read_where_the_text_speaks_of_drafts():
     # NeMo-Aligner's critic server on nodes of its own
     said = "actor on 8 nodes, critic and reward model server on 4 nodes"
     assert read({"notes": said}) == {"critic_nodes": "4", "reward_model": "yes"}
+    # one count for both, or none for the actor: not a pool of the critic's own
+    assert read({"notes": "Llama3-70B PPO, actor and critic on 16 nodes"}) == {}
+    assert read({"notes": "PPO, the critic on 4 nodes"}) == {}
     # the engine's cap on sequences in flight, as vLLM and SGLang name it
     assert read({"notes": "max_num_seqs=512"}) == {"gen_max_seqs": "512"}
     assert read({"notes": "--sglang-max-running-requests 128"}) == {"gen_max_seqs": "128"}

@@ -147,9 +147,6 @@ _NUMBERS: dict[str, str] = {
     "spec_draft_tokens": r"\b(?:num[-_]speculative[-_]tokens|speculative[-_]num[-_]steps)\s*[=:]?\s*(\d+)\b",
     "spec_verify_tokens": r"\bspeculative[-_]num[-_]draft[-_]tokens\s*[=:]?\s*(\d+)\b",
     "spec_topk": r"\bspeculative[-_]eagle[-_]topk\s*[=:]?\s*(\d+)\b",
-    # a critic served from nodes of its own (NeMo-Aligner: "critic and reward model server
-    # on 4 nodes"; its ``trainer.ppo.critic`` job's ``num_nodes``)
-    "critic_nodes": r"\bcritic\b[\w ,/-]{0,40}?\bon (\d+) nodes?\b",
     # the engine's cap on sequences in flight (vLLM ``max_num_seqs``, SGLang
     # ``max_running_requests``)
     "gen_max_seqs": r"\b(?:max[-_]num[-_]seqs|max[-_]running[-_]requests)\s*[=:]?\s*(\d+)\b",
@@ -281,6 +278,21 @@ def _one(values: list[str]) -> str:
     return values[0] if values and all(v == values[0] for v in values) else ""
 
 
+#: a model's nodes as NeMo-Aligner's docs give them ("actor on 8 nodes", "critic and reward
+#: model server on 4 nodes")
+_ON_NODES = r"\b{}\b[\w ,/-]{{0,40}}?\bon (\d+) nodes?\b"
+
+
+def _critic_nodes(text: str) -> str:
+    """The critic's own nodes where the text gives the actor's and the critic's apart (each
+    with its own count: "actor and critic on 16 nodes" is one pool, not read)."""
+    critic = {m.span(1): m.group(1) for m in re.finditer(_ON_NODES.format("critic"), text)}
+    actor = {m.span(1) for m in re.finditer(_ON_NODES.format("actor"), text)}
+    if not actor - set(critic):
+        return ""  # no count of the actor's own
+    return _one([n for span, n in critic.items() if span not in actor])
+
+
 def read(r: dict[str, str]) -> dict[str, str]:
     """column -> value the row's free text states unambiguously (cells spelled as the
     columns take them: yes/no, a share, a kind, a system name)."""
@@ -310,6 +322,8 @@ def read(r: dict[str, str]) -> dict[str, str]:
     for col, pat in _NUMBERS.items():
         if v := _one([str(float(m.group(1))) for m in re.finditer(pat, text)]):
             out[col] = v if col == "spec_accept_len" else str(int(float(v)))
+    if v := _critic_nodes(text):
+        out["critic_nodes"] = v
     budgets = [f"{int(m.group(1))}x" for m in re.finditer(_MB_MULTIPLE, text)]
     for pat in _MB_TOKENS:
         budgets += [str(int(m.group(1).replace(",", ""))) for m in re.finditer(pat, text)]

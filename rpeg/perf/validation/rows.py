@@ -306,6 +306,7 @@ def read_case(r: dict[str, str]) -> RowCase:
     from rpeg.ir import builders
     from rpeg.perf.validation.row_text import canonical_system, with_text
 
+    own = frozenset(k for k, v in r.items() if (v or "").strip())  # the cells the row states
     r = with_text(r)
     model = specs.model(model_name(r))
     if model.unsupported:
@@ -433,8 +434,8 @@ def read_case(r: dict[str, str]) -> RowCase:
     if derived_cluster(cluster_name):
         unknown.append("cluster")  # the catalog has no node of this size: links derived
     node = specs.cluster(cluster_name).gpus_per_node
-    critic_n = critic_pool(r, system, has_critic, colocated, n, node)
-    if critic_n and not (_cell(r, "critic_gpus") or _cell(r, "critic_nodes")):
+    critic_n, assumed_pool = critic_pool(r, system, has_critic, colocated, n, node, own)
+    if assumed_pool:
         unknown.append("critic_gpus")  # the system's own share
     if critic_n:  # the actor's pool generates and trains; the critic's is the rest
         gen_n = train_n = n - critic_n

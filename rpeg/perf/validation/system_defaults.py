@@ -105,13 +105,21 @@ CRITIC_POOL_SYSTEMS = {"nemo-aligner": 1 / 3}
 
 
 def critic_pool(
-    r: dict[str, str], system: str, has_critic: bool, colocated: bool, n: int, node: int
-) -> int:
-    """GPUs of the critic's own pool (:attr:`RowCase.critic_gpus`): the row's
+    r: dict[str, str],
+    system: str,
+    has_critic: bool,
+    colocated: bool,
+    n: int,
+    node: int,
+    own: frozenset[str] = frozenset({"critic_gpus", "critic_nodes"}),
+) -> tuple[int, bool]:
+    """(GPUs of the critic's own pool, whether the system's share was assumed) (:attr:`RowCase.critic_gpus`): the row's
     ``critic_gpus`` or ``critic_nodes`` (x ``node`` GPUs; 0: stated on the trainer's pool),
     else the system's share of ``n`` in whole nodes (:data:`CRITIC_POOL_SYSTEMS`); 0 = the
     critic on the trainer's pool.
-    A stated pool needs a critic, the colocated actor pool beside it and GPUs left for it."""
+    A stated pool needs a critic, the colocated actor pool beside it and GPUs left for it; a
+    cell the row's text filled (not in ``own``, the cells the row states) that does not fit
+    the row is not a statement: the system's share stands."""
     stated, nodes = (
         None if cell_number(r, k) is None else cell_int(r, k, minimum=0)
         for k in ("critic_gpus", "critic_nodes")
@@ -119,25 +127,29 @@ def critic_pool(
     if stated is None and nodes is not None:
         stated = nodes * node
     if stated == 0:
-        return 0  # stated: the critic on the trainer's pool
+        return 0, False  # stated: the critic on the trainer's pool
     if stated is not None:
         said = (r.get("critic_gpus") or "").strip()
         where = f"critic_gpus={stated}" if said else f"critic_nodes={nodes}"
+        problem = ""
         if not has_critic:
-            raise Unpredictable(f"{where}: a critic's pool needs a critic (has_critic=yes, PPO)")
-        if not colocated:
-            raise Unpredictable(
+            problem = f"{where}: a critic's pool needs a critic (has_critic=yes, PPO)"
+        elif not colocated:
+            problem = (
                 f"{where}: a critic's own pool beside placement=disaggregated is not priced; "
                 "allowed: placement=colocated (the actor's pool generates and trains)"
             )
-        if not 1 <= stated < n:
-            raise Unpredictable(f"{where}: must leave the actor GPUs of num_gpus={n}")
-        return stated
+        elif not 1 <= stated < n:
+            problem = f"{where}: must leave the actor GPUs of num_gpus={n}"
+        if not problem:
+            return stated, False
+        if "critic_gpus" in own or "critic_nodes" in own:
+            raise Unpredictable(problem)
     share = CRITIC_POOL_SYSTEMS.get(system)
     if share is None or not has_critic or not colocated:
-        return 0
+        return 0, False
     whole = round(n / node * share) * node  # whole nodes, as the server is launched
-    return whole if 1 <= whole < n else 0
+    return (whole, True) if 1 <= whole < n else (0, False)
 
 
 def reward_model_default(system: str, has_critic: bool) -> bool:
