@@ -170,8 +170,12 @@ def test_a_draft_tree_verifies_its_width_and_drafts_its_candidates():
         tree[0].workload, spec_draft_tokens=3, spec_verify_tokens=2, spec_accept_len=3.5
     )
     assert spec_accept_len(narrow, SHIPPED) == 2.0
-    with pytest.raises(Unpredictable, match="spec_verify_tokens=9: a draft tree"):
-        read_case(_row(base, notes=_TREE.replace("=4", "=9"), **_MIMO))
+    with pytest.raises(Unpredictable, match="spec_verify_tokens=9: a draft tree verifies 2 to"):
+        read_case(_row(base, notes=_TREE, spec_verify_tokens=9, **_MIMO))
+    # the same width in the row's words: the widest tree of 2 steps x 2 candidates (SGLang
+    # adjusts the width itself), never a refused row
+    worded = read_case(_row(base, notes=_TREE.replace("=4", "=9"), **_MIMO))
+    assert worded.workload.spec_verify_tokens == 5
 
 
 def test_drafts_pay_on_a_compute_rich_gpu_and_not_on_a_compute_poor_one():
