@@ -208,3 +208,5 @@ def test_sglang_caps_its_running_requests_under_speculative_decoding():
     # a slip is named, not priced as a sampler reserve no GPU holds
     with pytest.raises(Unpredictable, match="gen_max_seqs=1000000000: at most 65,536"):
         read_case(_row(slime, **{**_MIMO, "gen_max_seqs": "1e9"}))
+    said = read_case(_row(slime, **{**_MIMO, "notes": _TREE + " max_running_requests=1000000"}))
+    assert said.workload.gen_max_seqs == 48  # words beyond any cap: SGLang's own default
