@@ -538,13 +538,13 @@ def read_case(r: dict[str, str]) -> RowCase:
             unknown.append("spec_accept_len")  # the prior (rpeg.perf.generation)
     # the engine's cap on sequences in flight: stated, else the one an engine sets itself
     max_seqs = cell_opt_int(r, "gen_max_seqs")  # a count: 0 or below is refused
-    if max_seqs is not None and max_seqs > MAX_RUNNING_SEQS and "gen_max_seqs" not in own:
-        max_seqs = None  # words beyond any engine's cap are not a statement: the default
     if max_seqs is not None and max_seqs > MAX_RUNNING_SEQS:
-        raise Unpredictable(
-            f"gen_max_seqs={max_seqs}: at most {MAX_RUNNING_SEQS:,} sequences in flight per "
-            "engine (vLLM max_num_seqs, SGLang max_running_requests)"
-        )
+        if "gen_max_seqs" in own:
+            raise Unpredictable(
+                f"gen_max_seqs={max_seqs}: at most {MAX_RUNNING_SEQS:,} sequences in flight "
+                "per engine (vLLM max_num_seqs, SGLang max_running_requests)"
+            )
+        max_seqs = None  # words beyond any engine's cap are not a statement: the default
     if max_seqs is None and (max_seqs := gen_max_seqs_default(system, r, drafts)):
         unknown.append("gen_max_seqs")
     # a draft tree (SGLang's EAGLE worker): candidates a draft pass keeps per sequence and

@@ -111,12 +111,12 @@ def critic_pool(
     colocated: bool,
     n: int,
     node: int,
-    own: frozenset[str] = frozenset({"critic_gpus", "critic_nodes"}),
+    own: frozenset[str],
 ) -> tuple[int, bool]:
-    """(GPUs of the critic's own pool, whether the system's share was assumed) (:attr:`RowCase.critic_gpus`): the row's
-    ``critic_gpus`` or ``critic_nodes`` (x ``node`` GPUs; 0: stated on the trainer's pool),
-    else the system's share of ``n`` in whole nodes (:data:`CRITIC_POOL_SYSTEMS`); 0 = the
-    critic on the trainer's pool.
+    """(GPUs of the critic's own pool -- :attr:`RowCase.critic_gpus` --, whether the system's
+    share was assumed): the row's ``critic_gpus`` or ``critic_nodes`` (x ``node`` GPUs; 0:
+    stated on the trainer's pool), else the system's share of ``n`` in whole nodes
+    (:data:`CRITIC_POOL_SYSTEMS`); 0 = the critic on the trainer's pool.
     A stated pool needs a critic, the colocated actor pool beside it and GPUs left for it; a
     cell the row's text filled (not in ``own``, the cells the row states) that does not fit
     the row is not a statement: the system's share stands."""
