@@ -299,3 +299,44 @@ def test_a_learned_reward_model_keeps_its_weights_beside_the_critic_it_shares_a_
     crit, rm = pred.stages["train_critic"], pred.stages["reward"]
     peak = pred.device_memory_gb["16-23"]
     assert peak == pytest.approx(crit.peak_memory_gb + rm.memory_gb["weights"], rel=1e-6)
+
+
+def _fully_async(**cells):
+    return _row(
+        **{
+            "source": "verl fully_async_policy doc",
+            "placement": "disaggregated",
+            "gen_gpus": "8",
+            "train_gpus": "8",
+            "staleness": "0",
+            "notes": "fully-async: trainer fetches require_batches x ppo_mini_batch_size "
+            "prompts per local update",
+            **cells,
+        }
+    )
+
+
+def test_verls_fully_async_trainer_reuses_rollout_logprobs_and_streams_where_a_row_is_silent():
+    # verl fully_async_ppo_trainer.yaml: use_rollout_log_probs True; its trainer fetches each
+    # local update's samples from the message queue (trains while the step's rest generate)
+    case = read_case(_fully_async())
+    assert case.reuse and case.streaming
+    assert {"reuse_rollout_logprobs", "streaming"} <= set(case.unknown)  # assumed, not read
+    said = assumed_values(case)
+    assert "reuse_rollout_logprobs=yes" in said and "streaming=yes" in said
+    # priced: no old-policy forward, and training overlaps the generation
+    fa = loso.price_rows([_fully_async()], "mine")[0][0].step[0, 3, 3]
+    plain = loso.price_rows([_fully_async(streaming="no", reuse_rollout_logprobs="no")], "mine")[0][
+        0
+    ].step[0, 3, 3]
+    assert fa < plain
+    # stated cells win; a colocated baseline of the same doc runs verl's ordinary trainer;
+    # another family's "fully asynchronous" words are not verl's trainer
+    stated = read_case(_fully_async(streaming="no", reuse_rollout_logprobs="no"))
+    assert not stated.reuse and not stated.streaming
+    colo = read_case(_fully_async(placement="colocated", gen_gpus="", train_gpus=""))
+    assert not colo.reuse and not colo.streaming
+    other = read_case(_fully_async(source="AReaL paper", train_backend="megatron"))
+    assert other.system != "verl-fsdp" and not other.reuse
+    # at a staleness above 0 the trainer still reuses the rollout's log-probs
+    assert read_case(_fully_async(staleness="1")).reuse

@@ -42,6 +42,7 @@ from rpeg.perf.validation.system_defaults import (
     reward_model_default,
     system_prior,
     trl_transformers_generate,
+    variant_defaults,
 )
 from rpeg.plan.schema import MAX_DEVICE_INDEX, GraphRef, Plan, UnitPlan
 
@@ -411,11 +412,13 @@ def read_case(r: dict[str, str]) -> RowCase:
         # parallel ranks, no parameter gathers: priced as the distributed-optimizer trainer
         engine = "megatron"
 
+    variant = variant_defaults(system, r, colocated)
+
     def prior(col: str) -> Any:
         v = cell_tri(r, col)
         if v is None:
             unknown.append(col)
-            own = system_prior(system, col)
+            own = variant.get(col, system_prior(system, col))
             return PRIORS[col] if own is None else own
         return v
 

@@ -60,6 +60,27 @@ def _said(r: dict[str, str]) -> str:
     return " ".join((r.get(c) or "") for c in ("notes", "model_arch_notes", "source_locator"))
 
 
+#: what verl's fully-async policy trainer does where a row does not say (verl
+#: verl/experimental/fully_async_policy, config/fully_async_ppo_trainer.yaml and the
+#: Megatron one @ b178a3cd5): ``async_training.use_rollout_log_probs: True`` (the rollout's
+#: log-probs stand in for the old policy's: no recompute), and its trainer fetches
+#: ``require_batches x ppo_mini_batch_size`` samples from the rollouter's message queue per
+#: local update, so at ``staleness_threshold: 0`` it trains on a step's first samples while
+#: the rest are generated (streaming)
+FULLY_ASYNC_DEFAULTS: dict[str, Any] = {"reuse_rollout_logprobs": True, "streaming": True}
+_FULLY_ASYNC = re.compile(r"\bfully[_ -]?async(?:hronous)?(?:[_ ]policy)?\b")
+
+
+def variant_defaults(system: str, r: dict[str, str], colocated: bool) -> dict[str, Any]:
+    """Defaults of a trainer variant a row's words name, ahead of :func:`system_prior`:
+    :data:`FULLY_ASYNC_DEFAULTS` for a disaggregated verl row whose text names the
+    fully-async policy trainer (its colocated baselines run verl's ordinary trainer); empty
+    elsewhere."""
+    if not system.startswith("verl") or colocated:
+        return {}
+    return dict(FULLY_ASYNC_DEFAULTS) if _FULLY_ASYNC.search(_said(r).lower()) else {}
+
+
 def trl_transformers_generate(system: str, r: dict[str, str]) -> bool:
     """Whether a TRL row generates with transformers (its default) rather than vLLM: its
     text names no vLLM (``use_vllm=True``, "vLLM colocate", "vllm_mode")."""
