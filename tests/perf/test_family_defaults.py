@@ -59,6 +59,23 @@ def test_a_publisher_naming_no_family_takes_the_one_its_notes_name():
     assert "system" not in read(_row(source="AReaL paper", notes="measured with verl"))
 
 
+def test_a_publishers_baseline_is_the_family_its_measured_by_names():
+    # the AReaL paper's Table 1 reports verl's runs beside its own: who measured with what
+    # names the run's family; the publisher's own rows stay its family
+    base = {"source": "AReaL paper Table 1", "train_backend": "fsdp"}
+    verl = _row(**base, measured_by="AReaL authors (throughput measured with verl main)")
+    assert read(verl)["system"] == "verl-fsdp"
+    assert read_case(verl).system == "verl-fsdp"
+    own = _row(source="AReaL paper Table 1", measured_by="AReaL authors")
+    assert read(own)["system"] == "areal"
+    # ambiguous stays unattributed: two families measured, notes naming a third, a source
+    # naming none (then the notes decide, above)
+    both = _row(**base, measured_by="AReaL authors (verl and OpenRLHF)")
+    assert "system" not in read(both)
+    third = _row(**base, measured_by="AReaL authors (verl)", notes="as in OpenRLHF's recipe")
+    assert "system" not in read(third)
+
+
 @pytest.mark.parametrize(
     ("cell", "backend", "system", "engine"),
     [

@@ -269,6 +269,12 @@ def system_of(r: dict[str, str]) -> str:
     other = families(" ".join(r.get(c) or "" for c in TEXT)) - pub
     if len(pub) == 1 and not other:
         return _system(pub.pop(), backend)
+    # a publisher's table of another family's run (a paper's baseline): ``measured_by`` names
+    # one family beyond the one the ``source`` names ("AReaL authors (measured with verl ...)")
+    house = families(r.get("source") or "")
+    ran = families(r.get("measured_by") or "") - house
+    if len(house) == 1 and len(ran) == 1 and not other - ran:
+        return _system(ran.pop(), backend)
     if not pub and len(other) == 1:  # a paper or report naming no family: its notes' one
         return _system(other.pop(), backend)
     return ""
