@@ -79,8 +79,9 @@ def test_more_drafts_stop_paying_on_a_rollout_batch():
     # 1.77 / 1.44 / 1.21x at 3 / 5 / 7 drafts: past a few drafts each one costs more than the
     # tokens it adds. At the prior acceptance the model's gain falls with k too, and stays a gain
     row = dict(
-        model="Qwen3-8B-Base", gpu="GB200", num_gpus=32, gpus_per_node=4, gen_tp=1,
-        num_prompts=64, samples_per_prompt=16, max_gen_len=8192, avg_gen_len="",
+        model="Qwen3-8B-Base", gpu="GB200", num_gpus=32, gen_gpus="", train_gpus="",
+        gpus_per_node=4, gen_tp=1, num_prompts=64, samples_per_prompt=16, max_gen_len=8192,
+        avg_gen_len="",
     )  # fmt: skip
     base = "nemo-v0.5-h100bf16-llama-grpo-on-16g"
     plain = _gen(_row(base, **row))[2].time_s

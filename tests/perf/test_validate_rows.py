@@ -40,6 +40,22 @@ def test_colocated_row_with_blank_pool_sizes_uses_every_gpu():
     assert blank == full
 
 
+def test_colocated_row_pools_that_differ_from_its_one_pool_are_named():
+    # "16k" GPUs (a length's suffix on a count) beside pools of 16: not silently 16,000 GPUs
+    res = _one(num_gpus="16k")
+    assert res.prediction is None
+    assert "placement=colocated shares one pool of num_gpus=16000" in res.reason
+    assert "gen_gpus=16, train_gpus=16" in res.reason
+    res = _one(train_gpus="8")
+    assert res.prediction is None and res.reason.endswith("or placement=disaggregated")
+    assert "num_gpus=16, but gen_gpus=16, train_gpus=8" in res.reason
+
+
+def test_a_bad_gpu_count_is_named_before_the_throughput_it_scales():
+    (res,) = validate_rows([_row(case_id="x", num_gpus="-16")]).skipped
+    assert "num_gpus=-16: must be >= 1" in res.reason and "throughput" not in res.reason
+
+
 def test_disaggregated_row_pool_sizes_must_add_up_or_are_solved():
     res = _one(placement="disaggregated", gen_gpus="")  # train_gpus=16 leaves no gen pool
     assert res.prediction is None and "must be two pools of num_gpus=16" in res.reason
@@ -213,7 +229,8 @@ def test_absurd_sizes_are_refused_not_allocated():
     res = _one(num_gpus="", placement="disaggregated", gen_gpus="1e9", train_gpus="8")
     assert res.prediction is None
     assert "gen_gpus + train_gpus=1000000008: at most 1,048,576 GPUs" in res.reason
-    assert _one(num_gpus=str(1 << 20), placement="colocated").prediction is not None  # the limit
+    at_limit = _one(num_gpus=str(1 << 20), placement="colocated", gen_gpus="", train_gpus="")
+    assert at_limit.prediction is not None  # the limit
 
 
 def test_precision_and_measurement_are_checked():

@@ -24,6 +24,7 @@ from rpeg.perf.prediction import StepPrediction
 from rpeg.perf.validation.row_cells import (
     Unpredictable,
     cell_float,
+    cell_int,
     cell_number,
     measured_step,
     one_line,
@@ -248,8 +249,10 @@ def published_throughput(r: dict[str, str]) -> float | None:
     if v:
         return v
     v = _other(r, "tokens_per_s_per_gpu")
+    if not v:
+        return None
     n = cell_number(r, "num_gpus")
-    return v * n if v and n else None
+    return v * cell_int(r, "num_gpus") if n is not None else None  # a bad count named as itself
 
 
 def _stage_times(r: dict[str, str], case: RowCase, pred: StepPrediction) -> dict:

@@ -336,6 +336,13 @@ def read_case(r: dict[str, str]) -> RowCase:
         cells = "num_gpus" if cell_number(r, "num_gpus") is not None else "gen_gpus + train_gpus"
         raise Unpredictable(f"{cells}={n}: at most {MAX_DEVICE_INDEX:,} GPUs")
     if colocated:  # colocated rows often leave the pool sizes blank: both roles use all
+        stated = {k: v for k, v in (("gen_gpus", gen_n), ("train_gpus", train_n)) if v is not None}
+        if any(v != n for v in stated.values()):
+            said = ", ".join(f"{k}={v}" for k, v in stated.items())
+            raise Unpredictable(
+                f"placement=colocated shares one pool of num_gpus={n}, but {said}; allowed: "
+                "the pools blank or equal to num_gpus, or placement=disaggregated"
+            )
         gen_n = train_n = n
     else:
         if n < 2:
