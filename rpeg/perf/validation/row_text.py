@@ -273,7 +273,7 @@ def system_of(r: dict[str, str]) -> str:
     # one family beyond the one the ``source`` names ("AReaL authors (measured with verl ...)")
     house = families(r.get("source") or "")
     ran = families(r.get("measured_by") or "") - house
-    if len(house) == 1 and len(ran) == 1 and not other - ran:
+    if len(house) == 1 and len(ran) == 1 and not other:
         return _system(ran.pop(), backend)
     if not pub and len(other) == 1:  # a paper or report naming no family: its notes' one
         return _system(other.pop(), backend)
