@@ -2,7 +2,7 @@
 
 A CPU device is a one-thread worker process running eager PyTorch (``runtime.torch_threads``
 1). Two facts of that runtime change what a unit costs, and are priced where the cluster's
-device is ``cpu`` (:func:`rpeg.perf.passes.pass_cost`); docs/perf-model.md, "Calibration from
+device is ``cpu`` (:func:`rpeg.perf.passes.pass_cost`); docs/calibration.md, "Calibration from
 a run":
 
 * a packed unit (``UnitPlan.packs``, docs/packing.md) cuts each of the

@@ -1,6 +1,6 @@
 """CPU workers that outnumber the machine's cores (pure). Used by
 :func:`rpeg.perf.pricing.predict` and ``price_unit``; :func:`run_cluster` sizes the cluster
-for the planner and ``rpeg calibrate``; docs/perf-model.md, "Calibration from a run".
+for the planner and ``rpeg calibrate``; docs/calibration.md, "Calibration from a run".
 
 A CPU device is a one-thread worker process. A plan may place more workers than the machine
 has cores (the shipped 4-device CPU configs on a 2-core machine); the operating system then

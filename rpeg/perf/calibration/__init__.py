@@ -1,5 +1,5 @@
 """The few named calibration constants of the performance model (all documented in
-docs/perf-model.md). They are physical efficiencies and overheads, shared by every plan; none
+docs/calibration.md). They are physical efficiencies and overheads, shared by every plan; none
 is fitted per validation row.
 
 The package also refits them from a user's measured run (``rpeg calibrate``): :mod:`.fit`
@@ -31,7 +31,7 @@ class Calibration:
     # Fixed engine time per decode step (scheduler, sampling, detokenisation, launch) in s.
     decode_step_overhead_s: float = 0.004
     # Engine host time per live sequence per decode step (scheduler bookkeeping, sampler
-    # and detokeniser per request), s. docs/perf-model.md, "Calibration constants".
+    # and detokeniser per request), s. docs/calibration.md, "Calibration constants".
     decode_seq_overhead_s: float = 1e-5
     # Non-GEMM share of a training/forward micro-batch: achieved MFU = GEMM efficiency (size
     # curve of the GPU) x this factor (attention kernels, norms, optimizer, packing, launch).
@@ -121,7 +121,7 @@ class Calibration:
     reasoning_cap_exponent: float = 0.483
     reasoning_cap_ref: float = 4096.0
     # Host work per sample on the step's critical path (reward scoring, detokenisation,
-    # batch marshalling in the driver), s. See docs/perf-model.md, "Calibration constants".
+    # batch marshalling in the driver), s. See docs/calibration.md, "Calibration constants".
     host_per_sample_s: float = 0.002
     # fp32 vocabulary passes per token of the log-prob computation (memory-bound, not in the
     # GEMM FLOPs): forward writes the logits and reads them for the log-sum-exp and the
@@ -139,7 +139,7 @@ class Calibration:
     # GB200, EAGLE-3, k = 3 / 5 / 7 drafts: rollout 1.77 / 1.44 / 1.21x on RL-Zero and 1.53 /
     # 0.84 / 0.71x on RL-Think; a 64 x 16 rollout at an 8,192 cap there is priced 1.52 / 1.44 /
     # 1.31x at this value, 2.7 / 3.2 / 3.5x with a draft pass at one layer's share of a step,
-    # as before). docs/perf-model.md, "Calibration constants".
+    # as before). docs/calibration.md, "Calibration constants".
     draft_pass_overhead_s: float = 0.002
     # Interval bounds (rpeg.perf.interval): relative uncertainty of each term's efficiency,
     # factor on the fixed costs, and the spread (ratio) of the response-length prior's

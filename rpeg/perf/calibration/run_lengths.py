@@ -12,7 +12,7 @@ bench``) that states no mean lengths of its own uses them (:func:`configured_wor
 lists them as an assumption. The spread of the lengths comes from the run too: the
 lognormal's sigma whose expected longest response of a step's ``N`` samples equals the
 run's median longest response (:func:`sigma_for_max`), or, where that longest is the cap
-itself, whose share of truncated responses is the run's (:func:`sigma_for_cap_share`). docs/perf-model.md, "Calibration
+itself, whose share of truncated responses is the run's (:func:`sigma_for_cap_share`). docs/calibration.md, "Calibration
 from a run".
 """
 
