@@ -17,10 +17,11 @@ and printed masked.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
+
+from rpeg.cli import json_out
 
 server_app = typer.Typer(
     name="server",
@@ -78,7 +79,7 @@ def deploy(
         concurrency_limit=concurrency,
     )
     if dry_run:
-        typer.echo(json.dumps(spec, indent=1))
+        typer.echo(json_out.dumps(spec, indent=1))
         return
     from rpeg.infra.cluster import prefect_env
 
@@ -268,7 +269,7 @@ def server_status(
 
     rows = status_rows(api)
     if as_json:
-        typer.echo(json.dumps(rows, indent=1))
+        typer.echo(json_out.dumps(rows, indent=1))
         return
     if not rows:
         typer.echo("no deployments")

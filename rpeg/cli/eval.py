@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import typer
 
+from rpeg.cli import json_out
+
 
 def register(app: typer.Typer) -> None:
     @app.command("eval")
@@ -44,7 +46,6 @@ def register(app: typer.Typer) -> None:
         Accuracy is the mean over the samples (greedy with --samples 1); with --samples
         k > 1 also pass@k. Rows are grouped by their data_source column and scored by the
         task's rewards (task.reward_by_source)."""
-        import json
 
         from rpeg.cli.overrides import parse_overrides
         from rpeg.runtime.model_eval import evaluate_model, report_lines
@@ -59,7 +60,7 @@ def register(app: typer.Typer) -> None:
             log=None if as_json else typer.echo,
         )
         if as_json:
-            typer.echo(json.dumps(result, indent=1))
+            typer.echo(json_out.dumps(result, indent=1))
         else:
             for line in report_lines(result):
                 typer.echo(line)

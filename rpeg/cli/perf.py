@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
+
+from rpeg.cli import json_out
 
 
 def register(app: typer.Typer) -> None:
@@ -59,7 +60,7 @@ def validate(
         report = [label]
     scored, refused = loso.run(paths)
     if as_json:
-        typer.echo(json.dumps(to_json(scored, refused, report), indent=1))
+        typer.echo(json_out.dumps(to_json(scored, refused, report), indent=1))
         return
     for line in lines(scored, refused, report):
         typer.echo(line)
@@ -149,7 +150,7 @@ def predict(
     peaks, why = _rank_peaks(plan, cfg)
     if as_json:
         typer.echo(
-            json.dumps(
+            json_out.dumps(
                 {
                     **pred.to_dict(),
                     "predicted_low_s": low,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
+
+from rpeg.cli import json_out
 
 
 def register(app: typer.Typer) -> None:
@@ -97,7 +98,7 @@ def plan(
     if as_json:
         d = result.to_dict()
         d["files"] = files
-        typer.echo(json.dumps(d, indent=1, default=str))
+        typer.echo(json_out.dumps(d, indent=1, default=str))
         return
     from rpeg.search.report import render
 
@@ -133,7 +134,7 @@ def _sweep(cfg, sizes: list[int], opt, out: Path | None, as_json: bool) -> None:
         rows, f"{stem}.sweep.png", title=f"{cfg.model.name} {cfg.algorithm.name} (predicted)"
     )
     if as_json:
-        typer.echo(json.dumps({"sweep": rows, "figure": path}, indent=1))
+        typer.echo(json_out.dumps({"sweep": rows, "figure": path}, indent=1))
         return
     from rich.console import Console
     from rich.table import Table

@@ -160,7 +160,15 @@ def test_cli_validate_default_table_and_json(capsys, monkeypatch):
     assert "stage train_actor" in out and "not predicted" in out
     assert "one-shot   MAPE=" in out  # one row of a source calibrates, the others scored
     assert main(["validate", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+
+    def strict(const):  # NaN / Infinity are not JSON: strict readers refuse the document
+        raise ValueError(f"non-JSON number {const}")
+
+    data = json.loads(capsys.readouterr().out, parse_constant=strict)
+    # a figure that does not exist is null: a one-row source has no one-shot error
+    one_row = data["by_source"]["verl GitHub issue #1208"]
+    assert one_row["rows"] == 1 and one_row["mape"] > 0
+    assert one_row["one_shot"]["rows"] == 0 and one_row["one_shot"]["mape"] is None
     row = data["rows"][0]
     assert {"predicted_step_s", "predicted_low_s", "predicted_high_s", "measured_step_s"} <= set(
         row
