@@ -341,12 +341,12 @@ def test_verls_fully_async_trainer_reuses_rollout_logprobs_and_streams_where_a_r
     assert {"reuse_rollout_logprobs", "streaming"} <= set(case.unknown)  # assumed, not read
     said = assumed_values(case)
     assert "reuse_rollout_logprobs=yes" in said and "streaming=yes" in said
+
     # priced: no old-policy forward, and training overlaps the generation
-    fa = loso.price_rows([_fully_async()], "mine")[0][0].step[0, 3, 3]
-    plain = loso.price_rows([_fully_async(streaming="no", reuse_rollout_logprobs="no")], "mine")[0][
-        0
-    ].step[0, 3, 3]
-    assert fa < plain
+    def step(**cells):
+        return loso.price_rows([_fully_async(**cells)], "mine")[0][0].step[0, 3, 3]
+
+    assert step() < step(streaming="no", reuse_rollout_logprobs="no")
     # stated cells win; a colocated baseline of the same doc runs verl's ordinary trainer;
     # another family's "fully asynchronous" words are not verl's trainer
     stated = read_case(_fully_async(streaming="no", reuse_rollout_logprobs="no"))
