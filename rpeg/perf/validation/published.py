@@ -249,10 +249,9 @@ def published_throughput(r: dict[str, str]) -> float | None:
     if v:
         return v
     v = _other(r, "tokens_per_s_per_gpu")
-    if not v:
+    if not v or cell_number(r, "num_gpus") is None:
         return None
-    n = cell_number(r, "num_gpus")
-    return v * cell_int(r, "num_gpus") if n is not None else None  # a bad count named as itself
+    return v * cell_int(r, "num_gpus")  # a bad count is named as itself, not as a throughput
 
 
 def _stage_times(r: dict[str, str], case: RowCase, pred: StepPrediction) -> dict:
